@@ -1,0 +1,5 @@
+import sys
+
+from calibkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,107 @@
+"""Input checks shared by metrics, losses and calibrators.
+
+Every public function validates its inputs here so that bad input fails early with a
+``ValueError`` that names the argument and the problem, instead of a silent wrong number.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Rows of a probability matrix must sum to 1 within this tolerance (float16 softmax
+# outputs are off by up to ~1e-3; anything further is not a probability vector).
+PROB_SUM_TOL = 1e-3
+
+
+def as_tensor(x, name: str) -> torch.Tensor:
+    """Return ``x`` as a torch tensor (numpy arrays and lists are converted, no copy when possible)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    try:
+        return torch.as_tensor(x)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise ValueError(f"{name}: cannot convert {type(x).__name__} to a tensor ({exc})") from exc
+
+
+def check_labels(labels, num_classes: int | None, n: int | None, name: str = "labels") -> torch.Tensor:
+    """Integer class labels of shape (N,), each in [0, num_classes)."""
+    labels = as_tensor(labels, name)
+    if labels.dim() != 1:
+        raise ValueError(f"{name} must have shape (N,), got {tuple(labels.shape)}")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dtype.is_complex:
+        raise ValueError(f"{name} must hold integer class indices, got dtype {labels.dtype}")
+    if n is not None and labels.shape[0] != n:
+        raise ValueError(f"{name} has {labels.shape[0]} entries but the predictions have {n} rows")
+    if labels.numel() and num_classes is not None:
+        lo, hi = int(labels.min()), int(labels.max())
+        if lo < 0 or hi >= num_classes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} out of range: found {bad}, expected values in [0, {num_classes - 1}]")
+    return labels.long()
+
+
+def _check_matrix(x, name: str) -> torch.Tensor:
+    x = as_tensor(x, name)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape (N, K), got {tuple(x.shape)}")
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} is empty (N = 0): no samples to evaluate")
+    if x.shape[1] < 2:
+        raise ValueError(f"{name} must have at least 2 classes (K >= 2), got K = {x.shape[1]}")
+    if not torch.isfinite(x).all():
+        n_bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} contains {n_bad} NaN or infinite value(s)")
+    return x
+
+
+def check_probs(probs, labels=None, name: str = "probs"):
+    """Validate a probability matrix (N, K) and, if given, its labels (N,).
+
+    Probabilities are never guessed from logits: rows must be non-negative, at most 1 and
+    sum to 1 within ``PROB_SUM_TOL``; otherwise the error says to apply softmax first.
+    Returns ``probs`` (unchanged dtype) or ``(probs, labels)``.
+    """
+    probs = _check_matrix(probs, name)
+    if (probs < 0).any() or (probs > 1).any():
+        raise ValueError(
+            f"{name} has entries outside [0, 1]: these look like logits; pass softmax(logits) instead"
+        )
+    row_sum = probs.double().sum(dim=1)
+    worst = float((row_sum - 1).abs().max())
+    if worst > PROB_SUM_TOL:
+        raise ValueError(
+            f"{name} rows must sum to 1 (largest deviation {worst:.3g} > {PROB_SUM_TOL}); "
+            "if these are logits, pass softmax(logits) instead"
+        )
+    if labels is None:
+        return probs
+    return probs, check_labels(labels, probs.shape[1], probs.shape[0])
+
+
+def check_logits(logits, targets=None, name: str = "logits"):
+    """Validate a logit matrix (N, K) and, if given, integer targets (N,).
+
+    Returns ``logits`` or ``(logits, targets)``.
+    """
+    logits = _check_matrix(logits, name)
+    if targets is None:
+        return logits
+    return logits, check_labels(targets, logits.shape[1], logits.shape[0], name="targets")
+
+
+def check_n_bins(n_bins) -> int:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
+    return int(n_bins)
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """Half precision (float16/bfloat16) -> float32 before a softmax or a log; wider types unchanged."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return x.float()
+    return x

@@ -1,0 +1,47 @@
+"""The ``calibkit`` command line: wiring only.
+
+Each subcommand lives in ``calibkit/commands/<name>.py`` and defines
+``register(subparsers)``, which adds its parser and sets ``func`` (called with the parsed
+arguments). Heavy imports happen inside ``func`` so that ``calibkit --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module; one literal table, so the list of subcommands is visible at a glance.
+COMMANDS = {
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="calibkit",
+        description="Train, calibrate, evaluate and compare calibrated classifiers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:
+        # Expected user-facing failures: one line, no traceback.
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"calibkit {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
