@@ -13,6 +13,7 @@ import sys
 
 # name -> module; one literal table, so the list of subcommands is visible at a glance.
 COMMANDS = {
+    "csm": "calibkit.commands.csm",
 }
 
 
