@@ -13,6 +13,9 @@ import sys
 
 # name -> module; one literal table, so the list of subcommands is visible at a glance.
 COMMANDS = {
+    "train": "calibkit.commands.train",
+    "bench": "calibkit.commands.bench",
+    "report": "calibkit.commands.report",
     "csm": "calibkit.commands.csm",
 }
 

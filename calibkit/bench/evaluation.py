@@ -1,0 +1,168 @@
+"""What the bench measures on one finished run.
+
+* Test metrics (``calibkit.metrics.evaluate``) before and after temperature scaling, with the
+  temperature fitted on the validation logits (``calibkit.calibrators.TemperatureScaling``).
+* OOD detection: AUROC (OOD = positive) and FPR at 95% TPR of the normalised predictive entropy
+  and of ``1 - max confidence``, the in-distribution test set against the preset's offline OOD set
+  (``calibkit.data.load_ood``).
+* Robustness: accuracy and ECE (before and after TS, with the same temperature) on every
+  corruption of ``calibkit.data.corruptions.CORRUPTIONS`` at every severity of the preset, over a
+  fixed subset of the test set (``Preset.robust_n`` images drawn with seed 0, the same for every
+  run, so that the numbers of different methods are paired); means per severity and overall.
+
+The corrupted and OOD image sets depend only on the data, so :class:`EvalData` builds them once
+per bench and caches them under ``DIR/cache/`` for resumed benches.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from calibkit import rundir
+
+
+class EvalData:
+    """The test, OOD and corrupted image sets of a preset, built once and reused by every run.
+
+    Args:
+        preset: the bench preset.
+        bundle: a loaded ``DataBundle`` of the preset's data set (its test split is used).
+        cache_dir: where to keep the corrupted test subset between benches (None: memory only).
+        data_dir: passed to ``load_ood`` for OOD sets that live on disk.
+    """
+
+    def __init__(self, preset, bundle, cache_dir=None, data_dir=None):
+        self.preset = preset
+        self.bundle = bundle
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.data_dir = data_dir
+        self._ood = None
+        self._corrupted = None
+
+    def ood_images(self) -> torch.Tensor:
+        """uint8 OOD images shaped like the test images."""
+        if self._ood is None:
+            from calibkit.data import load_ood
+
+            self._ood = load_ood(self.preset.ood, like=self.bundle, data_dir=self.data_dir)
+        return self._ood
+
+    def robust_index(self) -> torch.Tensor:
+        n_test = len(self.bundle.test)
+        n = n_test if self.preset.robust_n in (0, None) else min(self.preset.robust_n, n_test)
+        return torch.randperm(n_test, generator=torch.Generator().manual_seed(0))[:n].sort().values
+
+    def corrupted(self) -> dict[str, torch.Tensor]:
+        """``{"<corruption>/<severity>": uint8 images}`` for the fixed robustness subset."""
+        if self._corrupted is not None:
+            return self._corrupted
+        from calibkit.data.corruptions import CORRUPTIONS, corrupt
+
+        idx = self.robust_index()
+        path = None
+        if self.cache_dir is not None:
+            sev = "-".join(map(str, self.preset.severities))
+            path = self.cache_dir / f"corrupted_{self.preset.dataset}_n{len(idx)}_s{sev}.safetensors"
+            if path.is_file():
+                try:
+                    self._corrupted = rundir.read_tensors(path)
+                    return self._corrupted
+                except ValueError:
+                    pass  # a cache killed mid-write is rebuilt, never trusted
+        clean = self.bundle.test.images[idx]
+        out = {}
+        for name in CORRUPTIONS:
+            for s in self.preset.severities:
+                out[f"{name}/{s}"] = corrupt(clean, name, s, seed=0)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            rundir.write_tensors(path, out)
+        self._corrupted = out
+        return out
+
+
+def _probs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    return (logits.double() / temperature).softmax(1)
+
+
+def _num(d: dict) -> dict:
+    return {k: float(v) for k, v in d.items()}
+
+
+def test_metrics(logits: dict) -> dict:
+    """``{"before", "after", "temperature"}`` from a run's val/test logits."""
+    from calibkit.calibrators import TemperatureScaling
+    from calibkit.metrics import evaluate
+
+    ts = TemperatureScaling().fit(logits["val_logits"], logits["val_labels"])
+    t = float(ts.temperature_)
+    labels = logits["test_labels"]
+    return {"before": _num(evaluate(_probs(logits["test_logits"]), labels)),
+            "after": _num(evaluate(_probs(logits["test_logits"], t), labels)),
+            "temperature": t}
+
+
+def ood_metrics(test_logits: torch.Tensor, ood_logits: torch.Tensor, name: str) -> dict:
+    """AUROC and FPR@95%TPR of the entropy and max-confidence scores."""
+    from calibkit.functional import entropy_score, fpr_at_95_tpr, max_confidence_score, ood_auroc
+
+    p_in, p_out = _probs(test_logits), _probs(ood_logits)
+    out = {"dataset": name, "n_in": len(p_in), "n_out": len(p_out)}
+    for tag, score in (("entropy", entropy_score), ("maxconf", max_confidence_score)):
+        s_in, s_out = score(p_in), score(p_out)
+        out[f"auroc_{tag}"] = float(ood_auroc(s_in, s_out))
+        out[f"fpr95_{tag}"] = float(fpr_at_95_tpr(s_in, s_out))
+    return out
+
+
+def robustness_metrics(predict, corrupted: dict, labels: torch.Tensor, temperature: float) -> dict:
+    """Per corruption and severity: acc, ECE, ECE after TS; means per severity and overall."""
+    from calibkit.functional import accuracy, ece
+
+    per: dict[str, dict] = {}
+    for key, images in corrupted.items():
+        name, sev = key.split("/")
+        logits = predict(images)
+        per.setdefault(name, {})[sev] = {"acc": float(accuracy(_probs(logits), labels)),
+                                         "ece": float(ece(_probs(logits), labels)),
+                                         "ece_ts": float(ece(_probs(logits, temperature), labels))}
+    by_sev: dict[str, dict] = {}
+    for sev in sorted({s for d in per.values() for s in d}, key=int):
+        cells = [d[sev] for d in per.values() if sev in d]
+        by_sev[sev] = {k: sum(c[k] for c in cells) / len(cells) for k in ("acc", "ece", "ece_ts")}
+    overall = {k: sum(v[k] for v in by_sev.values()) / len(by_sev) for k in ("acc", "ece", "ece_ts")} if by_sev else {}
+    return {"n": len(labels), "corruptions": sorted(per), "per": per, "by_severity": by_sev, "overall": overall}
+
+
+def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", batch_size: int = 1024) -> dict:
+    """All the bench's measurements of one finished run directory.
+
+    Args:
+        run_dir: holds ``logits.safetensors`` (val/test logits of the selected weights).
+        data: the preset's evaluation sets.
+        model: the classifier (default: rebuilt from ``run_dir`` with ``load_run``), for the OOD and
+            corrupted images; methods that change only the head (MaC-Cal) pass theirs.
+        norm: input normalisation for ``predict_logits`` (default: the run's config).
+
+    Returns:
+        ``{"metrics", "ood", "robustness", "eval_time_s", "logits_path"}``.
+    """
+    t0 = time.time()
+    run_dir = Path(run_dir)
+    logits = rundir.load_logits(run_dir)
+    if not torch.equal(logits["test_labels"].long(), data.bundle.test.labels.long()):
+        raise ValueError(f"{run_dir}: its test labels differ from the preset's test set")
+    metrics = test_metrics(logits)
+    if model is None:
+        model, _, info = rundir.load_run(run_dir)
+        norm = info if norm is None else norm
+    model = model.to(device).eval()
+    predict = lambda images: rundir.predict_logits(model, images, norm, batch_size, device)
+    ood = ood_metrics(logits["test_logits"], predict(data.ood_images()), data.preset.ood)
+    idx = data.robust_index()
+    robust = robustness_metrics(predict, data.corrupted(), data.bundle.test.labels[idx], metrics["temperature"])
+    return {"metrics": metrics, "ood": ood, "robustness": robust, "eval_time_s": time.time() - t0,
+            "logits_path": str(run_dir / rundir.LOGITS)}

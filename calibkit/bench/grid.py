@@ -1,0 +1,198 @@
+"""The benchmark grid: which methods ``calibkit bench`` compares, and the presets it runs them under.
+
+Pure data (no torch import), so that ``calibkit report`` and the tests can read method names
+and order without loading the training stack.
+
+Every method is one entry of :data:`METHODS`. ``kind`` says how a run is produced:
+
+* ``train``: one ordinary ``calibkit.train.train`` run with the given loss spec and training
+  method (``standard``, ``mixup``, ``regmixup``);
+* ``maccal``: MaC-Cal stage 2 (``calibkit.methods.maccal.run_maccal``) on top of the CE run of the
+  same seed (stage 1);
+* ``csm``: a ``method="csm"`` training run on calibkit's shipped generated set of
+  Fashion-MNIST semantic mixes, reannotated with the features of the CE run of the same seed as
+  the reference-classifier encoder (the offline encoder; no CLIP weights are needed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+REFERENCE = "ce"  # every comparison (the ECE difference column) is against cross-entropy
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method of the grid.
+
+    Attributes:
+        label: the name printed in tables and figures.
+        kind: ``train``, ``maccal`` or ``csm`` (see the module docstring).
+        loss: a ``calibkit.losses.build`` spec; a preset may override it (``Preset.losses``).
+        method: the trainer's method (``standard``, ``mixup``, ``regmixup``, ``csm``).
+        needs: grid methods whose run of the same seed this one builds on.
+    """
+
+    label: str
+    kind: str = "train"
+    loss: str = "ce"
+    method: str = "standard"
+    needs: tuple[str, ...] = ()
+
+
+# Literal registry: the grid order is the table order.
+METHODS: dict[str, MethodSpec] = {
+    "ce": MethodSpec("CE", loss="ce"),
+    "ls": MethodSpec("LS", loss="ls"),
+    "focal": MethodSpec("Focal", loss="focal"),
+    "flsd": MethodSpec("FLSD-53", loss="flsd"),
+    "ecp": MethodSpec("ECP", loss="ecp"),
+    "mbls": MethodSpec("MbLS", loss="mbls"),
+    "acls": MethodSpec("ACLS", loss="acls"),
+    "dfl": MethodSpec("Dual focal", loss="dfl"),
+    "adafocal": MethodSpec("AdaFocal", loss="adafocal"),
+    "mixup": MethodSpec("Mixup", loss="ce", method="mixup"),
+    "regmixup": MethodSpec("RegMixup", loss="ce", method="regmixup"),
+    "fedlas_ls": MethodSpec("FeDLaS-LS", loss="fedlas_ls"),
+    "fedlas_mbls": MethodSpec("FeDLaS-MbLS", loss="fedlas_mbls"),
+    "maccal": MethodSpec("MaC-Cal", kind="maccal", needs=("ce",)),
+    "csm": MethodSpec("CSM", kind="csm", loss="ce", method="csm", needs=("ce",)),
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named benchmark configuration.
+
+    Attributes:
+        name: the preset's name (first part of every run key).
+        dataset: a ``calibkit.data.load`` name.
+        model: a ``calibkit.models.MODELS`` name.
+        seeds: the default seeds.
+        train: ``calibkit.train.TrainConfig`` fields shared by every run of the preset.
+        losses: per-method loss spec overrides (e.g. MbLS margin 6 on CIFAR).
+        train_by_method: per-method ``TrainConfig`` overrides (e.g. mixup's alpha).
+        maccal: keyword arguments of ``run_maccal`` (stage-2 hyperparameters).
+        csm: CSM settings (generated set path, reannotation sharpness, ...).
+        ood: the OOD set for ``calibkit.data.load_ood``.
+        robust_n: test images used for the corrupted test sets (a fixed, seeded subset; 0 = all).
+        severities: corruption severities evaluated (each over every corruption).
+        n_boot: bootstrap resamples for the ECE-difference intervals.
+        note: one line shown with the report (what the preset is for, how long it takes).
+    """
+
+    name: str
+    dataset: str
+    model: str
+    seeds: tuple[int, ...]
+    train: dict
+    losses: dict = field(default_factory=dict)
+    train_by_method: dict = field(default_factory=dict)
+    maccal: dict = field(default_factory=dict)
+    csm: dict = field(default_factory=dict)
+    ood: str = "digits"
+    robust_n: int = 2000
+    severities: tuple[int, ...] = (1, 2, 3, 4, 5)
+    n_boot: int = 1000
+    note: str = ""
+
+    def loss_for(self, method: str) -> str:
+        return self.losses.get(method, METHODS[method].loss)
+
+
+# Fashion-MNIST presets use the shared protocol where it applies (SGD momentum 0.9, wd 5e-4,
+# batch 128, grad clip 2, best-val-accuracy checkpoint) and a model with enough capacity to
+# over-fit a training subset, so that cross-entropy is clearly over-confident (measured.md:
+# MLP 784-512-512 on 10k images, 40 epochs -> ECE ~7.8%; a small well-regularised CNN is
+# already calibrated and would make a poor benchmark).
+# Learning-rate drops x0.1 at 50% and 75% of the epochs (TrainConfig's default milestones).
+_FMNIST_TRAIN = dict(
+    lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=128, schedule="multistep", grad_clip=2.0,
+    val_size=5000,
+)
+
+_CIFAR_TRAIN = dict(
+    lr=0.1, momentum=0.9, weight_decay=5e-4, batch_size=128, epochs=350, schedule="multistep",
+    milestones=[150, 250], grad_clip=2.0, val_size=5000,
+)
+
+PRESETS: dict[str, Preset] = {
+    "smoke": Preset(
+        name="smoke", dataset="fmnist", model="mlp", seeds=(0,),
+        train={**_FMNIST_TRAIN, "epochs": 2, "train_subset": 1000, "val_size": 500},
+        maccal={"epochs": 2},
+        csm={"groups": 100},
+        robust_n=200, severities=(1, 5), n_boot=200,
+        note="every method, tiny: checks the pipeline end to end (a test runs it); numbers mean nothing",
+    ),
+    "default": Preset(
+        name="default", dataset="fmnist", model="mlp", seeds=(0, 1),
+        train={**_FMNIST_TRAIN, "epochs": 40, "train_subset": 10000},
+        robust_n=2000,
+        note="every method on Fashion-MNIST (10k training images, MLP 784-512-512, 40 epochs), 2 seeds",
+    ),
+    "full": Preset(
+        name="full", dataset="fmnist", model="mlp", seeds=(0, 1, 2),
+        train={**_FMNIST_TRAIN, "epochs": 60, "train_subset": 20000},
+        robust_n=0,
+        note="3 seeds, twice the training images, 60 epochs, full corrupted test sets",
+    ),
+    # Paper protocols (shared protocol of the literature; see methods.md section 0). They need the
+    # data under --data-dir and GPUs; run them with torchrun for several GPUs.
+    "cifar10": Preset(
+        name="cifar10", dataset="cifar10", model="resnet50", seeds=(0, 1, 2),
+        train=_CIFAR_TRAIN,
+        losses={"mbls": "mbls:margin=6", "fedlas_ls": "fedlas_ls:alpha=0.05,beta=4,theta=0.95",
+                "fedlas_mbls": "fedlas_mbls:alpha=0.1,beta=0.5,margin=6,theta=0.95"},
+        train_by_method={"regmixup": {"mix_alpha": 20.0}, "csm": {"epochs": 200, "milestones": [80, 120]}},
+        ood="svhn", robust_n=0,
+        note="paper protocol: ResNet-50, 350 epochs (CSM 200), 3 seeds; needs CIFAR-10 and SVHN under --data-dir",
+    ),
+    "cifar100": Preset(
+        name="cifar100", dataset="cifar100", model="resnet50", seeds=(0, 1, 2),
+        train=_CIFAR_TRAIN,
+        losses={"mbls": "mbls:margin=6", "fedlas_ls": "fedlas_ls:alpha=0.1,beta=4,theta=0.5",
+                "fedlas_mbls": "fedlas_mbls:alpha=0.1,beta=1,margin=6,theta=0.5"},
+        train_by_method={"regmixup": {"mix_alpha": 10.0}, "csm": {"epochs": 200, "milestones": [80, 120]}},
+        csm={"sharpness": 2.3},
+        ood="svhn", robust_n=0,
+        note="paper protocol: ResNet-50, 350 epochs (CSM 200), 3 seeds; needs CIFAR-100 and SVHN under --data-dir",
+    ),
+    "tinyimagenet": Preset(
+        name="tinyimagenet", dataset="tinyimagenet", model="resnet50", seeds=(0, 1, 2),
+        train={**_CIFAR_TRAIN, "batch_size": 64, "epochs": 100, "milestones": [40, 60], "val_size": None},
+        losses={"mbls": "mbls:margin=10", "fedlas_ls": "fedlas_ls:alpha=0.05,beta=4,theta=0.5",
+                "fedlas_mbls": "fedlas_mbls:alpha=0.05,beta=0.5,margin=10,theta=0.5"},
+        ood="svhn", robust_n=0,
+        note="paper protocol: ResNet-50, 100 epochs, batch 64, 3 seeds; needs Tiny-ImageNet under --data-dir",
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; an unknown name lists the valid ones."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def select_methods(names) -> list[str]:
+    """Grid methods in grid order: ``names`` (all when ``None``) plus what they build on, and CE.
+
+    CE is always included: it is the reference of the ECE-difference column and the stage 1 of
+    MaC-Cal and the encoder of CSM.
+    """
+    if names is None:
+        return list(METHODS)
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
+    wanted = {REFERENCE, *names}
+    for n in names:
+        wanted.update(METHODS[n].needs)
+    return [m for m in METHODS if m in wanted]
+
+
+def with_overrides(preset: Preset, **changes) -> Preset:
+    """A copy of ``preset`` with some fields replaced (e.g. ``seeds`` from the command line)."""
+    return replace(preset, **changes)

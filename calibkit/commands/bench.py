@@ -1,0 +1,65 @@
+"""``calibkit bench``: train and evaluate a grid of methods x seeds, record it, report it."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+examples:
+  calibkit bench --preset smoke --out runs/smoke            # every method, tiny (~2 min)
+  calibkit bench --preset default --out runs/default        # the main job (make bench)
+  calibkit bench --preset default --out runs/default --methods ls mbls --seeds 0
+  torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
+
+Running the same command again skips finished runs and resumes interrupted ones.
+The report is written to OUT/report/ (index.html, report.md, figures/); rebuild it with
+`calibkit report OUT`.
+"""
+
+
+def register(subparsers) -> None:
+    from calibkit.bench.grid import METHODS, PRESETS
+
+    p = subparsers.add_parser(
+        "bench", help="compare every calibration method side by side (results database + report)",
+        description="Train and evaluate a grid of methods x seeds; record every run in OUT/runs.db and "
+        "write a report to OUT/report/. Presets: " + "; ".join(f"{k}: {v.note}" for k, v in PRESETS.items()),
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="default", help=f"one of {', '.join(PRESETS)} (default: default)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, runs/, report/)")
+    p.add_argument("--seeds", type=int, nargs="+", metavar="S", help="seeds (default: the preset's)")
+    p.add_argument("--methods", nargs="+", metavar="M",
+                   help=f"methods to run (default all): {', '.join(METHODS)}; CE is always included")
+    p.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--num-threads", type=int, metavar="N", help="torch CPU threads")
+    p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from calibkit.bench.grid import get_preset
+    from calibkit.bench.runner import Bench
+
+    preset = get_preset(args.preset)
+    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
+        raise ValueError(f"--seeds: repeated seed in {args.seeds}")
+    bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
+                  device=args.device, num_threads=args.num_threads)
+    try:
+        counts = bench.run()
+    finally:
+        bench.close()
+    if not bench.dd.is_main:
+        return 0
+    print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
+          f"{counts['failed']} failed; database {args.out}/runs.db")
+    if not args.no_report:
+        from calibkit.report import build_report
+
+        rep = build_report(args.out, preset=preset.name)
+        print()
+        print(rep["text"])
+        print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
+    return 1 if counts["failed"] else 0

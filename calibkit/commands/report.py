@@ -1,0 +1,30 @@
+"""``calibkit report``: rebuild a bench's tables and report from its results database."""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="rebuild the bench report (tables, report.md, index.html) from DIR/runs.db",
+        description="Print the bench tables and write DIR/report/ (report.md, a self-contained "
+        "index.html, figures/) from DIR/runs.db and the logits files its rows point to.",
+    )
+    p.add_argument("dir", metavar="DIR", help="a bench output directory (holding runs.db)")
+    p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
+    p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from calibkit.report import build_report
+
+    if not (Path(args.dir) / "runs.db").is_file():
+        raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
+    if args.n_boot is not None and args.n_boot < 1:
+        raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
+    rep = build_report(args.dir, preset=args.preset, n_boot=args.n_boot)
+    print(rep["text"])
+    print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
+    return 0
