@@ -1,0 +1,173 @@
+"""Training configuration: the :class:`TrainConfig` dataclass and TOML presets.
+
+A preset is a flat TOML file whose keys are :class:`TrainConfig` field names::
+
+    data = "cifar10"
+    model = "resnet50"
+    loss = "mbls:margin=6"
+    epochs = 350
+    milestones = [150, 250]
+
+Top-level tables (e.g. ``[bench]``) belong to other commands and are ignored here. Values given
+on the command line override the file, which overrides the defaults (:func:`load_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+METHODS = ("standard", "mixup", "regmixup", "csm")
+SCHEDULES = ("multistep", "cosine", "onecycle")
+# Fields that change how a run executes but not what it computes: a run may resume with new values.
+RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size")
+# Preset names resolve to files in the repository's configs/ directory.
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (recorded in the run's ``config.json``).
+
+    Attributes:
+        data: data set name (``calibkit.data.DATASETS`` key).
+        data_dir: where its files are (None: the data set's default location).
+        model: ``calibkit.models.MODELS`` key.
+        loss: loss spec for ``calibkit.losses.build``, e.g. ``"mbls:margin=6"``.
+        method: ``standard``, ``mixup``, ``regmixup`` or ``csm``.
+        mix_alpha: Beta parameter of Mixup/RegMixup (None: 0.2 for Mixup; RegMixup 20, or 10 with
+            100 or more classes).
+        csm_data: directory of a CSM generated set (method ``csm`` only).
+        epochs: training epochs.
+        batch_size: global batch size (split evenly over DDP processes).
+        lr, momentum, weight_decay: SGD hyperparameters.
+        schedule: ``multistep`` (x ``gamma`` at each milestone), ``cosine`` or ``onecycle``.
+        milestones: epochs of the multistep drops (None: 50% and 75% of ``epochs``).
+        gamma: multistep factor.
+        grad_clip: max global gradient norm of the model's parameters (0 disables).
+        amp: bfloat16 autocast for the forward pass.
+        seed: seeds the split, the initialisation and every random draw of training.
+        val_size: validation images (None: the data set's protocol).
+        train_subset: keep only this many training images (None: all).
+        eval_batch_size: batch size for computing logits.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        num_threads: torch CPU threads (None: torch's default).
+    """
+
+    data: str = "fmnist"
+    data_dir: str | None = None
+    model: str = "resnet20"
+    loss: str = "ce"
+    method: str = "standard"
+    mix_alpha: float | None = None
+    csm_data: str | None = None
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "multistep"
+    milestones: list[int] | None = None
+    gamma: float = 0.1
+    grad_clip: float = 2.0
+    amp: bool = False
+    seed: int = 0
+    val_size: int | None = None
+    train_subset: int | None = None
+    eval_batch_size: int = 1024
+    device: str = "auto"
+    num_threads: int | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        """Build from plain values (JSON/TOML), checking names and types; unknown keys are errors."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        return cls(**{k: _coerce(k, kinds[k], v) for k, v in values.items()})
+
+    def resolved_milestones(self) -> list[int]:
+        if self.milestones is not None:
+            return list(self.milestones)
+        return [self.epochs // 2, (3 * self.epochs) // 4]
+
+    def validate(self) -> "TrainConfig":
+        """Raise ``ValueError`` naming the first bad field; return ``self``."""
+        checks = [
+            (self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}"),
+            (self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}"),
+            (self.epochs >= 1, "epochs", "must be >= 1"),
+            (self.batch_size >= 1, "batch_size", "must be >= 1"),
+            (self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1"),
+            (self.lr > 0, "lr", "must be > 0"),
+            (0 <= self.momentum < 1, "momentum", "must be in [0, 1)"),
+            (self.weight_decay >= 0, "weight_decay", "must be >= 0"),
+            (0 < self.gamma <= 1, "gamma", "must be in (0, 1]"),
+            (self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 disables clipping)"),
+            (self.mix_alpha is None or self.mix_alpha > 0, "mix_alpha", "must be > 0"),
+            (self.method != "csm" or bool(self.csm_data), "csm_data", "is required with method csm"),
+            (self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1"),
+            (self.train_subset is None or self.train_subset >= 1, "train_subset", "must be >= 1"),
+            (self.num_threads is None or self.num_threads >= 1, "num_threads", "must be >= 1"),
+            (all(0 < m < self.epochs for m in self.resolved_milestones()) or self.schedule != "multistep",
+             "milestones", f"must lie strictly between 0 and epochs ({self.epochs})"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
+        return self
+
+    def differences(self, other: "TrainConfig") -> list[str]:
+        """Names of the fields (runtime-only fields excepted) whose values differ from ``other``."""
+        a, b = self.to_dict(), other.to_dict()
+        return [k for k in a if k not in RUNTIME_FIELDS and a[k] != b[k]]
+
+
+def _coerce(name: str, kind: str, value):
+    """Check one value against its field's annotation (a string under postponed evaluation)."""
+    if value is None:
+        if "None" in kind:
+            return None
+        raise ValueError(f"{name}: a value is required")
+    base = kind.replace(" | None", "")
+    ok = {
+        "str": isinstance(value, str),
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "list[int]": isinstance(value, (list, tuple))
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+    }[base]
+    if not ok:
+        raise ValueError(f"{name}: expected {base}, got {value!r}")
+    return float(value) if base == "float" else list(value) if base == "list[int]" else value
+
+
+def read_preset(path_or_name: str) -> dict:
+    """The TrainConfig values of a TOML preset: a file path, or a name in ``configs/`` (e.g. ``cifar10``)."""
+    path = Path(path_or_name)
+    if not path.is_file() and not path.suffix and (CONFIG_DIR / f"{path_or_name}.toml").is_file():
+        path = CONFIG_DIR / f"{path_or_name}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.toml")) if CONFIG_DIR.is_dir() else []
+        raise FileNotFoundError(f"config {path_or_name!r} not found (a TOML file, or one of: {', '.join(known)})")
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: invalid TOML ({exc})") from exc
+    return {k: v for k, v in values.items() if not isinstance(v, dict)}
+
+
+def load_config(preset: str | None = None, **overrides) -> TrainConfig:
+    """Defaults <- preset file <- overrides (``None`` overrides are ignored), validated."""
+    values = read_preset(preset) if preset else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig.from_dict(values).validate()

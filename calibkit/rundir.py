@@ -1,0 +1,224 @@
+"""The run directory: atomic writes, safe loading, and reading a finished run back.
+
+Layout (see ``docs/design.md``): ``config.json``, ``model.safetensors``, ``checkpoint.pt``,
+``logits.safetensors``, ``history.json`` and, after ``calibkit eval``, ``metrics.json``.
+
+Every write goes to a temporary file in the same directory and is moved into place with
+``os.replace``, so a run killed mid-write leaves the previous version intact, never half a file.
+Nothing is unpickled: checkpoints are read with ``torch.load(..., weights_only=True)`` and any
+unreadable file raises ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+CONFIG = "config.json"
+MODEL = "model.safetensors"
+CHECKPOINT = "checkpoint.pt"
+LOGITS = "logits.safetensors"
+HISTORY = "history.json"
+METRICS = "metrics.json"
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` for a temporary file beside ``path``, then move it onto ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; run files are meant to be shared and read
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json(path, obj: Any) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+
+    atomic_write(path, write)
+
+
+def read_json(path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def write_tensors(path, tensors: dict[str, torch.Tensor]) -> None:
+    """Save a flat dict of tensors as safetensors (contiguous CPU copies)."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp))
+
+
+def read_tensors(path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"{path}: corrupt or truncated safetensors file ({exc})") from exc
+
+
+def write_checkpoint(path, state: dict) -> None:
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def read_checkpoint(path) -> dict:
+    """Load a checkpoint with ``weights_only=True`` (tensors and plain Python types only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for bad files
+        raise ValueError(f"{path}: corrupt or truncated checkpoint ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict) or "epoch" not in state:
+        raise ValueError(f"{path}: not a calibkit checkpoint (no 'epoch' entry)")
+    return state
+
+
+def environment() -> dict:
+    """Git commit of the checkout (if any) and versions of the packages a result depends on."""
+    import safetensors
+
+    import calibkit
+
+    root = Path(calibkit.__file__).resolve().parent.parent
+    commit = dirty = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root, capture_output=True, text=True, timeout=10, check=True,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.SubprocessError):
+        pass  # not a git checkout (installed package) or no git: recorded as null
+    return {
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "versions": {
+            "calibkit": calibkit.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "safetensors": safetensors.__version__,
+        },
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+    }
+
+
+def _check_run_dir(run_dir) -> Path:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} not found")
+    if not (run_dir / CONFIG).is_file():
+        raise FileNotFoundError(f"{run_dir} is not a calibkit run directory (no {CONFIG})")
+    return run_dir
+
+
+def load_info(run_dir) -> dict:
+    """The parsed ``config.json`` of a run."""
+    return read_json(_check_run_dir(run_dir) / CONFIG)
+
+
+def load_logits(run_dir) -> dict[str, torch.Tensor]:
+    """``val_logits``, ``val_labels``, ``test_logits``, ``test_labels`` of a finished run."""
+    run_dir = _check_run_dir(run_dir)
+    path = run_dir / LOGITS
+    if not path.is_file():
+        status = load_info(run_dir).get("status")
+        raise FileNotFoundError(f"{path} not found (run status: {status}; finish training first)")
+    out = read_tensors(path)
+    missing = {"val_logits", "val_labels", "test_logits", "test_labels"} - set(out)
+    if missing:
+        raise ValueError(f"{path}: missing entries {sorted(missing)}")
+    return out
+
+
+def load_run(run_dir):
+    """Rebuild a trained model with its best-validation weights.
+
+    Returns:
+        ``(model, cfg, info)``: the model in eval mode on CPU, its :class:`calibkit.train.TrainConfig`,
+        and the full ``config.json`` dict (split, ``num_classes``, ``in_channels``, mean/std, ...).
+    """
+    from calibkit.models import MODELS
+    from calibkit.train import TrainConfig
+
+    run_dir = _check_run_dir(run_dir)
+    info = load_info(run_dir)
+    cfg = TrainConfig.from_dict(info["config"])
+    if cfg.model not in MODELS:
+        raise ValueError(f"{run_dir / CONFIG}: unknown model {cfg.model!r}; valid: {', '.join(MODELS)}")
+    model = MODELS[cfg.model](num_classes=info["num_classes"], in_channels=info["in_channels"])
+    path = run_dir / MODEL
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (run status: {info.get('status')})")
+    try:
+        model.load_state_dict(read_tensors(path))
+    except RuntimeError as exc:
+        raise ValueError(f"{path}: weights do not match model {cfg.model!r} ({exc})") from exc
+    return model.eval(), cfg, info
+
+
+@torch.no_grad()
+def predict_logits(model, images: torch.Tensor, norm, batch_size: int = 512, device=None) -> torch.Tensor:
+    """Logits of ``model`` (eval mode) for uint8 images, normalised exactly as in training.
+
+    Args:
+        model: a classifier; it is put in eval mode.
+        images: uint8 tensor ``(N, C, H, W)``.
+        norm: a ``DataBundle`` (its ``mean``/``std`` are used), a run's ``config.json`` dict, or a
+            ``(mean, std)`` pair.
+        batch_size: images per forward pass.
+        device: where to compute (default: the model's device).
+
+    Returns:
+        float32 logits ``(N, K)`` on CPU.
+    """
+    from calibkit.data import normalize
+
+    if images.dtype != torch.uint8 or images.dim() != 4:
+        raise ValueError(f"images: expected a uint8 tensor (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+    if isinstance(norm, dict):
+        mean, std = norm["mean"], norm["std"]
+    elif isinstance(norm, (tuple, list)):
+        mean, std = norm
+    else:
+        mean, std = norm.mean, norm.std
+    if device is None:
+        device = next(model.parameters()).device
+    model.eval()
+    out = [
+        model(normalize(images[i : i + batch_size].to(device), mean, std)).float().cpu()
+        for i in range(0, len(images), batch_size)
+    ]
+    return torch.cat(out) if out else torch.empty(0, 0)
