@@ -1,0 +1,146 @@
+"""The data set registry ``DATASETS`` and ``load``: files -> a split, ready-to-train bundle."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, seeded_split
+from .digits import read_digits
+from .idx import FMNIST_DIR, read_fmnist
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How to read one data set and how it is split and augmented.
+
+    Attributes:
+        read: ``read(data_dir) -> RawData``.
+        default_dir: where the files are looked for when no ``data_dir`` is given (None: the
+            user must pass one, or the data set needs no files).
+        needs_dir: whether the reader needs files at all.
+        val_size: default number of training images held out for validation (ignored when the
+            reader returns a fixed validation split).
+        hflip: horizontal flip is label-preserving for this data.
+        crop_pad: padding of the random-crop augmentation.
+        how_to_get: hint printed when the files are missing.
+    """
+
+    read: Callable[[str | None], RawData]
+    default_dir: str | None
+    needs_dir: bool
+    val_size: int
+    hflip: bool
+    crop_pad: int
+    how_to_get: str
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "fmnist": DatasetSpec(
+        read=read_fmnist, default_dir=FMNIST_DIR, needs_dir=True, val_size=5000, hflip=True, crop_pad=2,
+        how_to_get="apt-get install dataset-fashion-mnist (files land in /usr/share/datasets/fashion-mnist), "
+        "or pass --data-dir with train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz",
+    ),
+    "digits": DatasetSpec(
+        read=read_digits, default_dir=None, needs_dir=False, val_size=200, hflip=False, crop_pad=2,
+        how_to_get="built in (scikit-learn)",
+    ),
+}  # fmt: skip
+
+
+def _content_checksum(split: Split) -> str:
+    h = hashlib.sha256(split.images.contiguous().numpy().tobytes())
+    h.update(split.labels.numpy().astype("<i8").tobytes())
+    return h.hexdigest()[:16]
+
+
+def load(
+    name: str,
+    data_dir: str | None = None,
+    seed: int = 0,
+    val_size: int | None = None,
+    train_subset: int | None = None,
+) -> DataBundle:
+    """Load a registered data set and split off a seeded validation set.
+
+    Args:
+        name: a ``DATASETS`` key.
+        data_dir: folder with the data set's files; default ``DATASETS[name].default_dir``.
+        seed: seed of the train/validation permutation (the test split never depends on it).
+        val_size: images held out of the official training split for validation; default
+            ``DATASETS[name].val_size``. Data sets with a protocol-fixed validation split
+            (Tiny-ImageNet) accept only that size.
+        train_subset: keep only the first ``n`` images of the training split (in on-disk order,
+            so subsets are nested across sizes and do not depend on ``seed`` beyond the
+            validation draw).
+
+    Returns:
+        DataBundle with uint8 images (N, C, H, W), int64 labels (N,), training-split statistics
+        and a ``split`` record ``{seed, val_size, train, val, test, train_subset, val_checksum}``.
+
+    Raises:
+        ValueError: unknown name or invalid sizes. FileNotFoundError: files missing (the message
+        says how to get them).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}; choose one of {sorted(DATASETS)}")
+    spec = DATASETS[name]
+    folder = data_dir if data_dir is not None else spec.default_dir
+    if spec.needs_dir:
+        if folder is None:
+            raise ValueError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"data set {name!r}: folder {folder} does not exist. {spec.how_to_get}")
+    raw = spec.read(folder)
+
+    if raw.val is not None:  # validation fixed by the protocol
+        if val_size is not None and val_size != len(raw.val):
+            raise ValueError(f"{name} has a fixed validation split of {len(raw.val)} images; got val_size={val_size}")
+        train, val = raw.train, raw.val
+        checksum = _content_checksum(val)
+        rule = "fixed by the protocol"
+    else:
+        size = spec.val_size if val_size is None else int(val_size)
+        train_idx, val_idx = seeded_split(len(raw.train), size, seed)
+        train, val = raw.train.subset(train_idx), raw.train.subset(val_idx)
+        checksum = index_checksum(val_idx)
+        rule = "seeded permutation of the official training split"
+
+    if train_subset is not None:
+        if not 1 <= int(train_subset) <= len(train):
+            raise ValueError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
+        train = Split(train.images[: int(train_subset)].clone(), train.labels[: int(train_subset)].clone())
+
+    mean, std = channel_stats(train.images)
+    num_classes = len(raw.class_names)
+    for split_name, part in (("train", train), ("val", val), ("test", raw.test)):
+        if len(part) and int(part.labels.max()) >= num_classes:
+            raise ValueError(f"{name} {split_name}: label {int(part.labels.max())} >= {num_classes} classes")
+    return DataBundle(
+        name=name,
+        train=train,
+        val=val,
+        test=raw.test,
+        num_classes=num_classes,
+        in_channels=int(train.images.shape[1]),
+        mean=mean,
+        std=std,
+        hflip=spec.hflip,
+        crop_pad=spec.crop_pad,
+        class_names=list(raw.class_names),
+        split={
+            "seed": int(seed),
+            "rule": rule,
+            "train": len(train),
+            "val": len(val),
+            "test": len(raw.test),
+            "train_subset": None if train_subset is None else int(train_subset),
+            "val_checksum": checksum,
+        },
+        data_dir=None if not spec.needs_dir else os.path.abspath(folder),
+    )

@@ -1,0 +1,41 @@
+"""scikit-learn's handwritten digits as a tiny built-in data set (no files needed).
+
+The 1,797 images are 8x8 with 17 grey levels (0..16). calibkit scales them to 0..255 and
+upsamples them bilinearly to 1x28x28, so "digits" has the shape of Fashion-MNIST: every model
+and preset for 28x28 inputs runs on it unchanged, which makes it the data set of the fast tests,
+and the same images serve as the out-of-distribution set for Fashion-MNIST.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .bundle import RawData, Split
+from .transforms import resize
+
+DIGITS_SIZE = 28
+DIGITS_TEST = 360  # the last 360 images (20%) are the fixed test split; validation is drawn from the rest
+
+
+def digits_images(size: int = DIGITS_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """All 1,797 digits as uint8 (N, 1, size, size) and int64 labels (N,)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:  # pragma: no cover - scikit-learn is in the data/test extras
+        raise ImportError("the digits data set needs scikit-learn: pip install 'calibkit[data]'") from exc
+    d = load_digits()
+    # 0..16 -> 0..255, then upsample in float so the grey levels stay smooth
+    small = torch.from_numpy(np.round(d.images * (255.0 / 16.0)).astype(np.uint8)).unsqueeze(1)
+    return resize(small, (size, size), 1), torch.from_numpy(d.target.astype(np.int64))
+
+
+def read_digits(data_dir: str | None = None) -> RawData:
+    """Digits 0-9, 1x28x28: 1,437 training and 360 test images (``data_dir`` is ignored)."""
+    images, labels = digits_images()
+    n_train = images.shape[0] - DIGITS_TEST
+    return RawData(
+        train=Split(images[:n_train].clone(), labels[:n_train].clone()),
+        test=Split(images[n_train:].clone(), labels[n_train:].clone()),
+        class_names=[str(k) for k in range(10)],
+    )

@@ -1,0 +1,52 @@
+"""Classifiers that expose their penultimate features.
+
+Every entry of ``MODELS`` builds with ``MODELS[name](num_classes=K, in_channels=C)`` and obeys one
+contract: ``model.forward_features(x)`` returns (N, D), ``model.head`` is ``nn.Linear(D, K)`` and
+``model(x) == model.head(model.forward_features(x))`` -- FeDLaS reads the features, MaC-Cal
+retrains the head.
+
+    >>> import torch
+    >>> m = MODELS["resnet20"](num_classes=10, in_channels=3)
+    >>> m.forward_features(torch.zeros(2, 3, 32, 32)).shape, m.head.in_features
+    (torch.Size([2, 64]), 64)
+"""
+
+from __future__ import annotations
+
+from .densenet import densenet121
+from .resnet import resnet8, resnet20, resnet32, resnet50, resnet56, resnet101, resnet110
+from .small import cnn, mlp
+from .wideresnet import wrn26_10, wrn28_10
+
+MODELS = {
+    # small models for 28x28 data (any channels / size via adaptive pooling)
+    "cnn": cnn,
+    "mlp": mlp,
+    # CIFAR-style ResNets (3x3 stem, no max-pool)
+    "resnet8": resnet8,
+    "resnet20": resnet20,
+    "resnet32": resnet32,
+    "resnet56": resnet56,
+    "resnet110": resnet110,
+    "resnet50": resnet50,
+    "resnet101": resnet101,
+    # wide and dense networks
+    "wrn26_10": wrn26_10,
+    "wrn28_10": wrn28_10,
+    "densenet121": densenet121,
+}
+
+
+def build(name: str, num_classes: int, in_channels: int, **kwargs):
+    """``MODELS[name](num_classes, in_channels, **kwargs)`` with a clear error for unknown names."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    return MODELS[name](num_classes=num_classes, in_channels=in_channels, **kwargs)
+
+
+def num_parameters(model) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+__all__ = ["MODELS", "build", "num_parameters"]

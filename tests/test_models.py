@@ -1,0 +1,99 @@
+"""Conformance tests over every MODELS key, plus architecture facts (parameter counts, sizes)."""
+
+import pytest
+import torch
+
+from calibkit.models import MODELS, build, num_parameters
+
+SMALL = {"cnn", "mlp"}
+# the big networks run on a batch of 2 to keep the suite fast; BN still sees > 1 value per channel
+BATCH = {name: (2 if name in {"wrn26_10", "wrn28_10", "densenet121", "resnet101", "resnet50"} else 4) for name in MODELS}
+
+
+def _input(name, channels, gen, size=None):
+    size = size or (28 if name in SMALL else 32)
+    return torch.randn(BATCH[name], channels, size, size, generator=gen)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_contract_forward_backward(name, gen):
+    torch.manual_seed(0)
+    k, c = 7, (1 if name in SMALL else 3)
+    model = MODELS[name](num_classes=k, in_channels=c)
+    assert isinstance(model.head, torch.nn.Linear) and model.head.out_features == k
+    x = _input(name, c, gen)
+    model.train()
+    feats = model.forward_features(x)
+    assert feats.shape == (x.shape[0], model.head.in_features)
+    logits = model(x)
+    assert logits.shape == (x.shape[0], k) and torch.isfinite(logits).all()
+    logits.logsumexp(1).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads), "every parameter receives a gradient"
+    assert model.head.weight.grad.abs().sum() > 0
+    first = next(model.parameters())
+    assert first.grad.abs().sum() > 0, "the gradient reaches the first layer"
+    # forward == head(forward_features), checked in eval mode where BN is deterministic
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model.head(model.forward_features(x)))
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "resnet8"])
+@pytest.mark.parametrize("channels,size", [(1, 28), (3, 32), (3, 20)])
+def test_any_channels_and_size(name, channels, size, gen):
+    model = build(name, num_classes=10, in_channels=channels).eval()
+    x = torch.randn(3, channels, size, size, generator=gen)
+    with torch.no_grad():
+        assert model(x).shape == (3, 10)
+        assert model.forward_features(x).shape == (3, model.head.in_features)
+
+
+@pytest.mark.parametrize(
+    "name,low,high",
+    [
+        ("resnet20", 0.26e6, 0.28e6),  # He et al.: 0.27M
+        ("resnet32", 0.45e6, 0.47e6),  # 0.46M
+        ("resnet56", 0.84e6, 0.86e6),  # 0.85M
+        ("resnet110", 1.7e6, 1.75e6),  # 1.7M
+        ("resnet50", 23.4e6, 23.6e6),  # ImageNet ResNet-50 without the 1000-way FC and 7x7 stem
+        ("wrn28_10", 36.4e6, 36.6e6),  # Zagoruyko & Komodakis: 36.5M
+        ("densenet121", 6.9e6, 7.0e6),
+        ("cnn", 0.82e6, 0.83e6),  # 2 conv (32/64) + FC 256 at 1x28x28
+        ("mlp", 0.66e6, 0.68e6),  # 784-512-512-10
+    ],
+)
+def test_parameter_counts(name, low, high):
+    c = 1 if name in SMALL else 3
+    assert low <= num_parameters(MODELS[name](num_classes=10, in_channels=c)) <= high
+
+
+def test_feature_sizes():
+    expect = {"resnet20": 64, "resnet110": 64, "resnet50": 2048, "wrn26_10": 640, "wrn28_10": 640,
+              "densenet121": 1024, "cnn": 256, "mlp": 512}  # fmt: skip
+    for name, d in expect.items():
+        assert MODELS[name](num_classes=10, in_channels=3).head.in_features == d
+
+
+def test_resnet_depths():
+    # depth = 6n + 2 counts the stem, 2 convs per basic block and the head
+    for name, n in [("resnet8", 1), ("resnet20", 3), ("resnet32", 5), ("resnet56", 9), ("resnet110", 18)]:
+        model = MODELS[name](num_classes=10, in_channels=3)
+        convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+        assert convs + 1 == 6 * n + 2
+
+
+def test_option_a_shortcut_is_parameter_free_zero_padding():
+    from calibkit.models.resnet import BasicBlock
+
+    block = BasicBlock(16, 32, stride=2)
+    x = torch.arange(2 * 16 * 4 * 4, dtype=torch.float32).reshape(2, 16, 4, 4)
+    s = block.shortcut(x)
+    assert s.shape == (2, 32, 2, 2)
+    torch.testing.assert_close(s[:, 8:24], x[:, :, ::2, ::2])
+    assert s[:, :8].abs().sum() == 0 and s[:, 24:].abs().sum() == 0
+
+
+def test_unknown_model_lists_names():
+    with pytest.raises(ValueError, match="resnet20"):
+        build("resnet19", num_classes=10, in_channels=3)
