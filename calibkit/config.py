@@ -44,7 +44,7 @@ class TrainConfig:
         batch_size: global batch size (split evenly over DDP processes).
         lr, momentum, weight_decay: SGD hyperparameters.
         schedule: ``multistep`` (x ``gamma`` at each milestone), ``cosine`` or ``onecycle``.
-        milestones: epochs of the multistep drops (None: 50% and 75% of ``epochs``).
+        milestones: epochs of the multistep drops (None: 50% and 75% of ``epochs``, rounded down).
         gamma: multistep factor.
         grad_clip: max global gradient norm of the model's parameters (0 disables).
         amp: bfloat16 autocast for the forward pass.
@@ -96,7 +96,8 @@ class TrainConfig:
     def resolved_milestones(self) -> list[int]:
         if self.milestones is not None:
             return list(self.milestones)
-        return [self.epochs // 2, (3 * self.epochs) // 4]
+        # Short runs (a few epochs) keep only the drops that fall inside the run.
+        return sorted({m for m in (self.epochs // 2, (3 * self.epochs) // 4) if m > 0})
 
     def validate(self) -> "TrainConfig":
         """Raise ``ValueError`` naming the first bad field; return ``self``."""

@@ -24,6 +24,7 @@ a run resumed from any epoch ends with exactly the weights of an uninterrupted o
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import sys
@@ -146,7 +147,8 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
     cfg.validate()
     out = Path(out_dir)
     dd = D.setup(cfg.device)
-    log = print if (verbose and dd.is_main) else (lambda *a, **k: None)
+    # Flushed at once: under torchrun or a pipe, stdout is block-buffered and lines would lag by epochs.
+    log = functools.partial(print, flush=True) if (verbose and dd.is_main) else (lambda *a, **k: None)
     try:
         # Everything heavy is imported here so that `import calibkit.train` stays cheap.
         from calibkit.data import augment, load, mixup, normalize, regmixup

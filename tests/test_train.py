@@ -1,0 +1,269 @@
+"""The trainer: config precedence, schedules, resume equivalence, bad files, method paths, DDP.
+
+Every run is tiny (digits, a few hundred images, the MLP or small CNN, 1-3 epochs) so the whole
+file runs in well under a minute on two cores.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import calibkit.functional as F_
+import calibkit.losses as losses_mod
+from calibkit import distributed as D
+from calibkit import rundir
+from calibkit.config import CONFIG_DIR, TrainConfig, load_config, read_preset
+from calibkit.train import learning_rate, load_logits, load_run, predict_logits, train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny(**kw) -> TrainConfig:
+    """A run of a few seconds: 256 digits, MLP, batch 64 (4 steps per epoch)."""
+    base = dict(data="digits", model="mlp", epochs=2, batch_size=64, lr=0.05, train_subset=256,
+                val_size=100, num_threads=1, device="cpu")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def run_quiet(cfg, out, **kw):
+    return train(cfg, out, progress=False, verbose=False, **kw)
+
+
+# ----------------------------------------------------------------------------- config
+def test_config_precedence_defaults_file_cli(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text('model = "cnn"\nepochs = 7\nlr = 0.2\nmilestones = [3, 5]\n[bench]\nseeds = 3\n')
+    cfg = load_config(str(preset), epochs=3, lr=None, loss="mbls:margin=6", milestones=[1, 2])
+    assert cfg.epochs == 3  # command line beats the file
+    assert cfg.lr == 0.2  # an option not given (None) leaves the file's value
+    assert cfg.model == "cnn" and cfg.loss == "mbls:margin=6" and cfg.milestones == [1, 2]
+    assert cfg.momentum == TrainConfig().momentum  # neither: the default
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # JSON round trip
+
+
+def test_config_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("epoch = 3\n")
+    with pytest.raises(ValueError, match="unknown config key.*epoch.*valid"):
+        load_config(str(bad))
+    bad.write_text('epochs = "ten"\n')
+    with pytest.raises(ValueError, match="epochs: expected int"):
+        load_config(str(bad))
+    bad.write_text("epochs = [\n")
+    with pytest.raises(ValueError, match="invalid TOML"):
+        load_config(str(bad))
+    with pytest.raises(FileNotFoundError, match="not found.*cifar10"):
+        load_config(str(tmp_path / "missing.toml"))
+    for kw, field in [({"method": "cutmix"}, "method"), ({"schedule": "step"}, "schedule"),
+                      ({"epochs": 10, "milestones": [5, 10]}, "milestones"), ({"method": "csm"}, "csm_data")]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            load_config(None, **kw)
+
+
+def test_presets_follow_the_protocols():
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+    assert names == ["cifar10", "cifar100", "fmnist", "tinyimagenet"]
+    for name in names:
+        load_config(name)  # every preset parses and validates
+    c10, tiny_in = read_preset("cifar10"), read_preset("tinyimagenet")
+    assert (c10["model"], c10["epochs"], c10["milestones"], c10["batch_size"], c10["lr"]) == ("resnet50", 350, [150, 250], 128, 0.1)
+    assert (tiny_in["epochs"], tiny_in["milestones"], tiny_in["batch_size"]) == (100, [40, 60], 64)
+
+
+def test_learning_rate_schedules():
+    cfg = TrainConfig(epochs=10, lr=0.1, milestones=[4, 8], gamma=0.1)
+    assert [round(learning_rate(cfg, t), 6) for t in (0, 3.99, 4.0, 7.5, 8.0, 9.9)] == [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
+    cos = TrainConfig(epochs=10, lr=0.1, schedule="cosine")
+    assert learning_rate(cos, 0) == pytest.approx(0.1) and learning_rate(cos, 5) == pytest.approx(0.05)
+    one = TrainConfig(epochs=10, lr=0.1, schedule="onecycle")
+    assert learning_rate(one, 0) == pytest.approx(0.004) and learning_rate(one, 2.5) == pytest.approx(0.1)
+    assert learning_rate(one, 9.99) < 1e-4
+
+
+# ----------------------------------------------------------------------------- sharding helpers
+def test_shards_cover_every_sample_once_and_gather_restores_order():
+    n, world = 11, 3
+    g = lambda: torch.Generator().manual_seed(5)  # noqa: E731 - same seed on every rank
+    shards = [D.train_shard(n, g(), D.Dist(r, world)) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1  # equal work per rank
+    assert sorted(set(torch.cat(shards).tolist())) == list(range(n))
+    chunks = [D.eval_shard(n, D.Dist(r, world))[0] for r in range(world)]
+    # concatenating the chunks in rank order and trimming = every index once, in order
+    assert torch.cat(chunks)[:n].tolist() == list(range(n))
+
+
+# ----------------------------------------------------------------------------- full runs
+def test_run_directory_and_helpers(tmp_path):
+    out = tmp_path / "run"
+    summary = run_quiet(tiny(), out)
+    assert summary["status"] == "done" and summary["epochs_done"] == 2
+    for name in (rundir.CONFIG, rundir.MODEL, rundir.CHECKPOINT, rundir.LOGITS, rundir.HISTORY):
+        assert (out / name).is_file()
+    info = json.loads((out / rundir.CONFIG).read_text())
+    assert info["status"] == "done" and info["config"]["seed"] == 0 and info["split"]["val"] == 100
+    assert info["versions"]["torch"] == torch.__version__ and "git_commit" in info
+    history = json.loads((out / rundir.HISTORY).read_text())
+    assert [h["epoch"] for h in history] == [1, 2]
+    assert summary["best_epoch"] == max(history, key=lambda h: h["val_acc"])["epoch"]
+
+    model, cfg, info = load_run(out)
+    assert cfg == tiny() and not model.training
+    logits = load_logits(out)
+    from calibkit.data import load
+
+    bundle = load("digits", seed=0, val_size=100, train_subset=256)
+    again = predict_logits(model, bundle.test.images, info)
+    assert again.dtype == torch.float32 and again.shape == (len(bundle.test), 10)
+    torch.testing.assert_close(again, logits["test_logits"])  # the saved logits are the best weights'
+    assert torch.equal(logits["test_labels"], bundle.test.labels)
+    val_acc = (logits["val_logits"].argmax(1) == logits["val_labels"]).double().mean().item()
+    assert val_acc == pytest.approx(summary["best_val_acc"])
+
+    # a finished run is not retrained; a different config or a foreign directory is refused
+    mtime = (out / rundir.MODEL).stat().st_mtime_ns
+    assert run_quiet(tiny(), out)["status"] == "done" and (out / rundir.MODEL).stat().st_mtime_ns == mtime
+    with pytest.raises(ValueError, match="different config.*lr"):
+        run_quiet(tiny(lr=0.01), out)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="holds no calibkit run"):
+        run_quiet(tiny(), tmp_path / "other")
+
+
+@pytest.mark.parametrize("loss,method", [("fedlas_ls", "standard"), ("adafocal", "regmixup")])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, loss, method):
+    cfg = tiny(epochs=3, loss=loss, method=method)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_quiet(cfg, straight)
+    partial = run_quiet(cfg, resumed, stop_after_epoch=1)  # as if killed after epoch 1
+    assert partial["status"] == "running" and not (resumed / rundir.LOGITS).exists()
+    assert json.loads((resumed / rundir.CONFIG).read_text())["status"] == "running"
+    run_quiet(cfg, resumed)
+    for name in (rundir.MODEL, rundir.LOGITS):
+        a, b = rundir.read_tensors(straight / name), rundir.read_tensors(resumed / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    ca, cb = (rundir.read_checkpoint(d / rundir.CHECKPOINT) for d in (straight, resumed))
+    for part in ("model", "loss"):  # last-epoch weights and the loss's state (gate, buffers, gammas)
+        assert all(torch.equal(ca[part][k], cb[part][k]) for k in ca[part]), part
+    assert ca["history"][-1]["val_acc"] == cb["history"][-1]["val_acc"]
+
+
+def test_corrupt_files_give_clear_errors_and_keep_results(tmp_path):
+    out = tmp_path / "run"
+    run_quiet(tiny(), out, stop_after_epoch=1)
+    ckpt = out / rundir.CHECKPOINT
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated, as after a full disk
+    config_before = (out / rundir.CONFIG).read_bytes()
+    with pytest.raises(ValueError, match=r"checkpoint\.pt: corrupt or truncated"):
+        run_quiet(tiny(), out)
+    assert (out / rundir.CONFIG).read_bytes() == config_before and (out / rundir.MODEL).is_file()
+
+    done = tmp_path / "done"
+    run_quiet(tiny(epochs=1), done)
+    (done / rundir.MODEL).write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match=r"model\.safetensors: corrupt or truncated"):
+        load_run(done)
+    (done / rundir.LOGITS).write_bytes(b"{}")
+    with pytest.raises(ValueError, match=r"logits\.safetensors"):
+        load_logits(done)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_run(tmp_path / "missing")
+
+
+def _spy_build(monkeypatch, store):
+    """Record the loss module the trainer builds, with a copy of its initial parameters."""
+    real = losses_mod.build
+
+    def build(spec, num_classes=None):
+        loss = real(spec, num_classes=num_classes)
+        store["loss"] = loss
+        store["init"] = {k: v.detach().clone() for k, v in loss.named_parameters()}
+        return loss
+
+    monkeypatch.setattr(losses_mod, "build", build)
+
+
+def test_fedlas_gate_is_trained_and_gets_features(tmp_path, monkeypatch):
+    seen = {}
+    _spy_build(monkeypatch, seen)
+    run_quiet(tiny(epochs=1, loss="fedlas_ls"), tmp_path / "run")
+    loss = seen["loss"]
+    assert loss.needs_features and seen["init"]  # the gate has parameters
+    changed = [k for k, v in loss.named_parameters() if not torch.equal(v.detach(), seen["init"][k])]
+    assert changed, "the FeDLaS gate parameters were not updated by the optimizer"
+
+
+def test_adafocal_is_updated_on_validation_every_epoch(tmp_path, monkeypatch):
+    seen, calls = {}, []
+    _spy_build(monkeypatch, seen)
+    real_update = losses_mod.AdaFocal.update
+
+    def update(self, val_logits, val_labels):
+        calls.append((val_logits.shape, val_labels.shape))
+        return real_update(self, val_logits, val_labels)
+
+    monkeypatch.setattr(losses_mod.AdaFocal, "update", update)
+    out = tmp_path / "run"
+    run_quiet(tiny(epochs=2, loss="adafocal"), out)
+    assert calls == [((100, 10), (100,))] * 2
+    saved = rundir.read_checkpoint(out / rundir.CHECKPOINT)["loss"]
+    fresh = losses_mod.build("adafocal", num_classes=10).state_dict()
+    assert any(not torch.equal(saved[k], fresh[k]) for k in fresh), "AdaFocal state did not move"
+
+
+@pytest.mark.parametrize("method", ["mixup", "regmixup"])
+def test_mixup_paths_use_soft_cross_entropy(tmp_path, monkeypatch, method):
+    rows = []
+    real = F_.soft_cross_entropy
+
+    def spy(logits, soft):
+        rows.append((logits.shape[0], bool(((soft > 0) & (soft < 1)).any())))
+        return real(logits, soft)
+
+    monkeypatch.setattr(F_, "soft_cross_entropy", spy)
+    summary = run_quiet(tiny(epochs=1, method=method, mix_alpha=1.0), tmp_path / "run")
+    assert summary["status"] == "done"
+    # 256 images / batch 64 = 4 steps; soft CE on exactly the mixed half (64 rows), which has mixed labels
+    assert len(rows) == 4 and all(n == 64 for n, _ in rows) and any(mixed for _, mixed in rows)
+    if method == "mixup":
+        with pytest.raises(ValueError, match="loss must be 'ce'"):
+            run_quiet(tiny(epochs=1, method="mixup", loss="mbls"), tmp_path / "bad")
+
+
+# ----------------------------------------------------------------------------- distributed
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_matches_single_process_evaluation(tmp_path, cli_env):
+    out = tmp_path / "ddp"
+    # 360 test and 101 validation images: odd sizes, so the last rank's shard is padded
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(_free_port()), "-m", "calibkit", "train", "--data", "digits", "--model", "mlp", "--epochs", "2",
+           "--batch-size", "64", "--lr", "0.05", "--train-subset", "256", "--val-size", "101", "--device", "cpu",
+           "--num-threads", "1", "--no-progress", "--out", str(out)]
+    proc = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("epoch   1/2") == 1  # only rank 0 prints
+    info = json.loads((out / rundir.CONFIG).read_text())
+    assert info["world_size"] == 2 and info["status"] == "done"
+    assert len(json.loads((out / rundir.HISTORY).read_text())) == 2
+
+    model, cfg, info = load_run(out)
+    from calibkit.data import load
+
+    bundle = load("digits", seed=0, val_size=101, train_subset=256)
+    saved = load_logits(out)
+    for split in ("val", "test"):
+        single = predict_logits(model, getattr(bundle, split).images, info)
+        torch.testing.assert_close(saved[f"{split}_logits"], single, rtol=1e-5, atol=1e-5)
+        assert torch.equal(saved[f"{split}_labels"], getattr(bundle, split).labels)
