@@ -14,6 +14,8 @@ import sys
 # name -> module; one literal table, so the list of subcommands is visible at a glance.
 COMMANDS = {
     "train": "calibkit.commands.train",
+    "eval": "calibkit.commands.eval",
+    "plot": "calibkit.commands.plot",
     "bench": "calibkit.commands.bench",
     "report": "calibkit.commands.report",
     "csm": "calibkit.commands.csm",

@@ -1,0 +1,81 @@
+"""``calibkit eval DIR``: test metrics before and after temperature scaling, as a table and metrics.json."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+The temperature is fitted on the run's validation logits (NLL) and applied to its test logits.
+Calibration errors are printed x100, accuracy in %, NLL and Brier as they are.
+
+example:
+  calibkit eval runs/ce
+"""
+
+# How each metric is shown in the table: (label, scale).
+_SHOW = {"acc": ("accuracy (%)", 100), "nll": ("NLL", 1), "brier": ("Brier", 1)}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval", help="metrics of a run before/after temperature scaling (table + metrics.json)",
+        description="Evaluate a finished run on its test logits, before and after temperature scaling "
+        "fitted on its validation logits; print a table and write DIR/metrics.json.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", metavar="DIR", help="run directory written by calibkit train")
+    p.add_argument("--n-bins", type=int, default=15, help="bins of the binned calibration errors (default 15)")
+    p.add_argument("--ts-objective", choices=("nll", "ece"), default="nll",
+                   help="fit T by validation NLL (default) or by the literature's grid search on validation ECE")
+    p.set_defaults(func=run)
+
+
+def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
+    """Metrics of a run's test logits before and after temperature scaling fitted on its val logits.
+
+    Returns:
+        ``{"temperature", "ts_objective", "n_bins", "n_val", "n_test", "before": {...}, "after": {...}}`` with the
+        keys of :func:`calibkit.metrics.evaluate` in each of ``before`` / ``after``.
+    """
+    from calibkit.calibrators import TemperatureScaling
+    from calibkit.metrics import evaluate
+    from calibkit.rundir import load_logits
+
+    logits = load_logits(run_dir)
+    ts = TemperatureScaling(objective=objective, n_bins=n_bins).fit(logits["val_logits"], logits["val_labels"])
+    test, labels = logits["test_logits"].double(), logits["test_labels"]
+    return {
+        "temperature": float(ts.temperature_),
+        "ts_objective": objective,
+        "n_bins": n_bins,
+        "n_val": len(logits["val_labels"]),
+        "n_test": len(labels),
+        "before": evaluate(test.softmax(1), labels, n_bins=n_bins),
+        "after": evaluate(ts.predict_proba(test), labels, n_bins=n_bins),
+    }
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'metric':<16}{'before TS':>12}{'after TS':>12}"]
+    for key, before in result["before"].items():
+        label, scale = _SHOW.get(key, (f"{key} (x100)", 100))
+        lines.append(f"{label:<16}{scale * before:>12.3f}{scale * result['after'][key]:>12.3f}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from calibkit import rundir
+
+    result = evaluate_run(args.run_dir, args.n_bins, args.ts_objective)
+    info = rundir.load_info(args.run_dir)
+    c = info["config"]
+    print(f"{args.run_dir}: {c['data']} / {c['model']} / loss {c['loss']} / method {c['method']} / seed {c['seed']}")
+    print(f"temperature fitted on {result['n_val']} validation images: T = {result['temperature']:.4f}; "
+          f"{result['n_test']} test images")
+    print(format_table(result))
+    path = Path(args.run_dir) / rundir.METRICS
+    rundir.write_json(path, result)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,64 @@
+"""``calibkit plot DIR``: reliability diagram and confidence histogram, before and after temperature scaling."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+Writes four PNG files into DIR (or --out):
+  reliability.png      reliability_ts.png      (accuracy vs confidence per bin, with the gap)
+  confidence.png       confidence_ts.png       (histogram of confidences, mean accuracy/confidence)
+The *_ts files use the temperature fitted on the validation logits.
+
+example:
+  calibkit plot runs/ce
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plot", help="reliability diagrams and confidence histograms of a run (PNG)",
+        description="Draw the reliability diagram and the confidence histogram of a finished run's test "
+        "predictions, before and after temperature scaling fitted on its validation logits.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", metavar="DIR", help="run directory written by calibkit train")
+    p.add_argument("--out", metavar="DIR", help="where to write the PNGs (default: the run directory)")
+    p.add_argument("--n-bins", type=int, default=15, help="confidence bins (default 15)")
+    p.add_argument("--dpi", type=int, default=150, help="resolution of the PNGs (default 150)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    from calibkit import plots
+    from calibkit.calibrators import TemperatureScaling
+    from calibkit.rundir import load_info, load_logits
+
+    if args.dpi < 10:
+        raise ValueError(f"dpi: must be >= 10, got {args.dpi}")
+    logits = load_logits(args.run_dir)
+    c = load_info(args.run_dir)["config"]
+    out = Path(args.out) if args.out else Path(args.run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ts = TemperatureScaling().fit(logits["val_logits"], logits["val_labels"])
+    labels = logits["test_labels"]
+    name = f"{c['model']} / {c['loss']}" + ("" if c["method"] == "standard" else f" / {c['method']}")
+    for suffix, probs, title in (
+        ("", logits["test_logits"].double().softmax(1), name),
+        ("_ts", ts.predict_proba(logits["test_logits"]), f"{name}, TS T={ts.temperature_:.2f}"),
+    ):
+        for stem, draw in (("reliability", plots.reliability_diagram), ("confidence", plots.confidence_histogram)):
+            fig, ax = plt.subplots(figsize=(4.5, 4.5))
+            draw(probs, labels, n_bins=args.n_bins, ax=ax, title=title)
+            path = out / f"{stem}{suffix}.png"
+            fig.savefig(path, dpi=args.dpi, bbox_inches="tight")
+            plt.close(fig)
+            print(f"wrote {path}")
+    return 0
