@@ -10,8 +10,11 @@ from typing import Callable
 import torch
 
 from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, seeded_split
+from .cifar import read_cifar10, read_cifar100
 from .digits import read_digits
+from .folders import read_imagefolder, read_tinyimagenet
 from .idx import FMNIST_DIR, read_fmnist
+from .svhn import read_svhn
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,9 @@ class DatasetSpec:
         default_dir: where the files are looked for when no ``data_dir`` is given (None: the
             user must pass one, or the data set needs no files).
         needs_dir: whether the reader needs files at all.
-        val_size: default number of training images held out for validation (ignored when the
-            reader returns a fixed validation split).
+        val_size: default number of training images held out for validation, or a fraction
+            of the training split when < 1 (ignored when the reader returns a fixed validation
+            split).
         hflip: horizontal flip is label-preserving for this data.
         crop_pad: padding of the random-crop augmentation.
         how_to_get: hint printed when the files are missing.
@@ -33,7 +37,7 @@ class DatasetSpec:
     read: Callable[[str | None], RawData]
     default_dir: str | None
     needs_dir: bool
-    val_size: int
+    val_size: int | float
     hflip: bool
     crop_pad: int
     how_to_get: str
@@ -49,6 +53,26 @@ DATASETS: dict[str, DatasetSpec] = {
     "digits": DatasetSpec(
         read=read_digits, default_dir=None, needs_dir=False, val_size=200, hflip=False, crop_pad=2,
         how_to_get="built in (scikit-learn)",
+    ),
+    "cifar10": DatasetSpec(
+        read=read_cifar10, default_dir=None, needs_dir=True, val_size=5000, hflip=True, crop_pad=4,
+        how_to_get="pass --data-dir with the extracted cifar-10-batches-py folder (data_batch_1..5, test_batch)",
+    ),
+    "cifar100": DatasetSpec(
+        read=read_cifar100, default_dir=None, needs_dir=True, val_size=5000, hflip=True, crop_pad=4,
+        how_to_get="pass --data-dir with the extracted cifar-100-python folder (train, test, meta)",
+    ),
+    "tinyimagenet": DatasetSpec(
+        read=read_tinyimagenet, default_dir=None, needs_dir=True, val_size=0, hflip=True, crop_pad=8,
+        how_to_get="pass --data-dir with the extracted tiny-imagenet-200 folder (wnids.txt, train/, val/)",
+    ),
+    "svhn": DatasetSpec(
+        read=read_svhn, default_dir=None, needs_dir=True, val_size=5000, hflip=False, crop_pad=2,
+        how_to_get="pass --data-dir with train_32x32.mat and test_32x32.mat",
+    ),
+    "imagefolder": DatasetSpec(
+        read=read_imagefolder, default_dir=None, needs_dir=True, val_size=0.1, hflip=False, crop_pad=0,
+        how_to_get="pass --data-dir with <class>/*.png|jpg folders (or train/<class> and test/<class>)",
     ),
 }  # fmt: skip
 
@@ -72,8 +96,8 @@ def load(
         name: a ``DATASETS`` key.
         data_dir: folder with the data set's files; default ``DATASETS[name].default_dir``.
         seed: seed of the train/validation permutation (the test split never depends on it).
-        val_size: images held out of the official training split for validation; default
-            ``DATASETS[name].val_size``. Data sets with a protocol-fixed validation split
+        val_size: images held out of the official training split for validation (a count, or a
+            fraction when < 1); default ``DATASETS[name].val_size``. Data sets with a protocol-fixed validation split
             (Tiny-ImageNet) accept only that size.
         train_subset: keep only the first ``n`` images of the training split (in on-disk order,
             so subsets are nested across sizes and do not depend on ``seed`` beyond the
@@ -105,7 +129,12 @@ def load(
         checksum = _content_checksum(val)
         rule = "fixed by the protocol"
     else:
-        size = spec.val_size if val_size is None else int(val_size)
+        size = spec.val_size if val_size is None else val_size
+        if isinstance(size, float) and not size.is_integer():
+            if not 0 < size < 1:
+                raise ValueError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
+            size = int(round(size * len(raw.train)))
+        size = int(size)
         train_idx, val_idx = seeded_split(len(raw.train), size, seed)
         train, val = raw.train.subset(train_idx), raw.train.subset(val_idx)
         checksum = index_checksum(val_idx)

@@ -1,0 +1,423 @@
+"""Data loaders on files written in the exact on-disk formats, splits, augmentation and mixing."""
+
+import gzip
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from calibkit.data import DATASETS, augment, load, mixup, normalize, regmixup, resize
+from calibkit.data.bundle import channel_stats, seeded_split
+from calibkit.data.idx import FMNIST_DIR, FMNIST_FILES
+
+FMNIST_PRESENT = os.path.isfile(os.path.join(FMNIST_DIR, "train-images-idx3-ubyte.gz"))
+
+
+# ------------------------------------------------------------------------------ writers
+
+
+def write_idx(path, array, magic):
+    header = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def fake_fmnist(folder, n_train=40, n_test=12, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "train_images": rng.integers(0, 256, (n_train, 28, 28)),
+        "train_labels": np.arange(n_train) % 10,
+        "test_images": rng.integers(0, 256, (n_test, 28, 28)),
+        "test_labels": (np.arange(n_test) * 3) % 10,
+    }
+    for key, arr in arrays.items():
+        write_idx(os.path.join(folder, FMNIST_FILES[key] + ".gz"), arr, 2051 if "images" in key else 2049)
+    return arrays
+
+
+def cifar_rows(n, offset):
+    """(N, 3072) rows whose R/G/B planes are distinguishable: value = 10*channel + image + offset."""
+    data = np.zeros((n, 3, 32, 32), np.uint8)
+    for i in range(n):
+        for c in range(3):
+            data[i, c] = 10 * c + i + offset
+        data[i, 0, 1, 2] = 200  # one marked pixel: row 1, column 2 of the red plane
+    return data.reshape(n, 3072)
+
+
+def write_pickle(path, obj):
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=2)  # protocol 2 as in the distributed files
+
+
+def fake_cifar10(folder, per_batch=4, n_test=6):
+    for b in range(1, 6):
+        labels = [(b + i) % 10 for i in range(per_batch)]
+        write_pickle(os.path.join(folder, f"data_batch_{b}"),
+                     {b"batch_label": b"x", b"data": cifar_rows(per_batch, b), b"labels": labels})  # fmt: skip
+    write_pickle(os.path.join(folder, "test_batch"), {b"data": cifar_rows(n_test, 100), b"labels": list(range(n_test))})
+    write_pickle(os.path.join(folder, "batches.meta"), {b"label_names": [f"c{k}".encode() for k in range(10)]})
+
+
+def save_image(path, array):
+    from PIL import Image
+
+    Image.fromarray(array).save(path)
+
+
+# ------------------------------------------------------------------------- Fashion-MNIST
+
+
+@pytest.mark.skipif(not FMNIST_PRESENT, reason=f"Fashion-MNIST not installed in {FMNIST_DIR} (apt-get install dataset-fashion-mnist)")
+def test_fmnist_real_files():
+    b = load("fmnist")
+    assert (len(b.train), len(b.val), len(b.test)) == (55000, 5000, 10000)
+    assert b.train.images.shape[1:] == (1, 28, 28) and b.train.images.dtype == torch.uint8
+    assert b.train.labels.dtype == torch.int64 and b.num_classes == 10 and b.in_channels == 1
+    # the official splits are balanced: 6000 images per class in train+val, 1000 in test
+    counts = torch.bincount(torch.cat([b.train.labels, b.val.labels]), minlength=10)
+    assert counts.tolist() == [6000] * 10
+    assert torch.bincount(b.test.labels).tolist() == [1000] * 10
+    assert b.mean[0] == pytest.approx(0.2860, abs=2e-3) and b.std[0] == pytest.approx(0.3530, abs=2e-3)
+    assert b.class_names[9] == "Ankle boot"
+    sub = load("fmnist", train_subset=10000, seed=0)
+    assert len(sub.train) == 10000 and torch.equal(sub.train.images, b.train.images[:10000])
+    assert sub.split["val_checksum"] == b.split["val_checksum"]
+
+
+def test_fmnist_written_files(tmp_path):
+    arrays = fake_fmnist(tmp_path)
+    b = load("fmnist", data_dir=str(tmp_path), val_size=8, seed=3)
+    assert (len(b.train), len(b.val), len(b.test)) == (32, 8, 12)
+    train_idx, val_idx = seeded_split(40, 8, 3)
+    assert torch.equal(b.val.images[:, 0], torch.from_numpy(arrays["train_images"][val_idx].astype(np.uint8)))
+    assert torch.equal(b.train.labels, torch.from_numpy(arrays["train_labels"][train_idx]))
+    assert torch.equal(b.test.labels, torch.from_numpy(arrays["test_labels"]))
+    assert b.data_dir == os.path.abspath(tmp_path) and b.split["seed"] == 3
+
+
+def test_fmnist_missing_says_how_to_get(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        load("fmnist", data_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load("fmnist", data_dir=str(tmp_path / "nowhere"))
+
+
+def test_fmnist_corrupt_files(tmp_path):
+    fake_fmnist(tmp_path)
+    path = os.path.join(tmp_path, FMNIST_FILES["train_images"] + ".gz")
+    raw = open(path, "rb").read()
+    with open(path, "wb") as f:  # truncated gzip stream
+        f.write(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="train-images-idx3-ubyte.gz.*(corrupt|truncated)"):
+        load("fmnist", data_dir=str(tmp_path), val_size=4)
+    write_idx(path, np.zeros((40, 28, 28)), 2049)  # a label magic on an image file
+    with pytest.raises(ValueError, match="magic number 2049, expected 2051"):
+        load("fmnist", data_dir=str(tmp_path), val_size=4)
+    with gzip.open(path, "wb") as f:  # header promises 40 images, data holds 39
+        f.write((2051).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (40, 28, 28)) + bytes(39 * 784))
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load("fmnist", data_dir=str(tmp_path), val_size=4)
+
+
+# --------------------------------------------------------------------------- splits, digits
+
+
+def test_seeded_split_is_disjoint_sorted_and_seeded():
+    tr, va = seeded_split(100, 10, seed=1)
+    assert len(set(tr) & set(va)) == 0 and sorted(set(tr) | set(va)) == list(range(100))
+    assert (np.diff(tr) > 0).all() and (np.diff(va) > 0).all()
+    assert np.array_equal(va, seeded_split(100, 10, seed=1)[1])
+    assert not np.array_equal(va, seeded_split(100, 10, seed=2)[1])
+    with pytest.raises(ValueError, match="val_size"):
+        seeded_split(10, 10, 0)
+
+
+def test_digits_bundle():
+    b = load("digits", seed=0)
+    assert (len(b.train), len(b.val), len(b.test)) == (1237, 200, 360)
+    assert b.train.images.shape[1:] == (1, 28, 28) and b.train.images.dtype == torch.uint8
+    assert not b.hflip and b.num_classes == 10 and b.class_names[3] == "3"
+    assert int(b.train.images.max()) == 255 and int(b.train.images.min()) == 0
+    again, other = load("digits", seed=0), load("digits", seed=1)
+    assert torch.equal(b.val.images, again.val.images) and b.split == again.split
+    assert b.split["val_checksum"] != other.split["val_checksum"]
+    assert torch.equal(b.test.images, other.test.images), "the test split does not depend on the seed"
+    # train and val are disjoint: no validation image appears in the training split
+    flat_train = {bytes(x) for x in b.train.images.flatten(1).numpy()}
+    assert not any(bytes(x) in flat_train for x in b.val.images.flatten(1).numpy())
+    mean, std = channel_stats(b.train.images)
+    ref = b.train.images.double() / 255
+    assert mean[0] == pytest.approx(ref.mean().item(), abs=1e-9) and std[0] == pytest.approx(ref.std(unbiased=False).item(), abs=1e-9)
+
+
+def test_val_size_fraction_and_train_subset_checks():
+    b = load("digits", val_size=0.25, train_subset=100)
+    assert len(b.val) == round(0.25 * 1437) and len(b.train) == 100 and b.split["train_subset"] == 100
+    with pytest.raises(ValueError, match="train_subset"):
+        load("digits", train_subset=5000)
+    with pytest.raises(ValueError, match="val_size"):
+        load("digits", val_size=1437)
+
+
+def test_unknown_dataset_and_missing_dir():
+    with pytest.raises(ValueError, match="fmnist"):
+        load("mnist-fashion")
+    with pytest.raises(ValueError, match="needs data_dir"):
+        load("cifar10")
+
+
+# ------------------------------------------------------------------------------- CIFAR, SVHN
+
+
+def test_cifar10_pickles(tmp_path):
+    fake_cifar10(tmp_path)
+    b = load("cifar10", data_dir=str(tmp_path), val_size=5, seed=0)
+    assert (len(b.train), len(b.val), len(b.test)) == (15, 5, 6)
+    assert b.test.images.shape == (6, 3, 32, 32) and b.class_names[2] == "c2"
+    img = b.test.images[4]  # test image 4: channel c holds 10*c + 4 + 100, red pixel (1, 2) = 200
+    assert img[0, 0, 0] == 104 and img[1, 5, 5] == 114 and img[2, 31, 31] == 124 and img[0, 1, 2] == 200
+    assert b.test.labels.tolist() == list(range(6))
+    # training order is batch 1..5: every image's red value = image index in batch + batch number
+    train_idx, val_idx = seeded_split(20, 5, 0)
+    expect = torch.tensor([(i % 4) + 1 + i // 4 for i in train_idx], dtype=torch.uint8)
+    assert torch.equal(b.train.images[:, 0, 0, 0], expect)
+    assert b.train.labels.tolist() == [(1 + i // 4 + i % 4) % 10 for i in train_idx]
+    assert b.hflip and b.crop_pad == 4
+
+
+def test_cifar_pickle_refuses_other_globals_and_garbage(tmp_path):
+    fake_cifar10(tmp_path)
+    # a pickle naming a function global (os.getcwd): must be refused, never resolved
+    write_pickle(tmp_path / "data_batch_3", {b"data": cifar_rows(4, 0), b"labels": [0] * 4, b"f": os.getcwd})
+    with pytest.raises(ValueError, match="refusing to unpickle global"):
+        load("cifar10", data_dir=str(tmp_path), val_size=2)
+    (tmp_path / "data_batch_3").write_bytes(pickle.dumps({b"data": cifar_rows(4, 0)}, protocol=2)[:50])
+    with pytest.raises(ValueError, match="data_batch_3"):
+        load("cifar10", data_dir=str(tmp_path), val_size=2)
+    write_pickle(tmp_path / "data_batch_3", {b"data": np.zeros((4, 100), np.uint8), b"labels": [0] * 4})
+    with pytest.raises(ValueError, match=r"\(N, 3072\)"):
+        load("cifar10", data_dir=str(tmp_path), val_size=2)
+    os.remove(tmp_path / "data_batch_3")
+    with pytest.raises(FileNotFoundError, match="data_batch_3"):
+        load("cifar10", data_dir=str(tmp_path), val_size=2)
+
+
+def test_cifar100_pickles(tmp_path):
+    root = tmp_path / "cifar-100-python"  # data_dir may be the parent folder
+    root.mkdir()
+    write_pickle(root / "train", {b"data": cifar_rows(12, 0), b"fine_labels": [7 * i % 100 for i in range(12)],
+                                  b"coarse_labels": [0] * 12})  # fmt: skip
+    write_pickle(root / "test", {b"data": cifar_rows(3, 50), b"fine_labels": [99, 0, 42], b"coarse_labels": [0] * 3})
+    write_pickle(root / "meta", {b"fine_label_names": [f"f{k}".encode() for k in range(100)]})
+    b = load("cifar100", data_dir=str(tmp_path), val_size=2)
+    assert b.num_classes == 100 and b.class_names[42] == "f42" and b.test.labels.tolist() == [99, 0, 42]
+    assert len(b.train) == 10 and b.test.images[2, 1, 0, 0] == 10 + 2 + 50
+
+
+def test_svhn_mat(tmp_path):
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (32, 32, 3, 9)).astype(np.uint8)
+    y = np.array([[10], [1], [2], [3], [4], [5], [6], [7], [10]])
+    savemat(tmp_path / "train_32x32.mat", {"X": x, "y": y})
+    savemat(tmp_path / "test_32x32.mat", {"X": x[..., :4], "y": y[:4]})
+    b = load("svhn", data_dir=str(tmp_path), val_size=3, seed=0)
+    assert b.test.labels.tolist() == [0, 1, 2, 3], "label 10 means digit 0"
+    assert torch.equal(b.test.images[2], torch.from_numpy(x[..., 2].transpose(2, 0, 1).copy()))
+    assert len(b.train) == 6 and not b.hflip
+    (tmp_path / "test_32x32.mat").write_bytes(b"MATLAB 5.0 MAT-file, garbage")
+    with pytest.raises(ValueError, match="test_32x32.mat"):
+        load("svhn", data_dir=str(tmp_path), val_size=3)
+
+
+# ------------------------------------------------------------------------ image files
+
+
+def test_tinyimagenet_layout(tmp_path, monkeypatch):
+    import calibkit.data.folders as folders
+
+    monkeypatch.setattr(folders, "TINY_VAL_PER_CLASS", 2)  # the real protocol holds out 50 of 500
+    wnids = ["n01", "n02", "n03"]
+    (tmp_path / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    (tmp_path / "words.txt").write_text("n01\tgoldfish\nn02\tsalamander\n")
+    for k, w in enumerate(wnids):
+        d = tmp_path / "train" / w / "images"
+        d.mkdir(parents=True)
+        for i in range(5):  # flat colours survive JPEG compression almost exactly
+            save_image(str(d / f"{w}_{i}.JPEG"), np.full((8, 8, 3), 40 * k + 10 * i, np.uint8))
+    (tmp_path / "val" / "images").mkdir(parents=True)
+    lines = []
+    for j, k in enumerate([2, 0, 1, 2]):
+        save_image(str(tmp_path / "val" / "images" / f"val_{j}.JPEG"), np.full((8, 8, 3), 200, np.uint8))
+        lines.append(f"val_{j}.JPEG\t{wnids[k]}\t0\t0\t8\t8")
+    (tmp_path / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    b = load("tinyimagenet", data_dir=str(tmp_path))
+    assert (len(b.train), len(b.val), len(b.test)) == (9, 6, 4)
+    assert b.test.labels.tolist() == [2, 0, 1, 2] and b.class_names == ["goldfish", "salamander", "n03"]
+    # validation = the last 2 files of each class in name order (i = 3, 4)
+    assert b.val.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    vals = b.val.images[:, 0, 4, 4].int()
+    assert ((vals - torch.tensor([30, 40, 70, 80, 110, 120])).abs() <= 2).all()
+    assert b.train.images.shape[1:] == (3, 8, 8) and b.split["rule"] == "fixed by the protocol"
+    with pytest.raises(ValueError, match="fixed validation split"):
+        load("tinyimagenet", data_dir=str(tmp_path), val_size=10)
+
+
+def test_imagefolder_flat_grey_and_bad_sizes(tmp_path):
+    for k, cls in enumerate(["cat", "dog"]):
+        (tmp_path / cls).mkdir()
+        for i in range(10):
+            save_image(str(tmp_path / cls / f"{i}.png"), np.full((6, 5), 100 * k + i, np.uint8))
+    b = load("imagefolder", data_dir=str(tmp_path), val_size=2)
+    assert (len(b.train), len(b.val), len(b.test)) == (14, 2, 4) and b.in_channels == 1
+    assert b.class_names == ["cat", "dog"] and b.train.images.shape[1:] == (1, 6, 5)
+    # PNG is lossless: pixel value 100*k + i identifies the file, so labels must match values
+    for split in (b.train, b.val, b.test):
+        assert torch.equal(split.labels, (split.images[:, 0, 0, 0] >= 100).long())
+    save_image(str(tmp_path / "dog" / "odd.png"), np.zeros((7, 7), np.uint8))
+    with pytest.raises(ValueError, match="odd.png.*7x7"):
+        load("imagefolder", data_dir=str(tmp_path))
+
+
+def test_imagefolder_train_test_rgb(tmp_path):
+    for part, n in (("train", 6), ("test", 2)):
+        for k, cls in enumerate(["a", "b", "c"]):
+            (tmp_path / part / cls).mkdir(parents=True)
+            for i in range(n):
+                arr = np.zeros((4, 4, 3), np.uint8)
+                arr[..., k] = 50 + i
+                save_image(str(tmp_path / part / cls / f"{i}.png"), arr)
+    b = load("imagefolder", data_dir=str(tmp_path), val_size=3)
+    assert (len(b.train), len(b.val), len(b.test)) == (15, 3, 6) and b.in_channels == 3
+    for split in (b.train, b.val, b.test):  # the non-zero channel is the class
+        assert torch.equal(split.images[:, :, 0, 0].argmax(1), split.labels)
+
+
+# ---------------------------------------------------------------------------- augmentation
+
+
+def test_flip_is_exact_mirror(gen):
+    x = torch.randint(0, 256, (64, 3, 5, 7), dtype=torch.uint8, generator=gen)
+    out = augment(x, crop_pad=0, hflip=True, generator=gen)
+    same = (out == x).flatten(1).all(1)
+    mirrored = (out == x.flip(-1)).flatten(1).all(1)
+    assert (same | mirrored).all() and same.any() and mirrored.any()
+    assert out.dtype == torch.uint8 and out.shape == x.shape
+
+
+def test_crop_keeps_content_shifted(gen):
+    p = 2
+    x = torch.randint(1, 256, (40, 1, 6, 6), dtype=torch.uint8, generator=gen)  # no zeros: padding is visible
+    out = augment(x, crop_pad=p, hflip=False, generator=gen)
+    padded = torch.nn.functional.pad(x, (p, p, p, p))
+    seen = set()
+    for n in range(x.shape[0]):
+        matches = [(dy, dx) for dy in range(2 * p + 1) for dx in range(2 * p + 1)
+                   if torch.equal(out[n], padded[n, :, dy:dy + 6, dx:dx + 6])]  # fmt: skip
+        assert len(matches) == 1, "each output is exactly one shifted window of the zero-padded image"
+        seen.add(matches[0])
+    assert len(seen) > 10, "offsets are spread over the (2p+1)^2 possibilities"
+
+
+def test_augment_is_seeded():
+    x = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    a = augment(x, 4, True, torch.Generator().manual_seed(7))
+    b = augment(x, 4, True, torch.Generator().manual_seed(7))
+    c = augment(x, 4, True, torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(augment(x, 0, False, None), x)
+    with pytest.raises(ValueError, match="crop_pad"):
+        augment(x, -1, True)
+
+
+def test_normalize_values():
+    x = torch.tensor([0, 51, 255], dtype=torch.uint8).reshape(1, 1, 1, 3).expand(1, 3, 1, 3).contiguous()
+    mean, std = (0.5, 0.2, 0.0), (0.25, 0.5, 1.0)
+    out = normalize(x, mean, std)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out[0, 0, 0], torch.tensor([-2.0, -1.2, 2.0]))
+    torch.testing.assert_close(out[0, 2, 0], torch.tensor([0.0, 0.2, 1.0]))
+    b = load("digits")
+    z = normalize(b.train.images, b.mean, b.std)
+    assert abs(z.mean().item()) < 1e-4 and z.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-4)
+    with pytest.raises(ValueError, match="uint8"):
+        normalize(x.float(), mean, std)
+    with pytest.raises(ValueError, match="channels"):
+        normalize(x, (0.5,) * 2, (1.0,) * 2)
+
+
+def test_resize_channels_and_size():
+    x = torch.full((2, 1, 8, 8), 90, dtype=torch.uint8)
+    y = resize(x, (28, 28), 3)
+    assert y.shape == (2, 3, 28, 28) and (y == 90).all()
+    rgb = torch.zeros(1, 3, 4, 4, dtype=torch.uint8)
+    rgb[:, 1] = 200
+    assert (resize(rgb, (4, 4), 1) == round(0.587 * 200)).all()
+
+
+# ----------------------------------------------------------------------------- Mixup
+
+
+def test_mixup_is_a_convex_combination_of_pairs(gen):
+    n, k = 12, 5
+    x = torch.arange(n, dtype=torch.float32).reshape(n, 1, 1, 1).expand(n, 2, 3, 3).contiguous()  # image i == i
+    labels = torch.arange(n) % k
+    x_mix, soft = mixup(x, labels, k, alpha=1.0, generator=gen)
+    assert soft.shape == (n, k)
+    torch.testing.assert_close(soft.sum(1), torch.ones(n))
+    assert (soft >= 0).all()
+    # recover t from a row whose partner has another label, then the partner of every row
+    t = None
+    for i in range(n):
+        vals = soft[i][soft[i] > 0]
+        if len(vals) == 2:
+            t = float(soft[i, labels[i]])
+            break
+    assert t is not None and 0 < t < 1
+    partners = ((x_mix[:, 0, 0, 0] - t * torch.arange(n)) / (1 - t)).round().long()
+    assert sorted(partners.tolist()) == list(range(n)), "partners form a permutation"
+    expect_x = t * x + (1 - t) * x[partners]
+    torch.testing.assert_close(x_mix, expect_x)
+    onehot = torch.nn.functional.one_hot(labels, k).float()
+    torch.testing.assert_close(soft, t * onehot + (1 - t) * onehot[partners])
+
+
+def test_mixup_alpha_controls_the_mixing_weight():
+    # two images 1 and 0: when the permutation swaps them, x_mix[0] = t exactly
+    x, labels = torch.tensor([1.0, 0.0]).reshape(2, 1, 1, 1), torch.tensor([0, 1])
+    g = torch.Generator().manual_seed(0)
+    weights = {}
+    for alpha in (0.2, 20.0):
+        ts = []
+        for _ in range(300):
+            x_mix, soft = mixup(x, labels, 2, alpha, g)
+            if x_mix[1, 0, 0, 0] != 0 or x_mix[0, 0, 0, 0] != 1:  # swapped (identity leaves x unchanged)
+                t = float(x_mix[0, 0, 0, 0])
+                assert soft[0].tolist() == pytest.approx([t, 1 - t], abs=1e-6)  # float32
+                ts.append(t)
+        assert len(ts) > 100
+        weights[alpha] = torch.tensor(ts)
+    # Beta(20, 20) concentrates at 1/2 (sd 0.078); Beta(0.2, 0.2) at the ends
+    assert (weights[20.0] - 0.5).abs().mean() < 0.1
+    assert (weights[0.2] - 0.5).abs().mean() > 0.3
+
+
+def test_regmixup_concatenates_clean_and_mixed():
+    x = torch.randn(6, 3, 4, 4, generator=torch.Generator().manual_seed(2))
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    x_cat, soft = regmixup(x, labels, 3, 20.0, torch.Generator().manual_seed(5))
+    x_mix, soft_mix = mixup(x, labels, 3, 20.0, torch.Generator().manual_seed(5))
+    assert x_cat.shape == (12, 3, 4, 4) and soft.shape == (12, 3)
+    assert torch.equal(x_cat[:6], x) and torch.equal(soft[:6], torch.nn.functional.one_hot(labels, 3).float())
+    assert torch.equal(x_cat[6:], x_mix) and torch.equal(soft[6:], soft_mix)
+    with pytest.raises(ValueError, match="normalize"):
+        regmixup(x.to(torch.uint8), labels, 3)
+
+
+def test_registry_entries_are_complete():
+    for name, spec in DATASETS.items():
+        assert callable(spec.read) and spec.crop_pad >= 0 and spec.how_to_get, name
