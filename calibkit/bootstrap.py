@@ -1,0 +1,230 @@
+"""Percentile bootstrap over test samples: an interval for one metric, and a paired interval
+for the difference between two models scored on the same test set.
+
+Resampling draws ``R`` sets of ``N`` sample indices with replacement from a seeded
+``torch.Generator``; resample ``r`` is summarised by its count vector ``W[r]`` (how often each
+sample was drawn). The panel metrics are functions of weighted sums, so for a metric *name*
+every resample is evaluated at once, without copying rows:
+
+* ``acc``, ``nll``, ``brier``: ``W @ v / N`` for the per-sample correctness, ``-log p_y``, Brier;
+* equal-width metrics (``ece``, ``mce``, ``rmsce``, ``o_ece``, ``u_ece``): per-bin sums
+  ``W @ onehot(bin) * (1, conf, correct)``, then :func:`binned_errors` on all resamples;
+* ``aece``: the equal-mass edges of each resample are weighted order statistics (a cumulative
+  sum of ``W`` in sorted-confidence order, then ``searchsorted``);
+* ``cece``: the sparse classwise entries (``p_ik > 1/B``) and the labelled entries weighted by
+  ``W``, bin 0 from the weighted column sums ``W @ P``.
+
+Any other callable ``metric(probs, labels) -> scalar`` is evaluated resample by resample on the
+same indices (slower, general). The interval is the ``(1 - level)/2`` and ``(1 + level)/2``
+quantiles (linear interpolation) of the resampled values; ``estimate`` is the metric on the full
+data. The paired variant uses the same ``W`` for both models, so the interval of the
+difference reflects only the models' disagreement, not which test samples were drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from calibkit._validation import check_n_bins, check_probs, upcast
+from calibkit.functional import metrics as F
+from calibkit.functional.binning import BinSums, bin_indices, binned_errors, equal_width_edges, top_label
+
+__all__ = ["BootstrapResult", "bootstrap_ci", "paired_bootstrap_diff", "FAST_METRICS"]
+
+FAST_METRICS = ("acc", "ece", "aece", "cece", "mce", "rmsce", "o_ece", "u_ece", "nll", "brier")
+_BY_FUNCTION = {F.accuracy: "acc", F.ece: "ece", F.adaptive_ece: "aece", F.classwise_ece: "cece",
+                F.mce: "mce", F.rmsce: "rmsce", F.nll: "nll", F.brier: "brier"}
+_ROW_BUDGET = 4_000_000  # entries of W (R_chunk x N) held at once (32 MB in float64)
+
+
+@dataclass
+class BootstrapResult:
+    """A point estimate with its percentile bootstrap interval.
+
+    Attributes:
+        estimate: the metric on the full data (for a paired result: metric(a) - metric(b)).
+        low, high: interval bounds at ``level``.
+        level: coverage, e.g. 0.95.
+        samples: ``(R,)`` float64 tensor of the resampled values.
+    """
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    samples: torch.Tensor
+
+
+class _Prepared:
+    """Per-sample quantities of one model, so every resample costs only weighted sums."""
+
+    def __init__(self, probs, labels, n_bins):
+        probs, labels = check_probs(probs, labels)
+        self.probs, self.labels, self.B = probs, labels, n_bins
+        self.N, self.K = probs.shape
+        conf, pred = top_label(probs)
+        self.conf_native = conf
+        self.conf = conf.double()
+        self.correct = (pred == labels).double()
+        self.p_y = probs.gather(1, labels.view(-1, 1)).squeeze(1).double()
+
+    def stats(self, name: str, W: torch.Tensor) -> torch.Tensor:
+        """Metric ``name`` for each row of the count matrix ``W`` ``(R, N)``; returns ``(R,)``."""
+        n = self.N
+        if name == "acc":
+            return W @ self.correct / n
+        if name == "nll":
+            return W @ -self.p_y.clamp(min=torch.finfo(self.probs.dtype).tiny).log() / n
+        if name == "brier":
+            sq = torch.linalg.vector_norm(upcast(self.probs), dim=1).double() ** 2
+            return W @ (sq - 2 * self.p_y + 1) / n
+        if name == "aece":
+            return self._aece(W)
+        if name == "cece":
+            return self._cece(W)
+        bins = bin_indices(self.conf_native, equal_width_edges(self.B, self.conf_native.dtype))
+        onehot = torch.nn.functional.one_hot(bins, self.B).double()  # (N, B)
+        sums = BinSums(W @ onehot, W @ (onehot * self.conf[:, None]), W @ (onehot * self.correct[:, None]))
+        return binned_errors(sums)[name]
+
+    def _aece(self, W):
+        n, B = self.N, self.B
+        s, perm = self.conf.sort()
+        cum = W[:, perm].cumsum(1)  # (R, N) running count in sorted order
+        pos = torch.arange(B + 1, dtype=torch.float64) * n / B
+        lo = pos.floor().clamp(max=n - 1)
+        frac = torch.where(pos >= n - 1, torch.zeros_like(pos), pos - lo)
+        ranks = torch.cat([lo, (lo + 1).clamp(max=n - 1)]).expand(W.shape[0], -1).contiguous()
+        # The value of rank q (0-based) of the resample is s[first t with cum[t] > q].
+        at = torch.searchsorted(cum, ranks, right=True).clamp(max=n - 1)
+        v = s[at]
+        edges = v[:, : B + 1] + frac * (v[:, B + 1 :] - v[:, : B + 1])  # (R, B + 1)
+        R = W.shape[0]
+        if B > 1:
+            bins = torch.searchsorted(edges[:, 1:-1].contiguous(), self.conf.expand(R, -1).contiguous(), right=False)
+        else:
+            bins = torch.zeros(R, n, dtype=torch.long)
+        slot = (bins + torch.arange(R).view(-1, 1) * B).reshape(-1)
+        w = W.reshape(-1)
+
+        def count(x):
+            return torch.bincount(slot, weights=x, minlength=R * B).view(R, B)
+
+        sums = BinSums(count(w), count(w * self.conf.repeat(R)), count(w * self.correct.repeat(R)))
+        return binned_errors(sums)["ece"]
+
+    def _cece(self, W):
+        n, K, B = self.N, self.K, self.B
+        R = W.shape[0]
+        edges = equal_width_edges(B, self.probs.dtype)
+        count = torch.zeros(R, K * B, dtype=torch.float64)
+        conf = torch.zeros(R, K * B, dtype=torch.float64)
+        if B > 1:
+            flat = self.probs.reshape(-1)
+            idx = torch.where(flat > edges[1])[0]
+            vals = flat[idx]
+            slot = (idx % K) * B + bin_indices(vals, edges)
+            Wi = W[:, idx // K]  # (R, nnz)
+            count.index_add_(1, slot, Wi)
+            conf.index_add_(1, slot, Wi * vals.double())
+        count, conf = count.view(R, K, B), conf.view(R, K, B)
+        count[:, :, 0] = n - count[:, :, 1:].sum(2)
+        conf[:, :, 0] = W @ self.probs.double() - conf[:, :, 1:].sum(2)
+        hit_slot = self.labels * B + bin_indices(self.p_y.to(self.probs.dtype), edges)
+        hits = torch.zeros(R, K * B, dtype=torch.float64).index_add_(1, hit_slot, W).view(R, K, B)
+        return (hits - conf).abs().sum((1, 2)) / (n * K)
+
+
+def _resolve(metric):
+    if isinstance(metric, str):
+        if metric not in FAST_METRICS:
+            raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(FAST_METRICS)} or a callable")
+        return metric
+    if metric in _BY_FUNCTION:
+        return _BY_FUNCTION[metric]
+    if callable(metric):
+        return metric
+    raise ValueError(f"metric must be a name or a callable, got {type(metric).__name__}")
+
+
+def _check_args(n_resamples, level):
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"n_resamples must be an integer >= 1, got {n_resamples!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+
+
+def _resampled(models, metric, n, n_resamples, seed):
+    """``(len(models), R)`` resampled values; every model sees the same resamples."""
+    gen = torch.Generator().manual_seed(seed)
+    chunk = max(1, _ROW_BUDGET // n)
+    out = [[] for _ in models]
+    done = 0
+    while done < n_resamples:
+        r = min(chunk, n_resamples - done)
+        idx = torch.randint(0, n, (r, n), generator=gen)
+        if isinstance(metric, str):
+            flat = (idx + torch.arange(r).view(-1, 1) * n).reshape(-1)
+            W = torch.bincount(flat, minlength=r * n).view(r, n).double()
+            for i, m in enumerate(models):
+                out[i].append(m.stats(metric, W))
+        else:
+            for i, m in enumerate(models):
+                vals = [float(metric(m.probs[row], m.labels[row])) for row in idx]
+                out[i].append(torch.tensor(vals, dtype=torch.float64))
+        done += r
+    return [torch.cat(o) for o in out]
+
+
+def _full(model, metric):
+    if isinstance(metric, str):
+        return float(model.stats(metric, torch.ones(1, model.N, dtype=torch.float64))[0])
+    return float(metric(model.probs, model.labels))
+
+
+def _interval(samples, level):
+    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+    lo, hi = torch.quantile(samples, q)
+    return float(lo), float(hi)
+
+
+def bootstrap_ci(metric, probs, labels, n_resamples: int = 1000, seed: int = 0, level: float = 0.95,
+                 n_bins: int = 15) -> BootstrapResult:
+    """Percentile bootstrap interval of ``metric`` on ``probs`` ``(N, K)`` / ``labels`` ``(N,)``.
+
+    Args:
+        metric: a panel name (``"ece"``, ``"aece"``, ...; see :data:`FAST_METRICS`), one of the
+            corresponding :mod:`calibkit.functional` functions (fast path, with ``n_bins``), or any
+            callable ``metric(probs, labels) -> scalar`` (evaluated per resample).
+        n_resamples: number of resamples ``R``.
+        seed: seed of the resampling generator: equal seeds give equal intervals.
+        level: coverage of the interval.
+        n_bins: bins of the binned metrics on the fast path.
+    """
+    _check_args(n_resamples, level)
+    check_n_bins(n_bins)
+    metric = _resolve(metric)
+    model = _Prepared(probs, labels, n_bins)
+    (samples,) = _resampled([model], metric, model.N, n_resamples, seed)
+    return BootstrapResult(_full(model, metric), *_interval(samples, level), level, samples)
+
+
+def paired_bootstrap_diff(probs_a, probs_b, labels, metric, n_resamples: int = 1000, seed: int = 0,
+                          level: float = 0.95, n_bins: int = 15) -> BootstrapResult:
+    """Paired bootstrap interval of ``metric(a) - metric(b)`` on one test set.
+
+    Both models are scored on the **same** resampled indices, so sample difficulty cancels and
+    the interval is narrower than one built from two independent intervals. An interval that
+    excludes 0 means the difference is significant at ``1 - level``.
+    """
+    _check_args(n_resamples, level)
+    check_n_bins(n_bins)
+    metric = _resolve(metric)
+    a, b = _Prepared(probs_a, labels, n_bins), _Prepared(probs_b, labels, n_bins)
+    if a.N != b.N:
+        raise ValueError(f"probs_a has {a.N} rows but probs_b has {b.N}")
+    sa, sb = _resampled([a, b], metric, a.N, n_resamples, seed)
+    diff = sa - sb
+    return BootstrapResult(_full(a, metric) - _full(b, metric), *_interval(diff, level), level, diff)

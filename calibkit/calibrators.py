@@ -1,0 +1,159 @@
+"""Post-hoc calibrators, scikit-learn style: they map logits to logits.
+
+``__init__`` stores hyperparameters only, ``fit(logits, labels)`` returns ``self`` and learned
+state ends in ``_``. Fitting is done on cached validation logits, never on the test split.
+
+Example:
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> z = torch.randn(2000, 10, generator=g) * 2
+    >>> y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    >>> ts = TemperatureScaling().fit(3 * z, y)   # logits 3x too sharp
+    >>> round(ts.temperature_, 1)
+    3.0
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from calibkit._validation import check_logits, check_n_bins, upcast
+from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
+
+__all__ = ["NotFittedError", "TemperatureScaling", "CALIBRATORS"]
+
+
+class NotFittedError(ValueError, AttributeError):
+    """Raised when a calibrator is used before ``fit``."""
+
+
+class TemperatureScaling:
+    """Temperature scaling: ``transform(z) = z / T`` with one scalar ``T > 0`` (Guo et al., 2017).
+
+    Objectives:
+
+    * ``"nll"`` (default): ``T = argmin_T mean_i [logsumexp(z_i / T) - z_{i, y_i} / T]``.
+      In the inverse temperature ``b = 1 / T`` this NLL is convex, with derivative
+      ``G(b) = mean_i (E_{softmax(b z_i)}[z_i] - z_{i, y_i})`` and second derivative
+      ``mean_i Var_{softmax(b z_i)}[z_i] >= 0``. The solver brackets the root of ``G`` on a
+      log-``T`` grid (``T`` from ``t_min`` to ``t_max``), then runs Newton steps in ``b``
+      safeguarded by bisection in ``log T`` whenever a step leaves the bracket. Everything is in
+      float64. If ``G`` has no root inside the range (e.g. separable data, where NLL keeps
+      falling as ``T -> 0``), ``T`` is set to the bound and a warning is issued, never a
+      runaway value.
+    * ``"ece"``: the grid variant: ``T`` in ``0.1, 0.2, ..., 10.0``, picking the ``T`` with the
+      smallest equal-width ECE (``n_bins`` bins); on ties the smallest ``T`` wins.
+
+    Args:
+        objective: ``"nll"`` or ``"ece"``.
+        n_bins: bins of the ECE objective.
+        t_min, t_max: search range of the NLL solver.
+
+    Attributes:
+        temperature_: the fitted ``T`` (python float).
+        n_iter_: solver iterations (NLL) or grid points tried (ECE).
+    """
+
+    OBJECTIVES = ("nll", "ece")
+
+    def __init__(self, objective: str = "nll", n_bins: int = 15, t_min: float = 1e-2, t_max: float = 1e2):
+        self.objective = objective
+        self.n_bins = n_bins
+        self.t_min = t_min
+        self.t_max = t_max
+
+    def fit(self, logits, labels) -> TemperatureScaling:
+        """Fit ``T`` on ``logits`` ``(N, K)`` and integer ``labels`` ``(N,)``; returns ``self``."""
+        if self.objective not in self.OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; expected one of {', '.join(self.OBJECTIVES)}")
+        if not 0 < self.t_min < self.t_max:
+            raise ValueError(f"need 0 < t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
+        logits, labels = check_logits(logits, labels)
+        z = logits.double()
+        if self.objective == "nll":
+            self.temperature_, self.n_iter_ = _fit_nll(z, labels, self.t_min, self.t_max)
+        else:
+            self.temperature_, self.n_iter_ = _fit_ece_grid(z, labels, check_n_bins(self.n_bins))
+        return self
+
+    def _check_fitted(self):
+        if not hasattr(self, "temperature_"):
+            raise NotFittedError("this TemperatureScaling is not fitted yet: call fit(val_logits, val_labels) first")
+
+    def transform(self, logits) -> torch.Tensor:
+        """Scaled logits ``logits / T``, shape ``(N, K)``, in the logits' dtype (half upcast to float32)."""
+        self._check_fitted()
+        return upcast(check_logits(logits)) / self.temperature_
+
+    def predict_proba(self, logits) -> torch.Tensor:
+        """Calibrated probabilities ``softmax(logits / T)``, shape ``(N, K)``."""
+        return torch.softmax(self.transform(logits), dim=1)
+
+    def __repr__(self) -> str:
+        fitted = f", temperature_={self.temperature_:.4g}" if hasattr(self, "temperature_") else ""
+        return f"TemperatureScaling(objective={self.objective!r}, n_bins={self.n_bins}{fitted})"
+
+
+def _moments(z: torch.Tensor, z2: torch.Tensor, z_y: torch.Tensor, b: float) -> tuple[float, float]:
+    """Derivatives of the NLL in ``b = 1/T``: ``G = mean(E_p z - z_y)``, ``H = mean(Var_p z)``.
+
+    ``z2 = z**2`` and ``z_y`` are precomputed; ``Var_p z = E_p z^2 - (E_p z)^2`` (float64; ``H``
+    only steers Newton steps, the root is located by the sign of ``G``).
+    """
+    p = torch.softmax(z * b, dim=1)
+    mean_z = torch.linalg.vecdot(p, z)
+    var_z = torch.linalg.vecdot(p, z2) - mean_z**2
+    return float((mean_z - z_y).mean()), float(var_z.clamp(min=0).mean())
+
+
+def _fit_nll(z, labels, t_min, t_max, max_iter: int = 100, tol: float = 1e-10):
+    # G is increasing in b = 1/T. Bracket: G(b_lo) < 0 < G(b_hi), with b_lo = 1/t_max, b_hi = 1/t_min.
+    b_lo, b_hi = 1 / t_max, 1 / t_min
+    z2, z_y = z * z, z.gather(1, labels.view(-1, 1)).squeeze(1)
+    g_lo, _ = _moments(z, z2, z_y, b_lo)
+    if g_lo >= 0:
+        warnings.warn(f"temperature scaling: NLL still decreases at T = {t_max}; returning the bound", stacklevel=3)
+        return float(t_max), 1
+    g_hi, _ = _moments(z, z2, z_y, b_hi)
+    if g_hi <= 0:
+        warnings.warn(f"temperature scaling: NLL still decreases at T = {t_min} (separable data?); "
+                      "returning the bound", stacklevel=3)
+        return float(t_min), 2
+    b = 1.0 if b_lo < 1.0 < b_hi else math.sqrt(b_lo * b_hi)
+    for it in range(1, max_iter + 1):
+        g, h = _moments(z, z2, z_y, b)
+        if g == 0:
+            break
+        if g < 0:
+            b_lo = b
+        else:
+            b_hi = b
+        step = b - g / h if h > 0 else float("nan")
+        # Newton step when it stays strictly inside the bracket, otherwise bisect in log T.
+        b_new = step if b_lo < step < b_hi else math.sqrt(b_lo * b_hi)
+        if abs(b_new - b) <= tol * b or (b_hi - b_lo) <= tol * b:
+            b = b_new
+            break
+        b = b_new
+    return 1.0 / b, it
+
+
+def _fit_ece_grid(z, labels, n_bins):
+    # argmax does not depend on T > 0, and the top-label confidence is 1 / sum_k exp((z_k - z_max) / T).
+    z_max, pred = z.max(dim=1)
+    d = z - z_max[:, None]
+    correct = pred == labels
+    grid = torch.arange(1, 101, dtype=torch.float64) / 10
+    errors = []
+    for t in grid:
+        conf = 1.0 / torch.exp(d / t).sum(1)
+        errors.append(float(binned_errors(bin_sums(equal_width_bins(conf, n_bins), conf, correct, n_bins))["ece"]))
+    best = min(range(len(grid)), key=lambda i: (errors[i], i))
+    return float(grid[best]), len(grid)
+
+
+#: Registry of calibrators by name (tests loop over it).
+CALIBRATORS = {"temperature": TemperatureScaling}
