@@ -1,0 +1,200 @@
+"""Calibrated reannotation of CSM groups with a frozen encoder (CSM, ICML 2025, Sec. 3.2).
+
+For a generated image mixing classes c1 and c2 with features ``f`` and class prototypes ``p_k``
+(mean feature of the real training images of class k)::
+
+    lam_hat  = <f - p_c2, p_c1 - p_c2> / ||p_c1 - p_c2||^2     (projection on the prototype segment)
+    lam'     = clamp(sigmoid(s (lam_hat - 0.5)), 0, 1)          (sharpening, s = 4 by default)
+    y[c1] = lam',  y[c2] = 1 - lam',  0 elsewhere
+
+Encoders (the one used is recorded with every annotation):
+
+* ``classifier``: penultimate features (``model.forward_features``) of a reference classifier
+  trained by calibkit on the real training split, read from its run directory. Offline default.
+* ``clip``: ``transformers.CLIPModel.get_image_features`` (raw, not normalised, as the official
+  code) loaded from a local directory; images are made RGB, resized to the vision model's input
+  size (bicubic) and normalised with the directory's processor mean/std (CLIP's by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from calibkit.methods.csm.store import load_store, write_annotations
+
+# OpenAI CLIP's image normalisation (used when the directory has no preprocessor_config.json).
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def reannotate(features: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, prototypes: torch.Tensor,
+               sharpness: float = 4.0) -> dict:
+    """Projection + sigmoid sharpening of the spec (pure function).
+
+    Args:
+        features: (N, D) encoder features of the generated images.
+        c1, c2: (N,) int64 class pair of each image (c1 != c2).
+        prototypes: (K, D) class prototypes.
+        sharpness: s.
+
+    Returns:
+        dict with ``lam_hat`` (N,), ``lam_annot`` (N,) = lam' and ``soft_labels`` (N, K).
+    """
+    if features.dim() != 2 or prototypes.dim() != 2 or features.shape[1] != prototypes.shape[1]:
+        raise ValueError(f"features (N, D) and prototypes (K, D) disagree: {tuple(features.shape)} vs "
+                         f"{tuple(prototypes.shape)}")
+    if (c1 == c2).any():
+        raise ValueError("c1 and c2 must differ for every image")
+    f, p = features.double(), prototypes.double()
+    d = p[c1] - p[c2]
+    norm2 = (d * d).sum(1)
+    if (norm2 == 0).any():
+        raise ValueError("two class prototypes coincide; the projection is undefined")
+    lam_hat = ((f - p[c2]) * d).sum(1) / norm2
+    lam = torch.sigmoid(sharpness * (lam_hat - 0.5)).clamp(0, 1)
+    soft = torch.zeros(len(f), p.shape[0], dtype=torch.float64)
+    rows = torch.arange(len(f))
+    soft[rows, c1] = lam
+    soft[rows, c2] = 1 - lam
+    return {"lam_hat": lam_hat.float(), "lam_annot": lam.float(), "soft_labels": soft.float()}
+
+
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Mean feature per class, (K, D); every class must have at least one image."""
+    counts = torch.bincount(labels, minlength=num_classes)
+    if (counts == 0).any():
+        raise ValueError(f"no training image for classes {torch.nonzero(counts == 0).flatten().tolist()}")
+    sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64).index_add_(0, labels, features.double())
+    return (sums / counts[:, None]).float()
+
+
+class ClassifierEncoder:
+    """Penultimate features of a classifier trained by ``calibkit train`` (a run directory)."""
+
+    def __init__(self, run_dir, batch_size: int = 512):
+        from calibkit.rundir import load_run
+
+        self.model, self.cfg, self.info = load_run(run_dir)
+        self.run_dir, self.batch_size = str(run_dir), batch_size
+        weights = Path(run_dir) / "model.safetensors"
+        self.identity = {"encoder": "classifier", "run": self.run_dir, "model": self.cfg.model,
+                         "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()[:16]}
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        from calibkit.data import normalize
+
+        mean, std = self.info["mean"], self.info["std"]
+        return torch.cat([self.model.forward_features(normalize(images[i:i + self.batch_size], mean, std)).float()
+                          for i in range(0, len(images), self.batch_size)])
+
+    def training_split(self):
+        """The exact training split the reference classifier saw (images, labels)."""
+        from calibkit.data import load
+
+        c = self.cfg
+        bundle = load(c.data, data_dir=c.data_dir, seed=c.seed, val_size=c.val_size, train_subset=c.train_subset)
+        return bundle.train.images, bundle.train.labels
+
+
+class ClipEncoder:
+    """CLIP image features (``CLIPModel.get_image_features``) from a local directory."""
+
+    def __init__(self, clip_dir, batch_size: int = 64):
+        from transformers import CLIPModel
+
+        clip_dir = Path(clip_dir)
+        if not (clip_dir / "config.json").is_file():
+            raise FileNotFoundError(f"{clip_dir} has no config.json: not a saved CLIPModel directory")
+        self.model = CLIPModel.from_pretrained(clip_dir).eval()
+        self.size = int(self.model.config.vision_config.image_size)
+        mean, std = CLIP_MEAN, CLIP_STD
+        pre = clip_dir / "preprocessor_config.json"
+        if pre.is_file():
+            p = json.loads(pre.read_text())
+            mean, std = tuple(p.get("image_mean", mean)), tuple(p.get("image_std", std))
+        self.mean = torch.tensor(mean).view(1, 3, 1, 1)
+        self.std = torch.tensor(std).view(1, 3, 1, 1)
+        self.batch_size = batch_size
+        h = hashlib.sha256()
+        for f in sorted(clip_dir.glob("*.safetensors")) + sorted(clip_dir.glob("*.bin")):
+            h.update(f.read_bytes())
+        self.identity = {"encoder": "clip", "clip_dir": str(clip_dir), "weights_sha256": h.hexdigest()[:16],
+                         "image_size": self.size, "mean": list(mean), "std": list(std)}
+
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (N, C, H, W), C in {1, 3} -> normalised float (N, 3, size, size)."""
+        x = images.float() / 255.0
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)  # grey -> RGB, as the CLIP processor converts images
+        x = torch.nn.functional.interpolate(x, size=(self.size, self.size), mode="bicubic",
+                                            align_corners=False, antialias=True).clamp(0, 1)
+        return (x - self.mean) / self.std
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        out = []
+        for i in range(0, len(images), self.batch_size):
+            r = self.model.get_image_features(pixel_values=self.preprocess(images[i:i + self.batch_size]))
+            out.append((r if isinstance(r, torch.Tensor) else r.pooler_output).float())
+        return torch.cat(out)
+
+
+def annotate_store(store_dir, encoder, train_images: torch.Tensor, train_labels: torch.Tensor,
+                   sharpness: float = 4.0, extra_meta: dict | None = None) -> dict:
+    """Annotate every image of a store and write ``annotations.safetensors`` / ``.json``.
+
+    Args:
+        store_dir: a complete store (``calibkit csm generate``).
+        encoder: callable uint8 (N, C, H, W) -> features (N, D) with an ``identity`` dict
+            (:class:`ClassifierEncoder`, :class:`ClipEncoder` or any such object).
+        train_images, train_labels: the real training split (uint8 (M, C, H, W), int64 (M,));
+            the prototypes are the mean features per class over it.
+        sharpness: s of the sigmoid.
+        extra_meta: recorded in ``annotations.json``.
+
+    Returns:
+        dict of the written tensors (``soft_labels`` (N, K), ``lam_hat``, ``lam_annot``, ``group``,
+        ``member``) plus ``meta``.
+    """
+    store = load_store(store_dir)
+    k = store["manifest"]["num_classes"]
+    if int(train_labels.max()) >= k:
+        raise ValueError(f"train_labels go up to {int(train_labels.max())} but the store has {k} classes")
+    protos = class_prototypes(encoder(train_images), train_labels, k)
+    out = reannotate(encoder(store["images"]), store["c1"], store["c2"], protos, sharpness)
+    tensors = {**out, "group": store["group"], "member": store["member"], "prototypes": protos}
+    meta = {**encoder.identity, "sharpness": float(sharpness), "prototype_images": int(len(train_labels)),
+            "generator_hash": store["manifest"]["generator_hash"], **(extra_meta or {})}
+    write_annotations(store_dir, tensors, meta)
+    return {**tensors, "meta": meta}
+
+
+def annotate_command(args) -> dict:
+    """``calibkit csm annotate`` (see :mod:`calibkit.commands.csm`)."""
+    if args.encoder == "classifier":
+        if not args.run:
+            raise ValueError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")
+        enc = ClassifierEncoder(args.run)
+        if args.data and args.data != enc.cfg.data:
+            raise ValueError(f"--data {args.data} differs from the run's data set {enc.cfg.data}")
+        images, labels = enc.training_split()
+    else:
+        if not args.clip_dir:
+            raise ValueError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
+        if not args.data:
+            raise ValueError("--encoder clip needs --data NAME for the prototypes' real training images")
+        from calibkit.data import load
+
+        enc = ClipEncoder(args.clip_dir)
+        bundle = load(args.data, data_dir=args.data_dir)
+        images, labels = bundle.train.images, bundle.train.labels
+    res = annotate_store(args.store, enc, images, labels, sharpness=args.sharpness)
+    lam = res["lam_annot"]
+    print(f"annotated {len(lam)} images of {args.store} with the {enc.identity['encoder']} encoder "
+          f"(mean lam' {lam.mean():.3f}); written to {args.store}/annotations.safetensors")
+    return res
