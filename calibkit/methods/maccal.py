@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -50,6 +51,8 @@ __all__ = [
     "mc_logits",
     "head_logits",
     "fit_masked_head",
+    "extract_features",
+    "run_maccal",
 ]
 
 # Stage-2 defaults: the spec's (r_init, eta, r_min, epochs) plus calibkit's optimiser decision.
@@ -227,9 +230,11 @@ def _val_stats(head: nn.Linear, feats: torch.Tensor, labels: torch.Tensor, n_bin
     """Mean confidence, accuracy and ECE of the *unmasked* head on (feats, labels)."""
     from calibkit.functional import ece  # metrics layer; imported here to keep import time low
 
-    probs = torch.softmax(head(feats).float(), dim=1)
+    logits = head(feats).float()
+    probs = torch.softmax(logits, dim=1)
     conf, pred = probs.max(dim=1)
     return {
+        "val_loss": float(F.cross_entropy(logits.double(), labels)),
         "val_conf": float(conf.double().mean()),
         "val_acc": float((pred == labels).double().mean()),
         "val_ece": float(ece(probs, labels, n_bins=n_bins)),
@@ -266,15 +271,15 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
         n_bins: bins of the validation ECE used for model selection.
         seed: seeds the shuffling and the masks (a generator on the features' device).
         loss_fn: ``loss_fn(logits, targets) -> scalar``; default cross-entropy. A calibkit loss
-            module with ``needs_features`` also receives ``features=``; one with ``update``
+            module with ``needs_features`` also receives the features as third argument; one with ``update``
             (AdaFocal) is updated on the validation logits after every epoch.
         progress: optional callback receiving each epoch's history record.
 
     Returns:
         ``(best_head, history)``: ``best_head`` is a new ``nn.Linear`` in eval mode;
         ``history`` is a dict with ``records`` (one per epoch, epoch 0 = stage-1 head:
-        ``epoch, keep_rate`` (used during the epoch), ``next_keep_rate``, ``val_conf``,
-        ``val_acc``, ``val_ece``, ``train_loss``, ``lr``, ``time_s``), ``best_epoch``,
+        ``epoch, keep_rate`` (used during the epoch), ``next_keep_rate``, ``val_loss`` (NLL),
+        ``val_conf``, ``val_acc``, ``val_ece``, ``train_loss``, ``lr``, ``time_s``), ``best_epoch``,
         ``best_keep_rate`` (the rate the best head was trained under), ``keep_rates`` (the
         trajectory r_1..r_E), and ``wall_time_s``.
     """
@@ -309,6 +314,8 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
 
     gen = torch.Generator(device=device).manual_seed(int(seed))
     model = copy.deepcopy(head).train()
+    for p in model.parameters():  # the caller may have frozen the stage-1 model, head included
+        p.requires_grad_(True)
     params = list(model.parameters()) + (list(loss_fn.parameters()) if isinstance(loss_fn, nn.Module) else [])
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
@@ -331,7 +338,7 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
             idx = perm[start:start + batch_size]
             x, y = train_feats[idx], train_labels[idx]
             logits = masked_linear(x, model.weight, model.bias, r, gen)
-            loss = loss_fn(logits, y, features=x) if needs_features else loss_fn(logits, y)
+            loss = loss_fn(logits, y, x) if needs_features else loss_fn(logits, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if grad_clip is not None:
@@ -369,3 +376,215 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
         "wall_time_s": time.perf_counter() - t_start,
     }
     return best_head, history
+
+
+# ---------------------------------------------------------------------------------------------
+# Run-level glue: a stage-1 run directory in, a MaC-Cal run directory out.
+# ---------------------------------------------------------------------------------------------
+MACCAL_JSON = "maccal.json"
+RULE = ("calibkit's own rule (the published MaC-Cal keep-rate rule is not public): "
+        "r <- clip(r - eta * (c - a), r_min, 1) after each stage-2 epoch, with c = mean max-probability "
+        "and a = accuracy of the unmasked head on the validation split")
+
+
+@torch.no_grad()
+def extract_features(model: nn.Module, images: torch.Tensor, mean, std, batch_size: int = 1024,
+                     device=None) -> torch.Tensor:
+    """Penultimate features ``model.forward_features(normalize(images))`` in eval mode, no augmentation.
+
+    Args:
+        model: a calibkit model (``forward_features(x) -> (N, D)``).
+        images: uint8 ``(N, C, H, W)``.
+        mean, std: the stage-1 run's normalisation (``config.json``'s ``mean``/``std``).
+
+    Returns:
+        float32 ``(N, D)`` on ``device`` (default: the model's device).
+    """
+    from calibkit.data import normalize
+
+    device = device if device is not None else next(model.parameters()).device
+    model.eval()
+    out = [model.forward_features(normalize(images[i:i + batch_size].to(device), mean, std)).float()
+           for i in range(0, len(images), batch_size)]
+    return torch.cat(out)
+
+
+def _stage1(stage1_dir) -> tuple[Path, dict]:
+    """Check that ``stage1_dir`` is a finished calibkit run; return its path and config.json."""
+    from calibkit import rundir
+
+    path = Path(stage1_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"stage-1 run directory {path} not found")
+    if not (path / rundir.CONFIG).is_file():
+        raise FileNotFoundError(f"stage-1: {path} is not a calibkit run directory (no {rundir.CONFIG})")
+    info = rundir.load_info(path)
+    if info.get("method") == "maccal":
+        raise ValueError(f"stage-1: {path} is itself a MaC-Cal run; pass the stage-1 run it was made from "
+                         f"({info.get('stage1', {}).get('path')})")
+    if info.get("status") != "done" or not (path / rundir.MODEL).is_file():
+        raise ValueError(f"stage-1: {path} is not a finished run (status {info.get('status')!r}); "
+                         "finish training it first (run the same calibkit train command again)")
+    return path, info
+
+
+def _check_out(out: Path, stage1: Path) -> None:
+    if out.resolve() == stage1.resolve():
+        raise ValueError(f"out: {out} is the stage-1 run itself; choose another directory")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"out: {out} exists and is not empty; choose another directory "
+                         "(a MaC-Cal run is never overwritten)")
+
+
+def run_maccal(stage1_dir, out_dir, *, r_init: float = DEFAULTS["r_init"], eta: float = DEFAULTS["eta"],
+               r_min: float = DEFAULTS["r_min"], epochs: int = DEFAULTS["epochs"], lr: float = DEFAULTS["lr"],
+               momentum: float = DEFAULTS["momentum"], weight_decay: float = DEFAULTS["weight_decay"],
+               batch_size: int = DEFAULTS["batch_size"], grad_clip: float | None = DEFAULTS["grad_clip"],
+               n_bins: int = DEFAULTS["n_bins"], seed: int = DEFAULTS["seed"], mc_samples: int = 0,
+               loss: str = "ce", data_dir: str | None = None, device: str = "auto",
+               eval_batch_size: int = 1024, log: Callable[[str], None] | None = None) -> dict:
+    """MaC-Cal stage 2 on a finished stage-1 run; writes a standard run directory.
+
+    Steps: load the stage-1 run (``load_run``; best-validation-accuracy weights), reload its data
+    split (same data set, seed, sizes; the validation checksum must match), freeze the backbone
+    and compute the features of the train / val / test splits once (eval mode, no augmentation),
+    run :func:`fit_masked_head`, and write ``out_dir``:
+
+    * ``config.json``: the stage-1 ``config.json`` with ``config.method = "maccal"`` (the other
+      ``config`` fields stay stage 1's, which is what ``load_run`` needs to rebuild the model),
+      top-level ``method: "maccal"``, ``stage1: {path, config, git_commit}``, ``maccal`` (every
+      stage-2 hyperparameter), this checkout's environment, and ``status: "done"``;
+    * ``model.safetensors``: the frozen stage-1 backbone with the new head (same keys as stage 1);
+    * ``logits.safetensors``: val/test logits of the new head -- the full head, or with
+      ``mc_samples > 0`` the log of the Monte-Carlo averaged probabilities (``mc_logits``), so
+      ``softmax(stored logits)`` is the prediction either way;
+    * ``history.json``: one record per stage-2 epoch (epoch 0 = the stage-1 head);
+    * ``maccal.json``: keep-rate trajectory, per-epoch val ECE, best epoch, stage-2 wall time.
+
+    Args:
+        stage1_dir: a finished ``calibkit train`` run (any loss).
+        out_dir: a new or empty directory.
+        r_init, eta, r_min, epochs, lr, momentum, weight_decay, batch_size, grad_clip, n_bins, seed:
+            see :func:`fit_masked_head`.
+        mc_samples: 0 = full-head inference; S > 0 = average of S masked heads' probabilities at the
+            best epoch's keep rate (masks drawn from ``seed``).
+        loss: stage-2 loss spec for ``calibkit.losses.build`` (default ``"ce"``); ``"stage1"``
+            reuses the stage-1 run's loss spec.
+        data_dir: where the data set is (default: the stage-1 run's ``data_dir``).
+        device: ``auto`` (CUDA if available), ``cpu``, ``cuda`` or ``cuda:N``.
+        eval_batch_size: images per forward pass when computing features.
+        log: callable receiving progress lines (default: silent).
+
+    Returns:
+        Summary dict: ``status``, ``out_dir``, ``best_epoch``, ``best_keep_rate``, ``keep_rates``,
+        ``val_ece`` (best), ``test_acc``, ``test_ece``, ``wall_time_s`` (stage 2 only),
+        ``feature_time_s``.
+    """
+    from calibkit import rundir
+    from calibkit.data import load
+    from calibkit.functional import ece
+    from calibkit.losses import build
+
+    log = log or (lambda line: None)
+    stage1, info1 = _stage1(stage1_dir)
+    out = Path(out_dir)
+    _check_out(out, stage1)
+    if isinstance(mc_samples, bool) or not isinstance(mc_samples, int) or mc_samples < 0:
+        raise ValueError(f"mc_samples must be an integer >= 0, got {mc_samples!r}")
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       "cpu" if device == "auto" else device)
+
+    model, cfg, _ = rundir.load_run(stage1)
+    model.to(dev).eval()
+    for p in model.parameters():  # the backbone is frozen; only a copy of the head is trained
+        p.requires_grad_(False)
+    if not isinstance(getattr(model, "head", None), nn.Linear) or not hasattr(model, "forward_features"):
+        raise ValueError(f"stage-1 model {cfg.model!r} has no linear `head` / `forward_features`")
+    split = info1.get("split", {})
+    bundle = load(cfg.data, data_dir=data_dir if data_dir is not None else cfg.data_dir,
+                  seed=cfg.seed, val_size=cfg.val_size, train_subset=cfg.train_subset)
+    if split.get("val_checksum") and bundle.split.get("val_checksum") != split["val_checksum"]:
+        raise ValueError(f"stage-1: the validation split reloaded for {cfg.data} differs from the one of "
+                         f"{stage1} (checksum {bundle.split.get('val_checksum')} != {split['val_checksum']})")
+    mean, std = info1["mean"], info1["std"]
+
+    t0 = time.perf_counter()
+    feats = {name: extract_features(model, part.images, mean, std, eval_batch_size, dev)
+             for name, part in (("train", bundle.train), ("val", bundle.val), ("test", bundle.test))}
+    labels = {name: part.labels.to(dev) for name, part in
+              (("train", bundle.train), ("val", bundle.val), ("test", bundle.test))}
+    feature_time = time.perf_counter() - t0
+    log(f"features: train {tuple(feats['train'].shape)}, val {len(labels['val'])}, "
+        f"test {len(labels['test'])} in {feature_time:.1f}s")
+    # Consistency of the cached features with stage 1: head(features) must reproduce its val logits.
+    stored = rundir.load_logits(stage1)["val_logits"]
+    with torch.no_grad():
+        stage1_diff = float((model.head(feats["val"]).float().cpu() - stored.float()).abs().max())
+
+    loss_spec = cfg.loss if loss == "stage1" else loss
+    loss_fn = build(loss_spec, num_classes=bundle.num_classes).to(dev)
+    hparams = {"r_init": r_init, "eta": eta, "r_min": r_min, "epochs": epochs, "lr": lr, "momentum": momentum,
+               "weight_decay": weight_decay, "batch_size": batch_size, "grad_clip": grad_clip,
+               "n_bins": n_bins, "seed": seed}
+
+    def progress(rec):
+        if rec["epoch"] == 0:
+            log(f"stage-1 head: val acc {rec['val_acc']:.2%}  conf {rec['val_conf']:.2%}  "
+                f"val ECE {100 * rec['val_ece']:.2f}  -> r = {rec['next_keep_rate']:.3f}")
+        else:
+            log(f"epoch {rec['epoch']:>3}/{epochs}  r {rec['keep_rate']:.3f}  loss {rec['train_loss']:.4f}  "
+                f"val acc {rec['val_acc']:.2%}  conf {rec['val_conf']:.2%}  val ECE {100 * rec['val_ece']:.2f}  "
+                f"-> r {rec['next_keep_rate']:.3f}")
+
+    best_head, hist = fit_masked_head(model.head, feats["train"], labels["train"], feats["val"], labels["val"],
+                                      loss_fn=loss_fn, progress=progress, **hparams)
+
+    # Inference with the selected head (full head, or the Monte-Carlo average over masks).
+    gen = torch.Generator(device=dev).manual_seed(int(seed) + 1)  # not the training stream
+    logits = {name: head_logits(feats[name], best_head, mc_samples, hist["best_keep_rate"], gen).cpu()
+              for name in ("val", "test")}
+    with torch.no_grad():
+        model.head.load_state_dict(best_head.state_dict())
+    test_acc = float((logits["test"].argmax(1) == labels["test"].cpu()).double().mean())
+    test_ece = float(ece(logits["test"].softmax(1), labels["test"].cpu(), n_bins=n_bins))
+
+    out.mkdir(parents=True, exist_ok=True)
+    rundir.write_tensors(out / rundir.MODEL, model.state_dict())
+    rundir.write_tensors(out / rundir.LOGITS, {"val_logits": logits["val"], "val_labels": bundle.val.labels,
+                                              "test_logits": logits["test"], "test_labels": bundle.test.labels})
+    rundir.write_json(out / rundir.HISTORY, hist["records"])
+    maccal_record = {
+        "rule": RULE,
+        "hparams": {**hparams, "loss": loss_spec, "mc_samples": mc_samples},
+        "inference": ("full unmasked head" if mc_samples == 0 else
+                      f"log of the probabilities averaged over {mc_samples} masks at keep rate "
+                      f"{hist['best_keep_rate']}"),
+        "keep_rates": hist["keep_rates"],
+        "val_ece": [rec["val_ece"] for rec in hist["records"][1:]],
+        "stage1_val_ece": hist["records"][0]["val_ece"],
+        "best_epoch": hist["best_epoch"],
+        "best_keep_rate": hist["best_keep_rate"],
+        "best_val_ece": hist["best_val_ece"],
+        "stage2_wall_time_s": hist["wall_time_s"],
+        "feature_time_s": feature_time,
+        "stage1_val_logits_max_abs_diff": stage1_diff,
+    }
+    rundir.write_json(out / MACCAL_JSON, maccal_record)
+    info = {**info1, **rundir.environment(),
+            "config": {**info1["config"], "method": "maccal"},
+            "method": "maccal",
+            "stage1": {"path": str(stage1.resolve()), "config": info1["config"],
+                       "git_commit": info1.get("git_commit"), "best_epoch": info1.get("best_epoch"),
+                       "wall_time_s": info1.get("wall_time_s")},
+            "maccal": maccal_record["hparams"],
+            "device": str(dev), "status": "done", "epochs_done": epochs, "best_epoch": hist["best_epoch"],
+            "best_val_acc": hist["records"][hist["best_epoch"]]["val_acc"],
+            "test_acc": test_acc, "test_ece": test_ece, "wall_time_s": hist["wall_time_s"]}
+    rundir.write_json(out / rundir.CONFIG, info)  # written last: its status "done" marks a finished run
+    log(f"done: best epoch {hist['best_epoch']} (r {hist['best_keep_rate']:.3f}, val ECE "
+        f"{100 * hist['best_val_ece']:.2f}), test acc {test_acc:.2%}, test ECE {100 * test_ece:.2f}, "
+        f"stage 2 {hist['wall_time_s']:.1f}s -> {out}")
+    return {"status": "done", "out_dir": str(out), "best_epoch": hist["best_epoch"],
+            "best_keep_rate": hist["best_keep_rate"], "keep_rates": hist["keep_rates"],
+            "val_ece": hist["best_val_ece"], "test_acc": test_acc, "test_ece": test_ece,
+            "wall_time_s": hist["wall_time_s"], "feature_time_s": feature_time}
