@@ -19,6 +19,7 @@ COMMANDS = {
     "bench": "calibkit.commands.bench",
     "report": "calibkit.commands.report",
     "csm": "calibkit.commands.csm",
+    "maccal": "calibkit.commands.maccal",
 }
 
 
