@@ -421,3 +421,30 @@ def test_regmixup_concatenates_clean_and_mixed():
 def test_registry_entries_are_complete():
     for name, spec in DATASETS.items():
         assert callable(spec.read) and spec.crop_pad >= 0 and spec.how_to_get, name
+
+
+# -------------------------------------------------------------------------------- OOD sets
+
+
+def test_ood_digits_shaped_like_the_bundle(tmp_path):
+    from calibkit.data import load_ood
+    from calibkit.data.digits import digits_images
+
+    fake_fmnist(tmp_path)
+    fm = load("fmnist", data_dir=str(tmp_path), val_size=4)
+    ood = load_ood("digits", like=fm)
+    assert ood.shape == (1797, 1, 28, 28) and ood.dtype == torch.uint8
+    assert torch.equal(ood, digits_images()[0]), "for 28x28 grey data the OOD set is the digits data set itself"
+    fake_cifar10(tmp_path)
+    c10 = load("cifar10", data_dir=str(tmp_path), val_size=4)
+    ood3 = load_ood("digits", like=c10)
+    assert ood3.shape == (1797, 3, 32, 32)
+    assert torch.equal(ood3[:, 0], ood3[:, 1]) and torch.equal(ood3[:, 1], ood3[:, 2])
+    # a data set's test split as OOD (Fashion-MNIST for CIFAR-10): resized, grey -> RGB
+    assert load_ood("fmnist", like=c10, data_dir=str(tmp_path)).shape == (12, 3, 32, 32)
+    noise = load_ood("noise", like=c10, seed=1)
+    assert noise.shape[1:] == (3, 32, 32) and torch.equal(noise, load_ood("noise", like=c10, seed=1))
+    with pytest.raises(ValueError, match="unknown OOD set"):
+        load_ood("places", like=c10)
+    with pytest.raises(ValueError, match="must differ"):
+        load_ood("cifar10", like=c10, data_dir=str(tmp_path))

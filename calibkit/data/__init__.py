@@ -7,10 +7,12 @@
 """
 
 from .bundle import DataBundle, RawData, Split
+from .corruptions import CORRUPTIONS, SEVERITIES, corrupt, corrupt_split
 from .datasets import DATASETS, DatasetSpec, load
+from .ood import OOD_SETS, load_ood
 from .transforms import augment, mixup, normalize, regmixup, resize
 
 __all__ = [
-    "DATASETS", "DataBundle", "DatasetSpec", "RawData", "Split",
-    "augment", "load", "mixup", "normalize", "regmixup", "resize",
+    "CORRUPTIONS", "DATASETS", "OOD_SETS", "SEVERITIES", "DataBundle", "DatasetSpec", "RawData", "Split",
+    "augment", "corrupt", "corrupt_split", "load", "load_ood", "mixup", "normalize", "regmixup", "resize",
 ]  # fmt: skip

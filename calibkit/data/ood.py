@@ -1,0 +1,57 @@
+"""Out-of-distribution image sets shaped like a data set, for OOD-detection AUROC.
+
+``load_ood(name, like=bundle)`` returns uint8 images with the bundle's (C, H, W):
+
+* ``"digits"`` -- scikit-learn's 1,797 handwritten digits (built in, always available offline):
+  the 8x8 images scaled to 0..255, resized bilinearly to H x W, repeated to 3 channels for colour
+  data. This is calibkit's default OOD set for Fashion-MNIST (clothing vs. digits) and works for
+  any data set.
+* ``"noise"`` -- uniform random images (seeded), a sanity check every detector should pass.
+* any other ``DATASETS`` name -- that data set's test split, resized and converted (e.g. SVHN as
+  the usual OOD set for CIFAR-10, when its files are available).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bundle import DataBundle
+from .digits import digits_images
+from .transforms import resize
+
+OOD_SETS = ("digits", "noise")  # always available; any DATASETS name works too
+NOISE_SIZE = 2000
+
+
+def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int = 0) -> torch.Tensor:
+    """Images of an OOD set converted to the shape of ``like``'s images.
+
+    Args:
+        name: "digits", "noise" or a ``DATASETS`` key.
+        like: the in-distribution bundle (gives C, H, W).
+        data_dir: files of a ``DATASETS`` OOD set, if it needs any.
+        seed: seed of the "noise" set.
+
+    Returns:
+        uint8 tensor (M, C, H, W).
+    """
+    from .datasets import DATASETS, load  # late import: datasets imports this package's modules
+
+    c = like.in_channels
+    h, w = like.image_size
+    if c not in (1, 3):
+        raise ValueError(f"OOD sets are made for 1- or 3-channel data, the bundle has {c} channels")
+    if name == "digits":
+        images, _ = digits_images(size=8)  # native resolution; resized once below
+    elif name == "noise":
+        gen = torch.Generator().manual_seed(int(seed))
+        return torch.randint(0, 256, (NOISE_SIZE, c, h, w), dtype=torch.uint8, generator=gen)
+    elif name in DATASETS:
+        if name == like.name:
+            raise ValueError(f"the OOD set must differ from the in-distribution data set {like.name!r}")
+        # only the test split is used: hold nothing out (a protocol-fixed validation split stays)
+        fixed_val = DATASETS[name].val_size == 0
+        images = load(name, data_dir=data_dir, val_size=None if fixed_val else 0).test.images
+    else:
+        raise ValueError(f"unknown OOD set {name!r}; choose one of {sorted(set(OOD_SETS) | set(DATASETS))}")
+    return resize(images, (h, w), c)
