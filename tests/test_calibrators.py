@@ -1,0 +1,97 @@
+"""Temperature scaling: recovery of a known temperature, optimality, the grid variant, errors."""
+
+import pytest
+import torch
+
+import calibkit.functional as F
+from calibkit.calibrators import CALIBRATORS, NotFittedError, TemperatureScaling
+
+
+def _synthetic(gen, n, k, scale=2.0):
+    """Calibrated logits z (labels drawn from softmax(z)); logits z * T* then need T = T*."""
+    z = torch.randn(n, k, generator=gen, dtype=torch.float64) * scale
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=gen).squeeze(1)
+    return z, y
+
+
+@pytest.fixture(scope="module")
+def big():
+    return _synthetic(torch.Generator().manual_seed(0), 50_000, 100)
+
+
+@pytest.mark.parametrize("t_true", [0.5, 2.0, 4.0, 10.0])
+def test_nll_fit_recovers_known_temperature(big, t_true):
+    z, y = big
+    ts = TemperatureScaling().fit((z * t_true).float(), y)
+    assert ts.temperature_ == pytest.approx(t_true, rel=0.02)  # pitfall: no stop at 3.8 for T* = 10
+
+
+def test_nll_fit_is_the_minimum(gen):
+    z, y = _synthetic(gen, 3000, 10)
+    logits = z * 3
+    ts = TemperatureScaling().fit(logits, y)
+    t = torch.tensor(ts.temperature_, dtype=torch.float64, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(logits / t, y)
+    (grad,) = torch.autograd.grad(loss, t)
+    assert abs(grad.item()) < 1e-8  # stationary point, checked with autograd
+    for factor in (0.99, 1.01):
+        worse = torch.nn.functional.cross_entropy(logits / (ts.temperature_ * factor), y)
+        assert worse.item() > loss.item()
+
+
+def test_separable_data_stops_at_bound_with_warning():
+    logits = torch.tensor([[2.0, -1.0], [-1.0, 3.0], [4.0, 0.0]])
+    labels = torch.tensor([0, 1, 0])  # every argmax right: NLL falls forever as T -> 0
+    with pytest.warns(UserWarning, match="separable"):
+        ts = TemperatureScaling(t_min=0.05).fit(logits, labels)
+    assert ts.temperature_ == 0.05
+
+
+def test_transform_and_predict_proba(gen):
+    z, y = _synthetic(gen, 500, 5)
+    ts = TemperatureScaling().fit(z * 2, y)
+    x = torch.randn(7, 5, generator=gen)
+    torch.testing.assert_close(ts.transform(x), x / ts.temperature_)
+    torch.testing.assert_close(ts.predict_proba(x), torch.softmax(x / ts.temperature_, 1))
+    half = ts.transform(x.half())
+    assert half.dtype == torch.float32  # half precision upcast before use
+    assert ts.fit(z.numpy(), y.numpy()) is ts  # numpy accepted, fit returns self
+
+
+def test_ece_grid_picks_the_best_grid_temperature(gen):
+    z, y = _synthetic(gen, 4000, 10)
+    logits = z * 3
+    ts = TemperatureScaling(objective="ece", n_bins=15).fit(logits, y)
+    grid = [i / 10 for i in range(1, 101)]
+    eces = [F.ece(torch.softmax(logits / t, 1), y).item() for t in grid]
+    assert ts.temperature_ == grid[min(range(100), key=lambda i: eces[i])]
+    assert ts.temperature_ == pytest.approx(3.0, abs=0.5)
+
+
+def test_unfitted_use_raises(gen):
+    ts = TemperatureScaling()
+    for call in (ts.transform, ts.predict_proba):
+        with pytest.raises(NotFittedError, match="call fit"):
+            call(torch.zeros(2, 3))
+    assert issubclass(NotFittedError, ValueError)
+
+
+def test_bad_arguments(gen):
+    z, y = _synthetic(gen, 50, 3)
+    with pytest.raises(ValueError, match="unknown objective 'brier'"):
+        TemperatureScaling(objective="brier").fit(z, y)
+    with pytest.raises(ValueError, match="n_bins"):
+        TemperatureScaling(objective="ece", n_bins=0).fit(z, y)
+    with pytest.raises(ValueError, match="out of range"):
+        TemperatureScaling().fit(z, y + 3)
+    with pytest.raises(ValueError, match="NaN"):
+        TemperatureScaling().fit(z * float("nan"), y)
+
+
+@pytest.mark.parametrize("name", list(CALIBRATORS))
+def test_registry_estimator_conformance(name, gen):
+    est = CALIBRATORS[name]()
+    assert not any(k.endswith("_") for k in vars(est))  # __init__ stores hyperparameters only
+    z, y = _synthetic(gen, 200, 4)
+    assert est.fit(z, y) is est
+    assert est.predict_proba(z).shape == z.shape
