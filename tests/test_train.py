@@ -237,6 +237,36 @@ def test_mixup_paths_use_soft_cross_entropy(tmp_path, monkeypatch, method):
             run_quiet(tiny(epochs=1, method="mixup", loss="mbls"), tmp_path / "bad")
 
 
+def test_csm_path_adds_soft_l2_on_two_generated_images_per_real_one(tmp_path, monkeypatch):
+    import calibkit.methods.csm.dataset as csm_dataset
+
+    draws, rows = [], []
+
+    class FakeCompanion:  # stands in for a generated store: random images, half-half soft labels
+        def __init__(self, store_dir, num_classes, seed=0):
+            assert store_dir == str(tmp_path / "store") and num_classes == 10
+
+        def draw(self, labels, generator=None):
+            draws.append((labels.device.type, len(labels)))
+            b = len(labels)
+            images = torch.randint(0, 256, (2 * b, 1, 28, 28), dtype=torch.uint8, generator=generator)
+            soft = torch.zeros(2 * b, 10)
+            soft[torch.arange(2 * b), torch.cat([labels, labels])] += 0.5
+            soft[torch.arange(2 * b), torch.cat([labels, (labels + 1) % 10])] += 0.5
+            return images, soft
+
+    real = F_.soft_l2
+
+    def spy(logits, soft):
+        rows.append(logits.shape[0])
+        return real(logits, soft)
+
+    monkeypatch.setattr(csm_dataset, "CSMCompanion", FakeCompanion)
+    monkeypatch.setattr(F_, "soft_l2", spy)
+    run_quiet(tiny(epochs=1, method="csm", csm_data=str(tmp_path / "store")), tmp_path / "run")
+    assert draws == [("cpu", 64)] * 4 and rows == [128] * 4  # 2 generated per real image, every step
+
+
 # ----------------------------------------------------------------------------- distributed
 def _free_port() -> int:
     with socket.socket() as s:

@@ -32,6 +32,13 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from calibkit.rundir import load_info, load_logits
+
+    if args.dpi < 10:
+        raise ValueError(f"dpi: must be >= 10, got {args.dpi}")
+    logits = load_logits(args.run_dir)  # a missing or unfinished run fails here, before plotting imports
+    c = load_info(args.run_dir)["config"]
+
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
@@ -39,12 +46,6 @@ def run(args) -> int:
 
     from calibkit import plots
     from calibkit.calibrators import TemperatureScaling
-    from calibkit.rundir import load_info, load_logits
-
-    if args.dpi < 10:
-        raise ValueError(f"dpi: must be >= 10, got {args.dpi}")
-    logits = load_logits(args.run_dir)
-    c = load_info(args.run_dir)["config"]
     out = Path(args.out) if args.out else Path(args.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     ts = TemperatureScaling().fit(logits["val_logits"], logits["val_labels"])
