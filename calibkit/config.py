@@ -51,6 +51,7 @@ class TrainConfig:
         seed: seeds the split, the initialisation and every random draw of training.
         val_size: validation images (None: the data set's protocol).
         train_subset: keep only this many training images (None: all).
+        augment: random crop and flip as the data set allows (False: the images as they are).
         eval_batch_size: batch size for computing logits.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         num_threads: torch CPU threads (None: torch's default).
@@ -76,6 +77,7 @@ class TrainConfig:
     seed: int = 0
     val_size: int | None = None
     train_subset: int | None = None
+    augment: bool = True
     eval_batch_size: int = 1024
     device: str = "auto"
     num_threads: int | None = None

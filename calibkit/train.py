@@ -221,6 +221,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
             rundir.write_json(out / rundir.CONFIG, info)
 
         train_x, train_y = bundle.train.images.to(dev), bundle.train.labels.to(dev)
+        crop_pad, hflip = (bundle.crop_pad, bundle.hflip) if cfg.augment else (0, False)
         b = cfg.batch_size // dd.world  # per-process batch; the global batch is cfg.batch_size
         steps = (-(-len(train_y) // dd.world)) // b  # full batches only (drop_last), equal on every rank
         if steps == 0:
@@ -240,7 +241,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
                        disable=not (progress and dd.is_main and sys.stderr.isatty()))
             for step in bar:
                 idx = order[step * b:(step + 1) * b]
-                x = normalize(augment(train_x[idx], bundle.crop_pad, bundle.hflip, aug_gen), mean, std)
+                x = normalize(augment(train_x[idx], crop_pad, hflip, aug_gen), mean, std)
                 y = train_y[idx]
                 lr = learning_rate(cfg, epoch + step / steps)
                 for group in optimizer.param_groups:
@@ -264,7 +265,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
                         target = y
                     else:  # csm: two generated images per real one, augmented like the real ones
                         gen_x, gen_soft = companion.draw(y.cpu(), draw_gen)
-                        gen_x = normalize(augment(gen_x.to(dev), bundle.crop_pad, bundle.hflip, aug_gen), mean, std)
+                        gen_x = normalize(augment(gen_x.to(dev), crop_pad, hflip, aug_gen), mean, std)
                         all_logits, feats = net(torch.cat([x, gen_x]))
                         logits = all_logits[:b]
                         loss = (loss_fn(logits, y, feats[:b] if needs_features else None)

@@ -267,6 +267,22 @@ def test_csm_path_adds_soft_l2_on_two_generated_images_per_real_one(tmp_path, mo
     assert draws == [("cpu", 64)] * 4 and rows == [128] * 4  # 2 generated per real image, every step
 
 
+@pytest.mark.parametrize("augment,expected", [(True, (2, False)), (False, (0, False))])
+def test_augment_switch(tmp_path, monkeypatch, augment, expected):
+    import calibkit.data as data_mod
+
+    seen = set()
+    real = data_mod.augment
+
+    def spy(x, crop_pad, hflip, generator=None):
+        seen.add((crop_pad, hflip))
+        return real(x, crop_pad, hflip, generator)
+
+    monkeypatch.setattr(data_mod, "augment", spy)
+    run_quiet(tiny(epochs=1, augment=augment), tmp_path / "run")
+    assert seen == {expected}  # digits: crop with padding 2, never flipped (digits are not symmetric)
+
+
 # ----------------------------------------------------------------------------- distributed
 def _free_port() -> int:
     with socket.socket() as s:

@@ -39,6 +39,8 @@ def register(subparsers) -> None:
     g.add_argument("--model", help="model name from calibkit.models.MODELS (default resnet20)")
     g.add_argument("--val-size", type=int, metavar="N", help="validation images split off the training set")
     g.add_argument("--train-subset", type=int, metavar="N", help="train on the first N training images only")
+    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                   help="random crop/flip as the data set allows (default on)")
     g = p.add_argument_group("loss and method")
     g.add_argument("--loss", metavar="SPEC", help='loss spec, e.g. ce, "mbls:margin=6", "fedlas_ls:alpha=0.05" (default ce)')
     g.add_argument("--method", help="standard, mixup, regmixup or csm (default standard)")
@@ -69,7 +71,7 @@ def register(subparsers) -> None:
 # argparse destination -> TrainConfig field (identical names by construction)
 FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "epochs", "batch_size", "lr",
           "momentum", "weight_decay", "schedule", "milestones", "gamma", "grad_clip", "amp", "seed", "val_size",
-          "train_subset", "eval_batch_size", "device", "num_threads")
+          "train_subset", "augment", "eval_batch_size", "device", "num_threads")
 
 
 def run(args) -> int:
