@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from calibkit.bench.grid import METHODS, REFERENCE
 from calibkit.store import Store
@@ -137,19 +138,23 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
         pairs = [(r, ref[r["seed"]]) for r in entry["runs"] if r["seed"] in ref]
         if not pairs:
             continue
-        a, b, labels = [], [], None
+        # One paired bootstrap per seed, all with the same bootstrap seed: they draw the same
+        # resampled index sets (same generator, same N), so their resampled differences line up
+        # and averaging them gives the resampled seed-averaged difference.
+        diffs, estimates = [], []
         for run, ref_run in pairs:
             pa, la, _ = probs(run)
             pb, lb, _ = probs(ref_run)
             if not np.array_equal(la, lb):
                 raise ValueError(f"{run['run_key']} and {ref_run['run_key']} were tested on different test sets")
-            a.append(pa)
-            b.append(pb)
-            labels = la
-        res = paired_bootstrap_diff(np.stack(a), np.stack(b), labels, metric="ece", n_boot=n_boot,
-                                    seed=seed, level=level)
-        out[method] = {"diff": res["diff"], "lo": res["lo"], "hi": res["hi"],
-                       "significant": not (res["lo"] <= 0.0 <= res["hi"]), "seeds": len(pairs)}
+            res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
+                                        n_resamples=n_boot, seed=seed, level=level)
+            diffs.append(res.samples)
+            estimates.append(res.estimate)
+        mean_diff = torch.stack(diffs).mean(0)
+        lo, hi = torch.quantile(mean_diff, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+        out[method] = {"diff": float(np.mean(estimates)), "lo": float(lo), "hi": float(hi),
+                       "significant": not (float(lo) <= 0.0 <= float(hi)), "seeds": len(pairs)}
     return out
 
 

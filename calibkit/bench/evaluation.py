@@ -45,7 +45,7 @@ class EvalData:
     def ood_images(self) -> torch.Tensor:
         """uint8 OOD images shaped like the test images."""
         if self._ood is None:
-            from calibkit.data import load_ood
+            from calibkit.data.ood import load_ood
 
             self._ood = load_ood(self.preset.ood, like=self.bundle, data_dir=self.data_dir)
         return self._ood

@@ -65,11 +65,12 @@ class Bench:
         data_dir: where the data set lives (default: its standard location).
         device: ``auto``, ``cpu`` or ``cuda[:N]``.
         num_threads: torch CPU threads (None: torch's default).
+        csm_store: a CSM generated set (default: the one shipped for the preset's data set).
         log: where progress lines go.
     """
 
     def __init__(self, preset: Preset, out, seeds=None, methods=None, data_dir=None, device="auto",
-                 num_threads=None, log=print):
+                 num_threads=None, csm_store=None, log=print):
         self.preset = preset
         self.out = Path(out)
         self.seeds = [int(s) for s in (seeds if seeds is not None else preset.seeds)]
@@ -77,6 +78,7 @@ class Bench:
         self.data_dir = data_dir
         self.device = device
         self.num_threads = num_threads
+        self.csm_store = csm_store
         self.dd = D.setup(device)
         self.log = log if self.dd.is_main else (lambda *a, **k: None)
         self.store = Store(self.out / "runs.db") if self.dd.is_main else None

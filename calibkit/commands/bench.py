@@ -32,6 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--methods", nargs="+", metavar="M",
                    help=f"methods to run (default all): {', '.join(METHODS)}; CE is always included")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
+    p.add_argument("--csm-store", metavar="DIR", help="CSM generated set (default: the one shipped for "
+                   "Fashion-MNIST; other data sets: make one with `calibkit csm generate`)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--num-threads", type=int, metavar="N", help="torch CPU threads")
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
@@ -46,7 +48,7 @@ def run(args) -> int:
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds: repeated seed in {args.seeds}")
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                  device=args.device, num_threads=args.num_threads)
+                  device=args.device, num_threads=args.num_threads, csm_store=args.csm_store)
     try:
         counts = bench.run()
     finally:

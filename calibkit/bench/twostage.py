@@ -1,0 +1,96 @@
+"""Grid methods built on the CE run of the same seed: MaC-Cal (stage 2) and CSM.
+
+* MaC-Cal: ``calibkit.methods.maccal.run_maccal`` retrains the CE run's head under adaptive random
+  masks, with the preset's stage-2 hyperparameters; its training time is stage 2 (features +
+  head), stage 1 being the CE run (recorded in ``extra``).
+* CSM: calibkit's generated set of semantic mixes (shipped for Fashion-MNIST under
+  ``calibkit/assets/csm/fmnist-groups/``; for other data sets generate one with
+  ``calibkit csm generate`` and pass it with ``--csm-store``) is copied into
+  ``DIR/cache/csm/<preset>/seed<k>/`` and annotated there with the penultimate features of the CE
+  run of the same seed as the reference-classifier encoder (the offline encoder; no CLIP weights),
+  then a ``method="csm"`` training run uses it. The shipped set is never modified.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from calibkit import rundir
+
+SHIPPED_STORES = {"fmnist": Path(__file__).resolve().parent.parent / "assets" / "csm" / "fmnist-groups"}
+
+
+def _ce_run(bench, seed: int) -> Path:
+    from calibkit.bench.runner import run_dir_for
+
+    ce = run_dir_for(bench.out, bench.preset.name, "ce", seed)
+    info = rundir.load_info(ce) if (ce / rundir.CONFIG).is_file() else {}
+    if info.get("status") != "done":
+        raise RuntimeError(f"the CE run of seed {seed} ({ce}) is not finished; MaC-Cal and CSM build on it")
+    return ce
+
+
+def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
+    """MaC-Cal stage 2 into ``run_dir`` (reused when already finished)."""
+    from calibkit.methods.maccal import run_maccal
+
+    ce = _ce_run(bench, seed)
+    info = rundir.load_info(run_dir) if (run_dir / rundir.CONFIG).is_file() else {}
+    if info.get("status") != "done" or not (run_dir / rundir.LOGITS).is_file():
+        if run_dir.exists():
+            # An unfinished stage 2 holds no result (run_maccal writes config.json last); it restarts.
+            shutil.rmtree(run_dir)
+        run_maccal(ce, run_dir, **{"seed": seed, **bench.preset.maccal}, data_dir=bench.data_dir,
+                   device=bench.device)
+        info = rundir.load_info(run_dir)
+    record = json.loads((run_dir / "maccal.json").read_text())
+    stage1 = rundir.load_info(ce)
+    return {"run_dir": run_dir,
+            "train_time_s": float(record["stage2_wall_time_s"]) + float(record["feature_time_s"]),
+            "extra": {"stage1_run": str(ce), "stage1_train_time_s": stage1.get("wall_time_s"),
+                      "keep_rates": record["keep_rates"], "best_keep_rate": record["best_keep_rate"],
+                      "best_epoch": record["best_epoch"], "hparams": record["hparams"]}}
+
+
+def csm_store(bench, seed: int) -> Path:
+    """The annotated copy of the generated set for ``seed`` (built once per bench directory)."""
+    from calibkit.methods.csm.annotate import ClassifierEncoder, annotate_store
+    from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
+
+    src = bench.csm_store or bench.preset.csm.get("store") or SHIPPED_STORES.get(bench.preset.dataset)
+    if src is None or not Path(src).is_dir():
+        raise FileNotFoundError(
+            f"no CSM generated set for {bench.preset.dataset} ({src}); generate one with `calibkit csm generate` "
+            "and pass it with --csm-store")
+    dst = bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}"
+    ce = _ce_run(bench, seed)
+    enc = ClassifierEncoder(ce)
+    meta_path = dst / ANNOT_META
+    if meta_path.is_file() and (dst / ANNOT_TENSORS).is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("weights_sha256") == enc.identity["weights_sha256"]:
+            return dst  # annotated with this very CE run already
+    if dst.exists():
+        shutil.rmtree(dst)
+    tmp = dst.with_name(dst.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(ANNOT_META, ANNOT_TENSORS))
+    images, labels = enc.training_split()
+    annotate_store(tmp, enc, images, labels, sharpness=float(bench.preset.csm.get("sharpness", 4.0)),
+                   extra_meta={"source_store": str(src), "bench_preset": bench.preset.name})
+    tmp.rename(dst)  # the store appears only once fully annotated
+    return dst
+
+
+def produce_csm(bench, seed: int, run_dir: Path) -> dict:
+    """CSM training run into ``run_dir`` on the annotated generated set."""
+    store = csm_store(bench, seed)
+    made = bench._train("csm", seed, run_dir, csm_data=store)
+    meta = json.loads((store / "annotations.json").read_text())
+    made["extra"] = {"csm_store": str(store), "encoder": meta.get("encoder"), "encoder_run": meta.get("run"),
+                     "source_store": meta.get("source_store"), "sharpness": meta.get("sharpness"),
+                     "generator_hash": meta.get("generator_hash")}
+    return made

@@ -1,0 +1,142 @@
+"""``calibkit bench``: the grid's conformance, and the smoke preset end to end with an interruption."""
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, get_preset, select_methods
+from calibkit.store import Store
+from tests.conftest import PYTHON
+
+GRID = ("ce", "ls", "focal", "flsd", "ecp", "mbls", "acls", "dfl", "adafocal", "mixup", "regmixup",
+        "fedlas_ls", "fedlas_mbls", "maccal", "csm")
+
+
+def test_grid_holds_every_method_of_the_issue():
+    assert tuple(METHODS) == GRID
+    assert select_methods(None) == list(GRID)
+    # CE is always added (reference, MaC-Cal stage 1, CSM encoder), in grid order.
+    assert select_methods(["csm", "ls"]) == ["ce", "ls", "csm"]
+    with pytest.raises(ValueError, match="valid methods: ce, ls"):
+        select_methods(["nope"])
+    with pytest.raises(ValueError, match="valid presets: smoke, default"):
+        get_preset("nope")
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_builds_every_run(name):
+    """Each (preset, method) gives a valid TrainConfig and a loss that calibkit.losses builds."""
+    from calibkit.bench.runner import train_config
+    from calibkit.losses import build
+
+    preset = PRESETS[name]
+    for method, spec in METHODS.items():
+        cfg = train_config(preset, method, seed=preset.seeds[0], csm_data="somewhere")
+        assert cfg.data == preset.dataset and cfg.model == preset.model and cfg.method == spec.method
+        build(preset.loss_for(method), num_classes=10 if name != "cifar100" else 100)
+
+
+def _db_rows(path):
+    if not os.path.exists(path):
+        return []
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return con.execute("SELECT run_key, status FROM runs").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def _cells(text, label):
+    for line in text.splitlines():
+        if line.startswith(label + "  "):
+            return re.split(r"\s{2,}", line.strip())
+    raise AssertionError(f"no row {label!r} in\n{text}")
+
+
+@pytest.mark.slow
+def test_smoke_preset_end_to_end_with_interruption(tmp_path, cli_env):
+    out = tmp_path / "bench"
+    db = out / "runs.db"
+    cmd = [PYTHON, "-m", "calibkit", "bench", "--preset", "smoke", "--out", str(out)]
+    # 1. Start the whole smoke grid and kill it hard once two runs are recorded as done.
+    proc = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while sum(s == "done" for _, s in _db_rows(db)) < 2:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline, "the smoke bench recorded no two runs in 4 minutes"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {r["run_key"]: r for r in Store(db, readonly=True).runs("smoke")}
+    assert len(before) >= 2
+
+    # 2. Start it again: finished runs are skipped (same rows, same timestamps), the rest completes.
+    t0 = time.time()
+    res = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=600)
+    wall = time.time() - t0
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    store = Store(db, readonly=True)
+    rows = store.runs("smoke", status=None)
+    assert sorted(r["method"] for r in rows) == sorted(GRID)
+    assert all(r["status"] == "done" for r in rows), [(r["run_key"], r["error"]) for r in rows]
+    for key, old in before.items():
+        new = store.get(key)
+        assert (new["id"], new["finished_at"], new["attempts"], new["metrics"]) == \
+            (old["id"], old["finished_at"], old["attempts"], old["metrics"]), key
+        assert f"{key}: finished earlier" in res.stdout
+    print(f"smoke bench (second part, {len(GRID) - len(before)} runs): {wall:.0f} s")
+
+    # 3. Every row carries its provenance and numbers.
+    for r in rows:
+        assert r["config"]["method"] == r["method"] and r["seed"] == 0
+        assert r["versions"]["torch"] and "git_commit" in r
+        assert set(r["metrics"]["before"]) >= {"acc", "ece", "aece", "cece", "o_ece", "u_ece", "mce", "nll", "brier"}
+        assert r["metrics"]["temperature"] > 0
+        assert 0 <= r["ood"]["auroc_entropy"] <= 1 and 0 <= r["ood"]["auroc_maxconf"] <= 1
+        assert set(r["robustness"]["by_severity"]) == {str(s) for s in PRESETS["smoke"].severities}
+        assert os.path.isfile(r["logits_path"]) and r["train_time_s"] > 0
+
+    # 4. The printed table holds the database's numbers; so do report.md and index.html.
+    for r in rows:
+        label = METHODS[r["method"]].label
+        cells = _cells(res.stdout, label)
+        assert cells[2] == f"{r['metrics']['before']['acc'] * 100:.2f}"
+        assert cells[3] == f"{r['metrics']['before']['ece'] * 100:.2f}"
+        if r["method"] == REFERENCE:
+            assert cells[-1] == "(reference)"
+        else:
+            assert re.fullmatch(r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]\*?", cells[-1]), cells[-1]
+    md = (out / "report" / "report.md").read_text()
+    page = (out / "report" / "index.html").read_text()
+    for r in rows:
+        cell = f"{r['metrics']['before']['ece'] * 100:.2f}"
+        assert f"| {METHODS[r['method']].label} | 1 | {r['metrics']['before']['acc'] * 100:.2f} | {cell} |" in md
+        assert f"<td>{cell}</td>" in page
+    assert page.count("data:image/png;base64,") == len(GRID) + 2
+
+    # 5. `calibkit report` rebuilds the same tables from the database alone.
+    rep = subprocess.run([PYTHON, "-m", "calibkit", "report", str(out)], env=cli_env, capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    table = res.stdout[res.stdout.index("Test set, before"):res.stdout.index("report: ")]
+    assert table in rep.stdout
+
+
+def test_bench_refuses_corrupt_database(tmp_path, cli_env):
+    out = tmp_path / "bench"
+    out.mkdir()
+    garbage = np.random.default_rng(0).bytes(5000)
+    (out / "runs.db").write_bytes(garbage)
+    res = subprocess.run([PYTHON, "-m", "calibkit", "bench", "--preset", "smoke", "--out", str(out),
+                          "--methods", "ce"], env=cli_env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "not an SQLite database" in res.stderr and "Traceback" not in res.stderr
+    assert (out / "runs.db").read_bytes() == garbage
+    assert sorted(os.listdir(out)) == ["runs.db"]
