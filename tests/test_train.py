@@ -190,14 +190,32 @@ def _spy_build(monkeypatch, store):
     monkeypatch.setattr(losses_mod, "build", build)
 
 
-def test_fedlas_gate_is_trained_and_gets_features(tmp_path, monkeypatch):
-    seen = {}
+def test_fedlas_gate_is_trained_and_only_model_gradients_are_clipped(tmp_path, monkeypatch):
+    seen, clips = {}, []
     _spy_build(monkeypatch, seen)
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip(params, max_norm, *a, **kw):
+        params = list(params)
+        clips.append((len(params), max_norm))
+        return real_clip(params, max_norm, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
     run_quiet(tiny(epochs=1, loss="fedlas_ls"), tmp_path / "run")
     loss = seen["loss"]
     assert loss.needs_features and seen["init"]  # the gate has parameters
     changed = [k for k, v in loss.named_parameters() if not torch.equal(v.detach(), seen["init"][k])]
     assert changed, "the FeDLaS gate parameters were not updated by the optimizer"
+    n_model = len(rundir.read_tensors(tmp_path / "run" / rundir.MODEL))  # mlp: no buffers, one entry per parameter
+    assert clips == [(n_model, 2.0)] * 4  # every step, global norm 2, the model's parameters only
+
+
+def test_amp_bfloat16_trains(tmp_path):
+    summary = run_quiet(tiny(epochs=1, amp=True), tmp_path / "run")
+    history = json.loads((tmp_path / "run" / rundir.HISTORY).read_text())
+    assert summary["status"] == "done" and history[0]["train_loss"] == history[0]["train_loss"]  # not NaN
+    logits = load_logits(tmp_path / "run")["test_logits"]
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
 
 def test_adafocal_is_updated_on_validation_every_epoch(tmp_path, monkeypatch):
