@@ -218,3 +218,129 @@ def test_mc_inference_averages_probabilities():
     assert not torch.allclose(other, probs)
     with pytest.raises(ValueError, match="keep_rate"):
         head_logits(x, head, mc_samples=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Run level: a tiny stage-1 run on digits, MaC-Cal through the command line, eval and plot
+# ---------------------------------------------------------------------------------------------
+import json  # noqa: E402
+import subprocess  # noqa: E402
+
+from conftest import PYTHON  # noqa: E402
+
+
+def _cli(args, env):
+    res = subprocess.run([PYTHON, "-m", "calibkit", *args], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 2-epoch MLP on digits (stage 1) and MaC-Cal on top of it (3 stage-2 epochs), both via the CLI."""
+    import os
+
+    from conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    root = tmp_path_factory.mktemp("maccal")
+    s1, m = root / "s1", root / "m"
+    _cli(["train", "--data", "digits", "--model", "mlp", "--epochs", "2", "--out", str(s1),
+          "--num-threads", "1", "--no-progress", "--quiet"], env)
+    out = _cli(["maccal", str(s1), "--out", str(m), "--epochs", "3", "--seed", "0", "--device", "cpu"], env)
+    return {"s1": s1, "m": m, "env": env, "root": root, "maccal_stdout": out.stdout}
+
+
+def test_cli_end_to_end_eval_and_plot_read_the_run(runs, capsys):
+    from calibkit import rundir
+
+    m = runs["m"]
+    for name in ("config.json", "model.safetensors", "logits.safetensors", "history.json", "maccal.json"):
+        assert (m / name).is_file(), name
+    info = json.loads((m / "config.json").read_text())
+    assert info["method"] == "maccal" and info["config"]["method"] == "maccal" and info["status"] == "done"
+    assert info["stage1"]["path"] == str(runs["s1"].resolve())
+    assert info["stage1"]["config"]["method"] == "standard"
+    assert info["maccal"]["epochs"] == 3 and info["maccal"]["r_init"] == 0.9
+    rec = json.loads((m / "maccal.json").read_text())
+    hist = json.loads((m / "history.json").read_text())
+    assert len(rec["keep_rates"]) == len(rec["val_ece"]) == 3 and len(hist) == 4
+    assert rec["best_epoch"] == 1 + rec["val_ece"].index(min(rec["val_ece"]))
+    assert rec["stage2_wall_time_s"] > 0
+    # The cached features reproduce stage 1's own validation logits (same weights, eval mode).
+    assert rec["stage1_val_logits_max_abs_diff"] < 1e-4
+    assert "epoch   3/3" in runs["maccal_stdout"]
+
+    # eval and plot through the same entry point, in-process (a fresh interpreter costs ~10 s here).
+    from calibkit.cli import main
+
+    assert main(["eval", str(m)]) == 0
+    assert "method maccal" in capsys.readouterr().out and (m / "metrics.json").is_file()
+    metrics = json.loads((m / "metrics.json").read_text())
+    acc = float((rundir.load_logits(m)["test_logits"].argmax(1) == rundir.load_logits(m)["test_labels"]).double().mean())
+    assert metrics["before"]["acc"] == pytest.approx(acc)
+    plots = runs["root"] / "plots"
+    assert main(["plot", str(m), "--out", str(plots)]) == 0
+    assert (plots / "reliability.png").is_file()
+
+
+def test_backbone_unchanged_head_changed_and_inference_deterministic(runs):
+    from calibkit import rundir
+    from calibkit.data import load
+
+    before = rundir.read_tensors(runs["s1"] / "model.safetensors")
+    after = rundir.read_tensors(runs["m"] / "model.safetensors")
+    assert before.keys() == after.keys()
+    head_keys = {k for k in after if k.startswith("head.")}
+    assert head_keys == {"head.weight", "head.bias"}
+    for k in before.keys() - head_keys:
+        assert torch.equal(before[k], after[k]), k
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+    # The saved model (backbone + new head) reproduces the stored full-head test logits, twice alike.
+    model, _, info = rundir.load_run(runs["m"])
+    test = load("digits").test
+    a = rundir.predict_logits(model, test.images, info)
+    b = rundir.predict_logits(model, test.images, info)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a, rundir.load_logits(runs["m"])["test_logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_mc_run_stores_log_of_averaged_probabilities(runs, tmp_path):
+    from calibkit import rundir
+    from calibkit.data import load
+
+    out = tmp_path / "mc"
+    summary = maccal.run_maccal(runs["s1"], out, epochs=1, seed=3, mc_samples=5, device="cpu")
+    rec = json.loads((out / "maccal.json").read_text())
+    assert rec["hparams"]["mc_samples"] == 5 and summary["best_keep_rate"] == rec["best_keep_rate"]
+    model, _, info = rundir.load_run(out)
+    bundle = load("digits")
+    feats = maccal.extract_features(model, bundle.val.images, info["mean"], info["std"])
+    # Same stream as run_maccal's inference: generator seeded with seed + 1, val drawn before test.
+    g = torch.Generator().manual_seed(3 + 1)
+    manual = sum(torch.softmax(masked_linear(feats, model.head.weight, model.head.bias, rec["best_keep_rate"], g), 1)
+                 for _ in range(5)) / 5
+    stored = rundir.load_logits(out)["val_logits"]
+    torch.testing.assert_close(stored.softmax(1), manual, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_stage1_and_out_dirs_give_clear_errors(runs, tmp_path, capsys):
+    from calibkit.cli import main
+
+    missing = tmp_path / "nope"
+    assert main(["maccal", str(missing), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "not found" in err and str(missing) in err
+    # A run directory whose training has not finished.
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    info = json.loads((runs["s1"] / "config.json").read_text())
+    (unfinished / "config.json").write_text(json.dumps({**info, "status": "running"}))
+    with pytest.raises(ValueError, match="not a finished run"):
+        maccal.run_maccal(unfinished, tmp_path / "o")
+    with pytest.raises(ValueError, match="itself a MaC-Cal run"):
+        maccal.run_maccal(runs["m"], tmp_path / "o")
+    with pytest.raises(ValueError, match="not empty"):
+        maccal.run_maccal(runs["s1"], runs["m"])  # never overwrites an existing run
+    with pytest.raises(ValueError, match="stage-1 run itself"):
+        maccal.run_maccal(runs["s1"], runs["s1"])
