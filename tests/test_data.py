@@ -96,6 +96,12 @@ def test_fmnist_written_files(tmp_path):
     assert torch.equal(b.train.labels, torch.from_numpy(arrays["train_labels"][train_idx]))
     assert torch.equal(b.test.labels, torch.from_numpy(arrays["test_labels"]))
     assert b.data_dir == os.path.abspath(tmp_path) and b.split["seed"] == 3
+    # un-gzipped idx files are read as well
+    gz = os.path.join(tmp_path, FMNIST_FILES["test_images"] + ".gz")
+    with gzip.open(gz) as src, open(gz[:-3], "wb") as dst:
+        dst.write(src.read())
+    os.remove(gz)
+    assert torch.equal(load("fmnist", data_dir=str(tmp_path), val_size=8, seed=3).test.images, b.test.images)
 
 
 def test_fmnist_missing_says_how_to_get(tmp_path):
@@ -186,6 +192,9 @@ def test_cifar10_pickles(tmp_path):
     assert torch.equal(b.train.images[:, 0, 0, 0], expect)
     assert b.train.labels.tolist() == [(1 + i // 4 + i % 4) % 10 for i in train_idx]
     assert b.hflip and b.crop_pad == 4
+    ref = b.train.images.double() / 255  # per-channel statistics of the training split
+    assert b.mean == pytest.approx(tuple(ref.mean(dim=(0, 2, 3)).tolist()), abs=1e-9)
+    assert b.std == pytest.approx(tuple(ref.std(dim=(0, 2, 3), unbiased=False).tolist()), abs=1e-9)
 
 
 def test_cifar_pickle_refuses_other_globals_and_garbage(tmp_path):
