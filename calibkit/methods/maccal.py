@@ -267,7 +267,7 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
         r_init, eta, r_min: keep-rate rule (see module docstring).
         epochs: number of stage-2 epochs (>= 1).
         lr, momentum, weight_decay: SGD; the lr follows a cosine to 0 over ``epochs``.
-        batch_size: mini-batch size; grad_clip: global gradient-norm clip (None = off).
+        batch_size: mini-batch size; grad_clip: global gradient-norm clip (None or 0 = off).
         n_bins: bins of the validation ECE used for model selection.
         seed: seeds the shuffling and the masks (a generator on the features' device).
         loss_fn: ``loss_fn(logits, targets) -> scalar``; default cross-entropy. A calibkit loss
@@ -339,9 +339,12 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
             x, y = train_feats[idx], train_labels[idx]
             logits = masked_linear(x, model.weight, model.bias, r, gen)
             loss = loss_fn(logits, y, x) if needs_features else loss_fn(logits, y)
+            if not torch.isfinite(loss):
+                raise RuntimeError(f"stage-2 loss is {float(loss)} at epoch {epoch} (keep rate {r:.3f}); "
+                                   f"lower the learning rate (lr {lr_now:.4g})")
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if grad_clip is not None:
+            if grad_clip:  # None or 0 disables clipping, as in the trainer
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             opt.step()
             loss_sum += float(loss.detach()) * idx.numel()
