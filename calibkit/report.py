@@ -34,7 +34,7 @@ AFTER_COLS = (("temperature", "T", 1, 2), ("acc", "Acc", 100, 2), ("ece", "ECE",
               ("aece", "AECE", 100, 2), ("nll", "NLL", 1, 3))
 EXTRA_COLS = (("auroc_entropy", "AUROC-H", 100, 1), ("auroc_maxconf", "AUROC-MSP", 100, 1),
               ("shift_acc", "Shift acc", 100, 1), ("shift_ece", "Shift ECE", 100, 2),
-              ("train_time_s", "Train s", 1, 0))
+              ("train_time_s", "Train s", 1, 1))
 
 
 def label(method: str) -> str:
@@ -248,7 +248,7 @@ def summary_figures(summary: dict, out: Path) -> dict[str, Path]:
     ax.set_xticks(x, names, rotation=45, ha="right")
     ax.set_ylabel("x100 (O + U = ECE)")
     ax.set_title("Over- and under-confidence on the test set (before TS, mean over seeds)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figs["ou_ece"] = _save(fig, out / "ou_ece.png")
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names) + 2), 3.8))
     ax.bar(x - 0.2, get("before.ece"), 0.4, label="before TS", color="tab:gray")
@@ -256,7 +256,7 @@ def summary_figures(summary: dict, out: Path) -> dict[str, Path]:
     ax.set_xticks(x, names, rotation=45, ha="right")
     ax.set_ylabel("ECE x100")
     ax.set_title("ECE before and after temperature scaling (mean over seeds)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figs["ts"] = _save(fig, out / "ece_before_after_ts.png")
     return figs
 
