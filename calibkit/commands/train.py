@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 EPILOG = """\
 examples:
@@ -78,5 +79,10 @@ def run(args) -> int:
     from calibkit.train import load_config, train
 
     cfg = load_config(args.config, **{name: getattr(args, name) for name in FIELDS})
-    summary = train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
-    return 0 if summary["status"] in ("done", "running") else 1
+    try:
+        train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
+    except KeyboardInterrupt:
+        # Every completed epoch is already on disk; say how to continue instead of a traceback.
+        print(f"\ncalibkit train: interrupted; run the same command again to resume {args.out}", file=sys.stderr)
+        return 130
+    return 0
