@@ -344,3 +344,27 @@ def test_bad_stage1_and_out_dirs_give_clear_errors(runs, tmp_path, capsys):
         maccal.run_maccal(runs["s1"], runs["m"])  # never overwrites an existing run
     with pytest.raises(ValueError, match="stage-1 run itself"):
         maccal.run_maccal(runs["s1"], runs["s1"])
+
+
+def _loss_names():
+    from calibkit.losses import LOSSES
+
+    return sorted(LOSSES)
+
+
+@pytest.mark.parametrize("spec", _loss_names())
+def test_stage2_runs_with_every_calibkit_loss(spec):
+    from calibkit.losses import build
+
+    x_tr, y_tr, means = _clusters(256, seed=4)
+    x_va, y_va, _ = _clusters(128, seed=5, noise=0.2)
+    head = _head(means, 2.0)
+    loss_fn = build(spec, num_classes=4)
+    state0 = {k: v.clone() for k, v in loss_fn.state_dict().items()}
+    best, hist = fit_masked_head(head, x_tr, y_tr, x_va, y_va, epochs=2, loss_fn=loss_fn)
+    assert all(math.isfinite(rec["train_loss"]) for rec in hist["records"][1:])
+    assert not torch.equal(best.weight, head.weight)
+    # Stateful losses see stage 2: AdaFocal's per-bin gammas are updated on the validation logits,
+    # FeDLaS's running statistics and gate move with the training batches.
+    if hasattr(loss_fn, "update") or getattr(loss_fn, "needs_features", False):
+        assert any(not torch.equal(v, loss_fn.state_dict()[k]) for k, v in state0.items())
