@@ -103,3 +103,14 @@ def test_eval_of_unfinished_run_says_so(tmp_path, capsys):
     assert json.loads((tmp_path / "run" / rundir.CONFIG).read_text())["status"] == "done"
     assert len(rundir.load_logits(tmp_path / "run")["test_logits"]) == 360
     assert torch.isfinite(rundir.load_logits(tmp_path / "run")["val_logits"]).all()
+
+
+def test_interrupted_training_says_how_to_resume(tmp_path, capsys, monkeypatch):
+    import calibkit.train as train_mod
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_mod, "train", killed)
+    assert main(["train", "--data", "digits", "--out", str(tmp_path / "run")]) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
