@@ -12,7 +12,6 @@ Wiring only: the work happens in ``calibkit.methods.csm``.
 from __future__ import annotations
 
 import shlex
-import sys
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -61,6 +60,17 @@ def register(sub) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
+def _command_line(args) -> str:
+    """The train-generator command that reproduces this run (all settings explicit)."""
+    parts = ["calibkit", "csm", "train-generator", "--data", args.data, "--steps", str(args.steps),
+             "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--lr", str(args.lr),
+             "--channels", ",".join(map(str, args.channels)), "--p-uncond", str(args.p_uncond),
+             "--out", args.out]
+    if args.data_dir:
+        parts += ["--data-dir", args.data_dir]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def _train_generator(args) -> int:
     from calibkit.data import load
     from calibkit.methods.csm.generator import GeneratorConfig
@@ -77,7 +87,7 @@ def _train_generator(args) -> int:
     train_cfg = GeneratorTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                                      lr=args.lr, p_uncond=args.p_uncond)
     extra = {"data": args.data, "class_names": bundle.class_names, "split": bundle.split,
-             "command": "calibkit " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+             "command": _command_line(args)}
     train_generator(bundle.train.images, bundle.train.labels, args.out, train_cfg, gen_cfg,
                     checkpoint_every=args.checkpoint_every, extra_meta=extra)
     print(f"generator written to {args.out}")
