@@ -5,7 +5,6 @@ file runs in well under a minute on two cores.
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
