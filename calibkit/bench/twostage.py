@@ -36,6 +36,8 @@ def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
     """MaC-Cal stage 2 into ``run_dir`` (reused when already finished)."""
     from calibkit.methods.maccal import run_maccal
 
+    if not bench.dd.is_main:
+        return {"run_dir": run_dir, "train_time_s": None}  # stage 2 is single-process: rank 0 runs it
     ce = _ce_run(bench, seed)
     info = rundir.load_info(run_dir) if (run_dir / rundir.CONFIG).is_file() else {}
     if info.get("status") != "done" or not (run_dir / rundir.LOGITS).is_file():
@@ -86,8 +88,13 @@ def csm_store(bench, seed: int) -> Path:
 
 
 def produce_csm(bench, seed: int, run_dir: Path) -> dict:
-    """CSM training run into ``run_dir`` on the annotated generated set."""
-    store = csm_store(bench, seed)
+    """CSM training run into ``run_dir`` on the annotated generated set (annotated by rank 0 only)."""
+    from calibkit import distributed as D
+
+    store = csm_store(bench, seed) if bench.dd.is_main else None
+    D.barrier(bench.dd)
+    if not bench.dd.is_main:
+        store = bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}"
     made = bench._train("csm", seed, run_dir, csm_data=store)
     meta = json.loads((store / "annotations.json").read_text())
     made["extra"] = {"csm_store": str(store), "encoder": meta.get("encoder"), "encoder_run": meta.get("run"),
