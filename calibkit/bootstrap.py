@@ -23,7 +23,7 @@ difference reflects only the models' disagreement, not which test samples were d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,7 +54,7 @@ class BootstrapResult:
     low: float
     high: float
     level: float
-    samples: torch.Tensor
+    samples: torch.Tensor = field(repr=False)
 
 
 class _Prepared:

@@ -106,7 +106,7 @@ class CalibrationAccumulator:
         correct = pred == labels
         b = bin_sums(equal_width_bins(conf, self.n_bins), conf, correct, self.n_bins)
         self._bins += torch.stack([b.count, b.conf, b.correct]).cpu()
-        c = classwise_bin_sums(probs, labels, self.n_bins)
+        c = classwise_bin_sums(probs, labels, self.n_bins, top=(conf, pred))
         self._classwise += torch.stack([c.count, c.conf, c.correct]).cpu()
         p_y = probs.gather(1, labels.view(-1, 1)).squeeze(1).double()
         nll = -p_y.clamp(min=torch.finfo(probs.dtype).tiny).log()

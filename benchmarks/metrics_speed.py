@@ -1,0 +1,95 @@
+"""Speed of calibkit's ECE and of the whole ``evaluate`` panel against torchmetrics' ECE.
+
+Data: N x K logits (default 1,000,000 x 100, float32) shaped like an over-confident trained
+classifier's: a standard-normal background plus a margin drawn uniformly in [4, 10] on one
+"predicted" class per row (mean confidence 0.76); the label is that class 70% of the time, a
+uniform class otherwise. Probabilities = softmax(logits), computed once.
+
+Timed side by side in one run, in interleaved rounds (best of ``--repeats``):
+
+* ``calibkit.functional.ece(probs, labels)``                   (validation included)
+* ``calibkit.metrics.evaluate(probs, labels)``                 (all ten panel metrics)
+* ``torchmetrics ... multiclass_calibration_error(probs, ...)`` (its default validation)
+* from logits: ``ece(softmax(logits))`` and ``evaluate(softmax(logits))`` vs torchmetrics given
+  the logits (it applies the softmax itself).
+
+Usage: ``.venv/bin/python benchmarks/metrics_speed.py [--n 1000000] [--k 100] [--repeats 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import torch
+
+
+def _best(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--k", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=5, help="rounds; each timing is the best over rounds")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from torchmetrics.functional.classification import multiclass_calibration_error as tm_ece
+
+    from calibkit.functional import ece
+    from calibkit.metrics import evaluate
+
+    g = torch.Generator().manual_seed(args.seed)
+    n, k = args.n, args.k
+    logits = torch.randn(n, k, generator=g)
+    predicted = torch.randint(0, k, (n,), generator=g)
+    # a margin drawn per row, so confidences spread over (0.1, 1) like a trained network's
+    logits[torch.arange(n), predicted] += 4 + 6 * torch.rand(n, generator=g)
+    flip = torch.rand(n, generator=g) > 0.7
+    labels = torch.where(flip, torch.randint(0, k, (n,), generator=g), predicted)
+    probs = torch.softmax(logits, 1)
+
+    jobs = {
+        "calibkit ece": lambda: ece(probs, labels),
+        "calibkit evaluate (10 metrics)": lambda: evaluate(probs, labels),
+        "torchmetrics ece": lambda: tm_ece(probs, labels, k, n_bins=15),
+        "calibkit softmax+ece (logits)": lambda: ece(torch.softmax(logits, 1), labels),
+        "calibkit softmax+evaluate (logits)": lambda: evaluate(torch.softmax(logits, 1), labels),
+        "torchmetrics ece (logits)": lambda: tm_ece(logits, labels, k, n_bins=15),
+    }
+    # same numbers first: the comparison is only meaningful if the two agree
+    ours, theirs = float(ece(probs, labels)), float(tm_ece(probs, labels, k, n_bins=15))
+    best = {name: float("inf") for name in jobs}
+    for _ in range(args.repeats):  # interleaved, so load changes hit every job alike
+        for name, fn in jobs.items():
+            best[name] = min(best[name], _best(fn, 1))
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
+    print(f"machine: {os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), python {platform.python_version()}, load average {load[0]:.1f}")
+    print(f"data: N={n}, K={k}, float32; ECE calibkit {ours:.6f} vs torchmetrics {theirs:.6f} "
+          f"(diff {abs(ours - theirs):.1e}); mean confidence {float(probs.max(1).values.mean()):.3f}")
+    print(f"best of {args.repeats} interleaved rounds:")
+    for name, t in best.items():
+        print(f"  {name:38s} {1000 * t:9.1f} ms")
+    r1 = best["calibkit ece"] / best["torchmetrics ece"]
+    r2 = best["calibkit evaluate (10 metrics)"] / best["torchmetrics ece"]
+    r3 = best["calibkit softmax+ece (logits)"] / best["torchmetrics ece (logits)"]
+    r4 = best["calibkit softmax+evaluate (logits)"] / best["torchmetrics ece (logits)"]
+    print("ratios (calibkit / torchmetrics ECE; target: ece <= 0.5, panel <= 1.0):")
+    print(f"  from probs:  ece {r1:.3f}   evaluate panel {r2:.3f}")
+    print(f"  from logits: ece {r3:.3f}   evaluate panel {r4:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
