@@ -148,7 +148,7 @@ def test_quant_table_scaling():
     assert quant_table([99] * 64, 10)[0, 0] == 255  # clipped
 
 
-def test_corrupt_split_keeps_labels(digits):
+def test_corrupt_split_keeps_labels():
     b = load("digits")
     c = corrupt_split(b.test, "gaussian_noise", 2, seed=1)
     assert torch.equal(c.labels, b.test.labels) and c.images.shape == b.test.images.shape

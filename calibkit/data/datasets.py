@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 
 from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, seeded_split
 from .cifar import read_cifar10, read_cifar100
@@ -105,7 +104,7 @@ def load(
 
     Returns:
         DataBundle with uint8 images (N, C, H, W), int64 labels (N,), training-split statistics
-        and a ``split`` record ``{seed, val_size, train, val, test, train_subset, val_checksum}``.
+        and a ``split`` record ``{seed, rule, train, val, test, train_subset, val_checksum}``.
 
     Raises:
         ValueError: unknown name or invalid sizes. FileNotFoundError: files missing (the message
