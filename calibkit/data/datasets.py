@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-
 from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, seeded_split
 from .cifar import read_cifar10, read_cifar100
 from .digits import read_digits
