@@ -256,7 +256,7 @@ def test_tinyimagenet_layout(tmp_path, monkeypatch):
     for k, w in enumerate(wnids):
         d = tmp_path / "train" / w / "images"
         d.mkdir(parents=True)
-        for i in range(5):  # flat colours survive JPEG compression almost exactly
+        for i in range(12):  # flat colours survive JPEG compression almost exactly
             save_image(str(d / f"{w}_{i}.JPEG"), np.full((8, 8, 3), 40 * k + 10 * i, np.uint8))
     (tmp_path / "val" / "images").mkdir(parents=True)
     lines = []
@@ -265,12 +265,12 @@ def test_tinyimagenet_layout(tmp_path, monkeypatch):
         lines.append(f"val_{j}.JPEG\t{wnids[k]}\t0\t0\t8\t8")
     (tmp_path / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
     b = load("tinyimagenet", data_dir=str(tmp_path))
-    assert (len(b.train), len(b.val), len(b.test)) == (9, 6, 4)
+    assert (len(b.train), len(b.val), len(b.test)) == (30, 6, 4)
     assert b.test.labels.tolist() == [2, 0, 1, 2] and b.class_names == ["goldfish", "salamander", "n03"]
-    # validation = the last 2 files of each class in name order (i = 3, 4)
+    # validation = the last 2 files of each class in natural name order (i = 10, 11, not 8, 9)
     assert b.val.labels.tolist() == [0, 0, 1, 1, 2, 2]
     vals = b.val.images[:, 0, 4, 4].int()
-    assert ((vals - torch.tensor([30, 40, 70, 80, 110, 120])).abs() <= 2).all()
+    assert ((vals - torch.tensor([100, 110, 140, 150, 180, 190])).abs() <= 2).all()
     assert b.train.images.shape[1:] == (3, 8, 8) and b.split["rule"] == "fixed by the protocol"
     with pytest.raises(ValueError, match="fixed validation split"):
         load("tinyimagenet", data_dir=str(tmp_path), val_size=10)

@@ -7,6 +7,7 @@ as one uint8 tensor), and an image of another size raises ``ValueError`` naming 
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import torch
@@ -48,8 +49,15 @@ def read_images(paths: list[str], mode: str) -> torch.Tensor:
     return torch.from_numpy(np.stack(arrays).transpose(0, 3, 1, 2).copy())
 
 
+def _natural_key(path: str) -> list:
+    # "img_10" after "img_9": numbered files keep their numeric order
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", os.path.basename(path))]
+
+
 def _list_images(folder: str) -> list[str]:
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS))
+    """Image files of a folder in natural order (numbers compared as numbers)."""
+    names = [f for f in os.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)]
+    return sorted((os.path.join(folder, f) for f in names), key=_natural_key)
 
 
 def _image_mode(paths: list[str]) -> str:
@@ -73,7 +81,7 @@ def read_tinyimagenet(data_dir: str) -> RawData:
     ``val/val_annotations.txt`` (file name, wnid, box). Class order = ``wnids.txt`` order.
 
     Splits (the calibration literature's protocol): the last 50 training images of each class,
-    in file-name order, are the validation split; the official validation set is the test split.
+    in natural file-name order (``n01443537_450`` .. ``_499``), are the validation split; the official validation set is the test split.
     """
     root = data_dir
     if not os.path.isfile(os.path.join(root, "wnids.txt")) and os.path.isfile(
