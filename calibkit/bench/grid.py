@@ -78,6 +78,10 @@ class Preset:
         robust_n: test images used for the corrupted test sets (a fixed, seeded subset; 0 = all).
         severities: corruption severities evaluated (each over every corruption).
         n_boot: bootstrap resamples for the ECE-difference intervals.
+        num_threads: torch CPU threads unless ``--num-threads`` says otherwise (None: torch's
+            default). The Fashion-MNIST presets use 1: their MLP's matrices are small, and on a
+            shared, busy 2-core machine two OpenMP threads per process were measured ~18x slower per
+            epoch (36 s vs 2 s) than one, from oversubscription.
         note: one line shown with the report (what the preset is for, how long it takes).
     """
 
@@ -94,6 +98,7 @@ class Preset:
     robust_n: int = 2000
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
     n_boot: int = 1000
+    num_threads: int | None = None
     note: str = ""
 
     def loss_for(self, method: str) -> str:
@@ -122,19 +127,19 @@ PRESETS: dict[str, Preset] = {
         name="smoke", dataset="fmnist", model="mlp", seeds=(0,),
         train={**_FMNIST_TRAIN, "epochs": 2, "train_subset": 1000, "val_size": 500},
         maccal={"epochs": 2},
-        robust_n=200, severities=(1, 5), n_boot=200,
+        robust_n=200, severities=(1, 5), n_boot=200, num_threads=1,
         note="every method, tiny: checks the pipeline end to end (a test runs it); numbers mean nothing",
     ),
     "default": Preset(
         name="default", dataset="fmnist", model="mlp", seeds=(0, 1),
         train={**_FMNIST_TRAIN, "epochs": 40, "train_subset": 10000},
-        robust_n=2000,
+        robust_n=2000, num_threads=1,
         note="every method on Fashion-MNIST (10k training images, MLP 784-512-512, 40 epochs), 2 seeds",
     ),
     "full": Preset(
         name="full", dataset="fmnist", model="mlp", seeds=(0, 1, 2),
         train={**_FMNIST_TRAIN, "epochs": 60, "train_subset": 20000},
-        robust_n=0,
+        robust_n=0, num_threads=1,
         note="3 seeds, twice the training images, 60 epochs, full corrupted test sets",
     ),
     # Paper protocols (shared protocol of the literature; see methods.md section 0). They need the

@@ -77,7 +77,9 @@ class Bench:
         self.methods = select_methods(methods)
         self.data_dir = data_dir
         self.device = device
-        self.num_threads = num_threads
+        self.num_threads = num_threads if num_threads is not None else preset.num_threads
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)  # also for evaluation, not only training
         self.csm_store = csm_store
         self.dd = D.setup(device)
         self.log = log if self.dd.is_main else (lambda *a, **k: None)
