@@ -84,6 +84,7 @@ def _figure(store, names, path, n):
         hits = [i for i, p in enumerate(zip(c1, c2)) if p == pair]
         if hits:
             rows.append(hits[0])
+    rows = rows or list(range(min(8, len(c1))))  # small stores: the first groups
     imgs = store["images"].view(-1, n, *store["images"].shape[1:])
     lam = torch.linspace(0, 1, n)
     fig, axes = plt.subplots(len(rows), n, figsize=(n * 0.9, len(rows) * 1.0 + 0.4), squeeze=False)

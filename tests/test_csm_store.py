@@ -70,6 +70,14 @@ def test_resume_redoes_only_missing_shards(gen_dir, single, tmp_path):
     assert _files(tmp_path) == _files(single)
     with pytest.raises(ValueError, match="other settings"):
         generate_store(gen_dir, tmp_path, distributed=None, **{**ARGS, "seed": 8})
+    with pytest.raises(ValueError, match="other settings"):  # shard 2 is partial (5 groups, 2 per shard)
+        generate_store(gen_dir, tmp_path, distributed=None, **{**ARGS, "num_groups": 6})
+
+
+def test_growing_a_store_equals_generating_it_at_once(gen_dir, single, tmp_path):
+    generate_store(gen_dir, tmp_path, distributed=None, **{**ARGS, "num_groups": 4})
+    generate_store(gen_dir, tmp_path, distributed=None, **ARGS)
+    assert _files(tmp_path) == _files(single)
 
 
 @pytest.mark.slow

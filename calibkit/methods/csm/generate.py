@@ -97,7 +97,8 @@ def generate_store(generator_dir, store_dir, num_groups: int, seed: int = 0, ste
     Args:
         generator_dir: directory written by ``calibkit csm train-generator``.
         store_dir: output store (created).
-        num_groups: number of groups (8 images each).
+        num_groups: number of groups (8 images each). An existing store whose groups fill whole
+            shards can be grown by asking for more groups with otherwise identical settings.
         seed: base seed of the initial noises.
         steps: Heun sampler steps (2 steps - 1 network calls per image, twice that with guidance).
         guidance: classifier-free guidance weight (1 = none), recorded in the store.
@@ -128,9 +129,12 @@ def generate_store(generator_dir, store_dir, num_groups: int, seed: int = 0, ste
     if path.exists():
         old = json.loads(path.read_text())
         diff = {k: (old.get(k), v) for k, v in manifest.items() if k != "generator" and old.get(k) != v}
-        if diff:
+        # Growing a store is allowed when its old shards are all full: they stay valid as they are.
+        grow = set(diff) == {"num_groups"} and num_groups > old["num_groups"] \
+            and old["num_groups"] % groups_per_shard == 0
+        if diff and not grow:
             raise ValueError(f"store {store_dir} was generated with other settings {diff}; use a new --out")
-    elif rank == 0:
+    if rank == 0 and (not path.exists() or json.loads(path.read_text()) != manifest):
         atomic_write(path, json.dumps(manifest, indent=2).encode())
 
     todo = [k for k in range(rank, num_shards(manifest), world) if not shard_done(store_dir, k)]
