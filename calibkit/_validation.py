@@ -43,7 +43,8 @@ def check_labels(labels, num_classes: int | None, n: int | None, name: str = "la
     return labels.long()
 
 
-def _check_matrix(x, name: str) -> torch.Tensor:
+def _check_layout(x, name: str) -> torch.Tensor:
+    """The checks of a (N, K) matrix that do not read its values: type, shape, dtype, N and K."""
     x = as_tensor(x, name)
     if x.dim() != 2:
         raise ValueError(f"{name} must have shape (N, K), got {tuple(x.shape)}")
@@ -53,13 +54,29 @@ def _check_matrix(x, name: str) -> torch.Tensor:
         raise ValueError(f"{name} is empty (N = 0): no samples to evaluate")
     if x.shape[1] < 2:
         raise ValueError(f"{name} must have at least 2 classes (K >= 2), got K = {x.shape[1]}")
-    # One min/max pass finds NaN (propagated by aminmax) and +-inf; isfinite().all() would
-    # materialise an (N, K) bool tensor and is ~20x slower on large inputs.
-    lo, hi = torch.aminmax(x)
+    return x
+
+
+def _check_finite(x, lo, hi, name: str) -> None:
+    """Raise if the minimum ``lo`` or maximum ``hi`` of ``x`` shows a NaN (propagated) or +-inf."""
     if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
         n_bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"{name} contains {n_bad} NaN or infinite value(s)")
+
+
+def _check_matrix(x, name: str) -> torch.Tensor:
+    x = _check_layout(x, name)
+    # One min/max pass finds NaN (propagated by aminmax) and +-inf; isfinite().all() would
+    # materialise an (N, K) bool tensor and is ~20x slower on large inputs.
+    _check_finite(x, *torch.aminmax(x), name)
     return x
+
+
+def probs_within_tolerance(lo, hi, worst_row_dev) -> bool:
+    """True when the minimum ``lo``, maximum ``hi`` and largest ``|row sum - 1|`` of a probability
+    matrix pass :func:`check_probs` (False for NaN). For callers that compute these statistics in
+    their own pass over the matrix; on False they call :func:`check_probs` for the error."""
+    return bool(lo >= 0) and bool(hi <= 1) and bool(worst_row_dev <= PROB_SUM_TOL)
 
 
 def check_probs(probs, labels=None, name: str = "probs"):
@@ -68,9 +85,12 @@ def check_probs(probs, labels=None, name: str = "probs"):
     Probabilities are never guessed from logits: rows must be non-negative, at most 1 and
     sum to 1 within ``PROB_SUM_TOL``; otherwise the error says to apply softmax first.
     Returns ``probs`` (unchanged dtype) or ``(probs, labels)``.
+
+    Cost: one ``aminmax`` pass (finiteness and range) and one float32 row sum.
     """
-    probs = _check_matrix(probs, name)
+    probs = _check_layout(probs, name)
     lo, hi = torch.aminmax(probs)
+    _check_finite(probs, lo, hi, name)
     if lo < 0 or hi > 1:
         raise ValueError(
             f"{name} has entries outside [0, 1]: these look like logits; pass softmax(logits) instead"
@@ -87,6 +107,23 @@ def check_probs(probs, labels=None, name: str = "probs"):
     if labels is None:
         return probs
     return probs, check_labels(labels, probs.shape[1], probs.shape[0])
+
+
+def check_probs_layout(probs, labels, name: str = "probs"):
+    """:func:`check_probs` without the checks that read the probabilities, ``(probs, labels)``.
+
+    For a caller that reads every entry anyway (:func:`calibkit.functional.binning.panel_sums`)
+    and tests the values in that same pass with :func:`probs_within_tolerance`. The errors and
+    their order are those of :func:`check_probs`: when the labels are bad, the matrix is checked
+    in full first, so a bad matrix is still reported before bad labels.
+    """
+    probs = _check_layout(probs, name)
+    try:
+        labels = check_labels(labels, probs.shape[1], probs.shape[0])
+    except ValueError:
+        check_probs(probs, name=name)
+        raise
+    return probs, labels
 
 
 def check_logits(logits, targets=None, name: str = "logits"):

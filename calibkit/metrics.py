@@ -19,17 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from calibkit._validation import check_n_bins, check_probs, upcast
+from calibkit._validation import check_n_bins
 from calibkit.bootstrap import BootstrapResult, bootstrap_ci, paired_bootstrap_diff
-from calibkit.functional.binning import (
-    BinSums,
-    bin_sums,
-    binned_errors,
-    classwise_bin_sums,
-    equal_mass_bins,
-    equal_width_bins,
-    top_label,
-)
+from calibkit.functional.binning import BinSums, bin_sums, binned_errors, equal_mass_bins, panel_sums
 
 __all__ = [
     "PANEL",
@@ -94,28 +86,20 @@ class CalibrationAccumulator:
 
     def update(self, probs, labels) -> CalibrationAccumulator:
         """Add a batch: ``probs`` ``(n, K)`` probabilities, ``labels`` ``(n,)``. Returns ``self``."""
-        probs, labels = check_probs(probs, labels)
-        k = probs.shape[1]
+        s = panel_sums(probs, labels, self.n_bins)  # validates; one pass over the matrix
+        k = s.classwise.count.shape[0]
         if self.num_classes is None:
             self.num_classes = k
         if k != self.num_classes:
             raise ValueError(f"probs has K = {k} classes but this accumulator holds K = {self.num_classes}")
         if self._classwise is None:
             self._classwise = self._empty_classwise(k)
-        conf, pred = top_label(probs)
-        correct = pred == labels
-        b = bin_sums(equal_width_bins(conf, self.n_bins), conf, correct, self.n_bins)
-        self._bins += torch.stack([b.count, b.conf, b.correct]).cpu()
-        c = classwise_bin_sums(probs, labels, self.n_bins, top=(conf, pred))
-        self._classwise += torch.stack([c.count, c.conf, c.correct]).cpu()
-        p_y = probs.gather(1, labels.view(-1, 1)).squeeze(1).double()
-        nll = -p_y.clamp(min=torch.finfo(probs.dtype).tiny).log()
-        sq = torch.linalg.vector_norm(upcast(probs), dim=1).double() ** 2
-        brier = sq - 2 * p_y + 1
-        self._scalars += torch.stack([correct.double().sum(), nll.sum(), brier.sum()]).cpu()
-        self.n += probs.shape[0]
-        self._conf.append(conf.double().cpu())
-        self._correct.append(correct.cpu())
+        self._bins += torch.stack([s.top.count, s.top.conf, s.top.correct]).cpu()
+        self._classwise += torch.stack([s.classwise.count, s.classwise.conf, s.classwise.correct]).cpu()
+        self._scalars += torch.stack([s.correct.sum().double(), s.nll, s.brier]).cpu()
+        self.n += s.conf.shape[0]
+        self._conf.append(s.conf.cpu())
+        self._correct.append(s.correct.cpu())
         return self
 
     def merge(self, other: CalibrationAccumulator) -> CalibrationAccumulator:
@@ -181,6 +165,8 @@ class CalibrationAccumulator:
     def _per_sample(self) -> tuple[torch.Tensor, torch.Tensor]:
         if not self._conf:
             return torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.bool)
+        if len(self._conf) == 1:  # evaluate: one batch, no copy
+            return self._conf[0], self._correct[0]
         return torch.cat(self._conf), torch.cat(self._correct)
 
     def compute(self) -> dict[str, float]:

@@ -14,7 +14,9 @@ Conventions (see ``docs/metrics.md``):
   is generally not representable in float32, and rounding it would move a sample across it.
 * **Sums.** Per-bin count, sum of confidences and sum of correct predictions, all float64.
 
-Everything here is a pure function of tensors: no state, no I/O.
+Everything here is a pure function of tensors: no state, no I/O. :func:`panel_sums` is the fused
+entry point of the metrics: it validates its input and returns every statistic of the panel from
+one pass over the matrix.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from calibkit._validation import check_probs, check_probs_layout, probs_within_tolerance, upcast
+
 __all__ = [
     "BinSums",
+    "PanelSums",
+    "panel_sums",
     "equal_width_edges",
     "bin_indices",
     "equal_width_bins",
@@ -73,8 +79,26 @@ def bin_indices(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     inner = edges[1:-1]
     if inner.numel() == 0:  # a single bin
         return torch.zeros(values.shape, dtype=torch.long, device=values.device)
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        v = values.detach().numpy()
+        return torch.from_numpy(_count_below(v, inner.to(values.dtype).numpy()).astype(np.int64))
     # bucketize(right=False) returns i with inner[i-1] < v <= inner[i]: exactly (lo, hi].
     return torch.bucketize(values, inner.to(values.dtype), right=False)
+
+
+def _count_below(values: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """Number of ``inner`` edges strictly below each value: the ``(lo, hi]`` bin index.
+
+    Equals ``np.searchsorted(inner, values, side="left")``; for up to 254 edges one vectorised
+    comparison per edge into a uint8 counter is ~25x faster than the binary search (1.4 ms
+    instead of 40 ms for 10^6 values and 14 edges). ``values`` and ``inner`` share a dtype.
+    """
+    if len(inner) > 254:
+        return np.searchsorted(inner, values, side="left")
+    out = np.zeros(values.shape, np.uint8)
+    for edge in inner:
+        out += values > edge
+    return out
 
 
 def equal_width_bins(values: torch.Tensor, n_bins: int) -> torch.Tensor:
@@ -241,3 +265,147 @@ def binned_errors(sums: BinSums, debias: bool = False) -> dict[str, torch.Tensor
         "o_ece": (-diff).clamp(min=0).sum(-1) / n,
         "u_ece": diff.clamp(min=0).sum(-1) / n,
     }
+
+
+@dataclass
+class PanelSums:
+    """What the panel metrics need from ``(probs, labels)``, see :func:`panel_sums`.
+
+    Attributes:
+        top: top-label equal-width sums, shape ``(B,)``.
+        conf: ``(N,)`` float64 top-label confidence (the exact upcast of ``max_k p_ik``).
+        correct: ``(N,)`` bool, ``argmax_k p_ik == y_i`` (first index on ties).
+        classwise: classwise equal-width sums ``(K, B)`` (as :func:`classwise_bin_sums`), or ``None``.
+        nll: 0-dim float64 ``sum_i -log max(p_{i, y_i}, tiny)``, or ``None``.
+        brier: 0-dim float64 ``sum_i (sum_k p_ik^2 - 2 p_{i, y_i} + 1)``, or ``None``.
+    """
+
+    top: BinSums
+    conf: torch.Tensor
+    correct: torch.Tensor
+    classwise: BinSums | None = None
+    nll: torch.Tensor | None = None
+    brier: torch.Tensor | None = None
+
+
+# A block of rows this large stays in a core's L2 cache (2 MiB per core on the benchmark machine)
+# while the ~10 reductions of a block read it again.
+_BLOCK_BYTES = 1 << 20
+
+
+def panel_sums(probs, labels, n_bins: int, full: bool = True) -> PanelSums:
+    """Validate ``probs`` ``(N, K)`` and ``labels`` ``(N,)`` and compute the panel's statistics.
+
+    Same checks and errors as :func:`calibkit._validation.check_probs`. With ``full=False`` only
+    the top-label part (``top``, ``conf``, ``correct``) is computed; ``full=True`` adds the
+    classwise sums, the NLL and the Brier sums. Every value equals what the separate functions of
+    this module give (:func:`top_label`, :func:`bin_sums`, :func:`classwise_bin_sums`) up to the
+    float64 summation order; precision is that of ``docs/metrics.md``: per-row reductions in the
+    input precision (at least float32), every sum over samples or bins in float64.
+
+    **CPU: one pass over blocks of rows.** Each block (about 1 MiB, so it stays in cache) is
+    read by a few single-threaded numpy reductions, instead of a dozen passes over the whole
+    matrix with torch's multi-threaded kernels (which stall on a loaded machine, where one of
+    their threads is often descheduled). Per block:
+
+    * validation: the minimum entry, the row sums (float32 for half and float32 input) and the
+      row maxima; a block outside the tolerance hands over to ``check_probs`` for the error;
+    * top label: ``argmax`` per row (first index on ties), the maximum gathered from it;
+    * ``full``: ``p_y`` gathered (NLL; Brier as ``sum p^2 - 2 p_y + 1``, the sum of squares per
+      row in the input precision), the classwise sums of the entries above ``1 / B`` only (at
+      most ``B - 1`` per row; bin 0 of a class is its column total minus its other bins, as in
+      :func:`classwise_bin_sums`), the labelled entries' bins, and the column totals as sums of
+      16-row float32 groups added in float64 (the grouping of :func:`_column_sums`).
+
+    Half-precision blocks are upcast to float32 and compared with the edges rounded to the input
+    dtype (then upcast, exactly), which gives the bins of the input dtype. Tensors on other
+    devices take the whole-tensor torch path (the functions above), with the same results.
+
+    Args:
+        probs: ``(N, K)`` probabilities (tensor or numpy array).
+        labels: ``(N,)`` integer labels.
+        n_bins: ``B``, already checked by the caller.
+        full: also compute the classwise, NLL and Brier sums.
+    """
+    probs, labels = check_probs_layout(probs, labels)
+    if probs.device.type != "cpu":
+        return _panel_sums_torch(probs, labels, n_bins, full)
+    n, k = probs.shape
+    work = torch.float32 if probs.dtype in (torch.float16, torch.bfloat16) else probs.dtype
+    inner = equal_width_edges(n_bins, probs.dtype)[1:-1].to(work).numpy()  # inner edges
+    tiny = torch.finfo(probs.dtype).tiny
+    y_all = labels.cpu().numpy()
+    rows = max(16, _BLOCK_BYTES // (k * work.itemsize) // 16 * 16)  # a multiple of 16
+    conf, correct = np.empty(n, np.float64), np.empty(n, bool)
+    kb = k * n_bins
+    cw_count, cw_hit = np.zeros(kb, np.int64), np.zeros(kb, np.int64)
+    cw_conf, col_total = np.zeros(kb), np.zeros(k)
+    nll = brier = 0.0
+    src = probs.detach()
+    for start in range(0, n, rows):
+        x = np.ascontiguousarray(src[start : start + rows].to(work).numpy())
+        y = y_all[start : start + rows]
+        r = x.shape[0]
+        at = np.arange(r)
+        pred = x.argmax(1)  # first index of the maximum; NaN wins, and fails the check below
+        m = x[at, pred]
+        dev = np.abs(np.einsum("ij->i", x) - 1).max()
+        if not probs_within_tolerance(x.min(), m.max(), dev):
+            check_probs(probs)  # raises its error (unless a rounding tie at the tolerance flips it)
+        conf[start : start + r] = m
+        correct[start : start + r] = pred == y
+        if not full:
+            continue
+        p_y = x[at, y]
+        p_y64 = p_y.astype(np.float64)
+        nll -= np.log(np.maximum(p_y64, tiny)).sum()
+        brier += (np.einsum("ij,ij->i", x, x).astype(np.float64) - 2 * p_y64 + 1).sum()
+        if n_bins > 1:
+            hit = np.flatnonzero(x > inner[0])  # the entries above 1 / B, compared in `work`
+            vals = x.reshape(-1)[hit]
+            slot = hit % k * n_bins + _count_below(vals, inner)
+            cw_count += np.bincount(slot, minlength=kb)
+            cw_conf += np.bincount(slot, weights=vals, minlength=kb)
+        cw_hit += np.bincount(y * n_bins + _count_below(p_y, inner), minlength=kb)
+        grouped = r // 16 * 16
+        col_total += x[:grouped].reshape(-1, 16, k).sum(1).astype(np.float64).sum(0)
+        col_total += x[grouped:].astype(np.float64).sum(0)
+    bins = _count_below(conf, inner.astype(np.float64))  # exact upcasts: same bins
+    top = BinSums(
+        count=torch.from_numpy(np.bincount(bins, minlength=n_bins).astype(np.float64)),
+        conf=torch.from_numpy(np.bincount(bins, weights=conf, minlength=n_bins)),
+        correct=torch.from_numpy(np.bincount(bins, weights=correct, minlength=n_bins)),
+    )
+    out = PanelSums(top=top, conf=torch.from_numpy(conf), correct=torch.from_numpy(correct))
+    if full:
+        count = cw_count.astype(np.float64).reshape(k, n_bins)
+        conf_kb = cw_conf.reshape(k, n_bins)
+        count[:, 0] = n - count[:, 1:].sum(1)
+        conf_kb[:, 0] = col_total - conf_kb[:, 1:].sum(1)
+        out.classwise = BinSums(
+            count=torch.from_numpy(count),
+            conf=torch.from_numpy(conf_kb),
+            correct=torch.from_numpy(cw_hit.astype(np.float64).reshape(k, n_bins)),
+        )
+        out.nll = torch.tensor(nll, dtype=torch.float64)
+        out.brier = torch.tensor(brier, dtype=torch.float64)
+    return out
+
+
+def _panel_sums_torch(probs, labels, n_bins, full) -> PanelSums:
+    """:func:`panel_sums` on any device with whole-tensor torch operations."""
+    check_probs(probs)
+    conf, pred = top_label(probs)
+    correct = pred == labels
+    out = PanelSums(
+        top=bin_sums(equal_width_bins(conf, n_bins), conf, correct, n_bins),
+        conf=conf.double(),
+        correct=correct,
+    )
+    if full:
+        out.classwise = classwise_bin_sums(probs, labels, n_bins, top=(conf, pred))
+        p_y = probs.gather(1, labels.view(-1, 1)).squeeze(1).double()
+        out.nll = -p_y.clamp(min=torch.finfo(probs.dtype).tiny).log().sum()
+        sq = torch.linalg.vector_norm(upcast(probs), dim=1).double() ** 2
+        out.brier = (sq - 2 * p_y + 1).sum()
+    return out

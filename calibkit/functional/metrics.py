@@ -26,14 +26,7 @@ import math
 import torch
 
 from calibkit._validation import as_tensor, check_n_bins, check_probs, upcast
-from calibkit.functional.binning import (
-    bin_sums,
-    binned_errors,
-    classwise_bin_sums,
-    equal_mass_bins,
-    equal_width_bins,
-    top_label,
-)
+from calibkit.functional.binning import bin_sums, binned_errors, equal_mass_bins, panel_sums
 
 __all__ = [
     "ece",
@@ -52,17 +45,18 @@ __all__ = [
 ]
 
 
-def _top(probs, labels, n_bins=None):
-    probs, labels = check_probs(probs, labels)
-    if n_bins is not None:
+def _sums(probs, labels, n_bins=1, full=False):
+    """Validated :func:`panel_sums` (one pass over ``probs``); errors about ``probs`` come first."""
+    try:
         check_n_bins(n_bins)
-    conf, pred = top_label(probs)
-    return probs, labels, conf, pred == labels
+    except ValueError:
+        check_probs(probs, labels)
+        raise
+    return panel_sums(probs, labels, n_bins, full=full)
 
 
 def _equal_width(probs, labels, n_bins, debias=False):
-    _, _, conf, correct = _top(probs, labels, n_bins)
-    return binned_errors(bin_sums(equal_width_bins(conf, n_bins), conf, correct, n_bins), debias)
+    return binned_errors(_sums(probs, labels, n_bins).top, debias)
 
 
 def ece(probs, labels, n_bins: int = 15) -> torch.Tensor:
@@ -111,8 +105,8 @@ def adaptive_ece(probs, labels, n_bins: int = 15) -> torch.Tensor:
     are assigned with the same ``(lo, hi]`` rule (in float64), so tied confidences always share a
     bin: under ties there are fewer non-empty bins, never a split tie and never a 0/0.
     """
-    _, _, conf, correct = _top(probs, labels, n_bins)
-    return binned_errors(bin_sums(equal_mass_bins(conf, n_bins), conf, correct, n_bins))["ece"]
+    s = _sums(probs, labels, n_bins)
+    return binned_errors(bin_sums(equal_mass_bins(s.conf, n_bins), s.conf, s.correct, n_bins))["ece"]
 
 
 def classwise_ece(probs, labels, n_bins: int = 15) -> torch.Tensor:
@@ -121,10 +115,9 @@ def classwise_ece(probs, labels, n_bins: int = 15) -> torch.Tensor:
     For class ``k`` all ``N`` values ``p_ik`` are binned; the "accuracy" of a bin is the fraction
     of its samples labelled ``k``: ``cECE = (1/K) sum_k sum_b (n_kb / N) |acc_kb - conf_kb|``.
     """
-    probs, labels = check_probs(probs, labels)
-    check_n_bins(n_bins)
-    s = classwise_bin_sums(probs, labels, n_bins)
-    return (s.correct - s.conf).abs().sum() / (probs.shape[0] * probs.shape[1])
+    s = _sums(probs, labels, n_bins, full=True).classwise
+    n_times_k = s.count.sum()  # every class bins all N samples
+    return (s.correct - s.conf).abs().sum() / n_times_k
 
 
 def _p_label(probs, labels) -> torch.Tensor:
@@ -156,8 +149,7 @@ def brier(probs, labels) -> torch.Tensor:
 
 def accuracy(probs, labels) -> torch.Tensor:
     """Top-1 accuracy; the prediction is the first index of the maximum probability."""
-    _, _, _, correct = _top(probs, labels)
-    return correct.double().mean()
+    return _sums(probs, labels).correct.double().mean()
 
 
 def _check_scores(x, name: str) -> torch.Tensor:
