@@ -78,7 +78,9 @@ def _train_generator(args) -> int:
 
     bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
     size = bundle.image_size[0]
-    # Pad up to the next multiple of the UNet's total downsampling (28 -> 32 for 3 levels).
+    # The UNet runs on the native size when the downsampling divides it (28 -> 14 -> 7 for three
+    # levels, attention at 7x7); otherwise the images are padded with the background value up to
+    # the next size it divides (e.g. 30 -> 32).
     factor = 2 ** (len(args.channels) - 1)
     image_size = -(-(size + 2) // factor) * factor if size % factor else size
     gen_cfg = GeneratorConfig(num_classes=bundle.num_classes, in_channels=bundle.in_channels,

@@ -15,9 +15,10 @@ Diffusion-Based Generative Models", NeurIPS 2022, Table 1)::
     loss   = E[ w(sigma) ||D(x + sigma n; sigma, y) - x||^2 ],  w = (sigma^2 + sd^2) / (sigma sd)^2
     ln(sigma) ~ N(P_mean = -1.2, P_std = 1.2),  sd = sigma_data = 0.5
 
-Images live in [-1, 1]; 28x28 inputs are padded to ``image_size`` with the background value -1
-(black, the background of Fashion-MNIST) so the UNet sees a power-of-two grid, and cropped back
-after sampling (:func:`to_uint8`).
+Images live in [-1, 1]. When ``image_size > data_size`` the inputs are padded with the background
+value -1 (black, the background of Fashion-MNIST) so the UNet's downsampling divides the grid, and
+cropped back after sampling (:func:`to_uint8`); ``calibkit csm train-generator`` pads only when it
+must (Fashion-MNIST's 28x28 runs natively: 28 -> 14 -> 7).
 
 The paper (CSM, Calibration-aware semantic mixing, ICML 2025) uses pretrained EDM checkpoints;
 calibkit cannot download them and trains this small generator itself (see ``docs/csm.md``).
@@ -45,7 +46,7 @@ class GeneratorConfig:
     num_classes: int = 10
     in_channels: int = 1
     data_size: int = 28  # size of the real images (cropped back to this after sampling)
-    image_size: int = 32  # UNet grid; data is padded with ``pad_value`` up to this size
+    image_size: int = 32  # UNet grid; data is padded with ``pad_value`` up to this size (>= data_size)
     block_out_channels: tuple = (32, 64, 64)
     layers_per_block: int = 1
     attention_levels: tuple = (False, False, True)  # attention only at the coarsest (8x8) level
@@ -66,7 +67,7 @@ class GeneratorConfig:
             raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
         if self.data_size > self.image_size or (self.image_size - self.data_size) % 2:
             raise ValueError(
-                f"image_size ({self.image_size}) must exceed data_size ({self.data_size}) by an even margin"
+                f"image_size ({self.image_size}) must equal data_size ({self.data_size}) or exceed it by an even margin"
             )
         if self.image_size % 2 ** (len(self.block_out_channels) - 1):
             raise ValueError(f"image_size {self.image_size} is not divisible by the UNet's downsampling")
