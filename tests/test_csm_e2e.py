@@ -12,6 +12,15 @@ from calibkit.methods.csm.dataset import CSMCompanion  # noqa: E402
 from calibkit.methods.csm.store import load_annotations, load_store  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny networks: one thread avoids OpenMP synchronisation costs on a busy machine (40x here).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def test_csm_pipeline_on_digits(tmp_path):
     gen, store, ref, run = (str(tmp_path / n) for n in ("gen", "store", "ref", "run"))
     tiny = ["--channels", "8,16,16", "--batch-size", "8", "--checkpoint-every", "2"]

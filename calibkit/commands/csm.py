@@ -35,6 +35,8 @@ def register(sub) -> None:
     t.add_argument("--channels", type=_ints, default=(32, 64, 64), help="UNet widths, e.g. 32,64,64")
     t.add_argument("--p-uncond", type=float, default=0.1, help="class dropout for guidance")
     t.add_argument("--checkpoint-every", type=int, default=100)
+    t.add_argument("--num-threads", type=int, default=None,
+                   help="torch CPU threads (1 is fastest on a busy machine; default: torch's choice)")
     t.add_argument("--out", required=True, help="output directory (resumed if it holds a checkpoint)")
     t.set_defaults(func=_train_generator)
 
@@ -45,6 +47,7 @@ def register(sub) -> None:
     g.add_argument("--steps", type=int, default=20, help="Heun sampler steps")
     g.add_argument("--guidance", type=float, default=1.0, help="guidance weight w (1 = none)")
     g.add_argument("--groups-per-shard", type=int, default=16)
+    g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads per process")
     g.add_argument("--out", required=True, help="store directory")
     g.set_defaults(func=_generate)
 
@@ -71,11 +74,21 @@ def _command_line(args) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def _set_threads(n) -> None:
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--num-threads must be >= 1, got {n}")
+        import torch
+
+        torch.set_num_threads(n)
+
+
 def _train_generator(args) -> int:
     from calibkit.data import load
     from calibkit.methods.csm.generator import GeneratorConfig
     from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
 
+    _set_threads(args.num_threads)
     bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
     size = bundle.image_size[0]
     # The UNet runs on the native size when the downsampling divides it (28 -> 14 -> 7 for three
@@ -99,6 +112,7 @@ def _train_generator(args) -> int:
 def _generate(args) -> int:
     from calibkit.methods.csm.generate import generate_store
 
+    _set_threads(args.num_threads)
     generate_store(args.generator, args.out, num_groups=args.groups, seed=args.seed, steps=args.steps,
                    guidance=args.guidance, groups_per_shard=args.groups_per_shard, distributed="env")
     return 0
