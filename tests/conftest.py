@@ -13,6 +13,16 @@ def gen():
     return torch.Generator().manual_seed(0)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny networks: OpenMP synchronisation costs more than
+    the work itself on a busy machine (up to 40x slower with two threads)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def cli_env():
     """Environment for subprocess calls of the command line (package importable from the checkout)."""

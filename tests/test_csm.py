@@ -24,13 +24,8 @@ from calibkit.methods.csm.sampler import edm_sigmas, guided, heun_sample  # noqa
 TINY = dict(block_out_channels=(8, 16, 16), norm_num_groups=4, attention_head_dim=4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny networks: one thread avoids OpenMP synchronisation costs on a busy machine (40x here).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny networks run on one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

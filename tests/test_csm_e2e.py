@@ -12,13 +12,8 @@ from calibkit.methods.csm.dataset import CSMCompanion  # noqa: E402
 from calibkit.methods.csm.store import load_annotations, load_store  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny networks: one thread avoids OpenMP synchronisation costs on a busy machine (40x here).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny networks run on one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_csm_pipeline_on_digits(tmp_path):

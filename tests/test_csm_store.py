@@ -21,13 +21,8 @@ TINY = dict(block_out_channels=(8, 16, 16), norm_num_groups=4, attention_head_di
 ARGS = dict(num_groups=3, seed=7, steps=2, guidance=2.0, groups_per_shard=1, progress=False)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny networks: one thread avoids OpenMP synchronisation costs on a busy machine (40x here).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# Tiny networks run on one torch thread (see conftest.one_thread).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
