@@ -95,7 +95,7 @@ def _figure(store, names, path, n):
             ax.set_xticks([]), ax.set_yticks([])
             if r == 0:
                 ax.set_title(f"lam={lam[m]:.2f}", fontsize=7)
-        axes[r, 0].set_ylabel(f"{names[c2[gi]][:8]}\n->{names[c1[gi]][:8]}", fontsize=7)
+        axes[r, 0].set_ylabel(f"{names[c2[gi]]}\n-> {names[c1[gi]]}", fontsize=6)
     fig.suptitle("CSM groups: one initial noise, condition lam*onehot(c1) + (1-lam)*onehot(c2)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
