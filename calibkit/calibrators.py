@@ -22,8 +22,9 @@ import torch
 
 from calibkit._validation import check_logits, check_n_bins, upcast
 from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
+from calibkit.metrics import evaluate
 
-__all__ = ["NotFittedError", "TemperatureScaling", "CALIBRATORS"]
+__all__ = ["NotFittedError", "TemperatureScaling", "CALIBRATORS", "evaluate_before_after_ts"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -157,3 +158,28 @@ def _fit_ece_grid(z, labels, n_bins):
 
 #: Registry of calibrators by name (tests loop over it).
 CALIBRATORS = {"temperature": TemperatureScaling}
+
+
+def evaluate_before_after_ts(val_logits, val_labels, test_logits, test_labels, n_bins: int = 15,
+                             objective: str = "nll") -> dict:
+    """Fit temperature scaling on validation logits; evaluate the test predictions before and after.
+
+    The one place where ``calibkit eval`` and the benchmark turn a run's cached logits into its
+    before/after-TS metric panels (test softmax taken in float64).
+
+    Args:
+        val_logits, val_labels: (N_val, K) and (N_val,), used only to fit ``T``.
+        test_logits, test_labels: (N_test, K) and (N_test,).
+        n_bins: bins of the binned metrics and of the ``"ece"`` objective.
+        objective: ``"nll"`` or ``"ece"`` (see :class:`TemperatureScaling`).
+
+    Returns:
+        ``{"temperature": T, "before": evaluate(...), "after": evaluate(...)}``.
+    """
+    ts = TemperatureScaling(objective=objective, n_bins=n_bins).fit(val_logits, val_labels)
+    test = upcast(check_logits(test_logits)).double()
+    return {
+        "temperature": float(ts.temperature_),
+        "before": evaluate(test.softmax(1), test_labels, n_bins=n_bins),
+        "after": evaluate(ts.predict_proba(test), test_labels, n_bins=n_bins),
+    }

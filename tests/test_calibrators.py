@@ -95,3 +95,19 @@ def test_registry_estimator_conformance(name, gen):
     z, y = _synthetic(gen, 200, 4)
     assert est.fit(z, y) is est
     assert est.predict_proba(z).shape == z.shape
+
+
+def test_evaluate_before_after_ts_matches_separate_fit_and_evaluate():
+    from calibkit.calibrators import evaluate_before_after_ts
+    from calibkit.metrics import evaluate
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(4000, 10, generator=g) * 2
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    val, test = 2.5 * z[:2000], 2.5 * z[2000:]
+    out = evaluate_before_after_ts(val, y[:2000], test, y[2000:])
+    t = TemperatureScaling().fit(val, y[:2000]).temperature_
+    assert out["temperature"] == t
+    assert out["before"] == evaluate(torch.softmax(test.double(), 1), y[2000:])
+    assert out["after"] == evaluate(torch.softmax(test.double() / t, 1), y[2000:])
+    assert out["after"]["ece"] < out["before"]["ece"]  # the logits were made 2.5x too sharp

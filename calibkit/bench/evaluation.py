@@ -94,15 +94,12 @@ def _num(d: dict) -> dict:
 
 def test_metrics(logits: dict) -> dict:
     """``{"before", "after", "temperature"}`` from a run's val/test logits."""
-    from calibkit.calibrators import TemperatureScaling
-    from calibkit.metrics import evaluate
+    from calibkit.calibrators import evaluate_before_after_ts
 
-    ts = TemperatureScaling().fit(logits["val_logits"], logits["val_labels"])
-    t = float(ts.temperature_)
-    labels = logits["test_labels"]
-    return {"before": _num(evaluate(_probs(logits["test_logits"]), labels)),
-            "after": _num(evaluate(_probs(logits["test_logits"], t), labels)),
-            "temperature": t}
+    panels = evaluate_before_after_ts(logits["val_logits"], logits["val_labels"],
+                                      logits["test_logits"], logits["test_labels"])
+    return {"before": _num(panels["before"]), "after": _num(panels["after"]),
+            "temperature": panels["temperature"]}
 
 
 def ood_metrics(test_logits: torch.Tensor, ood_logits: torch.Tensor, name: str) -> dict:

@@ -37,21 +37,20 @@ def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
         ``{"temperature", "ts_objective", "n_bins", "n_val", "n_test", "before": {...}, "after": {...}}`` with the
         keys of :func:`calibkit.metrics.evaluate` in each of ``before`` / ``after``.
     """
-    from calibkit.calibrators import TemperatureScaling
-    from calibkit.metrics import evaluate
+    from calibkit.calibrators import evaluate_before_after_ts
     from calibkit.rundir import load_logits
 
     logits = load_logits(run_dir)
-    ts = TemperatureScaling(objective=objective, n_bins=n_bins).fit(logits["val_logits"], logits["val_labels"])
-    test, labels = logits["test_logits"].double(), logits["test_labels"]
+    panels = evaluate_before_after_ts(logits["val_logits"], logits["val_labels"], logits["test_logits"],
+                                      logits["test_labels"], n_bins=n_bins, objective=objective)
     return {
-        "temperature": float(ts.temperature_),
+        "temperature": panels["temperature"],
         "ts_objective": objective,
         "n_bins": n_bins,
         "n_val": len(logits["val_labels"]),
-        "n_test": len(labels),
-        "before": evaluate(test.softmax(1), labels, n_bins=n_bins),
-        "after": evaluate(ts.predict_proba(test), labels, n_bins=n_bins),
+        "n_test": len(logits["test_labels"]),
+        "before": panels["before"],
+        "after": panels["after"],
     }
 
 
