@@ -66,13 +66,20 @@ class RawData:
     """What a format reader returns: the official splits as found on disk.
 
     ``val`` is set only for data sets whose validation split is fixed by the protocol rather than
-    drawn at random (Tiny-ImageNet: the last 50 training images of each class).
+    drawn at random (Tiny-ImageNet: the last 50 training images of each class; the text sets).
+    Text readers also set ``modality="text"``, ``in_channels`` (the vocabulary size), ``vocab``
+    (the :class:`~calibkit.data.tokenizer.Vocabulary` of the token ids) and ``record`` (entries
+    added to the bundle's split record, e.g. the snapshot of the files read).
     """
 
     train: Split
     test: Split
     class_names: list[str]
     val: Split | None = None
+    modality: str = "image"
+    in_channels: int | None = None
+    vocab: object | None = None
+    record: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +101,8 @@ class DataBundle:
         data_dir: the directory the files were read from (None for built-in data).
         modality: ``"image"`` (uint8 images, (N,) labels); other modalities register their own
             batching in the trainer (``calibkit.train.batching.BATCHERS``).
+        vocab: text data: the :class:`~calibkit.data.tokenizer.Vocabulary` that produced the
+            token ids (its size is ``in_channels``); None for images.
     """
 
     name: str
@@ -110,6 +119,7 @@ class DataBundle:
     split: dict = field(default_factory=dict)
     data_dir: str | None = None
     modality: str = "image"
+    vocab: object | None = None
 
     @property
     def image_size(self) -> tuple[int, int]:

@@ -7,12 +7,14 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from . import debian, newsgroups
 from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, stratified_split
 from .cifar import read_cifar10, read_cifar100
 from .digits import read_digits
 from .folders import read_imagefolder, read_tinyimagenet
 from .idx import FMNIST_DIR, read_fmnist
 from .svhn import read_svhn
+from .textsets import read_20newsgroups, read_debian
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,15 @@ DATASETS: dict[str, DatasetSpec] = {
     "imagefolder": DatasetSpec(
         read=read_imagefolder, default_dir=None, needs_dir=True, val_size=0.1, hflip=False, crop_pad=0,
         how_to_get="pass --data-dir with <class>/*.png|jpg folders (or train/<class> and test/<class>)",
+    ),
+    # text (token ids; validation fixed by the data set's definition, see calibkit.data.textsets)
+    "debian": DatasetSpec(
+        read=read_debian, default_dir=debian.APT_LISTS, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
+        how_to_get=debian.HOW_TO_GET,
+    ),
+    "20newsgroups": DatasetSpec(
+        read=read_20newsgroups, default_dir=None, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
+        how_to_get=newsgroups.HOW_TO_GET,
     ),
 }  # fmt: skip
 
@@ -154,7 +165,8 @@ def load(
             train = train.subset(keep)
             train_checksum = index_checksum(keep)
 
-    mean, std = channel_stats(train.images)
+    text = raw.modality == "text"
+    mean, std = ((), ()) if text else channel_stats(train.images)
     num_classes = len(raw.class_names)
     for split_name, part in (("train", train), ("val", val), ("test", raw.test)):
         if len(part) and int(part.labels.max()) >= num_classes:
@@ -165,7 +177,7 @@ def load(
         val=val,
         test=raw.test,
         num_classes=num_classes,
-        in_channels=int(train.images.shape[1]),
+        in_channels=int(raw.in_channels if raw.in_channels is not None else train.images.shape[1]),
         mean=mean,
         std=std,
         hflip=spec.hflip,
@@ -180,6 +192,9 @@ def load(
             "train_subset": None if train_subset is None else int(train_subset),
             "val_checksum": checksum,
             "train_checksum": train_checksum,
+            **raw.record,
         },
         data_dir=None if not spec.needs_dir else os.path.abspath(folder),
+        modality=raw.modality,
+        vocab=raw.vocab,
     )

@@ -3,7 +3,8 @@
 Every entry of ``MODELS`` builds with ``MODELS[name](num_classes=K, in_channels=C)`` and obeys one
 contract: ``model.forward_features(x)`` returns (N, D), ``model.head`` is ``nn.Linear(D, K)`` and
 ``model(x) == model.head(model.forward_features(x))`` -- FeDLaS reads the features, MaC-Cal
-retrains the head.
+retrains the head. Models that take int64 token ids ``(N, L)`` instead of images have
+``input_kind = "tokens"`` (:func:`input_kind`); for them ``in_channels`` is the vocabulary size.
 
     >>> import torch
     >>> m = MODELS["resnet20"](num_classes=10, in_channels=3)
@@ -16,6 +17,7 @@ from __future__ import annotations
 from .densenet import densenet121
 from .resnet import resnet8, resnet20, resnet32, resnet50, resnet56, resnet101, resnet110
 from .small import cnn, mlp
+from .text import gpool_cnn, gpool_cnn_small
 from .wideresnet import wrn26_10, wrn28_10
 
 MODELS = {
@@ -34,6 +36,9 @@ MODELS = {
     "wrn26_10": wrn26_10,
     "wrn28_10": wrn28_10,
     "densenet121": densenet121,
+    # text: token ids (N, L); in_channels = vocabulary size
+    "gpool_cnn": gpool_cnn,
+    "gpool_cnn_small": gpool_cnn_small,
 }
 
 
@@ -44,9 +49,14 @@ def build(name: str, num_classes: int, in_channels: int, **kwargs):
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 
+def input_kind(model) -> str:
+    """``"tokens"`` for models over int64 token ids (N, L), ``"image"`` for the others."""
+    return getattr(model, "input_kind", "image")
+
+
 def num_parameters(model) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["MODELS", "build", "num_parameters"]
+__all__ = ["MODELS", "build", "input_kind", "num_parameters"]
