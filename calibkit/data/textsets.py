@@ -90,15 +90,40 @@ def read_20newsgroups(data_dir: str | None = None) -> RawData:
     return encode_splits(_take(texts, labels, tr), _take(texts, labels, va), test, groups, s, record)
 
 
-def read_debian_ood(data_dir: str | None, vocab: Vocabulary, limit: int | None = None) -> torch.Tensor:
-    """Token ids (N, L) of the held-out sections (:data:`calibkit.data.debian.OOD_SECTIONS`).
+TEXT_OOD_SETS = ("debian-heldout", "noise")
+OOD_LIMIT = 2000
 
-    Built exactly like the ``debian`` documents, encoded with the classifier's ``vocab``; ``limit``
-    keeps a seeded random subset (seed 0).
+
+def load_text_ood(name: str, like, data_dir: str | None = None, seed: int = 0) -> torch.Tensor:
+    """Token ids (M, L) of an OOD text set, encoded with the in-distribution bundle's vocabulary.
+
+    * ``"debian-heldout"``: package descriptions of sections that are no class
+      (:data:`calibkit.data.debian.OOD_SECTIONS`), built like the ``debian`` documents; at most
+      2,000 (a seeded subset). Read from ``data_dir`` when ``like`` is the ``debian`` set itself,
+      else from the machine's index (``/var/lib/apt/lists``).
+    * ``"noise"``: 2,000 texts of ``L`` uniformly random word ids (seeded), a sanity check.
+
+    Args:
+        name: one of :data:`TEXT_OOD_SETS`.
+        like: a text ``DataBundle`` (its ``vocab`` and length are used).
+        data_dir: where the ``debian`` index is, when ``like`` is ``debian``.
+        seed: seed of the subset / of the noise.
     """
-    docs, _ = debian.read_documents(data_dir or debian.APT_LISTS, debian.OOD_SECTIONS)
+    vocab = like.vocab
+    if vocab is None:
+        raise ValueError(f"{like.name}: a text OOD set needs the bundle's vocabulary")
+    gen = np.random.default_rng(seed)
+    if name == "noise":
+        ids = gen.integers(2, len(vocab), size=(OOD_LIMIT, vocab.length)) if len(vocab) > 2 else None
+        return torch.ones(OOD_LIMIT, vocab.length, dtype=torch.int64) if ids is None else torch.from_numpy(ids)
+    if name != "debian-heldout":
+        raise ValueError(f"unknown text OOD set {name!r}; choose one of {', '.join(TEXT_OOD_SETS)}")
+    folder = (data_dir if like.name == "debian" else None) or debian.APT_LISTS
+    docs, _ = debian.read_documents(folder, debian.OOD_SECTIONS)
+    if not docs:
+        raise ValueError(f"{folder}: no package of the held-out sections {', '.join(debian.OOD_SECTIONS)}")
     texts = [d.text for d in docs]
-    if limit is not None and len(texts) > limit:
-        keep = np.sort(np.random.default_rng(0).permutation(len(texts))[:limit])
+    if len(texts) > OOD_LIMIT:
+        keep = np.sort(gen.permutation(len(texts))[:OOD_LIMIT])
         texts = [texts[i] for i in keep]
     return vocab.encode(texts)

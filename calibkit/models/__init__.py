@@ -50,7 +50,8 @@ def build(name: str, num_classes: int, in_channels: int, **kwargs):
 
 
 def input_kind(model) -> str:
-    """``"tokens"`` for models over int64 token ids (N, L), ``"image"`` for the others."""
+    """``"tokens"`` for models over int64 token ids (N, L), ``"image"`` for the others (a model or
+    a ``MODELS`` builder)."""
     return getattr(model, "input_kind", "image")
 
 

@@ -84,3 +84,6 @@ def gpool_cnn(num_classes: int = 20, in_channels: int = 20000) -> GlobalPoolingC
 def gpool_cnn_small(num_classes: int = 20, in_channels: int = 20000) -> GlobalPoolingCNN:
     """Half width for CPU benches: embedding 64, 64 filters, 64 features (same layers)."""
     return GlobalPoolingCNN(num_classes, in_channels, embed_dim=64, channels=64, hidden=64)
+
+
+gpool_cnn.input_kind = gpool_cnn_small.input_kind = "tokens"  # known before building (calibkit.models.input_kind)
