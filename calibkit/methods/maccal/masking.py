@@ -24,6 +24,8 @@ __all__ = [
 # The Monte-Carlo masks of the deployed predictor come from their own stream, seeded with
 # ``seed + MC_SEED_OFFSET``, so that they never coincide with the training masks of any seed.
 MC_SEED_OFFSET = 1_000_003
+# Largest (rows x S*K) block of masked-head logits computed at once by the deployed predictor.
+_BLOCK_ELEMENTS = 1 << 22
 
 
 def check_keep_rate(keep_rate, name: str = "keep_rate") -> float:
@@ -149,7 +151,8 @@ def mc_predict_proba(features: torch.Tensor, weight: torch.Tensor, bias: torch.T
       the predictor changes smoothly with ``r``; at ``r = 1`` it is exactly ``softmax(head(x))``.
 
     Probabilities are averaged, never logits. Cost: ``S`` head evaluations (``S * N * D * K``
-    multiply-adds); the features are an input, computed once by the caller.
+    multiply-adds, done as one ``(N, D) x (D, S*K)`` product per block of rows) and ``S * K * D``
+    uniform draws; the features are an input, computed once by the caller.
 
     Args:
         features: ``(N, D)``; weight ``(K, D)``; bias ``(K,)`` or None.
@@ -164,12 +167,15 @@ def mc_predict_proba(features: torch.Tensor, weight: torch.Tensor, bias: torch.T
     if keep_rate == 1.0:  # every mask is all ones: the unmasked head, exactly
         return torch.softmax(F.linear(features, weight, bias).float(), dim=1)
     gen = torch.Generator().manual_seed(int(seed))
-    total = torch.zeros(features.shape[0], weight.shape[0], device=features.device, dtype=torch.float32)
-    for _ in range(mc_samples):
-        keep = torch.rand(weight.shape, generator=gen) < keep_rate
-        w = weight * keep.to(device=weight.device, dtype=weight.dtype) / keep_rate
-        total += torch.softmax(F.linear(features, w, bias).float(), dim=1)
-    return total / mc_samples
+    K, D = weight.shape
+    keep = torch.rand((mc_samples, K, D), generator=gen) < keep_rate  # M_1..M_S, drawn in order
+    w = (weight.unsqueeze(0) * keep.to(device=weight.device, dtype=weight.dtype) / keep_rate).reshape(-1, D)
+    b = None if bias is None else bias.repeat(mc_samples)
+    # All S heads in one matrix product, (n, S*K) per block of rows (rows are independent).
+    rows = max(1, _BLOCK_ELEMENTS // (mc_samples * K))
+    out = [torch.softmax(F.linear(features[i:i + rows], w, b).float().view(-1, mc_samples, K), dim=2).mean(dim=1)
+           for i in range(0, features.shape[0], rows)]
+    return torch.cat(out) if out else features.new_zeros(0, K, dtype=torch.float32)
 
 
 def mc_logits(probs: torch.Tensor) -> torch.Tensor:
