@@ -89,7 +89,7 @@ def main():
     body = lambda m, x: m.body(x)  # noqa: E731  (everything before the last linear layer)
     feats = [extract_features(model, DataLoader(TensorDataset(*s), batch_size=512), body)
              for s in (train_set, val_set, test_set)]
-    est = MaCCal(model.fc, epochs=20).fit(*feats[0], *feats[1])
+    est = MaCCal(model.fc).fit(*feats[0], *feats[1])
 
     x_test, y_test = feats[2]
     with torch.no_grad():

@@ -9,6 +9,7 @@ from torch import nn
 
 from calibkit.functional import ece
 from calibkit.methods.maccal import (
+    DEFAULTS,
     MC_SEED_OFFSET,
     MaCCal,
     NotFittedError,
@@ -202,7 +203,7 @@ def test_history_follows_the_rule_and_best_epoch_has_lowest_deployed_val_ece():
     x_va, y_va, _ = _clusters(300, seed=3, spread=1.5, noise=0.2)
     head = _head(means, 2.0)
     before = copy.deepcopy(head.state_dict())
-    best, hist = fit_masked_head(head, x_tr, y_tr, x_va, y_va, epochs=5, seed=7, mc_samples=8)
+    best, hist = fit_masked_head(head, x_tr, y_tr, x_va, y_va, epochs=5, seed=7, mc_samples=8, eta=1.0)
     recs = hist["records"]
     assert [rec["epoch"] for rec in recs] == list(range(6))
     for rec in recs[1:]:
@@ -218,7 +219,7 @@ def test_history_follows_the_rule_and_best_epoch_has_lowest_deployed_val_ece():
     assert float(ece(p, y_va)) == pytest.approx(min(eces), abs=1e-6)
     for k, v in head.state_dict().items():  # the input head is untouched
         assert torch.equal(v, before[k])
-    best2, hist2 = fit_masked_head(head, x_tr, y_tr, x_va, y_va, epochs=5, seed=7, mc_samples=8)
+    best2, hist2 = fit_masked_head(head, x_tr, y_tr, x_va, y_va, epochs=5, seed=7, mc_samples=8, eta=1.0)
     assert torch.equal(best2.weight, best.weight) and hist2["keep_rates"] == hist["keep_rates"]
 
 
@@ -274,7 +275,7 @@ def test_maccal_object_follows_the_scikit_learn_conventions():
     head = _head(means, 2.0)
     est = MaCCal(head, epochs=3, mc_samples=8, seed=2)
     assert not [a for a in vars(est) if a.endswith("_")]  # __init__ stores hyperparameters only
-    assert est.get_params()["eta"] == 1.0 and est.set_params(eta=0.5).eta == 0.5
+    assert est.get_params()["eta"] == DEFAULTS["eta"] and est.set_params(eta=0.5).eta == 0.5
     with pytest.raises(ValueError, match="no parameter"):
         est.set_params(etaa=1)
     with pytest.raises(NotFittedError, match="not fitted"):

@@ -30,9 +30,9 @@ __all__ = ["DEFAULTS", "fit_masked_head", "check_features"]
 # and calibkit's optimiser decision; docs/maccal.md says how each was chosen.
 DEFAULTS = {
     "r_init": 0.9,
-    "eta": 1.0,
+    "eta": 2.0,
     "r_min": 0.1,
-    "epochs": 20,
+    "epochs": 30,
     "lr": 0.01,
     "momentum": 0.9,
     "weight_decay": 5e-4,
@@ -40,7 +40,7 @@ DEFAULTS = {
     "grad_clip": 2.0,
     "n_bins": 15,
     "seed": 0,
-    "mc_samples": 32,
+    "mc_samples": 64,
 }
 
 
