@@ -18,10 +18,10 @@ STAGE2 = ["--epochs", "3", "--seed", "1", "--mc-samples", "16", "--device", "cpu
 
 
 def _features(model, info, part):
-    from calibkit.data import normalize
+    from calibkit.data.inputs import inputs_from_info
 
-    return extract_features(model, (part.images, part.labels),
-                            lambda m, x: m.forward_features(normalize(x, info["mean"], info["std"])))
+    prepare = inputs_from_info(info)
+    return extract_features(model, (part.images, part.labels), lambda m, x: m.forward_features(prepare.eval_batch(x)))
 
 
 @pytest.fixture(scope="module")

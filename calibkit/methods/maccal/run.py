@@ -68,7 +68,8 @@ def _device(device: str) -> torch.device:
 def _stage1_features(stage1: Path, info1: dict, data_dir, dev, batch_size: int):
     """The stage-1 model (frozen, on ``dev``), its data bundle and the train/val/test features."""
     from calibkit import rundir
-    from calibkit.data import load, normalize
+    from calibkit.data import load
+    from calibkit.data.inputs import inputs_from_info
 
     model, cfg, _ = rundir.load_run(stage1)
     model.to(dev).eval().requires_grad_(False)
@@ -80,10 +81,10 @@ def _stage1_features(stage1: Path, info1: dict, data_dir, dev, batch_size: int):
     if want and bundle.split.get("val_checksum") != want:
         raise ValueError(f"stage-1: the validation split reloaded for {cfg.data} differs from the one of "
                          f"{stage1} (checksum {bundle.split.get('val_checksum')} != {want})")
-    mean, std = info1["mean"], info1["std"]
+    prepare = inputs_from_info(info1)  # the run's own evaluation input pipeline (e.g. image normalisation)
 
     def features(m, x):
-        return m.forward_features(normalize(x, mean, std) if x.dtype == torch.uint8 else x)
+        return m.forward_features(prepare.eval_batch(x))
 
     t0 = time.perf_counter()
     feats = {name: extract_features(model, (part.images, part.labels), features, batch_size=batch_size,
