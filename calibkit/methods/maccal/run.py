@@ -166,28 +166,10 @@ def run_maccal(stage1_dir, out_dir, *, r_init: float = DEFAULTS["r_init"], eta: 
     y_test = feats["test"][1]
     test_acc = float((logits["test"].argmax(1) == y_test).double().mean())
     test_ece = float(ece(logits["test"].softmax(1), y_test, n_bins=n_bins))
-
     hist = est.history_
-    record = {
-        "rule": RULE,
-        "hparams": {**hparams, "loss": loss_spec},
-        "inference": (f"probabilities averaged over {mc_samples} masked heads at keep rate {est.keep_rate_} "
-                      f"(masks from a CPU generator seeded with seed + {MC_SEED_OFFSET}); stored as their log"
-                      if mc_samples else "the deterministic unmasked head (mc_samples = 0)"),
-        "keep_rates": hist["keep_rates"],
-        "val_ece": [rec["val_ece"] for rec in hist["records"][1:]],
-        "stage1_val_ece": hist["records"][0]["unmasked_val_ece"],
-        "best_epoch": est.best_epoch_, "best_keep_rate": est.keep_rate_, "best_val_ece": hist["best_val_ece"],
-        "stage2_wall_time_s": hist["wall_time_s"], "feature_time_s": feature_time,
-        "inference_time_s": inference_time,
-        "stage1_val_logits_max_abs_diff": stage1_diff,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    rundir.write_tensors(out / rundir.MODEL, model.state_dict())
-    rundir.write_tensors(out / rundir.LOGITS, {"val_logits": logits["val"], "val_labels": feats["val"][1],
-                                              "test_logits": logits["test"], "test_labels": y_test})
-    rundir.write_json(out / rundir.HISTORY, hist["records"])
-    rundir.write_json(out / MACCAL_JSON, record)
+    record = _record(est, {**hparams, "loss": loss_spec},
+                     {"feature_time_s": feature_time, "inference_time_s": inference_time,
+                      "stage1_val_logits_max_abs_diff": stage1_diff})
     info = {**info1, **rundir.environment(),
             "config": {**info1["config"], "method": "maccal"}, "method": "maccal",
             "stage1": {"path": str(stage1.resolve()), "config": info1["config"],
@@ -196,12 +178,42 @@ def run_maccal(stage1_dir, out_dir, *, r_init: float = DEFAULTS["r_init"], eta: 
             "maccal": record["hparams"], "device": str(dev), "status": "done", "epochs_done": epochs,
             "best_epoch": est.best_epoch_, "best_val_acc": hist["records"][est.best_epoch_]["val_acc"],
             "test_acc": test_acc, "test_ece": test_ece, "wall_time_s": hist["wall_time_s"]}
-    rundir.write_json(out / rundir.CONFIG, info)  # written last: its status "done" marks a finished run
+    _write(out, model, {"val_logits": logits["val"], "val_labels": feats["val"][1],
+                        "test_logits": logits["test"], "test_labels": y_test}, hist["records"], record, info)
     log(f"done: best epoch {est.best_epoch_} (r {est.keep_rate_:.3f}, val ECE {100 * hist['best_val_ece']:.2f}), "
         f"test acc {test_acc:.2%}, test ECE {100 * test_ece:.2f}, stage 2 {hist['wall_time_s']:.1f}s")
     return {"status": "done", "out_dir": str(out), "best_epoch": est.best_epoch_, "best_keep_rate": est.keep_rate_,
             "keep_rates": hist["keep_rates"], "val_ece": hist["best_val_ece"], "test_acc": test_acc,
             "test_ece": test_ece, "wall_time_s": hist["wall_time_s"], "feature_time_s": feature_time}
+
+
+def _record(est: MaCCal, hparams: dict, extra: dict) -> dict:
+    """The content of ``maccal.json`` for a fitted estimator."""
+    hist, S = est.history_, hparams["mc_samples"]
+    return {
+        "rule": RULE,
+        "hparams": hparams,
+        "inference": (f"probabilities averaged over {S} masked heads at keep rate {est.keep_rate_} "
+                      f"(masks from a CPU generator seeded with seed + {MC_SEED_OFFSET}); stored as their log"
+                      if S else "the deterministic unmasked head (mc_samples = 0)"),
+        "keep_rates": hist["keep_rates"],
+        "val_ece": [rec["val_ece"] for rec in hist["records"][1:]],
+        "stage1_val_ece": hist["records"][0]["unmasked_val_ece"],
+        "best_epoch": est.best_epoch_, "best_keep_rate": est.keep_rate_, "best_val_ece": hist["best_val_ece"],
+        "stage2_wall_time_s": hist["wall_time_s"], **extra,
+    }
+
+
+def _write(out: Path, model: nn.Module, logits: dict, history: list, record: dict, info: dict) -> None:
+    """Write the run directory; ``config.json`` last (its status "done" marks a finished run)."""
+    from calibkit import rundir
+
+    out.mkdir(parents=True, exist_ok=True)
+    rundir.write_tensors(out / rundir.MODEL, model.state_dict())
+    rundir.write_tensors(out / rundir.LOGITS, logits)
+    rundir.write_json(out / rundir.HISTORY, history)
+    rundir.write_json(out / MACCAL_JSON, record)
+    rundir.write_json(out / rundir.CONFIG, info)
 
 
 def load_maccal(run_dir) -> tuple[nn.Module, MaCCal]:

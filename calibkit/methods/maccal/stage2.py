@@ -114,6 +114,16 @@ def _train_epoch(model: nn.Linear, opt, feats, labels, r: float, gen, batch_size
     return loss_sum / n
 
 
+def _trainable_copy(head: nn.Linear, loss_fn, lr, momentum, weight_decay, epochs):
+    """A trainable copy of ``head``, SGD over it (and the loss's own parameters), cosine schedule."""
+    model = copy.deepcopy(head).eval()
+    for p in model.parameters():  # the caller may have frozen the stage-1 model, head included
+        p.requires_grad_(True)
+    params = list(model.parameters()) + (list(loss_fn.parameters()) if isinstance(loss_fn, nn.Module) else [])
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return model, opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+
+
 def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: torch.Tensor,
                     val_feats: torch.Tensor, val_labels: torch.Tensor, *,
                     r_init: float = DEFAULTS["r_init"], eta: float = DEFAULTS["eta"],
@@ -177,12 +187,7 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
     loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
 
     gen = torch.Generator(device=device).manual_seed(int(seed))
-    model = copy.deepcopy(head).eval()
-    for p in model.parameters():  # the caller may have frozen the stage-1 model, head included
-        p.requires_grad_(True)
-    params = list(model.parameters()) + (list(loss_fn.parameters()) if isinstance(loss_fn, nn.Module) else [])
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    model, opt, sched = _trainable_copy(head, loss_fn, lr, momentum, weight_decay, epochs)
 
     def score(keep_rate: float) -> dict:
         with torch.no_grad():
