@@ -181,6 +181,9 @@ def test_train_method_maccal_two_stages_resumable(runs, tmp_path, capsys):
     assert main([*args[:-5], "--maccal", "epochs=4", "--out", str(out)]) == 1
     assert "other stage-2 settings (epochs" in capsys.readouterr().err
     assert (out / "config.json").stat().st_mtime_ns == stamp
+    # "loss=stage1" names the stage-1 loss (ce here), which the finished run recorded: nothing to do.
+    assert main([*args[:-5], "--maccal", "epochs=3,seed=1,mc_samples=16,loss=stage1", "--out", str(out)]) == 0
+    assert "already finished" in capsys.readouterr().out
     # An interrupted stage 2 (its files written, config.json not yet) is redone, to the same result.
     before = rundir.load_logits(out)["test_logits"].clone()  # not a view of the file rewritten below
     (out / "config.json").unlink()

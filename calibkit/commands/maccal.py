@@ -135,6 +135,8 @@ def train_two_stage(cfg, out_dir, stage2: dict, progress: bool = True, verbose: 
         if info.get("method") != "maccal" or info.get("status") != "done":
             raise ValueError(f"out: {out} holds another run (method {info.get('method')!r}); choose another directory")
         asked = {**info["maccal"], **stage2}
+        if asked.get("loss") == "stage1":  # recorded resolved, as the stage-1 loss spec
+            asked["loss"] = cfg.loss
         if asked != info["maccal"]:
             changed = sorted(k for k in asked if asked[k] != info["maccal"].get(k))
             raise ValueError(f"out: {out} holds a MaC-Cal run with other stage-2 settings ({', '.join(changed)}); "
