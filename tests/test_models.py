@@ -10,7 +10,7 @@ SMALL = {"cnn", "mlp"}
 BATCH = {name: (2 if name in {"wrn26_10", "wrn28_10", "densenet121", "resnet101", "resnet50"} else 4) for name in MODELS}
 
 
-TEXT = {name for name in MODELS if input_kind(MODELS[name](num_classes=2, in_channels=50)) == "tokens"}
+TEXT = {name for name in MODELS if input_kind(MODELS[name]) == "tokens"}
 VOCAB = 50  # in_channels of a text model is its vocabulary size
 
 
