@@ -195,38 +195,8 @@ def read_documents(folder=APT_LISTS, sections=SECTIONS) -> tuple[list[Document],
     pk_files, tr_files = index_files(folder)
     if not pk_files:
         raise FileNotFoundError(f"debian: no *_Packages files in {folder}; {HOW_TO_GET}")
-    translations: dict[tuple[str, str], str] = {}
-    for path in tr_files:
-        for rec in parse_stanzas(read_index_file(path)):
-            key = (rec.get("Package", ""), rec.get("Description-md5", ""))
-            if "Description-en" in rec and key not in translations:
-                translations[key] = rec["Description-en"]
-    wanted = set(sections)
     stats = {"records": 0, "no_section": 0, "no_long_description": 0, "other_section": 0}
-    seen: set[str] = set()
-    candidates: dict[str, list[tuple[str, str, str]]] = {}  # source -> [(package, section, description)]
-    for path in pk_files:
-        for rec in parse_stanzas(read_index_file(path)):
-            pkg = rec.get("Package")
-            if not pkg or pkg in seen:
-                continue
-            seen.add(pkg)
-            stats["records"] += 1
-            section = rec.get("Section", "").split("/")[-1].strip()
-            if not section:
-                stats["no_section"] += 1
-                continue
-            if section not in wanted:
-                stats["other_section"] += 1
-                continue
-            desc = rec.get("Description", "")
-            if "\n" not in desc:  # short only: the long text comes from Translation-en
-                desc = translations.get((pkg, rec.get("Description-md5", "")), desc)
-            if not long_description(desc)[1]:
-                stats["no_long_description"] += 1
-                continue
-            source = (rec.get("Source") or pkg).split()[0]
-            candidates.setdefault(source, []).append((pkg, section, desc))
+    candidates = _by_source(pk_files, _translations(tr_files), set(sections), stats)
     if not candidates and stats["no_long_description"]:
         raise FileNotFoundError(f"debian: the index in {folder} has no long descriptions (no *_Translation-en "
                                 f"files); {HOW_TO_GET}")
@@ -235,20 +205,61 @@ def read_documents(folder=APT_LISTS, sections=SECTIONS) -> tuple[list[Document],
         pkg, section, desc = min(members, key=lambda m: (m[0] != source, len(m[0]), m[0]))
         short, long = long_description(desc)
         docs.append(Document(pkg, source, section, remove_names(f"{short}\n{long}", (pkg, source)).strip()))
+    kept = _one_per_family(docs, stats)
+    stats["documents"] = len(kept)
+    return kept, stats
+
+
+def _translations(files) -> dict[tuple[str, str], str]:
+    """``(package, Description-md5) -> Description-en`` of the ``Translation-en`` files."""
+    out: dict[tuple[str, str], str] = {}
+    for path in files:
+        for rec in parse_stanzas(read_index_file(path)):
+            key = (rec.get("Package", ""), rec.get("Description-md5", ""))
+            if "Description-en" in rec and key not in out:
+                out[key] = rec["Description-en"]
+    return out
+
+
+def _by_source(files, translations, wanted: set, stats: dict) -> dict[str, list[tuple[str, str, str]]]:
+    """``source -> [(package, section, full description)]`` of the usable records in ``wanted``."""
+    seen: set[str] = set()
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    for path in files:
+        for rec in parse_stanzas(read_index_file(path)):
+            pkg = rec.get("Package")
+            if not pkg or pkg in seen:
+                continue
+            seen.add(pkg)
+            stats["records"] += 1
+            section = rec.get("Section", "").split("/")[-1].strip()
+            if not section or section not in wanted:
+                stats["no_section" if not section else "other_section"] += 1
+                continue
+            desc = rec.get("Description", "")
+            if "\n" not in desc:  # short only: the long text comes from Translation-en
+                desc = translations.get((pkg, rec.get("Description-md5", "")), desc)
+            if not long_description(desc)[1]:
+                stats["no_long_description"] += 1
+                continue
+            out.setdefault((rec.get("Source") or pkg).split()[0], []).append((pkg, section, desc))
+    return out
+
+
+def _one_per_family(docs: list[Document], stats: dict) -> list[Document]:
+    """One document per :func:`family_key`: the family's majority section, its shortest package."""
     families: dict[str, list[Document]] = {}
     for d in docs:
         families.setdefault(family_key(d.text), []).append(d)
-    kept = []
     stats["family_duplicates"] = sum(len(f) - 1 for f in families.values())
+    kept = []
     for family in families.values():
         votes: dict[str, int] = {}
         for d in family:
             votes[d.section] = votes.get(d.section, 0) + 1
         section = min(votes, key=lambda s: (-votes[s], s))
         kept.append(min((d for d in family if d.section == section), key=lambda d: (len(d.package), d.package)))
-    kept.sort(key=lambda d: d.package)
-    stats["documents"] = len(kept)
-    return kept, stats
+    return sorted(kept, key=lambda d: d.package)
 
 
 def family_key(text: str) -> str:
