@@ -83,9 +83,10 @@ Description-en: stale translation (md5 does not match)
 
 def write_index(folder, packages=PACKAGES, translation=TRANSLATION):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "deb.example.org_debian_dists_x_main_binary-amd64_Packages.gz").write_bytes(gzip.compress(packages.encode()))
-    (folder / "deb.example.org_debian_dists_x_main_i18n_Translation-en.xz").write_bytes(lzma.compress(translation.encode()))
-    (folder / "deb.example.org_debian_dists_x_InRelease").write_text("Suite: testing\nDate: Mon, 1 Jan 2024 00:00:00 UTC\n")
+    stem = "deb.example.org_debian_dists_x"
+    (folder / f"{stem}_main_binary-amd64_Packages.gz").write_bytes(gzip.compress(packages.encode()))
+    (folder / f"{stem}_main_i18n_Translation-en.xz").write_bytes(lzma.compress(translation.encode()))
+    (folder / f"{stem}_InRelease").write_text("Suite: testing\nDate: Mon, 1 Jan 2024 00:00:00 UTC\n")
     return folder
 
 

@@ -39,8 +39,9 @@ def cli(args, env, timeout=600):
 def test_train_eval_plot_text_run(tmp_path, index, cli_env):
     out = tmp_path / "run"
     r = cli(["train", "--data", "debian", "--data-dir", str(index), "--model", "gpool_cnn_small", "--epochs", "4",
-             "--batch-size", "32", "--optimizer", "adam", "--lr", "0.001", "--weight-decay", "0", "--loss", "mbls:margin=6", "--no-augment", "--device", "cpu",
-             "--num-threads", "1", "--no-progress", "--out", str(out)], cli_env)
+             "--batch-size", "32", "--optimizer", "adam", "--lr", "0.001", "--weight-decay", "0",
+             "--loss", "mbls:margin=6", "--no-augment", "--device", "cpu", "--num-threads", "1", "--no-progress",
+             "--out", str(out)], cli_env)
     assert r.returncode == 0, r.stderr
     info = rundir.load_info(out)
     bundle = load("debian", data_dir=str(index))

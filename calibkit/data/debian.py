@@ -20,7 +20,8 @@ Building the documents (:func:`read_documents`), all decisions fixed here:
    name gives away (python, perl, haskell, rust, golang, javascript, java, ruby, gnu-r, php, ocaml,
    lisp, cli-mono, interpreters), sections that say how a package is packaged rather than what it
    is about (libs, libdevel, doc, debug, oldlibs, metapackages, tasks, introspection,
-   localization), the catch-alls utils and misc, and sections too small to give every split its share (under ~140 documents).
+   localization), the catch-alls utils and misc, and sections too small to give every split its
+   share (under ~140 documents).
 4. **One document per package family**: binary packages built from one source share most of
    their description (``foo``, ``foo-data``, ``foo-common``), and so do families spread over
    several sources (``0ad``/``0ad-data``, 90 ``puppet-module-*``, the ``gap-*`` packages); keeping

@@ -1,7 +1,7 @@
 """The training loop: from a :class:`TrainConfig` to a finished run directory.
 
-``train(cfg, out_dir)`` loads the data, builds the model and the loss, and runs SGD with momentum
-(or Adam, ``cfg.optimizer``) and weight decay under a multistep, cosine or one-cycle schedule, with gradient clipping (global
+``train(cfg, out_dir)`` loads the data, builds the model and the loss, and runs SGD with momentum (or Adam)
+and weight decay under a multistep, cosine or one-cycle schedule, with gradient clipping (global
 norm on the model's parameters), optional bfloat16 autocast and optional ``torch.compile``. How a
 batch becomes model inputs is the modality's input pipeline (:mod:`calibkit.data.inputs`); how it
 becomes a loss is the method's step (:mod:`calibkit.train.steps`); which epoch's weights are kept
