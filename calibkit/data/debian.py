@@ -48,6 +48,7 @@ sections that are not classes: electronics, hamradio, comm, otherosfs, tex, vcs.
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import hashlib
 import lzma
@@ -189,6 +190,9 @@ def read_documents(folder=APT_LISTS, sections=SECTIONS) -> tuple[list[Document],
     """The deduplicated documents of ``sections`` (see the module docstring) and counts of what was
     skipped, in package-name order.
 
+    Parsing the whole index takes seconds, so the result is kept in memory for the files as they
+    are (name, size, modification time): a bench that loads the data set for every run parses once.
+
     Raises:
         FileNotFoundError: no ``Packages`` files, or no long descriptions anywhere (the message says
             how to get them).
@@ -196,6 +200,17 @@ def read_documents(folder=APT_LISTS, sections=SECTIONS) -> tuple[list[Document],
     pk_files, tr_files = index_files(folder)
     if not pk_files:
         raise FileNotFoundError(f"debian: no *_Packages files in {folder}; {HOW_TO_GET}")
+    def stamp(files):
+        return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+    docs, stats = _read_documents(stamp(pk_files), stamp(tr_files), tuple(sections))
+    return list(docs), dict(stats)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_documents(pk_stamp: tuple, tr_stamp: tuple, sections: tuple) -> tuple[tuple[Document, ...], dict]:
+    pk_files, tr_files = [Path(e[0]) for e in pk_stamp], [Path(e[0]) for e in tr_stamp]
+    folder = pk_files[0].parent
     stats = {"records": 0, "no_section": 0, "no_long_description": 0, "other_section": 0}
     candidates = _by_source(pk_files, _translations(tr_files), set(sections), stats)
     if not candidates and stats["no_long_description"]:
@@ -208,7 +223,7 @@ def read_documents(folder=APT_LISTS, sections=SECTIONS) -> tuple[list[Document],
         docs.append(Document(pkg, source, section, remove_names(f"{short}\n{long}", (pkg, source)).strip()))
     kept = _one_per_family(docs, stats)
     stats["documents"] = len(kept)
-    return kept, stats
+    return tuple(kept), stats
 
 
 def _translations(files) -> dict[tuple[str, str], str]:
