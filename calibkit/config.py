@@ -23,8 +23,8 @@ METHODS = ("standard", "mixup", "regmixup", "csm")
 SCHEDULES = ("multistep", "cosine", "onecycle")
 # Fields that change how a run executes but not what it computes: a run may resume with new values.
 RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size")
-# Preset names resolve to files in the repository's configs/ directory.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Preset names resolve to TOML files shipped inside the package (calibkit/configs/).
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _coerce(name: str, kind: str, value):
 
 
 def read_preset(path_or_name: str) -> dict:
-    """The TrainConfig values of a TOML preset: a file path, or a name in ``configs/`` (e.g. ``cifar10``)."""
+    """The TrainConfig values of a TOML preset: a file path, or a name in ``calibkit/configs/`` (e.g. ``cifar10``)."""
     path = Path(path_or_name)
     if not path.is_file() and not path.suffix and (CONFIG_DIR / f"{path_or_name}.toml").is_file():
         path = CONFIG_DIR / f"{path_or_name}.toml"

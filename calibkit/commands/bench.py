@@ -42,11 +42,16 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from calibkit.bench.grid import get_preset
+    from calibkit.bench.preflight import check_bench
     from calibkit.bench.runner import Bench
 
     preset = get_preset(args.preset)
-    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-        raise ValueError(f"--seeds: repeated seed in {args.seeds}")
+    if args.num_threads is not None and args.num_threads < 1:
+        raise ValueError(f"--num-threads must be >= 1, got {args.num_threads}")
+    # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
+    # anything is created: a bench that cannot run leaves no trace.
+    check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
+                csm_store=args.csm_store)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                   device=args.device, num_threads=args.num_threads, csm_store=args.csm_store)
     try:
