@@ -24,6 +24,12 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def preset_names() -> list[str]:
+    from calibkit.config import CONFIG_DIR
+
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model (SGD, calibration loss, Mixup/RegMixup/CSM) into a run directory",
@@ -32,8 +38,8 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", required=True, metavar="DIR", help="run directory to create or resume")
-    p.add_argument("--config", metavar="TOML", help="preset: a TOML file or a name in configs/ "
-                   "(fmnist, cifar10, cifar100, tinyimagenet)")
+    p.add_argument("--config", metavar="TOML", help="preset: a TOML file, or the name of one shipped "
+                   f"with calibkit ({', '.join(preset_names())})")
     g = p.add_argument_group("data and model")
     g.add_argument("--data", help="data set name (default fmnist)")
     g.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
@@ -78,7 +84,10 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 def run(args) -> int:
     from calibkit.train import load_config, train
 
+    from calibkit.extras import check_dataset
+
     cfg = load_config(args.config, **{name: getattr(args, name) for name in FIELDS})
+    check_dataset(cfg.data)  # a missing extra package is named before anything is written
     try:
         train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
     except KeyboardInterrupt:
