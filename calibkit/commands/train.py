@@ -86,9 +86,8 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 
 
 def run(args) -> int:
-    from calibkit.train import load_config, train
-
     from calibkit.extras import check_dataset
+    from calibkit.train import load_config, train
 
     cfg = load_config(args.config, **{name: getattr(args, name) for name in FIELDS})
     check_dataset(cfg.data)  # a missing extra package is named before anything is written
