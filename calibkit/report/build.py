@@ -52,13 +52,16 @@ class ReportContext:
 
 def summary_section(ctx: ReportContext) -> list[Section]:
     text = (f"Test set, calibration and accuracy x100, mean over {ctx.n_seeds} seed(s); 1 = lowest ECE. "
-            "The best value of each column is marked (bold; `<` in the terminal): highest Acc, lowest ECE "
+            "The best value of each column is in bold: highest Acc, lowest ECE "
             "and ECE after temperature scaling (`ECE (TS)`), most negative difference from CE. "
             "O-ECE + U-ECE = ECE splits it into over- and under-confidence and is not ranked. "
             f"`dECE vs CE` = paired bootstrap ({ctx.n_boot} resamples) of the seed-averaged ECE difference "
             "from CE, 95% interval; `*` = the interval excludes 0.")
+    short = (f"x100, mean over {ctx.n_seeds} seed(s). < = best in its column (O-ECE + U-ECE = ECE, not ranked). "
+             f"dECE vs CE = paired bootstrap ({ctx.n_boot} resamples) of the ECE difference from CE, 95% "
+             "interval, * = excludes 0.")
     return [Section("Ranking by test ECE (before temperature scaling)", text,
-                    [ranked_table(ctx.summary, ctx.deltas)], anchor="ranking")]
+                    [ranked_table(ctx.summary, ctx.deltas)], anchor="ranking", terminal_text=short)]
 
 
 def notes_section(ctx: ReportContext) -> list[Section]:

@@ -28,6 +28,7 @@ class Section:
         figures: figures with captions (HTML and Markdown only).
         terminal: also printed in the terminal (title, text and tables).
         anchor: the HTML id (derived from the title when empty).
+        terminal_text: the text printed in the terminal instead of ``text`` (None: ``text``).
     """
 
     title: str
@@ -36,6 +37,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     terminal: bool = True
     anchor: str = ""
+    terminal_text: str | None = None
 
 
 def _plain(text: str, width: int | None = None) -> str:
@@ -53,8 +55,9 @@ def to_text(title: str, sections: list[Section], width: int | None) -> str:
         if not s.terminal or not (s.tables or s.text):
             continue
         parts += ["", s.title]
-        if s.text:
-            parts.append(_plain(s.text, width))
+        text = s.text if s.terminal_text is None else s.terminal_text
+        if text:
+            parts.append(_plain(text, width))
         if s.tables:
             parts.append("\n\n".join(text_table(t, width) for t in s.tables))
     return "\n".join(parts)
