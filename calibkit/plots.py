@@ -125,7 +125,8 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
             ax.text(x + w / 2, max(a, c) + 0.01, f"{int(n)}", ha="center", va="bottom", fontsize=size,
                     rotation=90 if n_bins > 10 else 0, color="0.2")
     ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.12)
+    ax.set_ylim(0, 1.2)  # room above 1.0 for the rotated counts of the top bins
+    ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_xlabel("confidence")
     ax.set_ylabel("accuracy")
     ece_text = f"ECE = {100 * curve.ece:.2f}%  (N = {curve.n}, {n_bins} bins)"

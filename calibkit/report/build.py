@@ -194,7 +194,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     first = done[0]
     versions = ", ".join(f"{k} {v}" for k, v in sorted((first.get("versions") or {}).items()))
     intro = (f"Preset `{preset}`: {len(done)} finished runs of {len(summary)} methods; CE (`{REFERENCE}`) is the "
-             f"reference. Git commit `{first.get('git_commit')}`; {versions}.")
+             f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
     if pending:
         intro += f"\n\nUnfinished runs: {unfinished}."
     (rep / "report.md").write_text(to_markdown(title, intro, sections))
