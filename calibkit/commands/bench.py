@@ -7,7 +7,7 @@ import textwrap
 
 EPILOG = """\
 examples:
-  calibkit bench --preset smoke --out runs/smoke            # every method in ~1 min: checks the set-up
+  calibkit bench --preset smoke --out runs/smoke            # every method in ~30 s: checks the set-up
   calibkit bench --preset default --out runs/default        # the main job (make bench), ~16 min
   calibkit bench --preset default --out runs/default --methods ls mbls --seeds 0
   torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
