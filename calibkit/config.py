@@ -26,8 +26,8 @@ SCHEDULES = ("multistep", "cosine", "onecycle")
 RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size", "compile")
 # Checkpoint policies (calibkit.train.keep): which epoch's weights a run keeps.
 KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "last")
-# Preset names resolve to files in the repository's configs/ directory.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Preset names resolve to TOML files shipped inside the package (calibkit/configs/).
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 @dataclass
@@ -164,7 +164,7 @@ def _coerce(name: str, kind: str, value):
 
 
 def read_preset(path_or_name: str) -> dict:
-    """The TrainConfig values of a TOML preset: a file path, or a name in ``configs/`` (e.g. ``cifar10``)."""
+    """The TrainConfig values of a TOML preset: a file path, or a name in ``calibkit/configs/`` (e.g. ``cifar10``)."""
     path = Path(path_or_name)
     if not path.is_file() and not path.suffix and (CONFIG_DIR / f"{path_or_name}.toml").is_file():
         path = CONFIG_DIR / f"{path_or_name}.toml"

@@ -111,7 +111,7 @@ def check_database_file(path: str) -> None:
     if header != SQLITE_HEADER:
         raise StoreError(
             f"{path} is not an SQLite database (bad header {header[:16]!r}); "
-            "refusing to use or overwrite it: move it away or choose another --out"
+            "refusing to use or overwrite it: move it away, or use another folder"
         )
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)

@@ -15,6 +15,7 @@ opens the database, evaluates and writes, and its decision to run or skip each r
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -128,12 +129,20 @@ class Bench:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> dict:
         """Run every pending (seed, method); returns counts of done/skipped/failed runs."""
+        from calibkit.bench.progress import RunProgress
+
         counts = {"done": 0, "skipped": 0, "failed": 0}
-        total = len(self.seeds) * len(self.methods)
-        i = 0
+        progress = RunProgress(len(self.seeds) * len(self.methods), write=self.log,
+                               bar=self.dd.is_main and self.log is print and sys.stderr.isatty())
+        try:
+            self._loop(counts, progress)
+        finally:
+            progress.close()
+        return counts
+
+    def _loop(self, counts: dict, progress) -> None:
         for seed in self.seeds:
             for method in self.methods:
-                i += 1
                 key = run_key(self.preset.name, method, seed)
                 claimed = None
                 if self.dd.is_main:
@@ -143,10 +152,10 @@ class Bench:
                         versions=self._env["versions"])
                 if not _broadcast(claimed, self.dd):
                     counts["skipped"] += 1
-                    self.log(f"[{i}/{total}] {key}: finished earlier (or running elsewhere); skipped")
+                    progress.end(key, "finished earlier (or running elsewhere); skipped")
                     continue
                 t0 = time.time()
-                self.log(f"[{i}/{total}] {key}: running")
+                progress.begin(key)
                 try:
                     made = self.produce(method, seed)
                     if self.dd.is_main:
@@ -156,12 +165,12 @@ class Bench:
                                            norm=made.get("norm"), device=self.dd.device)
                         self.store.finish(key, run_dir=str(made["run_dir"]), train_time_s=made["train_time_s"],
                                           extra=made.get("extra"), **res)
-                        m = res["metrics"]
-                        self.log(f"[{i}/{total}] {key}: done in {time.time() - t0:.0f} s "
-                                 f"(acc {m['before']['acc']:.2%}, ECE {m['before']['ece'] * 100:.2f} -> "
-                                 f"{m['after']['ece'] * 100:.2f} after TS)")
                     D.barrier(self.dd)
                     counts["done"] += 1
+                    m = res["metrics"] if self.dd.is_main else None
+                    progress.end(key, f"done in {time.time() - t0:.0f} s" + (
+                        f" (acc {m['before']['acc']:.2%}, ECE {m['before']['ece'] * 100:.2f} -> "
+                        f"{m['after']['ece'] * 100:.2f} after TS)" if m else ""), seconds=time.time() - t0)
                 except KeyboardInterrupt:
                     if self.dd.is_main:
                         self.store.fail(key, "interrupted")
@@ -170,8 +179,7 @@ class Bench:
                     counts["failed"] += 1
                     if self.dd.is_main:
                         self.store.fail(key, "".join(traceback.format_exception(exc)))
-                    self.log(f"[{i}/{total}] {key}: FAILED: {type(exc).__name__}: {exc}")
-        return counts
+                    progress.end(key, f"FAILED: {type(exc).__name__}: {exc}", seconds=time.time() - t0)
 
     def _config_record(self, method: str, seed: int) -> dict:
         spec = METHODS[method]

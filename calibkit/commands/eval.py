@@ -70,11 +70,12 @@ def run(args) -> int:
     result = evaluate_run(args.run_dir, args.n_bins, args.ts_objective)
     info = rundir.load_info(args.run_dir)
     c = info["config"]
+    # Written before anything is printed: a reader that closes the pipe early (`| head`) loses no result.
+    path = Path(args.run_dir) / rundir.METRICS
+    rundir.write_json(path, result)
     print(f"{args.run_dir}: {c['data']} / {c['model']} / loss {c['loss']} / method {c['method']} / seed {c['seed']}")
     print(f"temperature fitted on {result['n_val']} validation images: T = {result['temperature']:.4f}; "
           f"{result['n_test']} test images")
     print(format_table(result))
-    path = Path(args.run_dir) / rundir.METRICS
-    rundir.write_json(path, result)
     print(f"wrote {path}")
     return 0

@@ -27,6 +27,12 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def preset_names() -> list[str]:
+    from calibkit.config import CONFIG_DIR
+
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model (SGD, calibration loss, Mixup/RegMixup/CSM) into a run directory",
@@ -35,8 +41,8 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", required=True, metavar="DIR", help="run directory to create or resume")
-    p.add_argument("--config", metavar="TOML", help="preset: a TOML file or a name in configs/ "
-                   "(fmnist, cifar10, cifar100, tinyimagenet)")
+    p.add_argument("--config", metavar="TOML", help="preset: a TOML file, or the name of one shipped "
+                   f"with calibkit ({', '.join(preset_names())})")
     g = p.add_argument_group("data and model")
     g.add_argument("--data", help="data set name (default fmnist)")
     g.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
@@ -86,6 +92,7 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 
 
 def run(args) -> int:
+    from calibkit.extras import check_dataset
     from calibkit.train import load_config, train
 
     two_stage = args.method == "maccal"
@@ -93,6 +100,7 @@ def run(args) -> int:
         raise ValueError("--maccal is only used with --method maccal")
     values = {name: getattr(args, name) for name in FIELDS}
     cfg = load_config(args.config, **{**values, "method": "standard" if two_stage else args.method})
+    check_dataset(cfg.data)  # a missing extra package is named before anything is written
     try:
         if two_stage:
             from calibkit.commands.maccal import train_command
