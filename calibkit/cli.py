@@ -3,6 +3,10 @@
 Each subcommand lives in ``calibkit/commands/<name>.py`` and defines
 ``register(subparsers)``, which adds its parser and sets ``func`` (called with the parsed
 arguments). Heavy imports happen inside ``func`` so that ``calibkit --help`` stays fast.
+
+Every command that computes takes ``--num-threads N``; :func:`main` applies it
+(``torch.set_num_threads``) before the command runs, so a command only declares the option
+(``calibkit.commands.add_num_threads``). On a shared machine one thread per process is often the fastest.
 """
 
 from __future__ import annotations
@@ -11,12 +15,15 @@ import argparse
 import importlib
 import sys
 
+from calibkit.commands import apply_num_threads
+
 # name -> module; one literal table, so the list of subcommands is visible at a glance.
 COMMANDS = {
     "train": "calibkit.commands.train",
     "eval": "calibkit.commands.eval",
     "plot": "calibkit.commands.plot",
     "bench": "calibkit.commands.bench",
+    "tune": "calibkit.commands.tune",
     "report": "calibkit.commands.report",
     "csm": "calibkit.commands.csm",
     "maccal": "calibkit.commands.maccal",
@@ -41,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        apply_num_threads(args)
         rc = args.func(args)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:
         # Expected user-facing failures: one line, no traceback.

@@ -342,6 +342,10 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         for method, entry in summary.items():
             figs[f"method:{method}"] = method_figure(entry["runs"][0], figdir / f"reliability_{method}.png")
 
+    from calibkit.report_tuning import protocol_sections
+
+    proto = protocol_sections(out_dir, preset, done, figdir if figures else None)
+    text += "\n" + proto["summary"]
     h1, r1, h2, r2 = table_rows(summary, deltas, pm="±")
     rob = _robustness_table(summary)
     first = next(iter(done))
@@ -353,6 +357,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
                 ("After temperature scaling (fitted on val), OOD, corrupted test sets, training time", h2, r2)]
     if rob:
         sections.append(("Corrupted test sets: mean over corruptions, per severity (x100)", *rob))
+    sections += proto["tables"]
+    figs.update(proto["figs"])
     md = [f"# calibkit bench report: preset `{preset}`", "", ctx, ""]
     if pending:
         md += [f"Unfinished runs: {', '.join(r['run_key'] + ' (' + r['status'] + ')' for r in pending)}", ""]

@@ -9,9 +9,12 @@ examples:
   calibkit bench --preset smoke --out runs/smoke            # every method, tiny (~2 min)
   calibkit bench --preset default --out runs/default        # the main job (make bench)
   calibkit bench --preset default --out runs/default --methods ls mbls --seeds 0
+  calibkit bench --preset default --out runs/tuned --tune   # select on validation first (calibkit tune)
+  calibkit bench --preset default --out runs/last --keep last
   torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
 
-Running the same command again skips finished runs and resumes interrupted ones.
+Running the same command again skips finished runs and resumes interrupted ones; a second process
+running the same command shares the work (about twice as fast on two cores).
 The report is written to OUT/report/ (index.html, report.md, figures/); rebuild it with
 `calibkit report OUT`.
 """
@@ -35,18 +38,29 @@ def register(subparsers) -> None:
     p.add_argument("--csm-store", metavar="DIR", help="CSM generated set (default: the one shipped for "
                    "Fashion-MNIST; other data sets: make one with `calibkit csm generate`)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--num-threads", type=int, metavar="N", help="torch CPU threads")
+    p.add_argument("--tune", action="store_true",
+                   help="first select every method's hyperparameters on validation (calibkit tune, into the same "
+                   "DIR), then run the grid at the selected values")
+    from calibkit.commands import add_num_threads
+    from calibkit.commands.tune import add_shared
+
+    add_shared(p)
+    add_num_threads(p)
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from calibkit.bench.grid import get_preset
+    from calibkit.bench.grid import get_preset, with_keep
     from calibkit.bench.runner import Bench
 
-    preset = get_preset(args.preset)
+    preset = with_keep(get_preset(args.preset), args.keep)
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds: repeated seed in {args.seeds}")
+    if args.tune:
+        from calibkit.commands.tune import run_tuning
+
+        _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                   device=args.device, num_threads=args.num_threads, csm_store=args.csm_store)
     try:
