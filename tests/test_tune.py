@@ -309,3 +309,73 @@ def test_tuned_preset_carries_the_selection(tmp_path, small_spaces):
     assert tuned.losses["ls"] == f"ls:alpha={chosen['ls']['loss.alpha']:g}"
     assert current_values(tuned, "mbls") == chosen["mbls"]
     assert grid.METHODS["ls"].space["loss.alpha"].values == (0.01, 0.1, 0.3)
+
+
+# ------------------------------------------------------------------------------ bench protocol
+
+
+def test_work_queue_postpones_items_until_ready():
+    from calibkit.bench.runner import work_queue
+
+    done, sleeps, ready_after = [], [], {"b": 2}  # "b" becomes ready on its third look
+
+    def ready(item):
+        left = ready_after.get(item, 0)
+        ready_after[item] = left - 1
+        return left <= 0
+
+    work_queue(["a", "b", "c"], ready, done.append, sleep=sleeps.append)
+    assert done == ["a", "c", "b"] and len(sleeps) == 1  # one pass found nothing ready: one pause
+
+
+def test_bench_waits_for_a_needed_run_held_by_another_bench(tmp_path):
+    from calibkit.bench.runner import Bench
+
+    bench = Bench(TINY, tmp_path, methods=["maccal"], num_threads=1, log=lambda *a, **k: None)
+    other = Store(tmp_path / "runs.db")  # another bench: its own owner token, a live process
+    try:
+        assert bench.needs_ready("maccal", 0) and bench.needs_ready("ls", 0)
+        assert other.claim("tiny/ce/0", preset="tiny", method="ce", seed=0)
+        assert not bench.needs_ready("maccal", 0), "MaC-Cal waits while another bench trains its CE run"
+        assert bench.needs_ready("ls", 0)
+        other.finish("tiny/ce/0", metrics={})
+        assert bench.needs_ready("maccal", 0)
+    finally:
+        other.close()
+        bench.close()
+
+
+def test_bench_refuses_to_mix_hyperparameters_or_policies(tmp_path, one_thread):
+    from calibkit.bench.runner import Bench
+
+    small = dataclasses.replace(TINY, robust_n=40, severities=(1,), n_boot=10)
+    bench = Bench(small, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
+    try:
+        assert bench.run() == {"done": 2, "skipped": 0, "failed": 0}
+    finally:
+        bench.close()
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        rec = s.get("tiny/ls/0")["config"]
+    assert rec["hparams"] == {"loss.alpha": 0.05} and rec["keep"] == small.keep
+    # the report states the protocol: splits with their checksums, the one policy, the budget, the values
+    from calibkit import rundir
+    from calibkit.report import build_report
+
+    rep = build_report(tmp_path, figures=False)
+    md = (tmp_path / "report" / "report.md").read_text()
+    split = rundir.load_info(tmp_path / "runs" / "tiny" / "ce" / "seed0")["split"]
+    assert f"checksum {split['val_checksum']}" in md and "class-stratified" in md
+    assert f"| checkpoint policy | {small.keep} (one policy for every run) |" in md
+    assert "every method trains with the same budget as CE" in md and "same budget as CE" in rep["text"]
+    assert "| LS | alpha=0.05 | ls |" in md
+    for changed, message in ((apply_values(small, "ls", {"loss.alpha": 0.2}), "was run with"),
+                             (dataclasses.replace(small, train={**small.train, "keep": "last"}), "checkpoint policy")):
+        bench = Bench(changed, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
+        try:
+            with pytest.raises(ValueError, match=message):
+                bench.run()
+        finally:
+            bench.close()
+    # the refused benches wrote nothing
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        assert [r["run_key"] for r in s.runs("tiny", status=None)] == ["tiny/ce/0", "tiny/ls/0"]
