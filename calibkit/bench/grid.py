@@ -31,11 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from calibkit.config import KEEP_POLICIES  # noqa: F401  (the policies of TrainConfig.keep; config is pure)
+
 REFERENCE = "ce"  # every comparison (the ECE difference column) is against cross-entropy
 # Where a search-space address may point (see the module docstring).
 TARGETS = ("loss", "train", "maccal", "csm")
-# The checkpoint policies of ``TrainConfig.keep``; one of them holds for every method of a bench.
-KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "last")
 
 
 @dataclass(frozen=True)
@@ -171,12 +171,12 @@ class Preset:
 # No augmentation: the over-fitting (and hence over-confident) regime is the one worth calibrating.
 _FMNIST_TRAIN = dict(
     augment=False, lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=128, schedule="multistep", grad_clip=2.0,
-    val_size=5000,
+    val_size=5000, keep="best-acc",
 )
 
 _CIFAR_TRAIN = dict(
     lr=0.1, momentum=0.9, weight_decay=5e-4, batch_size=128, epochs=350, schedule="multistep",
-    milestones=[150, 250], grad_clip=2.0, val_size=5000,
+    milestones=[150, 250], grad_clip=2.0, val_size=5000, keep="best-acc",
 )
 
 PRESETS: dict[str, Preset] = {
