@@ -103,7 +103,7 @@ METHODS: dict[str, MethodSpec] = {
                                    "loss.beta": Axis((0.1, 0.25, 0.5, 1.0, 4.0), 4.0)}),
     "fedlas_mbls": MethodSpec("FeDLaS-MbLS", loss="fedlas_mbls", space={"loss.margin": Axis(MARGINS, 6.0)}),
     "maccal": MethodSpec("MaC-Cal", kind="maccal", needs=("ce",),
-                         space={"maccal.eta": Axis((0.25, 1.0, 4.0), 1.0),
+                         space={"maccal.eta": Axis((1.0, 2.0, 4.0), 2.0),
                                 "maccal.r_min": Axis((0.05, 0.1, 0.3), 0.1)}),
     "csm": MethodSpec("CSM", kind="csm", loss="ce", method="csm", needs=("ce",),
                       space={"csm.sharpness": Axis((1.0, 2.3, 4.0, 8.0), 4.0)}),
