@@ -416,3 +416,23 @@ def test_tune_under_torchrun_two_processes(tmp_path, cli_env):
 def _rows_of(out, preset):
     with Store(out / "runs.db", readonly=True) as s:
         return {r["cand_key"]: r for r in s.candidates(preset, status=None)}
+
+
+def test_bench_tune_runs_the_grid_at_the_selected_values(tmp_path, small_spaces, monkeypatch, capsys):
+    from calibkit.cli import main
+
+    monkeypatch.setitem(PRESETS, "tiny", dataclasses.replace(TINY, robust_n=40, severities=(1,), n_boot=10))
+    assert main(["bench", "--preset", "tiny", "--tune", "--methods", "ls", "flsd", "--out", str(tmp_path),
+                 "--device", "cpu", "--num-threads", "1"]) == 0
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        chosen = [r for r in s.candidates("tiny", "ls") if r["selected"]]
+        runs = {r["method"]: r for r in s.runs("tiny")}
+    assert len(chosen) == 1 and sorted(runs) == ["ce", "flsd", "ls"]
+    alpha = chosen[0]["hparams"]["loss.alpha"]
+    assert runs["ls"]["config"]["hparams"] == {"loss.alpha": alpha}
+    assert runs["ls"]["config"]["loss"] == f"ls:alpha={alpha:g}" and runs["flsd"]["config"]["hparams"] == {}
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert f"| LS | alpha={alpha:g} | ls:alpha={alpha:g} | - | tuned here |" in md
+    assert "figures/tuning.png" in md and (tmp_path / "report" / "figures" / "tuning.png").is_file()
+    out = capsys.readouterr().out
+    assert "tune flsd: no search space" in out
