@@ -110,6 +110,32 @@ def tuning_text(out_dir, preset: str) -> str:
     return "\n".join([title, line(header), *map(line, rows)])
 
 
+def write_tuning_json(out_dir, preset: str, path=None) -> Path | None:
+    """Every candidate of ``preset`` (values, validation metrics, selected flag) as one JSON file.
+
+    The file (default ``out_dir/report/tuning.json``) is what a committed tuning run keeps with
+    the repository, so that anyone can re-derive a preset's values with
+    :func:`calibkit.bench.tune.select`. Returns its path, or ``None`` without candidates.
+    """
+    import json
+
+    cands = load_candidates(out_dir, preset)
+    if not cands:
+        return None
+    keep = ("acc", "ece", "aece", "nll", "brier", "o_ece", "u_ece", "n")
+    doc = {"preset": preset, "seed": sorted({c["seed"] for c in cands}),
+           "criterion": next((c["criterion"] for c in cands if c["selected"]), None),
+           "candidates": [{"method": c["method"], "hparams": c["hparams"], "selected": bool(c["selected"]),
+                           "metrics": {k: c["metrics"][k] for k in keep if k in c["metrics"]},
+                           "keep": (c.get("config") or {}).get("keep"), "train_time_s": c.get("train_time_s"),
+                           "started_at": c.get("started_at"), "finished_at": c.get("finished_at")}
+                          for c in cands]}
+    path = Path(path) if path else Path(out_dir) / "report" / "tuning.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    return path
+
+
 # -- figure --------------------------------------------------------------------------------------
 def _panels(cands: list[dict]) -> list[tuple[str, str, list[dict], dict | None]]:
     """``(method, address, candidates along that axis, selected)``: the curve through the selection."""
@@ -172,13 +198,15 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path
         ax.tick_params(labelsize=7)
         twin = ax.twinx()
         twin.plot(xs, acc, "s--", color="tab:green", ms=3, lw=1)
+        mid, half = (min(acc) + max(acc)) / 2, max((max(acc) - min(acc)) / 2 + 0.2, 1.0)
+        twin.set_ylim(mid - half, mid + half)  # at least 2 points tall: the exclusion rule's scale
         twin.set_ylabel("val Acc (%)", fontsize=7, color="tab:green")
         twin.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle("Validation ECE (solid) and accuracy (dashed) per searched value; star = selected, "
-                 "x = excluded (> 1 point below the best accuracy), dotted = CE", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.suptitle("Validation ECE (solid, blue) and accuracy (dashed, green) against each searched value\n"
+                 "star = selected; x = excluded (> 1 accuracy point below the best); dotted = CE's ECE", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / rows / 2.6))
     path = Path(path) if path else Path(out_dir) / "report" / "figures" / "tuning.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)

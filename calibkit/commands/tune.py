@@ -84,10 +84,10 @@ def run(args) -> int:
         return 0
     print(f"tune {preset.name}: {counts['done']} candidate(s) done, {counts['skipped']} skipped, "
           f"{counts['failed']} failed; database {args.out}/runs.db")
-    from calibkit.report_tuning import tuning_text, write_tuning_figure
+    from calibkit.report_tuning import tuning_text, write_tuning_figure, write_tuning_json
 
     print(tuning_text(args.out, preset.name))
-    fig = write_tuning_figure(args.out, preset.name)
+    fig, doc = write_tuning_figure(args.out, preset.name), write_tuning_json(args.out, preset.name)
     if fig is not None:
-        print(f"validation curves: {fig}")
+        print(f"validation curves: {fig}; every candidate: {doc}")
     return 1 if counts["failed"] else 0
