@@ -195,8 +195,9 @@ PRESETS: dict[str, Preset] = {
     "default": Preset(
         name="default", dataset="fmnist", model="mlp", seeds=(0, 1),
         train={**_FMNIST_TRAIN, "epochs": 40, "train_subset": 10000},
-        losses={"ls": "ls:alpha=0.03", "focal": "focal:gamma=2", "mbls": "mbls:margin=6", "acls": "acls:margin=4",
-                "dfl": "dfl:gamma=3", "fedlas_ls": "fedlas_ls:alpha=0.05,beta=0.5", "fedlas_mbls": "fedlas_mbls:margin=6"},
+        losses={"ls": "ls:alpha=0.03", "focal": "focal:gamma=2", "ecp": "ecp:beta=2", "mbls": "mbls:margin=6",
+                "acls": "acls:margin=4", "dfl": "dfl:gamma=3", "fedlas_ls": "fedlas_ls:alpha=0.05,beta=0.5",
+                "fedlas_mbls": "fedlas_mbls:margin=6"},
         train_by_method={"mixup": {"mix_alpha": 0.4}, "regmixup": {"mix_alpha": 2.0}},
         robust_n=2000, num_threads=1,
         note="every method on Fashion-MNIST (10k training images, MLP 784-512-512, 40 epochs), 2 seeds",
