@@ -436,3 +436,25 @@ def test_bench_tune_runs_the_grid_at_the_selected_values(tmp_path, small_spaces,
     assert "figures/tuning.png" in md and (tmp_path / "report" / "figures" / "tuning.png").is_file()
     out = capsys.readouterr().out
     assert "tune flsd: no search space" in out
+
+
+def test_default_preset_values_are_the_committed_selection():
+    """docs/tuning/default.json holds every candidate of the tuning run that chose the default
+    preset's values: the rule applied to it gives back exactly the values the preset records."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "docs" / "tuning" / "default.json").read_text())
+    preset = PRESETS["default"]
+    assert doc["preset"] == "default" and doc["seed"] == [preset.tune_seed]
+    assert Criterion(**doc["criterion"]) == Criterion()
+    tuned = sorted({c["method"] for c in doc["candidates"]} - {"ce"})
+    assert tuned == sorted(m for m in METHODS if METHODS[m].space and m != "csm"), "CSM is the one not yet tuned"
+    for method in tuned:
+        by_slug = {slug(c["hparams"]): c for c in doc["candidates"] if c["method"] == method}
+        rows = [by_slug[slug(v)] for v in candidates(method)]  # the whole current grid, in grid order
+        assert all(c["keep"] == preset.keep for c in rows)
+        win = rows[select(rows, METHODS[method].space)]
+        assert win["selected"], method
+        assert current_values(preset, method) == win["hparams"], method
+        assert not at_edge(win["hparams"], METHODS[method].space), f"{method}: widen its grid"
