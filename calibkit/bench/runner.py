@@ -14,8 +14,8 @@ opens the database, evaluates and writes, and its decision to run or skip each r
 
 Several benches on one output directory share the work: each claims the runs nobody holds, and a
 run that builds on another one (MaC-Cal and CSM on the CE run of their seed) waits while another
-live bench is still producing that one (:func:`work_queue`). Two processes on two cores finish a
-preset in about half the time.
+live bench is still producing that one (:func:`work_queue`). Each process trains different runs,
+so N processes keep N cores busy on one preset.
 
 One checkpoint policy (``Preset.keep``) and one set of hyperparameters per method hold for a whole
 output directory: a bench refuses to add runs to a directory whose finished runs were made under

@@ -14,7 +14,7 @@ examples:
   torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
 
 Running the same command again skips finished runs and resumes interrupted ones; a second process
-running the same command shares the work (about twice as fast on two cores).
+running the same command shares the work (each process trains different runs).
 The report is written to OUT/report/ (index.html, report.md, figures/); rebuild it with
 `calibkit report OUT`.
 """
