@@ -3,6 +3,10 @@
 Each subcommand lives in ``calibkit/commands/<name>.py`` and defines
 ``register(subparsers)``, which adds its parser and sets ``func`` (called with the parsed
 arguments). Heavy imports happen inside ``func`` so that ``calibkit --help`` stays fast.
+
+Every command that computes takes ``--num-threads N``; :func:`main` applies it
+(``torch.set_num_threads``) before the command runs, so a command only declares the option
+(``calibkit.commands.add_num_threads``). On a shared machine one thread per process is often the fastest.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import sys
 
 from calibkit import __version__
+from calibkit.commands import apply_num_threads
 from calibkit.extras import MissingExtra
 
 # name -> module; one literal table, so the list of subcommands is visible at a glance.
@@ -21,6 +26,7 @@ COMMANDS = {
     "eval": "calibkit.commands.eval",
     "plot": "calibkit.commands.plot",
     "bench": "calibkit.commands.bench",
+    "tune": "calibkit.commands.tune",
     "report": "calibkit.commands.report",
     "csm": "calibkit.commands.csm",
     "maccal": "calibkit.commands.maccal",
@@ -46,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        apply_num_threads(args)
         rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here at the latest, not at interpreter exit
     except BrokenPipeError:

@@ -27,6 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--n-bins", type=int, default=15, help="bins of the binned calibration errors (default 15)")
     p.add_argument("--ts-objective", choices=("nll", "ece"), default="nll",
                    help="fit T by validation NLL (default) or by the literature's grid search on validation ECE")
+    from calibkit.commands import add_num_threads
+
+    add_num_threads(p)
     p.set_defaults(func=run)
 
 

@@ -33,6 +33,15 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 
 
+def _count_or_fraction(text: str):
+    from calibkit.config import parse_count_or_fraction
+
+    try:
+        return parse_count_or_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model (SGD, calibration loss, Mixup/RegMixup/CSM) into a run directory",
@@ -47,8 +56,11 @@ def register(subparsers) -> None:
     g.add_argument("--data", help="data set name (default fmnist)")
     g.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
     g.add_argument("--model", help="model name from calibkit.models.MODELS (default resnet20)")
-    g.add_argument("--val-size", type=int, metavar="N", help="validation images split off the training set")
-    g.add_argument("--train-subset", type=int, metavar="N", help="train on the first N training images only")
+    g.add_argument("--val-size", type=_count_or_fraction, metavar="N|F",
+                   help="validation split drawn (class-stratified, seeded) from the training set: "
+                   "a count (5000) or a fraction (0.1)")
+    g.add_argument("--train-subset", type=int, metavar="N",
+                   help="train on a class-stratified, seeded random subset of N training images")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help="random crop/flip as the data set allows (default on)")
     g.add_argument("--keep", metavar="POLICY", help="checkpoint policy, which epoch's weights the run keeps: "

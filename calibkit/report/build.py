@@ -18,6 +18,7 @@ from calibkit.report.data import ece_deltas, label, summarize
 from calibkit.report.figures import method_figure, summary_figures
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import grid_tables, ranked_table, robustness_table
+from calibkit.report.tuning import protocol_section
 from calibkit.store import Store
 
 
@@ -133,7 +134,7 @@ def figures_section(ctx: ReportContext) -> list[Section]:
 
 
 # The report, in order. Each builder: ReportContext -> list[Section].
-SECTIONS = (summary_section, notes_section, tables_section, robustness_section, figures_section)
+SECTIONS = (summary_section, notes_section, tables_section, robustness_section, protocol_section, figures_section)
 
 
 def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
