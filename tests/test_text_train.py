@@ -133,3 +133,27 @@ def test_text_smoke_bench_end_to_end(tmp_path, index, cli_env):
              "mixup"], cli_env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "mixup, csm: skipped (they mix or generate images" in r.stdout
+
+
+def test_text_presets_select_only_text_methods(tmp_path):
+    from calibkit.bench.grid import IMAGE_ONLY, METHODS, TEXT_METHODS, get_preset, grid_methods
+    from calibkit.bench.tune import Tuner
+
+    preset = get_preset("text")
+    assert grid_methods(preset) == (list(TEXT_METHODS), [])
+    kept, skipped = grid_methods(preset, ["mixup", "mbls", "csm"])
+    assert kept == ["ce", "mbls"] and skipped == ["mixup", "csm"]
+    # an image preset keeps everything it is asked for
+    assert grid_methods(get_preset("smoke"), ["mixup"]) == (["ce", "mixup"], [])
+    # tuning a text preset: its own methods that have a search space, never an image-only one
+    tuner = Tuner(preset, tmp_path, num_threads=1, log=lambda *a, **k: None)
+    try:
+        assert tuner.methods == [m for m in TEXT_METHODS if METHODS[m].space]
+        assert tuner.unsupported == []
+    finally:
+        tuner.close()
+    tuner = Tuner(preset, tmp_path, methods=list(IMAGE_ONLY) + ["ls"], num_threads=1, log=lambda *a, **k: None)
+    try:
+        assert tuner.methods == ["ls"] and tuner.unsupported == list(IMAGE_ONLY)
+    finally:
+        tuner.close()
