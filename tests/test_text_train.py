@@ -157,3 +157,11 @@ def test_text_presets_select_only_text_methods(tmp_path):
         assert tuner.methods == ["ls"] and tuner.unsupported == list(IMAGE_ONLY)
     finally:
         tuner.close()
+
+
+def test_csm_generator_refuses_text_data(tmp_path, index, cli_env):
+    out = tmp_path / "gen"
+    r = cli(["csm", "train-generator", "--data", "debian", "--data-dir", str(index), "--steps", "1", "--out", str(out)],
+            cli_env)
+    assert r.returncode == 1 and "debian is text: CSM's generator is an image diffusion model" in r.stderr, r.stderr
+    assert not out.exists()
