@@ -121,8 +121,9 @@ def test_sync_without_distributed_is_noop(gen):
 @pytest.mark.parametrize("name", list(FUNCS))
 def test_bootstrap_fast_path_equals_per_resample_evaluation(gen, name, dtype):
     probs, labels = _data(gen, n=300, k=6, dtype=dtype)
-    fast = bootstrap_ci(name, probs, labels, n_resamples=40, seed=3)
-    slow = bootstrap_ci(lambda p, y: FUNCS[name](p, y), probs, labels, n_resamples=40, seed=3)
+    # percentile: the basic interval of a panel name is clipped to the metric's range, a callable's is not
+    fast = bootstrap_ci(name, probs, labels, n_resamples=40, seed=3, method="percentile")
+    slow = bootstrap_ci(lambda p, y: FUNCS[name](p, y), probs, labels, n_resamples=40, seed=3, method="percentile")
     # float32 cece: the functional version sums columns in 16-row float32 blocks (documented
     # relative error ~1e-8), the bootstrap in float64
     tol = 1e-8 if (name == "cece" and dtype == torch.float32) else 1e-12
@@ -133,15 +134,20 @@ def test_bootstrap_fast_path_equals_per_resample_evaluation(gen, name, dtype):
 
 def test_bootstrap_reproducible_and_sensible(gen):
     probs, labels = _data(gen, n=2000, k=10)
-    a = bootstrap_ci("ece", probs, labels, n_resamples=300, seed=7)
-    b = bootstrap_ci(F.ece, probs, labels, n_resamples=300, seed=7)  # function -> same fast path
+    a = bootstrap_ci("ece", probs, labels, n_resamples=300, seed=7, method="percentile")
+    b = bootstrap_ci(F.ece, probs, labels, n_resamples=300, seed=7, method="percentile")  # same fast path
     assert torch.equal(a.samples, b.samples) and (a.low, a.high) == (b.low, b.high)
     c = bootstrap_ci("ece", probs, labels, n_resamples=300, seed=8)
     assert not torch.equal(a.samples, c.samples)
     assert a.low < a.estimate < a.high and a.level == 0.95 and a.samples.shape == (300,)
     q = torch.quantile(a.samples, torch.tensor([0.025, 0.975], dtype=torch.float64))
     assert (a.low, a.high) == pytest.approx(tuple(q.tolist()))
-    # percentile interval of the accuracy ~ estimate +- 1.96 * binomial std
+    # the default basic interval reflects the quantiles about the estimate: [2e - q_hi, 2e - q_lo]
+    basic = bootstrap_ci("ece", probs, labels, n_resamples=300, seed=7)
+    assert basic.method == "basic" and torch.equal(basic.samples, a.samples)
+    assert (basic.low, basic.high) == pytest.approx((2 * a.estimate - q[1].item(), 2 * a.estimate - q[0].item()))
+    assert basic.bias == pytest.approx(a.samples.mean().item() - a.estimate)
+    # interval of the accuracy ~ estimate +- 1.96 * binomial std
     acc = bootstrap_ci("acc", probs, labels, n_resamples=1000, seed=0)
     sd = (acc.estimate * (1 - acc.estimate) / 2000) ** 0.5
     assert acc.high - acc.low == pytest.approx(2 * 1.96 * sd, rel=0.15)
