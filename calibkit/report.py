@@ -8,8 +8,10 @@ Calibration numbers (ECE, AECE, classwise ECE, MCE, O-/U-ECE) and accuracies are
 Brier as they are. The ``dECE vs CE`` column is a **paired bootstrap** over test samples: every
 resample draws one set of test indices, applied to both the method's and CE's probabilities of
 the same seed; the statistic is the seed-averaged ECE difference, so the interval reflects the
-test-set sampling noise (the spread over seeds is in the +- column). A difference is marked
-significant (``*``) when its 95% interval excludes 0.
+test-set sampling noise (the spread over seeds is in the +- column). The interval is the
+**basic** bootstrap interval (``calibkit.bootstrap.bootstrap_interval``, the default of
+``paired_bootstrap_diff``), which corrects the bias of the difference of two binned ECEs. A
+difference is marked significant (``*``) when its 95% interval excludes 0.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
     Returns ``{method: {"diff", "lo", "hi", "significant", "seeds"}}``; methods sharing no seed
     with CE, and CE itself, are left out.
     """
+    from calibkit.bootstrap import bootstrap_interval
     from calibkit.metrics import paired_bootstrap_diff
 
     if REFERENCE not in summary:
@@ -151,10 +154,9 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
                                         n_resamples=n_boot, seed=seed, level=level)
             diffs.append(res.samples)
             estimates.append(res.estimate)
-        mean_diff = torch.stack(diffs).mean(0)
-        lo, hi = torch.quantile(mean_diff, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
-        out[method] = {"diff": float(np.mean(estimates)), "lo": float(lo), "hi": float(hi),
-                       "significant": not (float(lo) <= 0.0 <= float(hi)), "seeds": len(pairs)}
+        mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
+        lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
+        out[method] = {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi), "seeds": len(pairs)}
     return out
 
 
@@ -348,7 +350,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     ctx = (f"Preset `{preset}`; git commit `{first.get('git_commit')}`; versions "
            f"{', '.join(f'{k} {v}' for k, v in sorted((first.get('versions') or {}).items()))}. "
            f"Mean ± std over seeds; calibration and accuracy x100; dECE = paired bootstrap "
-           f"({n_boot} resamples) of the seed-averaged ECE difference from CE, * = 95% CI excludes 0.")
+           f"({n_boot} resamples, basic interval) of the seed-averaged ECE difference from CE, "
+           f"* = 95% CI excludes 0.")
     sections = [("Test set, before temperature scaling", h1, r1),
                 ("After temperature scaling (fitted on val), OOD, corrupted test sets, training time", h2, r2)]
     if rob:
