@@ -32,18 +32,20 @@ _LANES = 32
 _SELECT_BUDGET = 1 << 24  # classwise slots gathered per chunk of rows (memory ~ 32 bytes each)
 
 
-def scatter_sums(slot: torch.Tensor, src: torch.Tensor, n_slots: int, lanes: int | None = None) -> torch.Tensor:
+def scatter_sums(slot: torch.Tensor, src: torch.Tensor, n_slots: int, lanes: int | None = None,
+                 position: torch.Tensor | None = None) -> torch.Tensor:
     """``out[s] = sum_{i: slot[i] = s} src[i]``: ``src`` ``(n, c)`` -> ``(n_slots, c)``, same dtype.
 
     ``index_add_`` into ``lanes`` interleaved copies of the output, then a sum over copies
     (default: 32 copies on accelerators, 1 on the CPU, where there are no atomics to contend).
+    ``position``: ``arange(n)`` on the device, if the caller has it already.
     """
     n, c = src.shape
     if lanes is None:
         lanes = 1 if src.device.type == "cpu" else _LANES
     if lanes == 1:
         return torch.zeros(n_slots, c, dtype=src.dtype, device=src.device).index_add_(0, slot, src)
-    lane = torch.arange(n, device=src.device) % lanes
+    lane = (torch.arange(n, device=src.device) if position is None else position) % lanes
     out = torch.zeros(lanes * n_slots, c, dtype=src.dtype, device=src.device)
     out.index_add_(0, slot + lane * n_slots, src)
     return out.view(lanes, n_slots, c).sum(0)
@@ -99,10 +101,10 @@ def classwise_torch(probs, labels, n_bins, valid=None, x=None) -> BinSums:
             idx = idx.clamp(min=0)
             vals = flat[idx]
             slot = (idx % k) * n_bins + _bins(vals, edges, probs.dtype)
-            spread = torch.arange(size, device=dev) % kb  # padding adds zeros, spread over all slots
-            slot = torch.where(real, slot, spread)
+            position = torch.arange(size, device=dev)
+            slot = torch.where(real, slot, position % kb)  # padding adds zeros, spread over all slots
             realf = real.double()
-            sums = scatter_sums(slot, torch.stack([realf, vals.double() * realf], 1), kb, lanes=4)
+            sums = scatter_sums(slot, torch.stack([realf, vals.double() * realf], 1), kb, lanes=4, position=position)
             count += sums[:, 0]
             conf += sums[:, 1]
     count, conf = count.view(k, n_bins), conf.view(k, n_bins)
