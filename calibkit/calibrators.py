@@ -131,8 +131,14 @@ def _check_any_logits(logits) -> torch.Tensor:
     x = as_tensor(logits, "logits")
     if x.dim() == 1:
         return check_logits(x[:, None].expand(-1, 2))[:, 0]  # same checks (dtype, N, finiteness)
-    if x.dim() >= 3:
-        check_logits(x.movedim(1, -1).reshape(-1, x.shape[1]))
+    if x.dim() >= 3:  # the checks of check_logits, without a (pixels, K) copy
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"logits must be a floating-point tensor, got dtype {x.dtype}")
+        if x.numel() == 0 or x.shape[1] < 2:
+            raise ValueError(f"dense logits need N >= 1 and K >= 2 along dim 1, got shape {tuple(x.shape)}")
+        lo, hi = torch.aminmax(x)
+        if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
+            raise ValueError("logits contains NaN or infinite value(s)")
         return x
     return check_logits(x)
 

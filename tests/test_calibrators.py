@@ -178,3 +178,15 @@ def test_bfloat16_logits(gen):
     ref = TemperatureScaling().fit((2 * z).bfloat16().double(), y)
     assert ts.temperature_ == ref.temperature_  # fitted in float64 on the exact upcast
     assert ts.predict_proba((2 * z).bfloat16()).dtype == torch.float32
+
+
+def test_dense_transform_validates_without_flattening():
+    ts = TemperatureScaling()
+    ts.temperature_ = 2.0
+    x = torch.zeros(2, 3, 4, 4)
+    torch.testing.assert_close(ts.transform(x + 1.0), x + 0.5)
+    x[1, 2, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        ts.transform(x)
+    with pytest.raises(ValueError, match="K >= 2"):
+        ts.transform(torch.zeros(2, 1, 4, 4))
