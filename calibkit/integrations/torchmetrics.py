@@ -15,12 +15,14 @@ Example:
 
 from __future__ import annotations
 
+from calibkit.extras import MissingExtra
+
 try:
     import torchmetrics
     from torchmetrics.utilities.data import dim_zero_cat
-except ImportError as exc:  # pragma: no cover - exercised only without torchmetrics
-    raise ImportError("calibkit.integrations.torchmetrics needs the torchmetrics package: "
-                      "pip install 'calibkit[integrations]' (or pip install torchmetrics)") from exc
+except ImportError as exc:  # absent or broken install
+    raise MissingExtra("calibkit.integrations.torchmetrics needs torchmetrics: "
+                       "pip install 'calibkit[integrations]'") from exc
 
 import torch
 
