@@ -91,6 +91,8 @@ def main(argv=None) -> int:
     labels = torch.where(flip, torch.randint(0, k, (n,), generator=g), predicted)
 
     devices = args.device.split(",") if args.device else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available here")
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
     print(f"machine: {os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), python {platform.python_version()}, load average {load[0]:.1f}")
@@ -111,6 +113,8 @@ def main(argv=None) -> int:
         print(f"[{device}] ratios (calibkit / torchmetrics ECE; target: panel <= 1.0):")
         print(f"  from probs:  ece {r1:.3f}   evaluate panel {r2:.3f}")
         print(f"  from logits: ece {r3:.3f}   evaluate panel {r4:.3f}")
+    if not any(d.startswith("cuda") for d in devices):
+        print("[cuda] unmeasured: no CUDA device in this run (the CUDA ratios need a GPU)")
     return 0
 
 
