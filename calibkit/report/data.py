@@ -121,12 +121,15 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
     Every resample draws one set of test indices, applied to both the method's and CE's
     probabilities of the same seed; the statistic is the seed-averaged ECE difference, so the
     interval reflects the test-set sampling noise (the spread over seeds is in the tables' +-).
+    The interval is the **basic** bootstrap interval around the seed-averaged difference (the
+    default of :func:`~calibkit.metrics.paired_bootstrap_diff`).
 
     Returns:
         ``{method: {"diff", "lo", "hi", "significant", "seeds", "identical"}}``; ``identical``
         is True when the method's test probabilities equal CE's exactly in every shared seed.
         Methods sharing no seed with CE, and CE itself, are left out.
     """
+    from calibkit.bootstrap import bootstrap_interval
     from calibkit.metrics import paired_bootstrap_diff
 
     if REFERENCE not in summary:
@@ -160,9 +163,10 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
                                         n_resamples=n_boot, seed=seed, level=level)
             diffs.append(res.samples)
             estimates.append(res.estimate)
-        mean_diff = torch.stack(diffs).mean(0)
-        lo, hi = torch.quantile(mean_diff, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
-        out[method] = {"diff": float(np.mean(estimates)), "lo": float(lo), "hi": float(hi),
-                       "significant": not (float(lo) <= 0.0 <= float(hi)), "seeds": len(pairs),
-                       "identical": identical}
+        # Basic interval around the seed-averaged difference (corrects the bias of a difference
+        # of two binned ECEs; see calibkit.bootstrap.bootstrap_interval).
+        mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
+        lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
+        out[method] = {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+                       "seeds": len(pairs), "identical": identical}
     return out
