@@ -21,7 +21,8 @@ class Split:
 
     Attributes:
         images: uint8 tensor (N, C, H, W), values 0..255.
-        labels: int64 tensor (N,), values in [0, num_classes).
+        labels: int64 tensor (N,), values in [0, num_classes); for segmentation, uint8 masks
+            (N, H, W) of per-pixel classes, 255 marking unlabelled ("void") pixels.
     """
 
     images: torch.Tensor
@@ -32,8 +33,12 @@ class Split:
             raise ValueError(
                 f"images must be a uint8 tensor (N, C, H, W), got {self.images.dtype} {tuple(self.images.shape)}"
             )
-        if self.labels.dtype != torch.int64 or self.labels.dim() != 1:
-            raise ValueError(f"labels must be an int64 tensor (N,), got {self.labels.dtype} {tuple(self.labels.shape)}")
+        masks = self.labels.dtype == torch.uint8 and self.labels.dim() == 3
+        if masks and self.labels.shape[1:] != self.images.shape[2:]:
+            raise ValueError(f"masks {tuple(self.labels.shape)} do not match images {tuple(self.images.shape)}")
+        if not masks and (self.labels.dtype != torch.int64 or self.labels.dim() != 1):
+            raise ValueError("labels must be an int64 tensor (N,) or uint8 masks (N, H, W), "
+                             f"got {self.labels.dtype} {tuple(self.labels.shape)}")
         if self.images.shape[0] != self.labels.shape[0]:
             raise ValueError(f"{self.images.shape[0]} images but {self.labels.shape[0]} labels")
 
@@ -77,6 +82,9 @@ class DataBundle:
         split: how the validation split was drawn (seed, sizes, checksum of the validation
             indices); recorded with every run so a result can be traced to its exact split.
         data_dir: the directory the files were read from (None for built-in data).
+        modality: ``"image"`` (classification) or ``"segmentation"`` (labels are uint8 masks
+            (N, H, W); see :mod:`calibkit.data.segmentation`).
+        ignore_index: the mask value of unlabelled pixels (255) for segmentation, else None.
     """
 
     name: str
@@ -92,6 +100,8 @@ class DataBundle:
     class_names: list[str]
     split: dict = field(default_factory=dict)
     data_dir: str | None = None
+    modality: str = "image"
+    ignore_index: int | None = None
 
     @property
     def image_size(self) -> tuple[int, int]:
