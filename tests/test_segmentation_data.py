@@ -118,8 +118,9 @@ def test_split_accepts_masks_and_rejects_mismatches():
     Split(x, torch.zeros(2, 4, 5, dtype=torch.uint8))
     with pytest.raises(ValueError, match="do not match"):
         Split(x, torch.zeros(2, 5, 4, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="uint8 masks"):
-        Split(x, torch.zeros(2, 4, 5, dtype=torch.int64))
+    Split(x, torch.zeros(2, 4, 5, dtype=torch.int64))
+    with pytest.raises(ValueError, match="labels must be"):
+        Split(x, torch.zeros(2, 4, 5, dtype=torch.int32))
 
 
 # -------------------------------------------------------------------------------- PASCAL VOC

@@ -12,7 +12,9 @@ import os
 
 import torch
 
-from .bundle import DataBundle, Split, channel_stats, index_checksum, seeded_split
+import numpy as np
+
+from .bundle import DataBundle, Split, channel_stats, index_checksum
 from .transforms import augment
 
 VOID = 255
@@ -41,6 +43,14 @@ def augment_pair(images: torch.Tensor, masks: torch.Tensor, crop_pad: int, hflip
     return both[:, :-1].contiguous(), (void - both[:, -1]).contiguous()
 
 
+def _seeded_draw(n: int, size: int, seed: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rest, drawn)``: ``size`` of ``n`` indices drawn by ``SeedSequence([seed, stream])``, both sorted."""
+    if not 0 <= size < n:
+        raise ValueError(f"val_size must be in [0, {n - 1}] for a training set of {n} images, got {size}")
+    perm = np.random.default_rng(np.random.SeedSequence([seed, stream])).permutation(n)
+    return np.sort(perm[size:]).astype(np.int64), np.sort(perm[:size]).astype(np.int64)
+
+
 def _check_masks(name: str, part: str, split: Split, num_classes: int) -> None:
     if len(split) == 0:
         return
@@ -55,7 +65,9 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
 
     ``scenes``: the validation scenes are composed from a seeded held-out part of the
     Fashion-MNIST training images (``val_size`` scenes, default 500). ``voc``: ``val_size``
-    images (default 10%) drawn from the official ``train`` list by a seeded permutation.
+    images (default 10%) drawn from the official ``train`` list by a seeded permutation
+    (stream 0). ``train_subset``: a seeded random subset of the training images (stream 1);
+    class stratification does not apply to images holding several classes.
     """
     from .scenes import read_scenes
 
@@ -76,14 +88,18 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
             if not 0 < size < 1:
                 raise ValueError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
             size = int(round(size * len(raw.train)))
-        train_idx, val_idx = seeded_split(len(raw.train), int(size), seed)
+        train_idx, val_idx = _seeded_draw(len(raw.train), int(size), seed, stream=0)
         train, val = raw.train.subset(train_idx), raw.train.subset(val_idx)
-        rule = "seeded permutation of the official training list"
+        rule = "seeded random draw from the official training list"
         checksum = index_checksum(val_idx)
+    train_checksum = None
     if train_subset is not None:
         if not 1 <= int(train_subset) <= len(train):
             raise ValueError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
-        train = Split(train.images[: int(train_subset)].clone(), train.labels[: int(train_subset)].clone())
+        if int(train_subset) < len(train):
+            _, keep = _seeded_draw(len(train), int(train_subset), seed, stream=1)
+            train = train.subset(keep)
+            train_checksum = index_checksum(keep)
     num_classes = len(raw.class_names)
     for part, split in (("train", train), ("val", val), ("test", raw.test)):
         _check_masks(name, part, split, num_classes)
@@ -93,6 +109,7 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
         in_channels=int(train.images.shape[1]), mean=mean, std=std, hflip=spec.hflip, crop_pad=spec.crop_pad,
         class_names=list(raw.class_names),
         split={"seed": int(seed), "rule": rule, "train": len(train), "val": len(val), "test": len(raw.test),
-               "train_subset": None if train_subset is None else int(train_subset), "val_checksum": checksum},
+               "train_subset": None if train_subset is None else int(train_subset), "val_checksum": checksum,
+               "train_checksum": train_checksum},
         data_dir=os.path.abspath(folder) if folder else None, modality="segmentation", ignore_index=VOID,
     )

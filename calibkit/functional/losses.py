@@ -30,8 +30,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from calibkit._validation import as_tensor, check_logits, check_probs, upcast
-from calibkit.functional.pixels import flatten_pixels
+from calibkit._validation import as_tensor, check_logits, check_probs, trusting, upcast
+from calibkit.functional.pixels import dense_rows
 
 __all__ = [
     "cross_entropy",
@@ -59,27 +59,33 @@ IGNORE_INDEX = 255  # PASCAL VOC's "void" label; the default of every dense loss
 
 
 def _rows(logits, targets, ignore_index):
-    """Validated ``(logits (M, K), targets (M,))``: the input itself, or the valid pixels of a dense one."""
+    """Validated ``(logits (M, K), targets (M,), valid)``: the input itself (``valid`` None), or every
+    pixel of a dense input as a row with its validity mask (:func:`calibkit.functional.pixels.dense_rows`)."""
     logits = as_tensor(logits, "logits")
     if logits.dim() >= 3:
-        flat, y, _ = flatten_pixels(logits, targets, ignore_index)
-        return flat, y
-    return check_logits(logits, targets)
+        return dense_rows(logits, targets, ignore_index)
+    logits, targets = check_logits(logits, targets)
+    return logits, targets, None
 
 
 def _prepare(logits, targets, ignore_index=IGNORE_INDEX):
-    """Validate (flattening dense input), upcast half precision, return ``(logits, targets, log_probs, log_p_y)``."""
-    logits, targets = _rows(logits, targets, ignore_index)
+    """Validate, upcast half precision; ``(logits, targets, log_probs, log_p_y, valid)`` over rows."""
+    logits, targets, valid = _rows(logits, targets, ignore_index)
     logits = upcast(logits)
     targets = targets.to(logits.device)
     logp = F.log_softmax(logits, dim=1)  # (M, K)
     logp_y = logp.gather(1, targets[:, None]).squeeze(1)  # (M,)
-    return logits, targets, logp, logp_y
+    return logits, targets, logp, logp_y, valid
 
 
-def _mean(x: torch.Tensor) -> torch.Tensor:
-    """Mean over rows; 0 (still attached to the graph, zero gradient) when there are none."""
-    return x.mean() if x.numel() else x.sum()
+def _mean(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Mean over rows, or over the valid rows of a dense input (0 with a zero gradient when none is).
+
+    ``where`` (not a product with the mask) keeps a non-finite term of an ignored pixel out.
+    """
+    if valid is None:
+        return x.mean()
+    return torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / valid.sum().clamp_min(1)
 
 
 def _check_number(value, name: str, low: float | None = None, high: float | None = None) -> float:
@@ -96,11 +102,11 @@ def _check_number(value, name: str, low: float | None = None, high: float | None
     return value
 
 
-def _per_sample(value, name: str, logits: torch.Tensor, dense_targets=None, ignore_index=None) -> torch.Tensor:
+def _per_sample(value, name: str, logits: torch.Tensor, dense_targets=None) -> torch.Tensor:
     """A scalar or a tensor of finite per-sample values -> (M,) as logits' dtype/device.
 
     ``logits`` are the validated rows (M, K). For a dense call, pass the original targets
-    (N, *S): a value of that shape is reduced to its valid pixels, like the logits.
+    (N, *S): a value of that shape gives one value per pixel, like the rows.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = torch.tensor(float(value))
@@ -115,11 +121,10 @@ def _per_sample(value, name: str, logits: torch.Tensor, dense_targets=None, igno
         if value.shape != dense_targets.shape:
             raise ValueError(f"{name} must be a scalar or have the targets' shape {tuple(dense_targets.shape)}, "
                              f"got {tuple(value.shape)}")
-        keep = dense_targets != ignore_index if ignore_index is not None else torch.ones_like(dense_targets, dtype=torch.bool)
-        value = value[keep.to(value.device)]
+        value = value.reshape(-1)  # one value per pixel, like the rows
     if value.shape != (n,):
         raise ValueError(f"{name} must be a scalar or have shape ({n},), got {tuple(value.shape)}")
-    if not torch.isfinite(value).all():
+    if not trusting() and not torch.isfinite(value).all():
         raise ValueError(f"{name} contains NaN or infinite value(s)")
     return value.to(device=logits.device, dtype=logits.dtype)
 
@@ -154,8 +159,8 @@ def cross_entropy(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> t
     >>> round(float(cross_entropy(torch.zeros(1, 4), torch.tensor([2]))), 4)  # log 4
     1.3863
     """
-    _, _, _, logp_y = _prepare(logits, targets, ignore_index)
-    return _mean(-logp_y)
+    _, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean(-logp_y, valid)
 
 
 def label_smoothing(logits, targets, alpha: float = 0.05, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -168,8 +173,8 @@ def label_smoothing(logits, targets, alpha: float = 0.05, ignore_index: int | No
         [0, 1] (default 0.05). ignore_index: dense inputs only (default 255).
     """
     alpha = _check_number(alpha, "alpha", 0.0, 1.0)
-    _, _, logp, logp_y = _prepare(logits, targets, ignore_index)
-    return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)))
+    _, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)), valid)
 
 
 def focal(logits, targets, gamma: float = 3.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -182,8 +187,8 @@ def focal(logits, targets, gamma: float = 3.0, ignore_index: int | None = IGNORE
         ``g >= 0`` (default 3). ignore_index: dense inputs only (default 255).
     """
     gamma = _check_number(gamma, "gamma", 0.0)
-    _, _, _, logp_y = _prepare(logits, targets, ignore_index)
-    return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y))
+    _, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y), valid)
 
 
 def flsd(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -193,10 +198,10 @@ def flsd(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tens
     (a step function has no useful gradient), the focal factor itself is differentiable.
     Dense (N, K, *S) input: per valid pixel, ``ignore_index`` as in :func:`cross_entropy`.
     """
-    _, _, _, logp_y = _prepare(logits, targets, ignore_index)
+    _, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
     with torch.no_grad():
         gamma = torch.where(logp_y.exp() < 0.2, 5.0, 3.0).to(logp_y.dtype)
-    return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y))
+    return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y), valid)
 
 
 def ecp(logits, targets, beta: float = 0.1, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -207,9 +212,9 @@ def ecp(logits, targets, beta: float = 0.1, ignore_index: int | None = IGNORE_IN
     per valid pixel, ``ignore_index`` as in :func:`cross_entropy`.
     """
     beta = _check_number(beta, "beta")
-    logits, _, logp, logp_y = _prepare(logits, targets, ignore_index)
+    logits, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
     entropy = -(logp.exp() * logp).sum(dim=1)  # (M,)
-    return _mean(-logp_y - beta * entropy / logits.shape[1])
+    return _mean(-logp_y - beta * entropy / logits.shape[1], valid)
 
 
 def margin_penalty(logits, margin: float = 10.0, targets=None, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -220,12 +225,14 @@ def margin_penalty(logits, margin: float = 10.0, targets=None, ignore_index: int
     read the targets).
     """
     margin = _check_number(margin, "margin", 0.0)
+    valid = None
     if _dense(logits):
-        logits, _, _ = flatten_pixels(logits, torch.zeros(logits.shape[:1] + logits.shape[2:], dtype=torch.long)
-                                      if targets is None else targets, ignore_index if targets is not None else None)
+        if targets is None:  # every pixel counts
+            targets, ignore_index = torch.zeros((logits.shape[0], *logits.shape[2:]), dtype=torch.long), None
+        logits, _, valid = dense_rows(logits, targets, ignore_index)
     else:
         logits = check_logits(logits)
-    return _mean(_gap_penalty(upcast(logits), margin))
+    return _mean(_gap_penalty(upcast(logits), margin), valid)
 
 
 def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -241,8 +248,8 @@ def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1, ignore_index: 
     """
     margin = _check_number(margin, "margin", 0.0)
     lam = _check_number(lam, "lam", 0.0)
-    logits, _, _, logp_y = _prepare(logits, targets, ignore_index)
-    return _mean(-logp_y) + lam * _mean(_gap_penalty(logits, margin))
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean(-logp_y, valid) + lam * _mean(_gap_penalty(logits, margin), valid)
 
 
 def acls(logits, targets, alpha: float = 0.1, lam1: float = 1.0, lam2: float = 0.1,
@@ -263,15 +270,15 @@ def acls(logits, targets, alpha: float = 0.1, lam1: float = 1.0, lam2: float = 0
     lam1 = _check_number(lam1, "lam1", 0.0)
     lam2 = _check_number(lam2, "lam2", 0.0)
     margin = _check_number(margin, "margin")
-    logits, _, _, logp_y = _prepare(logits, targets, ignore_index)
-    n, k = logits.shape
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    k = logits.shape[1]
     top = logits.argmax(dim=1, keepdim=True)  # (N, 1)
     l_top = logits.gather(1, top)  # (N, 1), carries gradient in the first term only
-    first = _mean(F.relu(l_top.squeeze(1) - margin).pow(2))
+    first = _mean(F.relu(l_top.squeeze(1) - margin).pow(2), valid)
     others = F.relu(l_top.detach() - logits - margin).pow(2)  # (N, K)
     others = others.scatter(1, top, 0.0)  # exclude j*
-    second = others.sum() / (max(n, 1) * (k - 1))
-    return _mean(-logp_y) + alpha * (lam1 * first + lam2 * second)
+    second = _mean(others.sum(dim=1), valid) / (k - 1)  # = sum / (N (K - 1)) over the (valid) rows
+    return _mean(-logp_y, valid) + alpha * (lam1 * first + lam2 * second)
 
 
 def dual_focal(logits, targets, gamma: float = 5.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -283,12 +290,12 @@ def dual_focal(logits, targets, gamma: float = 5.0, ignore_index: int | None = I
     ``ignore_index`` as in :func:`cross_entropy`.
     """
     gamma = _check_number(gamma, "gamma", 0.0)
-    _, _, logp, logp_y = _prepare(logits, targets, ignore_index)
+    _, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
     p = logp.exp()
     p_y = logp_y.exp()
     below = p * (p < p_y[:, None])  # entries >= p_y (the target itself included) become 0
     p_j = below.max(dim=1).values
-    return _mean(-(_one_minus(1 - p_y + p_j) ** gamma * logp_y))
+    return _mean(-(_one_minus(1 - p_y + p_j) ** gamma * logp_y), valid)
 
 
 def adafocal(logits, targets, gamma, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -302,12 +309,12 @@ def adafocal(logits, targets, gamma, ignore_index: int | None = IGNORE_INDEX) ->
         like ``targets`` (treated as a constant). ignore_index: dense inputs only (default 255).
     """
     dense_targets = targets if _dense(logits) else None
-    logits, _, _, logp_y = _prepare(logits, targets, ignore_index)
-    gamma = _per_sample(gamma, "gamma", logits, dense_targets, ignore_index).detach()
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    gamma = _per_sample(gamma, "gamma", logits, dense_targets).detach()
     p_y = logp_y.exp()
     # Both factors in one product: exactly one of the two exponents is non-zero per sample.
     weight = _one_minus(-torch.expm1(logp_y)) ** gamma.clamp_min(0) * (1 + p_y) ** (-gamma).clamp_min(0)
-    return _mean(-(weight * logp_y))
+    return _mean(-(weight * logp_y), valid)
 
 
 # ----------------------------------------------------------------------------- soft targets
@@ -350,7 +357,7 @@ def feature_l1_norms(features) -> torch.Tensor:
         raise ValueError(f"features must have shape (N, D) with N, D >= 1, got {tuple(z.shape)}")
     if not z.dtype.is_floating_point:
         raise ValueError(f"features must be a floating-point tensor, got dtype {z.dtype}")
-    if not torch.isfinite(z).all():
+    if not trusting() and not torch.isfinite(z).all():
         raise ValueError("features contains NaN or infinite value(s)")
     return upcast(z).detach().abs().sum(dim=1)
 
@@ -383,9 +390,9 @@ def weighted_label_smoothing(logits, targets, alpha, ignore_index: int | None = 
         like ``targets``. ignore_index: dense inputs only (default 255).
     """
     dense_targets = targets if _dense(logits) else None
-    logits, _, logp, logp_y = _prepare(logits, targets, ignore_index)
-    alpha = _per_sample(alpha, "alpha", logits, dense_targets, ignore_index)
-    return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)))
+    logits, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
+    alpha = _per_sample(alpha, "alpha", logits, dense_targets)
+    return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)), valid)
 
 
 def weighted_mbls(logits, targets, alpha, margin: float, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
@@ -400,6 +407,6 @@ def weighted_mbls(logits, targets, alpha, margin: float, ignore_index: int | Non
     """
     margin = _check_number(margin, "margin", 0.0)
     dense_targets = targets if _dense(logits) else None
-    logits, _, _, logp_y = _prepare(logits, targets, ignore_index)
-    alpha = _per_sample(alpha, "alpha", logits, dense_targets, ignore_index)
-    return _mean((1 - alpha) * (-logp_y)) + _mean(alpha * _gap_penalty(logits, margin))
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    alpha = _per_sample(alpha, "alpha", logits, dense_targets)
+    return _mean((1 - alpha) * (-logp_y), valid) + _mean(alpha * _gap_penalty(logits, margin), valid)

@@ -8,7 +8,7 @@ from torch import nn
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits, upcast
 
-from calibkit.functional.pixels import check_ignore_index, flatten_pixels
+from calibkit.functional.pixels import check_ignore_index, dense_rows, flatten_pixels
 
 from .basic import IGNORE_INDEX, _check_classes, _check_num_classes
 
@@ -76,25 +76,25 @@ class AdaFocal(nn.Module):
         # Bin b holds edges[b] <= c < edges[b+1]; bucketize on the interior edges clamps to [0, B-1].
         return torch.bucketize(conf, self.edges[1:-1].to(conf.dtype), right=True)
 
-    def _rows(self, logits, targets, name="logits"):
-        if isinstance(logits, torch.Tensor) and logits.dim() >= 3:
-            logits, targets, _ = flatten_pixels(logits, targets, self.ignore_index, name=name)
-            return logits, targets
-        return check_logits(logits, targets, name=name)
-
     def sample_gammas(self, logits, targets) -> torch.Tensor:
-        """The (M,) gamma of each sample (valid pixel): the gamma of the bin its detached ``p_y`` falls in."""
-        logits, targets = self._rows(logits, targets)
-        _check_classes(logits, self.num_classes, "AdaFocal")
+        """The gamma of each sample: the gamma of the bin its detached ``p_y`` falls in.
+
+        (N,) for (N, K) logits; for dense logits one gamma per pixel, shaped like ``targets``
+        (ignored pixels get some gamma; their loss terms are dropped).
+        """
+        dense = isinstance(logits, torch.Tensor) and logits.dim() >= 3
+        if dense:
+            rows, y, _ = dense_rows(logits, targets, self.ignore_index)
+        else:
+            rows, y = check_logits(logits, targets)
+        _check_classes(rows, self.num_classes, "AdaFocal")
         with torch.no_grad():
-            p_y = torch.softmax(upcast(logits), 1).gather(1, targets[:, None].to(logits.device)).squeeze(1)
-            return self.gammas.to(p_y.device)[self._bin_of(p_y.to(self.edges.device)).to(p_y.device)]
+            p_y = torch.softmax(upcast(rows), 1).gather(1, y[:, None].to(rows.device)).squeeze(1)
+            g = self.gammas.to(p_y.device)[self._bin_of(p_y.to(self.edges.device)).to(p_y.device)]
+        return g.reshape(targets.shape) if dense else g
 
     def forward(self, logits, targets, features=None):
-        logits, targets = self._rows(logits, targets)
-        if logits.shape[0] == 0:  # every pixel ignored: 0, with a zero gradient
-            return upcast(logits).sum()
-        return FL.adafocal(logits, targets, self.sample_gammas(logits, targets))
+        return FL.adafocal(logits, targets, self.sample_gammas(logits, targets), ignore_index=self.ignore_index)
 
     @torch.no_grad()
     def update(self, val_logits, val_labels) -> torch.Tensor:
@@ -106,7 +106,10 @@ class AdaFocal(nn.Module):
         Returns:
             (n_bins,) tensor of ``conf_b - acc_b`` per bin (0 for an empty bin), for logging.
         """
-        val_logits, val_labels = self._rows(val_logits, val_labels, name="val_logits")
+        if isinstance(val_logits, torch.Tensor) and val_logits.dim() >= 3:
+            val_logits, val_labels, _ = flatten_pixels(val_logits, val_labels, self.ignore_index, name="val_logits")
+        else:
+            val_logits, val_labels = check_logits(val_logits, val_labels, name="val_logits")
         if val_logits.shape[0] == 0:
             raise ValueError("val_logits: every validation pixel is ignore_index; nothing to update from")
         _check_classes(val_logits, self.num_classes, "AdaFocal")

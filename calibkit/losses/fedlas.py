@@ -7,8 +7,8 @@ import torch.distributed as dist
 from torch import nn
 
 import calibkit.functional.losses as FL
-from calibkit._validation import check_logits, upcast
-from calibkit.functional.pixels import check_ignore_index, flatten_pixels
+from calibkit._validation import check_logits
+from calibkit.functional.pixels import check_ignore_index, dense_rows, feature_rows
 
 from .basic import IGNORE_INDEX, _check_classes, _check_num_classes
 
@@ -90,13 +90,18 @@ class FeDLaS(nn.Module):
         self.register_buffer("sigma", torch.tensor(100.0))
 
     @torch.no_grad()
-    def _update_stats(self, norms: torch.Tensor) -> None:
+    def _update_stats(self, norms: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         # Shift by the current mu (identical on every rank) so the float64 sum of squares does not
         # cancel catastrophically; count, sum and sum of squares are all additive over ranks.
+        # ``valid`` (dense inputs) leaves ignored pixels out of all three sums.
         shift = self.mu.double().to(norms.device)
         x = norms.double() - shift
-        stats = torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device),
-                             x.sum(), (x * x).sum()])
+        if valid is None:
+            count = torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)
+        else:
+            x = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device))
+            count = valid.sum().double()
+        stats = torch.stack([count, x.sum(), (x * x).sum()])
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(stats, op=dist.ReduceOp.SUM)
         n, s, sq = stats.unbind()
@@ -115,13 +120,16 @@ class FeDLaS(nn.Module):
         hard = torch.where(diff >= 0, 1.0, -1.0).to(diff.dtype)
         return diff + (hard - diff).detach()  # forward: hard sign; backward: identity
 
-    def sample_alphas(self, logits, features) -> torch.Tensor:
-        """alpha_i, shape (N,); updates ``mu``/``sigma`` first when in training mode."""
+    def sample_alphas(self, logits, features, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """alpha_i, shape (N,); updates ``mu``/``sigma`` first when in training mode.
+
+        Dense inputs come as rows: logits (M, K), features (M, D) and the validity mask ``valid`` (M,).
+        """
         norms = FL.feature_l1_norms(features)
         if norms.shape[0] != logits.shape[0]:
             raise ValueError(f"features have {norms.shape[0]} rows but logits have {logits.shape[0]}")
         if self.training:
-            self._update_stats(norms)
+            self._update_stats(norms, valid)
         nci = FL.fedlas_nci(norms, self.mu.to(norms.device, norms.dtype), self.sigma.to(norms.device, norms.dtype))
         return FL.fedlas_alpha(nci, self.sign_gate(logits), self.alpha, self.beta)
 
@@ -130,15 +138,14 @@ class FeDLaS(nn.Module):
             raise ValueError("FeDLaS needs the penultimate features: call "
                              "loss(logits, targets, features=model.forward_features(x)) "
                              "(FeDLaS.needs_features is True)")
-        if isinstance(logits, torch.Tensor) and logits.dim() >= 3:
-            logits, targets, features = flatten_pixels(logits, targets, self.ignore_index, features=features)
-            _check_classes(logits, self.num_classes, "FeDLaS")
-            if logits.shape[0] == 0:  # every pixel ignored: 0 with zero gradients, stats unchanged
-                if self.training:  # still joins the all-reduce that the other ranks make
-                    self._update_stats(features.detach().sum(dim=1).float())
-                return upcast(logits).sum() + sum(p.sum() * 0 for p in self.parameters())
-        else:
-            logits, targets = check_logits(logits, targets)
+        if isinstance(logits, torch.Tensor) and logits.dim() >= 3:  # every pixel a sample, void masked
+            rows, _, valid = dense_rows(logits, targets, self.ignore_index)
+            _check_classes(rows, self.num_classes, "FeDLaS")
+            alpha = self.sample_alphas(rows, feature_rows(features, logits), valid).reshape(targets.shape)
+            if self.variant == "ls":
+                return FL.weighted_label_smoothing(logits, targets, alpha, ignore_index=self.ignore_index)
+            return FL.weighted_mbls(logits, targets, alpha, self.margin, ignore_index=self.ignore_index)
+        logits, targets = check_logits(logits, targets)
         _check_classes(logits, self.num_classes, "FeDLaS")
         alpha = self.sample_alphas(logits, features)
         if self.variant == "ls":
