@@ -36,7 +36,7 @@ SCENE_CLASSES = ["background"] + list(FMNIST_CLASSES)
 VOID = 255
 # Default sizes of the built-in set: scenes per split, and training images held out for the
 # validation scenes' items. The test set does not depend on the run's seed.
-SCENES_TRAIN, SCENES_VAL, SCENES_TEST = 4000, 500, 1000
+SCENES_TRAIN, SCENES_VAL, SCENES_TEST = 4000, 500, 500
 HOLDOUT_IMAGES = 10000
 TEST_SEED = 20240601  # the test scenes are one fixed set, whatever the run's seed
 _STREAM = {"train": 1, "val": 2, "test": 3}
@@ -141,8 +141,12 @@ def make_scene_splits(data_dir: str, seed: int = 0, n_train: int = SCENES_TRAIN,
     return out
 
 
-def read_scenes(data_dir: str, seed: int = 0, n_val: int = SCENES_VAL) -> RawData:
-    """The ``scenes`` data set as :class:`RawData` with its validation split fixed by ``seed``."""
-    parts = make_scene_splits(data_dir, seed=seed, n_val=n_val)
+def read_scenes(data_dir: str, seed: int = 0, n_val: int = SCENES_VAL, n_train: int = SCENES_TRAIN) -> RawData:
+    """The ``scenes`` data set as :class:`RawData` with its validation split fixed by ``seed``.
+
+    Scenes are drawn one after another from one stream per split, so the first ``n`` training
+    scenes do not depend on ``n_train``: smaller training sets are nested in larger ones.
+    """
+    parts = make_scene_splits(data_dir, seed=seed, n_val=n_val, n_train=n_train)
     split = {k: Split(img, mask) for k, (img, mask, _) in parts.items()}
     return RawData(train=split["train"], val=split["val"], test=split["test"], class_names=list(SCENE_CLASSES))

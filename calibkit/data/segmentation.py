@@ -64,19 +64,25 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
     """Load a segmentation data set registered in ``DATASETS`` (see :func:`calibkit.data.load`).
 
     ``scenes``: the validation scenes are composed from a seeded held-out part of the
-    Fashion-MNIST training images (``val_size`` scenes, default 500). ``voc``: ``val_size``
+    Fashion-MNIST training images (``val_size`` scenes, default 500); ``train_subset=n`` composes
+    only the first ``n`` of the 4,000 training scenes (nested across sizes). ``voc``: ``val_size``
     images (default 10%) drawn from the official ``train`` list by a seeded permutation
     (stream 0). ``train_subset``: a seeded random subset of the training images (stream 1);
     class stratification does not apply to images holding several classes.
     """
-    from .scenes import read_scenes
+    from .scenes import SCENES_TRAIN, read_scenes
 
+    draw = train_subset
     if spec.read is read_scenes:
         n_val = spec.val_size if val_size is None else val_size
         if isinstance(n_val, float) or int(n_val) < 1:
             raise ValueError(f"val_size for {name} is a number of scenes >= 1, got {n_val}")
-        raw = read_scenes(folder, seed=seed, n_val=int(n_val))
+        n_train = SCENES_TRAIN if train_subset is None else int(train_subset)
+        if not 1 <= n_train <= SCENES_TRAIN:
+            raise ValueError(f"train_subset must be in [1, {SCENES_TRAIN}] for {name}, got {train_subset}")
+        raw = read_scenes(folder, seed=seed, n_val=int(n_val), n_train=n_train)
         train, val = raw.train, raw.val
+        draw = None  # already the first n scenes of the stream (nested), no further draw
         rule = "scenes composed from a seeded held-out part of the Fashion-MNIST training images"
         digest = hashlib.sha256(val.images.contiguous().numpy().tobytes())
         digest.update(val.labels.contiguous().numpy().tobytes())
@@ -93,11 +99,11 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
         rule = "seeded random draw from the official training list"
         checksum = index_checksum(val_idx)
     train_checksum = None
-    if train_subset is not None:
-        if not 1 <= int(train_subset) <= len(train):
-            raise ValueError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
-        if int(train_subset) < len(train):
-            _, keep = _seeded_draw(len(train), int(train_subset), seed, stream=1)
+    if draw is not None:
+        if not 1 <= int(draw) <= len(train):
+            raise ValueError(f"train_subset must be in [1, {len(train)}] for {name}, got {draw}")
+        if int(draw) < len(train):
+            _, keep = _seeded_draw(len(train), int(draw), seed, stream=1)
             train = train.subset(keep)
             train_checksum = index_checksum(keep)
     num_classes = len(raw.class_names)
