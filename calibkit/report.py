@@ -10,6 +10,11 @@ resample draws one set of test indices, applied to both the method's and CE's pr
 the same seed; the statistic is the seed-averaged ECE difference, so the interval reflects the
 test-set sampling noise (the spread over seeds is in the +- column). A difference is marked
 significant (``*``) when its 95% interval excludes 0.
+
+Segmentation runs (``test_image`` in their logits file): the tables are over every labelled test
+pixel (the run's streamed evaluation), the ``dECE`` column over the stored test pixel sample with
+an **image-level** paired bootstrap (:mod:`calibkit.grouped_bootstrap`: pixels of one image are
+not independent), and the tables add mIoU and leave out the OOD and shift columns.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ BEFORE_COLS = (("acc", "Acc", 100, 2), ("ece", "ECE", 100, 2), ("aece", "AECE", 
                ("mce", "MCE", 100, 1), ("nll", "NLL", 1, 3), ("brier", "Brier", 1, 3))
 AFTER_COLS = (("temperature", "T", 1, 2), ("acc", "Acc", 100, 2), ("ece", "ECE", 100, 2),
               ("aece", "AECE", 100, 2), ("nll", "NLL", 1, 3))
+MIOU_COL = ("miou", "mIoU", 100, 2)  # shown when the runs report it (segmentation)
 EXTRA_COLS = (("auroc_entropy", "AUROC-H", 100, 1), ("auroc_maxconf", "AUROC-MSP", 100, 1),
               ("shift_acc", "Shift acc", 100, 1), ("shift_ece", "Shift ECE", 100, 2),
               ("train_time_s", "Train s", 1, 1))
@@ -113,6 +119,14 @@ def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
             float((row.get("metrics") or {}).get("temperature") or 1.0))
 
 
+def load_groups(row: dict) -> np.ndarray | None:
+    """The test image of every stored test pixel of a segmentation run (None for classification)."""
+    from calibkit.rundir import read_tensors
+
+    tensors = read_tensors(row["logits_path"])
+    return tensors["test_image"].numpy() if "test_image" in tensors else None
+
+
 def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """Paired bootstrap of each method's ECE minus CE's ECE (seed-averaged), per method.
 
@@ -147,6 +161,15 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
             pb, lb, _ = probs(ref_run)
             if not np.array_equal(la, lb):
                 raise ValueError(f"{run['run_key']} and {ref_run['run_key']} were tested on different test sets")
+            groups = load_groups(run)
+            if groups is not None:  # pixels: resample whole test images (calibkit.grouped_bootstrap)
+                from calibkit.grouped_bootstrap import paired_grouped_ece_diff
+
+                g = paired_grouped_ece_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la),
+                                            groups, n_resamples=n_boot, seed=seed)
+                diffs.append(g["samples"])
+                estimates.append(g["estimate"])
+                continue
             res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
                                         n_resamples=n_boot, seed=seed, level=level)
             diffs.append(res.samples)
@@ -160,17 +183,22 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
 
 def table_rows(summary: dict, deltas: dict, pm: str = "+-") -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
     """The two tables as header + rows of strings (shared by the terminal, Markdown and HTML)."""
-    head1 = ["Method", "n"] + [h for _, h, _, _ in BEFORE_COLS] + ["dECE vs CE [95% CI]"]
-    head2 = ["Method"] + [f"{h} (TS)" if k != "temperature" else h for k, h, _, _ in AFTER_COLS] + \
-        [h for _, h, _, _ in EXTRA_COLS]
+    dense = any("before.miou" in e["stats"] for e in summary.values())
+    before_cols, after_cols = (BEFORE_COLS + (MIOU_COL,), AFTER_COLS + (MIOU_COL,)) if dense else (BEFORE_COLS, AFTER_COLS)
+    # columns no run reports (OOD and shift for segmentation) are left out
+    extra_cols = EXTRA_COLS if not dense else \
+        tuple(c for c in EXTRA_COLS if any(f"extra.{c[0]}" in e["stats"] for e in summary.values()))
+    head1 = ["Method", "n"] + [h for _, h, _, _ in before_cols] + ["dECE vs CE [95% CI]"]
+    head2 = ["Method"] + [f"{h} (TS)" if k != "temperature" else h for k, h, _, _ in after_cols] + \
+        [h for _, h, _, _ in extra_cols]
     rows1, rows2 = [], []
     for method, entry in summary.items():
         s = entry["stats"]
         rows1.append([label(method), str(len(entry["seeds"]))]
-                     + [fmt(s.get(f"before.{k}"), sc, d, pm) for k, _, sc, d in BEFORE_COLS]
+                     + [fmt(s.get(f"before.{k}"), sc, d, pm) for k, _, sc, d in before_cols]
                      + [fmt_delta(deltas.get(method)) if method != REFERENCE else "(reference)"])
-        rows2.append([label(method)] + [fmt(s.get(f"after.{k}"), sc, d, pm) for k, _, sc, d in AFTER_COLS]
-                     + [fmt(s.get(f"extra.{k}"), sc, d, pm) for k, _, sc, d in EXTRA_COLS])
+        rows2.append([label(method)] + [fmt(s.get(f"after.{k}"), sc, d, pm) for k, _, sc, d in after_cols]
+                     + [fmt(s.get(f"extra.{k}"), sc, d, pm) for k, _, sc, d in extra_cols])
     return head1, rows1, head2, rows2
 
 

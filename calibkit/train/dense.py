@@ -20,8 +20,10 @@ x 480 x 480 floats = 28 GB), so a segmentation run never materialises them:
   it down far beyond the metric's noise) and AdaFocal's bins; the test sample serves reliability
   diagrams and image-level paired bootstrap intervals (``val_image``/``test_image`` name the
   resampling unit). Every reported test number, before and after temperature scaling, is
-  computed over **all** labelled test pixels by streaming the test images through the kept model
-  again (:func:`evaluate_dense`), which needs the data and the model, not the stored logits.
+  computed over **all** labelled test pixels by streaming the test images through the kept model:
+  once at the end of training with ``T`` fitted on the validation sample by NLL (15 bins), stored
+  as ``test_metrics`` in ``config.json`` and reused by ``calibkit eval`` and the bench for these
+  settings; :func:`evaluate_dense` streams again for any other objective or bin count.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from calibkit import rundir
 
 PIXEL_SAMPLE = 200_000  # pixels stored per split (spread evenly over its images)
 PIXEL_SEED = 0  # the draw depends on the masks only, never on the run's seed
+DENSE_BATCH = 32  # images per evaluation forward pass
 
 
 def sample_positions(masks: torch.Tensor, per_image: int, ignore_index: int | None,
@@ -73,7 +76,9 @@ def stream(model, split, inputs, batch_size: int, device, dd=None, temperatures=
     """One pass over ``split``: accumulators (one per temperature) and the sampled pixel rows.
 
     Under DDP each rank takes a contiguous chunk of images; the accumulators are synced and the
-    samples gathered, so every rank returns the global result.
+    samples gathered, so every rank returns the global result. Batches hold at most
+    ``DENSE_BATCH`` (32) images whatever ``batch_size`` says: a dense network's activations grow
+    with the pixels, and the classification default (1024) would need gigabytes.
 
     Returns:
         ``(accumulators, sample)``: a list of synced :class:`CalibrationAccumulator` (probabilities
@@ -91,6 +96,7 @@ def stream(model, split, inputs, batch_size: int, device, dd=None, temperatures=
             for _ in temperatures]
     rows, labs = [], []
     model.eval()
+    batch_size = max(1, min(int(batch_size), DENSE_BATCH))
     for s in range(0, len(idx), batch_size):
         chunk = idx[s:s + batch_size]
         logits = model(inputs.eval_batch(split.images[chunk].to(device))).float()
@@ -145,15 +151,18 @@ def finish_dense(run, out, info: dict, log, summary) -> dict:
     val, test = run.bundle.val, run.bundle.test
     _, vs = stream(run.model, val, run.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
                    positions=_positions(val, void), num_classes=k)
+    t = _fit_temperature(vs[0], vs[1])
     accs, ts = stream(run.model, test, run.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
-                      positions=_positions(test, void), num_classes=k)
-    panel = accs[0].compute()
+                      temperatures=(1.0, t), positions=_positions(test, void), num_classes=k)
+    panel, after = accs[0].compute(), accs[1].compute()
     kept = run.kept_record
     info.update(status="done", epochs_done=run.cfg.epochs, best_epoch=run.keeper.epoch,
                 best_val_acc=kept.get("val_acc"), best_val_miou=kept.get("val_miou"),
                 test_acc=panel["acc"], test_ece=panel["ece"], test_miou=panel["miou"], wall_time_s=run.elapsed,
                 ignore_index=void, pixel_sample={"pixels_per_split": PIXEL_SAMPLE, "seed": PIXEL_SEED,
-                                                 "val": int(len(vs[1])), "test": int(len(ts[1]))})
+                                                 "val": int(len(vs[1])), "test": int(len(ts[1]))},
+                test_metrics={"temperature": t, "ts_objective": "nll", "n_bins": 15, "before": panel,
+                              "after": after, "n_test_pixels": accs[0].n})
     if run.dd.is_main:
         rundir.write_tensors(out / rundir.LOGITS, {
             "val_logits": vs[0], "val_labels": vs[1], "val_image": vs[2],
@@ -163,6 +172,12 @@ def finish_dense(run, out, info: dict, log, summary) -> dict:
         f"test pixel acc {panel['acc']:.2%}, mIoU {100 * panel['miou']:.2f}, ECE {100 * panel['ece']:.2f}, "
         f"{run.elapsed:.0f}s -> {out}")
     return summary(info)
+
+
+def _fit_temperature(val_logits, val_labels, objective: str = "nll", n_bins: int = 15) -> float:
+    from calibkit.calibrators import TemperatureScaling
+
+    return float(TemperatureScaling(objective=objective, n_bins=n_bins).fit(val_logits, val_labels).temperature_)
 
 
 def evaluate_dense(model, split, inputs, val_logits, val_labels, n_bins: int = 15, objective: str = "nll",
@@ -177,9 +192,7 @@ def evaluate_dense(model, split, inputs, val_logits, val_labels, n_bins: int = 1
         ``{"temperature", "before", "after", "n_test_pixels"}``; each panel is
         :func:`calibkit.metrics.evaluate`'s dict (with ``miou``).
     """
-    from calibkit.calibrators import TemperatureScaling
-
-    t = float(TemperatureScaling(objective=objective, n_bins=n_bins).fit(val_logits, val_labels).temperature_)
+    t = _fit_temperature(val_logits, val_labels, objective, n_bins)
     model = model.to(device)
     accs, _ = stream(model, split, inputs, batch_size, torch.device(device), dd, temperatures=(1.0, t),
                      num_classes=int(val_logits.shape[1]), n_bins=n_bins)
