@@ -93,9 +93,8 @@ def compose_scenes(images, labels, n: int, seed, size: int = 64, max_items: int 
     canvas = np.zeros((n, size, size), dtype=np.float32)
     lab = np.zeros((n, size, size), dtype=np.uint8)
     sources = np.full((n, max_items), -1, dtype=np.int64)
-    levels = rng.uniform(0, background, size=n).astype(np.float32)
-    for i in range(n):
-        canvas[i] = levels[i]
+    for i in range(n):  # everything of scene i is drawn before scene i + 1: the first n scenes are nested
+        canvas[i] = rng.uniform(0, background)
         for j in range(int(rng.integers(1, max_items + 1))):
             src = int(rng.integers(len(pool)))
             side = int(rng.integers(lo, hi + 1))
@@ -106,7 +105,7 @@ def compose_scenes(images, labels, n: int, seed, size: int = 64, max_items: int 
             canvas[i][win][cover] = item[cover]
             lab[i][win][cover] = pool_y[src] + 1
             sources[i, j] = src
-    canvas += rng.normal(0.0, noise, size=canvas.shape).astype(np.float32)
+        canvas[i] += rng.normal(0.0, noise, size=(size, size)).astype(np.float32)
     img = torch.from_numpy(np.clip(np.rint(canvas), 0, 255).astype(np.uint8)).unsqueeze(1)
     return img, torch.from_numpy(void_borders(lab)), sources
 
