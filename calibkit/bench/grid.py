@@ -208,7 +208,7 @@ PRESETS.update({
     "voc": Preset(
         name="voc", dataset="voc", model="deeplabv3_resnet50", seeds=(0, 1, 2),
         train={**_SEG_TRAIN, "lr": 0.01, "weight_decay": 1e-4, "batch_size": 8, "epochs": 100, "schedule": "cosine",
-               "val_size": 0.1, "eval_batch_size": 8},
+               "eval_batch_size": 8},
         losses=_SEG_LOSSES, methods=SEG_METHODS, robust_n=0,
         note="MbLS segmentation protocol: DeepLabV3-ResNet-50 on PASCAL VOC 2012 (train 1,464 -> 10% val; "
              "official val as test), 100 epochs, 3 seeds; needs VOCdevkit under --data-dir and GPUs",
