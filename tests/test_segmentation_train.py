@@ -106,3 +106,18 @@ def test_grouped_bootstrap_estimate_and_pairing(gen):
     idx = torch.repeat_interleave(torch.arange(n), w.long())
     by_hand = float(ece(pa[idx], labels[idx]) - ece(pb[idx], labels[idx]))
     assert float(res["samples"][0]) == pytest.approx(by_hand, abs=1e-12)
+
+
+def test_model_and_data_must_both_be_dense_or_not(tmp_path):
+    from calibkit.config import TrainConfig
+    from calibkit.train import train
+
+    (tmp_path / "f").mkdir()
+    fake_fmnist(str(tmp_path / "f"), n_train=60, n_test=12)
+    with pytest.raises(ValueError, match="segmentation data needs a dense model"):
+        train(TrainConfig(data="scenes", data_dir=str(tmp_path / "f"), model="resnet8", epochs=1, batch_size=4,
+                          train_subset=8, val_size=4, device="cpu"), tmp_path / "a", progress=False, verbose=False)
+    with pytest.raises(ValueError, match="needs a classifier"):
+        train(TrainConfig(data="digits", model="unet", epochs=1, batch_size=8, device="cpu"), tmp_path / "b",
+              progress=False, verbose=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # nothing written

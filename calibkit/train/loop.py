@@ -145,6 +145,13 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images")
     K, dev = bundle.num_classes, dd.device
     model = MODELS[cfg.model](num_classes=K, in_channels=bundle.in_channels).to(dev)
+    if bool(getattr(model, "dense", False)) != (bundle.modality == "segmentation"):
+        from calibkit.models import DENSE_MODELS
+
+        kind = "segmentation data needs a dense model" if bundle.modality == "segmentation" else \
+            f"{bundle.modality} data needs a classifier, not a dense model"
+        raise ValueError(f"model: {cfg.model!r} does not fit data {cfg.data!r}: {kind} "
+                         f"(dense models: {', '.join(sorted(DENSE_MODELS))})")
     loss_fn = losses.build(cfg.loss, num_classes=K).to(dev)
     inputs = inputs_for(bundle, cfg.augment)
     step = build_step(cfg, loss_fn, K, inputs, cfg.seed)
