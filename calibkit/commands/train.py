@@ -11,9 +11,12 @@ examples:
   calibkit train --config fmnist --loss "mbls:margin=6" --out runs/mbls
   calibkit train --config cifar10 --data-dir ~/data/cifar-10-batches-py --out runs/c10
   torchrun --nproc_per_node 2 -m calibkit train --config fmnist --out runs/ddp
+  calibkit train --config fmnist --method maccal --maccal "eta=2" --out runs/maccal
 
 Values given here override the --config preset, which overrides the defaults.
 Running the same command again resumes an interrupted run from its last epoch.
+--method maccal trains stage 1 (plain training with --loss) into OUT/stage1, then MaC-Cal
+stage 2 into OUT (see calibkit maccal --help and docs/maccal.md); it resumes the same way.
 """
 
 
@@ -46,7 +49,10 @@ def register(subparsers) -> None:
                    "best-acc (default), best-nll, best-ece or last")
     g = p.add_argument_group("loss and method")
     g.add_argument("--loss", metavar="SPEC", help='loss spec, e.g. ce, "mbls:margin=6", "fedlas_ls:alpha=0.05" (default ce)')
-    g.add_argument("--method", help="standard, mixup, regmixup or csm (default standard)")
+    g.add_argument("--method", help="standard, mixup, regmixup, csm, or maccal (stage 1 standard, then MaC-Cal "
+                   "stage 2) (default standard)")
+    g.add_argument("--maccal", metavar="SPEC", help='MaC-Cal stage-2 settings for --method maccal, e.g. '
+                   '"eta=2,mc_samples=64,epochs=30" (default: calibkit maccal\'s defaults)')
     g.add_argument("--mix-alpha", type=float, metavar="A", help="Beta parameter of Mixup/RegMixup (default 0.2 / 20)")
     g.add_argument("--csm-data", metavar="DIR", help="generated set for --method csm")
     g = p.add_argument_group("optimisation")
@@ -82,8 +88,16 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 def run(args) -> int:
     from calibkit.train import load_config, train
 
-    cfg = load_config(args.config, **{name: getattr(args, name) for name in FIELDS})
+    two_stage = args.method == "maccal"
+    if args.maccal is not None and not two_stage:
+        raise ValueError("--maccal is only used with --method maccal")
+    values = {name: getattr(args, name) for name in FIELDS}
+    cfg = load_config(args.config, **{**values, "method": "standard" if two_stage else args.method})
     try:
+        if two_stage:
+            from calibkit.commands.maccal import train_command
+
+            return train_command(cfg, args)
         train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
     except KeyboardInterrupt:
         # Every completed epoch is already on disk; say how to continue instead of a traceback.
