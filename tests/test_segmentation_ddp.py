@@ -58,6 +58,7 @@ def test_stream_under_ddp_equals_single_process(tmp_path):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         for mine, theirs in zip(panels, got["panels"]):
             for key, value in mine.items():
-                assert theirs[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-        for a, b in zip(sample, got["sample"]):
-            assert torch.equal(a, b)
+                # float32 forward passes of different batch compositions differ in the last bits
+                assert theirs[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+        torch.testing.assert_close(got["sample"][0], sample[0], rtol=1e-5, atol=1e-6)  # logits of the drawn pixels
+        assert torch.equal(got["sample"][1], sample[1]) and torch.equal(got["sample"][2], sample[2])
