@@ -7,7 +7,7 @@
 * CSM: calibkit's generated set of semantic mixes (shipped for Fashion-MNIST under
   ``calibkit/assets/csm/fmnist-groups/``; for other data sets generate one with
   ``calibkit csm generate`` and pass it with ``--csm-store``) is copied into
-  ``DIR/cache/csm/<preset>/seed<k>/`` and annotated there with the penultimate features of the CE
+  ``DIR/cache/csm/<preset>/seed<k>-s<sharpness>/`` and annotated there with the penultimate features of the CE
   run of the same seed as the reference-classifier encoder (the offline encoder; no CLIP weights),
   then a ``method="csm"`` training run uses it. The shipped set is never modified.
 """
@@ -59,6 +59,12 @@ def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
                       "best_val_ece": record["best_val_ece"]}}
 
 
+def _csm_cache(bench, seed: int) -> Path:
+    # One annotated copy per seed and sharpness: tuning candidates of different sharpness never share one.
+    sharpness = float(bench.preset.csm.get("sharpness", 4.0))
+    return bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}-s{sharpness:g}"
+
+
 def csm_store(bench, seed: int) -> Path:
     """The annotated copy of the generated set for ``seed`` (built once per bench directory)."""
     from calibkit.methods.csm.annotate import ClassifierEncoder, annotate_store
@@ -69,7 +75,7 @@ def csm_store(bench, seed: int) -> Path:
         raise FileNotFoundError(
             f"no CSM generated set for {bench.preset.dataset} ({src}); generate one with `calibkit csm generate` "
             "and pass it with --csm-store")
-    dst = bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}"
+    dst = _csm_cache(bench, seed)
     ce = _ce_run(bench, seed)
     enc = ClassifierEncoder(ce)
     meta_path = dst / ANNOT_META
@@ -97,7 +103,7 @@ def produce_csm(bench, seed: int, run_dir: Path) -> dict:
     store = csm_store(bench, seed) if bench.dd.is_main else None
     D.barrier(bench.dd)
     if not bench.dd.is_main:
-        store = bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}"
+        store = _csm_cache(bench, seed)
     made = bench._train("csm", seed, run_dir, csm_data=store)
     meta = json.loads((store / "annotations.json").read_text())
     made["extra"] = {"csm_store": str(store), "encoder": meta.get("encoder"), "encoder_run": meta.get("run"),

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import shlex
 
+from calibkit.extras import require
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -88,6 +90,7 @@ def _train_generator(args) -> int:
     from calibkit.methods.csm.generator import GeneratorConfig
     from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
 
+    require("diffusers", "training the CSM generator")  # before anything is written
     _set_threads(args.num_threads)
     bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
     size = bundle.image_size[0]
@@ -112,6 +115,7 @@ def _train_generator(args) -> int:
 def _generate(args) -> int:
     from calibkit.methods.csm.generate import generate_store
 
+    require("diffusers", "generating a CSM set")  # before anything is written
     _set_threads(args.num_threads)
     generate_store(args.generator, args.out, num_groups=args.groups, seed=args.seed, steps=args.steps,
                    guidance=args.guidance, groups_per_shard=args.groups_per_shard, distributed="env")
@@ -121,5 +125,7 @@ def _generate(args) -> int:
 def _annotate(args) -> int:
     from calibkit.methods.csm.annotate import annotate_command
 
+    if args.encoder == "clip":
+        require("transformers", "the CLIP encoder")  # before anything is written
     annotate_command(args)
     return 0

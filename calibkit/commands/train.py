@@ -27,6 +27,21 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def preset_names() -> list[str]:
+    from calibkit.config import CONFIG_DIR
+
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def _count_or_fraction(text: str):
+    from calibkit.config import parse_count_or_fraction
+
+    try:
+        return parse_count_or_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model (SGD, calibration loss, Mixup/RegMixup/CSM) into a run directory",
@@ -35,14 +50,17 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", required=True, metavar="DIR", help="run directory to create or resume")
-    p.add_argument("--config", metavar="TOML", help="preset: a TOML file or a name in configs/ "
-                   "(fmnist, cifar10, cifar100, tinyimagenet)")
+    p.add_argument("--config", metavar="TOML", help="preset: a TOML file, or the name of one shipped "
+                   f"with calibkit ({', '.join(preset_names())})")
     g = p.add_argument_group("data and model")
     g.add_argument("--data", help="data set name (default fmnist)")
     g.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
     g.add_argument("--model", help="model name from calibkit.models.MODELS (default resnet20)")
-    g.add_argument("--val-size", type=int, metavar="N", help="validation images split off the training set")
-    g.add_argument("--train-subset", type=int, metavar="N", help="train on the first N training images only")
+    g.add_argument("--val-size", type=_count_or_fraction, metavar="N|F",
+                   help="validation split drawn (class-stratified, seeded) from the training set: "
+                   "a count (5000) or a fraction (0.1)")
+    g.add_argument("--train-subset", type=int, metavar="N",
+                   help="train on a class-stratified, seeded random subset of N training images")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help="random crop/flip as the data set allows (default on)")
     g.add_argument("--keep", metavar="POLICY", help="checkpoint policy, which epoch's weights the run keeps: "
@@ -86,6 +104,7 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 
 
 def run(args) -> int:
+    from calibkit.extras import check_dataset
     from calibkit.train import load_config, train
 
     two_stage = args.method == "maccal"
@@ -93,6 +112,7 @@ def run(args) -> int:
         raise ValueError("--maccal is only used with --method maccal")
     values = {name: getattr(args, name) for name in FIELDS}
     cfg = load_config(args.config, **{**values, "method": "standard" if two_stage else args.method})
+    check_dataset(cfg.data)  # a missing extra package is named before anything is written
     try:
         if two_stage:
             from calibkit.commands.maccal import train_command

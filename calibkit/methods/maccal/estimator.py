@@ -53,8 +53,9 @@ class MaCCal:
         loss: stage-2 loss: ``None`` or ``"ce"`` (cross-entropy), a ``calibkit.losses.build`` spec,
             or a callable ``loss(logits, targets) -> scalar`` (copied by ``fit``).
 
-    Attributes (after ``fit``):
-        head_: the selected retrained ``nn.Linear`` (eval mode, no gradients).
+    Attributes:
+        head_: (set by ``fit``, like every attribute below) the selected retrained ``nn.Linear``
+            (eval mode, no gradients).
         keep_rate_: ``r*``, the keep rate of the deployed masks.
         best_epoch_: the selected stage-2 epoch (1-based).
         history_: per-epoch records and the keep-rate trajectory (see ``fit_masked_head``).
