@@ -25,7 +25,7 @@ SCHEDULES = ("multistep", "cosine", "onecycle")
 # (compile: the compiled graph computes the same function; it may round differently.)
 RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size", "compile")
 # Checkpoint policies (calibkit.train.keep): which epoch's weights a run keeps.
-KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "last")
+KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "best-miou", "last")
 # Preset names resolve to TOML files shipped inside the package (calibkit/configs/).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 

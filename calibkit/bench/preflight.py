@@ -26,7 +26,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         preset: a :class:`calibkit.bench.grid.Preset`.
         out: the bench output directory.
         seeds: seeds to run (default: the preset's).
-        methods: grid methods (default: all).
+        methods: grid methods (default: the preset's, else all).
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
     """
@@ -46,7 +46,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         raise ValueError(f"--seeds: repeated seed in {seeds}")
     if not seeds:
         raise ValueError("--seeds: give at least one seed")
-    chosen = select_methods(methods)  # unknown names raise here
+    chosen = select_methods(methods if methods is not None else preset.methods)  # unknown names raise here
 
     from calibkit.data import DATASETS, load
     from calibkit.data.ood import OOD_SETS, load_ood

@@ -108,7 +108,7 @@ class Bench:
         self.preset = preset
         self.out = Path(out)
         self.seeds = [int(s) for s in (seeds if seeds is not None else preset.seeds)]
-        self.methods = select_methods(methods)
+        self.methods = select_methods(methods if methods is not None else preset.methods)
         self.data_dir = data_dir
         self.device = device
         self.num_threads = num_threads if num_threads is not None else preset.num_threads

@@ -3,7 +3,8 @@
 Every entry of ``MODELS`` builds with ``MODELS[name](num_classes=K, in_channels=C)`` and obeys one
 contract: ``model.forward_features(x)`` returns (N, D), ``model.head`` is ``nn.Linear(D, K)`` and
 ``model(x) == model.head(model.forward_features(x))`` -- FeDLaS reads the features, MaC-Cal
-retrains the head.
+retrains the head. Segmentation models (``model.dense`` is True) keep the spatial axes:
+features (N, D, H, W), ``head`` an ``nn.Conv2d(D, K, 1)``, logits (N, K, H, W).
 
     >>> import torch
     >>> m = MODELS["resnet20"](num_classes=10, in_channels=3)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from .densenet import densenet121
 from .resnet import resnet8, resnet20, resnet32, resnet50, resnet56, resnet101, resnet110
+from .segnet import deeplabv3_resnet50, unet
 from .small import cnn, mlp
 from .wideresnet import wrn26_10, wrn28_10
 
@@ -34,7 +36,13 @@ MODELS = {
     "wrn26_10": wrn26_10,
     "wrn28_10": wrn28_10,
     "densenet121": densenet121,
+    # semantic segmentation (dense: features (N, D, H, W), 1x1-conv head; see segnet.py)
+    "unet": unet,
+    "deeplabv3_resnet50": deeplabv3_resnet50,
 }
+
+# Names of the dense (segmentation) models; each has ``model.dense == True``.
+DENSE_MODELS = frozenset({"unet", "deeplabv3_resnet50"})
 
 
 def build(name: str, num_classes: int, in_channels: int, **kwargs):
@@ -49,4 +57,4 @@ def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["MODELS", "build", "num_parameters"]
+__all__ = ["DENSE_MODELS", "MODELS", "build", "num_parameters"]

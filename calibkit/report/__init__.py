@@ -15,6 +15,11 @@ test-set sampling noise (the spread over seeds is in the +- column). The interva
 ``paired_bootstrap_diff``), which corrects the bias of the difference of two binned ECEs. A
 difference is marked significant (``*``) when its 95% interval excludes 0.
 
+Segmentation runs (``test_image`` in their logits file): the tables are over every labelled test
+pixel (the run's streamed evaluation), the ``dECE`` column over the stored test pixel sample with
+an **image-level** paired bootstrap (:mod:`calibkit.grouped_bootstrap`: pixels of one image are
+not independent), and the tables add mIoU and leave out the OOD and shift columns.
+
 Modules: :mod:`~calibkit.report.data` (numbers), :mod:`~calibkit.report.tables` (tables and their
 text/Markdown forms), :mod:`~calibkit.report.figures` (PNG figures), :mod:`~calibkit.report.render`
 (sections to text, Markdown, HTML), :mod:`~calibkit.report.build` (``build_report`` and the list

@@ -115,6 +115,14 @@ def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
             float((row.get("metrics") or {}).get("temperature") or 1.0))
 
 
+def load_groups(row: dict) -> np.ndarray | None:
+    """The test image of every stored test pixel of a segmentation run (None for classification)."""
+    from calibkit.rundir import read_tensors
+
+    tensors = read_tensors(row["logits_path"])
+    return tensors["test_image"].numpy() if "test_image" in tensors else None
+
+
 def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """Paired bootstrap of each method's ECE minus CE's ECE (seed-averaged), per method.
 
@@ -123,6 +131,10 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
     interval reflects the test-set sampling noise (the spread over seeds is in the tables' +-).
     The interval is the **basic** bootstrap interval around the seed-averaged difference (the
     default of :func:`~calibkit.metrics.paired_bootstrap_diff`).
+    Segmentation runs (``test_image`` in their logits file) are compared on their stored test
+    pixel samples with an **image-level** paired bootstrap (same basic interval)
+    (:func:`calibkit.grouped_bootstrap.paired_grouped_ece_diff`): pixels of one image are not
+    independent, so whole images are resampled.
 
     Returns:
         ``{method: {"diff", "lo", "hi", "significant", "seeds", "identical"}}``; ``identical``
@@ -159,6 +171,15 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
             if not np.array_equal(la, lb):
                 raise ValueError(f"{run['run_key']} and {ref_run['run_key']} were tested on different test sets")
             identical = identical and np.array_equal(pa, pb)
+            groups = load_groups(run)
+            if groups is not None:  # pixels: resample whole test images (calibkit.grouped_bootstrap)
+                from calibkit.grouped_bootstrap import paired_grouped_ece_diff
+
+                g = paired_grouped_ece_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la),
+                                            groups, n_resamples=n_boot, seed=seed)
+                diffs.append(g["samples"])
+                estimates.append(g["estimate"])
+                continue
             res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
                                         n_resamples=n_boot, seed=seed, level=level)
             diffs.append(res.samples)
