@@ -52,7 +52,7 @@ def _ema_decay(step: int, decay: float) -> float:
 
 def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_cfg: GeneratorTrainConfig,
                     gen_cfg: GeneratorConfig | None = None, checkpoint_every: int = 100,
-                    extra_meta: dict | None = None, progress: bool = True) -> CondDenoiser:
+                    extra_meta: dict | None = None, progress: bool = True, device="cpu") -> CondDenoiser:
     """Train (or resume) a class-conditional EDM generator and return its EMA copy.
 
     Args:
@@ -64,6 +64,12 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
         checkpoint_every: steps between atomic checkpoints.
         extra_meta: recorded in ``generator.json`` (e.g. the command line, the data set name).
         progress: print one line every ``checkpoint_every`` steps.
+        device: where the network and the data live (``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
+            ``torch.device``). The random draws (batches, noise, sigma, class dropout) come from
+            one CPU generator whatever the device, so a run can resume on another device.
+
+    Returns:
+        The EMA network (on ``device``, eval mode).
     """
     if images.dtype != torch.uint8 or images.dim() != 4:
         raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -78,8 +84,9 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    torch.manual_seed(train_cfg.seed)  # weight initialisation
-    model = CondDenoiser(gen_cfg)
+    device = torch.device(device)
+    torch.manual_seed(train_cfg.seed)  # weight initialisation (on the CPU, then moved)
+    model = CondDenoiser(gen_cfg).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.Adam(model.parameters(), lr=train_cfg.lr)
     gen = torch.Generator().manual_seed(train_cfg.seed)  # batches, noise, sigma, class dropout
@@ -89,7 +96,7 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
 
     state_path = out_dir / STATE_NAME
     if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+        state = torch.load(state_path, weights_only=True, map_location=device)
         saved = json.loads(state["fingerprint"])
         if saved != json.loads(json.dumps(fingerprint)):
             raise ValueError(f"{state_path} was written with different settings: {saved}; "
@@ -97,13 +104,14 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
         opt.load_state_dict(state["opt"])
-        gen.set_state(state["rng"])
+        gen.set_state(state["rng"].cpu())
         step, elapsed = int(state["step"]), float(state["elapsed"])
         if progress:
             print(f"resuming from step {step} ({elapsed:.0f} s so far)", flush=True)
 
-    x_all = to_model_space(images, gen_cfg)  # (N, C, S, S) float, padded once
-    eye = torch.eye(gen_cfg.num_classes)
+    x_all = to_model_space(images, gen_cfg).to(device)  # (N, C, S, S) float, padded once
+    labels = labels.to(device)
+    eye = torch.eye(gen_cfg.num_classes, device=device)
     n_params = sum(p.numel() for p in model.parameters())
 
     def checkpoint():
@@ -114,15 +122,15 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
         os.replace(tmp, state_path)
         meta = {"train": {**dataclasses.asdict(train_cfg), "steps_done": step},
                 "wall_seconds": round(elapsed, 1), "parameters": n_params,
-                "threads": torch.get_num_threads(), **(extra_meta or {})}
+                "threads": torch.get_num_threads(), "device": str(device), **(extra_meta or {})}
         save_generator(ema, out_dir, extra=meta)
 
     model.train()
     t_last, loss_sum, n_sum = time.perf_counter(), 0.0, 0
     while step < train_cfg.steps:
-        idx = torch.randint(x_all.shape[0], (train_cfg.batch_size,), generator=gen)
+        idx = torch.randint(x_all.shape[0], (train_cfg.batch_size,), generator=gen).to(device)
         y = eye[labels[idx]]
-        drop = torch.rand(train_cfg.batch_size, generator=gen) < train_cfg.p_uncond
+        drop = (torch.rand(train_cfg.batch_size, generator=gen) < train_cfg.p_uncond).to(device)
         y[drop] = 0.0  # the zero vector is the unconditional input of classifier-free guidance
         for g in opt.param_groups:
             g["lr"] = train_cfg.lr * min(1.0, (step + 1) / max(1, train_cfg.warmup_steps))
