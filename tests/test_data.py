@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from calibkit.data import DATASETS, augment, load, mixup, normalize, regmixup, resize
-from calibkit.data.bundle import channel_stats, seeded_split
+from calibkit.data.bundle import channel_stats, stratified_quotas, stratified_split
 from calibkit.data.idx import FMNIST_DIR, FMNIST_FILES
 
 FMNIST_PRESENT = os.path.isfile(os.path.join(FMNIST_DIR, "train-images-idx3-ubyte.gz"))
@@ -82,16 +82,19 @@ def test_fmnist_real_files():
     assert torch.bincount(b.test.labels).tolist() == [1000] * 10
     assert b.mean[0] == pytest.approx(0.2860, abs=2e-3) and b.std[0] == pytest.approx(0.3530, abs=2e-3)
     assert b.class_names[9] == "Ankle boot"
+    # stratified: the balanced data set gives exactly 500 validation and 1000 subset images per class
+    assert torch.bincount(b.val.labels).tolist() == [500] * 10
     sub = load("fmnist", train_subset=10000, seed=0)
-    assert len(sub.train) == 10000 and torch.equal(sub.train.images, b.train.images[:10000])
-    assert sub.split["val_checksum"] == b.split["val_checksum"]
+    assert torch.bincount(sub.train.labels).tolist() == [1000] * 10
+    assert sub.split["val_checksum"] == b.split["val_checksum"] and torch.equal(sub.val.images, b.val.images)
+    assert sub.split["train_checksum"] != load("fmnist", train_subset=10000, seed=1).split["train_checksum"]
 
 
 def test_fmnist_written_files(tmp_path):
     arrays = fake_fmnist(tmp_path)
     b = load("fmnist", data_dir=str(tmp_path), val_size=8, seed=3)
     assert (len(b.train), len(b.val), len(b.test)) == (32, 8, 12)
-    train_idx, val_idx = seeded_split(40, 8, 3)
+    train_idx, val_idx = stratified_split(arrays["train_labels"], 8, 3)
     assert torch.equal(b.val.images[:, 0], torch.from_numpy(arrays["train_images"][val_idx].astype(np.uint8)))
     assert torch.equal(b.train.labels, torch.from_numpy(arrays["train_labels"][train_idx]))
     assert torch.equal(b.test.labels, torch.from_numpy(arrays["test_labels"]))
@@ -131,14 +134,27 @@ def test_fmnist_corrupt_files(tmp_path):
 # --------------------------------------------------------------------------- splits, digits
 
 
-def test_seeded_split_is_disjoint_sorted_and_seeded():
-    tr, va = seeded_split(100, 10, seed=1)
+def test_stratified_quotas_by_hand():
+    # exact shares 3.0, 1.5, 0.5 of 5 -> floors 3, 1, 0; one left for the largest remainder (0.5,
+    # a tie between classes 1 and 2 broken by the lower index)
+    assert stratified_quotas([6, 3, 1], 5).tolist() == [3, 2, 0]
+    assert stratified_quotas([10, 10, 10], 30).tolist() == [10, 10, 10]
+    assert stratified_quotas([5, 0, 5], 3).tolist() == [2, 0, 1]
+    with pytest.raises(ValueError, match="cannot draw"):
+        stratified_quotas([1, 1], 3)
+
+
+def test_stratified_split_is_disjoint_sorted_seeded_and_proportional():
+    labels = np.repeat(np.arange(4), [40, 30, 20, 10])  # stored class by class, like an image folder
+    tr, va = stratified_split(labels, 10, seed=1)
     assert len(set(tr) & set(va)) == 0 and sorted(set(tr) | set(va)) == list(range(100))
     assert (np.diff(tr) > 0).all() and (np.diff(va) > 0).all()
-    assert np.array_equal(va, seeded_split(100, 10, seed=1)[1])
-    assert not np.array_equal(va, seeded_split(100, 10, seed=2)[1])
+    assert np.bincount(labels[va], minlength=4).tolist() == [4, 3, 2, 1]
+    assert np.array_equal(va, stratified_split(labels, 10, seed=1)[1])
+    assert not np.array_equal(va, stratified_split(labels, 10, seed=2)[1])
+    assert not np.array_equal(va, stratified_split(labels, 10, seed=1, stream=1)[1])
     with pytest.raises(ValueError, match="val_size"):
-        seeded_split(10, 10, 0)
+        stratified_split(labels[:10], 10, 0)
 
 
 def test_digits_bundle():
@@ -187,7 +203,8 @@ def test_cifar10_pickles(tmp_path):
     assert img[0, 0, 0] == 104 and img[1, 5, 5] == 114 and img[2, 31, 31] == 124 and img[0, 1, 2] == 200
     assert b.test.labels.tolist() == list(range(6))
     # training order is batch 1..5: every image's red value = image index in batch + batch number
-    train_idx, val_idx = seeded_split(20, 5, 0)
+    all_labels = np.array([(1 + i // 4 + i % 4) % 10 for i in range(20)])
+    train_idx, val_idx = stratified_split(all_labels, 5, 0)
     expect = torch.tensor([(i % 4) + 1 + i // 4 for i in train_idx], dtype=torch.uint8)
     assert torch.equal(b.train.images[:, 0, 0, 0], expect)
     assert b.train.labels.tolist() == [(1 + i // 4 + i % 4) % 10 for i in train_idx]

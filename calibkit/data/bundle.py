@@ -20,22 +20,37 @@ class Split:
     """One split of a data set.
 
     Attributes:
-        images: uint8 tensor (N, C, H, W), values 0..255.
-        labels: int64 tensor (N,), values in [0, num_classes).
+        images: the inputs. Images: a uint8 tensor (N, C, H, W), values 0..255. Text: an int64
+            tensor (N, L) of token ids (the attribute keeps its name for every modality; ``inputs``
+            is an alias).
+        labels: int64 tensor of class indices in [0, num_classes): (N,) for classification,
+            (N, H, W) per pixel for segmentation (255 or the data set's ignore index marks
+            unlabelled pixels).
     """
 
     images: torch.Tensor
     labels: torch.Tensor
 
     def __post_init__(self):
-        if self.images.dtype != torch.uint8 or self.images.dim() != 4:
+        image_like = self.images.dtype == torch.uint8 and self.images.dim() == 4
+        tokens = self.images.dtype == torch.int64 and self.images.dim() == 2
+        if not (image_like or tokens):
             raise ValueError(
-                f"images must be a uint8 tensor (N, C, H, W), got {self.images.dtype} {tuple(self.images.shape)}"
+                "images must be a uint8 tensor (N, C, H, W) (or int64 token ids (N, L)), "
+                f"got {self.images.dtype} {tuple(self.images.shape)}"
             )
-        if self.labels.dtype != torch.int64 or self.labels.dim() != 1:
-            raise ValueError(f"labels must be an int64 tensor (N,), got {self.labels.dtype} {tuple(self.labels.shape)}")
+        if self.labels.dtype != torch.int64 or self.labels.dim() not in (1, 3):
+            raise ValueError(
+                f"labels must be an int64 tensor (N,) (or (N, H, W) per pixel), got {self.labels.dtype} "
+                f"{tuple(self.labels.shape)}"
+            )
         if self.images.shape[0] != self.labels.shape[0]:
             raise ValueError(f"{self.images.shape[0]} images but {self.labels.shape[0]} labels")
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        """The inputs whatever the modality (images or token ids)."""
+        return self.images
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -77,6 +92,8 @@ class DataBundle:
         split: how the validation split was drawn (seed, sizes, checksum of the validation
             indices); recorded with every run so a result can be traced to its exact split.
         data_dir: the directory the files were read from (None for built-in data).
+        modality: ``"image"`` (uint8 images, (N,) labels); other modalities register their own
+            batching in the trainer (``calibkit.train.batching.BATCHERS``).
     """
 
     name: str
@@ -92,6 +109,7 @@ class DataBundle:
     class_names: list[str]
     split: dict = field(default_factory=dict)
     data_dir: str | None = None
+    modality: str = "image"
 
     @property
     def image_size(self) -> tuple[int, int]:
@@ -105,19 +123,55 @@ def index_checksum(index) -> str:
     return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
 
 
-def seeded_split(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Draw ``val_size`` of ``n`` indices for validation with a seeded permutation.
+def stratified_quotas(counts, size: int) -> np.ndarray:
+    """Per-class counts summing to ``size``, proportional to ``counts`` (largest remainder).
 
-    Both index arrays are returned sorted, so the training split keeps the on-disk order and
-    "the first n training images" is a stable, nested subset across sizes.
+    Class ``c`` gets ``floor(size * n_c / n)``; the images still missing go one each to the classes
+    with the largest fractional parts (ties: the lower class index). No class gets more than it has.
+
+    >>> stratified_quotas([6, 3, 1], 5).tolist()
+    [3, 2, 0]
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n = int(counts.sum())
+    if not 0 <= size <= n:
+        raise ValueError(f"cannot draw {size} of {n} items")
+    if n == 0:
+        return counts.copy()
+    exact = counts * size / n
+    quota = np.floor(exact).astype(np.int64)
+    order = np.lexsort((np.arange(len(counts)), -(exact - quota)))  # largest remainder first
+    quota[order[: size - int(quota.sum())]] += 1
+    return quota
+
+
+def stratified_split(labels, size: int, seed: int, stream: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``size`` of the indices of ``labels``, class-stratified and seeded.
+
+    Each class keeps its share (:func:`stratified_quotas`); within a class, the images drawn are
+    the first of a seeded random permutation of that class's indices. The generator is seeded by
+    ``SeedSequence([seed, stream])``, so the validation split (stream 0) and the training subset
+    (stream 1) are independent draws of the same seed. Both returned arrays are sorted.
+
+    Args:
+        labels: (n,) integer class labels.
+        size: how many indices to draw, in [0, n).
+        seed, stream: the seed of the draw and which draw of that seed it is.
 
     Returns:
-        (train_index, val_index), int64 arrays of lengths n - val_size and val_size.
+        (rest, drawn): int64 index arrays of lengths n - size and size, disjoint, covering 0..n-1.
     """
-    if not 0 <= val_size < n:
-        raise ValueError(f"val_size must be in [0, {n - 1}] for a training set of {n} images, got {val_size}")
-    perm = np.random.default_rng(seed).permutation(n)
-    return np.sort(perm[val_size:]).astype(np.int64), np.sort(perm[:val_size]).astype(np.int64)
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    if not 0 <= size < n:
+        raise ValueError(f"val_size must be in [0, {n - 1}] for a training set of {n} images, got {size}")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(stream)]))
+    classes, counts = np.unique(labels, return_counts=True)
+    quotas = stratified_quotas(counts, size)
+    drawn = [rng.permutation(np.flatnonzero(labels == c))[:q] for c, q in zip(classes, quotas)]
+    drawn = np.sort(np.concatenate(drawn)).astype(np.int64) if drawn else np.zeros(0, np.int64)
+    rest = np.setdiff1d(np.arange(n, dtype=np.int64), drawn, assume_unique=True)
+    return rest, drawn
 
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, seeded_split
+from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, stratified_split
 from .cifar import read_cifar10, read_cifar100
 from .digits import read_digits
 from .folders import read_imagefolder, read_tinyimagenet
@@ -97,13 +97,20 @@ def load(
         val_size: images held out of the official training split for validation (a count, or a
             fraction when < 1); default ``DATASETS[name].val_size``. Data sets with a protocol-fixed validation split
             (Tiny-ImageNet) accept only that size.
-        train_subset: keep only the first ``n`` images of the training split (in on-disk order,
-            so subsets are nested across sizes and do not depend on ``seed`` beyond the
-            validation draw).
+        train_subset: keep a seeded, class-stratified random subset of ``n`` images of the
+            training split (drawn after the validation split, from the images left for training).
 
     Returns:
         DataBundle with uint8 images (N, C, H, W), int64 labels (N,), training-split statistics
-        and a ``split`` record ``{seed, rule, train, val, test, train_subset, val_checksum}``.
+        and a ``split`` record ``{seed, rule, train, val, test, train_subset, val_checksum,
+        train_checksum}`` (checksums of the index sets, so two runs can tell whether they used the
+        same images).
+
+    Both draws are class-stratified (every class keeps its share of the images, up to rounding:
+    :func:`calibkit.data.bundle.stratified_quotas`) and seeded: the validation split by
+    ``(seed, 0)``, the training subset by ``(seed, 1)`` (:func:`calibkit.data.bundle.stratified_split`).
+    On-disk order never matters, so a data set stored class by class (image folders,
+    Tiny-ImageNet) loses no class to ``train_subset``.
 
     Raises:
         ValueError: unknown name or invalid sizes. FileNotFoundError: files missing (the message
@@ -133,15 +140,19 @@ def load(
                 raise ValueError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
             size = int(round(size * len(raw.train)))
         size = int(size)
-        train_idx, val_idx = seeded_split(len(raw.train), size, seed)
+        train_idx, val_idx = stratified_split(raw.train.labels.numpy(), size, seed, stream=0)
         train, val = raw.train.subset(train_idx), raw.train.subset(val_idx)
         checksum = index_checksum(val_idx)
-        rule = "seeded permutation of the official training split"
+        rule = "class-stratified seeded draw from the official training split"
 
+    train_checksum = None
     if train_subset is not None:
         if not 1 <= int(train_subset) <= len(train):
             raise ValueError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
-        train = Split(train.images[: int(train_subset)].clone(), train.labels[: int(train_subset)].clone())
+        if int(train_subset) < len(train):
+            _, keep = stratified_split(train.labels.numpy(), int(train_subset), seed, stream=1)
+            train = train.subset(keep)
+            train_checksum = index_checksum(keep)
 
     mean, std = channel_stats(train.images)
     num_classes = len(raw.class_names)
@@ -168,6 +179,7 @@ def load(
             "test": len(raw.test),
             "train_subset": None if train_subset is None else int(train_subset),
             "val_checksum": checksum,
+            "train_checksum": train_checksum,
         },
         data_dir=None if not spec.needs_dir else os.path.abspath(folder),
     )
