@@ -245,29 +245,3 @@ def annotate_store(store_dir, encoder, train_images: torch.Tensor, train_labels:
             "generator_hash": store["manifest"]["generator_hash"], **(extra_meta or {})}
     write_annotations(store_dir, tensors, meta)
     return {**tensors, "meta": meta}
-
-
-def annotate_command(args) -> dict:
-    """``calibkit csm annotate`` (see :mod:`calibkit.commands.csm`)."""
-    if args.encoder == "classifier":
-        if not args.run:
-            raise ValueError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")
-        enc = ClassifierEncoder(args.run, device=args.device)
-        if args.data and args.data != enc.cfg.data:
-            raise ValueError(f"--data {args.data} differs from the run's data set {enc.cfg.data}")
-        images, labels = enc.training_split()
-    else:
-        if not args.clip_dir:
-            raise ValueError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
-        if not args.data:
-            raise ValueError("--encoder clip needs --data NAME for the prototypes' real training images")
-        from calibkit.data import load
-
-        enc = ClipEncoder(args.clip_dir, device=args.device)
-        bundle = load(args.data, data_dir=args.data_dir)
-        images, labels = bundle.train.images, bundle.train.labels
-    res = annotate_store(args.store, enc, images, labels, sharpness=args.sharpness)
-    lam = res["lam_annot"]
-    print(f"annotated {len(lam)} images of {args.store} with the {enc.identity['encoder']} encoder "
-          f"(mean lam' {lam.mean():.3f}); written to {args.store}/annotations.safetensors")
-    return res
