@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from calibkit.methods.csm.inputs import as_image_tensors
 from calibkit.methods.csm.store import load_store, write_annotations
 
 # OpenAI CLIP's image normalisation (used when the directory has no preprocessor_config.json).
@@ -193,19 +194,19 @@ def annotate(images: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, encoder, 
         c1, c2: (N,) int64 class pair of each image (as returned by generation).
         encoder: any callable ``uint8 images (M, C, H, W) -> features (M, D)`` (e.g. a lambda
             around the user's own network, :class:`ClassifierEncoder`, :class:`ClipEncoder`).
-        train_images, train_labels: real training images (uint8 (M, C, H, W)) and labels (M,);
-            the prototypes are their mean features per class.
+        train_images, train_labels: real training images (M, C, H, W) (uint8, or float in [0, 1],
+            quantised to uint8 like the generated ones) and labels (M,); the prototypes are their
+            mean features per class. The encoder receives uint8 images and does its own scaling.
         num_classes: K (default: the largest label or class index + 1).
         sharpness: s of the sigmoid.
 
     Returns:
         dict with ``soft_labels`` (N, K), ``lam_hat`` (N,), ``lam_annot`` (N,) and ``prototypes`` (K, D).
     """
-    train_labels = torch.as_tensor(train_labels).long().cpu()
+    train_images, train_labels = as_image_tensors(train_images, train_labels)
     c1, c2 = torch.as_tensor(c1).long().cpu(), torch.as_tensor(c2).long().cpu()
-    if images.dtype != torch.uint8 or train_images.dtype != torch.uint8:
-        raise ValueError(f"images must be uint8 (got {images.dtype} and {train_images.dtype}); the encoder "
-                         "receives uint8 images and does its own scaling")
+    if images.dtype != torch.uint8:
+        raise ValueError(f"generated images must be uint8, got {images.dtype}")
     if c1.shape != (len(images),) or c2.shape != (len(images),):
         raise ValueError(f"c1 and c2 must have shape ({len(images)},), got {tuple(c1.shape)} and {tuple(c2.shape)}")
     if train_labels.shape != (len(train_images),):

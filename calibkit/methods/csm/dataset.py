@@ -16,10 +16,16 @@ from calibkit.methods.csm.store import load_annotations, load_store
 
 
 class CSMCompanion:
-    """Sampler of generated images and soft labels from an annotated store.
+    """Sampler of generated images and soft labels, from an annotated store or from tensors.
 
     Args:
-        store_dir: store written by ``calibkit csm generate`` and annotated by ``calibkit csm annotate``.
+        source: a store directory (written by ``calibkit csm generate`` and annotated by
+            ``calibkit csm annotate``), or a dict of tensors in group order (8 consecutive images
+            per group, lam = 0, 1/7, ..., 1), e.g. the output of
+            :func:`~calibkit.methods.csm.generate.generate` with ``soft_labels`` from
+            :func:`~calibkit.methods.csm.annotate.annotate` added: ``images`` uint8 (G*8, C, H, W),
+            ``c1``, ``c2`` int64 (G*8,), ``lam`` (G*8,) and, for ``labels="annotated"``,
+            ``soft_labels`` (G*8, K).
         num_classes: K of the classifier being trained (must match the store).
         seed: seed of the default random generator (used when ``draw`` gets none).
         labels: ``"annotated"`` (the calibrated reannotation, the method) or ``"lam"`` (the raw
@@ -27,38 +33,65 @@ class CSMCompanion:
 
     Attributes:
         images: uint8 (G, 8, C, H, W); soft_labels: float32 (G, 8, K); c1, c2: int64 (G,).
-        encoder: the annotation metadata (which encoder produced the labels), or None for ``"lam"``.
+        encoder: the annotation metadata (which encoder produced the labels), or None for ``"lam"``
+            and for tensors.
     """
 
-    def __init__(self, store_dir, num_classes: int, seed: int = 0, labels: str = "annotated"):
-        store = load_store(store_dir)
-        man = store["manifest"]
-        if man["num_classes"] != num_classes:
-            raise ValueError(f"store {store_dir} has {man['num_classes']} classes, the model {num_classes}")
-        g, n = man["num_groups"], man["group_size"]
+    def __init__(self, source, num_classes: int, seed: int = 0, labels: str = "annotated"):
+        if labels not in ("annotated", "lam"):
+            raise ValueError(f"labels must be 'annotated' or 'lam', got {labels!r}")
+        n = 8
+        self.encoder = None
+        if isinstance(source, dict):
+            missing = [k for k in ("images", "c1", "c2", "lam") + (("soft_labels",) if labels == "annotated" else ())
+                       if k not in source]
+            if missing:
+                raise ValueError(f"the tensors lack {missing} (soft_labels come from csm.annotate)")
+            images, c1, c2 = source["images"], torch.as_tensor(source["c1"]).long(), torch.as_tensor(source["c2"]).long()
+            lam = torch.as_tensor(source["lam"]).float()
+            if images.dtype != torch.uint8 or images.dim() != 4 or len(images) % n:
+                raise ValueError(f"images must be uint8 (G*{n}, C, H, W), got {images.dtype} {tuple(images.shape)}")
+            g = len(images) // n
+            if c1.shape != (g * n,) or c2.shape != (g * n,) or lam.shape != (g * n,):
+                raise ValueError(f"c1, c2 and lam must have shape ({g * n},)")
+            if not (torch.equal(c1.view(g, n), c1.view(g, n)[:, :1].expand(g, n))
+                    and torch.equal(c2.view(g, n), c2.view(g, n)[:, :1].expand(g, n))):
+                raise ValueError(f"images must be in group order: {n} consecutive images share one class pair")
+            where = "the tensors"
+            annotated = source.get("soft_labels") if labels == "annotated" else None
+        else:
+            store = load_store(source)
+            man = store["manifest"]
+            if man["num_classes"] != num_classes:
+                raise ValueError(f"store {source} has {man['num_classes']} classes, the model {num_classes}")
+            g, n = man["num_groups"], man["group_size"]
+            images, c1, c2, lam = store["images"], store["c1"], store["c2"], store["lam"]
+            where = f"store {source}"
+            annotated = None
+            if labels == "annotated":
+                annot, self.encoder = load_annotations(source)
+                if annot["soft_labels"].shape != (g * n, num_classes) or not torch.equal(annot["group"], store["group"]):
+                    raise ValueError(f"annotations of {source} do not match its images; run `calibkit csm annotate` again")
+                annotated = annot["soft_labels"]
         if labels == "annotated":
-            annot, self.encoder = load_annotations(store_dir)
-            if annot["soft_labels"].shape != (g * n, num_classes) or not torch.equal(annot["group"], store["group"]):
-                raise ValueError(f"annotations of {store_dir} do not match its images; run `calibkit csm annotate` again")
-            soft = annot["soft_labels"]
-        elif labels == "lam":
-            self.encoder = None
+            soft = torch.as_tensor(annotated).float()
+            if soft.shape != (g * n, num_classes):
+                raise ValueError(f"soft_labels must have shape ({g * n}, {num_classes}), got {tuple(soft.shape)}")
+        else:
             soft = torch.zeros(g * n, num_classes)
             rows = torch.arange(g * n)
-            soft[rows, store["c1"]] = store["lam"]
-            soft[rows, store["c2"]] = 1 - store["lam"]
-        else:
-            raise ValueError(f"labels must be 'annotated' or 'lam', got {labels!r}")
+            soft[rows, c1] = lam
+            soft[rows, c2] = 1 - lam
         self.group_size = n
-        self.images = store["images"].reshape(g, n, *store["images"].shape[1:])
-        self.soft_labels = soft.float().reshape(g, n, num_classes)
-        self.c1, self.c2 = store["c1"][::n].clone(), store["c2"][::n].clone()
+        self.images = images.reshape(g, n, *images.shape[1:])
+        self.soft_labels = soft.reshape(g, n, num_classes)
+        self.c1, self.c2 = c1[::n].clone(), c2[::n].clone()
         # Table of the groups containing each class, padded: groups_of[y, :count[y]].
         member = [torch.nonzero((self.c1 == y) | (self.c2 == y)).flatten() for y in range(num_classes)]
         self.count = torch.tensor([len(m) for m in member])
         if (self.count == 0).any():
             missing = torch.nonzero(self.count == 0).flatten().tolist()
-            raise ValueError(f"store {store_dir} has no group for classes {missing}; generate at least "
+            raise ValueError(f"{where} has no group for classes {missing}; generate at least "
                              f"{num_classes * (num_classes - 1) // 2} groups so every pair appears")
         self.groups_of = torch.zeros(num_classes, int(self.count.max()), dtype=torch.long)
         for y, m in enumerate(member):

@@ -134,6 +134,26 @@ def sample_groups(model, groups, seed: int, steps: int = 20, guidance: float = 1
     return cond
 
 
+def generate(model, num_groups: int, seed: int = 0, steps: int = 20, guidance: float = 1.0,
+             batch_size: int | None = None, precision: str = "fp32") -> dict:
+    """Groups ``0 .. num_groups - 1`` in memory: the same images :func:`generate_store` writes.
+
+    Args:
+        model: a :class:`~calibkit.methods.csm.generator.CondDenoiser` (e.g. returned by
+            :func:`~calibkit.methods.csm.train_generator.train_generator`), on any device.
+        num_groups, seed, steps, guidance, batch_size, precision: as :func:`generate_store`.
+            With the same batch size as the store's shards are sampled in, the bytes are equal.
+
+    Returns:
+        dict of CPU tensors in group order: ``images`` uint8 (8 G, C, H, W), ``group``,
+        ``member``, ``c1``, ``c2`` int64 and ``lam`` float32 (8 G,), ``y`` (8 G, K).
+    """
+    if num_groups < 1 or steps < 1:
+        raise ValueError("num_groups and steps must be positive")
+    return sample_groups(model.eval(), range(num_groups), seed, steps, guidance, batch_size=batch_size,
+                         precision=precision)
+
+
 def _dist_env(distributed) -> tuple[int, int, bool]:
     """(rank, world, initialised_here) from an explicit (rank, world) or torchrun's environment."""
     if isinstance(distributed, tuple):

@@ -26,6 +26,7 @@ from calibkit.methods.csm.generator import (
     save_generator,
     to_model_space,
 )
+from calibkit.methods.csm.inputs import as_image_tensors
 
 STATE_NAME = "train_state.pt"
 LOG_NAME = "train_log.jsonl"
@@ -50,14 +51,16 @@ def _ema_decay(step: int, decay: float) -> float:
     return min(decay, (1 + step) / (10 + step))
 
 
-def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_cfg: GeneratorTrainConfig,
+def train_generator(images, labels, out_dir, train_cfg: GeneratorTrainConfig,
                     gen_cfg: GeneratorConfig | None = None, checkpoint_every: int = 100,
                     extra_meta: dict | None = None, progress: bool = True, device="cpu") -> CondDenoiser:
     """Train (or resume) a class-conditional EDM generator and return its EMA copy.
 
     Args:
-        images: uint8 training images (N, C, H, W), H = W = ``gen_cfg.data_size``.
-        labels: int64 class labels (N,).
+        images: training images (N, C, H, W), H = W = ``gen_cfg.data_size``, uint8 or float in
+            [0, 1]; or a Dataset of ``(image, label)`` pairs (see
+            :func:`~calibkit.methods.csm.inputs.as_image_tensors`).
+        labels: integer class labels (N,); None when ``images`` is a Dataset.
         out_dir: output directory (created; resumed from ``train_state.pt`` if present).
         train_cfg: optimisation settings; ``train_cfg.steps`` is the total step count.
         gen_cfg: architecture; defaults to ``GeneratorConfig(num_classes=max(labels)+1, ...)``.
@@ -71,11 +74,7 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
     Returns:
         The EMA network (on ``device``, eval mode).
     """
-    if images.dtype != torch.uint8 or images.dim() != 4:
-        raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
-    labels = torch.as_tensor(labels).long()
-    if labels.shape != (images.shape[0],):
-        raise ValueError(f"labels must have shape ({images.shape[0]},), got {tuple(labels.shape)}")
+    images, labels = as_image_tensors(images, labels)
     if train_cfg.steps < 1 or train_cfg.batch_size < 1:
         raise ValueError("steps and batch_size must be positive")
     if gen_cfg is None:
