@@ -22,7 +22,10 @@ from pathlib import Path
 METHODS = ("standard", "mixup", "regmixup", "csm")
 SCHEDULES = ("multistep", "cosine", "onecycle")
 # Fields that change how a run executes but not what it computes: a run may resume with new values.
-RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size")
+# (compile: the compiled graph computes the same function; it may round differently.)
+RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size", "compile")
+# Checkpoint policies (calibkit.train.keep): which epoch's weights a run keeps.
+KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "last")
 # Preset names resolve to files in the repository's configs/ directory.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -52,9 +55,13 @@ class TrainConfig:
         val_size: validation images (None: the data set's protocol).
         train_subset: keep only this many training images (None: all).
         augment: random crop and flip as the data set allows (False: the images as they are).
+        keep: checkpoint policy, which epoch's weights the run keeps: ``best-acc`` (highest
+            validation accuracy, the literature's protocol), ``best-nll``, ``best-ece`` (lowest
+            validation NLL / ECE) or ``last`` (see :mod:`calibkit.train.keep`).
         eval_batch_size: batch size for computing logits.
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         num_threads: torch CPU threads (None: torch's default).
+        compile: wrap the model in ``torch.compile`` for training.
     """
 
     data: str = "fmnist"
@@ -78,9 +85,11 @@ class TrainConfig:
     val_size: int | None = None
     train_subset: int | None = None
     augment: bool = True
+    keep: str = "best-acc"
     eval_batch_size: int = 1024
     device: str = "auto"
     num_threads: int | None = None
+    compile: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -106,6 +115,7 @@ class TrainConfig:
         checks = [
             (self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}"),
             (self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}"),
+            (self.keep in KEEP_POLICIES, "keep", f"must be one of {', '.join(KEEP_POLICIES)}"),
             (self.epochs >= 1, "epochs", "must be >= 1"),
             (self.batch_size >= 1, "batch_size", "must be >= 1"),
             (self.eval_batch_size >= 1, "eval_batch_size", "must be >= 1"),

@@ -167,11 +167,11 @@ def load_run(run_dir):
     """Rebuild a trained model with its best-validation weights.
 
     Returns:
-        ``(model, cfg, info)``: the model in eval mode on CPU, its :class:`calibkit.train.TrainConfig`,
+        ``(model, cfg, info)``: the model in eval mode on CPU, its :class:`calibkit.config.TrainConfig`,
         and the full ``config.json`` dict (split, ``num_classes``, ``in_channels``, mean/std, ...).
     """
+    from calibkit.config import TrainConfig
     from calibkit.models import MODELS
-    from calibkit.train import TrainConfig
 
     run_dir = _check_run_dir(run_dir)
     info = load_info(run_dir)
@@ -191,34 +191,34 @@ def load_run(run_dir):
 
 @torch.no_grad()
 def predict_logits(model, images: torch.Tensor, norm, batch_size: int = 512, device=None) -> torch.Tensor:
-    """Logits of ``model`` (eval mode) for uint8 images, normalised exactly as in training.
+    """Logits of ``model`` (eval mode) for stored inputs, prepared exactly as in training.
 
     Args:
         model: a classifier; it is put in eval mode.
-        images: uint8 tensor ``(N, C, H, W)``.
-        norm: a ``DataBundle`` (its ``mean``/``std`` are used), a run's ``config.json`` dict, or a
-            ``(mean, std)`` pair.
-        batch_size: images per forward pass.
+        images: the inputs as stored (uint8 images ``(N, C, H, W)``, or the modality's own form).
+        norm: how inputs are prepared: an input pipeline (:mod:`calibkit.data.inputs`), a
+            ``DataBundle``, a run's ``config.json`` dict, or a ``(mean, std)`` pair for images.
+        batch_size: inputs per forward pass.
         device: where to compute (default: the model's device).
 
     Returns:
-        float32 logits ``(N, K)`` on CPU.
+        float32 logits ``(N, K)`` (or ``(N, K, ...)`` for dense models) on CPU.
     """
-    from calibkit.data import normalize
+    from calibkit.data.inputs import ImageInputs, inputs_for, inputs_from_info
 
-    if images.dtype != torch.uint8 or images.dim() != 4:
-        raise ValueError(f"images: expected a uint8 tensor (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
-    if isinstance(norm, dict):
-        mean, std = norm["mean"], norm["std"]
+    if hasattr(norm, "eval_batch"):
+        inputs = norm
+    elif isinstance(norm, dict):
+        inputs = inputs_from_info(norm)
     elif isinstance(norm, (tuple, list)):
-        mean, std = norm
+        inputs = ImageInputs(*norm)
     else:
-        mean, std = norm.mean, norm.std
+        inputs = inputs_for(norm, augment=False)
     if device is None:
         device = next(model.parameters()).device
     model.eval()
     out = [
-        model(normalize(images[i : i + batch_size].to(device), mean, std)).float().cpu()
+        model(inputs.eval_batch(images[i : i + batch_size].to(device))).float().cpu()
         for i in range(0, len(images), batch_size)
     ]
     return torch.cat(out) if out else torch.empty(0, 0)

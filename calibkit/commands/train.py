@@ -27,8 +27,8 @@ def _int_list(text: str) -> list[int]:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model (SGD, calibration loss, Mixup/RegMixup/CSM) into a run directory",
-        description="Train one model and write a run directory: config.json, model.safetensors (best "
-        "validation accuracy), checkpoint.pt, history.json and logits.safetensors.",
+        description="Train one model and write a run directory: config.json, model.safetensors (the "
+        "weights the checkpoint policy keeps), checkpoint.pt, history.json and logits.safetensors.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", required=True, metavar="DIR", help="run directory to create or resume")
@@ -42,6 +42,8 @@ def register(subparsers) -> None:
     g.add_argument("--train-subset", type=int, metavar="N", help="train on the first N training images only")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help="random crop/flip as the data set allows (default on)")
+    g.add_argument("--keep", metavar="POLICY", help="checkpoint policy, which epoch's weights the run keeps: "
+                   "best-acc (default), best-nll, best-ece or last")
     g = p.add_argument_group("loss and method")
     g.add_argument("--loss", metavar="SPEC", help='loss spec, e.g. ce, "mbls:margin=6", "fedlas_ls:alpha=0.05" (default ce)')
     g.add_argument("--method", help="standard, mixup, regmixup or csm (default standard)")
@@ -63,6 +65,8 @@ def register(subparsers) -> None:
     g = p.add_argument_group("execution")
     g.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
     g.add_argument("--num-threads", type=int, metavar="N", help="torch CPU threads")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="train the model through torch.compile (default off)")
     g.add_argument("--eval-batch-size", type=int, metavar="N", help="batch size for logits (default 1024)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
     g.add_argument("--quiet", action="store_true", help="no per-epoch output at all")
@@ -72,7 +76,7 @@ def register(subparsers) -> None:
 # argparse destination -> TrainConfig field (identical names by construction)
 FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "epochs", "batch_size", "lr",
           "momentum", "weight_decay", "schedule", "milestones", "gamma", "grad_clip", "amp", "seed", "val_size",
-          "train_subset", "augment", "eval_batch_size", "device", "num_threads")
+          "train_subset", "augment", "keep", "eval_batch_size", "device", "num_threads", "compile")
 
 
 def run(args) -> int:

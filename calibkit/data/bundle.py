@@ -93,7 +93,7 @@ class DataBundle:
             indices); recorded with every run so a result can be traced to its exact split.
         data_dir: the directory the files were read from (None for built-in data).
         modality: ``"image"`` (uint8 images, (N,) labels); other modalities register their own
-            batching in the trainer (``calibkit.train.batching.BATCHERS``).
+            input pipeline (``calibkit.data.inputs.INPUTS``).
     """
 
     name: str

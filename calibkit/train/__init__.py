@@ -1,0 +1,20 @@
+"""Training: one readable loop from a :class:`TrainConfig` to a finished run directory.
+
+- :func:`train` (:mod:`calibkit.train.loop`): the loop, resume, DDP, checkpoints;
+- :mod:`calibkit.train.steps`: what a step computes for each training method (standard, Mixup,
+  RegMixup, CSM);
+- :mod:`calibkit.train.keep`: the checkpoint policy (which epoch's weights a run keeps);
+- :func:`learning_rate` (:mod:`calibkit.train.schedule`): the schedules.
+
+Reading a finished run back (:func:`load_run`, :func:`load_logits`, :func:`predict_logits`) lives in
+:mod:`calibkit.rundir` and is re-exported here.
+"""
+
+from calibkit.config import METHODS, SCHEDULES, TrainConfig, load_config
+from calibkit.rundir import load_logits, load_run, predict_logits
+from calibkit.train.keep import KEEP_POLICIES
+from calibkit.train.loop import train
+from calibkit.train.schedule import learning_rate
+
+__all__ = ["TrainConfig", "load_config", "train", "learning_rate", "load_run", "load_logits",
+           "predict_logits", "METHODS", "SCHEDULES", "KEEP_POLICIES"]

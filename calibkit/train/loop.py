@@ -1,0 +1,367 @@
+"""The training loop: from a :class:`TrainConfig` to a finished run directory.
+
+``train(cfg, out_dir)`` loads the data, builds the model and the loss, and runs SGD with momentum
+and weight decay under a multistep, cosine or one-cycle schedule, with gradient clipping (global
+norm on the model's parameters), optional bfloat16 autocast and optional ``torch.compile``. How a
+batch becomes model inputs is the modality's input pipeline (:mod:`calibkit.data.inputs`); how it
+becomes a loss is the method's step (:mod:`calibkit.train.steps`); which epoch's weights are kept
+is the checkpoint policy ``cfg.keep`` (:mod:`calibkit.train.keep`). At the end the kept weights'
+validation and test logits are saved for post-hoc calibration (run directory: ``docs/design.md``).
+
+No host synchronisation per step: the loss sum, the correct count and the first non-finite loss
+are accumulated on the device and read once per epoch; the losses' input checks that read tensor
+values run on the first batch of every epoch and are skipped for the others
+(:func:`calibkit._validation.trusted_inputs`). A non-finite loss still stops training with an
+error naming its epoch and step (after that epoch; no checkpoint of it is written).
+
+Reproducibility and resume: every random stream (data order, augmentation, mixing, CSM draws,
+the global torch/numpy/python RNGs) is reseeded at the start of each epoch from
+``(seed, epoch, rank)``, and the learning rate is a pure function of the (fractional) epoch.
+A checkpoint therefore needs only the model, optimizer and loss states and the bookkeeping, and
+a run resumed from any epoch ends with exactly the weights of an uninterrupted one, also under DDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from calibkit import _validation
+from calibkit import distributed as D
+from calibkit import rundir
+from calibkit.config import TrainConfig
+from calibkit.train.keep import Keeper
+from calibkit.train.schedule import learning_rate
+from calibkit.train.steps import EpochGenerators, build_step
+
+
+class _WithFeatures(nn.Module):
+    """``x -> (logits, features)`` in one ``forward``, so DDP sees (and synchronises) the call."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        features = self.model.forward_features(x)
+        return self.model.head(features), features
+
+
+def _epoch_rng(seed: int, epoch: int, rank: int, stream: int, device="cpu") -> torch.Generator:
+    """An independent generator for one (seed, epoch, rank, stream): resumable without saved state."""
+    state = np.random.SeedSequence([seed, epoch, rank, stream]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator(device=device).manual_seed(int(state) & (2**63 - 1))
+
+
+def _reseed_globals(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _prepare_run_dir(out: Path, cfg: TrainConfig) -> tuple[str, dict | None]:
+    """Decide from what is on disk: ``("fresh", None)``, ``("resume", checkpoint)`` or ``("done", info)``.
+
+    Refuses (``ValueError``) to touch a non-empty directory that is not a run, or a run made with a
+    different config, so that results already written are never overwritten.
+    """
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return "fresh", None
+    if not out.is_dir():
+        raise ValueError(f"out: {out} exists and is not a directory")
+    if not (out / rundir.CONFIG).is_file():
+        raise ValueError(f"out: {out} is not empty and holds no calibkit run; choose another directory")
+    info = rundir.read_json(out / rundir.CONFIG)
+    old = TrainConfig.from_dict(info.get("config", {}))
+    diff = cfg.differences(old)
+    if diff:
+        raise ValueError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}); "
+                         "choose another directory")
+    if info.get("status") == "done" and (out / rundir.LOGITS).is_file():
+        return "done", info
+    if (out / rundir.CHECKPOINT).is_file():
+        return "resume", rundir.read_checkpoint(out / rundir.CHECKPOINT)
+    return "fresh", None  # killed before the first epoch ended: nothing worth keeping yet
+
+
+def _summary(info: dict) -> dict:
+    keys = ("status", "epochs_done", "best_epoch", "best_val_acc", "test_acc", "test_ece", "wall_time_s")
+    return {k: info.get(k) for k in keys}
+
+
+@dataclass
+class _Run:
+    """Everything one training run holds between epochs."""
+
+    cfg: TrainConfig
+    dd: D.Dist
+    bundle: object
+    inputs: object
+    model: nn.Module
+    net: nn.Module
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: object
+    keeper: Keeper
+    train_x: torch.Tensor  # the training inputs, on the device
+    train_y: torch.Tensor  # their targets, on the device
+    train_y_cpu: torch.Tensor  # the same targets on the CPU, for host-side draws
+    loss_params: list  # the loss's own parameters (averaged by hand under DDP)
+    history: list = field(default_factory=list)
+    elapsed: float = 0.0
+    start_epoch: int = 0
+    kept: dict | None = None  # the kept weights (on the CPU)
+
+    @property
+    def kept_record(self) -> dict:
+        return self.history[self.keeper.epoch - 1] if self.keeper.epoch else {}
+
+
+def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) -> _Run:
+    """Data, model, loss, optimizer and step: seeded, so every rank builds the same ones."""
+    from calibkit import losses
+    from calibkit.data import load
+    from calibkit.data.inputs import inputs_for
+    from calibkit.models import MODELS
+
+    if cfg.model not in MODELS:
+        raise ValueError(f"model: unknown model {cfg.model!r}; valid: {', '.join(MODELS)}")
+    _reseed_globals(cfg.seed)
+    bundle = load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size,
+                  train_subset=cfg.train_subset)
+    if len(bundle.val) == 0:
+        raise ValueError("val_size: the validation split is empty; model selection needs one")
+    if (-(-len(bundle.train) // dd.world)) // (cfg.batch_size // dd.world) == 0:
+        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images")
+    K, dev = bundle.num_classes, dd.device
+    model = MODELS[cfg.model](num_classes=K, in_channels=bundle.in_channels).to(dev)
+    loss_fn = losses.build(cfg.loss, num_classes=K).to(dev)
+    inputs = inputs_for(bundle, cfg.augment)
+    step = build_step(cfg, loss_fn, K, inputs, cfg.seed)
+    # The loss's own parameters (FeDLaS's gate) share the optimizer, lr, wd and schedule.
+    optimizer = torch.optim.SGD(list(model.parameters()) + list(loss_fn.parameters()), lr=cfg.lr,
+                                momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    net = _WithFeatures(model)
+    if dd.enabled:
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
+    if cfg.compile:
+        net = torch.compile(net)
+    run = _Run(cfg, dd, bundle, inputs, model, net, loss_fn, optimizer, step, Keeper(cfg.keep),
+               train_x=bundle.train.images.to(dev), train_y=bundle.train.labels.to(dev),
+               train_y_cpu=bundle.train.labels, loss_params=list(loss_fn.parameters()))
+    if resume is not None:
+        try:
+            model.load_state_dict(resume["model"])
+            optimizer.load_state_dict(resume["optimizer"])
+            loss_fn.load_state_dict(resume["loss"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise ValueError(f"{out / rundir.CHECKPOINT}: does not match this config ({exc})") from exc
+        # Checkpoints written before the policy was recorded kept the best validation accuracy.
+        legacy = {"score": resume.get("best_val_acc"), "epoch": resume.get("best_epoch")}
+        run.keeper = Keeper(cfg.keep, resume.get("keep") or legacy)
+        run.start_epoch, run.history, run.elapsed = resume["epoch"], resume["history"], resume["elapsed_s"]
+        run.kept = rundir.read_tensors(out / rundir.MODEL)
+        log(f"{out}: resuming after epoch {run.start_epoch}/{cfg.epochs} (kept: epoch {run.keeper.epoch}, "
+            f"policy {cfg.keep})")
+    return run
+
+
+class _Sums:
+    """Per-epoch sums kept on the device: read once, at the end of the epoch."""
+
+    def __init__(self, device):
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.correct = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        self.bad_value = torch.zeros((), dtype=torch.float32, device=device)
+        self.seen = 0
+
+    def add(self, step: int, loss, logits, target) -> None:
+        loss = loss.detach()
+        new_bad = ~torch.isfinite(loss) & (self.first_bad < 0)
+        self.first_bad.masked_fill_(new_bad, step)
+        self.bad_value = torch.where(new_bad, loss.float(), self.bad_value)
+        self.loss += loss.double() * len(target)
+        self.correct += (logits.detach().argmax(1) == target).sum()
+        self.seen += len(target)
+
+
+def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
+    cfg, dd, dev = run.cfg, run.dd, run.dd.device
+    train = run.bundle.train
+    b = cfg.batch_size // dd.world  # per-process batch; the global batch is cfg.batch_size
+    steps = (-(-len(train) // dd.world)) // b  # full batches only (drop_last), equal on every rank
+    _reseed_globals(cfg.seed * 100_003 + epoch * 101 + dd.rank)
+    order = D.train_shard(len(train), _epoch_rng(cfg.seed, epoch, 0, 0), dd)
+    order_dev = order.to(dev)
+    gens = EpochGenerators(aug=_epoch_rng(cfg.seed, epoch, dd.rank, 1, dev), draw=_epoch_rng(cfg.seed, epoch, dd.rank, 2))
+    run.net.train()
+    run.loss_fn.train()
+    sums = _Sums(dev)
+    bar = tqdm(range(steps), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False, dynamic_ncols=True,
+               disable=not (progress and dd.is_main and sys.stderr.isatty()))
+    for step in bar:
+        idx = order_dev[step * b:(step + 1) * b]
+        x, y = run.inputs.train_batch(run.train_x[idx], run.train_y[idx], gens.aug)
+        lr = learning_rate(cfg, epoch + step / steps)
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        # The losses check their inputs' values on the first batch of the epoch only.
+        checks = _validation.trusted_inputs() if step else contextlib.nullcontext()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.amp), checks:
+            loss, logits, target = run.step(run.net, x, y, run.train_y_cpu[order[step * b:(step + 1) * b]], gens)
+        sums.add(step, loss, logits, target)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        D.average_grads(run.loss_params, dd)  # DDP averages the model's gradients, not the loss's
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+        run.optimizer.step()
+        if not bar.disable and step % 20 == 0:  # reading the sums is a host sync: only for the bar
+            bar.set_postfix(loss=f"{float(sums.loss) / sums.seen:.4f}", acc=f"{float(sums.correct) / sums.seen:.2%}")
+    bar.close()
+    loss_sum, correct, seen, bad = D.all_reduce_sum(
+        [float(sums.loss), float(sums.correct), sums.seen, float(sums.first_bad >= 0)], dd)
+    if bad:
+        where = (f"step {int(sums.first_bad) + 1}" if int(sums.first_bad) >= 0 else "a step of another process")
+        raise RuntimeError(f"loss is {float(sums.bad_value)} at epoch {epoch + 1}, {where}; lower the learning "
+                           f"rate (lr {learning_rate(cfg, epoch + max(int(sums.first_bad), 0) / steps):.4g})")
+    return {"lr": lr, "train_loss": loss_sum / seen, "train_acc": correct / seen}
+
+
+@torch.no_grad()
+def _logits(run: _Run, split) -> torch.Tensor:
+    """Logits of a whole split; under DDP each rank computes a chunk and all ranks get every row."""
+    idx, _ = D.eval_shard(len(split), run.dd)
+    logits = rundir.predict_logits(run.model, split.images[idx], run.inputs, run.cfg.eval_batch_size, run.dd.device)
+    return D.gather_rows(logits.to(run.dd.device), len(split), run.dd).cpu()
+
+
+def _validate(run: _Run) -> dict:
+    """Validation accuracy, NLL and ECE (15 bins); AdaFocal's per-epoch update (same on every rank)."""
+    from calibkit.functional import ece
+
+    run.model.eval()
+    run.loss_fn.eval()
+    logits, labels = _logits(run, run.bundle.val), run.bundle.val.labels
+    if hasattr(run.loss_fn, "update"):
+        run.loss_fn.update(logits.to(run.dd.device), labels.to(run.dd.device))
+    return {"val_loss": nn.functional.cross_entropy(logits.double(), labels).item(),
+            "val_acc": (logits.argmax(1) == labels).double().mean().item(),
+            "val_ece": float(ece(logits.softmax(1), labels, n_bins=15))}
+
+
+def _end_epoch(run: _Run, out: Path, epoch: int, record: dict) -> bool:
+    """Record the epoch, offer its weights to the checkpoint policy, write the checkpoint."""
+    run.history.append(record)
+    kept = run.keeper.offer(epoch + 1, record)
+    if kept:
+        run.kept = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
+    if run.dd.is_main:  # kept weights first, then the checkpoint that refers to them
+        if kept:
+            rundir.write_tensors(out / rundir.MODEL, run.kept)
+        rundir.write_checkpoint(out / rundir.CHECKPOINT, {
+            "epoch": epoch + 1, "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "loss": run.loss_fn.state_dict(), "keep": run.keeper.state_dict(),
+            "best_val_acc": run.kept_record.get("val_acc"), "best_epoch": run.keeper.epoch,
+            "history": run.history, "elapsed_s": run.elapsed, "config": run.cfg.to_dict()})
+        rundir.write_json(out / rundir.HISTORY, run.history)
+    return kept
+
+
+def _finish(run: _Run, out: Path, info: dict, log) -> dict:
+    """The kept weights' validation and test logits, for post-hoc calibration; status done."""
+    from calibkit.functional import ece
+
+    run.model.load_state_dict(run.kept)
+    run.model.eval()
+    test = run.bundle.test
+    val_logits, test_logits = _logits(run, run.bundle.val), _logits(run, test)
+    test_acc = (test_logits.argmax(1) == test.labels).double().mean().item() if len(test) else None
+    test_ece = float(ece(test_logits.softmax(1), test.labels, n_bins=15)) if len(test) else None
+    info.update(status="done", epochs_done=run.cfg.epochs, best_epoch=run.keeper.epoch,
+                best_val_acc=run.kept_record.get("val_acc"), test_acc=test_acc, test_ece=test_ece,
+                wall_time_s=run.elapsed)
+    if run.dd.is_main:
+        rundir.write_tensors(out / rundir.LOGITS, {"val_logits": val_logits, "val_labels": run.bundle.val.labels,
+                                                  "test_logits": test_logits, "test_labels": test.labels})
+        rundir.write_json(out / rundir.CONFIG, info)
+    log(f"done: kept epoch {run.keeper.epoch} ({run.cfg.keep}; val acc {info['best_val_acc']:.2%}), "
+        f"test acc {test_acc:.2%}, test ECE {100 * test_ece:.2f}, {run.elapsed:.0f}s -> {out}")
+    return _summary(info)
+
+
+def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True,
+          stop_after_epoch: int | None = None) -> dict:
+    """Train ``cfg`` into ``out_dir`` (resuming it if it holds an unfinished run of the same config).
+
+    Under ``torchrun`` every process calls this; the data are sharded, metrics and logits are
+    gathered, and only rank 0 writes files or prints.
+
+    Args:
+        cfg: the training configuration.
+        out_dir: the run directory (created; see ``docs/design.md`` for its files).
+        progress: show a tqdm bar per epoch (only on a terminal, only on rank 0).
+        verbose: print one summary line per epoch.
+        stop_after_epoch: end this call after that epoch (1-based), leaving a resumable run with
+            status ``"running"`` -- what a killed run looks like; the next call continues it.
+
+    Returns:
+        A summary: status, epochs_done, best_epoch (the kept epoch), best_val_acc (its validation
+        accuracy), test_acc, test_ece, wall_time_s.
+    """
+    cfg.validate()
+    out = Path(out_dir)
+    dd = D.setup(cfg.device)
+    # Flushed at once: under torchrun or a pipe, stdout is block-buffered and lines would lag by epochs.
+    log = functools.partial(print, flush=True) if (verbose and dd.is_main) else (lambda *a, **k: None)
+    try:
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        if cfg.amp and dd.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError("amp: this GPU has no bfloat16 support; train without --amp")
+        if cfg.batch_size % dd.world:
+            raise ValueError(f"batch_size {cfg.batch_size} is the global batch; it must divide by the "
+                             f"{dd.world} processes")
+        state, found = _prepare_run_dir(out, cfg)
+        D.barrier(dd)  # every rank has read the directory before rank 0 writes into it
+        if state == "done":
+            log(f"{out}: run already finished ({found.get('epochs_done')} epochs); nothing to do")
+            return _summary(found)
+        run = _build(cfg, dd, found if state == "resume" else None, out, log)
+        bundle, dev = run.bundle, dd.device
+        info = {"config": cfg.to_dict(), "status": "running", "num_classes": bundle.num_classes,
+                "in_channels": bundle.in_channels, "mean": list(map(float, bundle.mean)),
+                "std": list(map(float, bundle.std)), "class_names": list(bundle.class_names),
+                "split": bundle.split, "modality": bundle.modality, "world_size": dd.world, "device": str(dev),
+                **rundir.environment()}
+        if dd.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            rundir.write_json(out / rundir.CONFIG, info)
+
+        for epoch in range(run.start_epoch, cfg.epochs):
+            t0 = time.time()
+            record = {"epoch": epoch + 1, **_train_epoch(run, epoch, progress), **_validate(run)}
+            run.elapsed += time.time() - t0
+            record["time_s"] = time.time() - t0
+            kept = _end_epoch(run, out, epoch, record)
+            log(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {record['train_loss']:.4f}  train acc "
+                f"{record['train_acc']:6.2%}  val acc {record['val_acc']:6.2%}  val ECE {100 * record['val_ece']:5.2f}  "
+                f"lr {record['lr']:.4g}  {record['time_s']:5.1f}s{'  *kept' if kept else ''}")
+            if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch and epoch + 1 < cfg.epochs:
+                info.update(epochs_done=epoch + 1, best_epoch=run.keeper.epoch,
+                            best_val_acc=run.kept_record.get("val_acc"), wall_time_s=run.elapsed)
+                return _summary(info)
+        return _finish(run, out, info, log)
+    finally:
+        D.teardown(dd)

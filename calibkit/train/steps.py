@@ -1,0 +1,111 @@
+"""What one training step computes, per training method: the loss of a prepared batch.
+
+The training loop (:mod:`calibkit.train.loop`) is the same for every method; a method only decides
+how a batch becomes a loss. Each step object is called as
+
+    loss, logits, target = step(net, x, y, y_cpu, gens)
+
+with ``net(x) -> (logits, features)``, ``x`` the prepared real batch (augmented and normalised),
+``y`` its targets on the device, ``y_cpu`` the same targets on the CPU (for draws that happen on
+the host, so that no device->host copy is needed), and ``gens`` the epoch's generators
+(``gens.aug`` for augmentation and mixing, on the data's device; ``gens.draw`` on the CPU).
+``logits`` and ``target`` are the real batch's, for the running training accuracy.
+
+- ``standard``: the configured loss;
+- ``mixup``: soft-label cross-entropy on the Mixup batch (the configured loss must be ``ce``);
+- ``regmixup``: the configured loss on the clean batch + soft cross-entropy on its Mixup copy,
+  one concatenated forward, weight 1;
+- ``csm``: the configured loss on the real batch + ``soft_l2`` on 2 generated images per real one
+  (CSM's companion set), augmented like the real ones, one concatenated forward, weight 1.
+
+A new method adds a class here and an entry in :data:`STEPS`; the loop does not change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from calibkit import functional as F_
+
+
+@dataclass
+class EpochGenerators:
+    """The random streams of one epoch (see ``calibkit.train.loop``): ``aug`` on the data's
+    device (augmentation, Mixup), ``draw`` on the CPU (CSM's companion draws)."""
+
+    aug: torch.Generator
+    draw: torch.Generator
+
+
+class Standard:
+    def __init__(self, loss_fn, **_):
+        self.loss_fn = loss_fn
+        self.needs_features = bool(getattr(loss_fn, "needs_features", False))
+
+    def real_loss(self, logits, feats, y):
+        return self.loss_fn(logits, y, feats if self.needs_features else None)
+
+    def __call__(self, net, x, y, y_cpu, gens):
+        logits, feats = net(x)
+        return self.real_loss(logits, feats, y), logits, y
+
+
+class Mixup(Standard):
+    def __init__(self, loss_fn, num_classes: int, mix_alpha: float, **_):
+        super().__init__(loss_fn)
+        self.num_classes, self.alpha = num_classes, mix_alpha
+
+    def __call__(self, net, x, y, y_cpu, gens):
+        from calibkit.data import mixup
+
+        x_mix, soft = mixup(x, y, self.num_classes, self.alpha, gens.aug)
+        logits, _ = net(x_mix)
+        return F_.soft_cross_entropy(logits, soft), logits, soft.argmax(1)
+
+
+class RegMixup(Mixup):
+    def __call__(self, net, x, y, y_cpu, gens):
+        from calibkit.data import regmixup
+
+        b = len(y)
+        x_cat, soft = regmixup(x, y, self.num_classes, self.alpha, gens.aug)
+        all_logits, feats = net(x_cat)
+        logits = all_logits[:b]
+        loss = self.real_loss(logits, feats[:b], y) + F_.soft_cross_entropy(all_logits[b:], soft[b:])
+        return loss, logits, y
+
+
+class CSM(Standard):
+    """Real batch + the companion's generated images (drawn on the CPU from the real labels)."""
+
+    def __init__(self, loss_fn, companion, inputs, **_):
+        super().__init__(loss_fn)
+        self.companion, self.inputs = companion, inputs
+
+    def __call__(self, net, x, y, y_cpu, gens):
+        b = len(y)
+        gen_x, gen_soft = self.companion.draw(y_cpu, gens.draw)
+        gen_x, _ = self.inputs.train_batch(gen_x.to(x.device, non_blocking=True), None, gens.aug)
+        all_logits, feats = net(torch.cat([x, gen_x]))
+        logits = all_logits[:b]
+        loss = self.real_loss(logits, feats[:b], y) + F_.soft_l2(all_logits[b:], gen_soft.to(x.device))
+        return loss, logits, y
+
+
+STEPS: dict[str, type] = {"standard": Standard, "mixup": Mixup, "regmixup": RegMixup, "csm": CSM}
+
+
+def build_step(cfg, loss_fn, num_classes: int, inputs, seed: int):
+    """The step object of ``cfg.method`` (checks that the method and the loss fit together)."""
+    if cfg.method == "mixup" and cfg.loss.split(":")[0].strip().lower() != "ce":
+        raise ValueError(f"method mixup trains with soft-label cross-entropy; loss must be 'ce', got {cfg.loss!r}")
+    mix_alpha = cfg.mix_alpha or (0.2 if cfg.method == "mixup" else 10.0 if num_classes >= 100 else 20.0)
+    companion = None
+    if cfg.method == "csm":
+        from calibkit.methods.csm.dataset import CSMCompanion
+
+        companion = CSMCompanion(cfg.csm_data, num_classes, seed)
+    return STEPS[cfg.method](loss_fn, num_classes=num_classes, mix_alpha=mix_alpha, companion=companion,
+                             inputs=inputs)
