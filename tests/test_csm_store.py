@@ -183,3 +183,52 @@ def test_clip_encoder_on_tiny_random_model(tmp_path):
     assert ((tensors["lam_annot"] >= 0) & (tensors["lam_annot"] <= 1)).all()
     with pytest.raises(FileNotFoundError, match="config.json"):
         ClipEncoder(tmp_path)
+
+
+def test_companion_per_real_repeats_independent_pairs(tmp_path):
+    _fake_store(tmp_path)
+    comp = CSMCompanion(tmp_path, 4, seed=0)
+    labels = torch.tensor([0, 1, 2, 3] * 50)
+    b = len(labels)
+    two = comp.draw(labels, torch.Generator().manual_seed(3))
+    four = comp.draw(labels, torch.Generator().manual_seed(3), per_real=4)
+    assert four[0].shape[0] == 4 * b
+    # The first pair is exactly the per_real=2 draw (same stream); the second is another pair drawn after it.
+    assert torch.equal(four[0][:2 * b], two[0]) and torch.equal(four[1][:2 * b], two[1])
+    code = four[0][:, 0, 0, 0].long()
+    g, m = code // 8, code % 8
+    assert torch.equal(g[3 * b:], g[2 * b:3 * b]) and ((m[3 * b:] >= 1) & (m[3 * b:] <= 6)).all()
+    assert not torch.equal(g[2 * b:3 * b], g[:b])  # an independent group choice
+    with pytest.raises(ValueError, match="even"):
+        comp.draw(labels, per_real=3)
+
+
+def test_csm_step_weights_the_generated_term(tmp_path):
+    from calibkit import functional as F_
+    from calibkit.train.steps import CSM, EpochGenerators
+
+    _fake_store(tmp_path)
+    comp = CSMCompanion(tmp_path, 4, seed=0)
+    comp.soft_labels = comp.soft_labels / comp.soft_labels.sum(-1, keepdim=True)  # probability rows
+
+    class Inputs:
+        def train_batch(self, x, y, gen):
+            return x.float().flatten(1), y
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(9, 4)
+    net = lambda x: (lin(x), x)  # noqa: E731
+    x, y = torch.randn(6, 9), torch.tensor([0, 1, 2, 3, 0, 1])
+    losses = {}
+    for w, per in ((1.0, 2), (2.5, 2), (1.0, 4)):
+        step = CSM(lambda logits, t, f: torch.nn.functional.cross_entropy(logits, t), comp, Inputs(),
+                   csm_weight=w, csm_per_real=per)
+        gens = EpochGenerators(aug=torch.Generator(), draw=torch.Generator().manual_seed(5))
+        losses[w, per] = step(net, x, y, y, gens)[0]
+    ce = torch.nn.functional.cross_entropy(lin(x), y)
+    gx, gs = comp.draw(y, torch.Generator().manual_seed(5))
+    l2 = F_.soft_l2(lin(gx.float().flatten(1)), gs)
+    torch.testing.assert_close(losses[1.0, 2], ce + l2)
+    torch.testing.assert_close(losses[2.5, 2], ce + 2.5 * l2)
+    gx4, gs4 = comp.draw(y, torch.Generator().manual_seed(5), per_real=4)
+    torch.testing.assert_close(losses[1.0, 4], ce + F_.soft_l2(lin(gx4.float().flatten(1)), gs4))

@@ -102,26 +102,35 @@ class CSMCompanion:
     def __len__(self) -> int:
         return int(self.images.shape[0] * self.group_size)
 
-    def draw(self, labels: torch.Tensor, generator: torch.Generator | None = None):
-        """Two generated images per real label.
+    def draw(self, labels: torch.Tensor, generator: torch.Generator | None = None, per_real: int = 2):
+        """``per_real`` generated images per real label (2 in the paper).
 
         Args:
             labels: int64 (B,) real labels (CPU).
             generator: CPU random generator (default: the companion's own).
+            per_real: an even number; ``per_real / 2`` independent draws, each giving, per label,
+                a random group containing the label, its pure endpoint on the label's side and one
+                random interior member.
 
         Returns:
-            ``(images, soft_labels)``: uint8 (2B, C, H, W) and float32 (2B, K); rows [0, B) are the
-            pure endpoints on each label's side, rows [B, 2B) the interior members.
+            ``(images, soft_labels)``: uint8 (per_real B, C, H, W) and float32 (per_real B, K); per
+            draw, B rows of pure endpoints (in label order) then B rows of interior members.
         """
         labels = torch.as_tensor(labels).long().cpu()
         if labels.dim() != 1 or (labels < 0).any() or (labels >= self.num_classes).any():
             raise ValueError(f"labels must be (B,) class indices in [0, {self.num_classes})")
+        if per_real < 2 or per_real % 2:
+            raise ValueError(f"per_real must be an even number >= 2, got {per_real}")
         gen = generator if generator is not None else self.generator
         b, n = len(labels), self.group_size
-        pick = (torch.rand(b, generator=gen) * self.count[labels]).long()
-        groups = self.groups_of[labels, pick]
-        # lam = 1 is the last member (pure c1), lam = 0 the first (pure c2).
-        end = torch.where(self.c1[groups] == labels, n - 1, 0)
-        inner = torch.randint(1, n - 1, (b,), generator=gen)
-        g2, m2 = torch.cat([groups, groups]), torch.cat([end, inner])
+        g_all, m_all = [], []
+        for _ in range(per_real // 2):
+            pick = (torch.rand(b, generator=gen) * self.count[labels]).long()
+            groups = self.groups_of[labels, pick]
+            # lam = 1 is the last member (pure c1), lam = 0 the first (pure c2).
+            end = torch.where(self.c1[groups] == labels, n - 1, 0)
+            inner = torch.randint(1, n - 1, (b,), generator=gen)
+            g_all += [groups, groups]
+            m_all += [end, inner]
+        g2, m2 = torch.cat(g_all), torch.cat(m_all)
         return self.images[g2, m2], self.soft_labels[g2, m2]
