@@ -14,7 +14,9 @@ into ``DIR/annot/`` (the shards are linked, not copied) and a ``method="csm"`` r
 trained into ``DIR/runs/NAME`` with the same seed; runs already finished are reused.
 
 Reported per run: validation accuracy, ECE (15 bins), NLL and mean confidence (the selection
-reads only these); then test accuracy, ECE, NLL, mean confidence and the ECE after temperature
+reads only these); how the classifier fits its generated set (``soft_l2`` to the soft labels, mean
+confidence on interior mixes beside their mean largest soft label) and the mean soft label of c1 at
+each group position; then test accuracy, ECE, NLL, mean confidence and the ECE after temperature
 scaling fitted on validation. Selection (:func:`choose`) follows the bench's tuning criterion:
 lowest validation ECE among the candidates within 1 accuracy point of the best candidate's
 validation accuracy; ties go to the candidate nearer the published defaults (s = 4, w = 1, 2
@@ -134,6 +136,22 @@ def soft_label_profile(store_dir) -> list[float]:
     return [round(float(v), 3) for v in y.view(-1, s["manifest"]["group_size"]).mean(0)]
 
 
+def generated_fit(run_dir, store_dir) -> dict:
+    """How the trained classifier sees its generated set: ``soft_l2`` to the annotated labels, and
+    on interior members (0 < lam < 1) its mean confidence beside the mean largest soft label."""
+    from calibkit.functional import soft_l2
+    from calibkit.methods.csm.store import load_annotations, load_store
+    from calibkit.rundir import load_run, predict_logits
+
+    model, _, info = load_run(run_dir)
+    s, (a, _) = load_store(store_dir), load_annotations(store_dir)
+    p = predict_logits(model, s["images"], info).double().softmax(1)
+    soft = a["soft_labels"].double()
+    inner = (s["lam"] > 0) & (s["lam"] < 1)
+    return {"gen_l2": float(soft_l2(p.log(), soft)), "gen_conf_interior": float(p[inner].max(1).values.mean()),
+            "soft_max_interior": float(soft[inner].max(1).values.mean())}
+
+
 def _train(preset, method: str, seed: int, run: Path, num_threads: int, **extra) -> None:
     from calibkit.config import TrainConfig
     from calibkit.train import train
@@ -184,9 +202,14 @@ def main(argv=None) -> dict:
         run = out / "runs" / v["name"]
         _train(preset, "csm", args.seed, run, args.num_threads, csm_data=str(store), **extra)
         rows.append({**v, "kind": "csm", "soft_label_c1_by_position": soft_label_profile(store),
-                     **val_metrics(run)})
+                     **generated_fit(run, store), **val_metrics(run)})
         print(json.dumps(rows[-1]), flush=True)
 
+    if variants:  # how the baselines, trained without it, see the first variant's generated set
+        first = annotated_store(out, variants[0], stores, encoders)
+        for r in rows:
+            if r["kind"] == "baseline":
+                r.update(generated_fit(out / "runs" / r["name"], first))
     csm_rows = [r for r in rows if r["kind"] == "csm"]
     chosen = choose(csm_rows)["name"] if csm_rows else None
     for r in rows:  # test metrics only now, after the choice
