@@ -32,7 +32,7 @@ from calibkit.methods.csm.generator import load_generator
 from calibkit.rundir import load_run, predict_logits
 
 SPEED_SETTINGS = [  # (name, batch images, precision, channels_last)
-    ("before: fp32, one 128-image batch", 128, "fp32", False),
+    ("before: fp32, the 16-group shard (128)", 128, "fp32", False),
     ("fp32, batch 64", 64, "fp32", False),
     ("bf16, batch 128", 128, "bf16", False),
     ("bf16, batch 64", 64, "bf16", False),
@@ -53,8 +53,9 @@ def _speed(model, groups: int, guidance: float, rounds: int) -> list[dict]:
     model.to(memory_format=torch.contiguous_format)
     n = groups * 8
     base = statistics.median(times[SPEED_SETTINGS[0][0]])
-    return [{"setting": name, "img_per_s": round(n / statistics.median(times[name]), 3),
-             "speedup": round(base / statistics.median(times[name]), 2)} for name, *_ in SPEED_SETTINGS]
+    return [{"setting": name, "batch": bs, "precision": prec, "channels_last": cl,
+             "img_per_s": round(n / statistics.median(times[name]), 3),
+             "speedup": round(base / statistics.median(times[name]), 2)} for name, bs, prec, cl in SPEED_SETTINGS]
 
 
 def _quality(model, ref, info, names, groups: int, steps_list, guidance: float) -> list[dict]:
@@ -78,6 +79,30 @@ def _quality(model, ref, info, names, groups: int, steps_list, guidance: float) 
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "per_class"}), flush=True)
     return rows
+
+
+def choose(speed: list[dict] | None, quality: list[dict], tolerance: float = 0.01, agreement: float = 0.95) -> dict:
+    """The fastest setting that keeps the reference's quality.
+
+    Admissible quality rows: class consistency at most ``tolerance`` below the reference row's
+    (the first row: float32, the most steps) and predicted classes agreeing with the reference
+    images' on at least ``agreement`` of the endpoints. bfloat16 rows count only if bfloat16 was
+    faster in the speed part. Among the admissible rows the fewest steps win (bfloat16 first on a
+    tie when it is faster); the batch is the fastest one measured for the chosen precision.
+    """
+    ref = quality[0]
+    best = {}
+    for r in speed or []:
+        if not r["channels_last"] and (r["precision"] not in best or r["img_per_s"] > best[r["precision"]]["img_per_s"]):
+            best[r["precision"]] = r
+    bf16_faster = "bf16" in best and best["bf16"]["img_per_s"] > best.get("fp32", {"img_per_s": 0})["img_per_s"]
+    ok = [r for r in quality if r["consistency"] >= ref["consistency"] - tolerance
+          and r["agree_with_reference"] >= agreement and (r["precision"] == "fp32" or bf16_faster)]
+    pick = min(ok, key=lambda r: (r["steps"], (r["precision"] == "fp32") == bf16_faster))
+    return {"steps": pick["steps"], "precision": pick["precision"],
+            "batch_size": best.get(pick["precision"], {}).get("batch", 64),
+            "consistency": pick["consistency"], "reference_consistency": ref["consistency"],
+            "rule": f"fewest steps with consistency >= reference - {tolerance} and agreement >= {agreement}"}
 
 
 def main(argv=None) -> dict:
@@ -107,6 +132,8 @@ def main(argv=None) -> dict:
         for r in res["speed"]:
             print(f"{r['setting']:<36} {r['img_per_s']:7.2f} img/s  x{r['speedup']:.2f}", flush=True)
     res["quality"] = _quality(model, ref, info, names, args.groups, steps_list, args.guidance)
+    res["chosen"] = choose(res.get("speed"), res["quality"])
+    print("chosen:", json.dumps(res["chosen"]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
