@@ -232,3 +232,19 @@ def test_csm_step_weights_the_generated_term(tmp_path):
     torch.testing.assert_close(losses[2.5, 2], ce + 2.5 * l2)
     gx4, gs4 = comp.draw(y, torch.Generator().manual_seed(5), per_real=4)
     torch.testing.assert_close(losses[1.0, 4], ce + F_.soft_l2(lin(gx4.float().flatten(1)), gs4))
+
+
+def test_subset_store_equals_a_smaller_generation(gen_dir, single, tmp_path):
+    from calibkit.methods.csm.store import subset_store
+
+    man = subset_store(single, tmp_path / "sub", 2)
+    small = tmp_path / "small"
+    generate_store(gen_dir, small, distributed=None, **{**ARGS, "num_groups": 2})
+    a, b = load_store(tmp_path / "sub"), load_store(small)
+    for k in ("images", "group", "member", "c1", "c2", "lam"):
+        assert torch.equal(a[k], b[k]), k
+    assert man["num_groups"] == 2 and man["subset_of"]["num_groups"] == 3
+    idx = shard_paths(tmp_path / "sub", 0)[1].read_text().splitlines()
+    assert idx == [line for k in range(2) for line in shard_paths(small, k)[1].read_text().splitlines()]
+    with pytest.raises(ValueError, match="num_groups"):
+        subset_store(single, tmp_path / "x", 4)
