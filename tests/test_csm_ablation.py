@@ -54,3 +54,26 @@ def test_parse_variant(ablation):
     assert v == {"name": "w2", "store": "10k", "enc": "ce", "s": 2.3, "labels": "annotated", "w": 2.0, "per": 2}
     with pytest.raises(ValueError, match="unknown key"):
         ablation.parse_variant("x:store=10k,alpha=1")
+
+
+def test_speed_choice_keeps_quality():
+    spec = importlib.util.spec_from_file_location("csm_speed", os.path.join(ROOT, "benchmarks", "csm_speed.py"))
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+
+    def s(batch, prec, rate, cl=False):
+        return {"batch": batch, "precision": prec, "channels_last": cl, "img_per_s": rate}
+
+    def q(prec, steps, cons, agree):
+        return {"precision": prec, "steps": steps, "consistency": cons, "agree_with_reference": agree}
+
+    timings = [s(128, "fp32", 2.0), s(64, "fp32", 2.2), s(64, "bf16", 3.5), s(32, "bf16", 3.3), s(64, "bf16", 9.0, True)]
+    rows = [q("fp32", 20, 0.90, 1.0), q("fp32", 10, 0.895, 0.96), q("fp32", 8, 0.85, 0.90),
+            q("bf16", 20, 0.90, 0.99), q("bf16", 10, 0.90, 0.97), q("bf16", 8, 0.95, 0.93)]
+    # bf16 8 steps: consistent but disagrees with the reference on 7% of endpoints -> excluded;
+    # channels_last is never picked; bf16 (faster) wins the 10-step tie with its fastest batch.
+    chosen = speed.choose(timings, rows)
+    assert {k: chosen[k] for k in ("steps", "precision", "batch_size")} == {"steps": 10, "precision": "bf16",
+                                                                             "batch_size": 64}
+    slower_bf16 = [s(64, "fp32", 2.2), s(64, "bf16", 2.0)]
+    assert speed.choose(slower_bf16, rows)["precision"] == "fp32"
