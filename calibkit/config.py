@@ -46,6 +46,9 @@ class TrainConfig:
         csm_weight: weight of CSM's generated term ``soft_l2`` (1 in the paper).
         csm_per_real: generated images per real image in a batch (an even number: each pair is a
             pure endpoint on the real label's side and an interior member of one group; 2 in the paper).
+        csm_loss: the generated term: ``l2`` (``soft_l2``, the paper) or ``ce`` (soft-label
+            cross-entropy, a calibkit diagnostic option: its gradient does not vanish when the
+            softmax saturates, see ``docs/csm.md``).
         epochs: training epochs.
         batch_size: global batch size (split evenly over DDP processes).
         lr, momentum, weight_decay: SGD hyperparameters.
@@ -76,6 +79,7 @@ class TrainConfig:
     csm_data: str | None = None
     csm_weight: float = 1.0
     csm_per_real: int = 2
+    csm_loss: str = "l2"
     epochs: int = 30
     batch_size: int = 128
     lr: float = 0.1
@@ -133,6 +137,7 @@ class TrainConfig:
             (self.method != "csm" or bool(self.csm_data), "csm_data", "is required with method csm"),
             (self.csm_weight > 0, "csm_weight", "must be > 0"),
             (self.csm_per_real >= 2 and self.csm_per_real % 2 == 0, "csm_per_real", "must be an even number >= 2"),
+            (self.csm_loss in ("l2", "ce"), "csm_loss", "must be 'l2' (the paper) or 'ce'"),
             (self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1"),
             (self.train_subset is None or self.train_subset >= 1, "train_subset", "must be >= 1"),
             (self.num_threads is None or self.num_threads >= 1, "num_threads", "must be >= 1"),

@@ -51,7 +51,8 @@ def test_choose_reads_validation_only_and_follows_the_criterion(ablation):
 
 def test_parse_variant(ablation):
     v = ablation.parse_variant("w2:store=10k,w=2,s=2.3")
-    assert v == {"name": "w2", "store": "10k", "enc": "ce", "s": 2.3, "labels": "annotated", "w": 2.0, "per": 2}
+    assert v == {"name": "w2", "store": "10k", "enc": "ce", "s": 2.3, "labels": "annotated", "w": 2.0, "per": 2,
+                 "loss": "l2"}
     with pytest.raises(ValueError, match="unknown key"):
         ablation.parse_variant("x:store=10k,alpha=1")
 

@@ -220,18 +220,20 @@ def test_csm_step_weights_the_generated_term(tmp_path):
     net = lambda x: (lin(x), x)  # noqa: E731
     x, y = torch.randn(6, 9), torch.tensor([0, 1, 2, 3, 0, 1])
     losses = {}
-    for w, per in ((1.0, 2), (2.5, 2), (1.0, 4)):
+    for w, per, kind in ((1.0, 2, "l2"), (2.5, 2, "l2"), (1.0, 4, "l2"), (2.0, 2, "ce")):
         step = CSM(lambda logits, t, f: torch.nn.functional.cross_entropy(logits, t), comp, Inputs(),
-                   csm_weight=w, csm_per_real=per)
+                   csm_weight=w, csm_per_real=per, csm_loss=kind)
         gens = EpochGenerators(aug=torch.Generator(), draw=torch.Generator().manual_seed(5))
-        losses[w, per] = step(net, x, y, y, gens)[0]
+        losses[w, per, kind] = step(net, x, y, y, gens)[0]
     ce = torch.nn.functional.cross_entropy(lin(x), y)
     gx, gs = comp.draw(y, torch.Generator().manual_seed(5))
     l2 = F_.soft_l2(lin(gx.float().flatten(1)), gs)
-    torch.testing.assert_close(losses[1.0, 2], ce + l2)
-    torch.testing.assert_close(losses[2.5, 2], ce + 2.5 * l2)
+    torch.testing.assert_close(losses[1.0, 2, "l2"], ce + l2)
+    torch.testing.assert_close(losses[2.5, 2, "l2"], ce + 2.5 * l2)
     gx4, gs4 = comp.draw(y, torch.Generator().manual_seed(5), per_real=4)
-    torch.testing.assert_close(losses[1.0, 4], ce + F_.soft_l2(lin(gx4.float().flatten(1)), gs4))
+    torch.testing.assert_close(losses[1.0, 4, "l2"], ce + F_.soft_l2(lin(gx4.float().flatten(1)), gs4))
+    soft_ce = -(gs * lin(gx.float().flatten(1)).log_softmax(1)).sum(1).mean()  # by hand
+    torch.testing.assert_close(losses[2.0, 2, "ce"], ce + 2.0 * soft_ce)
 
 
 def test_subset_store_equals_a_smaller_generation(gen_dir, single, tmp_path):

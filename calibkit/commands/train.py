@@ -51,6 +51,7 @@ def register(subparsers) -> None:
     g.add_argument("--csm-data", metavar="DIR", help="generated set for --method csm")
     g.add_argument("--csm-weight", type=float, metavar="W", help="weight of CSM's generated term (default 1)")
     g.add_argument("--csm-per-real", type=int, metavar="N", help="generated images per real one, even (default 2)")
+    g.add_argument("--csm-loss", metavar="L", help="generated term: l2 (the paper, default) or ce (soft cross-entropy)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, help="training epochs (default 30)")
     g.add_argument("--batch-size", type=int, help="global batch size (default 128)")
@@ -77,8 +78,9 @@ def register(subparsers) -> None:
 
 # argparse destination -> TrainConfig field (identical names by construction)
 FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "csm_weight", "csm_per_real",
-          "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule", "milestones", "gamma", "grad_clip",
-          "amp", "seed", "val_size", "train_subset", "augment", "keep", "eval_batch_size", "device", "num_threads", "compile")
+          "csm_loss", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule", "milestones", "gamma",
+          "grad_clip", "amp", "seed", "val_size", "train_subset", "augment", "keep", "eval_batch_size", "device",
+          "num_threads", "compile")
 
 
 def run(args) -> int:

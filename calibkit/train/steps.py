@@ -17,7 +17,8 @@ the host, so that no device->host copy is needed), and ``gens`` the epoch's gene
   one concatenated forward, weight 1;
 - ``csm``: the configured loss on the real batch + ``csm_weight * soft_l2`` on ``csm_per_real``
   generated images per real one (CSM's companion set; 2 and weight 1 in the paper), augmented like
-  the real ones, one concatenated forward.
+  the real ones, one concatenated forward (``csm_loss="ce"``: soft cross-entropy instead of
+  ``soft_l2``, a diagnostic option).
 
 A new method adds a class here and an entry in :data:`STEPS`; the loop does not change.
 """
@@ -81,10 +82,12 @@ class RegMixup(Mixup):
 class CSM(Standard):
     """Real batch + the companion's generated images (drawn on the CPU from the real labels)."""
 
-    def __init__(self, loss_fn, companion, inputs, csm_weight: float = 1.0, csm_per_real: int = 2, **_):
+    def __init__(self, loss_fn, companion, inputs, csm_weight: float = 1.0, csm_per_real: int = 2,
+                 csm_loss: str = "l2", **_):
         super().__init__(loss_fn)
         self.companion, self.inputs = companion, inputs
         self.weight, self.per_real = csm_weight, csm_per_real
+        self.gen_loss = F_.soft_l2 if csm_loss == "l2" else F_.soft_cross_entropy
 
     def __call__(self, net, x, y, y_cpu, gens):
         b = len(y)
@@ -92,7 +95,7 @@ class CSM(Standard):
         gen_x, _ = self.inputs.train_batch(gen_x.to(x.device, non_blocking=True), None, gens.aug)
         all_logits, feats = net(torch.cat([x, gen_x]))
         logits = all_logits[:b]
-        gen_loss = F_.soft_l2(all_logits[b:], gen_soft.to(x.device))
+        gen_loss = self.gen_loss(all_logits[b:], gen_soft.to(x.device))
         loss = self.real_loss(logits, feats[:b], y) + (gen_loss if self.weight == 1.0 else self.weight * gen_loss)
         return loss, logits, y
 
@@ -111,4 +114,5 @@ def build_step(cfg, loss_fn, num_classes: int, inputs, seed: int):
 
         companion = CSMCompanion(cfg.csm_data, num_classes, seed)
     return STEPS[cfg.method](loss_fn, num_classes=num_classes, mix_alpha=mix_alpha, companion=companion,
-                             inputs=inputs, csm_weight=cfg.csm_weight, csm_per_real=cfg.csm_per_real)
+                             inputs=inputs, csm_weight=cfg.csm_weight, csm_per_real=cfg.csm_per_real,
+                             csm_loss=cfg.csm_loss)
