@@ -1,4 +1,4 @@
-# calibkit: `make setup`, `make test`, `make bench`.
+# calibkit: `make setup`, `make test`, `make bench`, `make docs`, `make dist`, `make wheel-check`.
 # TORCH can be overridden on machines that bring their own build: make setup TORCH=torch
 PY     ?= python3
 TORCH  ?= torch==2.13.0
@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: setup data test bench clean
+.PHONY: setup data test bench docs dist wheel-check clean
 
 setup: $(VENV)/.installed data
 
@@ -35,5 +35,25 @@ test: setup
 bench: setup
 	$(BIN)/calibkit bench --preset default --out runs/default
 
+# The API reference from the docstrings: build/docs/index.html. Any Sphinx warning fails the build.
+$(VENV)/.docs: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $@
+
+docs: $(VENV)/.docs
+	rm -rf docs/api/_generated build/docs
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs/api build/docs
+	@echo "API reference: build/docs/index.html"
+
+# sdist and wheel into dist/
+dist: $(VENV)/.installed
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+
+# Build the wheel, install it into a fresh venv outside the repository, run the smoke bench and
+# one training epoch from an empty folder (what a user of `pip install calibkit` gets).
+wheel-check: $(VENV)/.installed data
+	PY="$(PY)" TORCH="$(TORCH)" BUILD_PY="$(BIN)/python" bash .ci/wheel-check
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache build dist docs/api/_generated

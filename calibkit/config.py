@@ -26,8 +26,8 @@ SCHEDULES = ("multistep", "cosine", "onecycle")
 RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size", "compile")
 # Checkpoint policies (calibkit.train.keep): which epoch's weights a run keeps.
 KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "last")
-# Preset names resolve to files in the repository's configs/ directory.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Preset names resolve to TOML files shipped inside the package (calibkit/configs/).
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 @dataclass
@@ -58,7 +58,8 @@ class TrainConfig:
         grad_clip: max global gradient norm of the model's parameters (0 disables).
         amp: bfloat16 autocast for the forward pass.
         seed: seeds the split, the initialisation and every random draw of training.
-        val_size: validation images (None: the data set's protocol).
+        val_size: validation images: a count (int >= 1) or a fraction of the official training
+            split (float in (0, 1), rounded to the nearest count); None: the data set's protocol.
         train_subset: keep only this many training images (None: all).
         augment: random crop and flip as the data set allows (False: the images as they are).
         keep: checkpoint policy, which epoch's weights the run keeps: ``best-acc`` (highest
@@ -91,7 +92,7 @@ class TrainConfig:
     grad_clip: float = 2.0
     amp: bool = False
     seed: int = 0
-    val_size: int | None = None
+    val_size: int | float | None = None
     train_subset: int | None = None
     augment: bool = True
     keep: str = "best-acc"
@@ -138,7 +139,8 @@ class TrainConfig:
             (self.csm_weight > 0, "csm_weight", "must be > 0"),
             (self.csm_per_real >= 2 and self.csm_per_real % 2 == 0, "csm_per_real", "must be an even number >= 2"),
             (self.csm_loss in ("l2", "ce"), "csm_loss", "must be 'l2' (the paper) or 'ce'"),
-            (self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1"),
+            (self.val_size is None or _count_or_fraction(self.val_size), "val_size",
+             "must be an image count >= 1 or a fraction in (0, 1)"),
             (self.train_subset is None or self.train_subset >= 1, "train_subset", "must be >= 1"),
             (self.num_threads is None or self.num_threads >= 1, "num_threads", "must be >= 1"),
             (all(0 < m < self.epochs for m in self.resolved_milestones()) or self.schedule != "multistep",
@@ -162,6 +164,10 @@ def _coerce(name: str, kind: str, value):
             return None
         raise ValueError(f"{name}: a value is required")
     base = kind.replace(" | None", "")
+    if base == "int | float":  # a count or a fraction: integral floats (5000.0 from JSON) become counts
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}: expected a number, got {value!r}")
+        return int(value) if float(value).is_integer() else float(value)
     ok = {
         "str": isinstance(value, str),
         "bool": isinstance(value, bool),
@@ -175,8 +181,35 @@ def _coerce(name: str, kind: str, value):
     return float(value) if base == "float" else list(value) if base == "list[int]" else value
 
 
+def _count_or_fraction(value) -> bool:
+    """Whether ``value`` is an image count (an int >= 1) or a fraction strictly between 0 and 1."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= 1
+    return isinstance(value, float) and 0 < value < 1
+
+
+def parse_count_or_fraction(text: str) -> int | float:
+    """Command-line value of ``--val-size``: ``"5000"`` -> 5000, ``"0.1"`` -> 0.1.
+
+    Raises:
+        ValueError: neither an integer >= 1 nor a fraction in (0, 1).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+    if value is None or not _count_or_fraction(value):
+        raise ValueError(f"expected an image count (e.g. 5000) or a fraction in (0, 1) (e.g. 0.1), got {text!r}")
+    return value
+
+
 def read_preset(path_or_name: str) -> dict:
-    """The TrainConfig values of a TOML preset: a file path, or a name in ``configs/`` (e.g. ``cifar10``)."""
+    """The TrainConfig values of a TOML preset: a file path, or a name in ``calibkit/configs/`` (e.g. ``cifar10``)."""
     path = Path(path_or_name)
     if not path.is_file() and not path.suffix and (CONFIG_DIR / f"{path_or_name}.toml").is_file():
         path = CONFIG_DIR / f"{path_or_name}.toml"

@@ -86,9 +86,11 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
     """Bars of accuracy per confidence bin, with the gap to the diagonal shaded.
 
     Each non-empty bin draws a blue bar of height ``acc_b``; the gap between ``acc_b`` and the
-    bin's mean confidence ``conf_b`` is a red hatched band (above the bar: over-confidence;
-    inside it: under-confidence). The dashed diagonal is perfect calibration, the number above
-    each bar is ``n_b``, and the title carries the ECE (in %).
+    bin's mean confidence ``conf_b`` is a hatched band: light red above the bar where the bin is
+    over-confident (``conf_b > acc_b``), purple inside the bar where it is under-confident
+    (``acc_b > conf_b``; the bar's top is still ``acc_b``). The dashed diagonal is perfect calibration, the number above each bar is
+    ``n_b``, and the title carries the ECE (in %). The legend sits below the axes, so it never
+    covers a bar or a count.
 
     Args:
         probs: ``(N, K)`` probabilities; labels: ``(N,)`` integer labels.
@@ -107,22 +109,29 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
     ax.plot([0, 1], [0, 1], ls="--", color="0.4", lw=1, label="perfect calibration")
     ax.bar(lo[full], curve.accuracy[full], width=width[full], align="edge", color="#4878cf",
            edgecolor="black", lw=0.6, label="accuracy")
-    gap_lo = np.minimum(curve.accuracy, curve.confidence)[full]
-    gap_h = np.abs(curve.accuracy - curve.confidence)[full]
-    ax.bar(lo[full], gap_h, bottom=gap_lo, width=width[full], align="edge", color="#d65f5f", alpha=0.45,
-           edgecolor="#b03030", hatch="//", lw=0.6, label="gap to mean confidence")
+    over = full & (curve.confidence > curve.accuracy)
+    under = full & (curve.accuracy > curve.confidence)
+    # The band is light red above a bar (over-confidence) and purple inside it (under-confidence: the
+    # red band seen over the blue bar), each named in the legend.
+    for mask, color, hatch, text in ((over, "#ecb7b7", "//", "gap above the bar: over-confident (conf > acc)"),
+                                     (under, "#886d9d", "\\\\", "gap inside the bar: under-confident (acc > conf)")):
+        if mask.any():
+            ax.bar(lo[mask], np.abs(curve.accuracy - curve.confidence)[mask],
+                   bottom=np.minimum(curve.accuracy, curve.confidence)[mask], width=width[mask], align="edge",
+                   color=color, edgecolor="#b03030", hatch=hatch, lw=0.6, label=text)
     if show_counts:
         size = 7 if n_bins <= 20 else 5
         for x, w, a, c, n in zip(lo[full], width[full], curve.accuracy[full], curve.confidence[full], curve.count[full]):
             ax.text(x + w / 2, max(a, c) + 0.01, f"{int(n)}", ha="center", va="bottom", fontsize=size,
                     rotation=90 if n_bins > 10 else 0, color="0.2")
     ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.12)
+    ax.set_ylim(0, 1.2)  # room above 1.0 for the rotated counts of the top bins
+    ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_xlabel("confidence")
     ax.set_ylabel("accuracy")
     ece_text = f"ECE = {100 * curve.ece:.2f}%  (N = {curve.n}, {n_bins} bins)"
-    ax.set_title(f"{title}\n{ece_text}" if title else ece_text, fontsize=9)
-    ax.legend(loc="upper left", fontsize=7, frameon=False)
+    ax.set_title(f"{title}\n{ece_text}" if title else ece_text, fontsize=10)
+    _legend_below(ax)
     return ax
 
 
@@ -154,6 +163,12 @@ def confidence_histogram(probs, labels=None, n_bins: int = 15, ax=None, title: s
     ax.set_xlim(0, 1)
     ax.set_xlabel("confidence")
     ax.set_ylabel("fraction of samples")
-    ax.set_title(title if title else f"confidence histogram (N = {probs.shape[0]})", fontsize=9)
-    ax.legend(loc="upper left", fontsize=7, frameon=False)
+    ax.set_title(title if title else f"confidence histogram (N = {probs.shape[0]})", fontsize=10)
+    _legend_below(ax)
     return ax
+
+
+def _legend_below(ax) -> None:
+    """The legend under the x-axis label, one entry per row: outside the data, readable at 8 pt."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1, fontsize=8, frameon=False,
+              handlelength=1.6, borderaxespad=0.0)

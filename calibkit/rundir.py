@@ -95,10 +95,16 @@ def read_checkpoint(path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for bad files
-        raise ValueError(f"{path}: corrupt or truncated checkpoint ({type(exc).__name__}: {exc})") from exc
+        # torch's own text runs to several lines of advice about unpickling; one short reason is enough.
+        reason = (str(exc).strip().splitlines() or [""])[0][:80]
+        raise ValueError(f"{path} is corrupt or truncated ({type(exc).__name__}: {reason}); {_RECOVER}") from exc
     if not isinstance(state, dict) or "epoch" not in state:
-        raise ValueError(f"{path}: not a calibkit checkpoint (no 'epoch' entry)")
+        raise ValueError(f"{path} is not a calibkit checkpoint (no 'epoch' entry); {_RECOVER}")
     return state
+
+
+_RECOVER = ("the run cannot resume from it: put back a good copy of that file (e.g. from a backup) and run "
+            "the same command again, or start the run again with a new --out")
 
 
 def environment() -> dict:
@@ -155,7 +161,12 @@ def load_logits(run_dir) -> dict[str, torch.Tensor]:
     path = run_dir / LOGITS
     if not path.is_file():
         status = load_info(run_dir).get("status")
-        raise FileNotFoundError(f"{path} not found (run status: {status}; finish training first)")
+        if status == "done":
+            raise FileNotFoundError(
+                f"{path} not found although the run finished (was it deleted?); run the same `calibkit train "
+                f"... --out {run_dir}` again to recompute it from the saved checkpoint")
+        raise FileNotFoundError(f"{path} not found (run status: {status}; finish training first: run the same "
+                                f"`calibkit train ... --out {run_dir}` again to resume it)")
     out = read_tensors(path)
     missing = {"val_logits", "val_labels", "test_logits", "test_labels"} - set(out)
     if missing:

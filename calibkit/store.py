@@ -1,5 +1,8 @@
 """The results database of ``calibkit bench``: one SQLite file, ``runs.db``, one row per run.
 
+The ``tuning`` table holds ``calibkit tune``'s candidates (one row per method and hyperparameter
+point: status, validation metrics, ``selected`` flag), claimed and finished like runs.
+
 A run is identified by its key ``preset/method/seed``. Its row records the status
 (``running``, ``done``, ``failed``), the full config, the seed, the git commit, the package
 versions, the metrics before and after temperature scaling, the OOD and robustness figures,
@@ -42,7 +45,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 60.0
 
 # Columns holding JSON documents: encoded on write, decoded on read.
-JSON_COLUMNS = ("config", "versions", "metrics", "ood", "robustness", "extra")
+JSON_COLUMNS = ("config", "versions", "metrics", "ood", "robustness", "extra", "hparams", "criterion")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -75,6 +78,29 @@ CREATE TABLE IF NOT EXISTS runs (
     finished_at   TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_preset ON runs (preset, method, seed);
+CREATE TABLE IF NOT EXISTS tuning (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    cand_key      TEXT    NOT NULL UNIQUE,      -- preset/method/seed/<hyperparameters>
+    preset        TEXT    NOT NULL,
+    method        TEXT    NOT NULL,
+    seed          INTEGER NOT NULL,             -- the selection seed
+    hparams       TEXT    NOT NULL,             -- JSON: {address: value} of the candidate
+    status        TEXT    NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+    owner         TEXT,
+    config        TEXT,                         -- JSON: the candidate's run record
+    metrics       TEXT,                         -- JSON: validation metrics only (never test)
+    criterion     TEXT,                         -- JSON: how the selection was made
+    selected      INTEGER NOT NULL DEFAULT 0,   -- 1: the method's chosen candidate
+    run_dir       TEXT,
+    train_time_s  REAL,
+    git_commit    TEXT,
+    error         TEXT,
+    attempts      INTEGER NOT NULL DEFAULT 1,
+    created_at    TEXT    NOT NULL,
+    started_at    TEXT,
+    finished_at   TEXT
+);
+CREATE INDEX IF NOT EXISTS tuning_by_method ON tuning (preset, method, seed);
 """
 
 
@@ -111,7 +137,7 @@ def check_database_file(path: str) -> None:
     if header != SQLITE_HEADER:
         raise StoreError(
             f"{path} is not an SQLite database (bad header {header[:16]!r}); "
-            "refusing to use or overwrite it: move it away or choose another --out"
+            "refusing to use or overwrite it: move it away, or use another folder"
         )
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
@@ -232,6 +258,25 @@ class Store:
         rows = self._con.execute("SELECT preset FROM runs GROUP BY preset ORDER BY MIN(id)")
         return [r[0] for r in rows]
 
+    def busy_elsewhere(self, key: str, table: str = "runs") -> bool:
+        """Whether run (or candidate) ``key`` is being run right now by another live process."""
+        col = _KEY_COLUMN[table]
+        row = self._con.execute(f"SELECT status, owner FROM {table} WHERE {col} = ?", (key,)).fetchone()
+        return bool(row) and row[0] == "running" and row[1] != self.owner and _owner_alive(row[1])
+
+    def candidates(self, preset: str | None = None, method: str | None = None, seed: int | None = None,
+                   status: str | None = "done") -> list[dict]:
+        """Rows of the ``tuning`` table (JSON decoded), filtered, in insertion order."""
+        tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "tuning" not in tables:  # a database written before tuning existed
+            return []
+        sql, args = "SELECT * FROM tuning WHERE 1=1", []
+        for col, value in (("preset", preset), ("method", method), ("seed", seed), ("status", status)):
+            if value is not None:
+                sql += f" AND {col} = ?"
+                args.append(value)
+        return [self._decode(r) for r in self._con.execute(sql + " ORDER BY id", args)]
+
     # -- writes -----------------------------------------------------------------------------
     def claim(self, key: str, *, preset: str, method: str, seed: int, config: dict | None = None,
               git_commit: str | None = None, versions: dict | None = None) -> bool:
@@ -240,25 +285,35 @@ class Store:
         Skipped: the run is ``done``, or another live bench on this host holds it (a claim
         whose owner process has died, e.g. after Ctrl-C or a crash, is taken over).
         """
+        return self._claim("runs", key, {"preset": preset, "method": method, "seed": int(seed)},
+                           {"config": config, "git_commit": git_commit, "versions": versions})
+
+    def claim_candidate(self, key: str, *, preset: str, method: str, seed: int, hparams: dict,
+                        config: dict | None = None, git_commit: str | None = None) -> bool:
+        """:meth:`claim` for a tuning candidate (``tuning`` table)."""
+        return self._claim("tuning", key, {"preset": preset, "method": method, "seed": int(seed), "hparams": hparams},
+                           {"config": config, "git_commit": git_commit})
+
+    def _claim(self, table: str, key: str, fixed: dict, update: dict) -> bool:
+        col = _KEY_COLUMN[table]
+        enc = lambda d: {k: _dumps(v) if k in JSON_COLUMNS else v for k, v in d.items()}  # noqa: E731
         with self._write() as con:
-            row = con.execute("SELECT status, owner FROM runs WHERE run_key = ?", (key,)).fetchone()
+            row = con.execute(f"SELECT status, owner FROM {table} WHERE {col} = ?", (key,)).fetchone()
             now = _now()
             if row is None:
-                con.execute(
-                    "INSERT INTO runs (run_key, preset, method, seed, status, owner, config, git_commit,"
-                    " versions, created_at, started_at) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
-                    (key, preset, method, int(seed), self.owner, _dumps(config), git_commit,
-                     _dumps(versions), now, now))
+                cols = {col: key, **enc(fixed), **enc(update), "status": "running", "owner": self.owner,
+                        "created_at": now, "started_at": now}
+                con.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                            list(cols.values()))
                 return True
             status, owner = row
             if status == "done":
                 return False
             if status == "running" and owner != self.owner and _owner_alive(owner):
                 return False
-            con.execute(
-                "UPDATE runs SET status='running', owner=?, config=?, git_commit=?, versions=?,"
-                " error=NULL, started_at=?, attempts=attempts+1 WHERE run_key=?",
-                (self.owner, _dumps(config), git_commit, _dumps(versions), now, key))
+            sets = "".join(f", {c} = ?" for c in update)
+            con.execute(f"UPDATE {table} SET status='running', owner=?{sets}, error=NULL, started_at=?,"
+                        f" attempts=attempts+1 WHERE {col}=?", [self.owner, *enc(update).values(), now, key])
             return True
 
     def finish(self, key: str, **fields) -> None:
@@ -267,29 +322,59 @@ class Store:
         Keyword fields are column names (``metrics``, ``ood``, ``robustness``, ``extra``,
         ``run_dir``, ``logits_path``, ``train_time_s``, ``eval_time_s``).
         """
-        self._update(key, "done", fields)
+        self._update("runs", key, "done", fields)
 
     def fail(self, key: str, error: str) -> None:
         """Mark run ``key`` as ``failed`` with its error message (a later bench retries it)."""
-        self._update(key, "failed", {"error": str(error)[:4000]})
+        self._update("runs", key, "failed", {"error": str(error)[:4000]})
 
-    def _update(self, key: str, status: str, fields: dict) -> None:
-        allowed = set(JSON_COLUMNS) | {"run_dir", "logits_path", "train_time_s", "eval_time_s", "error"}
+    def finish_candidate(self, key: str, **fields) -> None:
+        """:meth:`finish` for a tuning candidate (``metrics``, ``run_dir``, ``train_time_s``)."""
+        self._update("tuning", key, "done", fields)
+
+    def fail_candidate(self, key: str, error: str) -> None:
+        """:meth:`fail` for a tuning candidate."""
+        self._update("tuning", key, "failed", {"error": str(error)[:4000]})
+
+    def select_candidate(self, preset: str, method: str, seed: int, key: str, criterion: dict) -> None:
+        """Flag candidate ``key`` as the selection of ``(preset, method, seed)`` (the others unflagged).
+
+        Only the flag and the criterion change: the candidates' results stay as written.
+        """
+        with self._write() as con:
+            row = con.execute("SELECT status, preset, method, seed FROM tuning WHERE cand_key = ?", (key,)).fetchone()
+            if row is None or row[0] != "done" or tuple(row[1:]) != (preset, method, int(seed)):
+                raise KeyError(f"no finished candidate {key!r} of {preset}/{method}/{seed} in {self.path}")
+            con.execute("UPDATE tuning SET selected = 0, criterion = NULL WHERE preset = ? AND method = ? AND seed = ?",
+                        (preset, method, int(seed)))
+            con.execute("UPDATE tuning SET selected = 1, criterion = ? WHERE cand_key = ?", (_dumps(criterion), key))
+
+    def _update(self, table: str, key: str, status: str, fields: dict) -> None:
+        allowed = _FIELDS[table]
+        what = "run" if table == "runs" else "candidate"
         unknown = set(fields) - allowed
         if unknown:
-            raise ValueError(f"unknown run fields {sorted(unknown)}; expected some of {sorted(allowed)}")
+            raise ValueError(f"unknown {what} fields {sorted(unknown)}; expected some of {sorted(allowed)}")
         cols = sorted(fields)
         values = [_dumps(fields[c]) if c in JSON_COLUMNS else fields[c] for c in cols]
         sets = "".join(f", {c} = ?" for c in cols)
+        col = _KEY_COLUMN[table]
         with self._write() as con:
-            row = con.execute("SELECT status FROM runs WHERE run_key = ?", (key,)).fetchone()
+            row = con.execute(f"SELECT status FROM {table} WHERE {col} = ?", (key,)).fetchone()
             if row is None:
-                raise KeyError(f"run {key!r} was never claimed in {self.path}")
+                raise KeyError(f"{what} {key!r} was never claimed in {self.path}")
             if row[0] == "done":
                 # Results already written are never replaced.
-                raise StoreError(f"run {key!r} is already done in {self.path}; not overwriting it")
-            con.execute(f"UPDATE runs SET status = ?, finished_at = ?{sets} WHERE run_key = ?",
+                raise StoreError(f"{what} {key!r} is already done in {self.path}; not overwriting it")
+            con.execute(f"UPDATE {table} SET status = ?, finished_at = ?{sets} WHERE {col} = ?",
                         [status, _now(), *values, key])
+
+
+_KEY_COLUMN = {"runs": "run_key", "tuning": "cand_key"}
+# Columns a finish/fail may write, per table.
+_FIELDS = {"runs": {"config", "versions", "metrics", "ood", "robustness", "extra", "run_dir", "logits_path",
+                    "train_time_s", "eval_time_s", "error"},
+           "tuning": {"config", "metrics", "run_dir", "train_time_s", "error"}}
 
 
 def _dumps(value) -> str | None:

@@ -114,3 +114,109 @@ def test_interrupted_training_says_how_to_resume(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(train_mod, "train", killed)
     assert main(["train", "--data", "digits", "--out", str(tmp_path / "run")]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
+
+
+def _class_sorted_folder(root, counts, seed=0):
+    """train/<class>/ and test/<class>/ PNG folders, stored class by class as users keep them.
+
+    The pixel at (0, 0) holds the image's own number (unique over train and test) and the pixel at
+    (0, 1) its class, so any image can be traced back to its file.
+    """
+    import numpy as np
+
+    from PIL import Image
+
+    serial = 0
+    for part, per_class in (("train", counts), ("test", [3] * len(counts))):
+        for k, n in enumerate(per_class):
+            d = root / part / f"class{k}"
+            d.mkdir(parents=True)
+            for i in range(n):
+                arr = np.zeros((6, 6), np.uint8)
+                arr[0, 0], arr[0, 1] = serial, k
+                serial += 1
+                Image.fromarray(arr).save(d / f"{i:03d}.png")
+
+
+def test_train_subset_of_a_class_sorted_folder_keeps_every_class(tmp_path, cli_env):
+    from calibkit.data import load
+
+    counts = [40, 30, 20, 10]  # 100 training images on disk, sorted by class
+    _class_sorted_folder(tmp_path / "data", counts)
+    out = tmp_path / "run"
+    # --val-size as a fraction: round(0.1 * 100) = 10 images, 4/3/2/1 per class; the subset of 50 of
+    # the 90 left (36/27/18/9) keeps each class's share exactly: 20/15/10/5.
+    r = cli(["train", "--data", "imagefolder", "--data-dir", str(tmp_path / "data"), "--model", "mlp",
+             "--val-size", "0.1", "--train-subset", "50", "--epochs", "1", "--batch-size", "10",
+             "--device", "cpu", "--num-threads", "1", "--quiet", "--out", str(out)], cli_env)
+    assert r.returncode == 0, r.stderr
+    info = json.loads((out / rundir.CONFIG).read_text())
+    assert info["config"]["val_size"] == 0.1
+    split = info["split"]
+    assert (split["train"], split["val"], split["test"], split["train_subset"]) == (50, 10, 12, 50)
+    assert split["train_checksum"] and split["val_checksum"]
+
+    b = load("imagefolder", data_dir=str(tmp_path / "data"), seed=0, val_size=0.1, train_subset=50)
+    assert b.split == split, "the run used exactly the split load() draws for its seed"
+    assert torch.bincount(b.val.labels, minlength=4).tolist() == [4, 3, 2, 1]
+    assert torch.bincount(b.train.labels, minlength=4).tolist() == [20, 15, 10, 5]
+    ids = {s: set(getattr(b, s).images[:, 0, 0, 0].tolist()) for s in ("train", "val", "test")}
+    assert not ids["train"] & ids["val"] and not ids["train"] & ids["test"] and not ids["val"] & ids["test"]
+    for s in ("train", "val", "test"):  # labels still belong to their images
+        assert torch.equal(getattr(b, s).images[:, 0, 0, 1].long(), getattr(b, s).labels)
+    assert len(ids["test"]) == 12 and min(ids["test"]) == 100, "the test split is the test folder, whole"
+    # deterministic per seed, different for another seed, same class counts either way
+    again, other = load("imagefolder", data_dir=str(tmp_path / "data"), seed=0, val_size=0.1, train_subset=50), \
+        load("imagefolder", data_dir=str(tmp_path / "data"), seed=1, val_size=0.1, train_subset=50)
+    assert torch.equal(again.train.images, b.train.images) and torch.equal(again.val.images, b.val.images)
+    assert set(other.train.images[:, 0, 0, 0].tolist()) != ids["train"]
+    assert torch.bincount(other.train.labels, minlength=4).tolist() == [20, 15, 10, 5]
+
+
+@pytest.mark.parametrize("value,ok", [("0.1", 0.1), ("500", 500), ("1.5", None), ("0", None), ("-3", None),
+                                      ("1.0", None), ("ten", None)])
+def test_val_size_is_a_count_or_a_fraction(value, ok, tmp_path, capsys):
+    from calibkit.config import TrainConfig, parse_count_or_fraction
+
+    if ok is None:
+        with pytest.raises(ValueError, match="count .* or a fraction"):
+            parse_count_or_fraction(value)
+        with pytest.raises(SystemExit) as exc:
+            main(["train", "--data", "digits", "--val-size", value, "--out", str(tmp_path)])
+        assert exc.value.code == 2 and "--val-size" in capsys.readouterr().err
+    else:
+        assert parse_count_or_fraction(value) == ok and type(parse_count_or_fraction(value)) is type(ok)
+        assert TrainConfig.from_dict({"val_size": ok}).validate().val_size == ok
+    # JSON round trips: an integral float is a count again, a fraction stays a fraction
+    assert TrainConfig.from_dict({"val_size": 5000.0}).val_size == 5000
+    with pytest.raises(ValueError, match="val_size"):
+        TrainConfig.from_dict({"val_size": 1.5}).validate()
+
+
+# Commands that compute something (train, evaluate, draw, bench, tune): each takes --num-threads.
+COMPUTING = ("train", "eval", "plot", "bench", "report", "tune", "csm")
+
+
+@pytest.mark.parametrize("command", COMPUTING)
+def test_every_computing_command_takes_num_threads(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    if command == "csm":  # a command group: its computing subcommands carry the option
+        for sub in ("train-generator", "generate"):
+            with pytest.raises(SystemExit):
+                main([command, sub, "--help"])
+            assert "--num-threads" in capsys.readouterr().out, sub
+        return
+    assert "--num-threads" in text
+
+
+def test_num_threads_is_applied_and_checked(tmp_path, capsys):
+    before = torch.get_num_threads()
+    try:
+        assert main(["report", str(tmp_path), "--num-threads", "1"]) == 1  # no runs.db: a clean error ...
+        assert torch.get_num_threads() == 1  # ... after the thread count was set
+        assert main(["eval", str(tmp_path), "--num-threads", "0"]) == 1
+        assert "--num-threads must be >= 1" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)

@@ -2,11 +2,35 @@
 
 import importlib.util
 import os
+import re
+import subprocess
 
 import pytest
 import torch
+from conftest import PYTHON, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def _run_example(name: str, env) -> str:
+    res = subprocess.run([PYTHON, os.path.join(ROOT, "examples", name), "--quick"], capture_output=True, text=True,
+                         env=env, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def test_maccal_own_model(cli_env):
+    out = _run_example("maccal_own_model.py", cli_env)
+    rows = {m.group(1): [float(v) for v in m.group(2).split()]
+            for m in re.finditer(r"^(stage 1|MaC-Cal)\s+([-\d.\s]+)$", out, re.M)}
+    assert set(rows) == {"stage 1", "MaC-Cal"}, out
+    (acc1, ece1, o1, u1, conf1), (acc2, ece2, o2, u2, conf2) = rows["stage 1"], rows["MaC-Cal"]
+    for acc, ece, o, u, conf in rows.values():
+        assert 0 < acc <= 100 and 0 <= ece <= 100 and 0 <= conf <= 100
+        assert abs(o + u - ece) < 0.02  # O-ECE + U-ECE = ECE (equal-width bins), up to the printed rounding
+    r = float(re.search(r"keep rate ([\d.]+)", out).group(1))
+    assert 0.1 <= r <= 1.0
+    if os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        # The over-fitted MLP is over-confident; MaC-Cal brings its confidence down towards accuracy.
+        assert conf1 - acc1 > 5 and ece2 < ece1 / 2 and acc2 > acc1 - 1 and conf2 < conf1
 
 
 def _load_example(name):

@@ -24,12 +24,24 @@ def test_reliability_curve_by_hand():
 
 
 def test_reliability_diagram_draws_bars_counts_and_ece(gen, tmp_path):
-    probs = torch.softmax(torch.randn(2000, 10, generator=gen) * 3, 1)
-    labels = torch.randint(0, 10, (2000,), generator=gen)
+    # sharp probabilities with random labels (over-confident) and soft ones whose argmax is always
+    # right (under-confident): both kinds of gap appear
+    sharp = torch.softmax(torch.randn(1000, 10, generator=gen) * 3, 1)
+    soft = torch.softmax(torch.randn(1000, 10, generator=gen) * 0.5, 1)
+    probs = torch.cat([sharp, soft])
+    labels = torch.cat([torch.randint(0, 10, (1000,), generator=gen), soft.argmax(1)])
     ax = reliability_diagram(probs, labels, n_bins=15, title="model")
     curve = reliability_curve(probs, labels, 15)
     nonempty = int((curve.count > 0).sum())
-    assert len(ax.patches) == 2 * nonempty  # one accuracy bar and one gap band per non-empty bin
+    full = curve.count > 0
+    over = int((full & (curve.confidence > curve.accuracy)).sum())
+    under = int((full & (curve.accuracy > curve.confidence)).sum())
+    assert over > 0 and under > 0  # this input has both kinds of bins
+    # one accuracy bar per non-empty bin, then one gap band per miscalibrated bin
+    assert len(ax.patches) == nonempty + over + under
+    # both kinds of gap are named in the legend
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("over-confident" in t for t in legend) and any("under-confident" in t for t in legend)
     heights = sorted(p.get_height() for p in ax.patches[:nonempty])
     assert heights == pytest.approx(sorted(curve.accuracy[curve.count > 0]))
     texts = {t.get_text() for t in ax.texts}
@@ -72,3 +84,18 @@ def test_plots_reject_bad_input():
     with pytest.raises(ValueError, match="out of range"):
         reliability_curve(torch.tensor([[0.5, 0.5]]), torch.tensor([2]))
     assert math.isfinite(reliability_curve(torch.tensor([[0.5, 0.5]]), torch.tensor([1])).ece)
+
+
+@pytest.mark.parametrize("draw", [reliability_diagram, confidence_histogram])
+def test_legend_lies_outside_the_axes(gen, draw):
+    """The legend covers no bar, count or line: its box is entirely below the plotting area."""
+    probs = torch.softmax(torch.randn(1000, 10, generator=gen) * 3, 1)
+    labels = torch.randint(0, 10, (1000,), generator=gen)
+    ax = draw(probs, labels)
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    axes = ax.get_window_extent(renderer)
+    assert legend.y1 < axes.y0  # pixel coordinates grow upwards
+    assert min(t.get_fontsize() for t in ax.get_legend().get_texts()) >= 8

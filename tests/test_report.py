@@ -9,6 +9,7 @@ import torch
 
 from calibkit import rundir
 from calibkit.report import BEFORE_COLS, build_report
+from calibkit.report.tables import BEST_MARK, Table, text_table
 from calibkit.store import Store, run_key
 from tests.conftest import PYTHON
 
@@ -62,7 +63,7 @@ def _row(text, label):
 
 def test_table_numbers_equal_database(tmp_path):
     make_bench(tmp_path)
-    rep = build_report(tmp_path, n_boot=200, figures=False)
+    rep = build_report(tmp_path, n_boot=200, figures=False, width=0)  # 0: tables never split
     rows = Store(tmp_path / "runs.db", readonly=True).runs("t")
     for method, label in (("ce", "CE"), ("ls", "LS")):
         cells = _row(rep["text"], label)
@@ -75,7 +76,7 @@ def test_table_numbers_equal_database(tmp_path):
 
 def test_ece_difference_significance(tmp_path):
     make_bench(tmp_path)
-    rep = build_report(tmp_path, n_boot=300, figures=False)
+    rep = build_report(tmp_path, n_boot=300, figures=False, width=0)
     d = rep["deltas"]
     assert set(d) == {"ls", "focal"}
     # LS is far better calibrated than the over-confident CE: a negative, significant difference.
@@ -123,3 +124,61 @@ def test_report_errors(tmp_path, cli_env):
     Store(empty / "runs.db").close()
     with pytest.raises(ValueError, match="no runs"):
         build_report(empty)
+
+
+def _first_table(text):
+    """Header and rows (lists of cells) of the first table printed in ``text``."""
+    lines = text.splitlines()
+    i = next(i for i in range(len(lines) - 1) if re.fullmatch(r"-+( +-+)+", lines[i + 1]))
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.strip():
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return re.split(r"\s{2,}", lines[i].strip()), rows
+
+
+def test_ranking_equals_database(tmp_path):
+    """The summary ranks by the database's mean ECE, shows its means, and marks each column's best."""
+    make_bench(tmp_path, methods=("ce", "ls", "focal", "dfl"))
+    rep = build_report(tmp_path, n_boot=100, figures=False, width=120)
+    header, rows = _first_table(rep["text"])
+    assert header[:5] == ["#", "Method", "Acc", "ECE", "O-ECE"]
+    db = Store(tmp_path / "runs.db", readonly=True).runs("t")
+    mean = {m: {k: np.mean([r["metrics"][p][k.split(".")[1]] for r in db if r["method"] == m
+                            for p in [k.split(".")[0]]]) * 100
+                for k in ("before.acc", "before.ece", "after.ece")} for m in ("ce", "ls", "focal", "dfl")}
+    labels = {"ce": "CE", "ls": "LS", "focal": "Focal", "dfl": "Dual focal"}
+    expected = sorted(mean, key=lambda m: mean[m]["before.ece"])
+    assert [r[1] for r in rows] == [labels[m] for m in expected]
+    best_ece = min(round(v["before.ece"], 2) for v in mean.values())
+    for r, m in zip(rows, expected):
+        ece = f"{mean[m]['before.ece']:.2f}"
+        # the best (lowest) ECE carries the mark; the others do not
+        assert r[3] == (ece + BEST_MARK if round(mean[m]["before.ece"], 2) == best_ece else ece)
+        assert r[2].rstrip(BEST_MARK) == f"{mean[m]['before.acc']:.2f}"
+        assert r[6].rstrip(BEST_MARK) == f"{mean[m]['after.ece']:.2f}"
+    # CE and its exact copy (focal) share a rank; the ranks are competition ranks
+    ranks = {r[1]: int(r[0]) for r in rows}
+    assert ranks["CE"] == ranks["Focal"] and ranks[labels[expected[0]]] == 1
+    # the copy of CE is explained in the notes
+    assert "Focal gave exactly CE's test predictions" in rep["text"]
+
+
+def test_text_tables_fit_the_width_and_keep_every_cell():
+    rows = [[f"method{i}"] + [f"{i}.{j:02d} +- 0.{j:02d}" for j in range(12)] for i in range(3)]
+    table = Table(["Method"] + [f"col{j}" for j in range(12)], rows)
+    whole = text_table(table, None).splitlines()
+    assert max(map(len, whole)) > 100
+    for width in (60, 80, 100, 120):
+        lines = text_table(table, width).splitlines()
+        assert max(map(len, lines)) <= width
+        # reassemble: each part repeats the label column; together they hold every cell once
+        parts = [p.splitlines() for p in "\n".join(lines).split("\n\n")]
+        assert len(parts) > 1
+        for i, row in enumerate(rows):
+            cells = [c for p in parts for c in re.split(r"\s{2,}", p[2 + i].strip())[1:]]
+            assert cells == row[1:]
+        # balanced: no part is much narrower than the others
+        widths = [max(map(len, p)) for p in parts]
+        assert min(widths) >= max(widths) - 20

@@ -12,13 +12,45 @@ Every method is one entry of :data:`METHODS`. ``kind`` says how a run is produce
 * ``csm``: a ``method="csm"`` training run on calibkit's shipped generated set of
   Fashion-MNIST semantic mixes, reannotated with the features of the CE run of the same seed as
   the reference-classifier encoder (the offline encoder; no CLIP weights are needed).
+
+Every method also declares its **search space** next to its entry (``MethodSpec.space``): the
+hyperparameters ``calibkit tune`` selects on the validation split (``calibkit.bench.tune``), each
+an :class:`Axis` (the grid and the published value) under an address saying where the value goes:
+
+* ``loss.<param>``: a parameter of the method's loss spec (``"mbls:margin=6"``);
+* ``train.<field>``: a ``calibkit.config.TrainConfig`` field of the method's runs (``mix_alpha``);
+* ``maccal.<kwarg>``: a stage-2 keyword of ``calibkit.methods.maccal.run_maccal`` (``eta``);
+* ``csm.<setting>``: a CSM setting of the preset (``sharpness`` of the reannotation).
+
+The grids are the starting grids of the literature's sweeps (``docs/bench.md``, "Hyperparameters").
+MbLS and FeDLaS-MbLS search one shared margin grid (:data:`MARGINS`), with MbLS's lambda fixed at
+0.1 as in its paper, so that the two are compared under the same selection.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from calibkit.config import KEEP_POLICIES  # noqa: F401  (the policies of TrainConfig.keep; config is pure)
+
 REFERENCE = "ce"  # every comparison (the ECE difference column) is against cross-entropy
+# Where a search-space address may point (see the module docstring).
+TARGETS = ("loss", "train", "maccal", "csm")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One searched hyperparameter.
+
+    Attributes:
+        values: the grid, ascending.
+        default: the published value; among candidates tied on the criterion, the one nearest
+            it wins (distance in grid-range units, summed over the axes of a space).
+    """
+
+    values: tuple[float, ...]
+    default: float
+
 
 
 @dataclass(frozen=True)
@@ -31,6 +63,7 @@ class MethodSpec:
         loss: a ``calibkit.losses.build`` spec; a preset may override it (``Preset.losses``).
         method: the trainer's method (``standard``, ``mixup``, ``regmixup``, ``csm``).
         needs: grid methods whose run of the same seed this one builds on.
+        space: the search space, ``{address: Axis}`` (empty: nothing to tune).
     """
 
     label: str
@@ -38,25 +71,42 @@ class MethodSpec:
     loss: str = "ce"
     method: str = "standard"
     needs: tuple[str, ...] = ()
+    space: dict = field(default_factory=dict)
 
 
-# Literal registry: the grid order is the table order.
+# The one margin grid of MbLS and FeDLaS-MbLS (MbLS's Fig. 2 sweeps the margin; 6 on CIFAR-10,
+# 10 on Tiny-ImageNet).
+MARGINS = (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 15.0, 20.0)
+
+
+# Literal registry: the grid order is the table order. Each search space's grid follows the
+# paper's own sweep where it has one (docs/bench.md lists the sources); CE, FLSD-53 (a fixed
+# schedule) and AdaFocal (it adapts itself on validation) have nothing to tune. Grids widened
+# because the default preset's selection landed on their edge: ECP beta (1, 2, then 4, 8), ACLS
+# margin (1, 2), RegMixup alpha (1, 2), FeDLaS-LS beta (0.1, 0.25).
 METHODS: dict[str, MethodSpec] = {
     "ce": MethodSpec("CE", loss="ce"),
-    "ls": MethodSpec("LS", loss="ls"),
-    "focal": MethodSpec("Focal", loss="focal"),
+    "ls": MethodSpec("LS", loss="ls", space={"loss.alpha": Axis((0.01, 0.03, 0.05, 0.1, 0.2), 0.05)}),
+    "focal": MethodSpec("Focal", loss="focal", space={"loss.gamma": Axis((1.0, 2.0, 3.0, 4.0), 3.0)}),
     "flsd": MethodSpec("FLSD-53", loss="flsd"),
-    "ecp": MethodSpec("ECP", loss="ecp"),
-    "mbls": MethodSpec("MbLS", loss="mbls"),
-    "acls": MethodSpec("ACLS", loss="acls"),
-    "dfl": MethodSpec("Dual focal", loss="dfl"),
+    "ecp": MethodSpec("ECP", loss="ecp", space={"loss.beta": Axis((0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0), 0.1)}),
+    "mbls": MethodSpec("MbLS", loss="mbls", space={"loss.margin": Axis(MARGINS, 10.0)}),
+    "acls": MethodSpec("ACLS", loss="acls", space={"loss.margin": Axis((1.0, 2.0, 4.0, 6.0, 10.0), 10.0)}),
+    "dfl": MethodSpec("Dual focal", loss="dfl", space={"loss.gamma": Axis((1.0, 2.0, 3.0, 5.0), 5.0)}),
     "adafocal": MethodSpec("AdaFocal", loss="adafocal"),
-    "mixup": MethodSpec("Mixup", loss="ce", method="mixup"),
-    "regmixup": MethodSpec("RegMixup", loss="ce", method="regmixup"),
-    "fedlas_ls": MethodSpec("FeDLaS-LS", loss="fedlas_ls"),
-    "fedlas_mbls": MethodSpec("FeDLaS-MbLS", loss="fedlas_mbls"),
-    "maccal": MethodSpec("MaC-Cal", kind="maccal", needs=("ce",)),
-    "csm": MethodSpec("CSM", kind="csm", loss="ce", method="csm", needs=("ce",)),
+    "mixup": MethodSpec("Mixup", loss="ce", method="mixup",
+                        space={"train.mix_alpha": Axis((0.1, 0.2, 0.4, 1.0), 0.2)}),
+    "regmixup": MethodSpec("RegMixup", loss="ce", method="regmixup",
+                           space={"train.mix_alpha": Axis((1.0, 2.0, 5.0, 10.0, 20.0), 20.0)}),
+    "fedlas_ls": MethodSpec("FeDLaS-LS", loss="fedlas_ls",
+                            space={"loss.alpha": Axis((0.025, 0.05, 0.1), 0.05),
+                                   "loss.beta": Axis((0.1, 0.25, 0.5, 1.0, 4.0), 4.0)}),
+    "fedlas_mbls": MethodSpec("FeDLaS-MbLS", loss="fedlas_mbls", space={"loss.margin": Axis(MARGINS, 6.0)}),
+    "maccal": MethodSpec("MaC-Cal", kind="maccal", needs=("ce",),
+                         space={"maccal.eta": Axis((1.0, 2.0, 4.0), 2.0),
+                                "maccal.r_min": Axis((0.05, 0.1, 0.3), 0.1)}),
+    "csm": MethodSpec("CSM", kind="csm", loss="ce", method="csm", needs=("ce",),
+                      space={"csm.sharpness": Axis((1.0, 2.3, 4.0, 8.0), 4.0)}),
 }
 
 
@@ -78,6 +128,9 @@ class Preset:
         robust_n: test images used for the corrupted test sets (a fixed, seeded subset; 0 = all).
         severities: corruption severities evaluated (each over every corruption).
         n_boot: bootstrap resamples for the ECE-difference intervals.
+        tune_seed: the seed of ``calibkit tune``'s candidate runs (the selection seed). It is none
+            of the evaluation seeds, so the test numbers of a tuned bench come from runs that took
+            no part in the selection (no winner's curse on them).
         num_threads: torch CPU threads unless ``--num-threads`` says otherwise (None: torch's
             default). The Fashion-MNIST presets use 1: their MLP's matrices are small, and on a
             shared, busy 2-core machine two OpenMP threads per process were measured ~18x slower per
@@ -98,11 +151,17 @@ class Preset:
     robust_n: int = 2000
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
     n_boot: int = 1000
+    tune_seed: int = 100
     num_threads: int | None = None
     note: str = ""
 
     def loss_for(self, method: str) -> str:
         return self.losses.get(method, METHODS[method].loss)
+
+    @property
+    def keep(self) -> str:
+        """The checkpoint policy of every training run of the preset (``TrainConfig.keep``)."""
+        return self.train.get("keep", "best-acc")
 
 
 # Fashion-MNIST presets use the shared protocol where it applies (SGD momentum 0.9, wd 5e-4,
@@ -114,12 +173,12 @@ class Preset:
 # No augmentation: the over-fitting (and hence over-confident) regime is the one worth calibrating.
 _FMNIST_TRAIN = dict(
     augment=False, lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=128, schedule="multistep", grad_clip=2.0,
-    val_size=5000,
+    val_size=5000, keep="best-acc",
 )
 
 _CIFAR_TRAIN = dict(
     lr=0.1, momentum=0.9, weight_decay=5e-4, batch_size=128, epochs=350, schedule="multistep",
-    milestones=[150, 250], grad_clip=2.0, val_size=5000,
+    milestones=[150, 250], grad_clip=2.0, val_size=5000, keep="best-acc",
 )
 
 PRESETS: dict[str, Preset] = {
@@ -128,11 +187,21 @@ PRESETS: dict[str, Preset] = {
         train={**_FMNIST_TRAIN, "epochs": 2, "train_subset": 1000, "val_size": 500},
         maccal={"epochs": 2},
         robust_n=200, severities=(1, 5), n_boot=200, num_threads=1,
-        note="every method, tiny: checks the pipeline end to end (a test runs it); numbers mean nothing",
+        note="every method on 1,000 Fashion-MNIST images for 2 epochs: checks the pipeline end to end "
+        "(a test runs it); its numbers mean nothing",
     ),
+    # Every tuned value below is the selection of the committed tuning run (docs/bench.md,
+    # "The default preset's values"; every candidate in docs/tuning/default.json): `calibkit tune
+    # --preset default`, selection seed 100, validation ECE before TS, candidates > 1 accuracy
+    # point below the best excluded. CSM keeps its published sharpness (not tuned yet).
     "default": Preset(
         name="default", dataset="fmnist", model="mlp", seeds=(0, 1),
         train={**_FMNIST_TRAIN, "epochs": 40, "train_subset": 10000},
+        losses={"ls": "ls:alpha=0.03", "focal": "focal:gamma=2", "ecp": "ecp:beta=2", "mbls": "mbls:margin=6",
+                "acls": "acls:margin=4", "dfl": "dfl:gamma=3", "fedlas_ls": "fedlas_ls:alpha=0.05,beta=0.5",
+                "fedlas_mbls": "fedlas_mbls:margin=6"},
+        train_by_method={"mixup": {"mix_alpha": 0.4}, "regmixup": {"mix_alpha": 2.0}},
+        maccal={"eta": 2.0, "r_min": 0.1},
         robust_n=2000, num_threads=1,
         note="every method on Fashion-MNIST (10k training images, MLP 784-512-512, 40 epochs), 2 seeds",
     ),
@@ -149,19 +218,19 @@ PRESETS: dict[str, Preset] = {
         train=_CIFAR_TRAIN,
         losses={"mbls": "mbls:margin=6", "fedlas_ls": "fedlas_ls:alpha=0.05,beta=4,theta=0.95",
                 "fedlas_mbls": "fedlas_mbls:alpha=0.1,beta=0.5,margin=6,theta=0.95"},
-        train_by_method={"regmixup": {"mix_alpha": 20.0}, "csm": {"epochs": 200, "milestones": [80, 120]}},
+        train_by_method={"regmixup": {"mix_alpha": 20.0}},
         ood="svhn", robust_n=0,
-        note="paper protocol: ResNet-50, 350 epochs (CSM 200), 3 seeds; needs CIFAR-10 and SVHN under --data-dir",
+        note="paper protocol: ResNet-50, 350 epochs for every method, 3 seeds; needs CIFAR-10 and SVHN under --data-dir",
     ),
     "cifar100": Preset(
         name="cifar100", dataset="cifar100", model="resnet50", seeds=(0, 1, 2),
         train=_CIFAR_TRAIN,
         losses={"mbls": "mbls:margin=6", "fedlas_ls": "fedlas_ls:alpha=0.1,beta=4,theta=0.5",
                 "fedlas_mbls": "fedlas_mbls:alpha=0.1,beta=1,margin=6,theta=0.5"},
-        train_by_method={"regmixup": {"mix_alpha": 10.0}, "csm": {"epochs": 200, "milestones": [80, 120]}},
+        train_by_method={"regmixup": {"mix_alpha": 10.0}},
         csm={"sharpness": 2.3},
         ood="svhn", robust_n=0,
-        note="paper protocol: ResNet-50, 350 epochs (CSM 200), 3 seeds; needs CIFAR-100 and SVHN under --data-dir",
+        note="paper protocol: ResNet-50, 350 epochs for every method, 3 seeds; needs CIFAR-100 and SVHN under --data-dir",
     ),
     "tinyimagenet": Preset(
         name="tinyimagenet", dataset="tinyimagenet", model="resnet50", seeds=(0, 1, 2),
@@ -198,6 +267,96 @@ def select_methods(names) -> list[str]:
     return [m for m in METHODS if m in wanted]
 
 
+def with_keep(preset: Preset, keep: str | None) -> Preset:
+    """``preset`` with another checkpoint policy for all its runs (``None``: unchanged)."""
+    if keep is None:
+        return preset
+    if keep not in KEEP_POLICIES:
+        raise ValueError(f"unknown checkpoint policy {keep!r}; choose one of {', '.join(KEEP_POLICIES)}")
+    overridden = sorted(m for m, t in preset.train_by_method.items() if "keep" in t)
+    if overridden:
+        raise ValueError(f"preset {preset.name}: {', '.join(overridden)} override the checkpoint policy; "
+                         "one policy must hold for every method")
+    return replace(preset, train={**preset.train, "keep": keep})
+
+
 def with_overrides(preset: Preset, **changes) -> Preset:
     """A copy of ``preset`` with some fields replaced (e.g. ``seeds`` from the command line)."""
     return replace(preset, **changes)
+
+
+# -- search spaces -------------------------------------------------------------------------------
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def loss_params(spec: str) -> tuple[str, dict[str, str]]:
+    """``"mbls:margin=6,lam=0.1"`` -> ``("mbls", {"margin": "6", "lam": "0.1"})`` (values as text)."""
+    name, _, rest = spec.partition(":")
+    params = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"loss spec {spec!r}: expected key=value, got {item!r}")
+        params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
+def with_loss_params(spec: str, values: dict) -> str:
+    """The loss spec ``spec`` with some parameters set (others kept, in their order)."""
+    name, params = loss_params(spec)
+    params.update({k: _fmt(v) for k, v in values.items()})
+    return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
+
+
+def candidates(method: str) -> list[dict]:
+    """Every point of the method's search space (``[{}]`` for a method with none), in grid order."""
+    import itertools
+
+    space = METHODS[method].space
+    if not space:
+        return [{}]
+    names = list(space)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(space[n].values for n in names))]
+
+
+def apply_values(preset: Preset, method: str, values: dict) -> Preset:
+    """A copy of ``preset`` running ``method`` with the search-space ``values`` (``{address: v}``)."""
+    losses, by_method = dict(preset.losses), {k: dict(v) for k, v in preset.train_by_method.items()}
+    maccal, csm = dict(preset.maccal), dict(preset.csm)
+    loss_values = {}
+    for address, value in values.items():
+        target, _, name = address.partition(".")
+        if target not in TARGETS or not name:
+            raise ValueError(f"{method}: bad search-space address {address!r}; expected <{'|'.join(TARGETS)}>.<name>")
+        if target == "loss":
+            loss_values[name] = value
+        elif target == "train":
+            by_method.setdefault(method, {})[name] = value
+        elif target == "maccal":
+            maccal[name] = value
+        else:
+            csm[name] = value
+    if loss_values:
+        losses[method] = with_loss_params(preset.loss_for(method), loss_values)
+    return replace(preset, losses=losses, train_by_method=by_method, maccal=maccal, csm=csm)
+
+
+def current_values(preset: Preset, method: str) -> dict:
+    """The values the preset runs ``method`` with, for each address of its space (published
+    default where the preset sets none)."""
+    out = {}
+    _, params = loss_params(preset.loss_for(method))
+    for address, axis in METHODS[method].space.items():
+        target, _, name = address.partition(".")
+        source = {"loss": params, "train": preset.train_by_method.get(method, {}),
+                  "maccal": preset.maccal, "csm": preset.csm}[target]
+        out[address] = float(source[name]) if name in source else axis.default
+    return out
+
+
+def at_edge(values: dict, space: dict) -> list[str]:
+    """The addresses whose value is the first or last of a grid of 3 or more values."""
+    return [a for a, axis in space.items()
+            if len(axis.values) >= 3 and float(values[a]) in (min(axis.values), max(axis.values))]

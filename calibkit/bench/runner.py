@@ -11,10 +11,21 @@ Resume and concurrency come from two layers:
 A failing run is recorded as ``failed`` with its error and the bench goes on with the others.
 Under ``torchrun`` every process runs the same loop (training is data-parallel); only rank 0
 opens the database, evaluates and writes, and its decision to run or skip each run is broadcast.
+
+Several benches on one output directory share the work: each claims the runs nobody holds, and a
+run that builds on another one (MaC-Cal and CSM on the CE run of their seed) waits while another
+live bench is still producing that one (:func:`work_queue`). Each process trains different runs,
+so N processes keep N cores busy on one preset.
+
+One checkpoint policy (``Preset.keep``) and one set of hyperparameters per method hold for a whole
+output directory: a bench refuses to add runs to a directory whose finished runs were made under
+another policy or other hyperparameters, so a table never mixes them.
 """
 
 from __future__ import annotations
 
+import copy
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -23,8 +34,11 @@ import torch
 
 from calibkit import distributed as D
 from calibkit import rundir
-from calibkit.bench.grid import METHODS, Preset, select_methods
+from calibkit.bench.grid import METHODS, Preset, current_values, select_methods
 from calibkit.store import Store, run_key
+
+# Seconds between two looks at the database while waiting for another bench's run.
+POLL_S = 5.0
 
 
 def run_dir_for(out: Path, preset: str, method: str, seed: int) -> Path:
@@ -44,6 +58,26 @@ def train_config(preset: Preset, method: str, seed: int, data_dir=None, device="
     if spec.kind == "csm":
         values["csm_data"] = str(csm_data) if csm_data else None
     return TrainConfig.from_dict(values).validate()
+
+
+def work_queue(items, ready, attempt, poll_s: float = POLL_S, sleep=time.sleep) -> None:
+    """Call ``attempt(item)`` for every item, postponing those that are not ``ready`` yet.
+
+    ``ready(item)`` is False while an item must wait (a run it builds on is being produced by
+    another process); postponed items are retried after the others, with a pause of ``poll_s``
+    when a whole pass finds nothing ready.
+    """
+    pending = list(items)
+    while pending:
+        later = []
+        for item in pending:
+            if ready(item):
+                attempt(item)
+            else:
+                later.append(item)
+        if later and len(later) == len(pending):
+            sleep(poll_s)
+        pending = later
 
 
 def _broadcast(value, dd):
@@ -126,56 +160,108 @@ class Bench:
         return {"run_dir": run_dir, "train_time_s": summary.get("wall_time_s"), "config": cfg.to_dict()}
 
     # -- the loop -------------------------------------------------------------------------------
+    def view(self, preset: Preset) -> "Bench":
+        """This bench (same database, data and output directory) running ``preset`` instead."""
+        other = copy.copy(self)
+        other.preset = preset
+        return other
+
+    def needs_ready(self, method: str, seed: int) -> bool:
+        """False while a run that ``method`` builds on is being produced by another live bench."""
+        busy = False
+        if self.dd.is_main:
+            busy = any(self.store.busy_elsewhere(run_key(self.preset.name, n, seed)) for n in METHODS[method].needs)
+        return not _broadcast(busy, self.dd)
+
     def run(self) -> dict:
         """Run every pending (seed, method); returns counts of done/skipped/failed runs."""
-        counts = {"done": 0, "skipped": 0, "failed": 0}
-        total = len(self.seeds) * len(self.methods)
-        i = 0
-        for seed in self.seeds:
-            for method in self.methods:
-                i += 1
-                key = run_key(self.preset.name, method, seed)
-                claimed = None
-                if self.dd.is_main:
-                    claimed = self.store.claim(
-                        key, preset=self.preset.name, method=method, seed=seed,
-                        config=self._config_record(method, seed), git_commit=self._env["git_commit"],
-                        versions=self._env["versions"])
-                if not _broadcast(claimed, self.dd):
-                    counts["skipped"] += 1
-                    self.log(f"[{i}/{total}] {key}: finished earlier (or running elsewhere); skipped")
-                    continue
-                t0 = time.time()
-                self.log(f"[{i}/{total}] {key}: running")
-                try:
-                    made = self.produce(method, seed)
-                    if self.dd.is_main:
-                        from calibkit.bench.evaluation import evaluate_run
+        from calibkit.bench.progress import RunProgress
 
-                        res = evaluate_run(made["run_dir"], self.eval_data(seed), model=made.get("model"),
-                                           norm=made.get("norm"), device=self.dd.device)
-                        self.store.finish(key, run_dir=str(made["run_dir"]), train_time_s=made["train_time_s"],
-                                          extra=made.get("extra"), **res)
-                        m = res["metrics"]
-                        self.log(f"[{i}/{total}] {key}: done in {time.time() - t0:.0f} s "
-                                 f"(acc {m['before']['acc']:.2%}, ECE {m['before']['ece'] * 100:.2f} -> "
-                                 f"{m['after']['ece'] * 100:.2f} after TS)")
-                    D.barrier(self.dd)
-                    counts["done"] += 1
-                except KeyboardInterrupt:
-                    if self.dd.is_main:
-                        self.store.fail(key, "interrupted")
-                    raise
-                except Exception as exc:  # one broken run must not stop the grid
-                    counts["failed"] += 1
-                    if self.dd.is_main:
-                        self.store.fail(key, "".join(traceback.format_exception(exc)))
-                    self.log(f"[{i}/{total}] {key}: FAILED: {type(exc).__name__}: {exc}")
+        self.check_consistent()
+        counts = {"done": 0, "skipped": 0, "failed": 0}
+        items = [(seed, method) for seed in self.seeds for method in self.methods]
+        progress = RunProgress(len(items), write=self.log,
+                               bar=self.dd.is_main and self.log is print and sys.stderr.isatty())
+        try:
+            work_queue(items, lambda item: self.needs_ready(item[1], item[0]),
+                       lambda item: self._attempt(item[0], item[1], counts, progress))
+        finally:
+            progress.close()
         return counts
+
+    def _attempt(self, seed: int, method: str, counts: dict, progress) -> None:
+        """Claim, produce, evaluate and record one run (a failure is recorded, not raised)."""
+        key = run_key(self.preset.name, method, seed)
+        claimed = None
+        if self.dd.is_main:
+            claimed = self.store.claim(
+                key, preset=self.preset.name, method=method, seed=seed,
+                config=self._config_record(method, seed), git_commit=self._env["git_commit"],
+                versions=self._env["versions"])
+        if not _broadcast(claimed, self.dd):
+            counts["skipped"] += 1
+            progress.end(key, "finished earlier (or running elsewhere); skipped")
+            return
+        t0 = time.time()
+        progress.begin(key)
+        try:
+            made = self.produce(method, seed)
+            m = None
+            if self.dd.is_main:
+                from calibkit.bench.evaluation import evaluate_run
+
+                res = evaluate_run(made["run_dir"], self.eval_data(seed), model=made.get("model"),
+                                   norm=made.get("norm"), device=self.dd.device)
+                self.store.finish(key, run_dir=str(made["run_dir"]), train_time_s=made["train_time_s"],
+                                  extra=made.get("extra"), **res)
+                m = res["metrics"]
+            D.barrier(self.dd)
+            counts["done"] += 1
+            progress.end(key, f"done in {time.time() - t0:.0f} s" + (
+                f" (acc {m['before']['acc']:.2%}, ECE {m['before']['ece'] * 100:.2f} -> "
+                f"{m['after']['ece'] * 100:.2f} after TS)" if m else ""), seconds=time.time() - t0)
+        except KeyboardInterrupt:
+            if self.dd.is_main:
+                self.store.fail(key, "interrupted")
+            raise
+        except Exception as exc:  # one broken run must not stop the grid
+            counts["failed"] += 1
+            if self.dd.is_main:
+                self.store.fail(key, "".join(traceback.format_exception(exc)))
+            progress.end(key, f"FAILED: {type(exc).__name__}: {exc}", seconds=time.time() - t0)
+
+    def check_consistent(self) -> None:
+        """Refuse to mix checkpoint policies or hyperparameters in one output directory.
+
+        Raises:
+            ValueError: a finished run of this preset was made under another checkpoint policy, or
+                one of the selected methods with other hyperparameters, than this bench would use.
+        """
+        problem = None
+        if self.dd.is_main:
+            for row in self.store.runs(self.preset.name):
+                rec = row.get("config") or {}
+                keep = rec.get("keep", (rec.get("train") or {}).get("keep", "best-acc"))
+                if keep != self.preset.keep:
+                    problem = (f"{self.out / 'runs.db'} holds runs of preset {self.preset.name} made under the "
+                               f"checkpoint policy {keep!r}; this bench uses {self.preset.keep!r}. "
+                               "Choose another --out (one policy per bench)")
+                    break
+                method = row["method"]
+                if method in self.methods and rec.get("hparams") is not None:
+                    mine = self._config_record(method, int(row["seed"]))["hparams"]
+                    if rec["hparams"] != mine:
+                        problem = (f"{self.out / 'runs.db'}: {row['run_key']} was run with {rec['hparams']}, this "
+                                   f"bench would use {mine}. Choose another --out (one set of values per bench)")
+                        break
+        problem = _broadcast(problem, self.dd)
+        if problem:
+            raise ValueError(problem)
 
     def _config_record(self, method: str, seed: int) -> dict:
         spec = METHODS[method]
         record = {"preset": self.preset.name, "method": method, "kind": spec.kind, "seed": seed,
+                  "keep": self.preset.keep, "hparams": current_values(self.preset, method),
                   "loss": self.preset.loss_for(method), "train_method": spec.method,
                   "dataset": self.preset.dataset, "model": self.preset.model, "train": dict(self.preset.train),
                   "train_overrides": self.preset.train_by_method.get(method, {}),

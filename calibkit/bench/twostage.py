@@ -1,12 +1,13 @@
 """Grid methods built on the CE run of the same seed: MaC-Cal (stage 2) and CSM.
 
-* MaC-Cal: ``calibkit.methods.maccal.run_maccal`` retrains the CE run's head under adaptive random
-  masks, with the preset's stage-2 hyperparameters; its training time is stage 2 (features +
-  head), stage 1 being the CE run (recorded in ``extra``).
+* MaC-Cal: ``calibkit.methods.maccal.run_maccal`` (which fits a ``MaCCal`` on the CE run's
+  features) retrains the CE run's head under adaptive random masks, with the preset's stage-2
+  hyperparameters; its training time is stage 2 (features + head + deployed-predictor inference),
+  stage 1 being the CE run (recorded in ``extra``).
 * CSM: calibkit's generated set of semantic mixes (shipped for Fashion-MNIST under
   ``calibkit/assets/csm/fmnist-groups/``; for other data sets generate one with
   ``calibkit csm generate`` and pass it with ``--csm-store``) is copied into
-  ``DIR/cache/csm/<preset>/seed<k>/`` and annotated there with the penultimate features of the CE
+  ``DIR/cache/csm/<preset>/seed<k>-s<sharpness>/`` and annotated there with the penultimate features of the CE
   run of the same seed as the reference-classifier encoder (the offline encoder; no CLIP weights),
   then a ``method="csm"`` training run uses it. The shipped set is never modified.
 """
@@ -50,10 +51,18 @@ def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
     record = json.loads((run_dir / "maccal.json").read_text())
     stage1 = rundir.load_info(ce)
     return {"run_dir": run_dir,
-            "train_time_s": float(record["stage2_wall_time_s"]) + float(record["feature_time_s"]),
+            "train_time_s": float(record["stage2_wall_time_s"]) + float(record["feature_time_s"])
+            + float(record.get("inference_time_s", 0.0)),
             "extra": {"stage1_run": str(ce), "stage1_train_time_s": stage1.get("wall_time_s"),
                       "keep_rates": record["keep_rates"], "best_keep_rate": record["best_keep_rate"],
-                      "best_epoch": record["best_epoch"], "hparams": record["hparams"]}}
+                      "best_epoch": record["best_epoch"], "hparams": record["hparams"],
+                      "best_val_ece": record["best_val_ece"]}}
+
+
+def _csm_cache(bench, seed: int) -> Path:
+    # One annotated copy per seed and sharpness: tuning candidates of different sharpness never share one.
+    sharpness = float(bench.preset.csm.get("sharpness", 4.0))
+    return bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}-s{sharpness:g}"
 
 
 def csm_store(bench, seed: int) -> Path:
@@ -66,7 +75,7 @@ def csm_store(bench, seed: int) -> Path:
         raise FileNotFoundError(
             f"no CSM generated set for {bench.preset.dataset} ({src}); generate one with `calibkit csm generate` "
             "and pass it with --csm-store")
-    dst = bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}"
+    dst = _csm_cache(bench, seed)
     ce = _ce_run(bench, seed)
     enc = ClassifierEncoder(ce)
     meta_path = dst / ANNOT_META
@@ -94,7 +103,7 @@ def produce_csm(bench, seed: int, run_dir: Path) -> dict:
     store = csm_store(bench, seed) if bench.dd.is_main else None
     D.barrier(bench.dd)
     if not bench.dd.is_main:
-        store = bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}"
+        store = _csm_cache(bench, seed)
     made = bench._train("csm", seed, run_dir, csm_data=store)
     meta = json.loads((store / "annotations.json").read_text())
     made["extra"] = {"csm_store": str(store), "encoder": meta.get("encoder"), "encoder_run": meta.get("run"),

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 EPILOG = """\
 examples:
-  calibkit bench --preset smoke --out runs/smoke            # every method, tiny (~2 min)
-  calibkit bench --preset default --out runs/default        # the main job (make bench)
+  calibkit bench --preset smoke --out runs/smoke            # every method in ~30 s: checks the set-up
+  calibkit bench --preset default --out runs/default        # the main job (make bench), ~16 min
   calibkit bench --preset default --out runs/default --methods ls mbls --seeds 0
+  calibkit bench --preset default --out runs/tuned --tune   # select on validation first (calibkit tune)
+  calibkit bench --preset default --out runs/last --keep last
   torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
 
-Running the same command again skips finished runs and resumes interrupted ones.
+Times are wall times on a 2-core CPU (smoke: 15 runs of ~1-2 s plus the report; default: 30 runs
+of 27-60 s). Everything a preset needs (data, extra packages, CSM set) is checked before anything
+is written. Running the same command again skips finished runs and resumes interrupted ones; a
+second process running the same command shares the work (each process trains different runs).
 The report is written to OUT/report/ (index.html, report.md, figures/); rebuild it with
 `calibkit report OUT`.
 """
@@ -22,11 +28,13 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "bench", help="compare every calibration method side by side (results database + report)",
-        description="Train and evaluate a grid of methods x seeds; record every run in OUT/runs.db and "
-        "write a report to OUT/report/. Presets: " + "; ".join(f"{k}: {v.note}" for k, v in PRESETS.items()),
+        description="Train and evaluate a grid of methods x seeds; record every run in OUT/runs.db and\n"
+        "write a report to OUT/report/.\n\npresets:\n" + "\n".join(
+            textwrap.fill(v.note, 100, initial_indent=f"  {k:<13} ", subsequent_indent=" " * 16)
+            for k, v in PRESETS.items()),
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="default", help=f"one of {', '.join(PRESETS)} (default: default)")
+    p.add_argument("--preset", default="default", help=f"preset name: {', '.join(PRESETS)} (default: default)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, runs/, report/)")
     p.add_argument("--seeds", type=int, nargs="+", metavar="S", help="seeds (default: the preset's)")
     p.add_argument("--methods", nargs="+", metavar="M",
@@ -35,18 +43,34 @@ def register(subparsers) -> None:
     p.add_argument("--csm-store", metavar="DIR", help="CSM generated set (default: the one shipped for "
                    "Fashion-MNIST; other data sets: make one with `calibkit csm generate`)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--num-threads", type=int, metavar="N", help="torch CPU threads")
+    p.add_argument("--tune", action="store_true",
+                   help="first select every method's hyperparameters on validation (calibkit tune, into the same "
+                   "DIR), then run the grid at the selected values")
+    from calibkit.commands import add_num_threads
+    from calibkit.commands.tune import add_shared
+
+    add_shared(p)
+    add_num_threads(p)
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from calibkit.bench.grid import get_preset
+    from calibkit.bench.grid import get_preset, with_keep
+    from calibkit.bench.preflight import check_bench
     from calibkit.bench.runner import Bench
 
-    preset = get_preset(args.preset)
+    preset = with_keep(get_preset(args.preset), args.keep)
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds: repeated seed in {args.seeds}")
+    # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
+    # anything is created: a bench that cannot run leaves no trace.
+    check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
+                csm_store=args.csm_store)
+    if args.tune:
+        from calibkit.commands.tune import run_tuning
+
+        _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                   device=args.device, num_threads=args.num_threads, csm_store=args.csm_store)
     try:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import shlex
 
+from calibkit.extras import require
+
 
 DEVICE_HELP = "auto, cpu, cuda or cuda:N (default auto: the GPU when there is one)"
 
@@ -116,6 +118,7 @@ def _train_generator(args) -> int:
     from calibkit.methods.csm.inputs import training_images_outside_validation
     from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
 
+    require("diffusers", "training the CSM generator")  # before anything is written
     _set_threads(args.num_threads)
     device = resolve_device(args.device)
     if args.exclude_val_seeds is not None:
@@ -150,6 +153,7 @@ def _train_generator(args) -> int:
 def _generate(args) -> int:
     from calibkit.methods.csm.generate import generate_store
 
+    require("diffusers", "generating a CSM set")  # before anything is written
     _set_threads(args.num_threads)
     generate_store(args.generator, args.out, num_groups=args.groups, seed=args.seed, steps=args.steps,
                    guidance=args.guidance, groups_per_shard=args.groups_per_shard, distributed="env",
@@ -160,6 +164,8 @@ def _generate(args) -> int:
 def _annotate(args) -> int:
     from calibkit.methods.csm.annotate import ClassifierEncoder, ClipEncoder, annotate_store
 
+    if args.encoder == "clip":
+        require("transformers", "the CLIP encoder")  # before anything is written
     if args.encoder == "classifier":
         if not args.run:
             raise ValueError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")

@@ -27,6 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--n-bins", type=int, default=15, help="bins of the binned calibration errors (default 15)")
     p.add_argument("--ts-objective", choices=("nll", "ece"), default="nll",
                    help="fit T by validation NLL (default) or by the literature's grid search on validation ECE")
+    from calibkit.commands import add_num_threads
+
+    add_num_threads(p)
     p.set_defaults(func=run)
 
 
@@ -70,11 +73,12 @@ def run(args) -> int:
     result = evaluate_run(args.run_dir, args.n_bins, args.ts_objective)
     info = rundir.load_info(args.run_dir)
     c = info["config"]
+    # Written before anything is printed: a reader that closes the pipe early (`| head`) loses no result.
+    path = Path(args.run_dir) / rundir.METRICS
+    rundir.write_json(path, result)
     print(f"{args.run_dir}: {c['data']} / {c['model']} / loss {c['loss']} / method {c['method']} / seed {c['seed']}")
     print(f"temperature fitted on {result['n_val']} validation images: T = {result['temperature']:.4f}; "
           f"{result['n_test']} test images")
     print(format_table(result))
-    path = Path(args.run_dir) / rundir.METRICS
-    rundir.write_json(path, result)
     print(f"wrote {path}")
     return 0

@@ -1,21 +1,26 @@
-"""``calibkit maccal STAGE1_DIR --out DIR``: MaC-Cal stage 2 (masked head retraining) on a finished run."""
+"""``calibkit maccal STAGE1_DIR --out DIR``: MaC-Cal stage 2 on a finished run; and the two-stage
+``calibkit train --method maccal`` (stage 1 into ``DIR/stage1``, then stage 2 into ``DIR``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 EPILOG = """\
 examples:
   calibkit train --config fmnist --out runs/ce
   calibkit maccal runs/ce --out runs/ce_maccal
-  calibkit maccal runs/ce --out runs/ce_maccal_mc --mc-samples 32 --epochs 10
+  calibkit maccal runs/ce --out runs/ce_maccal_s128 --mc-samples 128 --eta 2
+  calibkit train --config fmnist --method maccal --out runs/maccal     # both stages, resumable
   calibkit eval runs/ce_maccal
 
-Stage 2 freezes the stage-1 backbone, caches the features of the training split (no
-augmentation) and retrains a copy of the linear head under a Bernoulli(r) DropConnect mask,
-with r <- clip(r - eta * (conf - acc), r_min, 1) after every epoch on the validation split.
-This keep-rate rule is calibkit's own (the published one is not public); see docs/maccal.md.
-Optimiser: SGD momentum 0.9, weight decay 5e-4, cosine lr from --lr, batch 128, grad clip 2.
+Stage 2 freezes the stage-1 backbone, computes the features once (no augmentation) and retrains
+a copy of the linear head under a Bernoulli(r) DropConnect mask. The deployed predictor averages
+the probabilities of S seeded masked heads (--mc-samples S); after every epoch its validation
+confidence c and accuracy a set r <- clip(r - eta * (c - a), r_min, 1), and the epoch with its
+lowest validation ECE is kept. This keep-rate rule is calibkit's own (the published one is not
+public); see docs/maccal.md. --mc-samples 0 deploys the unmasked head instead.
 """
 
 
@@ -30,10 +35,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("stage1", metavar="STAGE1_DIR", help="finished run directory written by calibkit train")
     p.add_argument("--out", required=True, metavar="DIR", help="new (or empty) run directory to write")
-    g = p.add_argument_group("keep-rate rule")
+    g = p.add_argument_group("keep-rate rule and deployed predictor")
     g.add_argument("--r-init", type=float, default=D["r_init"], help=f"initial keep rate (default {D['r_init']})")
     g.add_argument("--eta", type=float, default=D["eta"], help=f"keep-rate step size (default {D['eta']})")
     g.add_argument("--r-min", type=float, default=D["r_min"], help=f"lowest keep rate (default {D['r_min']})")
+    g.add_argument("--mc-samples", type=int, default=D["mc_samples"], metavar="S",
+                   help=f"masked heads averaged by the deployed predictor (default {D['mc_samples']}); "
+                   "0: the deterministic unmasked head")
     g = p.add_argument_group("stage-2 optimisation")
     g.add_argument("--epochs", type=int, default=D["epochs"], help=f"stage-2 epochs (default {D['epochs']})")
     g.add_argument("--lr", type=float, default=D["lr"], help=f"initial SGD lr, cosine to 0 (default {D['lr']})")
@@ -42,21 +50,118 @@ def register(subparsers) -> None:
     g.add_argument("--loss", default="ce", metavar="SPEC",
                    help='stage-2 loss spec (default ce); "stage1" reuses the stage-1 run\'s loss')
     g.add_argument("--seed", type=int, default=D["seed"], help="seed of the masks and data order (default 0)")
-    g = p.add_argument_group("inference and execution")
-    g.add_argument("--mc-samples", type=int, default=0, metavar="S",
-                   help="0: full unmasked head (default); S > 0: average the probabilities of S masked heads")
+    g = p.add_argument_group("execution")
     g.add_argument("--data-dir", metavar="DIR", help="data set folder (default: the stage-1 run's)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    g.add_argument("--quiet", action="store_true", help="no per-epoch output")
+    g.add_argument("--num-threads", type=int, metavar="N", help="torch CPU threads (default: torch's)")
+    g.add_argument("--quiet", action="store_true", help="no per-epoch output (the result line is still printed)")
     p.set_defaults(func=run)
+
+
+def set_threads(n: int | None) -> None:
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--num-threads must be >= 1, got {n}")
+        import torch
+
+        torch.set_num_threads(n)
 
 
 def run(args) -> int:
     from calibkit.methods.maccal import run_maccal
 
+    set_threads(args.num_threads)
     log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     summary = run_maccal(
         args.stage1, args.out, r_init=args.r_init, eta=args.eta, r_min=args.r_min, epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, weight_decay=args.weight_decay, loss=args.loss,
         seed=args.seed, mc_samples=args.mc_samples, data_dir=args.data_dir, device=args.device, log=log)
+    print(_result_line(summary), flush=True)
     return 0 if summary["status"] == "done" else 1
+
+
+def _result_line(summary: dict) -> str:
+    return (f"MaC-Cal run written to {summary['out_dir']} (best epoch {summary['best_epoch']}, keep rate "
+            f"{summary['best_keep_rate']:.3f}, test acc {summary['test_acc']:.2%}, "
+            f"test ECE {100 * summary['test_ece']:.2f})")
+
+
+# --- calibkit train --method maccal ----------------------------------------------------------------
+STAGE1_SUBDIR = "stage1"
+
+
+def parse_stage2_spec(text: str | None) -> dict:
+    """``"eta=2,mc_samples=64,loss=stage1"`` -> ``{"eta": 2.0, "mc_samples": 64, "loss": "stage1"}``.
+
+    Keys: the ``run_maccal`` hyperparameters (``DEFAULTS``, named as there, plus ``loss``); values
+    take the type of the default. ``None`` or ``""`` gives ``{}``.
+    """
+    from calibkit.methods.maccal import DEFAULTS
+
+    out: dict = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not value.strip():
+            raise ValueError(f"--maccal: expected KEY=VALUE, got {item!r}")
+        if key == "loss":
+            out[key] = value.strip()
+            continue
+        if key not in DEFAULTS:
+            raise ValueError(f"--maccal: unknown key {key!r}; valid: {', '.join([*DEFAULTS, 'loss'])}")
+        kind = type(DEFAULTS[key])
+        try:
+            out[key] = kind(value) if kind is float else int(value)
+        except ValueError:
+            raise ValueError(f"--maccal: {key} expects {kind.__name__}, got {value!r}") from None
+    return out
+
+
+def train_two_stage(cfg, out_dir, stage2: dict, progress: bool = True, verbose: bool = True) -> dict:
+    """Stage 1 (``calibkit.train.train`` with ``cfg``) into ``OUT/stage1``, then MaC-Cal stage 2
+    into ``OUT``. Resumable: rerunning resumes an unfinished stage 1 and redoes an unfinished
+    stage 2 (whose leftover files, written before its ``config.json``, are replaced); a finished
+    run is reported, never overwritten. ``cfg.method`` is stage 1's training method."""
+    from calibkit import rundir
+    from calibkit.methods.maccal import run_maccal
+    from calibkit.methods.maccal.run import STAGE2_FILES
+    from calibkit.train import train
+
+    out = Path(out_dir)
+    stage1 = out / STAGE1_SUBDIR
+    say = (lambda line: print(line, flush=True)) if verbose else (lambda line: None)
+    if (out / rundir.CONFIG).is_file():
+        info = rundir.load_info(out)
+        if info.get("method") != "maccal" or info.get("status") != "done":
+            raise ValueError(f"out: {out} holds another run (method {info.get('method')!r}); choose another directory")
+        asked = {**info["maccal"], **stage2}
+        if asked.get("loss") == "stage1":  # recorded resolved, as the stage-1 loss spec
+            asked["loss"] = cfg.loss
+        if asked != info["maccal"]:
+            changed = sorted(k for k in asked if asked[k] != info["maccal"].get(k))
+            raise ValueError(f"out: {out} holds a MaC-Cal run with other stage-2 settings ({', '.join(changed)}); "
+                             "choose another directory")
+        train(cfg, stage1, progress=False, verbose=False)  # refuses a different stage-1 config
+        say(f"{out}: MaC-Cal run already finished; nothing to do")
+        return {k: info.get(k) for k in ("status", "best_epoch", "test_acc", "test_ece")} | {"out_dir": str(out)}
+    if out.exists():
+        unknown = [p.name for p in out.iterdir() if p.name != STAGE1_SUBDIR and p.name not in STAGE2_FILES]
+        if not out.is_dir() or unknown:
+            raise ValueError(f"out: {out} is not empty and holds no MaC-Cal run ({', '.join(unknown[:3])}); "
+                             "choose another directory")
+    summary1 = train(cfg, stage1, progress=progress, verbose=verbose)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return summary1  # under torchrun, stage 2 (seconds, one process) runs on rank 0 only
+    for name in STAGE2_FILES:  # an interrupted stage 2 left these before its config.json
+        (out / name).unlink(missing_ok=True)
+    say(f"stage 2 (MaC-Cal) on {stage1}")
+    return run_maccal(stage1, out, device=cfg.device, log=say if verbose else None, **stage2)
+
+
+def train_command(cfg, args) -> int:
+    """``calibkit train --method maccal``: called by the train command with the stage-1 config."""
+    summary = train_two_stage(cfg, args.out, parse_stage2_spec(args.maccal),
+                              progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
+    if summary.get("best_keep_rate") is not None:
+        print(_result_line(summary), flush=True)
+    return 0

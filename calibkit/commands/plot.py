@@ -26,6 +26,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", metavar="DIR", help="where to write the PNGs (default: the run directory)")
     p.add_argument("--n-bins", type=int, default=15, help="confidence bins (default 15)")
     p.add_argument("--dpi", type=int, default=150, help="resolution of the PNGs (default 150)")
+    from calibkit.commands import add_num_threads
+
+    add_num_threads(p)
     p.set_defaults(func=run)
 
 

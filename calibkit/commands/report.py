@@ -12,6 +12,9 @@ def register(subparsers) -> None:
     p.add_argument("dir", metavar="DIR", help="a bench output directory (holding runs.db)")
     p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
     p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
+    from calibkit.commands import add_num_threads
+
+    add_num_threads(p)
     p.set_defaults(func=run)
 
 

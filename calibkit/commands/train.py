@@ -11,9 +11,12 @@ examples:
   calibkit train --config fmnist --loss "mbls:margin=6" --out runs/mbls
   calibkit train --config cifar10 --data-dir ~/data/cifar-10-batches-py --out runs/c10
   torchrun --nproc_per_node 2 -m calibkit train --config fmnist --out runs/ddp
+  calibkit train --config fmnist --method maccal --maccal "eta=2" --out runs/maccal
 
 Values given here override the --config preset, which overrides the defaults.
 Running the same command again resumes an interrupted run from its last epoch.
+--method maccal trains stage 1 (plain training with --loss) into OUT/stage1, then MaC-Cal
+stage 2 into OUT (see calibkit maccal --help and docs/maccal.md); it resumes the same way.
 """
 
 
@@ -24,6 +27,21 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def preset_names() -> list[str]:
+    from calibkit.config import CONFIG_DIR
+
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def _count_or_fraction(text: str):
+    from calibkit.config import parse_count_or_fraction
+
+    try:
+        return parse_count_or_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a model (SGD, calibration loss, Mixup/RegMixup/CSM) into a run directory",
@@ -32,21 +50,27 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", required=True, metavar="DIR", help="run directory to create or resume")
-    p.add_argument("--config", metavar="TOML", help="preset: a TOML file or a name in configs/ "
-                   "(fmnist, cifar10, cifar100, tinyimagenet)")
+    p.add_argument("--config", metavar="TOML", help="preset: a TOML file, or the name of one shipped "
+                   f"with calibkit ({', '.join(preset_names())})")
     g = p.add_argument_group("data and model")
     g.add_argument("--data", help="data set name (default fmnist)")
     g.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
     g.add_argument("--model", help="model name from calibkit.models.MODELS (default resnet20)")
-    g.add_argument("--val-size", type=int, metavar="N", help="validation images split off the training set")
-    g.add_argument("--train-subset", type=int, metavar="N", help="train on the first N training images only")
+    g.add_argument("--val-size", type=_count_or_fraction, metavar="N|F",
+                   help="validation split drawn (class-stratified, seeded) from the training set: "
+                   "a count (5000) or a fraction (0.1)")
+    g.add_argument("--train-subset", type=int, metavar="N",
+                   help="train on a class-stratified, seeded random subset of N training images")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help="random crop/flip as the data set allows (default on)")
     g.add_argument("--keep", metavar="POLICY", help="checkpoint policy, which epoch's weights the run keeps: "
                    "best-acc (default), best-nll, best-ece or last")
     g = p.add_argument_group("loss and method")
     g.add_argument("--loss", metavar="SPEC", help='loss spec, e.g. ce, "mbls:margin=6", "fedlas_ls:alpha=0.05" (default ce)')
-    g.add_argument("--method", help="standard, mixup, regmixup or csm (default standard)")
+    g.add_argument("--method", help="standard, mixup, regmixup, csm, or maccal (stage 1 standard, then MaC-Cal "
+                   "stage 2) (default standard)")
+    g.add_argument("--maccal", metavar="SPEC", help='MaC-Cal stage-2 settings for --method maccal, e.g. '
+                   '"eta=2,mc_samples=64,epochs=30" (default: calibkit maccal\'s defaults)')
     g.add_argument("--mix-alpha", type=float, metavar="A", help="Beta parameter of Mixup/RegMixup (default 0.2 / 20)")
     g.add_argument("--csm-data", metavar="DIR", help="generated set for --method csm")
     g.add_argument("--csm-weight", type=float, metavar="W", help="weight of CSM's generated term (default 1)")
@@ -84,10 +108,20 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 
 
 def run(args) -> int:
+    from calibkit.extras import check_dataset
     from calibkit.train import load_config, train
 
-    cfg = load_config(args.config, **{name: getattr(args, name) for name in FIELDS})
+    two_stage = args.method == "maccal"
+    if args.maccal is not None and not two_stage:
+        raise ValueError("--maccal is only used with --method maccal")
+    values = {name: getattr(args, name) for name in FIELDS}
+    cfg = load_config(args.config, **{**values, "method": "standard" if two_stage else args.method})
+    check_dataset(cfg.data)  # a missing extra package is named before anything is written
     try:
+        if two_stage:
+            from calibkit.commands.maccal import train_command
+
+            return train_command(cfg, args)
         train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
     except KeyboardInterrupt:
         # Every completed epoch is already on disk; say how to continue instead of a traceback.

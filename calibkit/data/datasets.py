@@ -50,7 +50,7 @@ DATASETS: dict[str, DatasetSpec] = {
     ),
     "digits": DatasetSpec(
         read=read_digits, default_dir=None, needs_dir=False, val_size=200, hflip=False, crop_pad=2,
-        how_to_get="built in (scikit-learn)",
+        how_to_get="built in (shipped with calibkit)",
     ),
     "cifar10": DatasetSpec(
         read=read_cifar10, default_dir=None, needs_dir=True, val_size=5000, hflip=True, crop_pad=4,

@@ -21,10 +21,11 @@ IMAGEFOLDER_TEST_SEED = 0  # the test split of a flat folder is fixed, independe
 
 
 def _pil():
-    try:
-        from PIL import Image
-    except ImportError as exc:  # pragma: no cover - pillow is in the data extra
-        raise ImportError("reading image files needs Pillow: pip install 'calibkit[data]'") from exc
+    from calibkit.extras import require
+
+    require("PIL", "reading image files")
+    from PIL import Image
+
     return Image
 
 

@@ -2,7 +2,7 @@
 
 ``load_ood(name, like=bundle)`` returns uint8 images with the bundle's (C, H, W):
 
-* ``"digits"`` -- scikit-learn's 1,797 handwritten digits (built in, always available offline):
+* ``"digits"`` -- the 1,797 UCI handwritten digits shipped with calibkit (always available offline):
   the 8x8 images scaled to 0..255, resized bilinearly to H x W, repeated to 3 channels for colour
   data. This is calibkit's default OOD set for Fashion-MNIST (clothing vs. digits) and works for
   any data set.

@@ -20,10 +20,11 @@ def read_svhn_mat(path: str) -> Split:
         raise FileNotFoundError(
             f"SVHN file not found: {path}; data_dir must contain train_32x32.mat and test_32x32.mat"
         )
-    try:
-        from scipy.io import loadmat
-    except ImportError as exc:  # pragma: no cover - scipy is in the data extra
-        raise ImportError("reading SVHN needs scipy: pip install 'calibkit[data]'") from exc
+    from calibkit.extras import require
+
+    require("scipy", "reading SVHN")
+    from scipy.io import loadmat
+
     try:
         mat = loadmat(path)
     except Exception as exc:  # scipy raises several types for garbled or truncated files

@@ -26,7 +26,7 @@ Denoiser = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 def edm_sigmas(steps: int = 20, sigma_min: float = 0.002, sigma_max: float = 80.0, rho: float = 7.0,
                dtype=torch.float64) -> torch.Tensor:
-    """The N + 1 noise levels ``t_0 = sigma_max > ... > t_{N-1} = sigma_min > t_N = 0``."""
+    """The N + 1 noise levels: from ``t_0 = sigma_max`` down to ``t_{N-1} = sigma_min``, then ``t_N = 0``."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not 0 < sigma_min < sigma_max:

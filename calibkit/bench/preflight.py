@@ -1,0 +1,87 @@
+"""Everything a bench needs, checked once before it creates anything.
+
+A bench runs for minutes to days. A precondition that fails (a data set not on disk, a missing
+extra package, a negative seed, no CSM generated set, an output path that is a file, a damaged
+results database) would otherwise fail every run in turn, after ``OUT/runs.db`` was created. The
+check here reads files only: when it raises, nothing under ``--out`` exists that did not before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None) -> None:
+    """Raise a one-line error (``ValueError``, ``FileNotFoundError``, ``FileExistsError``,
+    ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
+    precondition of ``calibkit bench``.
+
+    Checked in order: the output path (absent or a folder) and its results database (absent or a
+    healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
+    packages the data set and the OOD set need, the data set itself (loaded once with the first
+    seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
+    grid, its generated set.
+
+    Args:
+        preset: a :class:`calibkit.bench.grid.Preset`.
+        out: the bench output directory.
+        seeds: seeds to run (default: the preset's).
+        methods: grid methods (default: all).
+        data_dir: the ``--data-dir`` folder.
+        csm_store: the ``--csm-store`` folder.
+    """
+    from calibkit.bench.grid import select_methods
+    from calibkit.extras import check_dataset
+    from calibkit.store import check_database_file
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
+    check_database_file(str(out / "runs.db"))
+    seeds = list(preset.seeds if seeds is None else seeds)
+    bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or s < 0]
+    if bad:
+        raise ValueError(f"--seeds: every seed must be an integer >= 0, got {bad[0]!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds: repeated seed in {seeds}")
+    if not seeds:
+        raise ValueError("--seeds: give at least one seed")
+    chosen = select_methods(methods)  # unknown names raise here
+
+    from calibkit.data import DATASETS, load
+    from calibkit.data.ood import OOD_SETS, load_ood
+
+    check_dataset(preset.dataset)
+    if preset.ood in DATASETS:
+        check_dataset(preset.ood)
+    cfg = _ce_config(preset, seeds[0], data_dir)
+    bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
+                  train_subset=cfg.train_subset)
+    if preset.ood not in OOD_SETS:  # the built-in sets need no files
+        load_ood(preset.ood, like=bundle, data_dir=data_dir)
+    if "csm" in chosen:
+        _check_csm_store(preset, csm_store)
+
+
+def _ce_config(preset, seed: int, data_dir):
+    from calibkit.bench.runner import train_config
+
+    return train_config(preset, "ce", seed, data_dir)
+
+
+def csm_source(preset, csm_store=None):
+    """The generated set CSM runs use: ``--csm-store``, else the preset's, else the one shipped."""
+    from calibkit.bench.twostage import SHIPPED_STORES
+
+    return csm_store or preset.csm.get("store") or SHIPPED_STORES.get(preset.dataset)
+
+
+def _check_csm_store(preset, csm_store) -> None:
+    from calibkit.methods.csm.store import read_manifest
+
+    src = csm_source(preset, csm_store)
+    if src is None or not Path(src).is_dir():
+        raise FileNotFoundError(
+            f"no CSM generated set for {preset.dataset} ({src or 'none shipped'}); generate one with "
+            "`calibkit csm generate` and pass it with --csm-store, or leave csm out of --methods")
+    read_manifest(src)  # not a generated set: raises naming the folder

@@ -1,0 +1,317 @@
+"""``calibkit tune``: select every method's hyperparameters on the validation split.
+
+For each method of the grid with a search space (``calibkit.bench.grid.METHODS[m].space``), every
+candidate of the space is trained on the preset's selection seed (``Preset.tune_seed``), with the
+preset's training budget and checkpoint policy, and scored on the **validation split only**: the
+candidate's validation logits are the only tensors read from its run directory
+(:func:`val_metrics`), so the test split takes no part in the selection.
+
+Criterion (:class:`Criterion`, recorded with the selection), as in the literature (the papers tune
+on validation; ``docs/bench.md``):
+
+1. every candidate's validation accuracy and ECE (15 bins) of the deployed predictor, before
+   temperature scaling;
+2. candidates more than ``max_acc_drop`` (1 accuracy point) below the method's most accurate
+   candidate are excluded, so that calibration is never bought with accuracy;
+3. the lowest ECE wins; candidates within ``tie`` of it are tied and the one nearest the
+   published value (``Axis.default``) wins, then the first in grid order.
+
+Resume and sharing work are those of the bench: candidates are rows of the ``tuning`` table of
+``DIR/runs.db``, claimed before they run; a finished candidate is never trained again, and several
+``calibkit tune`` processes on one directory split the candidates between them. MaC-Cal's and
+CSM's candidates build on the CE run of the selection seed, which is tuned first (CE has nothing
+to select; its run is the reference line of the validation curves). Candidate runs live in
+``DIR/tune/<preset>/<method>/<values>/`` (CE's in ``DIR/runs/<preset>/ce/seed<k>``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from calibkit.bench.grid import METHODS, REFERENCE, Preset, apply_values, at_edge, candidates
+from calibkit.bench.runner import Bench, _broadcast, run_dir_for, work_queue
+from calibkit.store import run_key
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """How a method's candidates are compared (see the module docstring).
+
+    Attributes:
+        metric: the validation metric minimised (a ``calibkit.metrics.evaluate`` key).
+        n_bins: bins of the binned calibration errors.
+        max_acc_drop: candidates whose validation accuracy is more than this below the method's
+            best candidate are excluded (0.01 = 1 point).
+        tie: metric values within this of the best are tied (0.0001 = 0.01 ECE point x100).
+    """
+
+    metric: str = "ece"
+    n_bins: int = 15
+    max_acc_drop: float = 0.01
+    tie: float = 1e-4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT_CRITERION = Criterion()
+
+
+def slug(values: dict) -> str:
+    """``{"loss.margin": 6.0}`` -> ``"margin=6"`` (the candidate's directory and key suffix)."""
+    if not values:
+        return "default"
+    return ",".join(f"{a.partition('.')[2]}={v:g}" for a, v in sorted(values.items()))
+
+
+def cand_key(preset: str, method: str, seed: int, values: dict) -> str:
+    """The key of one candidate: ``preset/method/seed/<values>``."""
+    return f"{run_key(preset, method, seed)}/{slug(values)}"
+
+
+def val_metrics(run_dir, n_bins: int = 15) -> dict:
+    """Validation metrics of a finished run, read from its validation logits alone.
+
+    Only the ``val_logits`` and ``val_labels`` tensors of ``logits.safetensors`` are loaded; the
+    test tensors beside them are never read.
+
+    Returns:
+        ``calibkit.metrics.evaluate`` of the softmax of the validation logits (acc, ece, nll, ...)
+        plus ``n`` (validation images).
+    """
+    from safetensors import safe_open
+
+    from calibkit import rundir
+    from calibkit.metrics import evaluate
+
+    path = Path(run_dir) / rundir.LOGITS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the candidate's run did not finish")
+    with safe_open(str(path), framework="pt") as f:
+        logits, labels = f.get_tensor("val_logits"), f.get_tensor("val_labels")
+    out = {k: float(v) for k, v in evaluate(logits.double().softmax(1), labels.long(), n_bins=n_bins).items()}
+    out["n"] = int(len(labels))
+    return out
+
+
+def _distance(values: dict, space: dict) -> float:
+    """Distance of a candidate from the published values, in grid-range units summed over axes."""
+    total = 0.0
+    for address, axis in space.items():
+        span = (max(axis.values) - min(axis.values)) or 1.0
+        total += abs(float(values[address]) - float(axis.default)) / span
+    return total
+
+
+def select(cands: list[dict], space: dict, criterion: Criterion = DEFAULT_CRITERION) -> int:
+    """Index of the winning candidate (see the module docstring for the rule).
+
+    Args:
+        cands: ``[{"hparams": {address: value}, "metrics": {"acc": ..., criterion.metric: ...}}]``
+            in grid order.
+        space: the method's search space (for the published values of the tie-break).
+        criterion: the rule.
+
+    Raises:
+        ValueError: no candidates.
+    """
+    if not cands:
+        raise ValueError("no finished candidates to select from")
+    best_acc = max(c["metrics"]["acc"] for c in cands)
+    eligible = [i for i, c in enumerate(cands) if c["metrics"]["acc"] >= best_acc - criterion.max_acc_drop - 1e-12]
+    best = min(cands[i]["metrics"][criterion.metric] for i in eligible)
+    tied = [i for i in eligible if cands[i]["metrics"][criterion.metric] <= best + criterion.tie]
+    return min(tied, key=lambda i: (_distance(cands[i]["hparams"], space), i))
+
+
+class Tuner:
+    """One selection run: a preset, an output directory, the methods to tune.
+
+    Args:
+        preset: the preset (its training settings and checkpoint policy hold for every candidate).
+        out: output directory (``runs.db`` with its ``tuning`` table, ``tune/``, ``runs/``).
+        methods: methods to tune (default: every method with a search space); methods without
+            one are skipped, CE is always trained (the reference and the base of MaC-Cal and CSM).
+        seed: the selection seed (default ``preset.tune_seed``).
+        criterion: the selection rule.
+        Other arguments as :class:`calibkit.bench.runner.Bench`.
+    """
+
+    def __init__(self, preset: Preset, out, methods=None, seed=None, data_dir=None, device="auto",
+                 num_threads=None, csm_store=None, criterion: Criterion = DEFAULT_CRITERION, log=print):
+        names = list(METHODS) if methods is None else list(methods)
+        unknown = [m for m in names if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
+        self.methods = [m for m in METHODS if m in names and METHODS[m].space]
+        self.skipped = [m for m in names if m != REFERENCE and not METHODS[m].space]
+        self.seed = int(preset.tune_seed if seed is None else seed)
+        self.criterion = criterion
+        self.bench = Bench(preset, out, seeds=[self.seed], methods=[REFERENCE], data_dir=data_dir,
+                           device=device, num_threads=num_threads, csm_store=csm_store, log=log)
+        self.preset, self.out, self.dd, self.log = preset, Path(out), self.bench.dd, self.bench.log
+        self.store = self.bench.store
+
+    # -- candidates -----------------------------------------------------------------------------
+    def items(self) -> list[tuple[str, dict]]:
+        """``(method, values)`` of every candidate, CE first, then the grid order."""
+        return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m)]
+
+    def run_dir(self, method: str, values: dict) -> Path:
+        if method == REFERENCE:
+            return run_dir_for(self.out, self.preset.name, REFERENCE, self.seed)
+        return self.out / "tune" / self.preset.name / method / slug(values)
+
+    def record(self, method: str, values: dict) -> dict:
+        """The candidate's run record (what the bench would record for it), JSON-normalised."""
+        rec = self.bench.view(apply_values(self.preset, method, values))._config_record(method, self.seed)
+        rec.pop("data_dir", None)  # the same data under another path is the same candidate
+        return json.loads(json.dumps(rec, sort_keys=True))
+
+    def check_consistent(self) -> None:
+        """Refuse a directory whose finished candidates were trained with other settings.
+
+        Raises:
+            ValueError: a finished candidate's record differs from what this tuner would train
+                (another checkpoint policy, epochs, data, ...); use another ``--out``.
+        """
+        problem = None
+        if self.dd.is_main:
+            for row in self.store.candidates(self.preset.name, seed=self.seed):
+                if row["method"] not in METHODS:
+                    continue
+                mine = self.record(row["method"], row["hparams"])
+                theirs = {k: v for k, v in (row["config"] or {}).items() if k != "data_dir"}
+                if theirs != mine:
+                    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+                    problem = (f"{self.out / 'runs.db'}: candidate {row['cand_key']} was trained with other "
+                               f"settings ({', '.join(diff)}); choose another --out")
+                    break
+        problem = _broadcast(problem, self.dd)
+        if problem:
+            raise ValueError(problem)
+
+    def _produce(self, method: str, values: dict, run_dir: Path) -> dict:
+        view = self.bench.view(apply_values(self.preset, method, values))
+        kind = METHODS[method].kind
+        if kind == "train":
+            return view._train(method, self.seed, run_dir)
+        if kind == "maccal":
+            from calibkit.bench.twostage import produce_maccal
+
+            return produce_maccal(view, self.seed, run_dir)
+        from calibkit.bench.twostage import produce_csm
+
+        return produce_csm(view, self.seed, run_dir)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Train and score every unfinished candidate, then select; returns counts."""
+        self.check_consistent()
+        counts = {"done": 0, "skipped": 0, "failed": 0}
+        items = self.items()
+        total = len(items)
+        position = {cand_key(self.preset.name, m, self.seed, v): i + 1 for i, (m, v) in enumerate(items)}
+
+        def ready(item) -> bool:
+            busy = False
+            if self.dd.is_main and METHODS[item[0]].needs:
+                busy = any(self.store.busy_elsewhere(cand_key(self.preset.name, n, self.seed, {}), "tuning")
+                           for n in METHODS[item[0]].needs)
+            return not _broadcast(busy, self.dd)
+
+        def attempt(item) -> None:
+            method, values = item
+            key = cand_key(self.preset.name, method, self.seed, values)
+            tag = f"[{position[key]}/{total}] tune {key}"
+            claimed = None
+            if self.dd.is_main:
+                claimed = self.store.claim_candidate(
+                    key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
+                    config=self.record(method, values), git_commit=self.bench._env["git_commit"])
+            if not _broadcast(claimed, self.dd):
+                counts["skipped"] += 1
+                self.log(f"{tag}: finished earlier (or running elsewhere); skipped")
+                return
+            t0 = time.time()
+            self.log(f"{tag}: running")
+            try:
+                made = self._produce(method, values, self.run_dir(method, values))
+                if self.dd.is_main:
+                    m = val_metrics(made["run_dir"], self.criterion.n_bins)
+                    self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
+                                                train_time_s=made.get("train_time_s"))
+                    self.log(f"{tag}: done in {time.time() - t0:.0f} s (val acc {m['acc']:.2%}, "
+                             f"val ECE {m['ece'] * 100:.2f})")
+                counts["done"] += 1
+            except KeyboardInterrupt:
+                if self.dd.is_main:
+                    self.store.fail_candidate(key, "interrupted")
+                raise
+            except Exception as exc:  # one broken candidate must not stop the others
+                counts["failed"] += 1
+                if self.dd.is_main:
+                    self.store.fail_candidate(key, "".join(traceback.format_exception(exc)))
+                self.log(f"{tag}: FAILED: {type(exc).__name__}: {exc}")
+
+        work_queue(items, ready, attempt)
+        if self.dd.is_main:
+            self.select_all()
+        return counts
+
+    # -- the selection --------------------------------------------------------------------------
+    def finished(self, method: str) -> list[dict]:
+        """The method's finished candidates, in grid order (only those of its current space)."""
+        rows = {slug(r["hparams"]): r for r in self.store.candidates(self.preset.name, method, self.seed)}
+        return [rows[slug(v)] for v in candidates(method) if slug(v) in rows]
+
+    def select_all(self) -> dict[str, dict]:
+        """Select and flag every method whose candidates all finished; ``{method: values}``."""
+        chosen = {}
+        for method in self.methods:
+            rows = self.finished(method)
+            if len(rows) < len(candidates(method)):
+                self.log(f"tune {method}: {len(rows)} of {len(candidates(method))} candidates finished; "
+                         "no selection yet (run the same command again)")
+                continue
+            space = METHODS[method].space
+            win = rows[select(rows, space, self.criterion)]
+            self.store.select_candidate(self.preset.name, method, self.seed, win["cand_key"],
+                                        self.criterion.to_dict())
+            chosen[method] = dict(win["hparams"])
+            edge = at_edge(win["hparams"], space)
+            if edge:
+                self.log(f"tune {method}: the selected {', '.join(edge)} lies on the edge of its grid; "
+                         "widen the grid")
+        return chosen
+
+    def selection(self) -> dict[str, dict]:
+        """``{method: selected values}`` recorded in the database for this preset and seed."""
+        out = {}
+        for method in self.methods:
+            rows = [r for r in self.finished(method) if r["selected"]]
+            if rows:
+                out[method] = dict(rows[0]["hparams"])
+        return out
+
+    def tuned_preset(self) -> Preset:
+        """The preset with every tuned method at its selected values.
+
+        Raises:
+            RuntimeError: a method has no selection (some of its candidates failed).
+        """
+        chosen = _broadcast(self.selection() if self.dd.is_main else None, self.dd)
+        missing = [m for m in self.methods if m not in chosen]
+        if missing:
+            raise RuntimeError(f"no selection for {', '.join(missing)} (failed candidates; see {self.out}/runs.db)")
+        preset = self.preset
+        for method, values in chosen.items():
+            preset = apply_values(preset, method, values)
+        return preset
+
+    def close(self) -> None:
+        self.bench.close()

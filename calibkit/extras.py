@@ -1,0 +1,72 @@
+"""Optional dependencies ("extras") and the check that names the missing one before any work starts.
+
+The base install (``pip install calibkit``) runs every documented Fashion-MNIST command, the
+benchmark's default presets included. A few parts need more:
+
+=================  ==================  ===================================================
+extra              packages            needed for
+=================  ==================  ===================================================
+``data``           scipy, Pillow       SVHN ``.mat`` files; image folders (Tiny-ImageNet)
+``csm``            diffusers,          training CSM's generator and generating new sets;
+                   transformers        the CLIP encoder of ``calibkit csm annotate``
+=================  ==================  ===================================================
+
+Commands call :func:`require` (or :func:`check_dataset`) before they create a file, so a missing
+extra ends in one line naming the ``pip install`` to run, never in a half-written output folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+# import name -> (pip name, extra that installs it)
+PACKAGES = {
+    "scipy": ("scipy", "data"),
+    "PIL": ("Pillow", "data"),
+    "diffusers": ("diffusers", "csm"),
+    "transformers": ("transformers", "csm"),
+}
+
+# data set name -> import names its reader needs (data sets not listed need only the base install)
+DATASET_NEEDS = {
+    "svhn": ("scipy",),
+    "tinyimagenet": ("PIL",),
+    "imagefolder": ("PIL",),
+}
+
+
+class MissingExtra(ImportError):
+    """An optional dependency is not installed; the message says which extra provides it."""
+
+
+def available(module: str) -> bool:
+    """Whether ``module`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken module entry
+        return False
+
+
+def require(modules, what: str) -> None:
+    """Raise :class:`MissingExtra` naming the pip extra unless every module in ``modules`` imports.
+
+    Args:
+        modules: import names (``"scipy"``) or one name.
+        what: what needs them, e.g. ``"reading SVHN"`` (the message starts with it).
+    """
+    if isinstance(modules, str):
+        modules = (modules,)
+    missing = [m for m in modules if not available(m)]
+    if not missing:
+        return
+    names = [PACKAGES.get(m, (m, None))[0] for m in missing]
+    extras = sorted({PACKAGES[m][1] for m in missing if m in PACKAGES})
+    how = " ".join(f"'calibkit[{e}]'" for e in extras) if extras else " ".join(names)
+    raise MissingExtra(f"{what} needs {', '.join(names)}: pip install {how}")
+
+
+def check_dataset(name: str) -> None:
+    """:func:`require` the packages the reader of data set ``name`` imports (none for most)."""
+    needs = DATASET_NEEDS.get(name)
+    if needs:
+        require(needs, f"the data set {name!r}")

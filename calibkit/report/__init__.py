@@ -1,0 +1,28 @@
+"""The bench report: terminal tables, ``report.md`` and a self-contained ``index.html``.
+
+Everything is rebuilt from the results database (``runs.db``) and the logits files its rows point
+to, so ``calibkit report DIR`` gives the same report as the bench that wrote ``DIR``.
+
+It opens with the methods **ranked by test ECE** (accuracy, ECE after temperature scaling and the
+difference from CE beside it, the best value of each column marked), then the grid-order tables
+(mean +- std over seeds, std with ``ddof=1``; a single seed shows the mean alone), then figures.
+Calibration numbers (ECE, AECE, classwise ECE, MCE, O-/U-ECE) and accuracies are x100, NLL and
+Brier as they are. The ``dECE vs CE`` column is a **paired bootstrap** over test samples: every
+resample draws one set of test indices, applied to both the method's and CE's probabilities of
+the same seed; the statistic is the seed-averaged ECE difference, so the interval reflects the
+test-set sampling noise (the spread over seeds is in the +- column). A difference is marked
+significant (``*``) when its 95% interval excludes 0.
+
+Modules: :mod:`~calibkit.report.data` (numbers), :mod:`~calibkit.report.tables` (tables and their
+text/Markdown forms), :mod:`~calibkit.report.figures` (PNG figures), :mod:`~calibkit.report.render`
+(sections to text, Markdown, HTML), :mod:`~calibkit.report.build` (``build_report`` and the list
+of section builders, :data:`~calibkit.report.build.SECTIONS`, where new report parts plug in).
+"""
+
+from calibkit.report.build import SECTIONS, ReportContext, build_report
+from calibkit.report.data import ece_deltas, label, load_probs, ranking, summarize
+from calibkit.report.render import Section
+from calibkit.report.tables import AFTER_COLS, BEFORE_COLS, EXTRA_COLS, SUMMARY_COLS, Table
+
+__all__ = ["build_report", "SECTIONS", "ReportContext", "Section", "Table", "summarize", "ece_deltas", "ranking",
+           "label", "load_probs", "BEFORE_COLS", "AFTER_COLS", "EXTRA_COLS", "SUMMARY_COLS"]

@@ -1,0 +1,205 @@
+"""``build_report``: read the results database, compute the summaries, write the report files.
+
+The report is a list of sections made by the builders in :data:`SECTIONS`, in order. A builder
+takes the :class:`ReportContext` (database rows, per-method summary, ECE differences, where
+figures go) and returns the sections it has to show (none when the database holds nothing for
+it). Adding a part to the report = writing one builder and inserting it into :data:`SECTIONS`;
+the terminal text, ``report.md`` and ``index.html`` all follow.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibkit.bench.grid import REFERENCE
+from calibkit.report.data import ece_deltas, label, summarize
+from calibkit.report.figures import method_figure, summary_figures
+from calibkit.report.render import Section, to_html, to_markdown, to_text
+from calibkit.report.tables import grid_tables, ranked_table, robustness_table
+from calibkit.report.tuning import protocol_section
+from calibkit.store import Store
+
+
+@dataclass
+class ReportContext:
+    """What every section builder may read.
+
+    Attributes:
+        out_dir: the bench output directory.
+        preset: the preset whose runs are reported.
+        rows: every database row of the preset (any status).
+        summary: :func:`calibkit.report.data.summarize` of the finished rows (grid order).
+        deltas: :func:`calibkit.report.data.ece_deltas` (paired ECE differences from CE).
+        n_boot: bootstrap resamples used for ``deltas``.
+        figdir: where figures are written (``out_dir/report/figures``).
+        figures: whether to draw figures.
+    """
+
+    out_dir: Path
+    preset: str
+    rows: list
+    summary: dict
+    deltas: dict
+    n_boot: int
+    figdir: Path
+    figures: bool = True
+
+    @property
+    def n_seeds(self) -> int:
+        return max((len(e["seeds"]) for e in self.summary.values()), default=0)
+
+
+def summary_section(ctx: ReportContext) -> list[Section]:
+    text = (f"Test set, calibration and accuracy x100, mean over {ctx.n_seeds} seed(s); 1 = lowest ECE. "
+            "The best value of each column is in bold: highest Acc, lowest ECE "
+            "and ECE after temperature scaling (`ECE (TS)`), most negative difference from CE. "
+            "O-ECE + U-ECE = ECE splits it into over- and under-confidence and is not ranked. "
+            f"`dECE vs CE` = paired bootstrap ({ctx.n_boot} resamples) of the seed-averaged ECE difference "
+            "from CE, 95% interval; `*` = the interval excludes 0.")
+    short = (f"x100, mean over {ctx.n_seeds} seed(s). < = best in its column (O-ECE + U-ECE = ECE, not ranked). "
+             f"dECE vs CE = paired bootstrap ({ctx.n_boot} resamples) of the ECE difference from CE, 95% "
+             "interval, * = excludes 0.")
+    return [Section("Ranking by test ECE (before temperature scaling)", text,
+                    [ranked_table(ctx.summary, ctx.deltas)], anchor="ranking", terminal_text=short)]
+
+
+def notes_section(ctx: ReportContext) -> list[Section]:
+    """Explains methods whose test predictions equal CE's exactly (their difference is exactly 0)."""
+    same = [m for m, d in ctx.deltas.items() if d.get("identical")]
+    if not same:
+        return []
+    lines = []
+    for method in same:
+        margin = _margin(ctx, method)
+        why = (f" Its loss adds a penalty only where a logit (or a logit gap) exceeds the margin {margin:g}; "
+               "the logits never grew that large in this preset's training, so the penalty was 0 at every "
+               "step and the run trained exactly as CE did. Longer training (e.g. preset `default`) "
+               "reaches the margin." if margin is not None else "")
+        lines.append(f"**{label(method)}** gave exactly CE's test predictions in every seed, hence a "
+                     f"difference of exactly 0.{why}")
+    return [Section("Notes", "\n\n".join(lines))]
+
+
+def _margin(ctx: ReportContext, method: str) -> float | None:
+    """The ``margin`` hyperparameter of the method's loss spec (given, else the loss's default), or None."""
+    import inspect
+
+    from calibkit.losses import LOSSES
+
+    spec = ((ctx.summary[method]["runs"][0].get("config") or {}).get("loss")) or ""
+    name, _, rest = spec.partition(":")
+    factory = LOSSES.get(name.strip().lower())
+    param = inspect.signature(factory).parameters.get("margin") if factory else None
+    if param is None:
+        return None
+    given = dict(item.split("=", 1) for item in rest.replace(" ", "").split(",") if "=" in item)
+    try:
+        return float(given.get("margin", param.default))
+    except (TypeError, ValueError):
+        return None
+
+
+def tables_section(ctx: ReportContext) -> list[Section]:
+    before, after = grid_tables(ctx.summary, ctx.deltas, pm="±")
+    return [
+        Section("Test set, before temperature scaling (grid order)",
+                "Mean ± std over seeds (`n` = seeds); calibration and accuracy x100, NLL and Brier as they are. "
+                "AECE = equal-mass bins, cwECE = classwise ECE, MCE = maximum calibration error.", [before]),
+        Section("After temperature scaling, OOD detection, corrupted test sets, training time",
+                "Temperature T fitted on the validation set by NLL. AUROC (x100) of OOD detection by predictive "
+                "entropy (AUROC-H) and by maximum probability (AUROC-MSP). Shift = mean over corruptions and "
+                "severities. Train s = training wall time in seconds.", [after]),
+    ]
+
+
+def robustness_section(ctx: ReportContext) -> list[Section]:
+    table = robustness_table(ctx.summary, pm="±")
+    if table is None:
+        return []
+    return [Section("Corrupted test sets per severity", "Mean over corruptions (x100).", [table], terminal=False)]
+
+
+def figures_section(ctx: ReportContext) -> list[Section]:
+    if not ctx.figures:
+        return []
+    figs = summary_figures(ctx.summary, ctx.figdir)
+    for method, entry in ctx.summary.items():
+        figs.append(method_figure(entry["runs"][0], ctx.figdir / f"reliability_{method}.png"))
+    text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
+            "calibration, hatched bands = the gap to the bin's mean confidence (light red above a bar: "
+            "over-confident; purple inside a bar: under-confident), numbers = images per bin. One seed per method (the lowest).")
+    return [Section("Figures", text, figures=figs, terminal=False)]
+
+
+# The report, in order. Each builder: ReportContext -> list[Section].
+SECTIONS = (summary_section, notes_section, tables_section, robustness_section, protocol_section, figures_section)
+
+
+def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
+    store = Store(out_dir / "runs.db", readonly=True)
+    try:
+        presets = store.presets()
+        if not presets:
+            raise ValueError(f"{out_dir / 'runs.db'} holds no runs yet")
+        if preset is None:
+            preset = presets[-1]
+        elif preset not in presets:
+            raise ValueError(f"no runs of preset {preset!r} in {out_dir / 'runs.db'}; found: {', '.join(presets)}")
+        return preset, store.runs(preset, status=None)
+    finally:
+        store.close()
+
+
+def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
+                 figures: bool = True, width: int | None = None) -> dict:
+    """Write ``out_dir/report/`` (report.md, index.html, figures/) from ``out_dir/runs.db``.
+
+    Args:
+        out_dir: the bench output directory (holding ``runs.db``).
+        preset: which preset's runs (default: the only one, or the most recent).
+        n_boot: bootstrap resamples (default: the preset's, else 1000).
+        seed: bootstrap seed (fixed, so a rebuilt report is identical).
+        figures: draw the figures (off only in quick tests of the tables).
+        width: terminal width the text tables must fit (default: the terminal's, else ``COLUMNS``,
+            else 100); wider tables are split into parts. 0: never split.
+
+    Returns:
+        ``{"text": terminal text, "summary", "deltas", "preset", "paths": {...}}``.
+    """
+    out_dir = Path(out_dir)
+    preset, rows = _load(out_dir, preset)
+    done = [r for r in rows if r["status"] == "done"]
+    if not done:
+        raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}")
+    if n_boot is None:
+        from calibkit.bench.grid import PRESETS
+
+        n_boot = PRESETS[preset].n_boot if preset in PRESETS else 1000
+    summary = summarize(done)
+    rep = out_dir / "report"
+    ctx = ReportContext(out_dir, preset, rows, summary, ece_deltas(summary, n_boot=n_boot, seed=seed), n_boot,
+                        rep / "figures", figures)
+    ctx.figdir.mkdir(parents=True, exist_ok=True)
+    sections = [s for build in SECTIONS for s in build(ctx)]
+
+    pending = [r for r in rows if r["status"] != "done"]
+    unfinished = ", ".join(f"{r['run_key']} ({r['status']})" for r in pending)
+    title = f"calibkit bench: preset {preset}, {len(done)} finished runs"
+    text_title = title + (f", {len(pending)} unfinished ({unfinished})" if pending else "")
+    if width is None:
+        width = shutil.get_terminal_size((100, 24)).columns
+    text = to_text(text_title, sections, width)
+
+    first = done[0]
+    versions = ", ".join(f"{k} {v}" for k, v in sorted((first.get("versions") or {}).items()))
+    intro = (f"Preset `{preset}`: {len(done)} finished runs of {len(summary)} methods; CE (`{REFERENCE}`) is the "
+             f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
+    if pending:
+        intro += f"\n\nUnfinished runs: {unfinished}."
+    (rep / "report.md").write_text(to_markdown(title, intro, sections))
+    (rep / "index.html").write_text(to_html(title, intro, sections))
+    figs = {f.path.stem: f.path for s in sections for f in s.figures}
+    return {"text": text, "summary": summary, "deltas": ctx.deltas, "preset": preset, "sections": sections,
+            "paths": {"report": rep, "md": rep / "report.md", "html": rep / "index.html", "figures": figs}}

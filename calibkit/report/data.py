@@ -1,0 +1,168 @@
+"""The numbers of the report: per-method summaries of the database rows and the paired ECE differences.
+
+Everything here is computed from the results database rows (and the logits files they point to);
+formatting is in :mod:`calibkit.report.tables`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from calibkit.bench.grid import METHODS, REFERENCE
+
+
+def label(method: str) -> str:
+    """The printed name of a grid method (its key when unknown)."""
+    return METHODS[method].label if method in METHODS else method
+
+
+def _order(methods) -> list[str]:
+    known = [m for m in METHODS if m in methods]
+    return known + sorted(m for m in methods if m not in METHODS)
+
+
+def _run_values(row: dict) -> dict:
+    """The flat per-run numbers the tables average: ``before.*``, ``after.*`` and ``extra.*``."""
+    metrics = row.get("metrics") or {}
+    out = {f"before.{k}": v for k, v in (metrics.get("before") or {}).items()}
+    out.update({f"after.{k}": v for k, v in (metrics.get("after") or {}).items()})
+    out["after.temperature"] = metrics.get("temperature")
+    ood = row.get("ood") or {}
+    out["extra.auroc_entropy"] = ood.get("auroc_entropy")
+    out["extra.auroc_maxconf"] = ood.get("auroc_maxconf")
+    overall = (row.get("robustness") or {}).get("overall") or {}
+    out["extra.shift_acc"] = overall.get("acc")
+    out["extra.shift_ece"] = overall.get("ece")
+    out["extra.train_time_s"] = row.get("train_time_s")
+    return out
+
+
+def mean_std(xs) -> tuple[float, float, int]:
+    """``(mean, std, n)`` with the sample std (``ddof=1``; NaN for a single value)."""
+    xs = [float(x) for x in xs]
+    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan"), len(xs)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per method (grid order): seeds, runs, and ``(mean, std, n)`` of every per-run number.
+
+    Only rows with status ``done`` count.
+    """
+    by_method: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["status"] == "done":
+            by_method.setdefault(row["method"], []).append(row)
+    out = {}
+    for method in _order(by_method):
+        runs = sorted(by_method[method], key=lambda r: r["seed"])
+        values = [_run_values(r) for r in runs]
+        stats = {}
+        for key in sorted({k for v in values for k in v}):
+            xs = [v[key] for v in values if isinstance(v.get(key), (int, float))]
+            if xs:
+                stats[key] = mean_std(xs)
+        out[method] = {"seeds": [r["seed"] for r in runs], "stats": stats, "runs": runs}
+    return out
+
+
+def ranking(summary: dict, key: str = "before.ece") -> list[tuple[int, str]]:
+    """``(rank, method)`` sorted by the mean of ``key`` (lowest first), ties sharing a rank.
+
+    Methods without the number come last, unranked (rank 0). Equal means keep the grid order.
+    """
+    scored = [(summary[m]["stats"][key][0], i, m) for i, m in enumerate(summary) if key in summary[m]["stats"]]
+    scored.sort()
+    out, prev, rank = [], None, 0
+    for pos, (value, _, method) in enumerate(scored, start=1):
+        if value != prev:
+            rank, prev = pos, value
+        out.append((rank, method))
+    return out + [(0, m) for m in summary if key not in summary[m]["stats"]]
+
+
+def fmt(stat, scale: float, decimals: int, pm: str = "+-") -> str:
+    """``mean +- std`` of a ``(mean, std, n)`` triple, scaled; ``-`` when missing."""
+    if stat is None:
+        return "-"
+    mean, std, n = stat
+    text = f"{mean * scale:.{decimals}f}"
+    if n > 1 and not math.isnan(std):
+        text += f" {pm} {std * scale:.{decimals}f}"
+    return text
+
+
+def fmt_delta(delta: dict | None) -> str:
+    """``-3.12 [-3.50, -2.70]*`` (x100) for an ECE difference and its interval."""
+    if not delta:
+        return "-"
+    mark = "*" if delta["significant"] else ""
+    return f"{delta['diff'] * 100:+.2f} [{delta['lo'] * 100:+.2f}, {delta['hi'] * 100:+.2f}]{mark}"
+
+
+def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
+    """Test probabilities ``(N, K)``, labels ``(N,)`` and the fitted temperature of a finished run."""
+    from calibkit.rundir import read_tensors
+
+    path = row.get("logits_path")
+    if not path:
+        raise ValueError(f"run {row['run_key']} has no logits_path in the database")
+    tensors = read_tensors(path)
+    logits = tensors["test_logits"].double()
+    return (logits.softmax(1).numpy(), tensors["test_labels"].long().numpy(),
+            float((row.get("metrics") or {}).get("temperature") or 1.0))
+
+
+def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """Paired bootstrap of each method's ECE minus CE's ECE (seed-averaged), per method.
+
+    Every resample draws one set of test indices, applied to both the method's and CE's
+    probabilities of the same seed; the statistic is the seed-averaged ECE difference, so the
+    interval reflects the test-set sampling noise (the spread over seeds is in the tables' +-).
+
+    Returns:
+        ``{method: {"diff", "lo", "hi", "significant", "seeds", "identical"}}``; ``identical``
+        is True when the method's test probabilities equal CE's exactly in every shared seed.
+        Methods sharing no seed with CE, and CE itself, are left out.
+    """
+    from calibkit.metrics import paired_bootstrap_diff
+
+    if REFERENCE not in summary:
+        return {}
+    ref = {r["seed"]: r for r in summary[REFERENCE]["runs"]}
+    cache: dict[str, tuple] = {}
+
+    def probs(row):
+        if row["run_key"] not in cache:
+            cache[row["run_key"]] = load_probs(row)
+        return cache[row["run_key"]]
+
+    out = {}
+    for method, entry in summary.items():
+        if method == REFERENCE:
+            continue
+        pairs = [(r, ref[r["seed"]]) for r in entry["runs"] if r["seed"] in ref]
+        if not pairs:
+            continue
+        # One paired bootstrap per seed, all with the same bootstrap seed: they draw the same
+        # resampled index sets (same generator, same N), so their resampled differences line up
+        # and averaging them gives the resampled seed-averaged difference.
+        diffs, estimates, identical = [], [], True
+        for run, ref_run in pairs:
+            pa, la, _ = probs(run)
+            pb, lb, _ = probs(ref_run)
+            if not np.array_equal(la, lb):
+                raise ValueError(f"{run['run_key']} and {ref_run['run_key']} were tested on different test sets")
+            identical = identical and np.array_equal(pa, pb)
+            res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
+                                        n_resamples=n_boot, seed=seed, level=level)
+            diffs.append(res.samples)
+            estimates.append(res.estimate)
+        mean_diff = torch.stack(diffs).mean(0)
+        lo, hi = torch.quantile(mean_diff, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+        out[method] = {"diff": float(np.mean(estimates)), "lo": float(lo), "hi": float(hi),
+                       "significant": not (float(lo) <= 0.0 <= float(hi)), "seeds": len(pairs),
+                       "identical": identical}
+    return out

@@ -1,0 +1,98 @@
+"""The report's figures: one reliability panel per method and two per-method bar charts.
+
+Each function writes a PNG and returns a :class:`Figure` with a caption written for readers (the
+HTML and Markdown reports show the caption under the image).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibkit.report.data import label, load_probs
+
+DPI = 100
+
+
+@dataclass
+class Figure:
+    """A written PNG and its caption."""
+
+    path: Path
+    caption: str
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    _pyplot().close(fig)
+    return path
+
+
+def method_figure(row: dict, path: Path) -> Figure:
+    """Reliability diagram before and after TS and the confidence histogram of one run."""
+    plt = _pyplot()
+    from calibkit.plots import confidence_histogram, reliability_diagram
+
+    probs, labels, temperature = load_probs(row)
+    logits = np.log(np.clip(probs, 1e-300, None))  # = test logits up to a per-row constant
+    z = logits / temperature
+    probs_ts = np.exp(z - z.max(1, keepdims=True))
+    probs_ts /= probs_ts.sum(1, keepdims=True)
+    name = f"{label(row['method'])} (seed {row['seed']})"
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.6))
+    reliability_diagram(probs, labels, ax=axes[0], title=f"{name}: before TS")
+    reliability_diagram(probs_ts, labels, ax=axes[1], title=f"{name}: after TS (T = {temperature:.2f})")
+    confidence_histogram(probs, labels, ax=axes[2], title=f"{name}: confidence, before TS")
+    fig.tight_layout()
+    caption = (f"{name}: reliability diagrams of the test set before and after temperature scaling "
+               f"(T = {temperature:.2f}, fitted on the validation set), and the histogram of its confidences.")
+    return Figure(_save(fig, path), caption)
+
+
+def summary_figures(summary: dict, out: Path) -> list[Figure]:
+    """O-/U-ECE stacked bars (O + U = ECE) and ECE before/after TS bars, one bar group per method."""
+    plt = _pyplot()
+    names = [label(m) for m in summary]
+    n_seeds = max((len(e["seeds"]) for e in summary.values()), default=1)
+
+    def get(key):
+        return np.array([summary[m]["stats"].get(key, (np.nan, np.nan, 0))[0] * 100 for m in summary])
+
+    x = np.arange(len(names))
+    size = (max(7.0, 0.55 * len(names) + 3), 4.2)
+    figs = []
+    fig, ax = plt.subplots(figsize=size)
+    o, u = get("before.o_ece"), get("before.u_ece")
+    ax.bar(x, o, color="tab:red", label="O-ECE (over-confidence)")
+    ax.bar(x, u, bottom=o, color="tab:blue", label="U-ECE (under-confidence)")
+    _finish(ax, x, names, "ECE x100 (O-ECE + U-ECE)", "Over- and under-confidence on the test set, before TS")
+    figs.append(Figure(_save(fig, out / "ou_ece.png"),
+                       f"Test ECE of each method split into over-confidence (O-ECE, red) and under-confidence "
+                       f"(U-ECE, blue), before temperature scaling; the bar's height is the ECE (x100, mean "
+                       f"over {n_seeds} seed(s))."))
+    fig, ax = plt.subplots(figsize=size)
+    ax.bar(x - 0.2, get("before.ece"), 0.4, label="before TS", color="tab:gray")
+    ax.bar(x + 0.2, get("after.ece"), 0.4, label="after TS", color="tab:green")
+    _finish(ax, x, names, "ECE x100", "Test ECE before and after temperature scaling")
+    figs.append(Figure(_save(fig, out / "ece_before_after_ts.png"),
+                       f"Test ECE of each method before (grey) and after (green) temperature scaling fitted on "
+                       f"the validation set (x100, mean over {n_seeds} seed(s))."))
+    return figs
+
+
+def _finish(ax, x, names, ylabel: str, title: str) -> None:
+    ax.set_xticks(x, names, rotation=45, ha="right", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)

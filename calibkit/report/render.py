@@ -1,0 +1,133 @@
+"""Render report sections as terminal text, Markdown (``report.md``) and self-contained HTML (``index.html``).
+
+A report is a title, an intro and a list of :class:`Section`; each renderer walks the same list,
+so the three outputs never disagree. Section text may use two pieces of Markdown, both rendered
+in HTML: ```code``` and ``**bold**``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+import textwrap
+from dataclasses import dataclass, field
+
+from calibkit.report.figures import Figure
+from calibkit.report.tables import BEST_MARK, Table, md_table, text_table
+
+
+@dataclass
+class Section:
+    """One part of the report.
+
+    Attributes:
+        title: the heading.
+        text: paragraphs (blank-line separated) shown under the heading.
+        tables: tables, in order.
+        figures: figures with captions (HTML and Markdown only).
+        terminal: also printed in the terminal (title, text and tables).
+        anchor: the HTML id (derived from the title when empty).
+        terminal_text: the text printed in the terminal instead of ``text`` (None: ``text``).
+    """
+
+    title: str
+    text: str = ""
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    terminal: bool = True
+    anchor: str = ""
+    terminal_text: str | None = None
+
+
+def _plain(text: str, width: int | None = None) -> str:
+    """Terminal form of section text: no Markdown marks, ASCII, paragraphs wrapped to ``width``."""
+    text = text.replace("**", "").replace("`", "").replace("±", "+-")
+    if not width:
+        return text
+    return "\n\n".join(textwrap.fill(p, width) for p in text.split("\n\n"))
+
+
+def to_text(title: str, sections: list[Section], width: int | None) -> str:
+    """Terminal text: the title, then every terminal section with its tables fitted to ``width``."""
+    parts = [title] if title else []
+    for s in sections:
+        if not s.terminal or not (s.tables or s.text):
+            continue
+        parts += ["", s.title]
+        text = s.text if s.terminal_text is None else s.terminal_text
+        if text:
+            parts.append(_plain(text, width))
+        if s.tables:
+            parts.append("\n\n".join(text_table(t, width) for t in s.tables))
+    return "\n".join(parts)
+
+
+def to_markdown(title: str, intro: str, sections: list[Section]) -> str:
+    out = [f"# {title}", "", intro, ""]
+    for s in sections:
+        out += [f"## {s.title}", ""]
+        if s.text:
+            out += [s.text, ""]
+        for t in s.tables:
+            out += [md_table(t), ""]
+        for f in s.figures:
+            out += [f"![{f.caption}](figures/{f.path.name})", "", f"*{f.caption}*", ""]
+    return "\n".join(out)
+
+
+def inline(text: str) -> str:
+    """Escape ``text`` for HTML and render its ```code``` and ``**bold**`` spans."""
+    text = html.escape(text, quote=False)
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+
+
+def _paragraphs(text: str) -> str:
+    return "".join(f"<p>{inline(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
+
+
+def html_table(table: Table) -> str:
+    """An HTML table; label columns get class ``key``, best cells class ``best``."""
+    def cls(j, extra=""):
+        names = " ".join(n for n in ("key" if j < table.key_columns else "", extra) if n)
+        return f' class="{names}"' if names else ""
+    th = "".join(f"<th{cls(j)}>{html.escape(h)}</th>" for j, h in enumerate(table.header))
+    body = "".join(
+        "<tr>" + "".join(f"<td{cls(j, 'best' if (i, j) in table.best else '')}>{html.escape(c)}</td>"
+                         for j, c in enumerate(r)) + "</tr>"
+        for i, r in enumerate(table.rows))
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(fig: Figure) -> str:
+    data = base64.b64encode(fig.path.read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(fig.caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{inline(fig.caption)}</figcaption></figure>")
+
+
+STYLE = (
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1300px;padding:0 1em;color:#222}"
+    "h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ddd}"
+    "table{border-collapse:collapse;font-size:13px;margin:.6em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}"
+    "th{background:#f3f3f3}th.key,td.key{text-align:left}"
+    "td.best{font-weight:bold;background:#e3f4e1}"
+    "code{background:#f3f3f3;padding:0 3px;border-radius:3px}"
+    "figure{margin:1.2em 0}img{max-width:100%}figcaption{font-size:14px;color:#444;margin-top:.3em}"
+)
+
+
+def to_html(title: str, intro: str, sections: list[Section]) -> str:
+    """A self-contained page (figures embedded as data URIs)."""
+    parts = [f"<h1>{inline(title)}</h1>", _paragraphs(intro)]
+    for s in sections:
+        anchor = s.anchor or re.sub(r"[^a-z0-9]+", "-", s.title.lower()).strip("-")
+        parts += [f'<h2 id="{anchor}">{inline(s.title)}</h2>', _paragraphs(s.text)]
+        parts += [html_table(t) for t in s.tables]
+        parts += [_img(f) for f in s.figures]
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(_plain(title))}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+
+
+__all__ = ["Section", "to_text", "to_markdown", "to_html", "inline", "html_table", "BEST_MARK"]

@@ -1,0 +1,174 @@
+"""The report's tables, built once and rendered as terminal text (fitted to a width) or Markdown.
+
+A :class:`Table` holds strings only, plus which cells are the best of their column; the HTML
+renderer (:mod:`calibkit.report.render`) reads the same object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from calibkit.bench.grid import REFERENCE
+from calibkit.report.data import fmt, fmt_delta, label, mean_std, ranking
+
+# (key, header, scale, decimals) of the grid-order tables; scale 100 = reported x100.
+BEFORE_COLS = (("acc", "Acc", 100, 2), ("ece", "ECE", 100, 2), ("aece", "AECE", 100, 2),
+               ("cece", "cwECE", 100, 2), ("o_ece", "O-ECE", 100, 2), ("u_ece", "U-ECE", 100, 2),
+               ("mce", "MCE", 100, 1), ("nll", "NLL", 1, 3), ("brier", "Brier", 1, 3))
+AFTER_COLS = (("temperature", "T", 1, 2), ("acc", "Acc", 100, 2), ("ece", "ECE", 100, 2),
+              ("aece", "AECE", 100, 2), ("nll", "NLL", 1, 3))
+EXTRA_COLS = (("auroc_entropy", "AUROC-H", 100, 1), ("auroc_maxconf", "AUROC-MSP", 100, 1),
+              ("shift_acc", "Shift acc", 100, 1), ("shift_ece", "Shift ECE", 100, 2),
+              ("train_time_s", "Train s", 1, 1))
+# The ranked summary: (stat key, header, which value is best: max, min or None = not compared).
+# O-ECE and U-ECE split the ECE (O + U = ECE) and are shown, not ranked.
+SUMMARY_COLS = (("before.acc", "Acc", max), ("before.ece", "ECE", min), ("before.o_ece", "O-ECE", None),
+                ("before.u_ece", "U-ECE", None), ("after.ece", "ECE (TS)", min))
+DELTA_HEADER = "dECE vs CE [95% CI]"
+BEST_MARK = "<"  # terminal marker of the best value of a column
+
+
+@dataclass
+class Table:
+    """A table of strings. ``best`` holds ``(row, column)`` of the cells marked best in their column;
+    the first ``key_columns`` columns are left-aligned labels (repeated when a table is split)."""
+
+    header: list[str]
+    rows: list[list[str]]
+    best: set = field(default_factory=set)
+    key_columns: int = 1
+
+
+def ranked_table(summary: dict, deltas: dict) -> Table:
+    """Methods ranked by test ECE before TS (x100, mean over seeds), best value per column marked.
+
+    Columns: rank, method, accuracy, ECE, O-ECE, U-ECE, ECE after temperature scaling and the
+    paired-bootstrap ECE difference from CE. Best = highest accuracy, lowest ECE / ECE after TS,
+    most negative difference from CE; values equal at the printed precision are all marked.
+    """
+    order = ranking(summary)
+    header = ["#", "Method"] + [h for _, h, _ in SUMMARY_COLS] + [DELTA_HEADER]
+    rows, numbers = [], []
+    for rank, method in order:
+        s = summary[method]["stats"]
+        cells = [str(rank) if rank else "-", label(method)]
+        nums = []
+        for key, _, _ in SUMMARY_COLS:
+            stat = s.get(key)
+            cells.append(fmt(stat and (stat[0], float("nan"), 1), 100, 2))
+            nums.append(round(stat[0] * 100, 2) if stat else None)
+        d = deltas.get(method)
+        cells.append("(reference)" if method == REFERENCE else fmt_delta(d))
+        nums.append(round(d["diff"] * 100, 2) if d else None)
+        rows.append(cells)
+        numbers.append(nums)
+    best = set()
+    pick = [p for _, _, p in SUMMARY_COLS] + [min]
+    for j, choose in enumerate(pick):
+        values = [n[j] for n in numbers if n[j] is not None]
+        if choose is None or len(values) < 2:
+            continue
+        target = choose(values)
+        best |= {(i, j + 2) for i, n in enumerate(numbers) if n[j] == target}
+    return Table(header, rows, best, key_columns=2)
+
+
+def grid_tables(summary: dict, deltas: dict, pm: str = "+-") -> tuple[Table, Table]:
+    """The two grid-order tables: test metrics before TS (with the difference from CE), then after
+    TS, OOD AUROC, corrupted test sets and training time (mean +- std over seeds)."""
+    head1 = ["Method", "n"] + [h for _, h, _, _ in BEFORE_COLS] + [DELTA_HEADER]
+    head2 = ["Method"] + [f"{h} (TS)" if k != "temperature" else h for k, h, _, _ in AFTER_COLS] + \
+        [h for _, h, _, _ in EXTRA_COLS]
+    rows1, rows2 = [], []
+    for method, entry in summary.items():
+        s = entry["stats"]
+        rows1.append([label(method), str(len(entry["seeds"]))]
+                     + [fmt(s.get(f"before.{k}"), sc, d, pm) for k, _, sc, d in BEFORE_COLS]
+                     + [fmt_delta(deltas.get(method)) if method != REFERENCE else "(reference)"])
+        rows2.append([label(method)] + [fmt(s.get(f"after.{k}"), sc, d, pm) for k, _, sc, d in AFTER_COLS]
+                     + [fmt(s.get(f"extra.{k}"), sc, d, pm) for k, _, sc, d in EXTRA_COLS])
+    return Table(head1, rows1), Table(head2, rows2)
+
+
+def robustness_table(summary: dict, pm: str = "+-") -> Table | None:
+    """ECE and accuracy on the corrupted test sets per severity (x100), or None without any."""
+    sevs = sorted({s for e in summary.values() for r in e["runs"]
+                   for s in ((r.get("robustness") or {}).get("by_severity") or {})}, key=int)
+    if not sevs:
+        return None
+    header = ["Method"] + [f"ECE s{s}" for s in sevs] + [f"Acc s{s}" for s in sevs]
+    rows = []
+    for method, entry in summary.items():
+        cells = [label(method)]
+        for key in ("ece", "acc"):
+            for s in sevs:
+                xs = [r["robustness"]["by_severity"][s][key] for r in entry["runs"]
+                      if s in ((r.get("robustness") or {}).get("by_severity") or {})]
+                cells.append(fmt(mean_std(xs) if xs else None, 100, 2, pm))
+        rows.append(cells)
+    return Table(header, rows)
+
+
+def _marked(table: Table) -> list[list[str]]:
+    """Cells for the terminal: ASCII ``+-``, best cells suffixed with :data:`BEST_MARK`."""
+    return [[c.replace("±", "+-") + (BEST_MARK if (i, j) in table.best else "") for j, c in enumerate(r)]
+            for i, r in enumerate(table.rows)]
+
+
+def _chunks(widths: list[int], keys: int, width: int) -> list[list[int]]:
+    """Column indices of each part when a table of these column widths must fit ``width``.
+
+    The label columns (the first ``keys``) start every part. The other columns are cut into the
+    fewest contiguous parts that fit, balanced so that the widest part is as narrow as possible
+    (no part of one stray column); a column too wide on its own still gets a part.
+    """
+    base = sum(widths[:keys]) + 2 * (keys - 1)
+    cols = list(range(keys, len(widths)))
+    n = len(cols)
+
+    def span(i, j):  # printed width of a part holding cols[i:j]
+        return base + sum(2 + widths[c] for c in cols[i:j])
+
+    # best[j] = (parts, widest part) for the first j columns; cut[j] = start of the last part
+    best, cut = [(0, 0)] + [None] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):
+            w = span(i, j)
+            if best[i] is None or (w > width and j - i > 1):
+                continue
+            cand = (best[i][0] + 1, max(best[i][1], w))
+            if best[j] is None or cand < best[j]:
+                best[j], cut[j] = cand, i
+    parts, j = [], n
+    while j > 0:
+        parts.append(list(range(keys)) + cols[cut[j]:j])
+        j = cut[j]
+    return parts[::-1] or [list(range(keys))]
+
+
+def text_table(table: Table, width: int | None = None) -> str:
+    """Plain ASCII table (2-space gaps; labels left, numbers right), split into parts that each
+    fit ``width`` characters (label columns repeated in every part); ``None``: never split."""
+    rows = _marked(table)
+    widths = [max(len(x) for x in col) for col in zip(table.header, *rows)]
+    parts = _chunks(widths, table.key_columns, width) if width else [list(range(len(widths)))]
+    out = []
+    for cols in parts:
+        def line(cells):
+            return "  ".join(cells[j].ljust(widths[j]) if j < table.key_columns else cells[j].rjust(widths[j])
+                             for j in cols).rstrip()
+        if out:
+            out.append("")
+        out += [line(table.header), "  ".join("-" * widths[j] for j in cols)] + [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def md_table(table: Table) -> str:
+    """GitHub Markdown table; best cells in bold."""
+    def esc(c):
+        return c.replace("|", "\\|")
+    rows = [[f"**{esc(c)}**" if (i, j) in table.best else esc(c) for j, c in enumerate(r)]
+            for i, r in enumerate(table.rows)]
+    align = ["---" if j < table.key_columns else "--:" for j in range(len(table.header))]
+    out = ["| " + " | ".join(map(esc, table.header)) + " |", "|" + "|".join(align) + "|"]
+    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])

@@ -1,0 +1,323 @@
+"""The protocol part of the bench report: splits, checkpoint policy, budget, hyperparameters, tuning.
+
+:func:`protocol_section` is the report's builder (in ``calibkit.report.build.SECTIONS``) for
+these parts; ``calibkit tune`` writes the tuning table and figure with the functions below:
+
+* **Protocol**: how the validation split and the training subset were drawn (the split record of
+  each seed's CE run, with its checksums), the test split, the checkpoint policy (one for every
+  run, read from the run records) and the selection rule of the hyperparameters;
+* **Training budget**: per method, epochs, training images, model and batch against CE's, and
+  what a method adds on top (MaC-Cal's stage 2, CSM's generated images, RegMixup's mixed copy);
+* **Hyperparameters**: per method, the values its runs used and where they come from;
+* **Validation curves** (:func:`write_tuning_figure`): small multiples of validation ECE and
+  accuracy against each searched value, the selected candidate marked, from the ``tuning`` table
+  of ``DIR/runs.db`` when the directory holds a tuning run.
+
+Heavy imports (matplotlib) stay inside the functions that draw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calibkit.bench.grid import METHODS, REFERENCE, at_edge
+from calibkit.store import Store
+
+# What a method trains on top of the shared budget (same epochs, data and model as CE).
+EXTRA_WORK = {"maccal": "+ stage 2 on the frozen features of CE's run", "csm": "+ 2 generated images per real one",
+              "regmixup": "+ a Mixup copy of every batch", "mixup": "mixed batches (same count)"}
+
+
+def _label(method: str) -> str:
+    return METHODS[method].label if method in METHODS else method
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _values(d: dict) -> str:
+    return ", ".join(f"{k.partition('.')[2] or k}={_fmt(v)}" for k, v in sorted(d.items())) or "-"
+
+
+def _info(row: dict) -> dict:
+    from calibkit import rundir
+
+    try:
+        return rundir.load_info(row["run_dir"])
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def load_candidates(out_dir, preset: str) -> list[dict]:
+    """Finished tuning candidates of ``preset`` in ``out_dir/runs.db`` (empty without any)."""
+    path = Path(out_dir) / "runs.db"
+    if not path.is_file():
+        return []
+    store = Store(path, readonly=True)
+    try:
+        return store.candidates(preset)
+    finally:
+        store.close()
+
+
+def _by_method(cands: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for c in cands:
+        out.setdefault(c["method"], []).append(c)
+    return out
+
+
+# -- text ----------------------------------------------------------------------------------------
+def tuning_rows(cands: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """One row per tuned method: the selection, its validation metrics, candidates, exclusions."""
+    header = ["Method", "selected", "val ECE", "val Acc", "candidates", "excluded (acc)", "note"]
+    rows = []
+    for method, group in _by_method(cands).items():
+        if method == REFERENCE or method not in METHODS:
+            continue
+        chosen = [c for c in group if c["selected"]]
+        best_acc = max(c["metrics"]["acc"] for c in group)
+        crit = (chosen[0].get("criterion") or {}) if chosen else {}
+        drop = crit.get("max_acc_drop", 0.01)
+        excluded = sum(c["metrics"]["acc"] < best_acc - drop - 1e-12 for c in group)
+        note = ""
+        if chosen:
+            edge = at_edge(chosen[0]["hparams"], METHODS[method].space)
+            note = f"on the grid edge ({', '.join(edge)})" if edge else ""
+            c = chosen[0]
+            rows.append([_label(method), _values(c["hparams"]), f"{100 * c['metrics']['ece']:.2f}",
+                         f"{100 * c['metrics']['acc']:.2f}", str(len(group)), str(excluded), note])
+        else:
+            rows.append([_label(method), "(no selection yet)", "", "", str(len(group)), str(excluded), ""])
+    return header, rows
+
+
+def tuning_text(out_dir, preset: str) -> str:
+    """A terminal table of the selection recorded in ``out_dir/runs.db``."""
+    cands = load_candidates(out_dir, preset)
+    if not cands:
+        return f"no tuning candidates of preset {preset!r} in {out_dir}/runs.db"
+    header, rows = tuning_rows(cands)
+    seeds = sorted({c["seed"] for c in cands})
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+    ce = [c for c in cands if c["method"] == REFERENCE]
+    ref = (f"; CE: val ECE {100 * ce[0]['metrics']['ece']:.2f}, val Acc {100 * ce[0]['metrics']['acc']:.2f}"
+           if ce else "")
+    title = (f"selection on the validation split (seed {', '.join(map(str, seeds))}; ECE and Acc x100, before "
+             f"temperature scaling{ref})")
+    return "\n".join([title, line(header), *map(line, rows)])
+
+
+def write_tuning_json(out_dir, preset: str, path=None) -> Path | None:
+    """Every candidate of ``preset`` (values, validation metrics, selected flag) as one JSON file.
+
+    The file (default ``out_dir/report/tuning.json``) is what a committed tuning run keeps with
+    the repository, so that anyone can re-derive a preset's values with
+    :func:`calibkit.bench.tune.select`. Returns its path, or ``None`` without candidates.
+    """
+    import json
+
+    cands = load_candidates(out_dir, preset)
+    if not cands:
+        return None
+    keep = ("acc", "ece", "aece", "nll", "brier", "o_ece", "u_ece", "n")
+    doc = {"preset": preset, "seed": sorted({c["seed"] for c in cands}),
+           "criterion": next((c["criterion"] for c in cands if c["selected"]), None),
+           "candidates": [{"method": c["method"], "hparams": c["hparams"], "selected": bool(c["selected"]),
+                           "metrics": {k: c["metrics"][k] for k in keep if k in c["metrics"]},
+                           "keep": (c.get("config") or {}).get("keep"), "train_time_s": c.get("train_time_s"),
+                           "started_at": c.get("started_at"), "finished_at": c.get("finished_at")}
+                          for c in cands]}
+    path = Path(path) if path else Path(out_dir) / "report" / "tuning.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    return path
+
+
+# -- figure --------------------------------------------------------------------------------------
+def _panels(cands: list[dict]) -> list[tuple[str, str, list[dict], dict | None]]:
+    """``(method, address, candidates along that axis, selected)``: the curve through the selection."""
+    panels = []
+    for method, group in _by_method(cands).items():
+        if method not in METHODS or not METHODS[method].space:
+            continue
+        chosen = next((c for c in group if c["selected"]), None)
+        for address, axis in METHODS[method].space.items():
+            others = [a for a in METHODS[method].space if a != address]
+            pin = chosen["hparams"] if chosen else {a: METHODS[method].space[a].default for a in others}
+            line = [c for c in group if all(float(c["hparams"][a]) == float(pin[a]) for a in others)]
+            line.sort(key=lambda c: float(c["hparams"][address]))
+            if line:
+                panels.append((method, address, line, chosen))
+    return panels
+
+
+def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path | None:
+    """Small multiples of validation ECE and accuracy against each searched value.
+
+    One panel per (method, searched hyperparameter); for a 2-D space the curve runs along one
+    axis with the other at its selected value. ECE (x100, solid, left axis), accuracy (%, dashed,
+    right axis), the selected candidate as a star, candidates excluded by the accuracy rule as
+    crosses, CE's validation ECE as a dotted line. Returns the PNG path, or ``None`` without
+    candidates.
+    """
+    cands = load_candidates(out_dir, preset)
+    panels = _panels(cands)
+    if not panels:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ce = next((c for c in cands if c["method"] == REFERENCE), None)
+    best_acc = {m: max(c["metrics"]["acc"] for c in g) for m, g in _by_method(cands).items()}
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.6 * rows), squeeze=False)
+    for ax, (method, address, line, chosen) in zip(axes.flat, panels):
+        xs = list(range(len(line)))
+        ece = [100 * c["metrics"]["ece"] for c in line]
+        acc = [100 * c["metrics"]["acc"] for c in line]
+        drop = (chosen or {}).get("criterion", {}) or {}
+        drop = drop.get("max_acc_drop", 0.01)
+        ax.plot(xs, ece, "o-", color="tab:blue", ms=4)
+        for x, c, e in zip(xs, line, ece):
+            if c["metrics"]["acc"] < best_acc[method] - drop - 1e-12:
+                ax.plot(x, e, "x", color="tab:red", ms=8)
+            if chosen is not None and c["cand_key"] == chosen["cand_key"]:
+                ax.plot(x, e, "*", color="tab:orange", ms=14, zorder=5)
+        if ce is not None:
+            ax.axhline(100 * ce["metrics"]["ece"], color="gray", ls=":", lw=1)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([_fmt(float(c["hparams"][address])) for c in line], fontsize=7)
+        ax.set_title(f"{_label(method)}: {address.partition('.')[2]}", fontsize=9)
+        ax.set_ylabel("val ECE (x100)", fontsize=7, color="tab:blue")
+        ax.tick_params(labelsize=7)
+        twin = ax.twinx()
+        twin.plot(xs, acc, "s--", color="tab:green", ms=3, lw=1)
+        mid, half = (min(acc) + max(acc)) / 2, max((max(acc) - min(acc)) / 2 + 0.2, 1.0)
+        twin.set_ylim(mid - half, mid + half)  # at least 2 points tall: the exclusion rule's scale
+        twin.set_ylabel("val Acc (%)", fontsize=7, color="tab:green")
+        twin.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle("Validation ECE (solid, blue) and accuracy (dashed, green) against each searched value\n"
+                 "star = selected; x = excluded (> 1 accuracy point below the best); dotted = CE's ECE", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / rows / 2.6))
+    path = Path(path) if path else Path(out_dir) / "report" / "figures" / "tuning.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+# -- the report's sections -----------------------------------------------------------------------
+def _split_text(split: dict) -> tuple[str, str, str]:
+    val = f"{split.get('val')} images, {split.get('rule', '?')}"
+    if split.get("val_checksum"):
+        val += f" (checksum {split['val_checksum']})"
+    if split.get("train_subset"):
+        train = (f"{split.get('train')} images: a class-stratified random subset drawn with the run's seed from "
+                 f"the images left for training (checksum {split.get('train_checksum')})")
+    else:
+        train = f"{split.get('train')} images: all the images left for training"
+    return val, train, f"{split.get('test')} images: the official test split, the same for every seed"
+
+
+def protocol_sections(out_dir, preset: str, done: list[dict], figdir=None) -> dict:
+    """The report's protocol tables and the tuning figure.
+
+    Args:
+        out_dir: the bench directory.
+        preset: the preset's name.
+        done: the finished run rows of the report (``Store.runs``).
+        figdir: where to draw the tuning figure (None: no figure).
+
+    Returns:
+        ``{"tables": [(heading, header, rows)], "figs": {name: path}, "summary": one line}``.
+    """
+    records = {r["run_key"]: (r.get("config") or {}) for r in done}
+    policies = sorted({rec.get("keep", (rec.get("train") or {}).get("keep", "best-acc")) for rec in records.values()})
+    proto = []
+    for r in done:
+        if r["method"] == REFERENCE:
+            split = _info(r).get("split") or {}
+            if split:
+                val, train, test = _split_text(split)
+                proto += [[f"seed {r['seed']}: validation", val], [f"seed {r['seed']}: training", train]]
+                test_row = ["test", test]
+    if proto:
+        proto.append(test_row)
+    proto.append(["checkpoint policy", " / ".join(policies) + (" (one policy for every run)" if len(policies) == 1
+                                                              else " (MIXED: runs are not comparable)")])
+    cands = load_candidates(out_dir, preset)
+    tuned = {c["method"]: c for c in cands if c["selected"]}
+    crit = next(iter(tuned.values()))["criterion"] if tuned else None
+    proto.append(["hyperparameters", "selected in this directory by `calibkit tune` on the validation split of seed "
+                  f"{next(iter(tuned.values()))['seed']}: min ECE (15 bins, before TS), candidates > "
+                  f"{100 * crit['max_acc_drop']:g} accuracy point below the best excluded" if tuned else
+                  "the preset's recorded values (docs/bench.md gives the tuning run that chose them)"])
+
+    budget_rows, ce_info = [], next((_info(r) for r in done if r["method"] == REFERENCE), {})
+    ce_cfg = ce_info.get("config") or {}
+    same = True
+    hp_rows = []
+    seen = set()
+    for r in done:
+        m = r["method"]
+        if m in seen:
+            continue
+        seen.add(m)
+        info, rec = _info(r), records[r["run_key"]]
+        cfg = info.get("config") or {}
+        n_train = (info.get("split") or {}).get("train")
+        diff = [k for k in ("epochs", "model", "batch_size", "data", "train_subset")
+                if ce_cfg and cfg.get(k) != ce_cfg.get(k)]
+        same = same and not diff
+        budget_rows.append([_label(m), str(cfg.get("epochs", "?")), str(n_train or "?"), str(cfg.get("model", "?")),
+                            "same as CE" if not diff else "differs: " + ", ".join(diff), EXTRA_WORK.get(m, "")])
+        searched = rec.get("hparams") or {}
+        source = ("no search space" if not METHODS.get(m, METHODS[REFERENCE]).space else
+                  "tuned here" if m in tuned and tuned[m]["hparams"] == searched else "preset")
+        others = {k: v for k, v in {**(rec.get("train_overrides") or {}), **(rec.get("maccal") or {}),
+                                    **(rec.get("csm") or {})}.items() if f"train.{k}" not in searched}
+        hp_rows.append([_label(m), _values(searched), rec.get("loss", ""), _values(others), source])
+    budget_note = ("every method trains with the same budget as CE (epochs, training images, model)" if same
+                   else "NOT every method has CE's training budget (see the table)")
+    tables = [("Protocol", ["item", "value"], proto),
+              (f"Training budget: {budget_note}", ["Method", "epochs", "train images", "model", "vs CE", "adds"],
+               budget_rows),
+              ("Hyperparameters per method", ["Method", "searched values", "loss spec", "other settings", "source"],
+               hp_rows)]
+    figs = {}
+    if cands:
+        header, rows = tuning_rows(cands)
+        tables.append(("Selection on the validation split (x100, before TS)", header, rows))
+        if figdir is not None:
+            path = write_tuning_figure(out_dir, preset, Path(figdir) / "tuning.png")
+            if path is not None:
+                figs["tuning: validation curves"] = path
+    summary = f"checkpoint policy: {' / '.join(policies)}; {budget_note}"
+    return {"tables": tables, "figs": figs, "summary": summary}
+
+
+def protocol_section(ctx) -> list:
+    """Report builder (``ReportContext -> list[Section]``): protocol, budget, hyperparameters, selection."""
+    from calibkit.report.figures import Figure
+    from calibkit.report.render import Section
+    from calibkit.report.tables import Table
+
+    done = [r for r in ctx.rows if r["status"] == "done"]
+    parts = protocol_sections(ctx.out_dir, ctx.preset, done, ctx.figdir if ctx.figures else None)
+    sections = []
+    for i, (heading, header, rows) in enumerate(parts["tables"]):
+        text = parts["summary"] if i == 0 else ""
+        sections.append(Section(heading, text, [Table(header, rows)], terminal=i == 0))
+    if parts["figs"]:
+        sections.append(Section("Validation curves of the tuning run", terminal=False, figures=[
+            Figure(path, "Validation ECE and accuracy against each searched value; the selected candidate is "
+                   "marked.") for path in parts["figs"].values()]))
+    return sections

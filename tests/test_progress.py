@@ -1,0 +1,30 @@
+"""One line per bench run with elapsed time and ETA (bench.progress), driven by a fake clock."""
+
+from calibkit.bench.progress import RunProgress, clock
+
+
+def test_clock():
+    assert [clock(s) for s in (0, 59.4, 61, 3599, 3600, 3725)] == ["0:00", "0:59", "1:01", "59:59", "1:00:00",
+                                                                     "1:02:05"]
+
+
+def test_lines_elapsed_and_eta():
+    t = [100.0]
+    lines = []
+    p = RunProgress(4, write=lines.append, bar=False, now=lambda: t[0])
+    assert p.eta() is None
+    p.end("b/ce/0", "finished earlier; skipped")  # skipped runs cost nothing and give no ETA
+    assert lines[-1] == "[1/4] b/ce/0: finished earlier; skipped | elapsed 0:00"
+    t[0] += 30
+    p.end("b/ls/0", "done in 30 s", seconds=30)
+    # mean executed run 30 s, 2 runs left -> 60 s
+    assert lines[-1] == "[2/4] b/ls/0: done in 30 s | elapsed 0:30, ETA ~1:00"
+    t[0] += 90
+    p.end("b/focal/0", "done in 90 s", seconds=90)
+    assert p.eta() == (30 + 90) / 2 * 1
+    assert lines[-1].endswith("| elapsed 2:00, ETA ~1:00")
+    t[0] += 10
+    p.end("b/mbls/0", "FAILED: ValueError: x", seconds=10)
+    assert lines[-1] == "[4/4] b/mbls/0: FAILED: ValueError: x | elapsed 2:10"  # nothing left: no ETA
+    assert len(lines) == 4  # one line per run
+    p.close()

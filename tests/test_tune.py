@@ -1,0 +1,461 @@
+"""``calibkit tune``: search spaces, the selection rule, no test data, resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+
+from calibkit.bench import grid
+from calibkit.bench.grid import (KEEP_POLICIES, MARGINS, METHODS, PRESETS, TARGETS, Axis, Preset, apply_values,
+                                 at_edge, candidates, current_values, with_keep, with_loss_params)
+from calibkit.bench.tune import Criterion, Tuner, cand_key, select, slug, val_metrics
+from calibkit.store import Store
+
+# The starting grids of the tuning protocol (spec: methods.md section 6), written out once more so
+# that a change of a grid in calibkit/bench/grid.py is a deliberate one: a grid may be widened
+# (a selection landed on its edge), never narrowed.
+SPEC_GRIDS = {
+    ("ls", "loss.alpha"): (0.01, 0.03, 0.05, 0.1, 0.2),
+    ("focal", "loss.gamma"): (1, 2, 3, 4),
+    ("dfl", "loss.gamma"): (1, 2, 3, 5),
+    ("ecp", "loss.beta"): (0.05, 0.1, 0.2, 0.5),
+    ("mbls", "loss.margin"): (0, 2, 4, 6, 8, 10, 15, 20),
+    ("fedlas_mbls", "loss.margin"): (0, 2, 4, 6, 8, 10, 15, 20),
+    ("acls", "loss.margin"): (4, 6, 10),
+    ("fedlas_ls", "loss.alpha"): (0.025, 0.05, 0.1),
+    ("fedlas_ls", "loss.beta"): (0.5, 1, 4),
+    ("mixup", "train.mix_alpha"): (0.1, 0.2, 0.4, 1.0),
+    ("regmixup", "train.mix_alpha"): (5, 10, 20),
+    ("csm", "csm.sharpness"): (1, 2.3, 4, 8),
+}
+
+
+# ------------------------------------------------------------------------------ search spaces
+
+
+def _param(loss, name):
+    """A loss module's hyperparameter, whether a plain attribute or in its ``hparams``."""
+    hp = getattr(loss, "hparams", None)
+    return float(hp[name]) if isinstance(hp, dict) and name in hp else float(getattr(loss, name))
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_search_space_is_a_valid_literal(method):
+    from calibkit.config import TrainConfig
+    from calibkit.losses import build
+
+    spec = METHODS[method]
+    if method in ("ce", "flsd", "adafocal"):
+        assert spec.space == {}, f"{method} has nothing to tune"
+        return
+    assert spec.space, f"{method} declares no search space"
+    for address, axis in spec.space.items():
+        target, _, name = address.partition(".")
+        assert target in TARGETS and name
+        values = [float(v) for v in axis.values]
+        assert values == sorted(set(values)) and len(values) >= 2, "a grid is ascending, without repeats"
+        assert min(values) <= axis.default <= max(values), "the published value lies inside the grid"
+        if (method, address) in SPEC_GRIDS:
+            assert {float(v) for v in SPEC_GRIDS[method, address]} <= set(values)
+        if target == "loss":
+            # the published value is the loss's own default, so current_values() tells the truth
+            assert _param(build(spec.loss, num_classes=10), name) == pytest.approx(axis.default)
+            for v in values:  # every candidate is a loss calibkit can build, with that value
+                assert _param(build(with_loss_params(spec.loss, {name: v}), num_classes=10), name) == pytest.approx(v)
+        elif target == "train":
+            assert name in {f.name for f in dataclasses.fields(TrainConfig)}
+        elif target == "maccal":
+            from calibkit.methods.maccal import run_maccal
+
+            param = inspect.signature(run_maccal).parameters[name]
+            assert param.default == pytest.approx(axis.default)
+        else:
+            assert name == "sharpness" and axis.default == 4.0  # the paper's value for 10 classes
+
+
+def test_mbls_and_fedlas_mbls_search_one_margin_grid_with_lambda_fixed():
+    from calibkit.losses import build
+
+    assert METHODS["mbls"].space["loss.margin"].values is MARGINS
+    assert METHODS["fedlas_mbls"].space["loss.margin"].values is MARGINS
+    assert list(METHODS["mbls"].space) == ["loss.margin"]  # lambda is not searched
+    for m in MARGINS:
+        loss = build(with_loss_params(METHODS["mbls"].loss, {"margin": m}))
+        assert _param(loss, "lam") == 0.1 and _param(loss, "margin") == m
+
+
+def test_candidates_apply_values_and_current_values():
+    assert candidates("ce") == [{}]
+    fed = candidates("fedlas_ls")
+    assert len(fed) == 15 and fed[0] == {"loss.alpha": 0.025, "loss.beta": 0.1}
+    assert fed[-1] == {"loss.alpha": 0.1, "loss.beta": 4.0}
+    p = PRESETS["cifar10"]
+    q = apply_values(p, "fedlas_mbls", {"loss.margin": 15.0})
+    assert q.losses["fedlas_mbls"] == "fedlas_mbls:alpha=0.1,beta=0.5,margin=15,theta=0.95"
+    assert p.losses["fedlas_mbls"].endswith("margin=6,theta=0.95"), "the preset itself is unchanged"
+    q = apply_values(q, "regmixup", {"train.mix_alpha": 5.0})
+    assert q.train_by_method["regmixup"] == {"mix_alpha": 5.0} and p.train_by_method["regmixup"] == {"mix_alpha": 20.0}
+    q = apply_values(q, "maccal", {"maccal.eta": 4.0, "maccal.r_min": 0.3})
+    assert q.maccal == {"eta": 4.0, "r_min": 0.3}
+    assert current_values(q, "fedlas_mbls") == {"loss.margin": 15.0}
+    assert current_values(q, "maccal") == {"maccal.eta": 4.0, "maccal.r_min": 0.3}
+    assert current_values(PRESETS["smoke"], "csm") == {"csm.sharpness": 4.0}  # the published default
+    with pytest.raises(ValueError, match="bad search-space address"):
+        apply_values(p, "ls", {"alpha": 0.1})
+    assert slug({"loss.beta": 4.0, "loss.alpha": 0.025}) == "alpha=0.025,beta=4" and slug({}) == "default"
+    assert cand_key("default", "mbls", 100, {"loss.margin": 6.0}) == "default/mbls/100/margin=6"
+
+
+def test_every_preset_holds_one_checkpoint_policy():
+    for preset in PRESETS.values():
+        assert preset.keep in KEEP_POLICIES
+        assert not any("keep" in t for t in preset.train_by_method.values())
+        assert preset.tune_seed not in preset.seeds, "selection runs are none of the evaluated runs"
+        for method, t in preset.train_by_method.items():  # every method has CE's training budget
+            budget = {"epochs", "milestones", "train_subset", "val_size", "batch_size", "data", "model"}
+            assert not budget & set(t), f"{preset.name}: {method} changes the training budget"
+    assert with_keep(PRESETS["smoke"], "last").train["keep"] == "last"
+    with pytest.raises(ValueError, match="unknown checkpoint policy"):
+        with_keep(PRESETS["smoke"], "best")
+
+
+# ------------------------------------------------------------------------------ the selection rule
+
+
+def _c(values, acc, ece):
+    return {"hparams": values, "metrics": {"acc": acc, "ece": ece}}
+
+
+def test_selection_is_the_argmin_among_accurate_candidates():
+    space = {"loss.margin": Axis((0.0, 5.0, 10.0, 20.0), 10.0)}
+    cands = [_c({"loss.margin": 0.0}, 0.900, 0.050),
+             _c({"loss.margin": 5.0}, 0.885, 0.010),   # lowest ECE, but 1.5 points below 0.900: excluded
+             _c({"loss.margin": 10.0}, 0.8915, 0.030),  # 0.85 points below: eligible
+             _c({"loss.margin": 20.0}, 0.895, 0.020)]  # the argmin of the eligible ones
+    assert select(cands, space) == 3
+    # without the exclusion the lowest ECE wins
+    assert select(cands, space, Criterion(max_acc_drop=1.0)) == 1
+    # exactly 1 point below the best is still eligible
+    cands[1]["metrics"]["acc"] = 0.890
+    assert select(cands, space) == 1
+    # selecting by another validation metric
+    nll = [dict(c, metrics={**c["metrics"], "nll": n}) for c, n in zip(cands, (0.3, 0.5, 0.2, 0.4))]
+    assert select(nll, space, Criterion(metric="nll")) == 2
+
+
+def test_ties_go_to_the_value_nearest_the_published_default():
+    space = {"loss.alpha": Axis((0.01, 0.05, 0.1, 0.2), 0.05)}
+    tied = [_c({"loss.alpha": a}, 0.9, e) for a, e in ((0.01, 0.02), (0.05, 0.03), (0.1, 0.02), (0.2, 0.02))]
+    # 0.01, 0.1 and 0.2 tie at 0.02; distances to 0.05 are 0.04, 0.05, 0.15 -> 0.01 wins
+    assert select(tied, space) == 0
+    # within the tie tolerance (1e-4) counts as tied: 0.1 at 0.02005 still ties, 0.01 at 0.0202 does not
+    tied[0]["metrics"]["ece"] = 0.0202
+    tied[2]["metrics"]["ece"] = 0.02005
+    assert select(tied, space) == 2
+    # two axes: the distance sums over axes in grid-range units
+    space2 = {"loss.alpha": Axis((0.0, 1.0), 0.0), "loss.beta": Axis((0.0, 4.0), 4.0)}
+    two = [_c({"loss.alpha": 1.0, "loss.beta": 4.0}, 0.9, 0.01), _c({"loss.alpha": 0.0, "loss.beta": 0.0}, 0.9, 0.01)]
+    assert select(two, space2) == 0  # distances 1.0 + 0.0 vs 0.0 + 1.0: equal, so grid order decides
+    two[0]["hparams"]["loss.beta"] = 0.0
+    assert select(two, space2) == 1  # 1.0 + 1.0 vs 0.0 + 1.0
+    with pytest.raises(ValueError, match="no finished candidates"):
+        select([], space)
+
+
+def test_edge_detection():
+    space = {"loss.margin": Axis((0.0, 2.0, 4.0), 2.0), "loss.beta": Axis((1.0, 2.0), 1.0)}
+    assert at_edge({"loss.margin": 4.0, "loss.beta": 1.0}, space) == ["loss.margin"]  # 2-value grids: no edge
+    assert at_edge({"loss.margin": 2.0, "loss.beta": 2.0}, space) == []
+
+
+# ------------------------------------------------------------------------------ tuning runs
+
+
+TINY = Preset(name="tiny", dataset="digits", model="mlp", seeds=(0,), tune_seed=7, num_threads=1,
+              train=dict(epochs=3, batch_size=64, lr=0.05, val_size=200, augment=False))
+
+
+@pytest.fixture
+def small_spaces(monkeypatch, one_thread):
+    """Two small spaces (the real grids take minutes on the digits set)."""
+    monkeypatch.setitem(METHODS, "ls", dataclasses.replace(METHODS["ls"], space={
+        "loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
+    monkeypatch.setitem(METHODS, "mbls", dataclasses.replace(METHODS["mbls"], space={
+        "loss.margin": Axis((2.0, 6.0), 10.0)}))
+
+
+def _tune(out, **kw):
+    tuner = Tuner(TINY, out, methods=["ls", "mbls"], num_threads=1, log=lambda *a, **k: None, **kw)
+    try:
+        counts = tuner.run()
+        return counts, tuner.selection()
+    finally:
+        tuner.close()
+
+
+def _rows(out):
+    with Store(out / "runs.db", readonly=True) as s:
+        return {r["cand_key"]: r for r in s.candidates("tiny", status=None)}
+
+
+def test_selection_never_reads_the_test_split(tmp_path, small_spaces, monkeypatch):
+    import calibkit.data
+    from calibkit import rundir
+
+    counts, clean = _tune(tmp_path / "clean")
+    assert counts == {"done": 6, "skipped": 0, "failed": 0} and set(clean) == {"ls", "mbls"}
+
+    real_load = calibkit.data.load
+
+    def poisoned(*args, **kwargs):
+        b = real_load(*args, **kwargs)
+        wrong = (b.test.labels + 1 + torch.arange(len(b.test)) % 3) % b.num_classes  # never the true label
+        return dataclasses.replace(b, test=dataclasses.replace(b.test, labels=wrong))
+
+    monkeypatch.setattr(calibkit.data, "load", poisoned)
+    counts, dirty = _tune(tmp_path / "poisoned")
+    assert counts["done"] == 6
+    # the poison reached the runs (their test labels are all wrong) ...
+    ce = rundir.load_logits(tmp_path / "poisoned" / "runs" / "tiny" / "ce" / "seed7")
+    ce_clean = rundir.load_logits(tmp_path / "clean" / "runs" / "tiny" / "ce" / "seed7")
+    assert (ce["test_labels"] != ce_clean["test_labels"]).all()
+    # ... but neither the selection nor any validation number moved
+    assert dirty == clean
+    a, b = _rows(tmp_path / "clean"), _rows(tmp_path / "poisoned")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key]["metrics"] == b[key]["metrics"] and a[key]["selected"] == b[key]["selected"]
+        assert not any("test" in k for k in a[key]["metrics"]), "the tuning table holds validation numbers only"
+    # the recorded selection is the rule applied to the recorded validation numbers
+    for method in ("ls", "mbls"):
+        rows = [r for r in a.values() if r["method"] == method]
+        rows.sort(key=lambda r: list(r["hparams"].values()))
+        win = rows[select(rows, METHODS[method].space)]
+        assert win["selected"] == 1 and clean[method] == win["hparams"]
+        assert sum(r["selected"] for r in rows) == 1
+
+
+def test_val_metrics_read_only_the_validation_tensors(tmp_path):
+    from calibkit import rundir
+    from calibkit.functional import accuracy, ece
+
+    g = torch.Generator().manual_seed(0)
+    val = torch.randn(50, 4, generator=g) * 3
+    labels = torch.randint(0, 4, (50,), generator=g)
+    # test tensors of another shape and full of NaN: a reader that touched them would fail
+    rundir.write_tensors(tmp_path / rundir.LOGITS, {"val_logits": val, "val_labels": labels,
+                                                    "test_logits": torch.full((7, 3), float("nan")),
+                                                    "test_labels": torch.zeros(9, dtype=torch.long)})
+    m = val_metrics(tmp_path)
+    p = val.double().softmax(1)
+    assert m["n"] == 50
+    assert m["ece"] == pytest.approx(float(ece(p, labels)), abs=1e-12)
+    assert m["acc"] == pytest.approx(float(accuracy(p, labels)), abs=1e-12)
+
+
+def test_interrupted_tune_resumes_without_retraining(tmp_path, small_spaces, monkeypatch):
+    from calibkit.bench.runner import Bench
+
+    trained, interrupt = [], [True]
+    real_train = Bench._train
+
+    def counting(self, method, seed, run_dir, csm_data=None):
+        trained.append(run_dir.name if method != "ce" else "ce")
+        if len(trained) == 3 and interrupt:
+            interrupt.clear()
+            raise KeyboardInterrupt  # Ctrl-C during the third candidate, once
+        return real_train(self, method, seed, run_dir, csm_data)
+
+    monkeypatch.setattr(Bench, "_train", counting)
+    with pytest.raises(KeyboardInterrupt):
+        _tune(tmp_path)
+    first = _rows(tmp_path)
+    done = {k for k, r in first.items() if r["status"] == "done"}
+    assert done == {"tiny/ce/7/default", "tiny/ls/7/alpha=0.01"}
+    assert first["tiny/ls/7/alpha=0.1"]["status"] == "failed"  # the interrupted one: retried next time
+
+    trained.clear()
+    counts, chosen = _tune(tmp_path)
+    assert trained == ["alpha=0.1", "alpha=0.3", "margin=2", "margin=6"], "finished candidates never retrain"
+    assert counts == {"done": 4, "skipped": 2, "failed": 0} and set(chosen) == {"ls", "mbls"}
+    again = _rows(tmp_path)
+    for key in done:  # their rows were not rewritten
+        assert again[key]["finished_at"] == first[key]["finished_at"] and again[key]["attempts"] == 1
+    trained.clear()
+    assert _tune(tmp_path)[0] == {"done": 0, "skipped": 6, "failed": 0} and trained == []
+
+
+def test_tune_refuses_a_directory_trained_with_other_settings(tmp_path, small_spaces, monkeypatch):
+    monkeypatch.setitem(METHODS, "ls", dataclasses.replace(METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1), 0.05)}))
+    monkeypatch.setitem(METHODS, "mbls", dataclasses.replace(METHODS["mbls"], space={}))
+    _tune(tmp_path)
+    other = dataclasses.replace(TINY, train={**TINY.train, "epochs": 2})
+    tuner = Tuner(other, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
+    try:
+        with pytest.raises(ValueError, match="trained with other settings.*train"):
+            tuner.run()
+    finally:
+        tuner.close()
+
+
+def test_tuned_preset_carries_the_selection(tmp_path, small_spaces):
+    tuner = Tuner(TINY, tmp_path, methods=["ls", "mbls", "flsd"], num_threads=1, log=lambda *a, **k: None)
+    try:
+        assert tuner.skipped == ["flsd"] and tuner.methods == ["ls", "mbls"]
+        tuner.run()
+        chosen = tuner.selection()
+        tuned = tuner.tuned_preset()
+    finally:
+        tuner.close()
+    assert tuned.losses["ls"] == f"ls:alpha={chosen['ls']['loss.alpha']:g}"
+    assert current_values(tuned, "mbls") == chosen["mbls"]
+    assert grid.METHODS["ls"].space["loss.alpha"].values == (0.01, 0.1, 0.3)
+
+
+# ------------------------------------------------------------------------------ bench protocol
+
+
+def test_work_queue_postpones_items_until_ready():
+    from calibkit.bench.runner import work_queue
+
+    done, sleeps, ready_after = [], [], {"b": 2}  # "b" becomes ready on its third look
+
+    def ready(item):
+        left = ready_after.get(item, 0)
+        ready_after[item] = left - 1
+        return left <= 0
+
+    work_queue(["a", "b", "c"], ready, done.append, sleep=sleeps.append)
+    assert done == ["a", "c", "b"] and len(sleeps) == 1  # one pass found nothing ready: one pause
+
+
+def test_bench_waits_for_a_needed_run_held_by_another_bench(tmp_path):
+    from calibkit.bench.runner import Bench
+
+    bench = Bench(TINY, tmp_path, methods=["maccal"], num_threads=1, log=lambda *a, **k: None)
+    other = Store(tmp_path / "runs.db")  # another bench: its own owner token, a live process
+    try:
+        assert bench.needs_ready("maccal", 0) and bench.needs_ready("ls", 0)
+        assert other.claim("tiny/ce/0", preset="tiny", method="ce", seed=0)
+        assert not bench.needs_ready("maccal", 0), "MaC-Cal waits while another bench trains its CE run"
+        assert bench.needs_ready("ls", 0)
+        other.finish("tiny/ce/0", metrics={})
+        assert bench.needs_ready("maccal", 0)
+    finally:
+        other.close()
+        bench.close()
+
+
+def test_bench_refuses_to_mix_hyperparameters_or_policies(tmp_path, one_thread):
+    from calibkit.bench.runner import Bench
+
+    small = dataclasses.replace(TINY, robust_n=40, severities=(1,), n_boot=10)
+    bench = Bench(small, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
+    try:
+        assert bench.run() == {"done": 2, "skipped": 0, "failed": 0}
+    finally:
+        bench.close()
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        rec = s.get("tiny/ls/0")["config"]
+    assert rec["hparams"] == {"loss.alpha": 0.05} and rec["keep"] == small.keep
+    # the report states the protocol: splits with their checksums, the one policy, the budget, the values
+    from calibkit import rundir
+    from calibkit.report import build_report
+
+    rep = build_report(tmp_path, figures=False)
+    md = (tmp_path / "report" / "report.md").read_text()
+    split = rundir.load_info(tmp_path / "runs" / "tiny" / "ce" / "seed0")["split"]
+    assert f"checksum {split['val_checksum']}" in md and "class-stratified" in md
+    assert f"| checkpoint policy | {small.keep} (one policy for every run) |" in md
+    assert "every method trains with the same budget as CE" in md and "same budget as CE" in rep["text"]
+    assert "| LS | alpha=0.05 | ls |" in md
+    for changed, message in ((apply_values(small, "ls", {"loss.alpha": 0.2}), "was run with"),
+                             (dataclasses.replace(small, train={**small.train, "keep": "last"}), "checkpoint policy")):
+        bench = Bench(changed, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
+        try:
+            with pytest.raises(ValueError, match=message):
+                bench.run()
+        finally:
+            bench.close()
+    # the refused benches wrote nothing
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        assert [r["run_key"] for r in s.runs("tiny", status=None)] == ["tiny/ce/0", "tiny/ls/0"]
+
+
+def test_tune_under_torchrun_two_processes(tmp_path, cli_env):
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "t"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", "calibkit", "tune", "--preset", "smoke", "--methods", "acls", "--device", "cpu",
+           "--num-threads", "1", "--out", str(out)]
+    proc = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=400,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("tune smoke/acls/100/margin=4: running") == 1, "only rank 0 logs"
+    rows = _rows_of(out, "smoke")
+    margins = METHODS["acls"].space["loss.margin"].values
+    assert sorted(rows) == sorted([f"smoke/acls/100/margin={m:g}" for m in margins] + ["smoke/ce/100/default"])
+    assert all(r["status"] == "done" for r in rows.values())
+    acls = [rows[f"smoke/acls/100/margin={m:g}"] for m in margins]
+    assert [r["selected"] for r in acls] == [int(i == select(acls, METHODS["acls"].space))
+                                             for i in range(len(margins))]
+    info = json.loads((out / "tune" / "smoke" / "acls" / "margin=6" / "config.json").read_text())
+    assert info["world_size"] == 2 and info["config"]["loss"] == "acls:margin=6"
+
+
+def _rows_of(out, preset):
+    with Store(out / "runs.db", readonly=True) as s:
+        return {r["cand_key"]: r for r in s.candidates(preset, status=None)}
+
+
+def test_bench_tune_runs_the_grid_at_the_selected_values(tmp_path, small_spaces, monkeypatch, capsys):
+    from calibkit.cli import main
+
+    monkeypatch.setitem(PRESETS, "tiny", dataclasses.replace(TINY, robust_n=40, severities=(1,), n_boot=10))
+    assert main(["bench", "--preset", "tiny", "--tune", "--methods", "ls", "flsd", "--out", str(tmp_path),
+                 "--device", "cpu", "--num-threads", "1"]) == 0
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        chosen = [r for r in s.candidates("tiny", "ls") if r["selected"]]
+        runs = {r["method"]: r for r in s.runs("tiny")}
+    assert len(chosen) == 1 and sorted(runs) == ["ce", "flsd", "ls"]
+    alpha = chosen[0]["hparams"]["loss.alpha"]
+    assert runs["ls"]["config"]["hparams"] == {"loss.alpha": alpha}
+    assert runs["ls"]["config"]["loss"] == f"ls:alpha={alpha:g}" and runs["flsd"]["config"]["hparams"] == {}
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert f"| LS | alpha={alpha:g} | ls:alpha={alpha:g} | - | tuned here |" in md
+    assert "figures/tuning.png" in md and (tmp_path / "report" / "figures" / "tuning.png").is_file()
+    out = capsys.readouterr().out
+    assert "tune flsd: no search space" in out
+
+
+def test_default_preset_values_are_the_committed_selection():
+    """docs/tuning/default.json holds every candidate of the tuning run that chose the default
+    preset's values: the rule applied to it gives back exactly the values the preset records."""
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "docs" / "tuning" / "default.json").read_text())
+    preset = PRESETS["default"]
+    assert doc["preset"] == "default" and doc["seed"] == [preset.tune_seed]
+    assert Criterion(**doc["criterion"]) == Criterion()
+    tuned = sorted({c["method"] for c in doc["candidates"]} - {"ce"})
+    assert tuned == sorted(m for m in METHODS if METHODS[m].space and m != "csm"), "CSM is the one not yet tuned"
+    for method in tuned:
+        by_slug = {slug(c["hparams"]): c for c in doc["candidates"] if c["method"] == method}
+        rows = [by_slug[slug(v)] for v in candidates(method)]  # the whole current grid, in grid order
+        assert all(c["keep"] == preset.keep for c in rows)
+        win = rows[select(rows, METHODS[method].space)]
+        assert win["selected"], method
+        assert current_values(preset, method) == win["hparams"], method
+        assert not at_edge(win["hparams"], METHODS[method].space), f"{method}: widen its grid"
