@@ -1,6 +1,7 @@
 """CSM store: sharded and resumed generation, the companion's sampling rule, the CLIP encoder."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -250,3 +251,70 @@ def test_subset_store_equals_a_smaller_generation(gen_dir, single, tmp_path):
     assert idx == [line for k in range(2) for line in shard_paths(small, k)[1].read_text().splitlines()]
     with pytest.raises(ValueError, match="num_groups"):
         subset_store(single, tmp_path / "x", 4)
+
+
+@pytest.mark.parametrize("w,per", [(1.0, 2), (2.5, 2), (1.0, 4), (4.0, 6)])
+def test_csm_step_loss_and_gradient_by_hand(tmp_path, w, per):
+    """csm_weight and csm_per_real against a hand computation of L = CE(real) + w * soft_l2(gen).
+
+    The network outputs zero logits (p = 1/4 on each of K = 4 classes) and every generated image
+    carries the soft label y = (3/4, 1/4, 0, 0), so the value does not depend on which images
+    the companion draws:
+      CE(real) = ln 4;  soft_l2 = (1/4 - 3/4)^2 + (1/4 - 1/4)^2 + 2 (1/4)^2 = 3/8.
+    Gradient with respect to the output bias b (logits z = b): the real term gives
+    mean_i (p - onehot(y_i)); for the L2 term d/dz sum_k (p_k - y_k)^2 = 2 (diag(p) - p p^T)(p - y)
+    = (2/K)(p - y) since sum_k p_k (p_k - y_k) = 1/K - 1/K = 0, i.e. (-1/4, 0, 1/8, 1/8) for every
+    generated image and hence for their mean. The network sees B real + per_real * B generated rows.
+    """
+    from calibkit.train.steps import CSM, EpochGenerators
+
+    _fake_store(tmp_path)
+    comp = CSMCompanion(tmp_path, 4, seed=0)
+    comp.soft_labels = torch.tensor([0.75, 0.25, 0.0, 0.0]).expand_as(comp.soft_labels).clone()
+
+    class Inputs:
+        def train_batch(self, x, y, gen):
+            return x.float().flatten(1), y
+
+    lin = torch.nn.Linear(9, 4)
+    torch.nn.init.zeros_(lin.weight)
+    torch.nn.init.zeros_(lin.bias)
+    rows = []
+
+    def net(x):
+        rows.append(len(x))
+        return lin(x), x
+
+    x, y = torch.randn(6, 9), torch.tensor([0, 1, 2, 3, 0, 1])
+    step = CSM(lambda logits, t, f: torch.nn.functional.cross_entropy(logits, t), comp, Inputs(),
+               csm_weight=w, csm_per_real=per)
+    gens = EpochGenerators(aug=torch.Generator(), draw=torch.Generator().manual_seed(5))
+    loss = step(net, x, y, y, gens)[0]
+    assert rows == [6 + per * 6]
+    assert abs(loss.item() - (math.log(4) + w * 3 / 8)) < 1e-6
+    loss.backward()
+    real_grad = torch.full((4,), 0.25) - torch.tensor([2, 2, 1, 1]) / 6  # p - mean onehot(y)
+    expected = real_grad + w * torch.tensor([-0.25, 0.0, 0.125, 0.125])
+    torch.testing.assert_close(lin.bias.grad, expected)
+
+
+def test_shipped_fashion_mnist_set_fits_the_default_preset():
+    """The packaged set: as many images as the default preset's real training images, made by the
+    packaged generator (same weights hash), which never saw the validation images of the preset's
+    seeds; its shard holds exactly the groups the manifest declares, each of 8 members."""
+    from calibkit.bench.grid import PRESETS
+    from calibkit.bench.twostage import SHIPPED_STORES
+    from calibkit.methods.csm.generator import generator_hash
+    from calibkit.methods.csm.store import load_store, read_manifest
+
+    store = SHIPPED_STORES["fmnist"]
+    gen = store.parent / "fmnist"
+    man, preset = read_manifest(store), PRESETS["default"]
+    assert man["num_groups"] * man["group_size"] >= preset.train["train_subset"]
+    assert man["generator_hash"] == generator_hash(gen)
+    split = json.loads((gen / "generator.json").read_text())["split"]
+    assert set(preset.seeds) <= set(split["excluded_val_seeds"]) and split["val_size"] == preset.train["val_size"]
+    data = load_store(store)
+    n = man["num_groups"] * 8
+    assert data["images"].shape == (n, 1, 28, 28) and data["images"].dtype == torch.uint8
+    assert torch.equal(data["group"], torch.arange(n) // 8) and torch.equal(data["member"], torch.arange(n) % 8)
