@@ -35,14 +35,11 @@ import torch
 from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.bench.grid import METHODS, Preset, current_values, select_methods
+from calibkit.bench.paths import run_dir_for
 from calibkit.store import Store, run_key
 
 # Seconds between two looks at the database while waiting for another bench's run.
 POLL_S = 5.0
-
-
-def run_dir_for(out: Path, preset: str, method: str, seed: int) -> Path:
-    return Path(out) / "runs" / preset / method / f"seed{seed}"
 
 
 def train_config(preset: Preset, method: str, seed: int, data_dir=None, device="auto", num_threads=None,
