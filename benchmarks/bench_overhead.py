@@ -8,11 +8,13 @@ and nothing else -- no per-step bookkeeping, no validation, no checkpoints, no e
 
 Phases of the bench's wall time (exclusive, so nothing is counted twice):
 
-* ``import``  -- importing torch and the calibkit modules the bench command uses;
+* ``import``  -- importing torch and the calibkit modules the bench command uses, and
+  ``torch._dynamo``, which the first ``torch.optim`` optimizer of a process imports;
 * ``data``    -- ``calibkit.data.load`` in every run; ``evaldata``: the bench's evaluation sets
   (its own load, the OOD and the corrupted test sets: ``Bench.eval_data``, ``EvalData``);
 * ``train``   -- ``calibkit.train.train`` minus its data loading, split into ``steps`` (the epochs'
-  step loops) and ``val+ckpt`` (validation, checkpoints, final logits, set-up);
+  step loops), ``validate`` (the validation pass of every epoch: the checkpoint policy needs it),
+  ``ckpt`` (checkpoint writes), ``finish`` (the kept weights' val/test logits) and set-up;
 * ``eval``    -- ``calibkit.bench.evaluation.evaluate_run`` minus the evaluation data;
 * ``report``  -- ``calibkit.report.build_report``;
 * ``other``   -- the rest (database, claims).
@@ -44,6 +46,7 @@ from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+import torch._dynamo  # noqa: E402,F401  (the first torch.optim optimizer imports it: ~2 s, once per process)
 
 import calibkit.bench.evaluation as evaluation  # noqa: E402
 import calibkit.bench.runner as runner  # noqa: E402
@@ -154,10 +157,14 @@ def main() -> None:
     ph = Phases()
     ph.wrap(datasets, "load", "data", data)
     ph.wrap(runner.Bench, "eval_data", "evaldata")
+    ph.wrap(evaluation.EvalData, "on", "evaldata")
     ph.wrap(evaluation.EvalData, "ood_images", "evaldata")
     ph.wrap(evaluation.EvalData, "corrupted", "evaldata")
     ph.wrap(loop, "train", "train", train_pkg)
     ph.wrap(loop, "_train_epoch", "steps")
+    ph.wrap(loop, "_validate", "validate")
+    ph.wrap(loop, "_end_epoch", "ckpt")
+    ph.wrap(loop, "_finish", "finish")
     ph.wrap(evaluation, "evaluate_run", "eval")
     ph.wrap(report, "build_report", "report")
 
@@ -184,7 +191,7 @@ def main() -> None:
 
     t["import"] = T_IMPORTED - T_START
     wall = t["import"] + wall_bench
-    phases = ("import", "data", "evaldata", "steps", "train", "eval", "report")
+    phases = ("import", "data", "evaldata", "steps", "validate", "ckpt", "finish", "train", "eval", "report")
     t["other"] = wall - sum(t.get(k, 0.0) for k in phases)
     n = len(runs)
     per_bench = t["import"] + t.get("evaldata", 0.0) + t.get("report", 0.0) + t["other"]
@@ -196,11 +203,15 @@ def main() -> None:
     print("phase shares of the wall time:")
     for k in (*phases, "other"):
         label = {"data": "data: the runs' data loads", "evaldata": "data: evaluation sets (OOD, corrupted)",
-                 "steps": "train: epoch step loops", "train": "train: validation, checkpoints, set-up"}.get(k, k)
+                 "steps": "train: epoch step loops", "validate": "train: validation every epoch",
+                 "ckpt": "train: checkpoints every epoch", "finish": "train: final val/test logits",
+                 "train": "train: set-up (model, optimizer, run dir)"}.get(k, k)
         print(f"  {label:<40} {t.get(k, 0.0):8.2f} s  {t.get(k, 0.0) / wall:6.1%}")
     print(f"epoch step loops / bare steps: {t.get('steps', 0.0) / bare:.3f}")
     print(f"per-run overhead beyond the bare steps: (per-run time - bare) / bare = "
           f"{(per_run - bare) / bare:.1%}  (target <= 10%)")
+    print(f"  of which the per-epoch validation (model selection, part of the protocol): "
+          f"{t.get('validate', 0.0) / bare:.1%}; the rest: {(per_run - t.get('validate', 0.0) - bare) / bare:.1%}")
     spread = per_bench * n / full_runs
     print(f"with the once-per-bench costs ({per_bench:.1f} s: import, evaluation data, report, other) spread "
           f"over the preset's {full_runs} runs: {(per_run + spread - bare) / bare:.1%}")
