@@ -11,7 +11,8 @@
   run, so that the numbers of different methods are paired); means per severity and overall.
 
 The corrupted and OOD image sets depend only on the data, so :class:`EvalData` builds them once
-per bench and caches them under ``DIR/cache/`` for resumed benches.
+per bench (for every seed and run), keeps one copy on the evaluation device, and caches the
+corrupted sets under ``DIR/cache/`` for resumed benches.
 
 Segmentation runs: the test metrics over every labelled test pixel, before and after temperature
 scaling fitted on the run's validation pixel sample (:func:`calibkit.train.dense.evaluate_dense`,
@@ -45,6 +46,16 @@ class EvalData:
         self.data_dir = data_dir
         self._ood = None
         self._corrupted = None
+        self._moved = {}  # (what, device) -> the set on that device
+
+    def on(self, what: str, device) -> torch.Tensor | dict:
+        """``ood_images()`` or ``corrupted()`` on ``device``, copied there once per bench."""
+        key = (what, str(torch.device(device)))
+        if key not in self._moved:
+            found = self.ood_images() if what == "ood" else self.corrupted()
+            self._moved[key] = (found.to(device) if isinstance(found, torch.Tensor)
+                                else {k: v.to(device) for k, v in found.items()})
+        return self._moved[key]
 
     def ood_images(self) -> torch.Tensor:
         """uint8 OOD images shaped like the test images."""
@@ -164,9 +175,10 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
         norm = info if norm is None else norm
     model = model.to(device).eval()
     predict = lambda images: rundir.predict_logits(model, images, norm, batch_size, device)
-    ood = ood_metrics(logits["test_logits"], predict(data.ood_images()), data.preset.ood)
+    ood = ood_metrics(logits["test_logits"], predict(data.on("ood", device)), data.preset.ood)
     idx = data.robust_index()
-    robust = robustness_metrics(predict, data.corrupted(), data.bundle.test.labels[idx], metrics["temperature"])
+    robust = robustness_metrics(predict, data.on("corrupted", device), data.bundle.test.labels[idx],
+                                metrics["temperature"])
     return {"metrics": metrics, "ood": ood, "robustness": robust, "eval_time_s": time.time() - t0,
             "logits_path": str(run_dir / rundir.LOGITS)}
 
