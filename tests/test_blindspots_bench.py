@@ -162,3 +162,46 @@ def test_dece_refuses_different_test_sets(tmp_path):
     with pytest.raises(ValueError, match="different test sets"):
         ece_deltas(summary, n_boot=10)
     assert ece_deltas({"m": summary["m"]}, n_boot=10) == {}
+
+
+def test_ood_metrics_equal_sklearn_auroc_and_a_hand_fpr():
+    from sklearn.metrics import roc_auc_score
+
+    gen = torch.Generator().manual_seed(4)
+    test_logits = torch.randn(80, 5, generator=gen) * 3
+    ood_logits = torch.randn(60, 5, generator=gen) * 1.5
+    out = evaluation.ood_metrics(test_logits, ood_logits, "noise")
+    assert (out["dataset"], out["n_in"], out["n_out"]) == ("noise", 80, 60)
+    p_in, p_out = test_logits.double().softmax(1), ood_logits.double().softmax(1)
+    scores = {"entropy": lambda p: -(p * p.log()).sum(1) / np.log(5), "maxconf": lambda p: 1 - p.max(1).values}
+    for tag, f in scores.items():
+        s_in, s_out = f(p_in).numpy(), f(p_out).numpy()
+        y = np.r_[np.zeros(80), np.ones(60)]
+        assert out[f"auroc_{tag}"] == pytest.approx(roc_auc_score(y, np.r_[s_in, s_out]), abs=1e-12)
+        # FPR at 95% TPR (OOD = positive): the share of in-distribution scores at or above the
+        # threshold that keeps 95% of the OOD scores.
+        thr = np.sort(s_out)[::-1][int(np.ceil(0.95 * 60)) - 1]
+        assert out[f"fpr95_{tag}"] == pytest.approx(np.mean(s_in >= thr), abs=1e-12)
+    assert out["auroc_entropy"] != out["auroc_maxconf"]
+
+
+def test_test_metrics_before_and_after_temperature_scaling():
+    from calibkit.calibrators import TemperatureScaling
+    from calibkit.metrics import evaluate
+
+    gen = torch.Generator().manual_seed(5)
+    vl, tl = torch.randint(0, 4, (200,), generator=gen), torch.randint(0, 4, (150,), generator=gen)
+    val = torch.randn(200, 4, generator=gen) * 4
+    val[torch.arange(200), vl] += 3
+    test = torch.randn(150, 4, generator=gen) * 4
+    test[torch.arange(150), tl] += 3
+    out = evaluation.test_metrics({"val_logits": val, "val_labels": vl, "test_logits": test, "test_labels": tl})
+    t = float(TemperatureScaling().fit(val, vl).temperature_)
+    assert out["temperature"] == pytest.approx(t, rel=1e-9) and out["temperature"] > 1.2
+    # Fitted on the validation logits: T minimises their NLL (and not the test logits' NLL).
+    nll = lambda z, y, temp: float(torch.nn.functional.cross_entropy(z.double() / temp, y))  # noqa: E731
+    assert nll(val, vl, t) <= min(nll(val, vl, t * 1.01), nll(val, vl, t / 1.01))
+    assert abs(float(TemperatureScaling().fit(test, tl).temperature_) - t) > 1e-3  # the test's own T differs
+    assert out["before"] == pytest.approx(evaluate(test.double().softmax(1), tl), rel=1e-9, abs=1e-12)
+    assert out["after"] == pytest.approx(evaluate((test.double() / t).softmax(1), tl), rel=1e-6, abs=1e-9)
+    assert out["before"]["ece"] == pytest.approx(naive_ece(test.double().softmax(1), tl), abs=1e-12)

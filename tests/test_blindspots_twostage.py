@@ -133,3 +133,39 @@ def test_cli_annotate_passes_its_sharpness(ce_root, tmp_path, capsys):
     torch.testing.assert_close(t["lam_annot"].double(), torch.sigmoid(1.5 * (t["lam_hat"].double() - 0.5)),
                                rtol=0, atol=1e-6)
     assert "annotated" in capsys.readouterr().out
+
+
+def test_evaluate_run_on_a_real_run(ce_root):
+    from calibkit.bench.evaluation import EvalData, evaluate_run, robustness_metrics, test_metrics
+    from calibkit.data import load
+    from calibkit.data.corruptions import CORRUPTIONS
+
+    run = run_dir_for(ce_root, "p", "ce", 0)
+    model, _, info = rundir.load_run(run)
+    bundle = load("digits")
+    preset = SimpleNamespace(robust_n=40, severities=[2], dataset="digits", ood="noise")
+    data = EvalData(preset, bundle)
+    out = evaluate_run(run, data)
+    logits = rundir.load_logits(run)
+    assert out["metrics"] == test_metrics(logits)
+    assert out["logits_path"] == str(run / rundir.LOGITS) and out["eval_time_s"] > 0
+    # OOD: the run's model on the noise images, entropy AUROC by the rank formula.
+    predict = lambda x: rundir.predict_logits(model.eval(), x, info, 1024, "cpu")  # noqa: E731
+    ood_logits = predict(data.ood_images())
+    assert out["ood"]["n_out"] == len(ood_logits) and out["ood"]["dataset"] == "noise"
+    ent = lambda z: -(z.double().softmax(1) * z.double().log_softmax(1)).sum(1)  # noqa: E731
+    s_in, s_out = ent(logits["test_logits"]), ent(ood_logits)
+    auroc = ((s_out[:, None] > s_in[None, :]).double() + 0.5 * (s_out[:, None] == s_in[None, :]).double()).mean()
+    assert out["ood"]["auroc_entropy"] == pytest.approx(float(auroc), abs=1e-9)
+    # Robustness: the fixed subset's labels and the run's own temperature.
+    rob = out["robustness"]
+    assert rob["n"] == 40 and rob["corruptions"] == sorted(CORRUPTIONS) and list(rob["by_severity"]) == ["2"]
+    idx = data.robust_index()
+    want = robustness_metrics(predict, data.corrupted(), bundle.test.labels[idx], out["metrics"]["temperature"])
+    assert rob == want
+    acc = float((predict(data.corrupted()["contrast/2"]).argmax(1) == bundle.test.labels[idx]).double().mean())
+    assert rob["per"]["contrast"]["2"]["acc"] == pytest.approx(acc, abs=1e-12)
+    # A run tested on other labels is refused.
+    other = SimpleNamespace(test=SimpleNamespace(labels=bundle.test.labels.roll(1), images=bundle.test.images))
+    with pytest.raises(ValueError, match="test labels differ"):
+        evaluate_run(run, EvalData(preset, other))
