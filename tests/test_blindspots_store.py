@@ -140,3 +140,89 @@ def test_readonly_store_refuses_writes(tmp_path):
     with pytest.raises(StoreError, match="opened read-only"):
         ro.fail("p/ce/0", "x")
     assert Store(path).get("p/ce/0")["status"] == "running"
+
+
+def _cand(db, key, seed=0, method="ls", hparams=None):
+    return db.claim_candidate(key, preset="p", method=method, seed=seed, hparams=hparams or {"a": key},
+                              config={"c": 1}, git_commit="g")
+
+
+def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    assert db.candidates() == [] and db.candidates(status=None) == []
+    assert _cand(db, "k1") and _cand(db, "k2") and _cand(db, "k3", seed=1) and _cand(db, "k4", method="mbls")
+    assert _cand(db, "k1")  # a retry by the same bench re-takes its own claim
+    db.finish_candidate("k1", metrics={"val": {"ece": 0.05}}, run_dir="d1", train_time_s=2.0)
+    db.finish_candidate("k2", metrics={"val": {"ece": 0.03}}, run_dir="d2", train_time_s=3.0)
+    db.fail_candidate("k3", "x" * 5000)
+    done = db.candidates("p", "ls", 0)
+    assert [c["cand_key"] for c in done] == ["k1", "k2"]  # insertion order, done only
+    c1 = done[0]
+    assert c1["hparams"] == {"a": "k1"} and c1["config"] == {"c": 1} and c1["git_commit"] == "g"
+    assert c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == "d1" and c1["train_time_s"] == 2.0
+    assert c1["selected"] == 0 and c1["criterion"] is None and c1["attempts"] == 2
+    failed = db.candidates(status="failed")
+    assert [c["cand_key"] for c in failed] == ["k3"] and len(failed[0]["error"]) == 4000
+    assert [c["cand_key"] for c in db.candidates(method="mbls", status="running")] == ["k4"]
+    assert [c["cand_key"] for c in db.candidates(seed=1, status=None)] == ["k3"]
+    assert [c["cand_key"] for c in db.candidates(preset="q", status=None)] == []
+    # Done candidates are skipped and never overwritten; failed ones are retried.
+    assert not _cand(db, "k1")
+    with pytest.raises(StoreError, match="candidate 'k1' is already done"):
+        db.finish_candidate("k1", metrics={})
+    with pytest.raises(ValueError, match=r"unknown candidate fields \['ood'\]"):
+        db.finish_candidate("k2", ood={})
+    with pytest.raises(KeyError, match="candidate 'zz' was never claimed"):
+        db.fail_candidate("zz", "e")
+    assert _cand(db, "k3") and db.candidates(status="running", seed=1)[0]["error"] is None
+
+
+def test_select_candidate_flags_one_and_keeps_results(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    for key in ("k1", "k2"):
+        _cand(db, key)
+        db.finish_candidate(key, metrics={"val": {"ece": 0.1}})
+    _cand(db, "other", seed=1)
+    db.finish_candidate("other", metrics={})
+    db.select_candidate("p", "ls", 0, "k1", {"rule": "min val ece"})
+    db.select_candidate("p", "ls", 1, "other", {"rule": "r"})
+    db.select_candidate("p", "ls", 0, "k2", {"rule": "second"})
+    rows = {c["cand_key"]: c for c in db.candidates()}
+    assert (rows["k1"]["selected"], rows["k1"]["criterion"]) == (0, None)
+    assert (rows["k2"]["selected"], rows["k2"]["criterion"]) == (1, {"rule": "second"})
+    assert (rows["other"]["selected"], rows["other"]["criterion"]) == (1, {"rule": "r"})  # another seed: kept
+    assert rows["k1"]["metrics"] == {"val": {"ece": 0.1}}
+    _cand(db, "running")
+    for args in (("p", "ls", 0, "running"), ("p", "ls", 1, "k1"), ("p", "mbls", 0, "k1"), ("q", "ls", 0, "k1"),
+                 ("p", "ls", 0, "nope")):
+        with pytest.raises(KeyError, match=f"no finished candidate '{args[3]}' of {args[0]}/{args[1]}/{args[2]}"):
+            db.select_candidate(*args, {})
+    assert db.candidates(status=None)[1]["selected"] == 1  # a refused selection changes nothing
+
+
+def test_a_database_without_tuning_table_has_no_candidates(tmp_path):
+    path = tmp_path / "runs.db"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE tuning")
+    con.commit()
+    con.close()
+    assert Store(path, readonly=True).candidates(status=None) == []
+
+
+def test_presets_runs_filters_and_json_round_trip(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    for preset, method in (("b", "ce"), ("a", "ce"), ("b", "ls")):
+        key = f"{preset}/{method}/0"
+        assert db.claim(key, preset=preset, method=method, seed=0, config={"nan": float("nan")})
+    db.finish("b/ce/0", metrics={"x": [1, 2]}, extra={"z": None})
+    assert db.presets() == ["b", "a"]  # order of first appearance
+    assert [r["run_key"] for r in db.runs()] == ["b/ce/0"]
+    assert [r["run_key"] for r in db.runs("b", status=None)] == ["b/ce/0", "b/ls/0"]
+    assert [r["run_key"] for r in db.runs(status="running")] == ["a/ce/0", "b/ls/0"]
+    row = db.get("b/ce/0")
+    assert row["metrics"] == {"x": [1, 2]} and row["extra"] == {"z": None} and row["ood"] is None
+    assert row["config"]["nan"] != row["config"]["nan"]  # NaN survives the JSON round trip
+    assert db.get("nope") is None
+    raw = sqlite3.connect(tmp_path / "runs.db").execute("SELECT metrics, ood FROM runs WHERE run_key='b/ce/0'").fetchone()
+    assert raw == ('{"x": [1, 2]}', None)  # JSON text, NULL for absent values
