@@ -215,14 +215,14 @@ def test_presets_runs_filters_and_json_round_trip(tmp_path):
     for preset, method in (("b", "ce"), ("a", "ce"), ("b", "ls")):
         key = f"{preset}/{method}/0"
         assert db.claim(key, preset=preset, method=method, seed=0, config={"nan": float("nan")})
-    db.finish("b/ce/0", metrics={"x": [1, 2]}, extra={"z": None})
+    db.finish("b/ce/0", metrics={"x": [1, 2], "a": 0}, extra={"z": None})
     assert db.presets() == ["b", "a"]  # order of first appearance
     assert [r["run_key"] for r in db.runs()] == ["b/ce/0"]
     assert [r["run_key"] for r in db.runs("b", status=None)] == ["b/ce/0", "b/ls/0"]
     assert [r["run_key"] for r in db.runs(status="running")] == ["a/ce/0", "b/ls/0"]
     row = db.get("b/ce/0")
-    assert row["metrics"] == {"x": [1, 2]} and row["extra"] == {"z": None} and row["ood"] is None
+    assert row["metrics"] == {"x": [1, 2], "a": 0} and row["extra"] == {"z": None} and row["ood"] is None
     assert row["config"]["nan"] != row["config"]["nan"]  # NaN survives the JSON round trip
     assert db.get("nope") is None
     raw = sqlite3.connect(tmp_path / "runs.db").execute("SELECT metrics, ood FROM runs WHERE run_key='b/ce/0'").fetchone()
-    assert raw == ('{"x": [1, 2]}', None)  # JSON text, NULL for absent values
+    assert raw == ('{"a": 0, "x": [1, 2]}', None)  # JSON text with sorted keys, NULL for absent values
