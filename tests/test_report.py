@@ -182,3 +182,23 @@ def test_text_tables_fit_the_width_and_keep_every_cell():
         # balanced: no part is much narrower than the others
         widths = [max(map(len, p)) for p in parts]
         assert min(widths) >= max(widths) - 20
+
+
+def test_text_only_tables_wrap_their_last_column_to_the_width():
+    long = ("5000 images, class-stratified seeded draw from the official training split "
+            "(checksum 5be0cf30527254f0)")
+    rows = [["seed 0: validation", long], ["test", "10000 images"]]
+    table = Table(["item", "value"], rows, key_columns=2)
+    assert max(map(len, text_table(table, None).splitlines())) > 80
+    for width in (60, 80):
+        lines = text_table(table, width).splitlines()
+        assert max(map(len, lines)) <= width
+        indent = len("seed 0: validation  ")
+        # the first row's continuation lines sit under the value column and give back its words
+        first = [i for i, ln in enumerate(lines) if ln.startswith("seed 0")][0]
+        test_row = [i for i, ln in enumerate(lines) if ln.startswith("test")][0]
+        cont = lines[first + 1:test_row]
+        assert cont and all(ln.startswith(" " * indent) and ln[indent] != " " for ln in cont)
+        words = lines[first][indent:].split() + [w for ln in cont for w in ln.split()]
+        assert words == long.split()
+        assert lines[test_row].split("  ")[-1].strip() == "10000 images"

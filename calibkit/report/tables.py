@@ -151,6 +151,8 @@ def text_table(table: Table, width: int | None = None) -> str:
     fit ``width`` characters (label columns repeated in every part); ``None``: never split."""
     rows = _marked(table)
     widths = [max(len(x) for x in col) for col in zip(table.header, *rows)]
+    if width and table.key_columns >= len(widths) and sum(widths) + 2 * (len(widths) - 1) > width:
+        return _wrapped_text_table(table.header, rows, widths, width)
     parts = _chunks(widths, table.key_columns, width) if width else [list(range(len(widths)))]
     out = []
     for cols in parts:
@@ -160,6 +162,27 @@ def text_table(table: Table, width: int | None = None) -> str:
         if out:
             out.append("")
         out += [line(table.header), "  ".join("-" * widths[j] for j in cols)] + [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def _wrapped_text_table(header: list[str], rows: list[list[str]], widths: list[int], width: int) -> str:
+    """A table of text columns only (no numbers to keep aligned) whose last column is wrapped so
+    that every line fits ``width``; continuation lines are indented under that column."""
+    import textwrap
+
+    lead = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    room = max(width - lead, 20)
+    widths = widths[:-1] + [min(widths[-1], room)]
+
+    def lines(cells):
+        first = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths))
+        wrapped = textwrap.wrap(cells[-1], room) or [""]
+        pad = "" if len(cells) == 1 else " " * lead
+        return [(first + ("  " if first else "") + wrapped[0]).rstrip()] + [pad + w for w in wrapped[1:]]
+
+    out = lines(header) + ["  ".join("-" * w for w in widths)]
+    for r in rows:
+        out += lines(r)
     return "\n".join(out)
 
 

@@ -315,7 +315,9 @@ def protocol_section(ctx) -> list:
     sections = []
     for i, (heading, header, rows) in enumerate(parts["tables"]):
         text = parts["summary"] if i == 0 else ""
-        sections.append(Section(heading, text, [Table(header, rows)], terminal=i == 0))
+        # The protocol table is text (item, value): every column left-aligned, wrapped in the terminal.
+        keys = len(header) if i == 0 else 1
+        sections.append(Section(heading, text, [Table(header, rows, key_columns=keys)], terminal=i == 0))
     if parts["figs"]:
         sections.append(Section("Validation curves of the tuning run", terminal=False, figures=[
             Figure(path, "Validation ECE and accuracy against each searched value; the selected candidate is "
