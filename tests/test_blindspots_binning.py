@@ -158,3 +158,48 @@ def test_order_statistics_and_equal_mass_edges(gen):
     edges = binning.equal_mass_edges(values, 4)
     want = np.interp(np.linspace(0, 101, 5), np.arange(101), np.sort(values.numpy()))
     np.testing.assert_allclose(edges.numpy(), want, rtol=0, atol=1e-15)
+
+
+def test_cpu_path_over_many_blocks_equals_the_torch_path(gen):
+    # 40,000 x 10 float32 rows span two blocks of the CPU path (about 1 MiB, 26,208 rows each):
+    # every per-block sum must accumulate, not overwrite.
+    probs = _probs(gen, 40_000, 10, 3.0, torch.float32)
+    labels = torch.randint(0, 10, (40_000,), generator=gen)
+    assert 40_000 > binning._BLOCK_BYTES // (10 * 4)
+    cpu, dev = panel_sums(probs, labels, 15, True), _panel_sums_torch(probs, labels, 15, True)
+    for part in ("top", "classwise"):
+        a, b = getattr(cpu, part), getattr(dev, part)
+        assert torch.equal(a.count, b.count) and torch.equal(a.correct, b.correct)
+        torch.testing.assert_close(a.conf, b.conf, rtol=1e-6, atol=1e-6)  # float32 row groups
+    assert float(cpu.nll) == pytest.approx(float(dev.nll), rel=1e-9)
+    assert float(cpu.brier) == pytest.approx(float(dev.brier), rel=1e-6)
+    assert cpu.classwise.count.sum() == 40_000 * 10
+
+
+def test_many_bins_take_the_binary_search(gen):
+    values = torch.rand(500, generator=gen, dtype=torch.float64)
+    for n_bins in (255, 256, 300):  # 254, 255, 299 inner edges
+        edges = binning.equal_width_edges(n_bins)
+        assert edges.shape == (n_bins + 1,) and edges[-1] == 1
+        got = bin_indices(torch.cat([values, edges]), edges)
+        assert got.tolist() == naive_bins(torch.cat([values, edges]).numpy(), n_bins, torch.float64).tolist()
+
+
+def test_binned_errors_single_and_pair_bins():
+    # Bin 0: one sample (conf 0.2, correct); bin 1: two samples (conf 0.6 and 0.8, one correct);
+    # bin 2: empty.
+    sums = binning.BinSums(count=torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64),
+                           conf=torch.tensor([0.2, 1.4, 0.0], dtype=torch.float64),
+                           correct=torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64))
+    out = binning.binned_errors(sums)
+    gaps = [1.0 - 0.2, 0.5 - 0.7]
+    assert float(out["mce"]) == pytest.approx(0.8, abs=1e-12)
+    assert float(out["ece"]) == pytest.approx((1 * 0.8 + 2 * 0.2) / 3, abs=1e-12)
+    assert float(out["rmsce"]) == pytest.approx(np.sqrt((0.8**2 + 2 * 0.2**2) / 3), abs=1e-12)
+    assert float(out["o_ece"]) == pytest.approx(2 * 0.2 / 3, abs=1e-12)
+    assert float(out["u_ece"]) == pytest.approx(0.8 / 3, abs=1e-12)
+    # Debiased: the 2-sample bin loses acc (1 - acc) / (n - 1) = 0.25 per sample; the single-sample
+    # bin is not corrected.
+    deb = binning.binned_errors(sums, debias=True)
+    want = max(0.0, (gaps[0] ** 2 + 2 * (gaps[1] ** 2 - 0.25)) / 3)
+    assert float(deb["rmsce"]) == pytest.approx(np.sqrt(want), abs=1e-12)
