@@ -88,22 +88,25 @@ def test_robust_index_is_a_fixed_sorted_subset(robust_n, expected):
 def test_corrupted_images_are_cached_and_a_broken_cache_rebuilt(tmp_path, monkeypatch):
     from calibkit.data.corruptions import CORRUPTIONS, corrupt
 
-    data = _data(cache_dir=tmp_path)
+    cache = tmp_path / "cache" / "sub"  # created with its parents
+    data = _data(cache_dir=cache)
     first = data.corrupted()
     idx = data.robust_index()
     assert set(first) == {f"{c}/{s}" for c in CORRUPTIONS for s in (1, 3)}
-    assert torch.equal(first["contrast/3"], corrupt(data.bundle.test.images[idx], "contrast", 3, seed=0))
-    files = list(tmp_path.glob("corrupted_toy_n5_s1-3.safetensors"))
+    for key in ("contrast/3", "gaussian_noise/1"):  # the noise is drawn with seed 0
+        name, sev = key.split("/")
+        assert torch.equal(first[key], corrupt(data.bundle.test.images[idx], name, int(sev), seed=0))
+    files = list(cache.glob("corrupted_toy_n5_s1-3.safetensors"))
     assert len(files) == 1
     # A second bench reads the cache and corrupts nothing.
     calls = []
     monkeypatch.setattr("calibkit.data.corruptions.corrupt", lambda *a, **k: calls.append(a) or a[0].clone())
-    again = _data(cache_dir=tmp_path).corrupted()
+    again = _data(cache_dir=cache).corrupted()
     assert not calls and set(again) == set(first)
     assert all(torch.equal(again[key], first[key]) for key in first)
     # A truncated cache (a bench killed mid-write) is rebuilt, not trusted.
     files[0].write_bytes(files[0].read_bytes()[:40])
-    _data(cache_dir=tmp_path).corrupted()
+    _data(cache_dir=cache).corrupted()
     assert len(calls) == len(first)
 
 

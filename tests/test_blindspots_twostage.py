@@ -148,7 +148,7 @@ def test_evaluate_run_on_a_real_run(ce_root):
     out = evaluate_run(run, data)
     logits = rundir.load_logits(run)
     assert out["metrics"] == test_metrics(logits)
-    assert out["logits_path"] == str(run / rundir.LOGITS) and out["eval_time_s"] > 0
+    assert out["logits_path"] == str(run / rundir.LOGITS) and 0 < out["eval_time_s"] < 600
     # OOD: the run's model on the noise images, entropy AUROC by the rank formula.
     predict = lambda x: rundir.predict_logits(model.eval(), x, info, 1024, "cpu")  # noqa: E731
     ood_logits = predict(data.ood_images())
