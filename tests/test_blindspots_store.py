@@ -226,3 +226,44 @@ def test_presets_runs_filters_and_json_round_trip(tmp_path):
     assert db.get("nope") is None
     raw = sqlite3.connect(tmp_path / "runs.db").execute("SELECT metrics, ood FROM runs WHERE run_key='b/ce/0'").fetchone()
     assert raw == ('{"a": 0, "x": [1, 2]}', None)  # JSON text with sorted keys, NULL for absent values
+
+
+def test_errors_name_the_problem(tmp_path):
+    from calibkit.store import run_key
+
+    with pytest.raises(ValueError, match="preset must be a non-empty name without '/', got ''"):
+        run_key("", "ce", 0)
+    with pytest.raises(ValueError, match="method must be a non-empty name without '/', got 'a/b'"):
+        run_key("p", "a/b", 0)
+    with pytest.raises(FileNotFoundError, match=f"no results database at {tmp_path / 'none.db'}"):
+        Store(tmp_path / "none.db", readonly=True)
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"0123456789abcdefXYZ" * 10)
+    with pytest.raises(StoreError, match=r"bad header b'0123456789abcdef'\); refusing to use or overwrite it: "
+                                         r"move it away, or use another folder"):
+        Store(bad)
+
+
+def test_sqlite_file_without_tables_or_version_opens(tmp_path):
+    empty = tmp_path / "empty.db"
+    con = sqlite3.connect(empty)
+    con.execute("PRAGMA user_version = 1")  # writes the header, creates no table
+    con.commit()
+    con.close()
+    check_database_file(str(empty))
+    assert Store(empty).claim("p/ce/0", preset="p", method="ce", seed=0)
+    # A calibkit database whose version row is missing (an older writer) opens as well.
+    path = tmp_path / "runs.db"
+    _claimed(path)
+    con = sqlite3.connect(path)
+    con.execute("DELETE FROM meta WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    check_database_file(str(path))
+
+
+def test_failed_run_error_is_truncated(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    db.claim("p/ce/0", preset="p", method="ce", seed=0)
+    db.fail("p/ce/0", "e" * 5000)
+    assert db.get("p/ce/0")["error"] == "e" * 4000
