@@ -181,7 +181,11 @@ def test_clip_encoder_on_tiny_random_model(tmp_path):
     tensors, meta = load_annotations(tmp_path / "store")
     assert meta["encoder"] == "clip" and meta["sharpness"] == 4.0
     assert torch.equal(tensors["soft_labels"], out["soft_labels"])
-    assert ((tensors["lam_annot"] >= 0) & (tensors["lam_annot"] <= 1)).all()
+    # lam' = sigmoid(s (lam_hat - 1/2)) with the recorded sharpness, and the soft label puts lam' on c1.
+    lam = torch.sigmoid(meta["sharpness"] * (tensors["lam_hat"].double() - 0.5))
+    torch.testing.assert_close(tensors["lam_annot"].double(), lam, rtol=0, atol=1e-6)
+    rows = torch.arange(len(lam))
+    torch.testing.assert_close(tensors["soft_labels"][rows, cond["c1"]].double(), lam, rtol=0, atol=1e-6)
     with pytest.raises(FileNotFoundError, match="config.json"):
         ClipEncoder(tmp_path)
 
