@@ -13,7 +13,12 @@ Timed side by side in one run, in interleaved rounds (best of ``--repeats``):
 * from logits: ``ece(softmax(logits))`` and ``evaluate(softmax(logits))`` vs torchmetrics given
   the logits (it applies the softmax itself).
 
-Usage: ``.venv/bin/python benchmarks/metrics_speed.py [--n 1000000] [--k 100] [--repeats 5]``
+With a CUDA device (or ``--device cuda``) the same jobs are timed on the GPU as well, each
+call followed by ``torch.cuda.synchronize()`` (``evaluate`` returns python floats, so it ends
+with its own device-to-host transfer; torchmetrics returns a device tensor). The ratios are
+printed per device.
+
+Usage: ``.venv/bin/python benchmarks/metrics_speed.py [--n 1000000] [--k 100] [--repeats 5] [--device cpu,cuda]``
 """
 
 from __future__ import annotations
@@ -26,13 +31,45 @@ import time
 import torch
 
 
-def _best(fn, repeats: int) -> float:
+def _best(fn, repeats: int, sync=None) -> float:
     best = float("inf")
     for _ in range(repeats):
+        if sync:
+            sync()
         t0 = time.perf_counter()
         fn()
+        if sync:
+            sync()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _run(device: str, logits, labels, k: int, repeats: int) -> dict:
+    from torchmetrics.functional.classification import multiclass_calibration_error as tm_ece
+
+    from calibkit.functional import ece
+    from calibkit.metrics import evaluate
+
+    logits, labels = logits.to(device), labels.to(device)
+    probs = torch.softmax(logits, 1)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
+    jobs = {
+        "calibkit ece": lambda: ece(probs, labels),
+        "calibkit evaluate (10 metrics)": lambda: evaluate(probs, labels),
+        "torchmetrics ece": lambda: tm_ece(probs, labels, k, n_bins=15),
+        "calibkit softmax+ece (logits)": lambda: ece(torch.softmax(logits, 1), labels),
+        "calibkit softmax+evaluate (logits)": lambda: evaluate(torch.softmax(logits, 1), labels),
+        "torchmetrics ece (logits)": lambda: tm_ece(logits, labels, k, n_bins=15),
+    }
+    ours, theirs = float(ece(probs, labels)), float(tm_ece(probs, labels, k, n_bins=15))
+    for fn in jobs.values():  # warm-up (CUDA kernels, caching allocator)
+        fn()
+    best = {name: float("inf") for name in jobs}
+    for _ in range(repeats):  # interleaved, so load changes hit every job alike
+        for name, fn in jobs.items():
+            best[name] = min(best[name], _best(fn, 1, sync))
+    mean_conf = float(probs.max(1).values.float().mean())
+    return {"best": best, "ours": ours, "theirs": theirs, "mean_conf": mean_conf}
 
 
 def main(argv=None) -> int:
@@ -41,12 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5, help="rounds; each timing is the best over rounds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, help="comma-separated devices (default: cpu, and cuda when available)")
     args = ap.parse_args(argv)
-
-    from torchmetrics.functional.classification import multiclass_calibration_error as tm_ece
-
-    from calibkit.functional import ece
-    from calibkit.metrics import evaluate
 
     g = torch.Generator().manual_seed(args.seed)
     n, k = args.n, args.k
@@ -56,38 +89,32 @@ def main(argv=None) -> int:
     logits[torch.arange(n), predicted] += 4 + 6 * torch.rand(n, generator=g)
     flip = torch.rand(n, generator=g) > 0.7
     labels = torch.where(flip, torch.randint(0, k, (n,), generator=g), predicted)
-    probs = torch.softmax(logits, 1)
 
-    jobs = {
-        "calibkit ece": lambda: ece(probs, labels),
-        "calibkit evaluate (10 metrics)": lambda: evaluate(probs, labels),
-        "torchmetrics ece": lambda: tm_ece(probs, labels, k, n_bins=15),
-        "calibkit softmax+ece (logits)": lambda: ece(torch.softmax(logits, 1), labels),
-        "calibkit softmax+evaluate (logits)": lambda: evaluate(torch.softmax(logits, 1), labels),
-        "torchmetrics ece (logits)": lambda: tm_ece(logits, labels, k, n_bins=15),
-    }
-    # same numbers first: the comparison is only meaningful if the two agree
-    ours, theirs = float(ece(probs, labels)), float(tm_ece(probs, labels, k, n_bins=15))
-    best = {name: float("inf") for name in jobs}
-    for _ in range(args.repeats):  # interleaved, so load changes hit every job alike
-        for name, fn in jobs.items():
-            best[name] = min(best[name], _best(fn, 1))
-
+    devices = args.device.split(",") if args.device else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is available here")
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("n/a",)
     print(f"machine: {os.cpu_count()} CPUs ({platform.machine()}), torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), python {platform.python_version()}, load average {load[0]:.1f}")
-    print(f"data: N={n}, K={k}, float32; ECE calibkit {ours:.6f} vs torchmetrics {theirs:.6f} "
-          f"(diff {abs(ours - theirs):.1e}); mean confidence {float(probs.max(1).values.mean()):.3f}")
-    print(f"best of {args.repeats} interleaved rounds:")
-    for name, t in best.items():
-        print(f"  {name:38s} {1000 * t:9.1f} ms")
-    r1 = best["calibkit ece"] / best["torchmetrics ece"]
-    r2 = best["calibkit evaluate (10 metrics)"] / best["torchmetrics ece"]
-    r3 = best["calibkit softmax+ece (logits)"] / best["torchmetrics ece (logits)"]
-    r4 = best["calibkit softmax+evaluate (logits)"] / best["torchmetrics ece (logits)"]
-    print("ratios (calibkit / torchmetrics ECE; target: ece <= 0.5, panel <= 1.0):")
-    print(f"  from probs:  ece {r1:.3f}   evaluate panel {r2:.3f}")
-    print(f"  from logits: ece {r3:.3f}   evaluate panel {r4:.3f}")
+    for device in devices:
+        if device.startswith("cuda"):
+            print(f"device: {torch.cuda.get_device_name(device)}")
+        r = _run(device, logits, labels, k, args.repeats)
+        best = r["best"]
+        print(f"[{device}] data: N={n}, K={k}, float32; ECE calibkit {r['ours']:.6f} vs torchmetrics "
+              f"{r['theirs']:.6f} (diff {abs(r['ours'] - r['theirs']):.1e}); mean confidence {r['mean_conf']:.3f}")
+        print(f"[{device}] best of {args.repeats} interleaved rounds:")
+        for name, t in best.items():
+            print(f"  {name:38s} {1000 * t:9.2f} ms")
+        r1 = best["calibkit ece"] / best["torchmetrics ece"]
+        r2 = best["calibkit evaluate (10 metrics)"] / best["torchmetrics ece"]
+        r3 = best["calibkit softmax+ece (logits)"] / best["torchmetrics ece (logits)"]
+        r4 = best["calibkit softmax+evaluate (logits)"] / best["torchmetrics ece (logits)"]
+        print(f"[{device}] ratios (calibkit / torchmetrics ECE; target: panel <= 1.0):")
+        print(f"  from probs:  ece {r1:.3f}   evaluate panel {r2:.3f}")
+        print(f"  from logits: ece {r3:.3f}   evaluate panel {r4:.3f}")
+    if not any(d.startswith("cuda") for d in devices):
+        print("[cuda] unmeasured: no CUDA device in this run (the CUDA ratios need a GPU)")
     return 0
 
 

@@ -12,9 +12,21 @@ import threading
 import numpy as np
 import torch
 
-# Rows of a probability matrix must sum to 1 within this tolerance (float16 softmax
-# outputs are off by up to ~1e-3; anything further is not a probability vector).
+# Rows of a probability matrix must sum to 1 within ``prob_sum_tol(dtype)``: this base
+# tolerance, widened to 2 machine epsilons for half-precision types (see prob_sum_tol).
 PROB_SUM_TOL = 1e-3
+
+
+def prob_sum_tol(dtype: torch.dtype) -> float:
+    """Largest accepted ``|row sum - 1|`` of a probability matrix of ``dtype``.
+
+    ``max(1e-3, 2 * finfo(dtype).eps)``: 1e-3 for float32/float64, 1.95e-3 for float16 and
+    0.0156 for bfloat16. Rounding each entry of a genuine softmax row to bfloat16 moves the row
+    sum by up to ``2^-8`` (measured: 3.1e-3 at K = 10), and a softmax evaluated in bfloat16
+    arithmetic by up to 6.1e-3 (measured, K = 2 to 1000); two epsilons cover both, while rows of
+    logits or of unnormalised scores are still off by far more.
+    """
+    return max(PROB_SUM_TOL, 2 * torch.finfo(dtype).eps)
 
 
 _TRUST = threading.local()
@@ -48,11 +60,15 @@ def as_tensor(x, name: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, np.ndarray):
+        if x.dtype.kind in "USOa":  # strings, bytes, objects: no tensor dtype
+            raise ValueError(f"{name} must be numeric (integer class indices or floats), got a numpy array of "
+                             f"dtype {x.dtype}; map string labels to integers first")
         return torch.from_numpy(x)
     try:
         return torch.as_tensor(x)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise ValueError(f"{name}: cannot convert {type(x).__name__} to a tensor ({exc})") from exc
+    except Exception as exc:
+        raise ValueError(f"{name}: cannot convert {type(x).__name__} to a numeric tensor ({exc}); "
+                         "string labels must be mapped to integers first") from exc
 
 
 def check_labels(labels, num_classes: int | None, n: int | None, name: str = "labels") -> torch.Tensor:
@@ -103,18 +119,36 @@ def _check_matrix(x, name: str) -> torch.Tensor:
     return x
 
 
-def probs_within_tolerance(lo, hi, worst_row_dev) -> bool:
+def probs_within_tolerance(lo, hi, worst_row_dev, dtype: torch.dtype = torch.float32) -> bool:
     """True when the minimum ``lo``, maximum ``hi`` and largest ``|row sum - 1|`` of a probability
-    matrix pass :func:`check_probs` (False for NaN). For callers that compute these statistics in
-    their own pass over the matrix; on False they call :func:`check_probs` for the error."""
-    return bool(lo >= 0) and bool(hi <= 1) and bool(worst_row_dev <= PROB_SUM_TOL)
+    matrix of ``dtype`` pass :func:`check_probs` (False for NaN). For callers that compute these
+    statistics in their own pass over the matrix; on False they call :func:`check_probs` for the error."""
+    return bool(lo >= 0) and bool(hi <= 1) and bool(worst_row_dev <= prob_sum_tol(dtype))
+
+
+def probs_error(name: str, lo: float, hi: float, worst: float, dtype: torch.dtype, n_bad=None):
+    """The ``ValueError`` of :func:`check_probs` for a matrix with minimum ``lo``, maximum ``hi``
+    and largest ``|row sum - 1|`` ``worst`` (python floats), or ``None`` when they pass."""
+    import math
+
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        count = "" if n_bad is None else f"{n_bad} "
+        return ValueError(f"{name} contains {count}NaN or infinite value(s)")
+    if lo < 0 or hi > 1:
+        return ValueError(f"{name} has entries outside [0, 1]: these look like logits; pass softmax(logits) "
+                          "instead (sigmoid(logits) for 1-D binary input)")
+    tol = prob_sum_tol(dtype)
+    if not worst <= tol:
+        return ValueError(f"{name} rows must sum to 1 (largest deviation {worst:.3g} > {tol:.3g} for {dtype}); "
+                          "if these are logits, pass softmax(logits) instead")
+    return None
 
 
 def check_probs(probs, labels=None, name: str = "probs"):
     """Validate a probability matrix (N, K) and, if given, its labels (N,).
 
     Probabilities are never guessed from logits: rows must be non-negative, at most 1 and
-    sum to 1 within ``PROB_SUM_TOL``; otherwise the error says to apply softmax first.
+    sum to 1 within ``prob_sum_tol(probs.dtype)``; otherwise the error says to apply softmax first.
     Returns ``probs`` (unchanged dtype) or ``(probs, labels)``.
 
     Cost: one ``aminmax`` pass (finiteness and range) and one float32 row sum.
@@ -124,19 +158,14 @@ def check_probs(probs, labels=None, name: str = "probs"):
         return probs if labels is None else (probs, check_labels(labels, probs.shape[1], probs.shape[0]))
     lo, hi = torch.aminmax(probs)
     _check_finite(probs, lo, hi, name)
-    if lo < 0 or hi > 1:
-        raise ValueError(
-            f"{name} has entries outside [0, 1]: these look like logits; pass softmax(logits) instead"
-        )
-    # Row sums in float32 (half upcast) are accurate to ~1e-6, far inside the 1e-3 tolerance,
-    # and avoid a float64 copy of the whole (N, K) matrix.
-    row_sum = upcast(probs).sum(dim=1)
-    worst = float((row_sum - 1).abs().max())
-    if worst > PROB_SUM_TOL:
-        raise ValueError(
-            f"{name} rows must sum to 1 (largest deviation {worst:.3g} > {PROB_SUM_TOL}); "
-            "if these are logits, pass softmax(logits) instead"
-        )
+    # Row sums in float32 (half upcast) are accurate to ~1e-6, far inside the tolerance, and
+    # avoid a float64 copy of the whole (N, K) matrix.
+    worst = 0.0
+    if lo >= 0 and hi <= 1:
+        worst = float((upcast(probs).sum(dim=1) - 1).abs().max())
+    err = probs_error(name, float(lo), float(hi), worst, probs.dtype)
+    if err is not None:
+        raise err
     if labels is None:
         return probs
     return probs, check_labels(labels, probs.shape[1], probs.shape[0])

@@ -1,5 +1,5 @@
-"""Percentile bootstrap over test samples: an interval for one metric, and a paired interval
-for the difference between two models scored on the same test set.
+"""Bootstrap over test samples: an interval for one metric, and a paired interval for the
+difference between two models scored on the same test set.
 
 Resampling draws ``R`` sets of ``N`` sample indices with replacement from a seeded
 ``torch.Generator``; resample ``r`` is summarised by its count vector ``W[r]`` (how often each
@@ -15,10 +15,22 @@ every resample is evaluated at once, without copying rows:
   ``W``, bin 0 from the weighted column sums ``W @ P``.
 
 Any other callable ``metric(probs, labels) -> scalar`` is evaluated resample by resample on the
-same indices (slower, general). The interval is the ``(1 - level)/2`` and ``(1 + level)/2``
-quantiles (linear interpolation) of the resampled values; ``estimate`` is the metric on the full
-data. The paired variant uses the same ``W`` for both models, so the interval of the
-difference reflects only the models' disagreement, not which test samples were drawn.
+same indices (slower, general). The paired variant uses the same ``W`` for both models, so the
+interval of the difference reflects only the models' disagreement, not which test samples were
+drawn.
+
+Intervals (``q_a`` = the ``a`` quantile of the resampled values, linear interpolation;
+``estimate`` = the metric on the full data):
+
+* ``"basic"`` (default): ``[2 estimate - q_hi, 2 estimate - q_lo]`` with ``hi = (1 + level)/2``,
+  ``lo = (1 - level)/2``; for a single panel metric the ends are clipped to the metric's range
+  (e.g. ECE >= 0). It assumes that ``estimate - truth`` is distributed like
+  ``resampled - estimate``, so it **corrects the bias the bootstrap sees**: binned calibration
+  errors are biased upwards (noise in each bin's accuracy only ever adds ``|gap|``), a resample
+  (with duplicates) is noisier still, and the percentile interval of a well-calibrated model's
+  ECE then lies entirely above its own estimate. The basic interval is centred on the
+  bias-corrected estimate ``estimate - bias`` (``bias = mean(resampled) - estimate``).
+* ``"percentile"``: ``[q_lo, q_hi]``, the distribution of the resampled values themselves.
 """
 
 from __future__ import annotations
@@ -29,9 +41,18 @@ import torch
 
 from calibkit._validation import check_n_bins, check_probs, upcast
 from calibkit.functional import metrics as F
-from calibkit.functional.binning import BinSums, bin_indices, binned_errors, equal_width_edges, top_label
+from calibkit.functional.binning import (BinSums, bin_indices, binned_errors, equal_width_edges, top_label,
+                                         weighted_equal_mass_bins)
+from calibkit.functional.inputs import to_rows
 
-__all__ = ["BootstrapResult", "bootstrap_ci", "paired_bootstrap_diff", "FAST_METRICS"]
+__all__ = ["BootstrapResult", "bootstrap_ci", "paired_bootstrap_diff", "bootstrap_interval", "FAST_METRICS",
+           "INTERVALS"]
+
+INTERVALS = ("basic", "percentile")
+# Range of each panel metric, for clipping the basic interval.
+_RANGE = {"acc": (0.0, 1.0), "ece": (0.0, 1.0), "aece": (0.0, 1.0), "cece": (0.0, 1.0), "mce": (0.0, 1.0),
+          "rmsce": (0.0, 1.0), "o_ece": (0.0, 1.0), "u_ece": (0.0, 1.0), "nll": (0.0, float("inf")),
+          "brier": (0.0, 2.0)}
 
 FAST_METRICS = ("acc", "ece", "aece", "cece", "mce", "rmsce", "o_ece", "u_ece", "nll", "brier")
 _BY_FUNCTION = {F.accuracy: "acc", F.ece: "ece", F.adaptive_ece: "aece", F.classwise_ece: "cece",
@@ -41,13 +62,16 @@ _ROW_BUDGET = 4_000_000  # entries of W (R_chunk x N) held at once (32 MB in flo
 
 @dataclass
 class BootstrapResult:
-    """A point estimate with its percentile bootstrap interval.
+    """A point estimate with its bootstrap interval.
 
     Attributes:
         estimate: the metric on the full data (for a paired result: metric(a) - metric(b)).
         low, high: interval bounds at ``level``.
-        level: coverage, e.g. 0.95.
+        level: nominal coverage, e.g. 0.95.
         samples: ``(R,)`` float64 tensor of the resampled values.
+        method: ``"basic"`` or ``"percentile"`` (module docstring).
+        bias: bootstrap estimate of the estimator's bias, ``mean(samples) - estimate``;
+            ``estimate - bias`` is the bias-corrected estimate, the centre of the basic interval.
     """
 
     estimate: float
@@ -55,13 +79,21 @@ class BootstrapResult:
     high: float
     level: float
     samples: torch.Tensor = field(repr=False)
+    method: str = "basic"
+    bias: float = 0.0
+
+    @property
+    def corrected(self) -> float:
+        """Bias-corrected estimate ``estimate - bias`` (``2 estimate - mean(samples)``)."""
+        return self.estimate - self.bias
 
 
 class _Prepared:
     """Per-sample quantities of one model, so every resample costs only weighted sums."""
 
-    def __init__(self, probs, labels, n_bins):
-        probs, labels = check_probs(probs, labels)
+    def __init__(self, probs, labels, n_bins, ignore_index=None):
+        rows = to_rows(probs, labels, ignore_index, compact=True)
+        probs, labels = check_probs(rows.probs.cpu(), rows.labels.cpu())
         self.probs, self.labels, self.B = probs, labels, n_bins
         self.N, self.K = probs.shape
         conf, pred = top_label(probs)
@@ -90,29 +122,17 @@ class _Prepared:
         return binned_errors(sums)[name]
 
     def _aece(self, W):
-        n, B = self.N, self.B
-        s, perm = self.conf.sort()
-        cum = W[:, perm].cumsum(1)  # (R, N) running count in sorted order
-        pos = torch.arange(B + 1, dtype=torch.float64) * n / B
-        lo = pos.floor().clamp(max=n - 1)
-        frac = torch.where(pos >= n - 1, torch.zeros_like(pos), pos - lo)
-        ranks = torch.cat([lo, (lo + 1).clamp(max=n - 1)]).expand(W.shape[0], -1).contiguous()
-        # The value of rank q (0-based) of the resample is s[first t with cum[t] > q].
-        at = torch.searchsorted(cum, ranks, right=True).clamp(max=n - 1)
-        v = s[at]
-        edges = v[:, : B + 1] + frac * (v[:, B + 1 :] - v[:, : B + 1])  # (R, B + 1)
         R = W.shape[0]
-        if B > 1:
-            bins = torch.searchsorted(edges[:, 1:-1].contiguous(), self.conf.expand(R, -1).contiguous(), right=False)
-        else:
-            bins = torch.zeros(R, n, dtype=torch.long)
-        slot = (bins + torch.arange(R).view(-1, 1) * B).reshape(-1)
-        w = W.reshape(-1)
+        s, perm = self.conf.sort()
+        Ws = W[:, perm]  # (R, N) counts in sorted-confidence order
+        bins = weighted_equal_mass_bins(s, Ws, self.B)
+        slot = (bins + torch.arange(R).view(-1, 1) * self.B).reshape(-1)
+        w = Ws.reshape(-1)
 
         def count(x):
-            return torch.bincount(slot, weights=x, minlength=R * B).view(R, B)
+            return torch.bincount(slot, weights=x, minlength=R * self.B).view(R, self.B)
 
-        sums = BinSums(count(w), count(w * self.conf.repeat(R)), count(w * self.correct.repeat(R)))
+        sums = BinSums(count(w), count(w * s.repeat(R)), count(w * self.correct[perm].repeat(R)))
         return binned_errors(sums)["ece"]
 
     def _cece(self, W):
@@ -149,7 +169,9 @@ def _resolve(metric):
     raise ValueError(f"metric must be a name or a callable, got {type(metric).__name__}")
 
 
-def _check_args(n_resamples, level):
+def _check_args(n_resamples, level, method):
+    if method not in INTERVALS:
+        raise ValueError(f"unknown interval method {method!r}; expected one of {', '.join(INTERVALS)}")
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
         raise ValueError(f"n_resamples must be an integer >= 1, got {n_resamples!r}")
     if not 0 < level < 1:
@@ -184,15 +206,30 @@ def _full(model, metric):
     return float(metric(model.probs, model.labels))
 
 
-def _interval(samples, level):
+def bootstrap_interval(samples, estimate: float, level: float = 0.95, method: str = "basic",
+                       bounds: tuple[float, float] = (-float("inf"), float("inf"))) -> tuple[float, float]:
+    """Interval from resampled values ``samples`` ``(R,)`` around ``estimate`` (module docstring).
+
+    ``method``: ``"basic"`` (``[2 estimate - q_hi, 2 estimate - q_lo]``, clipped to ``bounds``)
+    or ``"percentile"`` (``[q_lo, q_hi]``).
+    """
+    if method not in INTERVALS:
+        raise ValueError(f"unknown interval method {method!r}; expected one of {', '.join(INTERVALS)}")
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
-    lo, hi = torch.quantile(samples, q)
-    return float(lo), float(hi)
+    lo, hi = (float(v) for v in torch.quantile(samples.double(), q))
+    if method == "percentile":
+        return lo, hi
+    return min(max(2 * estimate - hi, bounds[0]), bounds[1]), min(max(2 * estimate - lo, bounds[0]), bounds[1])
+
+
+def _result(estimate, samples, level, method, bounds) -> BootstrapResult:
+    low, high = bootstrap_interval(samples, estimate, level, method, bounds)
+    return BootstrapResult(estimate, low, high, level, samples, method, float(samples.mean()) - estimate)
 
 
 def bootstrap_ci(metric, probs, labels, n_resamples: int = 1000, seed: int = 0, level: float = 0.95,
-                 n_bins: int = 15) -> BootstrapResult:
-    """Percentile bootstrap interval of ``metric`` on ``probs`` ``(N, K)`` / ``labels`` ``(N,)``.
+                 n_bins: int = 15, method: str = "basic", ignore_index: int | None = None) -> BootstrapResult:
+    """Bootstrap interval of ``metric`` on ``probs`` / ``labels`` (every layout of the metrics).
 
     Args:
         metric: a panel name (``"ece"``, ``"aece"``, ...; see :data:`FAST_METRICS`), one of the
@@ -200,31 +237,43 @@ def bootstrap_ci(metric, probs, labels, n_resamples: int = 1000, seed: int = 0, 
             callable ``metric(probs, labels) -> scalar`` (evaluated per resample).
         n_resamples: number of resamples ``R``.
         seed: seed of the resampling generator: equal seeds give equal intervals.
-        level: coverage of the interval.
+        level: nominal coverage of the interval.
         n_bins: bins of the binned metrics on the fast path.
+        method: ``"basic"`` (default; bias-corrected, clipped to the metric's range for panel
+            names) or ``"percentile"``: see the module docstring.
+        ignore_index: label of samples to leave out, or ``None``.
+
+    The interval covers the metric of the population the test set was drawn from (for binned
+    metrics: with the same bins), not of this test set; the resampled values are computed on the
+    CPU (tensors on other devices are copied there).
     """
-    _check_args(n_resamples, level)
+    _check_args(n_resamples, level, method)
     check_n_bins(n_bins)
     metric = _resolve(metric)
-    model = _Prepared(probs, labels, n_bins)
+    model = _Prepared(probs, labels, n_bins, ignore_index)
     (samples,) = _resampled([model], metric, model.N, n_resamples, seed)
-    return BootstrapResult(_full(model, metric), *_interval(samples, level), level, samples)
+    bounds = _RANGE.get(metric, (-float("inf"), float("inf"))) if isinstance(metric, str) else (-float("inf"), float("inf"))
+    return _result(_full(model, metric), samples, level, method, bounds)
 
 
 def paired_bootstrap_diff(probs_a, probs_b, labels, metric, n_resamples: int = 1000, seed: int = 0,
-                          level: float = 0.95, n_bins: int = 15) -> BootstrapResult:
+                          level: float = 0.95, n_bins: int = 15, method: str = "basic",
+                          ignore_index: int | None = None) -> BootstrapResult:
     """Paired bootstrap interval of ``metric(a) - metric(b)`` on one test set.
 
     Both models are scored on the **same** resampled indices, so sample difficulty cancels and
     the interval is narrower than one built from two independent intervals. An interval that
-    excludes 0 means the difference is significant at ``1 - level``.
+    excludes 0 means the difference is significant at ``1 - level``. ``method`` as in
+    :func:`bootstrap_ci` (the basic interval is not clipped: a difference may be negative); the
+    basic interval corrects the bias of the difference, which does not cancel when the two
+    models' biases differ (a well-calibrated model's binned ECE is the more inflated).
     """
-    _check_args(n_resamples, level)
+    _check_args(n_resamples, level, method)
     check_n_bins(n_bins)
     metric = _resolve(metric)
-    a, b = _Prepared(probs_a, labels, n_bins), _Prepared(probs_b, labels, n_bins)
+    a, b = _Prepared(probs_a, labels, n_bins, ignore_index), _Prepared(probs_b, labels, n_bins, ignore_index)
     if a.N != b.N:
         raise ValueError(f"probs_a has {a.N} rows but probs_b has {b.N}")
     sa, sb = _resampled([a, b], metric, a.N, n_resamples, seed)
     diff = sa - sb
-    return BootstrapResult(_full(a, metric) - _full(b, metric), *_interval(diff, level), level, diff)
+    return _result(_full(a, metric) - _full(b, metric), diff, level, method, (-float("inf"), float("inf")))

@@ -20,7 +20,7 @@ import warnings
 
 import torch
 
-from calibkit._validation import check_logits, check_n_bins, upcast
+from calibkit._validation import as_tensor, check_labels, check_logits, check_n_bins, upcast
 from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
 from calibkit.metrics import evaluate
 
@@ -48,6 +48,20 @@ class TemperatureScaling:
     * ``"ece"``: the grid variant: ``T`` in ``0.1, 0.2, ..., 10.0``, picking the ``T`` with the
       smallest equal-width ECE (``n_bins`` bins); on ties the smallest ``T`` wins.
 
+    Layouts of ``fit``/``transform``/``predict_proba``:
+
+    * ``(N, K)`` logits, ``(N,)`` labels;
+    * **binary**: ``(N,)`` logits of the positive class with 0/1 labels. The model is
+      ``P(y = 1) = sigmoid(z / T)``: Platt scaling with its slope only, ``sigmoid(a z + c)`` with
+      ``a = 1 / T`` and no intercept ``c`` (so ``T`` changes confidence, never the decision
+      ``z > 0``). It is the K = 2 fit on the logits ``(0, z)``, since
+      ``softmax((0, z) / T)_1 = sigmoid(z / T)``. ``predict_proba`` returns ``(N,)`` positive-class
+      probabilities, which every metric accepts;
+    * **dense**: ``(N, K, *spatial)`` logits with ``(N, *spatial)`` labels; ``fit`` takes
+      ``ignore_index`` and fits on at most ``max_pixels`` valid pixels drawn uniformly without
+      replacement (``torch.randperm`` of the valid pixels with a generator seeded by ``seed``),
+      all of them when there are fewer.
+
     Args:
         objective: ``"nll"`` or ``"ece"``.
         n_bins: bins of the ECE objective.
@@ -66,13 +80,25 @@ class TemperatureScaling:
         self.t_min = t_min
         self.t_max = t_max
 
-    def fit(self, logits, labels) -> TemperatureScaling:
-        """Fit ``T`` on ``logits`` ``(N, K)`` and integer ``labels`` ``(N,)``; returns ``self``."""
+    def fit(self, logits, labels, ignore_index: int | None = None, max_pixels: int | None = 1_000_000,
+            seed: int = 0) -> TemperatureScaling:
+        """Fit ``T`` on validation ``logits`` and integer ``labels``; returns ``self``.
+
+        Args:
+            logits: ``(N, K)``, binary ``(N,)`` or dense ``(N, K, *spatial)`` logits.
+            labels: ``(N,)`` (``(N, *spatial)`` for dense) integer labels.
+            ignore_index: label of samples to leave out (e.g. 255 for void pixels), or ``None``.
+            max_pixels: dense input only: fit on at most this many valid pixels (``None``: all).
+            seed: seed of the pixel subsample.
+        """
         if self.objective not in self.OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; expected one of {', '.join(self.OBJECTIVES)}")
         if not 0 < self.t_min < self.t_max:
             raise ValueError(f"need 0 < t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
-        logits, labels = check_logits(logits, labels)
+        if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int)
+                                       or max_pixels < 1):
+            raise ValueError(f"max_pixels must be an integer >= 1 or None, got {max_pixels!r}")
+        logits, labels = _fit_rows(logits, labels, ignore_index, max_pixels, seed)
         z = logits.double()
         if self.objective == "nll":
             self.temperature_, self.n_iter_ = _fit_nll(z, labels, self.t_min, self.t_max)
@@ -85,17 +111,63 @@ class TemperatureScaling:
             raise NotFittedError("this TemperatureScaling is not fitted yet: call fit(val_logits, val_labels) first")
 
     def transform(self, logits) -> torch.Tensor:
-        """Scaled logits ``logits / T``, shape ``(N, K)``, in the logits' dtype (half upcast to float32)."""
+        """Scaled logits ``logits / T``, same shape as ``logits`` (any layout), in the logits'
+        dtype (half upcast to float32)."""
         self._check_fitted()
-        return upcast(check_logits(logits)) / self.temperature_
+        return upcast(_check_any_logits(logits)) / self.temperature_
 
     def predict_proba(self, logits) -> torch.Tensor:
-        """Calibrated probabilities ``softmax(logits / T)``, shape ``(N, K)``."""
-        return torch.softmax(self.transform(logits), dim=1)
+        """Calibrated probabilities: ``softmax(logits / T)`` over dim 1 (``(N, K)`` or
+        ``(N, K, *spatial)``), or ``sigmoid(logits / T)`` for binary ``(N,)`` logits."""
+        z = self.transform(logits)
+        return torch.sigmoid(z) if z.dim() == 1 else torch.softmax(z, dim=1)
 
     def __repr__(self) -> str:
         fitted = f", temperature_={self.temperature_:.4g}" if hasattr(self, "temperature_") else ""
         return f"TemperatureScaling(objective={self.objective!r}, n_bins={self.n_bins}{fitted})"
+
+
+def _check_any_logits(logits) -> torch.Tensor:
+    x = as_tensor(logits, "logits")
+    if x.dim() == 1:
+        return check_logits(x[:, None].expand(-1, 2))[:, 0]  # same checks (dtype, N, finiteness)
+    if x.dim() >= 3:  # the checks of check_logits, without a (pixels, K) copy
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"logits must be a floating-point tensor, got dtype {x.dtype}")
+        if x.numel() == 0 or x.shape[1] < 2:
+            raise ValueError(f"dense logits need N >= 1 and K >= 2 along dim 1, got shape {tuple(x.shape)}")
+        lo, hi = torch.aminmax(x)
+        if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
+            raise ValueError("logits contains NaN or infinite value(s)")
+        return x
+    return check_logits(x)
+
+
+def _fit_rows(logits, labels, ignore_index, max_pixels, seed):
+    """Validated ``(M, K)`` logits and ``(M,)`` labels to fit on (binary: the logits ``(0, z)``)."""
+    x, y = as_tensor(logits, "logits"), as_tensor(labels, "labels")
+    if x.dim() >= 3:
+        expected = x.shape[:1] + x.shape[2:]
+        if tuple(y.shape) != tuple(expected):
+            raise ValueError(f"dense logits of shape {tuple(x.shape)} (N, K, *spatial) need labels of shape "
+                             f"{tuple(expected)}, got {tuple(y.shape)}")
+        flat_y = check_labels(y.reshape(-1), None, None)
+        keep = torch.ones_like(flat_y, dtype=torch.bool) if ignore_index is None else flat_y != ignore_index
+        idx = keep.nonzero().squeeze(1)
+        if max_pixels is not None and idx.numel() > max_pixels:
+            gen = torch.Generator().manual_seed(seed)
+            pick = torch.randperm(idx.numel(), generator=gen)[:max_pixels].sort().values
+            idx = idx[pick.to(idx.device)]
+        spatial = flat_y.numel() // x.shape[0]
+        x = x.flatten(2)[idx // spatial, :, idx % spatial]  # (M, K), only the chosen pixels copied
+        y = flat_y[idx]
+    elif ignore_index is not None:
+        y = check_labels(y, None, x.shape[0] if x.dim() else None)
+        keep = y != ignore_index
+        x, y = x[keep], y[keep]
+    if x.dim() == 1:  # binary: one logit per sample, P(y = 1) = sigmoid(z / T)
+        x = check_logits(torch.stack([torch.zeros_like(x), x], 1)) if x.dtype.is_floating_point else x[:, None]
+    return check_logits(x, y)
 
 
 def _moments(z: torch.Tensor, z2: torch.Tensor, z_y: torch.Tensor, b: float) -> tuple[float, float]:
@@ -133,6 +205,9 @@ def _fit_nll(z, labels, t_min, t_max, max_iter: int = 100, tol: float = 1e-10):
         else:
             b_hi = b
         step = b - g / h if h > 0 else float("nan")
+        if abs(step - b) <= tol * b:  # Newton has converged (a zero step lands on a bracket end)
+            b = step
+            break
         # Newton step when it stays strictly inside the bracket, otherwise bisect in log T.
         b_new = step if b_lo < step < b_hi else math.sqrt(b_lo * b_hi)
         if abs(b_new - b) <= tol * b or (b_hi - b_lo) <= tol * b:

@@ -26,7 +26,7 @@ SCHEDULES = ("multistep", "cosine", "onecycle")
 RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size", "compile")
 OPTIMIZERS = ("sgd", "adam")
 # Checkpoint policies (calibkit.train.keep): which epoch's weights a run keeps.
-KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "last")
+KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "best-miou", "last")
 # Preset names resolve to TOML files shipped inside the package (calibkit/configs/).
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -44,6 +44,12 @@ class TrainConfig:
         mix_alpha: Beta parameter of Mixup/RegMixup (None: 0.2 for Mixup; RegMixup 20, or 10 with
             100 or more classes).
         csm_data: directory of a CSM generated set (method ``csm`` only).
+        csm_weight: weight of CSM's generated term ``soft_l2`` (1 in the paper).
+        csm_per_real: generated images per real image in a batch (an even number: each pair is a
+            pure endpoint on the real label's side and an interior member of one group; 2 in the paper).
+        csm_loss: the generated term: ``l2`` (``soft_l2``, the paper) or ``ce`` (soft-label
+            cross-entropy, a calibkit diagnostic option: its gradient does not vanish when the
+            softmax saturates, see ``docs/csm.md``).
         epochs: training epochs.
         batch_size: global batch size (split evenly over DDP processes).
         optimizer: ``sgd`` (momentum, weight decay) or ``adam`` (torch's Adam, betas (0.9, 0.999),
@@ -76,6 +82,9 @@ class TrainConfig:
     method: str = "standard"
     mix_alpha: float | None = None
     csm_data: str | None = None
+    csm_weight: float = 1.0
+    csm_per_real: int = 2
+    csm_loss: str = "l2"
     epochs: int = 30
     batch_size: int = 128
     lr: float = 0.1
@@ -133,6 +142,9 @@ class TrainConfig:
             (self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 disables clipping)"),
             (self.mix_alpha is None or self.mix_alpha > 0, "mix_alpha", "must be > 0"),
             (self.method != "csm" or bool(self.csm_data), "csm_data", "is required with method csm"),
+            (self.csm_weight > 0, "csm_weight", "must be > 0"),
+            (self.csm_per_real >= 2 and self.csm_per_real % 2 == 0, "csm_per_real", "must be an even number >= 2"),
+            (self.csm_loss in ("l2", "ce"), "csm_loss", "must be 'l2' (the paper) or 'ce'"),
             (self.val_size is None or _count_or_fraction(self.val_size), "val_size",
              "must be an image count >= 1 or a fraction in (0, 1)"),
             (self.train_subset is None or self.train_subset >= 1, "train_subset", "must be >= 1"),

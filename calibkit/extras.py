@@ -9,6 +9,9 @@ extra              packages            needed for
 ``data``           scipy, Pillow       SVHN ``.mat`` files; image folders (Tiny-ImageNet)
 ``csm``            diffusers,          training CSM's generator and generating new sets;
                    transformers        the CLIP encoder of ``calibkit csm annotate``
+``integrations``   torchmetrics        :mod:`calibkit.integrations.torchmetrics`
+``hf``             transformers,       ``examples/hf_compute_metrics.py`` (a ``Trainer``);
+                   accelerate          ``calibkit.integrations.huggingface`` needs neither
 =================  ==================  ===================================================
 
 Commands call :func:`require` (or :func:`check_dataset`) before they create a file, so a missing
@@ -25,6 +28,8 @@ PACKAGES = {
     "PIL": ("Pillow", "data"),
     "diffusers": ("diffusers", "csm"),
     "transformers": ("transformers", "csm"),
+    "torchmetrics": ("torchmetrics", "integrations"),
+    "accelerate": ("accelerate", "hf"),
 }
 
 # data set name -> import names its reader needs (data sets not listed need only the base install)

@@ -4,8 +4,10 @@
 
     acc, ece, aece, cece, mce, rmsce, o_ece, u_ece, nll, brier
 
-It is implemented as one :class:`CalibrationAccumulator` update followed by ``compute()``, so the
-streaming and the one-shot results come from the same code. Definitions: ``docs/metrics.md``.
+(plus ``miou`` for dense inputs). It is implemented as one :class:`CalibrationAccumulator`
+update followed by ``compute()``, so the streaming and the one-shot results come from the same
+code. Inputs: ``(N, K)``, binary ``(N,)`` or dense ``(N, K, *spatial)`` probabilities (see
+:mod:`calibkit.functional.inputs`). Definitions: ``docs/metrics.md``.
 
 Example:
     >>> import torch
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from calibkit._panel_state import Layout, batch_vector, fold_check, neutral_check, panel_from_state
 from calibkit._validation import check_n_bins
 from calibkit.bootstrap import BootstrapResult, bootstrap_ci, paired_bootstrap_diff
-from calibkit.functional.binning import BinSums, bin_sums, binned_errors, equal_mass_bins, panel_sums
+from calibkit.functional.panel import panel_sums
 
 __all__ = [
     "PANEL",
@@ -32,157 +35,196 @@ __all__ = [
     "paired_bootstrap_diff",
 ]
 
-#: Keys of the dict returned by :func:`evaluate`, in reporting order.
+#: Keys of the dict returned by :func:`evaluate`, in reporting order (dense inputs add ``miou``).
 PANEL = ("acc", "ece", "aece", "cece", "mce", "rmsce", "o_ece", "u_ece", "nll", "brier")
+_STATES = ("auto", "exact", "fixed")
 
 
-def evaluate(probs, labels, n_bins: int = 15) -> dict[str, float]:
-    """All panel metrics of ``probs`` ``(N, K)`` against ``labels`` ``(N,)`` as python floats.
+def evaluate(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> dict[str, float]:
+    """All panel metrics of ``probs`` against ``labels`` as python floats.
 
     Each value equals the corresponding function of :mod:`calibkit.functional` (``acc`` =
     ``accuracy``, ``aece`` = ``adaptive_ece``, ``cece`` = ``classwise_ece``, ``o_ece``/``u_ece`` =
-    ``over_under_ece``), but the input is validated once and the top label is computed once.
+    ``over_under_ece``), but the input is read once. Dense inputs ``(N, K, *spatial)`` also give
+    ``miou`` (:func:`calibkit.functional.mean_iou`). On an accelerator the whole panel is
+    computed there and moved to the host in one transfer.
     """
-    return CalibrationAccumulator(n_bins).update(probs, labels).compute()
+    return CalibrationAccumulator(n_bins, ignore_index=ignore_index, state="exact").update(probs, labels).compute()
 
 
 class CalibrationAccumulator:
     """Streaming, mergeable and distributable state for :func:`evaluate`.
 
-    State (float64, kept on the CPU whatever the input device):
+    State (float64, on the device of the first batch; details in :mod:`calibkit._panel_state`):
 
-    * equal-width top-label sums ``(3, B)`` (count, confidence, correct): ECE, MCE, RMSCE, O/U-ECE;
-    * classwise sums ``(3, K, B)``: classwise ECE;
-    * running sums of correct, ``-log p_y`` and the per-sample Brier score, and the count N;
-    * the per-sample top-label confidence (float64) and correctness (bool), 2 numbers per sample,
-      because equal-mass edges depend on all confidences at once (AECE).
+    * equal-width top-label sums ``(3, B)``: ECE, MCE, RMSCE, O/U-ECE; classwise sums
+      ``(3, K, B)``: classwise ECE; running sums of correct, ``-log p_y``, Brier, and N;
+    * for AECE, depending on ``state``:
+
+      - ``"exact"``: the per-sample top-label confidence and correctness (2 numbers per sample),
+        because equal-mass edges depend on all confidences at once;
+      - ``"fixed"``: a fixed histogram of the confidences (``FINE_BINS = 7937`` bins, each at most
+        0.4% of ``1 - conf`` wide) on which the equal-mass bins are formed, each fine bin kept
+        whole (as tied confidences are); memory independent of N. Equal to the exact AECE when
+        no fine bin holds two different confidences, otherwise an approximation (docs/metrics.md);
+        plus a confusion matrix ``(K, K)``, reported as ``miou`` for dense inputs;
+      - ``"auto"`` (default): ``"fixed"`` when the first batch is dense (pixels), else ``"exact"``.
 
     ``compute()`` equals ``evaluate`` on the concatenation of every batch seen (up to float64
-    summation order), whatever the batch split.
+    summation order; AECE in the ``"fixed"`` state as above), whatever the batch split.
+    Bootstrap intervals need the samples: use :func:`bootstrap_ci` on the arrays (or a seeded
+    subsample of pixels); the fixed state refuses nothing else.
+
+    On an accelerator ``update`` never waits for the device: its value checks (probabilities in
+    [0, 1], rows summing to 1, labels in range) are reduced on the device and raised by
+    ``compute()``. On the CPU they are raised by ``update`` itself.
 
     Args:
         n_bins: number of bins ``B`` (equal-width and equal-mass).
         num_classes: ``K``; inferred from the first batch when ``None``.
+        ignore_index: label of samples to leave out (255 for segmentation void), or ``None``.
+        state: ``"auto"``, ``"exact"`` or ``"fixed"`` (above).
 
     Example:
-        >>> acc = CalibrationAccumulator(n_bins=15)
+        >>> acc = CalibrationAccumulator(n_bins=15, ignore_index=255)
         >>> for p, y in batches:  # doctest: +SKIP
-        ...     acc.update(p, y)
+        ...     acc.update(p, y)   # p (n, K, H, W) probabilities, y (n, H, W) labels
         >>> acc.sync().compute()  # doctest: +SKIP
     """
 
-    def __init__(self, n_bins: int = 15, num_classes: int | None = None):
+    def __init__(self, n_bins: int = 15, num_classes: int | None = None, ignore_index: int | None = None,
+                 state: str = "auto"):
+        if state not in _STATES:
+            raise ValueError(f"state must be one of {', '.join(_STATES)}, got {state!r}")
         self.n_bins = check_n_bins(n_bins)
         self.num_classes = num_classes
-        self.n = 0
-        self._scalars = torch.zeros(3, dtype=torch.float64)  # correct, nll, brier sums
-        self._bins = torch.zeros(3, self.n_bins, dtype=torch.float64)
-        self._classwise = None if num_classes is None else self._empty_classwise(num_classes)
+        self.ignore_index = ignore_index
+        self.state = state
+        self._layout: Layout | None = None
+        self._sums: torch.Tensor | None = None
+        self._check: torch.Tensor | None = None
         self._conf: list[torch.Tensor] = []
         self._correct: list[torch.Tensor] = []
+        self._weight: list[torch.Tensor | None] = []
 
-    def _empty_classwise(self, k: int) -> torch.Tensor:
-        return torch.zeros(3, k, self.n_bins, dtype=torch.float64)
+    # -- state ---------------------------------------------------------------------------------
+    def _allocate(self, k: int, dense: bool, device) -> None:
+        hist = self.state == "fixed" or (self.state == "auto" and dense)
+        self._layout = Layout(self.n_bins, k, hist=hist, confusion=hist or dense)
+        self._sums = torch.zeros(self._layout.size, dtype=torch.float64, device=device)
+        self._check = neutral_check(device)
+
+    @property
+    def n(self) -> int:
+        """Number of samples accumulated."""
+        return 0 if self._sums is None else int(round(float(self._sums[0])))
+
+    @property
+    def _bins(self) -> torch.Tensor:
+        return self._layout.view(self._sums, "bins")
+
+    @property
+    def _classwise(self) -> torch.Tensor:
+        return self._layout.view(self._sums, "classwise")
 
     def update(self, probs, labels) -> CalibrationAccumulator:
-        """Add a batch: ``probs`` ``(n, K)`` probabilities, ``labels`` ``(n,)``. Returns ``self``."""
-        s = panel_sums(probs, labels, self.n_bins)  # validates; one pass over the matrix
-        k = s.classwise.count.shape[0]
+        """Add a batch: ``probs`` ``(n, K)``, ``(n,)`` (binary) or ``(n, K, *spatial)`` with
+        labels ``(n,)`` / ``(n, *spatial)``. Returns ``self``."""
+        s = panel_sums(probs, labels, self.n_bins, ignore_index=self.ignore_index, allow_empty=True)
+        if s is None:  # every label ignored
+            return self
         if self.num_classes is None:
-            self.num_classes = k
-        if k != self.num_classes:
-            raise ValueError(f"probs has K = {k} classes but this accumulator holds K = {self.num_classes}")
-        if self._classwise is None:
-            self._classwise = self._empty_classwise(k)
-        self._bins += torch.stack([s.top.count, s.top.conf, s.top.correct]).cpu()
-        self._classwise += torch.stack([s.classwise.count, s.classwise.conf, s.classwise.correct]).cpu()
-        self._scalars += torch.stack([s.correct.sum().double(), s.nll, s.brier]).cpu()
-        self.n += s.conf.shape[0]
-        self._conf.append(s.conf.cpu())
-        self._correct.append(s.correct.cpu())
+            self.num_classes = s.k
+        if s.k != self.num_classes:
+            raise ValueError(f"probs has K = {s.k} classes but this accumulator holds K = {self.num_classes}")
+        if self._sums is None:
+            self._allocate(s.k, s.dense, s.conf.device)
+        elif s.dense and self.state == "auto" and not self._layout.confusion:
+            raise ValueError("this accumulator was set up for (N, K) inputs by its first batch and keeps 2 numbers "
+                             "per sample; for pixels (dense inputs) use a new one, or state='fixed'")
+        dev = self._sums.device
+        self._sums += batch_vector(self._layout, s).to(dev)
+        if s.check is not None:
+            self._check = fold_check(self._check, s)
+        if not self._layout.hist:
+            self._conf.append(s.conf.to(dev))
+            self._correct.append(s.correct.to(dev))
+            self._weight.append(None if s.weight is None else s.weight.to(dev))
         return self
 
     def merge(self, other: CalibrationAccumulator) -> CalibrationAccumulator:
-        """Add the state of ``other`` (same ``n_bins`` and ``K``) into ``self``; returns ``self``."""
+        """Add the state of ``other`` (same ``n_bins``, ``K`` and state kind) into ``self``; returns ``self``."""
         if other.n_bins != self.n_bins:
             raise ValueError(f"cannot merge accumulators with n_bins {self.n_bins} and {other.n_bins}")
-        if other.n == 0:
+        if other._sums is None:
             return self
         if self.num_classes is not None and other.num_classes != self.num_classes:
             raise ValueError(f"cannot merge accumulators with K = {self.num_classes} and K = {other.num_classes}")
-        if self._classwise is None:
-            self.num_classes = other.num_classes
-            self._classwise = self._empty_classwise(other.num_classes)
-        self.n += other.n
-        self._scalars += other._scalars
-        self._bins += other._bins
-        self._classwise += other._classwise
-        self._conf += list(other._conf)
-        self._correct += list(other._correct)
+        if self._sums is None:
+            self.num_classes, self.state = other.num_classes, other.state
+            self._layout = other._layout
+            self._sums, self._check = torch.zeros_like(other._sums), other._check.clone()
+        elif (self._layout.hist, self._layout.confusion) != (other._layout.hist, other._layout.confusion):
+            raise ValueError("cannot merge an exact-state accumulator with a fixed-state (pixel) one")
+        dev = self._sums.device
+        self._sums += other._sums.to(dev)
+        self._check = torch.maximum(self._check, other._check.to(dev))
+        self._conf += [t.to(dev) for t in other._conf]
+        self._correct += [t.to(dev) for t in other._correct]
+        self._weight += [None if t is None else t.to(dev) for t in other._weight]
         return self
 
     def sync(self, group=None) -> CalibrationAccumulator:
         """Combine the state of every process of ``torch.distributed`` (no-op when not initialised).
 
-        The O(B) and O(K B) sums travel in **one** all-reduce; the per-sample AECE arrays are
-        all-gathered (padded to the longest rank). Afterwards every rank holds the global state,
-        so call it once, after the last ``update``. Every rank must have seen the same ``K``.
-        Works with the gloo backend (CPU tensors).
+        Every sum travels in **one** all-reduce and the deferred checks in one more (maximum);
+        in the exact state the per-sample AECE arrays are all-gathered (padded to the longest
+        rank). Afterwards every rank holds the global state, so call it once, after the last
+        ``update``. Every rank must have seen the same ``K`` and the same kind of input (dense or
+        not). State tensors must suit the backend (CPU for gloo, CUDA for nccl).
         """
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             return self
-        if self.num_classes is None:
-            raise ValueError("sync() needs num_classes on every rank: pass it to the constructor or update first")
-        if self._classwise is None:
-            self._classwise = self._empty_classwise(self.num_classes)
-        flat = torch.cat([torch.tensor([float(self.n)], dtype=torch.float64), self._scalars,
-                          self._bins.reshape(-1), self._classwise.reshape(-1)])
-        dist.all_reduce(flat, group=group)
-        sizes = [3, self._bins.numel(), self._classwise.numel()]
-        n, rest = flat[0], flat[1:]
-        scalars, bins, classwise = rest.split(sizes)
-        self.n = int(round(float(n)))
-        self._scalars = scalars.clone()
-        self._bins = bins.reshape(self._bins.shape).clone()
-        self._classwise = classwise.reshape(self._classwise.shape).clone()
-        conf, correct = self._per_sample()
+        if self._sums is None:
+            if self.num_classes is None or self.state == "auto":
+                raise ValueError("sync() on a rank without data needs num_classes and state='exact' or 'fixed' "
+                                 "in the constructor")
+            self._allocate(self.num_classes, False, "cpu")
+        dist.all_reduce(self._sums, group=group)
+        dist.all_reduce(self._check, op=dist.ReduceOp.MAX, group=group)
+        if not self._layout.hist:
+            self._gather_samples(dist, group)
+        return self
+
+    def _gather_samples(self, dist, group) -> None:
+        dev = self._sums.device
+        conf = torch.cat(self._conf) if self._conf else torch.zeros(0, dtype=torch.float64, device=dev)
+        correct = torch.cat(self._correct) if self._correct else torch.zeros(0, dtype=torch.bool, device=dev)
+        weight = torch.cat([torch.ones_like(c) if w is None else w for c, w in zip(self._conf, self._weight)]) \
+            if self._conf else torch.zeros(0, dtype=torch.float64, device=dev)
         world = dist.get_world_size(group)
-        local = torch.tensor([conf.numel()], dtype=torch.long)
-        counts = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+        local = torch.tensor([conf.numel()], dtype=torch.long, device=dev)
+        counts = [torch.zeros_like(local) for _ in range(world)]
         dist.all_gather(counts, local, group=group)
         longest = max(int(c) for c in counts)
-        packed = torch.zeros(2, longest, dtype=torch.float64)
-        packed[0, : conf.numel()] = conf
-        packed[1, : conf.numel()] = correct.double()
+        packed = torch.zeros(3, longest, dtype=torch.float64, device=dev)
+        packed[0, : conf.numel()], packed[1, : conf.numel()], packed[2, : conf.numel()] = conf, correct.double(), weight
         gathered = [torch.zeros_like(packed) for _ in range(world)]
         dist.all_gather(gathered, packed, group=group)
         self._conf = [g[0, : int(c)] for g, c in zip(gathered, counts)]
         self._correct = [g[1, : int(c)].bool() for g, c in zip(gathered, counts)]
-        return self
-
-    def _per_sample(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self._conf:
-            return torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.bool)
-        if len(self._conf) == 1:  # evaluate: one batch, no copy
-            return self._conf[0], self._correct[0]
-        return torch.cat(self._conf), torch.cat(self._correct)
+        self._weight = [g[2, : int(c)] for g, c in zip(gathered, counts)]
 
     def compute(self) -> dict[str, float]:
-        """The panel of :func:`evaluate` on everything accumulated, as python floats."""
-        if self.n == 0:
+        """The panel of :func:`evaluate` on everything accumulated, as python floats
+        (``miou`` added when dense batches were seen)."""
+        if self._sums is None:
             raise ValueError("no samples accumulated (N = 0): call update() with data first")
-        out = {"acc": float(self._scalars[0] / self.n)}
-        errors = binned_errors(BinSums(*self._bins))
-        conf, correct = self._per_sample()
-        eq_mass = bin_sums(equal_mass_bins(conf, self.n_bins), conf, correct, self.n_bins)
-        out["ece"] = float(errors["ece"])
-        out["aece"] = float(binned_errors(eq_mass)["ece"])
-        cw = self._classwise
-        out["cece"] = float((cw[2] - cw[1]).abs().sum() / (self.n * self.num_classes))
-        for key in ("mce", "rmsce", "o_ece", "u_ece"):
-            out[key] = float(errors[key])
-        out["nll"] = float(self._scalars[1] / self.n)
-        out["brier"] = float(self._scalars[2] / self.n)
-        return out
+        return panel_from_state(self._layout, self._sums, self._check, self._conf, self._correct, self._weight)
+
+    def state_bytes(self) -> int:
+        """Bytes held by the state (sums, checks and per-sample arrays)."""
+        tensors = [t for t in [self._sums, self._check, *self._conf, *self._correct, *self._weight] if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)

@@ -16,15 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from calibkit._validation import check_n_bins, check_probs
+from calibkit._validation import as_tensor, check_n_bins, check_probs
 from calibkit.functional.binning import (
-    bin_sums,
+    BinSums,
     binned_errors,
     equal_width_bins,
     equal_width_edges,
     top_label,
 )
+from calibkit.functional.inputs import to_rows
 
 __all__ = ["ReliabilityCurve", "reliability_curve", "reliability_diagram", "confidence_histogram"]
 
@@ -50,12 +52,16 @@ class ReliabilityCurve:
     n: int
 
 
-def reliability_curve(probs, labels, n_bins: int = 15) -> ReliabilityCurve:
-    """Bin the top-label confidences of ``probs`` ``(N, K)`` and the correctness against ``labels``."""
-    probs, labels = check_probs(probs, labels)
-    n_bins = check_n_bins(n_bins)
-    conf, pred = top_label(probs)
-    sums = bin_sums(equal_width_bins(conf, n_bins), conf, pred == labels, n_bins)
+def reliability_curve(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> ReliabilityCurve:
+    """Bin the top-label confidences of ``probs`` and the correctness against ``labels``.
+
+    Every layout of the metrics: ``(N, K)``, binary ``(N,)`` positive-class probabilities
+    (confidence ``max(p, 1 - p)``), dense ``(N, K, *spatial)``, with ``ignore_index``.
+    """
+    from calibkit.functional.metrics import _sums
+
+    s = _sums(probs, labels, check_n_bins(n_bins), ignore_index=ignore_index)
+    sums = BinSums(*(t.cpu() for t in (s.top.count, s.top.conf, s.top.correct)))
     count = sums.count.numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         confidence = np.where(count > 0, sums.conf.numpy() / count, np.nan)
@@ -66,7 +72,7 @@ def reliability_curve(probs, labels, n_bins: int = 15) -> ReliabilityCurve:
         confidence=confidence,
         accuracy=accuracy,
         ece=float(binned_errors(sums)["ece"]),
-        n=int(probs.shape[0]),
+        n=int(round(float(sums.count.sum()))),
     )
 
 
@@ -144,10 +150,12 @@ def confidence_histogram(probs, labels=None, n_bins: int = 15, ax=None, title: s
     Returns:
         The Axes drawn on.
     """
-    if labels is None:
-        probs, y = check_probs(probs), None
+    if labels is not None:
+        rows = to_rows(probs, labels)  # binary (N,) and dense layouts become (P, K) rows
+        probs, y = check_probs(rows.probs, rows.labels)
     else:
-        probs, y = check_probs(probs, labels)
+        p = as_tensor(probs, "probs")
+        probs, y = check_probs(torch.stack([1 - p, p], 1) if p.dim() == 1 else p), None
     n_bins = check_n_bins(n_bins)
     conf, pred = top_label(probs)
     edges = equal_width_edges(n_bins).numpy()

@@ -173,3 +173,28 @@ def test_missing_csm_store_fails_before_any_run(tmp_path, cli_env):
     assert res.returncode == 1, res.stdout + res.stderr
     assert res.stderr.count("\n") == 1 and "calibkit csm generate" in res.stderr
     assert res.stdout == "" and not out.exists()
+
+
+def test_evaluation_sets_are_built_once_per_bench(tmp_path):
+    """Every seed shares one EvalData (the test split is not drawn by the seed); other sets get another."""
+    from dataclasses import replace
+
+    import torch
+
+    from calibkit.bench.runner import Bench
+
+    preset = replace(PRESETS["smoke"], dataset="digits", seeds=(0, 1), robust_n=50, severities=(1,),
+                     train={**PRESETS["smoke"].train, "train_subset": None, "val_size": 100})
+    bench = Bench(preset, tmp_path / "b", device="cpu", num_threads=1, log=lambda *a, **k: None)
+    try:
+        a, b = bench.eval_data(0), bench.eval_data(1)
+        assert a is b
+        # the same test images as a bundle loaded under seed 1
+        from calibkit.data import load
+
+        assert torch.equal(a.bundle.test.images, load("digits", seed=1, val_size=100).test.images)
+        assert a.on("ood", "cpu") is a.on("ood", "cpu")  # one copy per device
+        other = bench.view(replace(preset, robust_n=20)).eval_data(0)
+        assert other is not a and len(other.robust_index()) == 20
+    finally:
+        bench.close()

@@ -111,3 +111,82 @@ def test_evaluate_before_after_ts_matches_separate_fit_and_evaluate():
     assert out["before"] == evaluate(torch.softmax(test.double(), 1), y[2000:])
     assert out["after"] == evaluate(torch.softmax(test.double() / t, 1), y[2000:])
     assert out["after"]["ece"] < out["before"]["ece"]  # the logits were made 2.5x too sharp
+
+
+def _grad_at(logits, y, t):
+    t = torch.tensor(t, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(logits.double() / t, y), t)
+    return grad.item()
+
+
+@pytest.mark.parametrize("t_true", [0.5, 2.0, 4.0, 10.0])
+def test_newton_stops_at_the_root_in_few_iterations(big, t_true):
+    # A Newton step that lands on the root is a zero step equal to a bracket end: it must end
+    # the fit, not hand over to bisection (which took ~40 iterations and stopped off the root).
+    z, y = big
+    logits = (z * t_true).float()
+    ts = TemperatureScaling().fit(logits, y)
+    assert ts.n_iter_ <= 10
+    assert abs(_grad_at(logits, y, ts.temperature_)) < 1e-9  # the stationary point, by autograd
+
+
+def test_binary_one_logit_is_sigmoid_of_z_over_t(gen):
+    z = torch.randn(4000, generator=gen, dtype=torch.float64) * 2
+    y = torch.bernoulli(torch.sigmoid(z), generator=gen).long()
+    ts = TemperatureScaling().fit(3 * z, y)
+    two = TemperatureScaling().fit(torch.stack([torch.zeros_like(z), 3 * z], 1), y)  # softmax((0, z)/T)
+    assert ts.temperature_ == pytest.approx(two.temperature_, rel=1e-12)
+    assert ts.temperature_ == pytest.approx(3.0, rel=0.1)
+    # stationary point of the binary NLL of sigmoid(3 z / T), by autograd
+    t = torch.tensor(ts.temperature_, dtype=torch.float64, requires_grad=True)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(3 * z / t, y.double())
+    assert abs(torch.autograd.grad(loss, t)[0].item()) < 1e-9
+    p = ts.predict_proba(3 * z)
+    assert p.shape == (4000,)
+    torch.testing.assert_close(p, torch.sigmoid(3 * z / ts.temperature_))
+    assert F.ece(p, y).item() < F.ece(torch.sigmoid(3 * z), y).item()
+    with pytest.raises(ValueError, match="out of range"):
+        TemperatureScaling().fit(z, y + 1)
+
+
+def test_dense_fit_equals_fit_on_valid_pixels_and_subsamples_with_a_seed(gen):
+    z = torch.randn(3, 5, 8, 9, generator=gen, dtype=torch.float64)
+    labels = torch.multinomial(torch.softmax(z, 1).movedim(1, -1).reshape(-1, 5), 1, generator=gen).view(3, 8, 9)
+    labels[torch.rand(3, 8, 9, generator=gen) < 0.3] = 255
+    logits = 3 * z  # over-confident pixels: T near 3
+    rows, y = logits.movedim(1, -1).reshape(-1, 5), labels.reshape(-1)
+    keep = y != 255
+    full = TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=None)
+    assert full.temperature_ == TemperatureScaling().fit(rows[keep], y[keep]).temperature_
+    sub = TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=50, seed=4)
+    idx = keep.nonzero().squeeze(1)[torch.randperm(int(keep.sum()), generator=torch.Generator().manual_seed(4))[:50].sort().values]
+    assert sub.temperature_ == TemperatureScaling().fit(rows[idx], y[idx]).temperature_
+    assert sub.temperature_ != full.temperature_ and 1.5 < full.temperature_ < 6
+    assert TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=50, seed=4).temperature_ == sub.temperature_
+    p = full.predict_proba(logits)
+    assert p.shape == logits.shape
+    torch.testing.assert_close(p, torch.softmax(logits / full.temperature_, 1))
+    with pytest.raises(ValueError, match="need labels of shape"):
+        TemperatureScaling().fit(logits, labels[:, :4])
+    with pytest.raises(ValueError, match="max_pixels"):
+        TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=0)
+
+
+def test_bfloat16_logits(gen):
+    z, y = _synthetic(gen, 3000, 10)
+    ts = TemperatureScaling().fit((2 * z).bfloat16(), y)
+    ref = TemperatureScaling().fit((2 * z).bfloat16().double(), y)
+    assert ts.temperature_ == ref.temperature_  # fitted in float64 on the exact upcast
+    assert ts.predict_proba((2 * z).bfloat16()).dtype == torch.float32
+
+
+def test_dense_transform_validates_without_flattening():
+    ts = TemperatureScaling()
+    ts.temperature_ = 2.0
+    x = torch.zeros(2, 3, 4, 4)
+    torch.testing.assert_close(ts.transform(x + 1.0), x + 0.5)
+    x[1, 2, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        ts.transform(x)
+    with pytest.raises(ValueError, match="K >= 2"):
+        ts.transform(torch.zeros(2, 1, 4, 4))

@@ -171,7 +171,9 @@ def test_reannotation_against_hand_computation():
     soft = out["soft_labels"]
     assert soft[0, 1] == pytest.approx(lam[0]) and soft[0, 0] == pytest.approx(1 - lam[0])
     assert soft[2, 2] == pytest.approx(0.5) and soft[:, :].sum(1).allclose(torch.ones(3))
-    assert reannotate(f, c1, c2, protos, sharpness=100.0)["lam_annot"][1] >= 0  # clamp keeps it in [0, 1]
+    # A very sharp sigmoid is the step 1[lam_hat > 1/2] (exactly 1/2 at the threshold): sigmoid(25)
+    # rounds to 1 and sigmoid(-250) underflows to 0 in float32.
+    assert reannotate(f, c1, c2, protos, sharpness=100.0)["lam_annot"].tolist() == [1.0, 0.0, 0.5]
     with pytest.raises(ValueError, match="differ"):
         reannotate(f, c1, c1, protos)
 

@@ -1,6 +1,7 @@
 """CSM store: sharded and resumed generation, the companion's sampling rule, the CLIP encoder."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -180,6 +181,144 @@ def test_clip_encoder_on_tiny_random_model(tmp_path):
     tensors, meta = load_annotations(tmp_path / "store")
     assert meta["encoder"] == "clip" and meta["sharpness"] == 4.0
     assert torch.equal(tensors["soft_labels"], out["soft_labels"])
-    assert ((tensors["lam_annot"] >= 0) & (tensors["lam_annot"] <= 1)).all()
+    # lam' = sigmoid(s (lam_hat - 1/2)) with the recorded sharpness, and the soft label puts lam' on c1.
+    lam = torch.sigmoid(meta["sharpness"] * (tensors["lam_hat"].double() - 0.5))
+    torch.testing.assert_close(tensors["lam_annot"].double(), lam, rtol=0, atol=1e-6)
+    rows = torch.arange(len(lam))
+    torch.testing.assert_close(tensors["soft_labels"][rows, cond["c1"]].double(), lam, rtol=0, atol=1e-6)
     with pytest.raises(FileNotFoundError, match="config.json"):
         ClipEncoder(tmp_path)
+
+
+def test_companion_per_real_repeats_independent_pairs(tmp_path):
+    _fake_store(tmp_path)
+    comp = CSMCompanion(tmp_path, 4, seed=0)
+    labels = torch.tensor([0, 1, 2, 3] * 50)
+    b = len(labels)
+    two = comp.draw(labels, torch.Generator().manual_seed(3))
+    four = comp.draw(labels, torch.Generator().manual_seed(3), per_real=4)
+    assert four[0].shape[0] == 4 * b
+    # The first pair is exactly the per_real=2 draw (same stream); the second is another pair drawn after it.
+    assert torch.equal(four[0][:2 * b], two[0]) and torch.equal(four[1][:2 * b], two[1])
+    code = four[0][:, 0, 0, 0].long()
+    g, m = code // 8, code % 8
+    assert torch.equal(g[3 * b:], g[2 * b:3 * b]) and ((m[3 * b:] >= 1) & (m[3 * b:] <= 6)).all()
+    assert not torch.equal(g[2 * b:3 * b], g[:b])  # an independent group choice
+    with pytest.raises(ValueError, match="even"):
+        comp.draw(labels, per_real=3)
+
+
+def test_csm_step_weights_the_generated_term(tmp_path):
+    from calibkit import functional as F_
+    from calibkit.train.steps import CSM, EpochGenerators
+
+    _fake_store(tmp_path)
+    comp = CSMCompanion(tmp_path, 4, seed=0)
+    comp.soft_labels = comp.soft_labels / comp.soft_labels.sum(-1, keepdim=True)  # probability rows
+
+    class Inputs:
+        def train_batch(self, x, y, gen):
+            return x.float().flatten(1), y
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(9, 4)
+    net = lambda x: (lin(x), x)  # noqa: E731
+    x, y = torch.randn(6, 9), torch.tensor([0, 1, 2, 3, 0, 1])
+    losses = {}
+    for w, per, kind in ((1.0, 2, "l2"), (2.5, 2, "l2"), (1.0, 4, "l2"), (2.0, 2, "ce")):
+        step = CSM(lambda logits, t, f: torch.nn.functional.cross_entropy(logits, t), comp, Inputs(),
+                   csm_weight=w, csm_per_real=per, csm_loss=kind)
+        gens = EpochGenerators(aug=torch.Generator(), draw=torch.Generator().manual_seed(5))
+        losses[w, per, kind] = step(net, x, y, y, gens)[0]
+    ce = torch.nn.functional.cross_entropy(lin(x), y)
+    gx, gs = comp.draw(y, torch.Generator().manual_seed(5))
+    l2 = F_.soft_l2(lin(gx.float().flatten(1)), gs)
+    torch.testing.assert_close(losses[1.0, 2, "l2"], ce + l2)
+    torch.testing.assert_close(losses[2.5, 2, "l2"], ce + 2.5 * l2)
+    gx4, gs4 = comp.draw(y, torch.Generator().manual_seed(5), per_real=4)
+    torch.testing.assert_close(losses[1.0, 4, "l2"], ce + F_.soft_l2(lin(gx4.float().flatten(1)), gs4))
+    soft_ce = -(gs * lin(gx.float().flatten(1)).log_softmax(1)).sum(1).mean()  # by hand
+    torch.testing.assert_close(losses[2.0, 2, "ce"], ce + 2.0 * soft_ce)
+
+
+def test_subset_store_equals_a_smaller_generation(gen_dir, single, tmp_path):
+    from calibkit.methods.csm.store import subset_store
+
+    man = subset_store(single, tmp_path / "sub", 2)
+    small = tmp_path / "small"
+    generate_store(gen_dir, small, distributed=None, **{**ARGS, "num_groups": 2})
+    a, b = load_store(tmp_path / "sub"), load_store(small)
+    for k in ("images", "group", "member", "c1", "c2", "lam"):
+        assert torch.equal(a[k], b[k]), k
+    assert man["num_groups"] == 2 and man["subset_of"]["num_groups"] == 3
+    idx = shard_paths(tmp_path / "sub", 0)[1].read_text().splitlines()
+    assert idx == [line for k in range(2) for line in shard_paths(small, k)[1].read_text().splitlines()]
+    with pytest.raises(ValueError, match="num_groups"):
+        subset_store(single, tmp_path / "x", 4)
+
+
+@pytest.mark.parametrize("w,per", [(1.0, 2), (2.5, 2), (1.0, 4), (4.0, 6)])
+def test_csm_step_loss_and_gradient_by_hand(tmp_path, w, per):
+    """csm_weight and csm_per_real against a hand computation of L = CE(real) + w * soft_l2(gen).
+
+    The network outputs zero logits (p = 1/4 on each of K = 4 classes) and every generated image
+    carries the soft label y = (3/4, 1/4, 0, 0), so the value does not depend on which images
+    the companion draws:
+      CE(real) = ln 4;  soft_l2 = (1/4 - 3/4)^2 + (1/4 - 1/4)^2 + 2 (1/4)^2 = 3/8.
+    Gradient with respect to the output bias b (logits z = b): the real term gives
+    mean_i (p - onehot(y_i)); for the L2 term d/dz sum_k (p_k - y_k)^2 = 2 (diag(p) - p p^T)(p - y)
+    = (2/K)(p - y) since sum_k p_k (p_k - y_k) = 1/K - 1/K = 0, i.e. (-1/4, 0, 1/8, 1/8) for every
+    generated image and hence for their mean. The network sees B real + per_real * B generated rows.
+    """
+    from calibkit.train.steps import CSM, EpochGenerators
+
+    _fake_store(tmp_path)
+    comp = CSMCompanion(tmp_path, 4, seed=0)
+    comp.soft_labels = torch.tensor([0.75, 0.25, 0.0, 0.0]).expand_as(comp.soft_labels).clone()
+
+    class Inputs:
+        def train_batch(self, x, y, gen):
+            return x.float().flatten(1), y
+
+    lin = torch.nn.Linear(9, 4)
+    torch.nn.init.zeros_(lin.weight)
+    torch.nn.init.zeros_(lin.bias)
+    rows = []
+
+    def net(x):
+        rows.append(len(x))
+        return lin(x), x
+
+    x, y = torch.randn(6, 9), torch.tensor([0, 1, 2, 3, 0, 1])
+    step = CSM(lambda logits, t, f: torch.nn.functional.cross_entropy(logits, t), comp, Inputs(),
+               csm_weight=w, csm_per_real=per)
+    gens = EpochGenerators(aug=torch.Generator(), draw=torch.Generator().manual_seed(5))
+    loss = step(net, x, y, y, gens)[0]
+    assert rows == [6 + per * 6]
+    assert abs(loss.item() - (math.log(4) + w * 3 / 8)) < 1e-6
+    loss.backward()
+    real_grad = torch.full((4,), 0.25) - torch.tensor([2, 2, 1, 1]) / 6  # p - mean onehot(y)
+    expected = real_grad + w * torch.tensor([-0.25, 0.0, 0.125, 0.125])
+    torch.testing.assert_close(lin.bias.grad, expected)
+
+
+def test_shipped_fashion_mnist_set_fits_the_default_preset():
+    """The packaged set: as many images as the default preset's real training images, made by the
+    packaged generator (same weights hash), which never saw the validation images of the preset's
+    seeds; its shard holds exactly the groups the manifest declares, each of 8 members."""
+    from calibkit.bench.grid import PRESETS
+    from calibkit.bench.twostage import SHIPPED_STORES
+    from calibkit.methods.csm.generator import generator_hash
+    from calibkit.methods.csm.store import load_store, read_manifest
+
+    store = SHIPPED_STORES["fmnist"]
+    gen = store.parent / "fmnist"
+    man, preset = read_manifest(store), PRESETS["default"]
+    assert man["num_groups"] * man["group_size"] >= preset.train["train_subset"]
+    assert man["generator_hash"] == generator_hash(gen)
+    split = json.loads((gen / "generator.json").read_text())["split"]
+    assert set(preset.seeds) <= set(split["excluded_val_seeds"]) and split["val_size"] == preset.train["val_size"]
+    data = load_store(store)
+    n = man["num_groups"] * 8
+    assert data["images"].shape == (n, 1, 28, 28) and data["images"].dtype == torch.uint8
+    assert torch.equal(data["group"], torch.arange(n) // 8) and torch.equal(data["member"], torch.arange(n) % 8)

@@ -432,6 +432,44 @@ def test_mixup_alpha_controls_the_mixing_weight():
     assert (weights[0.2] - 0.5).abs().mean() > 0.3
 
 
+def test_mixup_cpu_draw_is_numpy_beta_of_a_seed_from_the_generator():
+    # the CPU path (which fixes training results on the CPU): seed from the generator, then
+    # NumPy's Beta; the permutation comes next from the same generator
+    x = torch.randn(5, 1, 2, 2, generator=torch.Generator().manual_seed(3))
+    labels = torch.tensor([0, 1, 2, 0, 1])
+    x_mix, _ = mixup(x, labels, 3, 0.4, torch.Generator().manual_seed(9))
+    g = torch.Generator().manual_seed(9)
+    seed = int(torch.randint(0, 2**62, (1,), generator=g))
+    t = float(np.random.default_rng(seed).beta(0.4, 0.4))
+    perm = torch.randperm(5, generator=g)
+    assert torch.equal(x_mix, t * x + (1 - t) * x[perm])
+
+
+def test_beta_on_device_has_the_beta_moments_and_is_seeded():
+    from calibkit.data.transforms import beta_on_device
+
+    for alpha in (0.2, 2.0, 20.0):
+        g = torch.Generator().manual_seed(1)
+        t = torch.stack([beta_on_device(alpha, g) for _ in range(4000)])
+        assert t.dtype == torch.float64 and ((t >= 0) & (t <= 1)).all() and torch.isfinite(t).all()
+        # Beta(a, a): mean 1/2, variance 1 / (4 (2a + 1)); 4000 draws: mean sd <= 0.008
+        assert abs(float(t.mean()) - 0.5) < 0.03
+        var = 1 / (4 * (2 * alpha + 1))
+        assert abs(float(t.var()) - var) < 0.1 * var
+    a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert float(beta_on_device(0.4, a)) == float(beta_on_device(0.4, b))
+
+
+def test_mixup_label_check_is_skipped_only_under_trusted_inputs():
+    from calibkit._validation import trusted_inputs
+
+    x, bad = torch.zeros(2, 1, 2, 2), torch.tensor([0, 5])
+    with pytest.raises(ValueError, match="labels out of range"):
+        mixup(x, bad, 3, 0.4, torch.Generator().manual_seed(0))
+    with trusted_inputs(), pytest.raises(ValueError, match="must have shape"):
+        mixup(x, torch.tensor([0]), 3, 0.4, torch.Generator().manual_seed(0))  # shapes still checked
+
+
 def test_regmixup_concatenates_clean_and_mixed():
     x = torch.randn(6, 3, 4, 4, generator=torch.Generator().manual_seed(2))
     labels = torch.tensor([0, 1, 2, 0, 1, 2])

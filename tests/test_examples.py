@@ -1,9 +1,12 @@
-"""The examples/ scripts run (quick mode) and print what they claim."""
+"""The example programs under examples/ run in their quick mode and do what they say."""
 
+import importlib.util
 import os
 import re
 import subprocess
 
+import pytest
+import torch
 from conftest import PYTHON, ROOT
 
 
@@ -28,3 +31,58 @@ def test_maccal_own_model(cli_env):
     if os.path.isdir("/usr/share/datasets/fashion-mnist"):
         # The over-fitted MLP is over-confident; MaC-Cal brings its confidence down towards accuracy.
         assert conf1 - acc1 > 5 and ece2 < ece1 / 2 and acc2 > acc1 - 1 and conf2 < conf1
+
+
+def test_losses_own_loop(cli_env):
+    out = _run_example("losses_own_loop.py", cli_env)
+    rows = {m.group(1): tuple(map(float, m.groups()[1:]))
+            for m in re.finditer(r"^(cross-entropy|MbLS|FeDLaS|AdaFocal)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)}
+    assert set(rows) == {"cross-entropy", "MbLS", "FeDLaS", "AdaFocal"}, out
+    for acc, ece, nll in rows.values():  # 10 classes: far above chance, finite calibration numbers
+        assert 30 < acc <= 100 and 0 <= ece < 100 and 0 < nll < 10
+
+
+def test_metrics_streaming(cli_env):
+    out = _run_example("metrics_streaming.py", cli_env)
+    ece, corrected, lo, hi = map(float, re.search(
+        r"ECE ([\d.]+), bias-corrected ([\d.]+), 95% interval \[([\d.]+), ([\d.]+)\]", out).groups())
+    assert lo <= corrected <= hi  # the basic interval is centred on the bias-corrected estimate
+    before = float(re.search(r"before scaling\s+acc\s+[\d.]+\s+ECE\s+([\d.]+)", out).group(1))
+    assert abs(before - 100 * ece) < 0.01  # streamed panel == one-shot bootstrap estimate
+    assert re.search(r"after TS \(T = [\d.]+\)", out)
+    assert re.search(r"pixels: N = 7168 valid pixels, ECE [\d.]+, mIoU [\d.]+, state \d+ KiB", out)
+
+
+def test_hf_compute_metrics(cli_env):
+    import pytest
+
+    pytest.importorskip("transformers")
+    out = _run_example("hf_compute_metrics.py", cli_env)
+    values = dict(re.findall(r"^(eval_\w+)\s+([\d.]+)$", out, re.M))
+    assert set(values) == {"eval_acc", "eval_ece", "eval_aece", "eval_nll", "eval_brier"}, out
+    assert 0.5 < float(values["eval_acc"]) <= 1 and 0 <= float(values["eval_ece"]) < 1
+
+
+def _load_example(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_csm_own_data_example_quick():
+    pytest.importorskip("diffusers")
+    pytest.importorskip("sklearn")
+    res = _load_example("csm_own_data").main(["--quick"])
+    mixes = res["mixes"]
+    n = 45 * 8  # every class pair once, 8 images per group
+    assert mixes["images"].shape == (n, 1, 8, 8) and mixes["images"].dtype == torch.uint8
+    soft = mixes["soft_labels"]
+    rows = torch.arange(n)
+    # Each soft label is a two-class distribution on the image's own pair (c1, c2).
+    assert torch.allclose(soft.sum(1), torch.ones(n), atol=1e-6)
+    assert torch.allclose(soft[rows, mixes["c1"]] + soft[rows, mixes["c2"]], torch.ones(n), atol=1e-6)
+    for name in ("cross-entropy", "CSM"):
+        m = res[name]
+        assert 0.5 < m["acc"] <= 1 and 0 <= m["ece"] <= 1  # 10 classes: trained, far above chance

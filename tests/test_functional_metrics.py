@@ -288,7 +288,13 @@ def test_bad_input_raises_value_error_naming_the_problem(fn):
         ((torch.tensor([[float("inf"), 0.3], [0.4, 0.6]]), y), "NaN or infinite"),
         ((torch.tensor([[0.7, 0.2], [0.4, 0.6]]), y), "sum to 1"),
         ((torch.zeros(0, 2), torch.zeros(0, dtype=torch.long)), "empty"),
-        ((good[0], y), "shape \\(N, K\\)"),
+        # 1-D probabilities are binary by contract, and need one 0/1 label each
+        ((good[0], torch.tensor([0, 1, 1])), "need labels of shape \\(2,\\)"),
+        ((good[0], torch.tensor([0, 2])), "out of range"),
+        ((torch.tensor([0.2, 1.3]), y), "outside \\[0, 1\\].*sigmoid"),
+        ((good[:, :, None], y), "need labels of shape \\(2, 1\\)"),  # dense (N, K, W) needs (N, W) labels
+        ((good, ["a", "b"]), "string labels"),
+        ((good, np.array(["a", "b"])), "string labels"),
     ]
     for args, msg in cases:
         with pytest.raises(ValueError, match=msg):

@@ -3,11 +3,13 @@
 import pytest
 import torch
 
-from calibkit.models import MODELS, build, input_kind, num_parameters
+from calibkit.models import DENSE_MODELS, MODELS, build, input_kind, num_parameters
 
 SMALL = {"cnn", "mlp"}
+DENSE = DENSE_MODELS
 # the big networks run on a batch of 2 to keep the suite fast; BN still sees > 1 value per channel
-BATCH = {name: (2 if name in {"wrn26_10", "wrn28_10", "densenet121", "resnet101", "resnet50"} else 4) for name in MODELS}
+BATCH = {name: (2 if name in {"wrn26_10", "wrn28_10", "densenet121", "resnet101", "resnet50",
+                              "deeplabv3_resnet50"} else 4) for name in MODELS}
 
 
 TEXT = {name for name in MODELS if input_kind(MODELS[name]) == "tokens"}
@@ -28,13 +30,21 @@ def test_contract_forward_backward(name, gen):
     torch.manual_seed(0)
     k, c = 7, (VOCAB if name in TEXT else 1 if name in SMALL else 3)
     model = MODELS[name](num_classes=k, in_channels=c)
-    assert isinstance(model.head, torch.nn.Linear) and model.head.out_features == k
+    assert getattr(model, "dense", False) == (name in DENSE)
     x = _input(name, c, gen)
+    n, size = x.shape[0], x.shape[-2:]
+    if name in DENSE:  # per-pixel features (N, D, H, W) and a 1x1-conv head at the input resolution
+        head = model.head
+        assert isinstance(head, torch.nn.Conv2d) and head.kernel_size == (1, 1) and head.out_channels == k
+        feat_shape, logit_shape = (n, head.in_channels, *size), (n, k, *size)
+    else:
+        assert isinstance(model.head, torch.nn.Linear) and model.head.out_features == k
+        feat_shape, logit_shape = (n, model.head.in_features), (n, k)
     model.train()
     feats = model.forward_features(x)
-    assert feats.shape == (x.shape[0], model.head.in_features)
+    assert feats.shape == feat_shape
     logits = model(x)
-    assert logits.shape == (x.shape[0], k) and torch.isfinite(logits).all()
+    assert logits.shape == logit_shape and torch.isfinite(logits).all()
     logits.logsumexp(1).sum().backward()
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None for g in grads), "every parameter receives a gradient"
@@ -52,14 +62,18 @@ def test_contract_forward_backward(name, gen):
         torch.testing.assert_close(model(x), model.head(model.forward_features(x)))
 
 
-@pytest.mark.parametrize("name", ["cnn", "mlp", "resnet8"])
+@pytest.mark.parametrize("name", ["cnn", "mlp", "resnet8", "unet"])
 @pytest.mark.parametrize("channels,size", [(1, 28), (3, 32), (3, 20)])
 def test_any_channels_and_size(name, channels, size, gen):
     model = build(name, num_classes=10, in_channels=channels).eval()
     x = torch.randn(3, channels, size, size, generator=gen)
     with torch.no_grad():
-        assert model(x).shape == (3, 10)
-        assert model.forward_features(x).shape == (3, model.head.in_features)
+        if name in DENSE:
+            assert model(x).shape == (3, 10, size, size)
+            assert model.forward_features(x).shape == (3, model.head.in_channels, size, size)
+        else:
+            assert model(x).shape == (3, 10)
+            assert model.forward_features(x).shape == (3, model.head.in_features)
 
 
 @pytest.mark.parametrize(
@@ -74,10 +88,15 @@ def test_any_channels_and_size(name, channels, size, gen):
         ("densenet121", 6.9e6, 7.0e6),
         ("cnn", 0.82e6, 0.83e6),  # 2 conv (32/64) + FC 256 at 1x28x28
         ("mlp", 0.66e6, 0.68e6),  # 784-512-512-10
+        # U-Net 16/32/64/64 on 1 channel, bias-free 3x3 convs + BN (2 per channel), 1x1 head (K = 10):
+        # enc 2512 + 13952 + 55552, bottom 73984, dec 46208 + 11584 + 6976, head 170 = 210,938
+        ("unet", 210938, 210938),
+        # DeepLabV3-ResNet-50 without an auxiliary head: 23.5M encoder + 16.1M ASPP/refine + head
+        ("deeplabv3_resnet50", 39.5e6, 39.8e6),
     ],
 )
 def test_parameter_counts(name, low, high):
-    c = 1 if name in SMALL else 3
+    c = 1 if name in SMALL or name == "unet" else 3
     assert low <= num_parameters(MODELS[name](num_classes=10, in_channels=c)) <= high
 
 

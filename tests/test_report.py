@@ -92,6 +92,35 @@ def test_ece_difference_significance(tmp_path):
     assert d["ls"]["diff"] == pytest.approx(expected, abs=1e-9)
 
 
+def test_ece_difference_interval_is_the_basic_bootstrap_interval(tmp_path):
+    """The dECE interval, recomputed resample by resample: the bootstrap seed 0 draws the same
+    index sets for every seed's pair (N = 800 rows, 60 resamples: one draw of 60 x 800 indices);
+    each resample's difference ece(LS) - ece(CE) is averaged over the seeds, and the interval is
+    the basic one, [2 d - q_97.5, 2 d - q_2.5], around the seed-averaged difference d."""
+    from calibkit.functional import ece
+
+    make_bench(tmp_path)
+    rep = build_report(tmp_path, n_boot=60, figures=False, width=0)
+    rows = {(r["method"], r["seed"]): r for r in Store(tmp_path / "runs.db", readonly=True).runs("t")}
+    idx = torch.randint(0, N, (60, N), generator=torch.Generator().manual_seed(0))
+    per_seed, point = [], []
+    for seed in (0, 1):
+        t = {}
+        for m in ("ls", "ce"):
+            tensors = rundir.read_tensors(rows[m, seed]["logits_path"])
+            t[m] = (tensors["test_logits"].double().softmax(1), tensors["test_labels"].long())
+        (pa, y), (pb, _) = t["ls"], t["ce"]
+        point.append(float(ece(pa, y) - ece(pb, y)))
+        per_seed.append(torch.tensor([float(ece(pa[i], y[i]) - ece(pb[i], y[i])) for i in idx]))
+    samples, d = torch.stack(per_seed).mean(0), float(np.mean(point))
+    q_lo, q_hi = torch.quantile(samples.double(), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    got = rep["deltas"]["ls"]
+    assert got["diff"] == pytest.approx(d, abs=1e-12)
+    assert (got["lo"], got["hi"]) == pytest.approx((2 * d - q_hi, 2 * d - q_lo), abs=1e-9)
+    # not the percentile interval (the two differ by the bootstrap's bias estimate)
+    assert abs(got["lo"] - q_lo) > 1e-6
+
+
 def test_report_files_hold_database_numbers(tmp_path, cli_env):
     make_bench(tmp_path)
     out = subprocess.run([PYTHON, "-m", "calibkit", "report", str(tmp_path), "--n-boot", "100"],

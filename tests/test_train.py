@@ -263,7 +263,7 @@ def test_csm_path_adds_soft_l2_on_two_generated_images_per_real_one(tmp_path, mo
         def __init__(self, store_dir, num_classes, seed=0):
             assert store_dir == str(tmp_path / "store") and num_classes == 10
 
-        def draw(self, labels, generator=None):
+        def draw(self, labels, generator=None, per_real=2):
             draws.append((labels.device.type, len(labels)))
             b = len(labels)
             images = torch.randint(0, 256, (2 * b, 1, 28, 28), dtype=torch.uint8, generator=generator)

@@ -12,7 +12,12 @@
   Presets with no severities (the text presets: the corruptions are image transforms) record none.
 
 The corrupted and OOD image sets depend only on the data, so :class:`EvalData` builds them once
-per bench and caches them under ``DIR/cache/`` for resumed benches.
+per bench (for every seed and run), keeps one copy on the evaluation device, and caches the
+corrupted sets under ``DIR/cache/`` for resumed benches.
+
+Segmentation runs: the test metrics over every labelled test pixel, before and after temperature
+scaling fitted on the run's validation pixel sample (:func:`calibkit.train.dense.evaluate_dense`,
+the test images streamed through the model); no OOD or corruption measurements.
 """
 
 from __future__ import annotations
@@ -42,6 +47,16 @@ class EvalData:
         self.data_dir = data_dir
         self._ood = None
         self._corrupted = None
+        self._moved = {}  # (what, device) -> the set on that device
+
+    def on(self, what: str, device) -> torch.Tensor | dict:
+        """``ood_images()`` or ``corrupted()`` on ``device``, copied there once per bench."""
+        key = (what, str(torch.device(device)))
+        if key not in self._moved:
+            found = self.ood_images() if what == "ood" else self.corrupted()
+            self._moved[key] = (found.to(device) if isinstance(found, torch.Tensor)
+                                else {k: v.to(device) for k, v in found.items()})
+        return self._moved[key]
 
     def ood_images(self) -> torch.Tensor:
         """uint8 OOD images shaped like the test images."""
@@ -151,6 +166,8 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
     t0 = time.time()
     run_dir = Path(run_dir)
     logits = rundir.load_logits(run_dir)
+    if getattr(data.bundle, "modality", "image") == "segmentation":
+        return _evaluate_dense_run(run_dir, logits, data, model, norm, device, t0)
     if not torch.equal(logits["test_labels"].long(), data.bundle.test.labels.long()):
         raise ValueError(f"{run_dir}: its test labels differ from the preset's test set")
     metrics = test_metrics(logits)
@@ -159,10 +176,32 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
         norm = info if norm is None else norm
     model = model.to(device).eval()
     predict = lambda images: rundir.predict_logits(model, images, norm, batch_size, device)
-    ood = ood_metrics(logits["test_logits"], predict(data.ood_images()), data.preset.ood)
+    ood = ood_metrics(logits["test_logits"], predict(data.on("ood", device)), data.preset.ood)
     robust = None  # presets without severities (text: corruptions are image transforms) skip it
     if data.preset.severities:
         idx = data.robust_index()
-        robust = robustness_metrics(predict, data.corrupted(), data.bundle.test.labels[idx], metrics["temperature"])
+        robust = robustness_metrics(predict, data.on("corrupted", device), data.bundle.test.labels[idx],
+                                    metrics["temperature"])
     return {"metrics": metrics, "ood": ood, "robustness": robust, "eval_time_s": time.time() - t0,
+            "logits_path": str(run_dir / rundir.LOGITS)}
+
+
+def _evaluate_dense_run(run_dir: Path, logits: dict, data: EvalData, model, norm, device, t0: float) -> dict:
+    """A segmentation run: streamed pixel metrics of the whole test split before/after TS."""
+    from calibkit.data.inputs import inputs_from_info
+    from calibkit.train.dense import evaluate_dense
+
+    if model is None:
+        model, _, info = rundir.load_run(run_dir)
+        norm = info if norm is None else norm
+    inputs = inputs_from_info(norm) if isinstance(norm, dict) else norm
+    cached = (norm or {}).get("test_metrics") if isinstance(norm, dict) else None
+    if cached and cached.get("ts_objective") == "nll" and cached.get("n_bins") == 15:
+        res = cached  # computed by the trainer over every test pixel (calibkit.train.dense)
+    else:
+        res = evaluate_dense(model, data.bundle.test, inputs, logits["val_logits"], logits["val_labels"],
+                             device=device, batch_size=32)
+    metrics = {"before": _num(res["before"]), "after": _num(res["after"]), "temperature": res["temperature"],
+               "test_pixels": res["n_test_pixels"], "val_pixels": int(len(logits["val_labels"]))}
+    return {"metrics": metrics, "ood": None, "robustness": None, "eval_time_s": time.time() - t0,
             "logits_path": str(run_dir / rundir.LOGITS)}

@@ -26,7 +26,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         preset: a :class:`calibkit.bench.grid.Preset`.
         out: the bench output directory.
         seeds: seeds to run (default: the preset's).
-        methods: grid methods (default: the preset's).
+        methods: grid methods (default: the preset's, else all).
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
     """

@@ -35,14 +35,11 @@ import torch
 from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.bench.grid import METHODS, Preset, current_values, grid_methods
+from calibkit.bench.paths import run_dir_for
 from calibkit.store import Store, run_key
 
 # Seconds between two looks at the database while waiting for another bench's run.
 POLL_S = 5.0
-
-
-def run_dir_for(out: Path, preset: str, method: str, seed: int) -> Path:
-    return Path(out) / "runs" / preset / method / f"seed{seed}"
 
 
 def train_config(preset: Preset, method: str, seed: int, data_dir=None, device="auto", num_threads=None,
@@ -125,17 +122,26 @@ class Bench:
             self.log(f"{', '.join(self.skipped)}: skipped (they mix or generate images; preset {preset.name} "
                      "trains on token ids)")
 
-    # -- data shared by every run of a seed ------------------------------------------------------
+    # -- data shared by every run ------------------------------------------------------------------
     def eval_data(self, seed: int):
+        """The evaluation sets (test, OOD, corrupted), built once per bench and shared by every run.
+
+        They depend on the data set's test split (fixed: no seed draws it) and on the preset's
+        ``ood``, ``robust_n`` and ``severities``, never on the seed or a method's hyperparameters,
+        so one ``EvalData`` serves every seed and every view of this bench (:meth:`view`) that
+        agrees on those. ``seed`` only picks which seed's split loads the test set the first time.
+        """
         from calibkit.bench.evaluation import EvalData
         from calibkit.data import load
 
-        if seed not in self._data:
-            cfg = train_config(self.preset, "ce", seed, self.data_dir)
+        p = self.preset
+        key = (p.dataset, p.ood, p.robust_n, tuple(p.severities))
+        if key not in self._data:
+            cfg = train_config(p, "ce", seed, self.data_dir)
             bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seed, val_size=cfg.val_size,
                           train_subset=cfg.train_subset)
-            self._data[seed] = EvalData(self.preset, bundle, self.out / "cache", self.data_dir)
-        return self._data[seed]
+            self._data[key] = EvalData(p, bundle, self.out / "cache", self.data_dir)
+        return self._data[key]
 
     # -- producing one run ---------------------------------------------------------------------
     def produce(self, method: str, seed: int) -> dict:

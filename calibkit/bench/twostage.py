@@ -19,13 +19,12 @@ import shutil
 from pathlib import Path
 
 from calibkit import rundir
+from calibkit.bench.paths import run_dir_for
 
 SHIPPED_STORES = {"fmnist": Path(__file__).resolve().parent.parent / "assets" / "csm" / "fmnist-groups"}
 
 
 def _ce_run(bench, seed: int) -> Path:
-    from calibkit.bench.runner import run_dir_for
-
     ce = run_dir_for(bench.out, bench.preset.name, "ce", seed)
     info = rundir.load_info(ce) if (ce / rundir.CONFIG).is_file() else {}
     if info.get("status") != "done":

@@ -1,12 +1,15 @@
 """``calibkit csm ...``: train the CSM generator, generate mixing groups, annotate them.
 
-    calibkit csm train-generator --data fmnist --steps 2000 --batch-size 64 --seed 0 --out DIR
-    calibkit csm generate --generator DIR --groups 270 --seed 0 --out STORE [--steps 20 --guidance 3]
+    calibkit csm train-generator --data fmnist --steps 2000 --batch-size 64 --seed 0 --out DIR \
+        [--exclude-val-seeds 0,1 --val-size 5000] [--device auto]
+    calibkit csm generate --generator DIR --groups 270 --seed 0 --out STORE [--steps 20 --guidance 3] \
+        [--device auto --batch-size 64 --precision bf16]
     torchrun --nproc_per_node 2 -m calibkit csm generate ...   (sharded; identical output)
     calibkit csm annotate STORE --encoder classifier --run RUN_DIR
     calibkit csm annotate STORE --encoder clip --clip-dir DIR --data fmnist
 
-Wiring only: the work happens in ``calibkit.methods.csm``.
+Wiring only: the work happens in ``calibkit.methods.csm``, whose functions take tensors and any
+encoder callable; these commands only load the registered data set and run directories.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 import shlex
 
 from calibkit.extras import require
+
+
+DEVICE_HELP = "auto, cpu, cuda or cuda:N (default auto: the GPU when there is one)"
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -39,6 +45,12 @@ def register(sub) -> None:
     t.add_argument("--checkpoint-every", type=int, default=100)
     t.add_argument("--num-threads", type=int, default=None,
                    help="torch CPU threads (1 is fastest on a busy machine; default: torch's choice)")
+    t.add_argument("--exclude-val-seeds", type=_ints, default=None, metavar="S,S,...",
+                   help="train on the official training images outside the validation split of each of "
+                        "these seeds (e.g. the benchmark's 0,1), instead of the training split of --seed")
+    t.add_argument("--val-size", type=float, default=None,
+                   help="validation size of those splits (count, or fraction < 1; default: the data set's)")
+    t.add_argument("--device", default="auto", help=DEVICE_HELP)
     t.add_argument("--out", required=True, help="output directory (resumed if it holds a checkpoint)")
     t.set_defaults(func=_train_generator)
 
@@ -50,6 +62,11 @@ def register(sub) -> None:
     g.add_argument("--guidance", type=float, default=1.0, help="guidance weight w (1 = none)")
     g.add_argument("--groups-per-shard", type=int, default=16)
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads per process")
+    g.add_argument("--device", default="auto", help=DEVICE_HELP + "; under torchrun, auto = cuda:LOCAL_RANK")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="images per sampler batch (default 64 on the CPU, 4096 on a GPU)")
+    g.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: bfloat16 autocast of the network (faster on CPUs with AVX512-BF16 and on GPUs)")
     g.add_argument("--out", required=True, help="store directory")
     g.set_defaults(func=_generate)
 
@@ -61,6 +78,7 @@ def register(sub) -> None:
     a.add_argument("--data", default=None, help="data set of the prototypes (default: the run's)")
     a.add_argument("--data-dir", default=None)
     a.add_argument("--sharpness", type=float, default=4.0, help="s in sigmoid(s (lam_hat - 0.5))")
+    a.add_argument("--device", default="auto", help=DEVICE_HELP)
     a.set_defaults(func=_annotate)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -73,6 +91,10 @@ def _command_line(args) -> str:
              "--out", args.out]
     if args.data_dir:
         parts += ["--data-dir", args.data_dir]
+    if args.exclude_val_seeds is not None:
+        parts += ["--exclude-val-seeds", ",".join(map(str, args.exclude_val_seeds))]
+        if args.val_size is not None:
+            parts += ["--val-size", f"{args.val_size:g}"]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -85,14 +107,30 @@ def _set_threads(n) -> None:
         torch.set_num_threads(n)
 
 
+def _val_size(v):
+    return None if v is None else (int(v) if float(v).is_integer() else float(v))
+
+
 def _train_generator(args) -> int:
     from calibkit.data import load
+    from calibkit.distributed import resolve_device
     from calibkit.methods.csm.generator import GeneratorConfig
+    from calibkit.methods.csm.inputs import training_images_outside_validation
     from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
 
     require("diffusers", "training the CSM generator")  # before anything is written
     _set_threads(args.num_threads)
-    bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
+    device = resolve_device(args.device)
+    if args.exclude_val_seeds is not None:
+        images, labels, bundle, record = training_images_outside_validation(
+            args.data, args.exclude_val_seeds, _val_size(args.val_size), args.data_dir)
+        print(f"{record['train_images']} official training images outside the validation splits of seeds "
+              f"{record['excluded_val_seeds']}", flush=True)
+    else:
+        if args.val_size is not None:
+            raise ValueError("--val-size goes with --exclude-val-seeds")
+        bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
+        images, labels, record = bundle.train.images, bundle.train.labels, None
     if bundle.modality != "image":
         raise ValueError(f"--data {args.data} is {bundle.modality}: CSM's generator is an image diffusion model; "
                          "CSM does not apply to it (calibrate it with a loss, MaC-Cal or temperature scaling)")
@@ -107,10 +145,10 @@ def _train_generator(args) -> int:
                               attention_levels=(False,) * (len(args.channels) - 1) + (True,))
     train_cfg = GeneratorTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                                      lr=args.lr, p_uncond=args.p_uncond)
-    extra = {"data": args.data, "class_names": bundle.class_names, "split": bundle.split,
-             "command": _command_line(args)}
-    train_generator(bundle.train.images, bundle.train.labels, args.out, train_cfg, gen_cfg,
-                    checkpoint_every=args.checkpoint_every, extra_meta=extra)
+    extra = {"data": args.data, "class_names": bundle.class_names,
+             "split": record if record is not None else bundle.split, "command": _command_line(args)}
+    train_generator(images, labels, args.out, train_cfg, gen_cfg, checkpoint_every=args.checkpoint_every,
+                    extra_meta=extra, device=device)
     print(f"generator written to {args.out}")
     return 0
 
@@ -121,14 +159,35 @@ def _generate(args) -> int:
     require("diffusers", "generating a CSM set")  # before anything is written
     _set_threads(args.num_threads)
     generate_store(args.generator, args.out, num_groups=args.groups, seed=args.seed, steps=args.steps,
-                   guidance=args.guidance, groups_per_shard=args.groups_per_shard, distributed="env")
+                   guidance=args.guidance, groups_per_shard=args.groups_per_shard, distributed="env",
+                   device=args.device, batch_size=args.batch_size, precision=args.precision)
     return 0
 
 
 def _annotate(args) -> int:
-    from calibkit.methods.csm.annotate import annotate_command
+    from calibkit.methods.csm.annotate import ClassifierEncoder, ClipEncoder, annotate_store
 
     if args.encoder == "clip":
         require("transformers", "the CLIP encoder")  # before anything is written
-    annotate_command(args)
+    if args.encoder == "classifier":
+        if not args.run:
+            raise ValueError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")
+        enc = ClassifierEncoder(args.run, device=args.device)
+        if args.data and args.data != enc.cfg.data:
+            raise ValueError(f"--data {args.data} differs from the run's data set {enc.cfg.data}")
+        images, labels = enc.training_split()
+    else:
+        if not args.clip_dir:
+            raise ValueError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
+        if not args.data:
+            raise ValueError("--encoder clip needs --data NAME for the prototypes' real training images")
+        from calibkit.data import load
+
+        enc = ClipEncoder(args.clip_dir, device=args.device)
+        bundle = load(args.data, data_dir=args.data_dir)
+        images, labels = bundle.train.images, bundle.train.labels
+    res = annotate_store(args.store, enc, images, labels, sharpness=args.sharpness)
+    lam = res["lam_annot"]
+    print(f"annotated {len(lam)} images of {args.store} with the {enc.identity['encoder']} encoder "
+          f"(mean lam' {lam.mean():.3f}); written to {args.store}/annotations.safetensors")
     return 0

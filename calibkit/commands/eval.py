@@ -7,13 +7,16 @@ import argparse
 EPILOG = """\
 The temperature is fitted on the run's validation logits (NLL) and applied to its test logits.
 Calibration errors are printed x100, accuracy in %, NLL and Brier as they are.
+Segmentation runs: T is fitted on the stored validation pixel sample and the metrics (with mIoU)
+cover every labelled test pixel; the trainer's own evaluation is reused for the default settings,
+other settings stream the test images through the model again (needs the data).
 
 example:
   calibkit eval runs/ce
 """
 
 # How each metric is shown in the table: (label, scale).
-_SHOW = {"acc": ("accuracy (%)", 100), "nll": ("NLL", 1), "brier": ("Brier", 1)}
+_SHOW = {"acc": ("accuracy (%)", 100), "nll": ("NLL", 1), "brier": ("Brier", 1), "miou": ("mIoU (%)", 100)}
 
 
 def register(subparsers) -> None:
@@ -41,9 +44,11 @@ def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
         keys of :func:`calibkit.metrics.evaluate` in each of ``before`` / ``after``.
     """
     from calibkit.calibrators import evaluate_before_after_ts
-    from calibkit.rundir import load_logits
+    from calibkit.rundir import load_info, load_logits
 
     logits = load_logits(run_dir)
+    if load_info(run_dir).get("modality") == "segmentation":
+        return _evaluate_dense_run(run_dir, logits, n_bins, objective)
     panels = evaluate_before_after_ts(logits["val_logits"], logits["val_labels"], logits["test_logits"],
                                       logits["test_labels"], n_bins=n_bins, objective=objective)
     return {
@@ -55,6 +60,24 @@ def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
         "before": panels["before"],
         "after": panels["after"],
     }
+
+
+def _evaluate_dense_run(run_dir, logits: dict, n_bins: int, objective: str) -> dict:
+    from calibkit import distributed as D
+    from calibkit.data.inputs import inputs_from_info
+    from calibkit.rundir import load_run
+    from calibkit.train.dense import evaluate_dense, load_run_data
+
+    model, cfg, info = load_run(run_dir)
+    res = info.get("test_metrics") or {}
+    if res.get("ts_objective") != objective or res.get("n_bins") != n_bins:
+        bundle = load_run_data(info, cfg)
+        res = evaluate_dense(model, bundle.test, inputs_from_info(info), logits["val_logits"], logits["val_labels"],
+                             n_bins=n_bins, objective=objective, device=D.resolve_device("auto"),
+                             batch_size=cfg.eval_batch_size)
+    return {"temperature": res["temperature"], "ts_objective": objective, "n_bins": n_bins,
+            "n_val": len(logits["val_labels"]), "n_test": res["n_test_pixels"], "unit": "pixels",
+            "before": res["before"], "after": res["after"]}
 
 
 def format_table(result: dict) -> str:
@@ -77,8 +100,10 @@ def run(args) -> int:
     path = Path(args.run_dir) / rundir.METRICS
     rundir.write_json(path, result)
     print(f"{args.run_dir}: {c['data']} / {c['model']} / loss {c['loss']} / method {c['method']} / seed {c['seed']}")
-    print(f"temperature fitted on {result['n_val']} validation images: T = {result['temperature']:.4f}; "
-          f"{result['n_test']} test images")
+    unit = result.get("unit", "images")
+    sample = " (sample)" if unit == "pixels" else ""
+    print(f"temperature fitted on {result['n_val']} validation {unit}{sample}: T = {result['temperature']:.4f}; "
+          f"{result['n_test']} test {unit}")
     print(format_table(result))
     print(f"wrote {path}")
     return 0

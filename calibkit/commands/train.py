@@ -73,6 +73,9 @@ def register(subparsers) -> None:
                    '"eta=2,mc_samples=64,epochs=30" (default: calibkit maccal\'s defaults)')
     g.add_argument("--mix-alpha", type=float, metavar="A", help="Beta parameter of Mixup/RegMixup (default 0.2 / 20)")
     g.add_argument("--csm-data", metavar="DIR", help="generated set for --method csm")
+    g.add_argument("--csm-weight", type=float, metavar="W", help="weight of CSM's generated term (default 1)")
+    g.add_argument("--csm-per-real", type=int, metavar="N", help="generated images per real one, even (default 2)")
+    g.add_argument("--csm-loss", metavar="L", help="generated term: l2 (the paper, default) or ce (soft cross-entropy)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, help="training epochs (default 30)")
     g.add_argument("--batch-size", type=int, help="global batch size (default 128)")
@@ -99,9 +102,10 @@ def register(subparsers) -> None:
 
 
 # argparse destination -> TrainConfig field (identical names by construction)
-FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "epochs", "batch_size", "lr",
-          "optimizer", "momentum", "weight_decay", "schedule", "milestones", "gamma", "grad_clip", "amp", "seed", "val_size",
-          "train_subset", "augment", "keep", "eval_batch_size", "device", "num_threads", "compile")
+FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "csm_weight", "csm_per_real",
+          "csm_loss", "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "schedule", "milestones",
+          "gamma", "grad_clip", "amp", "seed", "val_size", "train_subset", "augment", "keep", "eval_batch_size",
+          "device", "num_threads", "compile")
 
 
 def run(args) -> int:

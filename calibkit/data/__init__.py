@@ -10,9 +10,10 @@ from .bundle import DataBundle, RawData, Split
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt, corrupt_split
 from .datasets import DATASETS, DatasetSpec, load
 from .ood import OOD_SETS, load_ood
+from .segmentation import augment_pair
 from .transforms import augment, mixup, normalize, regmixup, resize
 
 __all__ = [
     "CORRUPTIONS", "DATASETS", "OOD_SETS", "SEVERITIES", "DataBundle", "DatasetSpec", "RawData", "Split",
-    "augment", "corrupt", "corrupt_split", "load", "load_ood", "mixup", "normalize", "regmixup", "resize",
+    "augment", "augment_pair", "corrupt", "corrupt_split", "load", "load_ood", "mixup", "normalize", "regmixup", "resize",
 ]  # fmt: skip

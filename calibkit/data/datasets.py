@@ -13,8 +13,11 @@ from .cifar import read_cifar10, read_cifar100
 from .digits import read_digits
 from .folders import read_imagefolder, read_tinyimagenet
 from .idx import FMNIST_DIR, read_fmnist
+from .scenes import SCENES_VAL, read_scenes
+from .segmentation import load_segmentation
 from .svhn import read_svhn
 from .textsets import read_20newsgroups, read_debian
+from .voc import read_voc
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class DatasetSpec:
         hflip: horizontal flip is label-preserving for this data.
         crop_pad: padding of the random-crop augmentation.
         how_to_get: hint printed when the files are missing.
+        modality: ``"image"``, ``"text"`` (the reader returns token ids and the vocabulary) or
+            ``"segmentation"`` (loaded by :func:`calibkit.data.segmentation.load_segmentation`).
     """
 
     read: Callable[[str | None], RawData]
@@ -41,6 +46,7 @@ class DatasetSpec:
     hflip: bool
     crop_pad: int
     how_to_get: str
+    modality: str = "image"
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -77,11 +83,23 @@ DATASETS: dict[str, DatasetSpec] = {
     # text (token ids; validation fixed by the data set's definition, see calibkit.data.textsets)
     "debian": DatasetSpec(
         read=read_debian, default_dir=debian.APT_LISTS, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
-        how_to_get=debian.HOW_TO_GET,
+        how_to_get=debian.HOW_TO_GET, modality="text",
     ),
     "20newsgroups": DatasetSpec(
         read=read_20newsgroups, default_dir=None, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
-        how_to_get=newsgroups.HOW_TO_GET,
+        how_to_get=newsgroups.HOW_TO_GET, modality="text",
+    ),
+    # semantic segmentation (uint8 masks, 255 = void): see calibkit/data/segmentation.py
+    "scenes": DatasetSpec(
+        read=read_scenes, default_dir=FMNIST_DIR, needs_dir=True, val_size=SCENES_VAL, hflip=True, crop_pad=4,
+        how_to_get="composed from Fashion-MNIST: apt-get install dataset-fashion-mnist, or pass --data-dir "
+        "with its four idx .gz files", modality="segmentation",
+    ),
+    "voc": DatasetSpec(
+        read=read_voc, default_dir=None, needs_dir=True, val_size=0.1, hflip=True, crop_pad=32,
+        how_to_get="pass --data-dir with VOCdevkit/VOC2012 (JPEGImages/, SegmentationClass/, "
+        "ImageSets/Segmentation/train.txt and val.txt) from the VOCtrainval_11-May-2012 archive",
+        modality="segmentation",
     ),
 }  # fmt: skip
 
@@ -136,6 +154,8 @@ def load(
             raise ValueError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"data set {name!r}: folder {folder} does not exist. {spec.how_to_get}")
+    if spec.modality == "segmentation":
+        return load_segmentation(name, spec, folder, seed, val_size, train_subset)
     raw = spec.read(folder)
 
     if raw.val is not None:  # validation fixed by the protocol

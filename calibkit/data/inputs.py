@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import torch
 
+from .segmentation import augment_pair
 from .transforms import augment
 
-__all__ = ["ImageInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
+__all__ = ["ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
 
 
 class ImageInputs:
@@ -77,6 +78,36 @@ class ImageInputs:
         return self.eval_batch(x), y
 
 
+class SegmentationInputs(ImageInputs):
+    """uint8 images with per-pixel targets (N, H, W): one random crop/flip moves both.
+
+    Padding introduced by the crop is labelled ``ignore_index`` (it has no label); the images are
+    normalised as in :class:`ImageInputs`. Targets are returned as stored (uint8 or int64, void
+    included), which is what the dense losses take. ``dense`` tells the trainer to use the
+    per-pixel validation (:mod:`calibkit.train.dense`).
+    """
+
+    dense = True
+
+    def __init__(self, mean, std, crop_pad: int = 0, hflip: bool = False, ignore_index: int = 255):
+        super().__init__(mean, std, crop_pad, hflip)
+        self.ignore_index = int(ignore_index)
+
+    @classmethod
+    def from_bundle(cls, bundle, augment: bool = True) -> "SegmentationInputs":
+        crop_pad, hflip = (bundle.crop_pad, bundle.hflip) if augment else (0, False)
+        return cls(bundle.mean, bundle.std, crop_pad, hflip, bundle.ignore_index)
+
+    @classmethod
+    def from_info(cls, info: dict) -> "SegmentationInputs":
+        return cls(info["mean"], info["std"], ignore_index=info.get("ignore_index", 255))
+
+    def train_batch(self, x: torch.Tensor, y: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.crop_pad or self.hflip:
+            x, y = augment_pair(x, y, self.crop_pad, self.hflip, generator, void=self.ignore_index)
+        return self.eval_batch(x), y
+
+
 class TokenInputs:
     """int64 token ids ``(N, L)``: used as they are (no augmentation, no normalisation).
 
@@ -114,7 +145,7 @@ class TokenInputs:
         return x, y
 
 
-INPUTS: dict[str, type] = {"image": ImageInputs, "text": TokenInputs}
+INPUTS: dict[str, type] = {"image": ImageInputs, "segmentation": SegmentationInputs, "text": TokenInputs}
 
 
 def _pipeline(modality: str) -> type:

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from calibkit._validation import trusting
+
 
 def _check_images(x: torch.Tensor, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
@@ -111,11 +113,38 @@ def resize(images: torch.Tensor, size: tuple[int, int], channels: int) -> torch.
     return x.round().clamp(0, 255).to(torch.uint8).contiguous()
 
 
-def _beta(alpha: float, generator: torch.Generator | None) -> float:
-    # torch's Beta sampler takes no generator; a seed drawn from the generator keeps the whole
-    # transform reproducible from that one generator.
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device if generator else "cpu"))
+def _beta(alpha: float, generator: torch.Generator | None) -> float | torch.Tensor:
+    """One draw of ``Beta(alpha, alpha)``: a float from a CPU generator, a device scalar otherwise.
+
+    CPU generator (or none): a seed is drawn from the generator and NumPy's Beta sampler draws
+    from it (torch's Beta sampler takes no generator), so the whole transform is reproducible from
+    that one generator. Accelerator generator: :func:`beta_on_device`, which never waits for the
+    device (reading a seed back to the host would be a synchronisation every batch).
+    """
+    if generator is not None and generator.device.type != "cpu":
+        return beta_on_device(alpha, generator)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     return float(np.random.default_rng(seed).beta(alpha, alpha))
+
+
+def beta_on_device(alpha: float, generator: torch.Generator) -> torch.Tensor:
+    """``Beta(alpha, alpha)`` drawn where ``generator`` lives, without a host synchronisation.
+
+    ``t = G1 / (G1 + G2)`` with independent ``G1, G2 ~ Gamma(alpha, 1)`` is ``Beta(alpha, alpha)``
+    distributed (the gamma representation of the Beta law). The gamma draws use torch's sampler
+    with the given generator and are made in float64, so that for small ``alpha`` (whose draws
+    crowd near 0) neither underflows to 0.
+
+    Args:
+        alpha: the Beta parameter, > 0.
+        generator: a torch generator (any device; the draw is made on its device).
+
+    Returns:
+        float64 0-dim tensor in [0, 1] on the generator's device.
+    """
+    g = torch._standard_gamma(torch.full((2,), float(alpha), dtype=torch.float64, device=generator.device),
+                              generator=generator)
+    return g[0] / g.sum()
 
 
 def _check_mix_args(x, labels, num_classes, alpha):
@@ -126,7 +155,8 @@ def _check_mix_args(x, labels, num_classes, alpha):
         raise ValueError(f"alpha must be > 0, got {alpha}")
     if labels.dim() != 1 or labels.shape[0] != x.shape[0]:
         raise ValueError(f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}")
-    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+    # Reading the labels' range is a host synchronisation: skipped where the caller vouches for them.
+    if labels.numel() and not trusting() and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"labels out of range [0, {num_classes - 1}]")
 
 
@@ -136,7 +166,9 @@ def mixup(
     """Mixup (Zhang et al., ICLR 2018): ``x~ = t x_i + (1 - t) x_j``, same for one-hot labels.
 
     As in the reference implementations, one ``t ~ Beta(alpha, alpha)`` is drawn per batch and the
-    partner ``j`` of sample ``i`` is given by a random permutation of the batch.
+    partner ``j`` of sample ``i`` is given by a random permutation of the batch. With a generator
+    on an accelerator, ``t`` is drawn there (:func:`beta_on_device`) and the batch is mixed without
+    any host synchronisation; with a CPU generator the draw is NumPy's (see ``_beta``).
 
     Args:
         x: float (N, C, H, W) normalised images.
@@ -150,6 +182,8 @@ def mixup(
     """
     _check_mix_args(x, labels, num_classes, alpha)
     t = _beta(alpha, generator)
+    if isinstance(t, torch.Tensor):
+        t = t.to(x.dtype)
     perm = torch.randperm(x.shape[0], generator=generator, device=_rand_device(generator, x)).to(x.device)
     onehot = F.one_hot(labels, num_classes).to(x.dtype)
     return t * x + (1 - t) * x[perm], t * onehot + (1 - t) * onehot[perm]

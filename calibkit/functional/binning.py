@@ -14,9 +14,12 @@ Conventions (see ``docs/metrics.md``):
   is generally not representable in float32, and rounding it would move a sample across it.
 * **Sums.** Per-bin count, sum of confidences and sum of correct predictions, all float64.
 
-Everything here is a pure function of tensors: no state, no I/O. :func:`panel_sums` is the fused
-entry point of the metrics: it validates its input and returns every statistic of the panel from
-one pass over the matrix.
+* **Fine histogram.** A fixed histogram of the top-label confidence (:func:`fine_bin_index`),
+  fine where confidences crowd (near 1), on which the streaming pixel accumulator computes the
+  equal-mass bins with memory independent of the number of samples.
+
+Everything here is a pure function of tensors: no state, no I/O. The fused statistics of the
+whole panel (:func:`calibkit.functional.panel.panel_sums`) are built from these functions.
 """
 
 from __future__ import annotations
@@ -26,22 +29,32 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calibkit._validation import check_probs, check_probs_layout, probs_within_tolerance, upcast
-
 __all__ = [
     "BinSums",
-    "PanelSums",
-    "panel_sums",
     "equal_width_edges",
     "bin_indices",
     "equal_width_bins",
     "equal_mass_edges",
     "equal_mass_bins",
+    "weighted_equal_mass_bins",
+    "equal_mass_sums",
     "bin_sums",
     "top_label",
-    "classwise_bin_sums",
     "binned_errors",
+    "FINE_BINS",
+    "fine_bin_index",
 ]
+
+# Moved to calibkit.functional.panel; still importable from here.
+_PANEL_NAMES = ("PanelSums", "panel_sums", "classwise_bin_sums")
+
+
+def __getattr__(name):
+    if name in _PANEL_NAMES:
+        from calibkit.functional import panel
+
+        return getattr(panel, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -162,75 +175,6 @@ def top_label(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return conf, pred
 
 
-def _column_sums(probs: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """``probs.sum(0)`` accumulated in float64, shape ``(K,)``.
-
-    Blocks of ``block`` rows are summed in float32 (relative error ~1e-7 of a block's sum,
-    i.e. ~1e-8 absolute) and the ``N / block`` block sums are added in float64. This is about
-    10x faster than casting the whole (N, K) matrix to float64, whose column reduction is slow.
-    """
-    if probs.dtype == torch.float64:
-        return probs.sum(0)
-    n, k = probs.shape
-    full = n // block * block
-    total = torch.zeros(k, dtype=torch.float64, device=probs.device)
-    if full:
-        part = probs[:full].reshape(-1, block, k)
-        total += part.sum(1, dtype=torch.float32).double().sum(0)
-    if full < n:
-        total += probs[full:].double().sum(0)
-    return total
-
-
-def classwise_bin_sums(probs: torch.Tensor, labels: torch.Tensor, n_bins: int, top=None) -> BinSums:
-    """Classwise equal-width statistics, each float64 of shape ``(K, B)``.
-
-    For class ``k`` every sample's ``p_ik`` is binned (edges in ``probs.dtype``); ``count[k, b]``
-    and ``conf[k, b]`` are the number and the sum of the ``p_ik`` in bin ``b``, and
-    ``correct[k, b]`` is the number of those samples whose label is ``k``.
-
-    Why it is fast: a row sums to 1, so at most ``B - 1`` of its entries exceed ``t = 1 / B``.
-    Only those entries are located and binned; bin 0 is the column total minus the rest. A row
-    whose maximum ``m`` satisfies ``m >= 1 - t + 2e-3`` (the margin covers rows that sum to 1
-    only within the 1e-3 validation tolerance) has exactly one such entry, its maximum, so only
-    the other rows are searched; the cost therefore falls as the model gets confident. The
-    labelled entries ``p_{i, y_i}`` (N of them) give ``correct`` directly.
-
-    Args:
-        probs: ``(N, K)`` probabilities; labels: ``(N,)`` int64.
-        n_bins: ``B``.
-        top: optional ``(conf, pred)`` from :func:`top_label`, to avoid recomputing it.
-    """
-    n, k = probs.shape
-    edges = equal_width_edges(n_bins, probs.dtype, probs.device)
-    count = torch.zeros(k * n_bins, dtype=torch.float64, device=probs.device)
-    conf = torch.zeros(k * n_bins, dtype=torch.float64, device=probs.device)
-    if n_bins > 1:
-        thr = edges[1]
-        m, pred = top if top is not None else top_label(probs)
-        single = m.double() >= 1 - float(thr) + 2e-3
-        if int(single.sum()) > n // 2:  # measured: at ~40% single rows both branches cost the same
-            rest = (~single).nonzero().squeeze(1)
-            sub = probs[rest]
-            hit = torch.where(sub.reshape(-1) > thr)[0]  # compared in probs.dtype
-            vals = torch.cat([m[single], sub.reshape(-1)[hit]])
-            cols = torch.cat([pred[single], hit % k])
-        else:  # mostly diffuse rows: one search over the whole matrix is cheaper than a gather
-            flat = probs.reshape(-1)
-            hit = torch.where(flat > thr)[0]
-            vals, cols = flat[hit], hit % k
-        slot = cols * n_bins + bin_indices(vals, edges)
-        count += torch.bincount(slot, minlength=k * n_bins).double()
-        conf += torch.bincount(slot, weights=vals.double(), minlength=k * n_bins)
-    count, conf = count.view(k, n_bins), conf.view(k, n_bins)
-    count[:, 0] = n - count[:, 1:].sum(1)
-    conf[:, 0] = _column_sums(probs) - conf[:, 1:].sum(1)
-    p_y = probs.gather(1, labels.view(-1, 1)).squeeze(1)
-    hit_slot = labels * n_bins + bin_indices(p_y, edges)
-    correct = torch.bincount(hit_slot, minlength=k * n_bins).double().view(k, n_bins)
-    return BinSums(count=count, conf=conf, correct=correct)
-
-
 def binned_errors(sums: BinSums, debias: bool = False) -> dict[str, torch.Tensor]:
     """Equal-width style calibration errors from per-bin sums of shape ``(..., B)``.
 
@@ -267,145 +211,79 @@ def binned_errors(sums: BinSums, debias: bool = False) -> dict[str, torch.Tensor
     }
 
 
-@dataclass
-class PanelSums:
-    """What the panel metrics need from ``(probs, labels)``, see :func:`panel_sums`.
 
-    Attributes:
-        top: top-label equal-width sums, shape ``(B,)``.
-        conf: ``(N,)`` float64 top-label confidence (the exact upcast of ``max_k p_ik``).
-        correct: ``(N,)`` bool, ``argmax_k p_ik == y_i`` (first index on ties).
-        classwise: classwise equal-width sums ``(K, B)`` (as :func:`classwise_bin_sums`), or ``None``.
-        nll: 0-dim float64 ``sum_i -log max(p_{i, y_i}, tiny)``, or ``None``.
-        brier: 0-dim float64 ``sum_i (sum_k p_ik^2 - 2 p_{i, y_i} + 1)``, or ``None``.
+
+def weighted_equal_mass_bins(values: torch.Tensor, weights: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Equal-mass bins of sorted ``values`` repeated ``weights`` times, for ``R`` weightings at once.
+
+    ``values`` ``(M,)`` float64 ascending; ``weights`` ``(R, M)`` non-negative integer counts
+    (float64). For each row ``r`` this gives the bins that :func:`equal_mass_bins` gives on the
+    multiset holding ``values[m]`` ``weights[r, m]`` times: the order statistic of rank ``q`` is
+    the first value whose cumulative weight exceeds ``q``, the edges interpolate between the
+    order statistics at ``linspace(0, N_r, B + 1)`` (``N_r = sum_m weights[r, m]``, clamped to
+    the last rank), and every value is assigned with the ``(lo, hi]`` rule. Values of weight 0
+    never become edges; they get a bin but carry no mass.
+
+    Uses: the bootstrap (``R`` resamples as count vectors), the device path (a 0/1 weight for
+    ignored samples, no host synchronisation) and the fine-histogram AECE (values = fine-bin
+    order, weights = counts). Returns ``(R, M)`` int64 bin indices.
     """
+    r, m = weights.shape
+    if n_bins == 1:
+        return torch.zeros(r, m, dtype=torch.long, device=values.device)
+    total = weights.sum(1, keepdim=True)
+    last = total - 1
+    pos = torch.arange(n_bins + 1, dtype=torch.float64, device=values.device) * total / n_bins
+    lo = torch.minimum(pos.floor(), last)
+    frac = torch.where(pos >= last, torch.zeros_like(pos), pos - lo)
+    hi = torch.minimum(lo + 1, last)
+    cum = weights.cumsum(1)
+    at = torch.searchsorted(cum, torch.cat([lo, hi], 1), right=True).clamp(max=m - 1)
+    v = values[at]
+    edges = v[:, : n_bins + 1] + frac * (v[:, n_bins + 1 :] - v[:, : n_bins + 1])
+    return torch.searchsorted(edges[:, 1:-1].contiguous(), values.expand(r, m).contiguous(), right=False)
 
-    top: BinSums
-    conf: torch.Tensor
-    correct: torch.Tensor
-    classwise: BinSums | None = None
-    nll: torch.Tensor | None = None
-    brier: torch.Tensor | None = None
+
+# Fine histogram of top-label confidences: bins of d = 1 - conf whose width is 1/256 of the
+# binade of d (relative width 2^-9 to 2^-8 of d) for d in [2^-30, 1], plus one bin for d < 2^-30
+# (confidence 1 included). 31 binades x 256 + 1 bins, numbered in increasing confidence.
+_FINE_SUB = 256
+_FINE_BINADES = 31
+FINE_BINS = _FINE_BINADES * _FINE_SUB + 1
 
 
-# A block of rows this large stays in a core's L2 cache (2 MiB per core on the benchmark machine)
-# while the ~10 reductions of a block read it again.
-_BLOCK_BYTES = 1 << 20
+def fine_bin_index(conf: torch.Tensor) -> torch.Tensor:
+    """Fine-histogram bin of each confidence, int64 in ``[0, FINE_BINS)``, non-decreasing in ``conf``.
 
-
-def panel_sums(probs, labels, n_bins: int, full: bool = True) -> PanelSums:
-    """Validate ``probs`` ``(N, K)`` and ``labels`` ``(N,)`` and compute the panel's statistics.
-
-    Same checks and errors as :func:`calibkit._validation.check_probs`. With ``full=False`` only
-    the top-label part (``top``, ``conf``, ``correct``) is computed; ``full=True`` adds the
-    classwise sums, the NLL and the Brier sums. Every value equals what the separate functions of
-    this module give (:func:`top_label`, :func:`bin_sums`, :func:`classwise_bin_sums`) up to the
-    float64 summation order; precision is that of ``docs/metrics.md``: per-row reductions in the
-    input precision (at least float32), every sum over samples or bins in float64.
-
-    **CPU: one pass over blocks of rows.** Each block (about 1 MiB, so it stays in cache) is
-    read by a few single-threaded numpy reductions, instead of a dozen passes over the whole
-    matrix with torch's multi-threaded kernels (which stall on a loaded machine, where one of
-    their threads is often descheduled). Per block:
-
-    * validation: the minimum entry, the row sums (float32 for half and float32 input) and the
-      row maxima; a block outside the tolerance hands over to ``check_probs`` for the error;
-    * top label: ``argmax`` per row (first index on ties), the maximum gathered from it;
-    * ``full``: ``p_y`` gathered (NLL; Brier as ``sum p^2 - 2 p_y + 1``, the sum of squares per
-      row in the input precision), the classwise sums of the entries above ``1 / B`` only (at
-      most ``B - 1`` per row; bin 0 of a class is its column total minus its other bins, as in
-      :func:`classwise_bin_sums`), the labelled entries' bins, and the column totals as sums of
-      16-row float32 groups added in float64 (the grouping of :func:`_column_sums`).
-
-    Half-precision blocks are upcast to float32 and compared with the edges rounded to the input
-    dtype (then upcast, exactly), which gives the bins of the input dtype. Tensors on other
-    devices take the whole-tensor torch path (the functions above), with the same results.
-
-    Args:
-        probs: ``(N, K)`` probabilities (tensor or numpy array).
-        labels: ``(N,)`` integer labels.
-        n_bins: ``B``, already checked by the caller.
-        full: also compute the classwise, NLL and Brier sums.
+    With ``d = 1 - conf = mant * 2^e`` (``torch.frexp``: ``mant`` in [0.5, 1), exact), binade
+    ``a = 1 - e`` (0 for ``d = 1``, 30 for ``d`` in [2^-30, 2^-29)) and sub-bin
+    ``j = floor((2 mant - 1) * 256)``, the bin is ``256 a + 255 - j``; ``d < 2^-30`` (including
+    ``conf = 1``) is bin ``FINE_BINS - 1``. All steps are exact in float64, so equal confidences
+    always share a bin and the order of bins is the order of confidences. Resolution: a bin spans
+    at most 0.4% of ``1 - conf`` (0.002 at conf 0.5, 4e-6 at conf 0.999).
     """
-    probs, labels = check_probs_layout(probs, labels)
-    if probs.device.type != "cpu":
-        return _panel_sums_torch(probs, labels, n_bins, full)
-    n, k = probs.shape
-    work = torch.float32 if probs.dtype in (torch.float16, torch.bfloat16) else probs.dtype
-    inner = equal_width_edges(n_bins, probs.dtype)[1:-1].to(work).numpy()  # inner edges
-    tiny = torch.finfo(probs.dtype).tiny
-    y_all = labels.cpu().numpy()
-    rows = max(16, _BLOCK_BYTES // (k * work.itemsize) // 16 * 16)  # a multiple of 16
-    conf, correct = np.empty(n, np.float64), np.empty(n, bool)
-    kb = k * n_bins
-    cw_count, cw_hit = np.zeros(kb, np.int64), np.zeros(kb, np.int64)
-    cw_conf, col_total = np.zeros(kb), np.zeros(k)
-    nll = brier = 0.0
-    src = probs.detach()
-    for start in range(0, n, rows):
-        x = np.ascontiguousarray(src[start : start + rows].to(work).numpy())
-        y = y_all[start : start + rows]
-        r = x.shape[0]
-        at = np.arange(r)
-        pred = x.argmax(1)  # first index of the maximum; NaN wins, and fails the check below
-        m = x[at, pred]
-        dev = np.abs(np.einsum("ij->i", x) - 1).max()
-        if not probs_within_tolerance(x.min(), m.max(), dev):
-            check_probs(probs)  # raises its error (unless a rounding tie at the tolerance flips it)
-        conf[start : start + r] = m
-        correct[start : start + r] = pred == y
-        if not full:
-            continue
-        p_y = x[at, y]
-        p_y64 = p_y.astype(np.float64)
-        nll -= np.log(np.maximum(p_y64, tiny)).sum()
-        brier += (np.einsum("ij,ij->i", x, x).astype(np.float64) - 2 * p_y64 + 1).sum()
-        if n_bins > 1:
-            hit = np.flatnonzero(x > inner[0])  # the entries above 1 / B, compared in `work`
-            vals = x.reshape(-1)[hit]
-            slot = hit % k * n_bins + _count_below(vals, inner)
-            cw_count += np.bincount(slot, minlength=kb)
-            cw_conf += np.bincount(slot, weights=vals, minlength=kb)
-        cw_hit += np.bincount(y * n_bins + _count_below(p_y, inner), minlength=kb)
-        grouped = r // 16 * 16
-        col_total += x[:grouped].reshape(-1, 16, k).sum(1).astype(np.float64).sum(0)
-        col_total += x[grouped:].astype(np.float64).sum(0)
-    bins = _count_below(conf, inner.astype(np.float64))  # exact upcasts: same bins
-    top = BinSums(
-        count=torch.from_numpy(np.bincount(bins, minlength=n_bins).astype(np.float64)),
-        conf=torch.from_numpy(np.bincount(bins, weights=conf, minlength=n_bins)),
-        correct=torch.from_numpy(np.bincount(bins, weights=correct, minlength=n_bins)),
-    )
-    out = PanelSums(top=top, conf=torch.from_numpy(conf), correct=torch.from_numpy(correct))
-    if full:
-        count = cw_count.astype(np.float64).reshape(k, n_bins)
-        conf_kb = cw_conf.reshape(k, n_bins)
-        count[:, 0] = n - count[:, 1:].sum(1)
-        conf_kb[:, 0] = col_total - conf_kb[:, 1:].sum(1)
-        out.classwise = BinSums(
-            count=torch.from_numpy(count),
-            conf=torch.from_numpy(conf_kb),
-            correct=torch.from_numpy(cw_hit.astype(np.float64).reshape(k, n_bins)),
-        )
-        out.nll = torch.tensor(nll, dtype=torch.float64)
-        out.brier = torch.tensor(brier, dtype=torch.float64)
-    return out
+    d = 1 - conf.double()
+    mant, ex = torch.frexp(d)
+    a = (1 - ex.long()).clamp(0, _FINE_BINADES - 1)
+    j = ((2 * mant - 1) * _FINE_SUB).floor().long().clamp(0, _FINE_SUB - 1)
+    idx = a * _FINE_SUB + (_FINE_SUB - 1 - j)
+    top = (ex < 2 - _FINE_BINADES) | (d <= 0)
+    return torch.where(top, torch.full_like(idx, FINE_BINS - 1), idx)
 
 
-def _panel_sums_torch(probs, labels, n_bins, full) -> PanelSums:
-    """:func:`panel_sums` on any device with whole-tensor torch operations."""
-    check_probs(probs)
-    conf, pred = top_label(probs)
-    correct = pred == labels
-    out = PanelSums(
-        top=bin_sums(equal_width_bins(conf, n_bins), conf, correct, n_bins),
-        conf=conf.double(),
-        correct=correct,
-    )
-    if full:
-        out.classwise = classwise_bin_sums(probs, labels, n_bins, top=(conf, pred))
-        p_y = probs.gather(1, labels.view(-1, 1)).squeeze(1).double()
-        out.nll = -p_y.clamp(min=torch.finfo(probs.dtype).tiny).log().sum()
-        sq = torch.linalg.vector_norm(upcast(probs), dim=1).double() ** 2
-        out.brier = (sq - 2 * p_y + 1).sum()
-    return out
+def equal_mass_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int, weight=None) -> BinSums:
+    """Per-bin sums of the equal-mass bins of ``conf`` ``(N,)`` (float64), AECE's statistics.
+
+    CPU without weights: :func:`equal_mass_bins` (introselect) and :func:`bin_sums`. Otherwise
+    (other devices, or 0/1 ``weight`` for ignored rows): one sort and
+    :func:`weighted_equal_mass_bins`, on the device, with no host synchronisation. Same bins.
+    """
+    if weight is None and conf.device.type == "cpu":
+        return bin_sums(equal_mass_bins(conf, n_bins), conf, correct, n_bins)
+    from calibkit.functional.panel_device import scatter_sums
+
+    s, perm = conf.double().sort()
+    w = torch.ones_like(s) if weight is None else weight.double()[perm]
+    bins = weighted_equal_mass_bins(s, w[None], n_bins)[0]
+    out = scatter_sums(bins, torch.stack([w, s * w, correct[perm].double() * w], 1), n_bins)
+    return BinSums(out[:, 0], out[:, 1], out[:, 2])

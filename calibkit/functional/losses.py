@@ -7,9 +7,20 @@ float16/bfloat16 logits are upcast to float32 before any softmax or log, so the 
 half-precision input is a float32 scalar. All probabilities come from ``log_softmax`` so that no
 ``log(0)`` can occur.
 
+Dense prediction (semantic segmentation): every hard-label loss also takes logits
+``(N, K, *S)`` (e.g. ``(N, K, H, W)``) with targets ``(N, *S)``. Pixels whose target equals
+``ignore_index`` (default 255) are dropped and the loss is, by definition, the same loss on the
+remaining ``P`` pixels gathered into a ``(P, K)`` matrix (:func:`calibkit.functional.pixels.flatten_pixels`):
+the mean over valid pixels, all images pooled. When every pixel is ignored the loss is 0 with a zero
+gradient (so a crop of "void" does not stop training). ``ignore_index`` acts on dense inputs only:
+with ``(N, K)`` logits every target must be a class (an out-of-range label stays an error, so a
+1000-class problem never silently drops class 255). The soft-label losses (Mixup, RegMixup, CSM:
+image-level methods) refuse dense logits.
+
 Notation: ``p = softmax(l)``, ``p_y`` the probability of the target class,
 ``d_k = max_j l_j - l_k`` the logit gap to the largest logit. The methods and every choice
-the papers leave open are described in ``docs/methods.md``.
+the papers leave open are described in ``docs/methods.md``; the dense conventions in
+``docs/segmentation.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from calibkit._validation import as_tensor, check_logits, check_probs, upcast
+from calibkit._validation import as_tensor, check_logits, check_probs, trusting, upcast
+from calibkit.functional.pixels import dense_rows
 
 __all__ = [
     "cross_entropy",
@@ -43,14 +55,37 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
-def _prepare(logits, targets):
-    """Validate, upcast half precision, return ``(logits, targets, log_probs, log_p_y)``."""
+IGNORE_INDEX = 255  # PASCAL VOC's "void" label; the default of every dense loss
+
+
+def _rows(logits, targets, ignore_index):
+    """Validated ``(logits (M, K), targets (M,), valid)``: the input itself (``valid`` None), or every
+    pixel of a dense input as a row with its validity mask (:func:`calibkit.functional.pixels.dense_rows`)."""
+    logits = as_tensor(logits, "logits")
+    if logits.dim() >= 3:
+        return dense_rows(logits, targets, ignore_index)
     logits, targets = check_logits(logits, targets)
+    return logits, targets, None
+
+
+def _prepare(logits, targets, ignore_index=IGNORE_INDEX):
+    """Validate, upcast half precision; ``(logits, targets, log_probs, log_p_y, valid)`` over rows."""
+    logits, targets, valid = _rows(logits, targets, ignore_index)
     logits = upcast(logits)
     targets = targets.to(logits.device)
-    logp = F.log_softmax(logits, dim=1)  # (N, K)
-    logp_y = logp.gather(1, targets[:, None]).squeeze(1)  # (N,)
-    return logits, targets, logp, logp_y
+    logp = F.log_softmax(logits, dim=1)  # (M, K)
+    logp_y = logp.gather(1, targets[:, None]).squeeze(1)  # (M,)
+    return logits, targets, logp, logp_y, valid
+
+
+def _mean(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """Mean over rows, or over the valid rows of a dense input (0 with a zero gradient when none is).
+
+    ``where`` (not a product with the mask) keeps a non-finite term of an ignored pixel out.
+    """
+    if valid is None:
+        return x.mean()
+    return torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / valid.sum().clamp_min(1)
 
 
 def _check_number(value, name: str, low: float | None = None, high: float | None = None) -> float:
@@ -67,8 +102,12 @@ def _check_number(value, name: str, low: float | None = None, high: float | None
     return value
 
 
-def _per_sample(value, name: str, logits: torch.Tensor) -> torch.Tensor:
-    """A scalar or an (N,) tensor of finite per-sample values, as logits' dtype/device."""
+def _per_sample(value, name: str, logits: torch.Tensor, dense_targets=None) -> torch.Tensor:
+    """A scalar or a tensor of finite per-sample values -> (M,) as logits' dtype/device.
+
+    ``logits`` are the validated rows (M, K). For a dense call, pass the original targets
+    (N, *S): a value of that shape gives one value per pixel, like the rows.
+    """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = torch.tensor(float(value))
     value = as_tensor(value, name)
@@ -77,11 +116,21 @@ def _per_sample(value, name: str, logits: torch.Tensor) -> torch.Tensor:
     n = logits.shape[0]
     if value.dim() == 0:
         value = value.expand(n)
+    elif dense_targets is not None:
+        dense_targets = as_tensor(dense_targets, "targets")
+        if value.shape != dense_targets.shape:
+            raise ValueError(f"{name} must be a scalar or have the targets' shape {tuple(dense_targets.shape)}, "
+                             f"got {tuple(value.shape)}")
+        value = value.reshape(-1)  # one value per pixel, like the rows
     if value.shape != (n,):
         raise ValueError(f"{name} must be a scalar or have shape ({n},), got {tuple(value.shape)}")
-    if not torch.isfinite(value).all():
+    if not trusting() and not torch.isfinite(value).all():
         raise ValueError(f"{name} contains NaN or infinite value(s)")
     return value.to(device=logits.device, dtype=logits.dtype)
+
+
+def _dense(logits) -> bool:
+    return isinstance(logits, torch.Tensor) and logits.dim() >= 3
 
 
 def _one_minus(p: torch.Tensor) -> torch.Tensor:
@@ -97,80 +146,96 @@ def _gap_penalty(logits: torch.Tensor, margin: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- baselines
-def cross_entropy(logits, targets) -> torch.Tensor:
+def cross_entropy(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Cross-entropy ``mean_i(-log p_{i,y_i})``.
 
     Args:
-        logits: (N, K) raw scores.
-        targets: (N,) integer class indices in [0, K).
+        logits: (N, K) raw scores, or dense (N, K, *S).
+        targets: (N,) integer class indices in [0, K), or (N, *S) for dense logits.
+        ignore_index: dense inputs only: target value of unlabelled pixels (default 255).
     Returns:
-        0-dim tensor, the batch mean.
+        0-dim tensor, the batch mean (dense: the mean over valid pixels).
 
     >>> round(float(cross_entropy(torch.zeros(1, 4), torch.tensor([2]))), 4)  # log 4
     1.3863
     """
-    _, _, _, logp_y = _prepare(logits, targets)
-    return -logp_y.mean()
+    _, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean(-logp_y, valid)
 
 
-def label_smoothing(logits, targets, alpha: float = 0.05) -> torch.Tensor:
+def label_smoothing(logits, targets, alpha: float = 0.05, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Label smoothing ``(1 - a) * (-log p_y) + a * mean_k(-log p_k)`` (Szegedy et al., CVPR 2016).
 
     Equivalent to cross-entropy against the target ``(1 - a) * onehot(y) + a / K``.
 
     Args:
-        logits: (N, K). targets: (N,). alpha: smoothing weight ``a`` in [0, 1] (default 0.05).
+        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). alpha: smoothing weight ``a`` in
+        [0, 1] (default 0.05). ignore_index: dense inputs only (default 255).
     """
     alpha = _check_number(alpha, "alpha", 0.0, 1.0)
-    _, _, logp, logp_y = _prepare(logits, targets)
-    return ((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1))).mean()
+    _, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)), valid)
 
 
-def focal(logits, targets, gamma: float = 3.0) -> torch.Tensor:
+def focal(logits, targets, gamma: float = 3.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Focal loss ``-(1 - p_y)^g log p_y`` (Lin et al., ICCV 2017; Mukhoti et al., NeurIPS 2020).
 
     The modulating factor is not detached (gradient flows through it, as in the references).
 
     Args:
-        logits: (N, K). targets: (N,). gamma: focusing parameter ``g >= 0`` (default 3).
+        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). gamma: focusing parameter
+        ``g >= 0`` (default 3). ignore_index: dense inputs only (default 255).
     """
     gamma = _check_number(gamma, "gamma", 0.0)
-    _, _, _, logp_y = _prepare(logits, targets)
-    return -(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y).mean()
+    _, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y), valid)
 
 
-def flsd(logits, targets) -> torch.Tensor:
+def flsd(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """FLSD-53 (Mukhoti et al., NeurIPS 2020): focal loss with a per-sample ``g``.
 
     ``g_i = 5`` if ``sg(p_{i,y}) < 0.2`` else ``3``; the choice uses the detached ``p_y``
     (a step function has no useful gradient), the focal factor itself is differentiable.
+    Dense (N, K, *S) input: per valid pixel, ``ignore_index`` as in :func:`cross_entropy`.
     """
-    _, _, _, logp_y = _prepare(logits, targets)
+    _, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
     with torch.no_grad():
         gamma = torch.where(logp_y.exp() < 0.2, 5.0, 3.0).to(logp_y.dtype)
-    return -(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y).mean()
+    return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y), valid)
 
 
-def ecp(logits, targets, beta: float = 0.1) -> torch.Tensor:
+def ecp(logits, targets, beta: float = 0.1, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Confidence penalty ``CE - b * H(p) / K`` (Pereyra et al., ICLR-W 2017).
 
     ``H(p) = -sum_k p_k log p_k``; dividing by K (entropy averaged over classes) follows the MbLS
-    baseline code that produced the published tables. ``b`` default 0.1.
+    baseline code that produced the published tables. ``b`` default 0.1. Dense (N, K, *S) input:
+    per valid pixel, ``ignore_index`` as in :func:`cross_entropy`.
     """
     beta = _check_number(beta, "beta")
-    logits, _, logp, logp_y = _prepare(logits, targets)
-    entropy = -(logp.exp() * logp).sum(dim=1)  # (N,)
-    return (-logp_y - beta * entropy / logits.shape[1]).mean()
+    logits, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
+    entropy = -(logp.exp() * logp).sum(dim=1)  # (M,)
+    return _mean(-logp_y - beta * entropy / logits.shape[1], valid)
 
 
-def margin_penalty(logits, margin: float = 10.0) -> torch.Tensor:
-    """MbLS penalty ``mean_{i,k} relu(d_ik - m)`` over all N x K entries (0-dim tensor)."""
+def margin_penalty(logits, margin: float = 10.0, targets=None, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
+    """MbLS penalty ``mean_{i,k} relu(d_ik - m)`` over all N x K entries (0-dim tensor).
+
+    Dense (N, K, *S) logits: the mean over every pixel and class, or, when ``targets`` (N, *S)
+    are given, over the pixels whose target is not ``ignore_index`` (the penalty itself does not
+    read the targets).
+    """
     margin = _check_number(margin, "margin", 0.0)
-    logits = upcast(check_logits(logits))
-    return _gap_penalty(logits, margin).mean()
+    valid = None
+    if _dense(logits):
+        if targets is None:  # every pixel counts
+            targets, ignore_index = torch.zeros((logits.shape[0], *logits.shape[2:]), dtype=torch.long), None
+        logits, _, valid = dense_rows(logits, targets, ignore_index)
+    else:
+        logits = check_logits(logits)
+    return _mean(_gap_penalty(upcast(logits), margin), valid)
 
 
-def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1) -> torch.Tensor:
+def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Margin-based label smoothing ``CE + lam * mean_{i,k} relu(d_ik - m)`` (Liu et al., CVPR 2022).
 
     The mean runs over all N x K entries (the paper's sum over k divided by K, the convention
@@ -178,16 +243,17 @@ def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1) -> torch.Tenso
 
     Args:
         logits: (N, K). targets: (N,). margin: ``m >= 0`` (default 10; 6 for CIFAR configs).
-        lam: penalty weight ``>= 0`` (default 0.1).
+        lam: penalty weight ``>= 0`` (default 0.1). ignore_index: dense inputs only (default 255);
+        dense, both terms average over the valid pixels (the penalty over valid pixels x K).
     """
     margin = _check_number(margin, "margin", 0.0)
     lam = _check_number(lam, "lam", 0.0)
-    logits, _, _, logp_y = _prepare(logits, targets)
-    return -logp_y.mean() + lam * _gap_penalty(logits, margin).mean()
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    return _mean(-logp_y, valid) + lam * _mean(_gap_penalty(logits, margin), valid)
 
 
 def acls(logits, targets, alpha: float = 0.1, lam1: float = 1.0, lam2: float = 0.1,
-         margin: float = 10.0) -> torch.Tensor:
+         margin: float = 10.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Adaptive and conditional label smoothing ``CE + a * R`` (Park et al., ICCV 2023).
 
     With ``j* = argmax_j l_ij`` (first index on ties)::
@@ -197,58 +263,65 @@ def acls(logits, targets, alpha: float = 0.1, lam1: float = 1.0, lam2: float = 0
 
     Args:
         logits: (N, K). targets: (N,). alpha: weight ``a`` (0.1). lam1, lam2: term weights
-        (1.0, 0.1). margin: ``M`` (10).
+        (1.0, 0.1). margin: ``M`` (10). ignore_index: dense inputs only (default 255); dense, ``N``
+        above is the number of valid pixels.
     """
     alpha = _check_number(alpha, "alpha", 0.0)
     lam1 = _check_number(lam1, "lam1", 0.0)
     lam2 = _check_number(lam2, "lam2", 0.0)
     margin = _check_number(margin, "margin")
-    logits, _, _, logp_y = _prepare(logits, targets)
-    n, k = logits.shape
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    k = logits.shape[1]
     top = logits.argmax(dim=1, keepdim=True)  # (N, 1)
     l_top = logits.gather(1, top)  # (N, 1), carries gradient in the first term only
-    first = F.relu(l_top.squeeze(1) - margin).pow(2).mean()
+    first = _mean(F.relu(l_top.squeeze(1) - margin).pow(2), valid)
     others = F.relu(l_top.detach() - logits - margin).pow(2)  # (N, K)
     others = others.scatter(1, top, 0.0)  # exclude j*
-    second = others.sum() / (n * (k - 1))
-    return -logp_y.mean() + alpha * (lam1 * first + lam2 * second)
+    second = _mean(others.sum(dim=1), valid) / (k - 1)  # = sum / (N (K - 1)) over the (valid) rows
+    return _mean(-logp_y, valid) + alpha * (lam1 * first + lam2 * second)
 
 
-def dual_focal(logits, targets, gamma: float = 5.0) -> torch.Tensor:
+def dual_focal(logits, targets, gamma: float = 5.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Dual focal loss ``-(1 - p_y + p_j)^g log p_y`` (Tao et al., ICML 2023).
 
     ``p_j`` is the largest probability strictly below ``p_y`` (0 when ``p_y`` is the smallest);
     gradient flows through ``p_y`` and ``p_j`` as in the reference implementation.
-    ``g`` default 5 (the paper tunes it per data set).
+    ``g`` default 5 (the paper tunes it per data set). Dense (N, K, *S) input: per valid pixel,
+    ``ignore_index`` as in :func:`cross_entropy`.
     """
     gamma = _check_number(gamma, "gamma", 0.0)
-    _, _, logp, logp_y = _prepare(logits, targets)
+    _, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
     p = logp.exp()
     p_y = logp_y.exp()
     below = p * (p < p_y[:, None])  # entries >= p_y (the target itself included) become 0
     p_j = below.max(dim=1).values
-    return -(_one_minus(1 - p_y + p_j) ** gamma * logp_y).mean()
+    return _mean(-(_one_minus(1 - p_y + p_j) ** gamma * logp_y), valid)
 
 
-def adafocal(logits, targets, gamma) -> torch.Tensor:
+def adafocal(logits, targets, gamma, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Focal loss with a per-sample ``g`` that may be negative (AdaFocal, Ghosh et al., NeurIPS 2022).
 
     ``g_i >= 0``: focal ``-(1 - p_y)^g_i log p_y``; ``g_i < 0``: inverse focal
     ``-(1 + p_y)^|g_i| log p_y``, which pushes confidence up (for under-confident regions).
 
     Args:
-        logits: (N, K). targets: (N,). gamma: scalar or (N,) tensor (treated as a constant).
+        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). gamma: scalar, or a tensor shaped
+        like ``targets`` (treated as a constant). ignore_index: dense inputs only (default 255).
     """
-    logits, _, _, logp_y = _prepare(logits, targets)
-    gamma = _per_sample(gamma, "gamma", logits).detach()
+    dense_targets = targets if _dense(logits) else None
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    gamma = _per_sample(gamma, "gamma", logits, dense_targets).detach()
     p_y = logp_y.exp()
     # Both factors in one product: exactly one of the two exponents is non-zero per sample.
     weight = _one_minus(-torch.expm1(logp_y)) ** gamma.clamp_min(0) * (1 + p_y) ** (-gamma).clamp_min(0)
-    return -(weight * logp_y).mean()
+    return _mean(-(weight * logp_y), valid)
 
 
 # ----------------------------------------------------------------------------- soft targets
 def _prepare_soft(logits, soft_targets):
+    if _dense(logits):
+        raise ValueError(f"logits have shape {tuple(logits.shape)}: the soft-label losses serve image-level "
+                         "methods (Mixup, RegMixup, CSM) and take (N, K) logits; they are not defined per pixel")
     logits = upcast(check_logits(logits))
     soft = check_probs(soft_targets, name="soft_targets")
     if soft.shape != logits.shape:
@@ -284,7 +357,7 @@ def feature_l1_norms(features) -> torch.Tensor:
         raise ValueError(f"features must have shape (N, D) with N, D >= 1, got {tuple(z.shape)}")
     if not z.dtype.is_floating_point:
         raise ValueError(f"features must be a floating-point tensor, got dtype {z.dtype}")
-    if not torch.isfinite(z).all():
+    if not trusting() and not torch.isfinite(z).all():
         raise ValueError("features contains NaN or infinite value(s)")
     return upcast(z).detach().abs().sum(dim=1)
 
@@ -307,29 +380,33 @@ def fedlas_alpha(nci: torch.Tensor, psi: torch.Tensor, alpha: float, beta: float
     return alpha * 2 * torch.sigmoid(beta * psi * nci)
 
 
-def weighted_label_smoothing(logits, targets, alpha) -> torch.Tensor:
+def weighted_label_smoothing(logits, targets, alpha, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Label smoothing with a per-sample weight: ``mean_i[(1 - a_i) NLL_i + a_i mean_k(-log p_ik)]``.
 
     FeDLaS-LS (spec section 3). Gradient flows to ``alpha`` (FeDLaS trains its gate through it).
 
     Args:
-        logits: (N, K). targets: (N,). alpha: scalar or (N,) tensor.
+        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). alpha: scalar or a tensor shaped
+        like ``targets``. ignore_index: dense inputs only (default 255).
     """
-    logits, _, logp, logp_y = _prepare(logits, targets)
-    alpha = _per_sample(alpha, "alpha", logits)
-    return ((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1))).mean()
+    dense_targets = targets if _dense(logits) else None
+    logits, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
+    alpha = _per_sample(alpha, "alpha", logits, dense_targets)
+    return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)), valid)
 
 
-def weighted_mbls(logits, targets, alpha, margin: float) -> torch.Tensor:
+def weighted_mbls(logits, targets, alpha, margin: float, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """MbLS with a per-sample weight in convex form (FeDLaS-MbLS, spec section 3).
 
     ``mean_i[(1 - a_i) NLL_i] + mean_i[a_i * mean_k relu(d_ik - m)]``; note the CE weight
     ``1 - a_i`` (unlike :func:`mbls`, where CE has weight 1).
 
     Args:
-        logits: (N, K). targets: (N,). alpha: scalar or (N,) tensor. margin: ``m >= 0``.
+        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). alpha: scalar or a tensor shaped
+        like ``targets``. margin: ``m >= 0``. ignore_index: dense inputs only (default 255).
     """
     margin = _check_number(margin, "margin", 0.0)
-    logits, _, _, logp_y = _prepare(logits, targets)
-    alpha = _per_sample(alpha, "alpha", logits)
-    return ((1 - alpha) * (-logp_y)).mean() + (alpha * _gap_penalty(logits, margin)).mean()
+    dense_targets = targets if _dense(logits) else None
+    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
+    alpha = _per_sample(alpha, "alpha", logits, dense_targets)
+    return _mean((1 - alpha) * (-logp_y), valid) + _mean(alpha * _gap_penalty(logits, margin), valid)

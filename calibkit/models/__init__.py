@@ -5,6 +5,8 @@ contract: ``model.forward_features(x)`` returns (N, D), ``model.head`` is ``nn.L
 ``model(x) == model.head(model.forward_features(x))`` -- FeDLaS reads the features, MaC-Cal
 retrains the head. Models that take int64 token ids ``(N, L)`` instead of images have
 ``input_kind = "tokens"`` (:func:`input_kind`); for them ``in_channels`` is the vocabulary size.
+Segmentation models (``model.dense`` is True) keep the spatial axes: features (N, D, H, W),
+``head`` an ``nn.Conv2d(D, K, 1)``, logits (N, K, H, W).
 
     >>> import torch
     >>> m = MODELS["resnet20"](num_classes=10, in_channels=3)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from .densenet import densenet121
 from .resnet import resnet8, resnet20, resnet32, resnet50, resnet56, resnet101, resnet110
+from .segnet import deeplabv3_resnet50, unet
 from .small import cnn, mlp
 from .text import gpool_cnn, gpool_cnn_small
 from .wideresnet import wrn26_10, wrn28_10
@@ -39,7 +42,13 @@ MODELS = {
     # text: token ids (N, L); in_channels = vocabulary size
     "gpool_cnn": gpool_cnn,
     "gpool_cnn_small": gpool_cnn_small,
+    # semantic segmentation (dense: features (N, D, H, W), 1x1-conv head; see segnet.py)
+    "unet": unet,
+    "deeplabv3_resnet50": deeplabv3_resnet50,
 }
+
+# Names of the dense (segmentation) models; each has ``model.dense == True``.
+DENSE_MODELS = frozenset({"unet", "deeplabv3_resnet50"})
 
 
 def build(name: str, num_classes: int, in_channels: int, **kwargs):
@@ -60,4 +69,4 @@ def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["MODELS", "build", "input_kind", "num_parameters"]
+__all__ = ["DENSE_MODELS", "MODELS", "build", "input_kind", "num_parameters"]

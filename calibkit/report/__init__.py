@@ -10,8 +10,15 @@ Calibration numbers (ECE, AECE, classwise ECE, MCE, O-/U-ECE) and accuracies are
 Brier as they are. The ``dECE vs CE`` column is a **paired bootstrap** over test samples: every
 resample draws one set of test indices, applied to both the method's and CE's probabilities of
 the same seed; the statistic is the seed-averaged ECE difference, so the interval reflects the
-test-set sampling noise (the spread over seeds is in the +- column). A difference is marked
-significant (``*``) when its 95% interval excludes 0.
+test-set sampling noise (the spread over seeds is in the +- column). The interval is the
+**basic** bootstrap interval (``calibkit.bootstrap.bootstrap_interval``, the default of
+``paired_bootstrap_diff``), which corrects the bias of the difference of two binned ECEs. A
+difference is marked significant (``*``) when its 95% interval excludes 0.
+
+Segmentation runs (``test_image`` in their logits file): the tables are over every labelled test
+pixel (the run's streamed evaluation), the ``dECE`` column over the stored test pixel sample with
+an **image-level** paired bootstrap (:mod:`calibkit.grouped_bootstrap`: pixels of one image are
+not independent), and the tables add mIoU and leave out the OOD and shift columns.
 
 Modules: :mod:`~calibkit.report.data` (numbers), :mod:`~calibkit.report.tables` (tables and their
 text/Markdown forms), :mod:`~calibkit.report.figures` (PNG figures), :mod:`~calibkit.report.render`

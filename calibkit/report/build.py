@@ -57,10 +57,10 @@ def summary_section(ctx: ReportContext) -> list[Section]:
             "and ECE after temperature scaling (`ECE (TS)`), most negative difference from CE. "
             "O-ECE + U-ECE = ECE splits it into over- and under-confidence and is not ranked. "
             f"`dECE vs CE` = paired bootstrap ({ctx.n_boot} resamples) of the seed-averaged ECE difference "
-            "from CE, 95% interval; `*` = the interval excludes 0.")
+            "from CE, 95% basic bootstrap interval; `*` = the interval excludes 0.")
     short = (f"x100, mean over {ctx.n_seeds} seed(s). < = best in its column (O-ECE + U-ECE = ECE, not ranked). "
              f"dECE vs CE = paired bootstrap ({ctx.n_boot} resamples) of the ECE difference from CE, 95% "
-             "interval, * = excludes 0.")
+             "basic interval, * = excludes 0.")
     return [Section("Ranking by test ECE (before temperature scaling)", text,
                     [ranked_table(ctx.summary, ctx.deltas)], anchor="ranking", terminal_text=short)]
 

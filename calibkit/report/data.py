@@ -115,18 +115,33 @@ def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
             float((row.get("metrics") or {}).get("temperature") or 1.0))
 
 
+def load_groups(row: dict) -> np.ndarray | None:
+    """The test image of every stored test pixel of a segmentation run (None for classification)."""
+    from calibkit.rundir import read_tensors
+
+    tensors = read_tensors(row["logits_path"])
+    return tensors["test_image"].numpy() if "test_image" in tensors else None
+
+
 def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """Paired bootstrap of each method's ECE minus CE's ECE (seed-averaged), per method.
 
     Every resample draws one set of test indices, applied to both the method's and CE's
     probabilities of the same seed; the statistic is the seed-averaged ECE difference, so the
     interval reflects the test-set sampling noise (the spread over seeds is in the tables' +-).
+    The interval is the **basic** bootstrap interval around the seed-averaged difference (the
+    default of :func:`~calibkit.metrics.paired_bootstrap_diff`).
+    Segmentation runs (``test_image`` in their logits file) are compared on their stored test
+    pixel samples with an **image-level** paired bootstrap (same basic interval)
+    (:func:`calibkit.grouped_bootstrap.paired_grouped_ece_diff`): pixels of one image are not
+    independent, so whole images are resampled.
 
     Returns:
         ``{method: {"diff", "lo", "hi", "significant", "seeds", "identical"}}``; ``identical``
         is True when the method's test probabilities equal CE's exactly in every shared seed.
         Methods sharing no seed with CE, and CE itself, are left out.
     """
+    from calibkit.bootstrap import bootstrap_interval
     from calibkit.metrics import paired_bootstrap_diff
 
     if REFERENCE not in summary:
@@ -156,13 +171,23 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
             if not np.array_equal(la, lb):
                 raise ValueError(f"{run['run_key']} and {ref_run['run_key']} were tested on different test sets")
             identical = identical and np.array_equal(pa, pb)
+            groups = load_groups(run)
+            if groups is not None:  # pixels: resample whole test images (calibkit.grouped_bootstrap)
+                from calibkit.grouped_bootstrap import paired_grouped_ece_diff
+
+                g = paired_grouped_ece_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la),
+                                            groups, n_resamples=n_boot, seed=seed)
+                diffs.append(g["samples"])
+                estimates.append(g["estimate"])
+                continue
             res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
                                         n_resamples=n_boot, seed=seed, level=level)
             diffs.append(res.samples)
             estimates.append(res.estimate)
-        mean_diff = torch.stack(diffs).mean(0)
-        lo, hi = torch.quantile(mean_diff, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
-        out[method] = {"diff": float(np.mean(estimates)), "lo": float(lo), "hi": float(hi),
-                       "significant": not (float(lo) <= 0.0 <= float(hi)), "seeds": len(pairs),
-                       "identical": identical}
+        # Basic interval around the seed-averaged difference (corrects the bias of a difference
+        # of two binned ECEs; see calibkit.bootstrap.bootstrap_interval).
+        mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
+        lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
+        out[method] = {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+                       "seeds": len(pairs), "identical": identical}
     return out

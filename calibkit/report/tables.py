@@ -17,6 +17,7 @@ BEFORE_COLS = (("acc", "Acc", 100, 2), ("ece", "ECE", 100, 2), ("aece", "AECE", 
                ("mce", "MCE", 100, 1), ("nll", "NLL", 1, 3), ("brier", "Brier", 1, 3))
 AFTER_COLS = (("temperature", "T", 1, 2), ("acc", "Acc", 100, 2), ("ece", "ECE", 100, 2),
               ("aece", "AECE", 100, 2), ("nll", "NLL", 1, 3))
+MIOU_COL = ("miou", "mIoU", 100, 2)  # shown when the runs report it (segmentation)
 EXTRA_COLS = (("auroc_entropy", "AUROC-H", 100, 1), ("auroc_maxconf", "AUROC-MSP", 100, 1),
               ("shift_acc", "Shift acc", 100, 1), ("shift_ece", "Shift ECE", 100, 2),
               ("train_time_s", "Train s", 1, 1))
@@ -75,18 +76,26 @@ def ranked_table(summary: dict, deltas: dict) -> Table:
 
 def grid_tables(summary: dict, deltas: dict, pm: str = "+-") -> tuple[Table, Table]:
     """The two grid-order tables: test metrics before TS (with the difference from CE), then after
-    TS, OOD AUROC, corrupted test sets and training time (mean +- std over seeds)."""
-    head1 = ["Method", "n"] + [h for _, h, _, _ in BEFORE_COLS] + [DELTA_HEADER]
-    head2 = ["Method"] + [f"{h} (TS)" if k != "temperature" else h for k, h, _, _ in AFTER_COLS] + \
-        [h for _, h, _, _ in EXTRA_COLS]
+    TS, OOD AUROC, corrupted test sets and training time (mean +- std over seeds).
+
+    Segmentation runs (those reporting ``miou``) add an mIoU column to both tables and leave out
+    the extra columns no run reports (OOD and shift)."""
+    dense = any("before.miou" in e["stats"] for e in summary.values())
+    before_cols, after_cols = (BEFORE_COLS + (MIOU_COL,), AFTER_COLS + (MIOU_COL,)) if dense \
+        else (BEFORE_COLS, AFTER_COLS)
+    extra_cols = EXTRA_COLS if not dense else \
+        tuple(c for c in EXTRA_COLS if any(f"extra.{c[0]}" in e["stats"] for e in summary.values()))
+    head1 = ["Method", "n"] + [h for _, h, _, _ in before_cols] + [DELTA_HEADER]
+    head2 = ["Method"] + [f"{h} (TS)" if k != "temperature" else h for k, h, _, _ in after_cols] + \
+        [h for _, h, _, _ in extra_cols]
     rows1, rows2 = [], []
     for method, entry in summary.items():
         s = entry["stats"]
         rows1.append([label(method), str(len(entry["seeds"]))]
-                     + [fmt(s.get(f"before.{k}"), sc, d, pm) for k, _, sc, d in BEFORE_COLS]
+                     + [fmt(s.get(f"before.{k}"), sc, d, pm) for k, _, sc, d in before_cols]
                      + [fmt_delta(deltas.get(method)) if method != REFERENCE else "(reference)"])
-        rows2.append([label(method)] + [fmt(s.get(f"after.{k}"), sc, d, pm) for k, _, sc, d in AFTER_COLS]
-                     + [fmt(s.get(f"extra.{k}"), sc, d, pm) for k, _, sc, d in EXTRA_COLS])
+        rows2.append([label(method)] + [fmt(s.get(f"after.{k}"), sc, d, pm) for k, _, sc, d in after_cols]
+                     + [fmt(s.get(f"extra.{k}"), sc, d, pm) for k, _, sc, d in extra_cols])
     return Table(head1, rows1), Table(head2, rows2)
 
 

@@ -7,6 +7,8 @@ recorded with every run (``config.keep`` in ``config.json``). The policies:
   calibration literature; ties: the earliest such epoch);
 - ``best-nll``: the epoch with the lowest validation negative log-likelihood;
 - ``best-ece``: the epoch with the lowest validation ECE (15 equal-width bins);
+- ``best-miou``: segmentation only: the highest validation mean IoU (the MbLS segmentation code's
+  selection rule);
 - ``last``: the weights after the final epoch.
 
 Every policy reads the validation split only; the test split never takes part.
@@ -17,7 +19,8 @@ from __future__ import annotations
 from calibkit.config import KEEP_POLICIES
 
 # policy -> (validation record key, sign): the kept epoch maximises sign * record[key]
-_SCORE = {"best-acc": ("val_acc", 1.0), "best-nll": ("val_loss", -1.0), "best-ece": ("val_ece", -1.0)}
+_SCORE = {"best-acc": ("val_acc", 1.0), "best-nll": ("val_loss", -1.0), "best-ece": ("val_ece", -1.0),
+          "best-miou": ("val_miou", 1.0)}
 
 
 class Keeper:

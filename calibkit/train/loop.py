@@ -157,6 +157,13 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     K, dev = bundle.num_classes, dd.device
     _check_modality(cfg, bundle.modality, input_kind(MODELS[cfg.model]))
     model = MODELS[cfg.model](num_classes=K, in_channels=bundle.in_channels).to(dev)
+    if bool(getattr(model, "dense", False)) != (bundle.modality == "segmentation"):
+        from calibkit.models import DENSE_MODELS
+
+        kind = "segmentation data needs a dense model" if bundle.modality == "segmentation" else \
+            f"{bundle.modality} data needs a classifier, not a dense model"
+        raise ValueError(f"model: {cfg.model!r} does not fit data {cfg.data!r}: {kind} "
+                         f"(dense models: {', '.join(sorted(DENSE_MODELS))})")
     loss_fn = losses.build(cfg.loss, num_classes=K).to(dev)
     inputs = inputs_for(bundle, cfg.augment)
     step = build_step(cfg, loss_fn, K, inputs, cfg.seed)
@@ -206,9 +213,11 @@ class _Sums:
         new_bad = ~torch.isfinite(loss) & (self.first_bad < 0)
         self.first_bad.masked_fill_(new_bad, step)
         self.bad_value = torch.where(new_bad, loss.float(), self.bad_value)
-        self.loss += loss.double() * len(target)
+        # Dense (segmentation): counted in labelled pixels (a target outside [0, K) is void), on the device.
+        n = ((target >= 0) & (target < logits.shape[1])).sum() if logits.dim() > 2 else len(target)
+        self.loss += loss.double() * n
         self.correct += (logits.detach().argmax(1) == target).sum()
-        self.seen += len(target)
+        self.seen = self.seen + n
 
 
 def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
@@ -246,7 +255,7 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
             bar.set_postfix(loss=f"{float(sums.loss) / sums.seen:.4f}", acc=f"{float(sums.correct) / sums.seen:.2%}")
     bar.close()
     loss_sum, correct, seen, bad = D.all_reduce_sum(
-        [float(sums.loss), float(sums.correct), sums.seen, float(sums.first_bad >= 0)], dd)
+        [float(sums.loss), float(sums.correct), float(sums.seen), float(sums.first_bad >= 0)], dd)
     if bad:
         where = (f"step {int(sums.first_bad) + 1}" if int(sums.first_bad) >= 0 else "a step of another process")
         raise RuntimeError(f"loss is {float(sums.bad_value)} at epoch {epoch + 1}, {where}; lower the learning "
@@ -265,6 +274,11 @@ def _logits(run: _Run, split) -> torch.Tensor:
 def _validate(run: _Run) -> dict:
     """Validation accuracy, NLL and ECE (15 bins); AdaFocal's per-epoch update (same on every rank)."""
     from calibkit.functional import ece
+
+    if getattr(run.inputs, "dense", False):  # per pixel, streamed: calibkit.train.dense
+        from calibkit.train.dense import validate_dense
+
+        return validate_dense(run)
 
     run.model.eval()
     run.loss_fn.eval()
@@ -297,6 +311,11 @@ def _end_epoch(run: _Run, out: Path, epoch: int, record: dict) -> bool:
 def _finish(run: _Run, out: Path, info: dict, log) -> dict:
     """The kept weights' validation and test logits, for post-hoc calibration; status done."""
     from calibkit.functional import ece
+
+    if getattr(run.inputs, "dense", False):  # pixel samples and streamed test metrics instead
+        from calibkit.train.dense import finish_dense
+
+        return finish_dense(run, out, info, log, _summary)
 
     run.model.load_state_dict(run.kept)
     run.model.eval()

@@ -15,8 +15,10 @@ the host, so that no device->host copy is needed), and ``gens`` the epoch's gene
 - ``mixup``: soft-label cross-entropy on the Mixup batch (the configured loss must be ``ce``);
 - ``regmixup``: the configured loss on the clean batch + soft cross-entropy on its Mixup copy,
   one concatenated forward, weight 1;
-- ``csm``: the configured loss on the real batch + ``soft_l2`` on 2 generated images per real one
-  (CSM's companion set), augmented like the real ones, one concatenated forward, weight 1.
+- ``csm``: the configured loss on the real batch + ``csm_weight * soft_l2`` on ``csm_per_real``
+  generated images per real one (CSM's companion set; 2 and weight 1 in the paper), augmented like
+  the real ones, one concatenated forward (``csm_loss="ce"``: soft cross-entropy instead of
+  ``soft_l2``, a diagnostic option).
 
 A new method adds a class here and an entry in :data:`STEPS`; the loop does not change.
 """
@@ -80,17 +82,21 @@ class RegMixup(Mixup):
 class CSM(Standard):
     """Real batch + the companion's generated images (drawn on the CPU from the real labels)."""
 
-    def __init__(self, loss_fn, companion, inputs, **_):
+    def __init__(self, loss_fn, companion, inputs, csm_weight: float = 1.0, csm_per_real: int = 2,
+                 csm_loss: str = "l2", **_):
         super().__init__(loss_fn)
         self.companion, self.inputs = companion, inputs
+        self.weight, self.per_real = csm_weight, csm_per_real
+        self.gen_loss = F_.soft_l2 if csm_loss == "l2" else F_.soft_cross_entropy
 
     def __call__(self, net, x, y, y_cpu, gens):
         b = len(y)
-        gen_x, gen_soft = self.companion.draw(y_cpu, gens.draw)
+        gen_x, gen_soft = self.companion.draw(y_cpu, gens.draw, per_real=self.per_real)
         gen_x, _ = self.inputs.train_batch(gen_x.to(x.device, non_blocking=True), None, gens.aug)
         all_logits, feats = net(torch.cat([x, gen_x]))
         logits = all_logits[:b]
-        loss = self.real_loss(logits, feats[:b], y) + F_.soft_l2(all_logits[b:], gen_soft.to(x.device))
+        gen_loss = self.gen_loss(all_logits[b:], gen_soft.to(x.device))
+        loss = self.real_loss(logits, feats[:b], y) + (gen_loss if self.weight == 1.0 else self.weight * gen_loss)
         return loss, logits, y
 
 
@@ -99,6 +105,9 @@ STEPS: dict[str, type] = {"standard": Standard, "mixup": Mixup, "regmixup": RegM
 
 def build_step(cfg, loss_fn, num_classes: int, inputs, seed: int):
     """The step object of ``cfg.method`` (checks that the method and the loss fit together)."""
+    if getattr(inputs, "dense", False) and cfg.method != "standard":
+        raise ValueError(f"method {cfg.method!r} mixes whole images and their labels; segmentation trains with "
+                         "method 'standard' (the dense losses apply per pixel)")
     if cfg.method == "mixup" and cfg.loss.split(":")[0].strip().lower() != "ce":
         raise ValueError(f"method mixup trains with soft-label cross-entropy; loss must be 'ce', got {cfg.loss!r}")
     mix_alpha = cfg.mix_alpha or (0.2 if cfg.method == "mixup" else 10.0 if num_classes >= 100 else 20.0)
@@ -108,4 +117,5 @@ def build_step(cfg, loss_fn, num_classes: int, inputs, seed: int):
 
         companion = CSMCompanion(cfg.csm_data, num_classes, seed)
     return STEPS[cfg.method](loss_fn, num_classes=num_classes, mix_alpha=mix_alpha, companion=companion,
-                             inputs=inputs)
+                             inputs=inputs, csm_weight=cfg.csm_weight, csm_per_real=cfg.csm_per_real,
+                             csm_loss=cfg.csm_loss)

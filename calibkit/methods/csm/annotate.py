@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from calibkit.methods.csm.inputs import as_image_tensors
 from calibkit.methods.csm.store import load_store, write_annotations
 
 # OpenAI CLIP's image normalisation (used when the directory has no preprocessor_config.json).
@@ -73,12 +74,22 @@ def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: 
 
 
 class ClassifierEncoder:
-    """Penultimate features of a classifier trained by ``calibkit train`` (a run directory)."""
+    """Penultimate features of a classifier trained by ``calibkit train`` (a run directory).
 
-    def __init__(self, run_dir, batch_size: int = 512):
+    Args:
+        run_dir: the run directory.
+        batch_size: images per forward pass.
+        device: where the network runs (``"cpu"``, ``"cuda[:N]"``, ``"auto"`` or a ``torch.device``);
+            features are returned on the CPU.
+    """
+
+    def __init__(self, run_dir, batch_size: int = 512, device="cpu"):
+        from calibkit.distributed import resolve_device
         from calibkit.rundir import load_run
 
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
         self.model, self.cfg, self.info = load_run(run_dir)
+        self.model = self.model.to(self.device).eval()
         self.run_dir, self.batch_size = str(run_dir), batch_size
         weights = Path(run_dir) / "model.safetensors"
         self.identity = {"encoder": "classifier", "run": self.run_dir, "model": self.cfg.model,
@@ -89,8 +100,9 @@ class ClassifierEncoder:
         from calibkit.data import normalize
 
         mean, std = self.info["mean"], self.info["std"]
-        return torch.cat([self.model.forward_features(normalize(images[i:i + self.batch_size], mean, std)).float()
-                          for i in range(0, len(images), self.batch_size)])
+        return torch.cat([
+            self.model.forward_features(normalize(images[i:i + self.batch_size].to(self.device), mean, std)).float().cpu()
+            for i in range(0, len(images), self.batch_size)])
 
     def training_split(self):
         """The exact training split the reference classifier saw (images, labels)."""
@@ -102,15 +114,24 @@ class ClassifierEncoder:
 
 
 class ClipEncoder:
-    """CLIP image features (``CLIPModel.get_image_features``) from a local directory."""
+    """CLIP image features (``CLIPModel.get_image_features``) from a local directory.
 
-    def __init__(self, clip_dir, batch_size: int = 64):
+    Args:
+        clip_dir: a directory written by ``CLIPModel.save_pretrained`` (config.json + weights).
+        batch_size: images per forward pass.
+        device: where the model runs (as :class:`ClassifierEncoder`); features come back on the CPU.
+    """
+
+    def __init__(self, clip_dir, batch_size: int = 64, device="cpu"):
         from transformers import CLIPModel
+
+        from calibkit.distributed import resolve_device
 
         clip_dir = Path(clip_dir)
         if not (clip_dir / "config.json").is_file():
             raise FileNotFoundError(f"{clip_dir} has no config.json: not a saved CLIPModel directory")
-        self.model = CLIPModel.from_pretrained(clip_dir).eval()
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.model = CLIPModel.from_pretrained(clip_dir).eval().to(self.device)
         self.size = int(self.model.config.vision_config.image_size)
         mean, std = CLIP_MEAN, CLIP_STD
         pre = clip_dir / "preprocessor_config.json"
@@ -139,9 +160,63 @@ class ClipEncoder:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         out = []
         for i in range(0, len(images), self.batch_size):
-            r = self.model.get_image_features(pixel_values=self.preprocess(images[i:i + self.batch_size]))
-            out.append((r if isinstance(r, torch.Tensor) else r.pooler_output).float())
+            x = self.preprocess(images[i:i + self.batch_size]).to(self.device)
+            r = self.model.get_image_features(pixel_values=x)
+            out.append((r if isinstance(r, torch.Tensor) else r.pooler_output).float().cpu())
         return torch.cat(out)
+
+
+def encoder_identity(encoder) -> dict:
+    """What produced the features: ``encoder.identity`` when it has one, else the callable's name."""
+    ident = getattr(encoder, "identity", None)
+    if isinstance(ident, dict):
+        return dict(ident)
+    name = getattr(encoder, "__qualname__", None) or type(encoder).__qualname__
+    return {"encoder": "callable", "name": f"{getattr(encoder, '__module__', '?')}.{name}"}
+
+
+def _features(encoder, images: torch.Tensor, what: str) -> torch.Tensor:
+    f = encoder(images)
+    if not isinstance(f, torch.Tensor) or f.dim() != 2 or f.shape[0] != len(images):
+        got = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__
+        raise ValueError(f"the encoder must map the {len(images)} {what} images to features (N, D); got {got}")
+    if not torch.isfinite(f).all():
+        raise ValueError(f"the encoder returned NaN or infinite features for the {what} images")
+    return f.detach().float().cpu()
+
+
+def annotate(images: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, encoder, train_images: torch.Tensor,
+             train_labels: torch.Tensor, num_classes: int | None = None, sharpness: float = 4.0) -> dict:
+    """Calibrated reannotation of generated images, tensors in and out.
+
+    Args:
+        images: uint8 generated images (N, C, H, W).
+        c1, c2: (N,) int64 class pair of each image (as returned by generation).
+        encoder: any callable ``uint8 images (M, C, H, W) -> features (M, D)`` (e.g. a lambda
+            around the user's own network, :class:`ClassifierEncoder`, :class:`ClipEncoder`).
+        train_images, train_labels: real training images (M, C, H, W) (uint8, or float in [0, 1],
+            quantised to uint8 like the generated ones) and labels (M,); the prototypes are their
+            mean features per class. The encoder receives uint8 images and does its own scaling.
+        num_classes: K (default: the largest label or class index + 1).
+        sharpness: s of the sigmoid.
+
+    Returns:
+        dict with ``soft_labels`` (N, K), ``lam_hat`` (N,), ``lam_annot`` (N,) and ``prototypes`` (K, D).
+    """
+    train_images, train_labels = as_image_tensors(train_images, train_labels)
+    c1, c2 = torch.as_tensor(c1).long().cpu(), torch.as_tensor(c2).long().cpu()
+    if images.dtype != torch.uint8:
+        raise ValueError(f"generated images must be uint8, got {images.dtype}")
+    if c1.shape != (len(images),) or c2.shape != (len(images),):
+        raise ValueError(f"c1 and c2 must have shape ({len(images)},), got {tuple(c1.shape)} and {tuple(c2.shape)}")
+    if train_labels.shape != (len(train_images),):
+        raise ValueError(f"train_labels must have shape ({len(train_images)},), got {tuple(train_labels.shape)}")
+    k = num_classes or int(max(train_labels.max(), c1.max(), c2.max())) + 1
+    if int(train_labels.max()) >= k or int(max(c1.max(), c2.max())) >= k or int(train_labels.min()) < 0:
+        raise ValueError(f"labels and class pairs must lie in [0, {k})")
+    protos = class_prototypes(_features(encoder, train_images, "training"), train_labels, k)
+    out = reannotate(_features(encoder, images, "generated"), c1, c2, protos, sharpness)
+    return {**out, "prototypes": protos}
 
 
 def annotate_store(store_dir, encoder, train_images: torch.Tensor, train_labels: torch.Tensor,
@@ -150,8 +225,8 @@ def annotate_store(store_dir, encoder, train_images: torch.Tensor, train_labels:
 
     Args:
         store_dir: a complete store (``calibkit csm generate``).
-        encoder: callable uint8 (N, C, H, W) -> features (N, D) with an ``identity`` dict
-            (:class:`ClassifierEncoder`, :class:`ClipEncoder` or any such object).
+        encoder: callable uint8 (N, C, H, W) -> features (N, D); its ``identity`` dict, if any,
+            is recorded (:func:`encoder_identity`).
         train_images, train_labels: the real training split (uint8 (M, C, H, W), int64 (M,));
             the prototypes are the mean features per class over it.
         sharpness: s of the sigmoid.
@@ -159,42 +234,15 @@ def annotate_store(store_dir, encoder, train_images: torch.Tensor, train_labels:
 
     Returns:
         dict of the written tensors (``soft_labels`` (N, K), ``lam_hat``, ``lam_annot``, ``group``,
-        ``member``) plus ``meta``.
+        ``member``, ``prototypes``) plus ``meta``.
     """
     store = load_store(store_dir)
     k = store["manifest"]["num_classes"]
-    if int(train_labels.max()) >= k:
+    if int(torch.as_tensor(train_labels).max()) >= k:
         raise ValueError(f"train_labels go up to {int(train_labels.max())} but the store has {k} classes")
-    protos = class_prototypes(encoder(train_images), train_labels, k)
-    out = reannotate(encoder(store["images"]), store["c1"], store["c2"], protos, sharpness)
-    tensors = {**out, "group": store["group"], "member": store["member"], "prototypes": protos}
-    meta = {**encoder.identity, "sharpness": float(sharpness), "prototype_images": int(len(train_labels)),
+    out = annotate(store["images"], store["c1"], store["c2"], encoder, train_images, train_labels, k, sharpness)
+    tensors = {**out, "group": store["group"], "member": store["member"]}
+    meta = {**encoder_identity(encoder), "sharpness": float(sharpness), "prototype_images": int(len(train_labels)),
             "generator_hash": store["manifest"]["generator_hash"], **(extra_meta or {})}
     write_annotations(store_dir, tensors, meta)
     return {**tensors, "meta": meta}
-
-
-def annotate_command(args) -> dict:
-    """``calibkit csm annotate`` (see :mod:`calibkit.commands.csm`)."""
-    if args.encoder == "classifier":
-        if not args.run:
-            raise ValueError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")
-        enc = ClassifierEncoder(args.run)
-        if args.data and args.data != enc.cfg.data:
-            raise ValueError(f"--data {args.data} differs from the run's data set {enc.cfg.data}")
-        images, labels = enc.training_split()
-    else:
-        if not args.clip_dir:
-            raise ValueError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
-        if not args.data:
-            raise ValueError("--encoder clip needs --data NAME for the prototypes' real training images")
-        from calibkit.data import load
-
-        enc = ClipEncoder(args.clip_dir)
-        bundle = load(args.data, data_dir=args.data_dir)
-        images, labels = bundle.train.images, bundle.train.labels
-    res = annotate_store(args.store, enc, images, labels, sharpness=args.sharpness)
-    lam = res["lam_annot"]
-    print(f"annotated {len(lam)} images of {args.store} with the {enc.identity['encoder']} encoder "
-          f"(mean lam' {lam.mean():.3f}); written to {args.store}/annotations.safetensors")
-    return res

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from calibkit.methods.csm.generator import class_vector, generator_hash, load_generator, to_uint8
+from calibkit.methods.csm.generator import class_vector, generator_hash, load_generator, state_hash, to_uint8
 from calibkit.methods.csm.sampler import heun_sample
 from calibkit.methods.csm.store import (
     MANIFEST,
@@ -63,15 +63,95 @@ def group_conditions(groups, num_classes: int) -> dict:
             "y": class_vector(c1, c2, lam_all, num_classes)}
 
 
-def sample_groups(model, groups, seed: int, steps: int = 20, guidance: float = 1.0) -> dict:
-    """Sample whole groups with ``model`` in one batch; returns the conditions plus ``images`` uint8."""
+PRECISIONS = ("fp32", "bf16")
+
+
+def autocast_denoiser(model, precision: str = "fp32"):
+    """``model`` wrapped so its network runs under ``precision`` (``"bf16"``: bfloat16 autocast).
+
+    Only the network's matrix products and convolutions run in bfloat16; the sampler's state, the
+    EDM preconditioning and the returned denoised image stay float32.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp32":
+        return model
+    dev_type = next(model.parameters()).device.type
+
+    def d(x, sigma, y):
+        with torch.autocast(dev_type, dtype=torch.bfloat16):
+            return model(x, sigma, y).float()
+
+    return d
+
+
+def default_batch_size(device) -> int:
+    """Images per sampler batch: 64 on the CPU (fastest measured, ``benchmarks/csm_speed.py``),
+    4096 on a GPU (fills it with a 1M-parameter 28x28 UNet)."""
+    return 4096 if torch.device(device).type == "cuda" else 64
+
+
+def sample_groups(model, groups, seed: int, steps: int = 20, guidance: float = 1.0,
+                  batch_size: int | None = None, precision: str = "fp32", members=None) -> dict:
+    """Sample whole groups with ``model`` (on the model's device); conditions plus ``images`` uint8.
+
+    Args:
+        model: a :class:`~calibkit.methods.csm.generator.CondDenoiser` (any device).
+        groups: group indices; group ``g`` uses pair ``g % P`` and the noise of ``(seed, g)``.
+        seed, steps, guidance: see :func:`generate_store`.
+        batch_size: images per sampler batch (default :func:`default_batch_size`); the images
+            are split into consecutive chunks, so the result depends on it only through floating-
+            point rounding.
+        precision: ``"fp32"`` or ``"bf16"`` (bfloat16 autocast of the network).
+        members: positions in the group to sample (default all 8; e.g. ``[0, 7]`` for the pure
+            endpoints only, as the quality benchmarks do).
+
+    Returns:
+        dict of CPU tensors: ``group``, ``member``, ``c1``, ``c2``, ``lam``, ``y`` and ``images``
+        uint8 (N, C, data_size, data_size).
+    """
     cfg = model.config
+    device = next(model.parameters()).device
+    groups = list(groups)
     cond = group_conditions(groups, cfg.num_classes)
     shape = (1, cfg.in_channels, cfg.image_size, cfg.image_size)
     noise = torch.cat([group_noise(seed, g, shape).expand(GROUP_SIZE, -1, -1, -1) for g in groups])
-    x = heun_sample(model, noise, cond["y"], steps=steps, guidance=guidance)
-    cond["images"] = to_uint8(x, cfg)
+    if members is not None:
+        keep = torch.isin(cond["member"], torch.as_tensor(list(members)))
+        cond = {k: v[keep] for k, v in cond.items()}
+        noise = noise[keep]
+    bs = batch_size or default_batch_size(device)
+    if bs < 1:
+        raise ValueError(f"batch_size must be positive, got {bs}")
+    d = autocast_denoiser(model, precision)
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(noise), bs):
+            x = heun_sample(d, noise[i:i + bs].to(device), cond["y"][i:i + bs].to(device), steps=steps,
+                            guidance=guidance)
+            out.append(to_uint8(x, cfg).cpu())
+    cond["images"] = torch.cat(out)
     return cond
+
+
+def generate(model, num_groups: int, seed: int = 0, steps: int = 20, guidance: float = 1.0,
+             batch_size: int | None = None, precision: str = "fp32") -> dict:
+    """Groups ``0 .. num_groups - 1`` in memory: the same images :func:`generate_store` writes.
+
+    Args:
+        model: a :class:`~calibkit.methods.csm.generator.CondDenoiser` (e.g. returned by
+            :func:`~calibkit.methods.csm.train_generator.train_generator`), on any device.
+        num_groups, seed, steps, guidance, batch_size, precision: as :func:`generate_store`.
+            With the same batch size as the store's shards are sampled in, the bytes are equal.
+
+    Returns:
+        dict of CPU tensors in group order: ``images`` uint8 (8 G, C, H, W), ``group``,
+        ``member``, ``c1``, ``c2`` int64 and ``lam`` float32 (8 G,), ``y`` (8 G, K).
+    """
+    if num_groups < 1 or steps < 1:
+        raise ValueError("num_groups and steps must be positive")
+    return sample_groups(model.eval(), range(num_groups), seed, steps, guidance, batch_size=batch_size,
+                         precision=precision)
 
 
 def _dist_env(distributed) -> tuple[int, int, bool]:
@@ -89,13 +169,27 @@ def _dist_env(distributed) -> tuple[int, int, bool]:
     return dist.get_rank(), dist.get_world_size(), init
 
 
-def generate_store(generator_dir, store_dir, num_groups: int, seed: int = 0, steps: int = 20,
+def _resolve_generator(generator, device):
+    """(model on ``device``, recorded name, weights hash) from a directory or a ``CondDenoiser``."""
+    from calibkit.distributed import resolve_device
+
+    dev = device if isinstance(device, torch.device) else resolve_device(device or "auto",
+                                                                          int(os.environ.get("LOCAL_RANK", "0")))
+    if isinstance(generator, (str, os.PathLike)):
+        return load_generator(generator).to(dev), str(generator), generator_hash(generator)
+    return generator.eval().to(dev), "in-memory", state_hash(generator)
+
+
+def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: int = 20,
                    guidance: float = 1.0, groups_per_shard: int = 16, distributed="env",
-                   progress: bool = True) -> dict:
+                   progress: bool = True, device="auto", batch_size: int | None = None,
+                   precision: str = "fp32") -> dict:
     """Generate ``num_groups`` groups into ``store_dir`` (resuming if it already holds shards).
 
     Args:
-        generator_dir: directory written by ``calibkit csm train-generator``.
+        generator: directory written by ``calibkit csm train-generator`` (or
+            :func:`~calibkit.methods.csm.train_generator.train_generator`), or a
+            :class:`~calibkit.methods.csm.generator.CondDenoiser` in memory.
         store_dir: output store (created).
         num_groups: number of groups (8 images each). An existing store whose groups fill whole
             shards can be grown by asking for more groups with otherwise identical settings.
@@ -106,29 +200,43 @@ def generate_store(generator_dir, store_dir, num_groups: int, seed: int = 0, ste
         distributed: ``"env"`` (torchrun's RANK/WORLD_SIZE, gloo barrier at the end), ``None``
             (single process) or an explicit ``(rank, world_size)``.
         progress: print one line per shard.
+        device: ``"auto"`` (``cuda:LOCAL_RANK`` when CUDA is available, else the CPU), ``"cpu"``,
+            ``"cuda"``, ``"cuda:N"`` or a ``torch.device``.
+        batch_size: images per sampler batch (default: 64 on the CPU, 4096 on a GPU); recorded
+            per image in the index. It changes results only through floating-point rounding, so a
+            store may be grown with another batch size or on another device.
+        precision: ``"fp32"`` or ``"bf16"`` (bfloat16 autocast of the network); recorded in the
+            store and part of its identity.
 
     Returns:
         The store manifest.
     """
     if num_groups < 1 or groups_per_shard < 1 or steps < 1:
         raise ValueError("num_groups, groups_per_shard and steps must be positive")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     rank, world, init_here = _dist_env(distributed)
     store_dir = Path(store_dir)
     store_dir.mkdir(parents=True, exist_ok=True)
-    model = load_generator(generator_dir)
+    model, gen_name, gen_hash = _resolve_generator(generator, device)
+    dev = next(model.parameters()).device
+    bs = batch_size or default_batch_size(dev)
     cfg = model.config
     manifest = {
-        "format": STORE_FORMAT, "version": 1, "generator": str(generator_dir),
-        "generator_hash": generator_hash(generator_dir), "num_classes": cfg.num_classes,
+        "format": STORE_FORMAT, "version": 1, "generator": gen_name,
+        "generator_hash": gen_hash, "num_classes": cfg.num_classes,
         "image_shape": [cfg.in_channels, cfg.data_size, cfg.data_size], "seed": int(seed),
         "steps": int(steps), "guidance": float(guidance), "sampler": "edm-heun sigma 0.002..80 rho 7",
         "group_size": GROUP_SIZE, "groups_per_shard": int(groups_per_shard), "num_groups": int(num_groups),
         "pairs": "all unordered (c1 < c2) in lexicographic order, cycled; lam = linspace(0, 1, 8)",
     }
+    if precision != "fp32":  # stores written before the option existed are float32 and lack the key
+        manifest["precision"] = precision
     path = store_dir / MANIFEST
     if path.exists():
         old = json.loads(path.read_text())
-        diff = {k: (old.get(k), v) for k, v in manifest.items() if k != "generator" and old.get(k) != v}
+        diff = {k: (old.get(k), v) for k, v in {**old, **manifest}.items()
+                if k != "generator" and old.get(k) != manifest.get(k)}
         # Growing a store is allowed when its old shards are all full: they stay valid as they are.
         grow = set(diff) == {"num_groups"} and num_groups > old["num_groups"] \
             and old["num_groups"] % groups_per_shard == 0
@@ -139,11 +247,12 @@ def generate_store(generator_dir, store_dir, num_groups: int, seed: int = 0, ste
 
     todo = [k for k in range(rank, num_shards(manifest), world) if not shard_done(store_dir, k)]
     if progress and rank == 0:
-        print(f"{num_shards(manifest)} shards, rank 0 of {world} has {len(todo)} left", flush=True)
+        print(f"{num_shards(manifest)} shards, rank 0 of {world} has {len(todo)} left "
+              f"(device {dev}, batch {bs}, {precision})", flush=True)
     n_img, t0 = 0, time.perf_counter()
     for k in todo:
         groups = range(k * groups_per_shard, min((k + 1) * groups_per_shard, num_groups))
-        out = sample_groups(model, groups, seed, steps, guidance)
+        out = sample_groups(model, groups, seed, steps, guidance, batch_size=bs, precision=precision)
         from safetensors.torch import save
 
         img_path, idx_path = shard_paths(store_dir, k)
@@ -152,7 +261,8 @@ def generate_store(generator_dir, store_dir, num_groups: int, seed: int = 0, ste
         records = [json.dumps({"group": int(out["group"][i]), "member": int(out["member"][i]), "seed": int(seed),
                                "c1": int(out["c1"][i]), "c2": int(out["c2"][i]),
                                "lam": round(float(out["lam"][i]), 6), "guidance": float(guidance),
-                               "steps": int(steps), "generator_hash": manifest["generator_hash"]})
+                               "steps": int(steps), "generator_hash": manifest["generator_hash"],
+                               "precision": precision, "batch_size": bs, "device": dev.type})
                    for i in range(len(out["group"]))]
         atomic_write(idx_path, ("\n".join(records) + "\n").encode())  # index last: marks the shard done
         n_img += len(records)

@@ -220,3 +220,16 @@ def load_generator(path) -> CondDenoiser:
 def generator_hash(path) -> str:
     """Short SHA-256 of a generator's weights file, recorded with every generated image."""
     return hashlib.sha256((Path(path) / WEIGHTS_NAME).read_bytes()).hexdigest()[:16]
+
+
+def state_hash(model: nn.Module) -> str:
+    """Short SHA-256 of a network's weights as :func:`save_generator` would store them (float32).
+
+    Identifies an in-memory generator the way :func:`generator_hash` identifies a saved one; the
+    two differ for the same weights because the file also holds the safetensors header.
+    """
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().float().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]

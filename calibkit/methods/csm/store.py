@@ -108,3 +108,36 @@ def load_annotations(store_dir) -> tuple[dict, dict]:
     if not (t.is_file() and m.is_file()):
         raise FileNotFoundError(f"store {store_dir} has no annotations; run `calibkit csm annotate {store_dir} ...`")
     return load_file(t), json.loads(m.read_text())
+
+
+def subset_store(src, dst, num_groups: int) -> dict:
+    """Write the first ``num_groups`` groups of store ``src`` as a new store ``dst`` (one shard).
+
+    Group g of a store does not depend on the store's size (its pair and its noise are functions
+    of g and the seed), so the result equals a store generated with ``num_groups`` groups, up to the
+    shard layout. Annotations are not copied.
+
+    Returns:
+        The new manifest (``num_groups``, ``groups_per_shard = num_groups`` and ``subset_of``).
+    """
+    from safetensors.torch import save
+
+    s = load_store(src)
+    man = s["manifest"]
+    if not 1 <= num_groups <= man["num_groups"]:
+        raise ValueError(f"num_groups must be in [1, {man['num_groups']}], got {num_groups}")
+    n = num_groups * man["group_size"]
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    new = {**man, "num_groups": int(num_groups), "groups_per_shard": int(num_groups),
+           "subset_of": {"store": str(src), "num_groups": man["num_groups"]}}
+    img, idx = shard_paths(dst, 0)
+    atomic_write(img, save({k: s[k][:n].contiguous() for k in ("images", "group", "member", "c1", "c2", "lam")}))
+    lines = []
+    for k in range(num_shards(man)):
+        lines += shard_paths(src, k)[1].read_text().splitlines()
+        if len(lines) >= n:
+            break
+    atomic_write(idx, ("\n".join(lines[:n]) + "\n").encode())
+    atomic_write(dst / MANIFEST, json.dumps(new, indent=2).encode())
+    return new

@@ -26,6 +26,7 @@ from calibkit.methods.csm.generator import (
     save_generator,
     to_model_space,
 )
+from calibkit.methods.csm.inputs import as_image_tensors
 
 STATE_NAME = "train_state.pt"
 LOG_NAME = "train_log.jsonl"
@@ -50,26 +51,30 @@ def _ema_decay(step: int, decay: float) -> float:
     return min(decay, (1 + step) / (10 + step))
 
 
-def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_cfg: GeneratorTrainConfig,
+def train_generator(images, labels, out_dir, train_cfg: GeneratorTrainConfig,
                     gen_cfg: GeneratorConfig | None = None, checkpoint_every: int = 100,
-                    extra_meta: dict | None = None, progress: bool = True) -> CondDenoiser:
+                    extra_meta: dict | None = None, progress: bool = True, device="cpu") -> CondDenoiser:
     """Train (or resume) a class-conditional EDM generator and return its EMA copy.
 
     Args:
-        images: uint8 training images (N, C, H, W), H = W = ``gen_cfg.data_size``.
-        labels: int64 class labels (N,).
+        images: training images (N, C, H, W), H = W = ``gen_cfg.data_size``, uint8 or float in
+            [0, 1]; or a Dataset of ``(image, label)`` pairs (see
+            :func:`~calibkit.methods.csm.inputs.as_image_tensors`).
+        labels: integer class labels (N,); None when ``images`` is a Dataset.
         out_dir: output directory (created; resumed from ``train_state.pt`` if present).
         train_cfg: optimisation settings; ``train_cfg.steps`` is the total step count.
         gen_cfg: architecture; defaults to ``GeneratorConfig(num_classes=max(labels)+1, ...)``.
         checkpoint_every: steps between atomic checkpoints.
         extra_meta: recorded in ``generator.json`` (e.g. the command line, the data set name).
         progress: print one line every ``checkpoint_every`` steps.
+        device: where the network and the data live (``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a
+            ``torch.device``). The random draws (batches, noise, sigma, class dropout) come from
+            one CPU generator whatever the device, so a run can resume on another device.
+
+    Returns:
+        The EMA network (on ``device``, eval mode).
     """
-    if images.dtype != torch.uint8 or images.dim() != 4:
-        raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
-    labels = torch.as_tensor(labels).long()
-    if labels.shape != (images.shape[0],):
-        raise ValueError(f"labels must have shape ({images.shape[0]},), got {tuple(labels.shape)}")
+    images, labels = as_image_tensors(images, labels)
     if train_cfg.steps < 1 or train_cfg.batch_size < 1:
         raise ValueError("steps and batch_size must be positive")
     if gen_cfg is None:
@@ -78,8 +83,9 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    torch.manual_seed(train_cfg.seed)  # weight initialisation
-    model = CondDenoiser(gen_cfg)
+    device = torch.device(device)
+    torch.manual_seed(train_cfg.seed)  # weight initialisation (on the CPU, then moved)
+    model = CondDenoiser(gen_cfg).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.Adam(model.parameters(), lr=train_cfg.lr)
     gen = torch.Generator().manual_seed(train_cfg.seed)  # batches, noise, sigma, class dropout
@@ -89,7 +95,7 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
 
     state_path = out_dir / STATE_NAME
     if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+        state = torch.load(state_path, weights_only=True, map_location=device)
         saved = json.loads(state["fingerprint"])
         if saved != json.loads(json.dumps(fingerprint)):
             raise ValueError(f"{state_path} was written with different settings: {saved}; "
@@ -97,13 +103,14 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
         opt.load_state_dict(state["opt"])
-        gen.set_state(state["rng"])
+        gen.set_state(state["rng"].cpu())
         step, elapsed = int(state["step"]), float(state["elapsed"])
         if progress:
             print(f"resuming from step {step} ({elapsed:.0f} s so far)", flush=True)
 
-    x_all = to_model_space(images, gen_cfg)  # (N, C, S, S) float, padded once
-    eye = torch.eye(gen_cfg.num_classes)
+    x_all = to_model_space(images, gen_cfg).to(device)  # (N, C, S, S) float, padded once
+    labels = labels.to(device)
+    eye = torch.eye(gen_cfg.num_classes, device=device)
     n_params = sum(p.numel() for p in model.parameters())
 
     def checkpoint():
@@ -114,15 +121,15 @@ def train_generator(images: torch.Tensor, labels: torch.Tensor, out_dir, train_c
         os.replace(tmp, state_path)
         meta = {"train": {**dataclasses.asdict(train_cfg), "steps_done": step},
                 "wall_seconds": round(elapsed, 1), "parameters": n_params,
-                "threads": torch.get_num_threads(), **(extra_meta or {})}
+                "threads": torch.get_num_threads(), "device": str(device), **(extra_meta or {})}
         save_generator(ema, out_dir, extra=meta)
 
     model.train()
     t_last, loss_sum, n_sum = time.perf_counter(), 0.0, 0
     while step < train_cfg.steps:
-        idx = torch.randint(x_all.shape[0], (train_cfg.batch_size,), generator=gen)
+        idx = torch.randint(x_all.shape[0], (train_cfg.batch_size,), generator=gen).to(device)
         y = eye[labels[idx]]
-        drop = torch.rand(train_cfg.batch_size, generator=gen) < train_cfg.p_uncond
+        drop = (torch.rand(train_cfg.batch_size, generator=gen) < train_cfg.p_uncond).to(device)
         y[drop] = 0.0  # the zero vector is the unconditional input of classifier-free guidance
         for g in opt.param_groups:
             g["lr"] = train_cfg.lr * min(1.0, (step + 1) / max(1, train_cfg.warmup_steps))

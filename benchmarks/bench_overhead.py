@@ -1,0 +1,221 @@
+"""Where a bench run's wall time goes, against the time of its bare training steps.
+
+One process runs a bench of a preset (by default ``default`` with method ``ce`` and seed 0: one
+full run of 40 epochs; ``--epochs`` shortens it), then, side by side in the same process, the
+*bare training steps* of every trained run: the same model, loss, method step, batches (sliced
+from the training tensor on the device), gradient clipping and SGD, for the same number of steps,
+and nothing else -- no per-step bookkeeping, no validation, no checkpoints, no evaluation.
+
+Phases of the bench's wall time (exclusive, so nothing is counted twice):
+
+* ``import``  -- importing torch and the calibkit modules the bench command uses, and
+  ``torch._dynamo``, which the first ``torch.optim`` optimizer of a process imports;
+* ``data``    -- ``calibkit.data.load`` in every run; ``evaldata``: the bench's evaluation sets
+  (its own load, the OOD and the corrupted test sets: ``Bench.eval_data``, ``EvalData``);
+* ``train``   -- ``calibkit.train.train`` minus its data loading, split into ``steps`` (the epochs'
+  step loops), ``validate`` (the validation pass of every epoch: the checkpoint policy needs it),
+  ``ckpt`` (checkpoint writes), ``finish`` (the kept weights' val/test logits) and set-up;
+* ``eval``    -- ``calibkit.bench.evaluation.evaluate_run`` minus the evaluation data;
+* ``report``  -- ``calibkit.report.build_report``;
+* ``other``   -- the rest (database, claims).
+
+Printed: each phase as a share of the wall time; the per-run overhead (what every run of a bench
+costs beyond its bare steps: its data load, its train loop's extra and its evaluation) over the
+bare steps; and the same with the once-per-bench costs (import, evaluation data, report) spread
+over the preset's full number of runs. Target: per-run overhead <= 10%.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py                  # one default CE run
+    OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --epochs 4 --methods ce mixup
+
+On a shared machine the absolute times are noisy; the ratios come from one process.
+"""
+
+from __future__ import annotations
+
+import time
+
+T_START = time.perf_counter()
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import functools  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402,F401  (the first torch.optim optimizer imports it: ~2 s, once per process)
+
+import calibkit.bench.evaluation as evaluation  # noqa: E402
+import calibkit.bench.runner as runner  # noqa: E402
+import calibkit.cli  # noqa: E402,F401
+import calibkit.commands.bench  # noqa: E402,F401
+import calibkit.data as data  # noqa: E402
+import calibkit.data.datasets as datasets  # noqa: E402
+import calibkit.report as report  # noqa: E402
+import calibkit.train as train_pkg  # noqa: E402
+import calibkit.train.loop as loop  # noqa: E402
+from calibkit import _validation  # noqa: E402
+from calibkit import distributed as D  # noqa: E402
+from calibkit.bench.grid import METHODS, get_preset  # noqa: E402
+from calibkit.train.steps import EpochGenerators  # noqa: E402
+
+T_IMPORTED = time.perf_counter()
+
+
+class Phases:
+    """Exclusive time per phase: a phase entered inside another pauses the outer one."""
+
+    def __init__(self):
+        self.total = defaultdict(float)
+        self.stack = []  # [phase, start]
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if name == "data" and self.stack and self.stack[-1][0] == "evaldata":
+            name = "evaldata"  # the load behind the evaluation sets is theirs (once per bench)
+        now = time.perf_counter()
+        if self.stack:
+            outer = self.stack[-1]
+            self.total[outer[0]] += now - outer[1]
+        self.stack.append([name, now])
+        try:
+            yield
+        finally:
+            now = time.perf_counter()
+            inner = self.stack.pop()
+            self.total[inner[0]] += now - inner[1]
+            if self.stack:
+                self.stack[-1][1] = now
+
+    def wrap(self, owner, attr: str, name: str, *more_owners) -> None:
+        fn = getattr(owner, attr)
+
+        @functools.wraps(fn)
+        def timed(*a, **k):
+            with self.phase(name):
+                return fn(*a, **k)
+
+        for o in (owner, *more_owners):
+            setattr(o, attr, timed)
+
+
+def bare_steps(cfg) -> float:
+    """Seconds of ``cfg.epochs`` epochs of bare steps (same model, loss, step, batches, clip, SGD)."""
+    dd = D.setup(cfg.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+    n, b = len(run.train_y), cfg.batch_size
+    steps = n // b
+    run.net.train()
+    run.loss_fn.train()
+    t0 = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
+        order_dev = order.to(dd.device)
+        gens = EpochGenerators(aug=loop._epoch_rng(cfg.seed, epoch, 0, 1, dd.device),
+                               draw=loop._epoch_rng(cfg.seed, epoch, 0, 2))
+        with _validation.trusted_inputs():
+            for step in range(steps):
+                idx = order_dev[step * b:(step + 1) * b]
+                x, y = run.inputs.train_batch(run.train_x[idx], run.train_y[idx], gens.aug)
+                loss, _, _ = run.step(run.net, x, y, run.train_y_cpu[order[step * b:(step + 1) * b]], gens)
+                run.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
+                run.optimizer.step()
+    if dd.device.type == "cuda":
+        torch.cuda.synchronize(dd.device)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--methods", nargs="+", default=["ce"], help="methods of kind 'train' (default: ce)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--epochs", type=int, help="shorten every run to this many epochs")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--num-threads", type=int, default=1)
+    ap.add_argument("--out", help="bench directory (default: a temporary one, removed afterwards)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.num_threads)
+    bad = [m for m in args.methods if m not in METHODS or METHODS[m].kind != "train"]
+    if bad:
+        raise SystemExit(f"--methods: {bad}: only methods trained by calibkit.train (kind 'train') are timed")
+    preset = get_preset(args.preset)
+    full_runs = len(preset.seeds) * len(METHODS)
+    if args.epochs:
+        from dataclasses import replace
+
+        preset = replace(preset, train={**preset.train, "epochs": args.epochs})
+    epochs = preset.train["epochs"]
+
+    ph = Phases()
+    ph.wrap(datasets, "load", "data", data)
+    ph.wrap(runner.Bench, "eval_data", "evaldata")
+    ph.wrap(evaluation.EvalData, "on", "evaldata")
+    ph.wrap(evaluation.EvalData, "ood_images", "evaldata")
+    ph.wrap(evaluation.EvalData, "corrupted", "evaldata")
+    ph.wrap(loop, "train", "train", train_pkg)
+    ph.wrap(loop, "_train_epoch", "steps")
+    ph.wrap(loop, "_validate", "validate")
+    ph.wrap(loop, "_end_epoch", "ckpt")
+    ph.wrap(loop, "_finish", "finish")
+    ph.wrap(evaluation, "evaluate_run", "eval")
+    ph.wrap(report, "build_report", "report")
+
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench_overhead_"))
+    try:
+        t0 = time.perf_counter()
+        bench = runner.Bench(preset, out, seeds=args.seeds, methods=args.methods, device=args.device,
+                             num_threads=args.num_threads, log=lambda *a, **k: None)
+        try:
+            counts = bench.run()
+        finally:
+            bench.close()
+        if counts["failed"] or not counts["done"]:
+            raise SystemExit(f"bench did not finish its runs: {counts}")
+        report.build_report(out, preset=preset.name)
+        wall_bench = time.perf_counter() - t0
+        t = dict(ph.total)  # before the bare steps, whose set-up loads the data again
+        runs = [(s, m) for s in args.seeds for m in bench.methods]
+        bare = sum(bare_steps(runner.train_config(preset, m, s, device=args.device,
+                                                  num_threads=args.num_threads)) for s, m in runs)
+    finally:
+        if not args.out:
+            shutil.rmtree(out, ignore_errors=True)
+
+    t["import"] = T_IMPORTED - T_START
+    wall = t["import"] + wall_bench
+    phases = ("import", "data", "evaldata", "steps", "validate", "ckpt", "finish", "train", "eval", "report")
+    t["other"] = wall - sum(t.get(k, 0.0) for k in phases)
+    n = len(runs)
+    per_bench = t["import"] + t.get("evaldata", 0.0) + t.get("report", 0.0) + t["other"]
+    per_run = wall - per_bench  # data loads of the runs, train (steps + the rest), eval
+    print(f"bench overhead: preset {preset.name}, {epochs} epochs, methods {' '.join(args.methods)}, "
+          f"seeds {' '.join(map(str, args.seeds))} ({n} run(s)), device {args.device}, "
+          f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+    print(f"wall {wall:.1f} s, bare training steps {bare:.1f} s  ->  wall / bare = {wall / bare:.3f}")
+    print("phase shares of the wall time:")
+    for k in (*phases, "other"):
+        label = {"data": "data: the runs' data loads", "evaldata": "data: evaluation sets (OOD, corrupted)",
+                 "steps": "train: epoch step loops", "validate": "train: validation every epoch",
+                 "ckpt": "train: checkpoints every epoch", "finish": "train: final val/test logits",
+                 "train": "train: set-up (model, optimizer, run dir)"}.get(k, k)
+        print(f"  {label:<40} {t.get(k, 0.0):8.2f} s  {t.get(k, 0.0) / wall:6.1%}")
+    print(f"epoch step loops / bare steps: {t.get('steps', 0.0) / bare:.3f}")
+    print(f"per-run overhead beyond the bare steps: (per-run time - bare) / bare = "
+          f"{(per_run - bare) / bare:.1%}  (target <= 10%)")
+    print(f"  of which the per-epoch validation (model selection, part of the protocol): "
+          f"{t.get('validate', 0.0) / bare:.1%}; the rest: {(per_run - t.get('validate', 0.0) - bare) / bare:.1%}")
+    spread = per_bench * n / full_runs
+    print(f"with the once-per-bench costs ({per_bench:.1f} s: import, evaluation data, report, other) spread "
+          f"over the preset's {full_runs} runs: {(per_run + spread - bare) / bare:.1%}")
+
+
+if __name__ == "__main__":
+    main()

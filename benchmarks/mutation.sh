@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Mutation testing of calibkit's core modules with mutmut (a benchmark, not run in CI).
+#
+#   benchmarks/mutation.sh [MODULE...]      e.g. benchmarks/mutation.sh calibkit/store.py
+#
+# Each module is mutated in its own sandbox (a copy of calibkit/ and tests/ under $MUTATION_DIR,
+# default /tmp/calibkit-mutation) whose mutmut configuration names only that module and only the
+# test files that exercise it; mutmut then runs, for each mutant, only the tests that call the
+# mutated function. One worker (the machine is shared); MUTATION_CHILDREN overrides it.
+# Prints one line per module and, last, `killed K of N mutants` (K counts killed and timed-out
+# mutants, N every mutant generated, including those no selected test reaches in-process: mutmut
+# maps tests to functions by tracing the pytest process, so code reached only in subprocesses
+# (CLI calls, spawned DDP workers) counts as not reached). Tests marked slow are left out.
+# Needs the dev extra: pip install -e '.[dev]'.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python}
+MUTMUT=${MUTMUT:-$(dirname "$(command -v "$PY")")/mutmut}
+WORK=${MUTATION_DIR:-/tmp/calibkit-mutation}
+CHILDREN=${MUTATION_CHILDREN:-1}
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+# module -> the test files that exercise it (space separated)
+declare -A TESTS=(
+  [calibkit/store.py]="tests/test_store.py tests/test_blindspots_store.py"
+  [calibkit/methods/csm/store.py]="tests/test_csm_store.py tests/test_blindspots_csm_store.py"
+  [calibkit/bench/evaluation.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_blindspots_twostage.py"
+  [calibkit/functional/binning.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py"
+  [calibkit/functional/metrics.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py"
+  [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py"
+  [calibkit/losses.py]="tests/test_losses.py tests/test_functional_losses.py tests/test_blindspots_fedlas_ddp.py"
+  [calibkit/metrics.py]="tests/test_metrics.py tests/test_functional_metrics.py tests/test_blindspots_binning.py"
+  [calibkit/calibrators.py]="tests/test_calibrators.py tests/test_metrics.py"
+  [calibkit/methods/maccal/estimator.py]="tests/test_maccal.py tests/test_maccal_run.py"
+  [calibkit/methods/maccal/masking.py]="tests/test_maccal.py"
+  [calibkit/methods/maccal/stage2.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_training.py"
+  [calibkit/report/data.py]="tests/test_report.py tests/test_blindspots_bench.py"
+  [calibkit/bench/twostage.py]="tests/test_blindspots_twostage.py"
+  [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py"
+  [calibkit/distributed.py]="tests/test_blindspots_fedlas_ddp.py tests/test_metrics.py tests/test_losses.py"
+  [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py"
+)
+# smallest first
+DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators.py
+         calibkit/metrics.py calibkit/methods/csm/annotate.py calibkit/methods/maccal/masking.py
+         calibkit/functional/metrics.py calibkit/methods/maccal/estimator.py
+         calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
+         calibkit/functional/binning.py calibkit/losses.py)
+MODULES=("$@")
+[ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
+
+toml_list() { local out="" x; for x in "$@"; do out+="\"$x\", "; done; echo "[${out%, }]"; }
+
+K=0; N=0
+for mod in "${MODULES[@]}"; do
+  [ -n "${TESTS[$mod]+x}" ] || { echo "mutation.sh: error: no test selection for $mod" >&2; exit 1; }
+  tests=()
+  for t in ${TESTS[$mod]}; do [ -f "$ROOT/$t" ] && tests+=("$t"); done
+  box="$WORK/$(echo "$mod" | tr / _)"
+  rm -rf "$box" && mkdir -p "$box"
+  cp -r "$ROOT/calibkit" "$ROOT/tests" "$box/"
+  cat > "$box/pyproject.toml" <<TOML
+[tool.mutmut]
+source_paths = ["calibkit"]
+only_mutate = ["$mod"]
+pytest_add_cli_args_test_selection = $(toml_list "${tests[@]}")
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not slow"]
+process_isolation = "fork"
+
+[tool.pytest.ini_options]
+markers = ["slow: end-to-end tests that train for tens of seconds"]
+TOML
+  ( cd "$box" && "$MUTMUT" run --max-children "$CHILDREN" > run.log 2>&1 || true
+    "$MUTMUT" export-cicd-stats >> run.log 2>&1
+    "$MUTMUT" results > survivors.txt 2>&1 || true )
+  read -r k n s nt to < <("$PY" - "$box/mutants/mutmut-cicd-stats.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+ran = sum(s[k] for k in ("killed", "survived", "timeout", "suspicious", "segfault", "skipped", "no_tests"))
+# mutmut stops early when no selected test reaches the module: those mutants count as not reached.
+print(s["killed"] + s["timeout"], s["total"], s["survived"] + s["suspicious"] + s["segfault"],
+      s["no_tests"] + s["total"] - ran, s["timeout"])
+PY
+)
+  echo "$mod: killed $k of $n (survived $s, no tests $nt, timeout $to); survivors in $box/survivors.txt"
+  K=$((K + k)); N=$((N + n))
+done
+echo "killed $K of $N mutants"

@@ -1,0 +1,136 @@
+"""The mergeable state behind the panel: shared by :class:`calibkit.metrics.CalibrationAccumulator`
+and the torchmetrics adapter (:mod:`calibkit.integrations.torchmetrics`).
+
+State, all float64 on the device of the data:
+
+* ``sums``: one flat vector, summed over batches and over processes (one all-reduce):
+  ``[N, N_dense, sum correct, sum -log p_y, sum Brier]``, the equal-width top-label sums
+  ``(3, B)`` (count, confidence, correct), the classwise sums ``(3, K, B)``, optionally the fine
+  confidence histogram ``(3, FINE_BINS)`` (fixed-memory AECE) and the confusion matrix ``(K, K)``
+  (mean IoU);
+* ``check``: ``[-min p, max p, max |row sum - 1| / tol, -min label, max label]``, combined by
+  maximum, for value checks deferred on accelerators (all entries -inf until a device batch);
+* per sample (exact AECE only): top-label confidence, correctness and 0/1 weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from calibkit._validation import prob_sum_tol, probs_error
+from calibkit.functional.binning import FINE_BINS, BinSums, binned_errors, equal_mass_sums, fine_bin_index
+from calibkit.functional.binning import weighted_equal_mass_bins
+from calibkit.functional.iou import confusion_matrix, iou_from_confusion
+
+__all__ = ["Layout", "batch_vector", "fold_check", "neutral_check", "panel_from_state"]
+
+_HEAD = 5  # N, N_dense, correct, nll, brier
+
+
+class Layout:
+    """Offsets of the parts of the flat ``sums`` vector for ``B`` bins and ``K`` classes."""
+
+    def __init__(self, n_bins: int, k: int, hist: bool, confusion: bool):
+        self.n_bins, self.k, self.hist, self.confusion = n_bins, k, hist, confusion
+        sizes = {"head": _HEAD, "bins": 3 * n_bins, "classwise": 3 * k * n_bins,
+                 "hist": 3 * FINE_BINS if hist else 0, "confusion": k * k if confusion else 0}
+        self.slices, start = {}, 0
+        for name, size in sizes.items():
+            self.slices[name] = slice(start, start + size)
+            start += size
+        self.size = start
+
+    def view(self, sums: torch.Tensor, name: str) -> torch.Tensor:
+        part = sums[self.slices[name]]
+        shapes = {"bins": (3, self.n_bins), "classwise": (3, self.k, self.n_bins), "hist": (3, FINE_BINS),
+                  "confusion": (self.k, self.k)}
+        return part.view(shapes[name]) if name in shapes else part
+
+
+def neutral_check(device=None) -> torch.Tensor:
+    return torch.full((5,), float("-inf"), dtype=torch.float64, device=device)
+
+
+def fold_check(check: torch.Tensor, s) -> torch.Tensor:
+    """Combine the running ``check`` with a batch's :class:`PanelSums` ``check`` (no host sync)."""
+    lo, hi, dev, y_lo, y_hi = s.check.to(check.device).unbind()
+    tol = prob_sum_tol(s.dtype)
+    return torch.maximum(check, torch.stack([-lo, hi, dev / tol, -y_lo, y_hi]))
+
+
+def batch_vector(layout: Layout, s) -> torch.Tensor:
+    """A batch's contribution to ``sums`` (on the batch's device) from its :class:`PanelSums`."""
+    dev = s.conf.device
+    n = torch.as_tensor(s.n, dtype=torch.float64, device=dev).reshape(1)
+    head = torch.cat([n, n * float(s.dense), torch.stack([s.top.correct.sum(), s.nll, s.brier])])
+    parts = [head, torch.stack([s.top.count, s.top.conf, s.top.correct]).reshape(-1),
+             torch.stack([s.classwise.count, s.classwise.conf, s.classwise.correct]).reshape(-1)]
+    w = torch.ones_like(s.conf) if s.weight is None else s.weight
+    if layout.hist:
+        from calibkit.functional.panel_device import scatter_sums
+
+        src = torch.stack([w, s.conf * w, s.correct.double() * w], 1)
+        parts.append(scatter_sums(fine_bin_index(s.conf), src, FINE_BINS).T.reshape(-1))
+    if layout.confusion:
+        parts.append(confusion_matrix(s.pred, s.labels, layout.k, s.weight).reshape(-1))
+    return torch.cat(parts)
+
+
+def _hist_aece_sums(hist: torch.Tensor, n_bins: int) -> BinSums:
+    """Equal-mass bins over the fine histogram: each fine bin is a block of tied confidences."""
+    from calibkit.functional.panel_device import scatter_sums
+
+    order = torch.arange(FINE_BINS, dtype=torch.float64, device=hist.device)
+    bins = weighted_equal_mass_bins(order, hist[0][None], n_bins)[0]
+    out = scatter_sums(bins, hist.T.contiguous(), n_bins, lanes=1)
+    return BinSums(out[:, 0], out[:, 1], out[:, 2])
+
+
+def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()) -> dict[str, float]:
+    """The panel (python floats) from the state; one device-to-host transfer."""
+    n_bins, k, device = layout.n_bins, layout.k, sums.device.type
+    if layout.hist:
+        aece = _hist_aece_sums(layout.view(sums, "hist"), n_bins)
+    else:
+        c = torch.cat(list(conf)) if conf else torch.zeros(0, dtype=torch.float64, device=sums.device)
+        ok = torch.cat(list(correct)) if correct else torch.zeros(0, dtype=torch.bool, device=sums.device)
+        w = None
+        if any(wi is not None for wi in weight):
+            w = torch.cat([torch.ones_like(ci) if wi is None else wi for ci, wi in zip(conf, weight)])
+        aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
+    parts = [sums, torch.stack([aece.count, aece.conf, aece.correct]).reshape(-1).to(sums.device), check.to(sums.device)]
+    host = torch.cat(parts).cpu()  # the one transfer
+    sums, aece_flat, check = host[: layout.size], host[layout.size : layout.size + 3 * n_bins], host[-5:]
+    _raise_for(check, k, device)
+    head = layout.view(sums, "head")
+    n = float(head[0])
+    if n == 0:
+        raise ValueError("no samples accumulated (N = 0): call update() with data first")
+    errors = binned_errors(BinSums(*layout.view(sums, "bins")))
+    cw = layout.view(sums, "classwise")
+    out = {"acc": float(head[2] / n), "ece": float(errors["ece"]),
+           "aece": float(binned_errors(BinSums(*aece_flat.view(3, n_bins)))["ece"]),
+           "cece": float((cw[2] - cw[1]).abs().sum() / (n * k))}
+    for key in ("mce", "rmsce", "o_ece", "u_ece"):
+        out[key] = float(errors[key])
+    out["nll"], out["brier"] = float(head[3] / n), float(head[4] / n)
+    if layout.confusion and float(head[1]) > 0:
+        out["miou"] = float(iou_from_confusion(layout.view(sums, "confusion")))
+    return out
+
+
+def _raise_for(check: torch.Tensor, k: int, device: str) -> None:
+    neg_lo, hi, ratio, neg_y_lo, y_hi = (float(v) for v in check)
+    if hi == float("-inf"):  # no batch left its checks to the device
+        return
+    lo, y_lo = -neg_lo, -neg_y_lo
+    err = probs_error("probs", lo, hi, 0.0, torch.float64)
+    if err is None and not ratio <= 1:
+        err = ValueError(f"probs rows must sum to 1 (largest deviation {ratio:.3g} times the tolerance of their "
+                         "dtype); if these are logits, pass softmax(logits) instead")
+    if err is None and (y_lo < 0 or y_hi >= k):
+        bad = int(y_lo) if y_lo < 0 else int(y_hi)
+        err = ValueError(f"labels out of range: found {bad}, expected values in [0, {k - 1}]")
+    if err is not None:
+        raise ValueError(f"{err} [checked on the {device} device when computing; the state holds the bad batch: "
+                         "reset it]")

@@ -1,0 +1,7 @@
+"""Adapters for other libraries' evaluation loops; each imports its library only when used.
+
+* :mod:`calibkit.integrations.torchmetrics`: ``CalibrationMetric``, the metric panel as a
+  ``torchmetrics.Metric`` (Lightning, or any loop that uses torchmetrics); needs ``torchmetrics``.
+* :mod:`calibkit.integrations.huggingface`: ``compute_metrics`` for ``transformers.Trainer``
+  (needs nothing beyond calibkit: it takes the ``EvalPrediction`` the Trainer passes).
+"""

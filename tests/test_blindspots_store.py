@@ -1,0 +1,269 @@
+"""Edge cases of the results database: claims held on another host, schema versions, folders."""
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from calibkit.store import SCHEMA_VERSION, Store, StoreError, check_database_file
+
+
+def _set_owner(path, key, owner):
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET owner = ? WHERE run_key = ?", (owner, key))
+    con.commit()
+    con.close()
+
+
+def _claimed(path, key="p/ce/0"):
+    db = Store(path)
+    assert db.claim(key, preset="p", method="ce", seed=0)
+    db.close()
+    return key
+
+
+def test_claim_held_on_another_host_is_never_taken_over(tmp_path):
+    # The pid cannot be checked on another host, so the claim counts as live even though no
+    # process with that pid exists here.
+    path = tmp_path / "runs.db"
+    key = _claimed(path)
+    other_host = socket.gethostname() + "-elsewhere"
+    _set_owner(path, key, f"{other_host}:999999999:abcd1234")
+    db = Store(path)
+    assert db.busy_elsewhere(key)
+    assert not db.claim(key, preset="p", method="ce", seed=0)
+    row = db.get(key)
+    assert row["owner"].startswith(other_host) and row["attempts"] == 1
+
+
+def test_claim_of_a_live_process_on_this_host_is_kept_and_a_dead_one_taken(tmp_path):
+    path = tmp_path / "runs.db"
+    key = _claimed(path)
+    host = socket.gethostname()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _set_owner(path, key, f"{host}:{live.pid}:feedbeef")
+        db = Store(path)
+        assert db.busy_elsewhere(key)
+        assert not db.claim(key, preset="p", method="ce", seed=0)
+    finally:
+        live.kill()
+        live.wait()
+    # The same pid, now dead (and reaped): the claim is stale and is taken over.
+    assert not db.busy_elsewhere(key)
+    assert db.claim(key, preset="p", method="ce", seed=0)
+    row = db.get(key)
+    assert row["owner"] == db.owner and row["attempts"] == 2
+
+
+@pytest.mark.parametrize("owner", [None, "garbage", "host:notapid:x", "a:b"])
+def test_malformed_owner_is_not_alive(tmp_path, owner):
+    path = tmp_path / "runs.db"
+    key = _claimed(path)
+    _set_owner(path, key, owner)
+    db = Store(path)
+    assert not db.busy_elsewhere(key)
+    assert db.claim(key, preset="p", method="ce", seed=0)
+
+
+def test_own_claim_is_not_busy_elsewhere(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    assert db.claim("p/ce/0", preset="p", method="ce", seed=0)
+    assert not db.busy_elsewhere("p/ce/0")
+    assert not db.busy_elsewhere("p/ce/1")  # no such row
+    # Claiming again from the same Store re-takes it (same owner): a retry in one process.
+    assert db.claim("p/ce/0", preset="p", method="ce", seed=0)
+    assert db.get("p/ce/0")["attempts"] == 2
+
+
+def _set_version(path, version):
+    con = sqlite3.connect(path)
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+    con.commit()
+    con.close()
+
+
+def test_newer_schema_version_is_refused_and_left_untouched(tmp_path):
+    path = tmp_path / "runs.db"
+    _claimed(path)
+    _set_version(path, SCHEMA_VERSION + 1)
+    before = path.read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, newer than"):
+            Store(path, readonly=readonly)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("delta", [0, -1])
+def test_same_or_older_schema_version_opens(tmp_path, delta):
+    path = tmp_path / "runs.db"
+    _claimed(path)
+    _set_version(path, SCHEMA_VERSION + delta)
+    check_database_file(str(path))
+    assert Store(path, readonly=True).get("p/ce/0")["status"] == "running"
+
+
+def test_fresh_store_records_its_schema_version(tmp_path):
+    path = tmp_path / "runs.db"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    con.close()
+
+
+def test_path_that_is_a_folder_is_refused(tmp_path):
+    folder = tmp_path / "runs.db"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("x")
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match="is a directory, not a results database"):
+            Store(folder, readonly=readonly)
+    assert os.listdir(folder) == ["keep.txt"]
+
+
+def test_empty_file_becomes_a_database(tmp_path):
+    path = tmp_path / "runs.db"
+    path.write_bytes(b"")
+    check_database_file(str(path))
+    db = Store(path)
+    assert db.claim("p/ce/0", preset="p", method="ce", seed=0)
+    assert db.runs(status="running")[0]["run_key"] == "p/ce/0"
+
+
+def test_readonly_store_refuses_writes(tmp_path):
+    path = tmp_path / "runs.db"
+    _claimed(path)
+    ro = Store(path, readonly=True)
+    with pytest.raises(StoreError, match="opened read-only"):
+        ro.fail("p/ce/0", "x")
+    assert Store(path).get("p/ce/0")["status"] == "running"
+
+
+def _cand(db, key, seed=0, method="ls", hparams=None):
+    return db.claim_candidate(key, preset="p", method=method, seed=seed, hparams=hparams or {"a": key},
+                              config={"c": 1}, git_commit="g")
+
+
+def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    assert db.candidates() == [] and db.candidates(status=None) == []
+    assert _cand(db, "k1") and _cand(db, "k2") and _cand(db, "k3", seed=1) and _cand(db, "k4", method="mbls")
+    assert _cand(db, "k1")  # a retry by the same bench re-takes its own claim
+    db.finish_candidate("k1", metrics={"val": {"ece": 0.05}}, run_dir="d1", train_time_s=2.0)
+    db.finish_candidate("k2", metrics={"val": {"ece": 0.03}}, run_dir="d2", train_time_s=3.0)
+    db.fail_candidate("k3", "x" * 5000)
+    done = db.candidates("p", "ls", 0)
+    assert [c["cand_key"] for c in done] == ["k1", "k2"]  # insertion order, done only
+    c1 = done[0]
+    assert c1["hparams"] == {"a": "k1"} and c1["config"] == {"c": 1} and c1["git_commit"] == "g"
+    assert c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == "d1" and c1["train_time_s"] == 2.0
+    assert c1["selected"] == 0 and c1["criterion"] is None and c1["attempts"] == 2
+    failed = db.candidates(status="failed")
+    assert [c["cand_key"] for c in failed] == ["k3"] and len(failed[0]["error"]) == 4000
+    assert [c["cand_key"] for c in db.candidates(method="mbls", status="running")] == ["k4"]
+    assert [c["cand_key"] for c in db.candidates(seed=1, status=None)] == ["k3"]
+    assert [c["cand_key"] for c in db.candidates(preset="q", status=None)] == []
+    # Done candidates are skipped and never overwritten; failed ones are retried.
+    assert not _cand(db, "k1")
+    with pytest.raises(StoreError, match="candidate 'k1' is already done"):
+        db.finish_candidate("k1", metrics={})
+    with pytest.raises(ValueError, match=r"unknown candidate fields \['ood'\]"):
+        db.finish_candidate("k2", ood={})
+    with pytest.raises(KeyError, match="candidate 'zz' was never claimed"):
+        db.fail_candidate("zz", "e")
+    assert _cand(db, "k3") and db.candidates(status="running", seed=1)[0]["error"] is None
+
+
+def test_select_candidate_flags_one_and_keeps_results(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    for key in ("k1", "k2"):
+        _cand(db, key)
+        db.finish_candidate(key, metrics={"val": {"ece": 0.1}})
+    _cand(db, "other", seed=1)
+    db.finish_candidate("other", metrics={})
+    db.select_candidate("p", "ls", 0, "k1", {"rule": "min val ece"})
+    db.select_candidate("p", "ls", 1, "other", {"rule": "r"})
+    db.select_candidate("p", "ls", 0, "k2", {"rule": "second"})
+    rows = {c["cand_key"]: c for c in db.candidates()}
+    assert (rows["k1"]["selected"], rows["k1"]["criterion"]) == (0, None)
+    assert (rows["k2"]["selected"], rows["k2"]["criterion"]) == (1, {"rule": "second"})
+    assert (rows["other"]["selected"], rows["other"]["criterion"]) == (1, {"rule": "r"})  # another seed: kept
+    assert rows["k1"]["metrics"] == {"val": {"ece": 0.1}}
+    _cand(db, "running")
+    for args in (("p", "ls", 0, "running"), ("p", "ls", 1, "k1"), ("p", "mbls", 0, "k1"), ("q", "ls", 0, "k1"),
+                 ("p", "ls", 0, "nope")):
+        with pytest.raises(KeyError, match=f"no finished candidate '{args[3]}' of {args[0]}/{args[1]}/{args[2]}"):
+            db.select_candidate(*args, {})
+    assert db.candidates(status=None)[1]["selected"] == 1  # a refused selection changes nothing
+
+
+def test_a_database_without_tuning_table_has_no_candidates(tmp_path):
+    path = tmp_path / "runs.db"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE tuning")
+    con.commit()
+    con.close()
+    assert Store(path, readonly=True).candidates(status=None) == []
+
+
+def test_presets_runs_filters_and_json_round_trip(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    for preset, method in (("b", "ce"), ("a", "ce"), ("b", "ls")):
+        key = f"{preset}/{method}/0"
+        assert db.claim(key, preset=preset, method=method, seed=0, config={"nan": float("nan")})
+    db.finish("b/ce/0", metrics={"x": [1, 2], "a": 0}, extra={"z": None})
+    assert db.presets() == ["b", "a"]  # order of first appearance
+    assert [r["run_key"] for r in db.runs()] == ["b/ce/0"]
+    assert [r["run_key"] for r in db.runs("b", status=None)] == ["b/ce/0", "b/ls/0"]
+    assert [r["run_key"] for r in db.runs(status="running")] == ["a/ce/0", "b/ls/0"]
+    row = db.get("b/ce/0")
+    assert row["metrics"] == {"x": [1, 2], "a": 0} and row["extra"] == {"z": None} and row["ood"] is None
+    assert row["config"]["nan"] != row["config"]["nan"]  # NaN survives the JSON round trip
+    assert db.get("nope") is None
+    raw = sqlite3.connect(tmp_path / "runs.db").execute("SELECT metrics, ood FROM runs WHERE run_key='b/ce/0'").fetchone()
+    assert raw == ('{"a": 0, "x": [1, 2]}', None)  # JSON text with sorted keys, NULL for absent values
+
+
+def test_errors_name_the_problem(tmp_path):
+    from calibkit.store import run_key
+
+    with pytest.raises(ValueError, match="preset must be a non-empty name without '/', got ''"):
+        run_key("", "ce", 0)
+    with pytest.raises(ValueError, match="method must be a non-empty name without '/', got 'a/b'"):
+        run_key("p", "a/b", 0)
+    with pytest.raises(FileNotFoundError, match=f"no results database at {tmp_path / 'none.db'}"):
+        Store(tmp_path / "none.db", readonly=True)
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"0123456789abcdefXYZ" * 10)
+    with pytest.raises(StoreError, match=r"bad header b'0123456789abcdef'\); refusing to use or overwrite it: "
+                                         r"move it away, or use another folder"):
+        Store(bad)
+
+
+def test_sqlite_file_without_tables_or_version_opens(tmp_path):
+    empty = tmp_path / "empty.db"
+    con = sqlite3.connect(empty)
+    con.execute("PRAGMA user_version = 1")  # writes the header, creates no table
+    con.commit()
+    con.close()
+    check_database_file(str(empty))
+    assert Store(empty).claim("p/ce/0", preset="p", method="ce", seed=0)
+    # A calibkit database whose version row is missing (an older writer) opens as well.
+    path = tmp_path / "runs.db"
+    _claimed(path)
+    con = sqlite3.connect(path)
+    con.execute("DELETE FROM meta WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    check_database_file(str(path))
+
+
+def test_failed_run_error_is_truncated(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    db.claim("p/ce/0", preset="p", method="ce", seed=0)
+    db.fail("p/ce/0", "e" * 5000)
+    assert db.get("p/ce/0")["error"] == "e" * 4000

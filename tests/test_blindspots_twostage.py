@@ -1,0 +1,171 @@
+"""The bench's two-stage methods on a real (tiny) CE run: a resumed MaC-Cal stage-2 directory is
+reused only when finished, and CSM's annotated copy of the generated set is cached per CE run and
+sharpness, with the preset's sharpness reaching the annotation."""
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from calibkit import rundir
+from calibkit.bench import twostage
+from calibkit.bench.runner import run_dir_for
+from calibkit.distributed import Dist
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SHIPPED = twostage.SHIPPED_STORES["fmnist"]
+
+
+@pytest.fixture(scope="module")
+def ce_root(tmp_path_factory):
+    from calibkit.train import load_config, train
+
+    root = tmp_path_factory.mktemp("twostage")
+    train(load_config(data="digits", model="mlp", epochs=1, num_threads=1, device="cpu"),
+          run_dir_for(root, "p", "ce", 0), progress=False, verbose=False)
+    return root
+
+
+def _bench(root, sharpness=2.5, rank=0):
+    preset = SimpleNamespace(name="p", dataset="digits", csm={"sharpness": sharpness},
+                             maccal={"epochs": 2, "mc_samples": 4})
+    return SimpleNamespace(out=root, preset=preset, dd=Dist(rank=rank, world=2 if rank else 1),
+                           csm_store=str(SHIPPED), data_dir=None, device="cpu")
+
+
+def _counting(monkeypatch, module, name):
+    real, calls = getattr(module, name), []
+
+    def wrapper(*a, **k):
+        calls.append((a, k))
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return calls
+
+
+def test_maccal_stage2_dir_is_reused_only_when_finished(ce_root, monkeypatch):
+    import calibkit.methods.maccal as maccal_pkg
+
+    calls = _counting(monkeypatch, maccal_pkg, "run_maccal")
+    bench, run_dir = _bench(ce_root), ce_root / "runs" / "p" / "maccal" / "seed0"
+    first = twostage.produce_maccal(bench, 0, run_dir)
+    assert len(calls) == 1 and calls[0][1]["epochs"] == 2 and calls[0][1]["mc_samples"] == 4
+    rec = json.loads((run_dir / "maccal.json").read_text())
+    want_time = rec["stage2_wall_time_s"] + rec["feature_time_s"] + rec.get("inference_time_s", 0.0)
+    assert first["train_time_s"] == pytest.approx(want_time, rel=1e-12)
+    ce_info = rundir.load_info(run_dir_for(ce_root, "p", "ce", 0))
+    assert first["extra"]["stage1_train_time_s"] == ce_info["wall_time_s"]
+    for key in ("keep_rates", "best_keep_rate", "best_epoch", "hparams", "best_val_ece"):
+        assert first["extra"][key] == rec[key], key
+    assert len(rec["keep_rates"]) == 2
+    # Finished: reused as it is (nothing retrained, same numbers).
+    weights = (run_dir / "model.safetensors").read_bytes()
+    again = twostage.produce_maccal(bench, 0, run_dir)
+    assert len(calls) == 1 and again == first
+    # Not finished (no logits, or a config that is not "done"): cleared and run again.
+    (run_dir / rundir.LOGITS).unlink()
+    (run_dir / "stray.txt").write_text("x")
+    twostage.produce_maccal(bench, 0, run_dir)
+    assert len(calls) == 2 and not (run_dir / "stray.txt").exists() and (run_dir / rundir.LOGITS).is_file()
+    assert (run_dir / "model.safetensors").read_bytes() == weights  # same seed: same stage 2
+    info = json.loads((run_dir / rundir.CONFIG).read_text())
+    info["status"] = "running"
+    (run_dir / rundir.CONFIG).write_text(json.dumps(info))
+    twostage.produce_maccal(bench, 0, run_dir)
+    assert len(calls) == 3 and rundir.load_info(run_dir)["status"] == "done"
+    # Another rank never runs stage 2 (rank 0 does).
+    other = twostage.produce_maccal(_bench(ce_root, rank=1), 0, ce_root / "elsewhere")
+    assert other == {"run_dir": ce_root / "elsewhere", "train_time_s": None} and len(calls) == 3
+    assert not (ce_root / "elsewhere").exists()
+
+
+def test_maccal_needs_a_finished_ce_run(tmp_path):
+    with pytest.raises(RuntimeError, match="CE run of seed 3"):
+        twostage.produce_maccal(_bench(tmp_path), 3, tmp_path / "m")
+
+
+def test_csm_annotation_cache_per_ce_run_and_sharpness(ce_root, monkeypatch):
+    from calibkit.methods.csm import annotate
+    from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
+
+    calls = _counting(monkeypatch, annotate, "annotate_store")
+    shipped_files = sorted(p.name for p in SHIPPED.iterdir())
+    dst = twostage.csm_store(_bench(ce_root, sharpness=2.5), 0)
+    assert dst == ce_root / "cache" / "csm" / "p" / "seed0-s2.5" and len(calls) == 1
+    assert calls[0][1]["sharpness"] == 2.5
+    meta = json.loads((dst / ANNOT_META).read_text())
+    enc = annotate.ClassifierEncoder(run_dir_for(ce_root, "p", "ce", 0))
+    assert meta["sharpness"] == 2.5 and meta["weights_sha256"] == enc.identity["weights_sha256"]
+    assert meta["source_store"] == str(SHIPPED) and meta["bench_preset"] == "p"
+    t = rundir.read_tensors(dst / ANNOT_TENSORS)
+    torch.testing.assert_close(t["lam_annot"].double(), torch.sigmoid(2.5 * (t["lam_hat"].double() - 0.5)),
+                               rtol=0, atol=1e-6)
+    assert sorted(p.name for p in SHIPPED.iterdir()) == shipped_files  # the shipped set is untouched
+    assert not dst.with_name(dst.name + ".tmp").exists()
+    # Cached: the same CE weights are not annotated twice.
+    assert twostage.csm_store(_bench(ce_root, sharpness=2.5), 0) == dst and len(calls) == 1
+    # Annotated by other weights (a retrained CE run): annotated again.
+    meta["weights_sha256"] = "0" * 16
+    (dst / ANNOT_META).write_text(json.dumps(meta))
+    assert twostage.csm_store(_bench(ce_root, sharpness=2.5), 0) == dst and len(calls) == 2
+    assert json.loads((dst / ANNOT_META).read_text())["weights_sha256"] == enc.identity["weights_sha256"]
+    # Another sharpness: its own copy, annotated with that sharpness.
+    dst4 = twostage.csm_store(_bench(ce_root, sharpness=4.0), 0)
+    assert dst4.name == "seed0-s4" and len(calls) == 3 and calls[2][1]["sharpness"] == 4.0
+    assert json.loads((dst4 / ANNOT_META).read_text())["sharpness"] == 4.0
+    shutil.rmtree(dst4)
+
+
+def test_cli_annotate_passes_its_sharpness(ce_root, tmp_path, capsys):
+    from calibkit.cli import main
+    from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
+
+    store = tmp_path / "store"
+    shutil.copytree(SHIPPED, store)
+    ce = run_dir_for(ce_root, "p", "ce", 0)
+    assert main(["csm", "annotate", str(store), "--run", str(ce), "--sharpness", "1.5"]) == 0
+    assert json.loads((store / ANNOT_META).read_text())["sharpness"] == 1.5
+    t = rundir.read_tensors(store / ANNOT_TENSORS)
+    torch.testing.assert_close(t["lam_annot"].double(), torch.sigmoid(1.5 * (t["lam_hat"].double() - 0.5)),
+                               rtol=0, atol=1e-6)
+    assert "annotated" in capsys.readouterr().out
+
+
+def test_evaluate_run_on_a_real_run(ce_root):
+    from calibkit.bench.evaluation import EvalData, evaluate_run, robustness_metrics, test_metrics
+    from calibkit.data import load
+    from calibkit.data.corruptions import CORRUPTIONS
+
+    run = run_dir_for(ce_root, "p", "ce", 0)
+    model, _, info = rundir.load_run(run)
+    bundle = load("digits")
+    preset = SimpleNamespace(robust_n=40, severities=[2], dataset="digits", ood="noise")
+    data = EvalData(preset, bundle)
+    out = evaluate_run(run, data)
+    logits = rundir.load_logits(run)
+    assert out["metrics"] == test_metrics(logits)
+    assert out["logits_path"] == str(run / rundir.LOGITS) and 0 < out["eval_time_s"] < 600
+    # OOD: the run's model on the noise images, entropy AUROC by the rank formula.
+    predict = lambda x: rundir.predict_logits(model.eval(), x, info, 1024, "cpu")  # noqa: E731
+    ood_logits = predict(data.ood_images())
+    assert out["ood"]["n_out"] == len(ood_logits) and out["ood"]["dataset"] == "noise"
+    ent = lambda z: -(z.double().softmax(1) * z.double().log_softmax(1)).sum(1)  # noqa: E731
+    s_in, s_out = ent(logits["test_logits"]), ent(ood_logits)
+    auroc = ((s_out[:, None] > s_in[None, :]).double() + 0.5 * (s_out[:, None] == s_in[None, :]).double()).mean()
+    assert out["ood"]["auroc_entropy"] == pytest.approx(float(auroc), abs=1e-9)
+    # Robustness: the fixed subset's labels and the run's own temperature.
+    rob = out["robustness"]
+    assert rob["n"] == 40 and rob["corruptions"] == sorted(CORRUPTIONS) and list(rob["by_severity"]) == ["2"]
+    idx = data.robust_index()
+    want = robustness_metrics(predict, data.corrupted(), bundle.test.labels[idx], out["metrics"]["temperature"])
+    assert rob == want
+    acc = float((predict(data.corrupted()["contrast/2"]).argmax(1) == bundle.test.labels[idx]).double().mean())
+    assert rob["per"]["contrast"]["2"]["acc"] == pytest.approx(acc, abs=1e-12)
+    # A run tested on other labels is refused.
+    other = SimpleNamespace(test=SimpleNamespace(labels=bundle.test.labels.roll(1), images=bundle.test.images))
+    with pytest.raises(ValueError, match="test labels differ"):
+        evaluate_run(run, EvalData(preset, other))
