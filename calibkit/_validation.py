@@ -174,7 +174,7 @@ def check_probs(probs, labels=None, name: str = "probs"):
 def check_probs_layout(probs, labels, name: str = "probs"):
     """:func:`check_probs` without the checks that read the probabilities, ``(probs, labels)``.
 
-    For a caller that reads every entry anyway (:func:`calibkit.functional.binning.panel_sums`)
+    For a caller that reads every entry anyway (:func:`calibkit.functional.panel.panel_sums`)
     and tests the values in that same pass with :func:`probs_within_tolerance`. The errors and
     their order are those of :func:`check_probs`: when the labels are bad, the matrix is checked
     in full first, so a bad matrix is still reported before bad labels.

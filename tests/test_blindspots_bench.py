@@ -142,8 +142,9 @@ def test_dece_interval_is_the_seed_average_of_paired_resamples(tmp_path):
     pa = torch.from_numpy(np.asarray(rundir.read_tensors(p0["logits_path"])["test_logits"].double().softmax(1)))
     pb = torch.from_numpy(np.asarray(rundir.read_tensors(p_ce0["logits_path"])["test_logits"].double().softmax(1)))
     single = paired_bootstrap_diff(pa, pb, labels, "ece", n_resamples=400, seed=3, level=0.9)
-    lo, hi = torch.quantile(single.samples / 2, torch.tensor([0.05, 0.95], dtype=torch.float64)).tolist()
+    q_lo, q_hi = torch.quantile(single.samples / 2, torch.tensor([0.05, 0.95], dtype=torch.float64)).tolist()
     want_diff = (naive_ece(m0, labels) - naive_ece(ce0, labels)) / 2
+    lo, hi = 2 * want_diff - q_hi, 2 * want_diff - q_lo  # the basic interval around the averaged difference
     m = out["m"]
     assert m["diff"] == pytest.approx(want_diff, abs=1e-9)
     assert m["lo"] == pytest.approx(lo, abs=1e-12) and m["hi"] == pytest.approx(hi, abs=1e-12)

@@ -6,7 +6,22 @@ import pytest
 import torch
 
 from calibkit.functional import binning
-from calibkit.functional.binning import _panel_sums_torch, bin_indices, classwise_bin_sums, panel_sums
+from calibkit.functional import panel
+from calibkit.functional.binning import bin_indices
+from calibkit.functional.panel import classwise_bin_sums, panel_sums, raise_for_check
+
+
+def _panel_sums_torch(probs, labels, n_bins, full):
+    """The device (whole-tensor torch) path of ``panel_sums`` on CPU tensors, values checked as the
+    device path's callers do (from its ``check`` vector)."""
+    old, panel._FORCE_TORCH_PATH = panel._FORCE_TORCH_PATH, True
+    try:
+        out = panel_sums(probs, labels, n_bins, full)
+    finally:
+        panel._FORCE_TORCH_PATH = old
+    assert out.check is not None  # the device path leaves its value checks to the caller
+    raise_for_check(out.check, probs.dtype, probs.shape[1])
+    return out
 
 
 def _edges64(n_bins, dtype):
@@ -140,7 +155,7 @@ def test_accumulator_on_the_torch_path_equals_cpu(gen, monkeypatch):
     cpu = metrics.CalibrationAccumulator(12)
     for p, y in batches:
         cpu.update(p, y)
-    monkeypatch.setattr(metrics, "panel_sums", lambda p, y, b, full=True: _panel_sums_torch(p, y, b, full))
+    monkeypatch.setattr(panel, "_FORCE_TORCH_PATH", True)
     dev = metrics.CalibrationAccumulator(12)
     for p, y in batches:
         dev.update(p, y)
@@ -165,7 +180,7 @@ def test_cpu_path_over_many_blocks_equals_the_torch_path(gen):
     # every per-block sum must accumulate, not overwrite.
     probs = _probs(gen, 40_000, 10, 3.0, torch.float32)
     labels = torch.randint(0, 10, (40_000,), generator=gen)
-    assert 40_000 > binning._BLOCK_BYTES // (10 * 4)
+    assert 40_000 > panel._BLOCK_BYTES // (10 * 4)
     cpu, dev = panel_sums(probs, labels, 15, True), _panel_sums_torch(probs, labels, 15, True)
     for part in ("top", "classwise"):
         a, b = getattr(cpu, part), getattr(dev, part)

@@ -37,8 +37,13 @@ def test_not_a_store_and_foreign_manifest(store, tmp_path):
 
 
 def test_incomplete_store_names_the_first_missing_shard(store):
-    for k in (4, 2):
-        shard_paths(store, k)[1].unlink()  # the index file marks a shard as done
+    # Declare the store as 5 shards of 250 groups; shards 0, 1 and 3 are marked done by their
+    # index files (the file that marks a shard as done), shards 2 and 4 are missing.
+    manifest = json.loads((store / MANIFEST).read_text())
+    (store / MANIFEST).write_text(json.dumps({**manifest, "groups_per_shard": manifest["num_groups"] // 5}))
+    for k in (1, 3):
+        for src, dst in zip(shard_paths(store, 0), shard_paths(store, k)):
+            shutil.copy(src, dst)
     with pytest.raises(ValueError, match=r"incomplete: 2 shard\(s\) missing \(first: 2\); rerun the same "
                                          r"`calibkit csm generate` command to finish it"):
         load_store(store)

@@ -2,6 +2,7 @@
 reused only when finished, and CSM's annotated copy of the generated set is cached per CE run and
 sharpness, with the preset's sharpness reaching the annotation."""
 
+import importlib
 import json
 import shutil
 from types import SimpleNamespace
@@ -89,7 +90,7 @@ def test_maccal_needs_a_finished_ce_run(tmp_path):
 
 
 def test_csm_annotation_cache_per_ce_run_and_sharpness(ce_root, monkeypatch):
-    from calibkit.methods.csm import annotate
+    annotate = importlib.import_module("calibkit.methods.csm.annotate")  # the package exports a function of that name
     from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
 
     calls = _counting(monkeypatch, annotate, "annotate_store")

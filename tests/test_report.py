@@ -2,6 +2,7 @@
 
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ from calibkit import rundir
 from calibkit.report import BEFORE_COLS, build_report
 from calibkit.report.tables import BEST_MARK, Table, text_table
 from calibkit.store import Store, run_key
-from tests.conftest import PYTHON
+from tests.conftest import PYTHON, ROOT
+
+ROOT_DIR = Path(ROOT)
 
 K, N = 5, 800
 
@@ -231,3 +234,21 @@ def test_text_only_tables_wrap_their_last_column_to_the_width():
         words = lines[first][indent:].split() + [w for ln in cont for w in ln.split()]
         assert words == long.split()
         assert lines[test_row].split("  ")[-1].strip() == "10000 images"
+
+
+def test_pairwise_script_equals_the_report_against_ce_and_is_antisymmetric(tmp_path):
+    import importlib.util
+
+    from calibkit.report.data import ece_deltas, summarize
+
+    make_bench(tmp_path)
+    spec = importlib.util.spec_from_file_location("pairwise_ece", ROOT_DIR / "benchmarks" / "pairwise_ece.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    summary = summarize(Store(tmp_path / "runs.db", readonly=True).runs("t"))
+    ref = ece_deltas(summary, n_boot=200)["ls"]
+    diff, lo, hi = mod.compare(summary, "ls", "ce", n_boot=200)
+    assert (diff, lo, hi) == pytest.approx((ref["diff"], ref["lo"], ref["hi"]), abs=1e-12)
+    back, blo, bhi = mod.compare(summary, "ce", "ls", n_boot=200)
+    # B - A: the same resamples with the sign flipped, so the interval mirrors
+    assert back == pytest.approx(-diff, abs=1e-12) and (blo, bhi) == pytest.approx((-hi, -lo), abs=1e-12)

@@ -43,18 +43,8 @@ __all__ = [
     "binned_errors",
     "FINE_BINS",
     "fine_bin_index",
+    "scatter_sums",
 ]
-
-# Moved to calibkit.functional.panel; still importable from here.
-_PANEL_NAMES = ("PanelSums", "panel_sums", "classwise_bin_sums")
-
-
-def __getattr__(name):
-    if name in _PANEL_NAMES:
-        from calibkit.functional import panel
-
-        return getattr(panel, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -271,6 +261,28 @@ def fine_bin_index(conf: torch.Tensor) -> torch.Tensor:
     return torch.where(top, torch.full_like(idx, FINE_BINS - 1), idx)
 
 
+_SCATTER_LANES = 32  # interleaved output copies of scatter_sums on accelerators
+
+
+def scatter_sums(slot: torch.Tensor, src: torch.Tensor, n_slots: int, lanes: int | None = None,
+                 position: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[s] = sum_{i: slot[i] = s} src[i]``: ``src`` ``(n, c)`` -> ``(n_slots, c)``, same dtype.
+
+    ``index_add_`` into ``lanes`` interleaved copies of the output, then a sum over copies
+    (default: 32 copies on accelerators, 1 on the CPU, where there are no atomics to contend).
+    ``position``: ``arange(n)`` on the device, if the caller has it already.
+    """
+    n, c = src.shape
+    if lanes is None:
+        lanes = 1 if src.device.type == "cpu" else _SCATTER_LANES
+    if lanes == 1:
+        return torch.zeros(n_slots, c, dtype=src.dtype, device=src.device).index_add_(0, slot, src)
+    lane = (torch.arange(n, device=src.device) if position is None else position) % lanes
+    out = torch.zeros(lanes * n_slots, c, dtype=src.dtype, device=src.device)
+    out.index_add_(0, slot + lane * n_slots, src)
+    return out.view(lanes, n_slots, c).sum(0)
+
+
 def equal_mass_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int, weight=None) -> BinSums:
     """Per-bin sums of the equal-mass bins of ``conf`` ``(N,)`` (float64), AECE's statistics.
 
@@ -280,8 +292,6 @@ def equal_mass_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int, weig
     """
     if weight is None and conf.device.type == "cpu":
         return bin_sums(equal_mass_bins(conf, n_bins), conf, correct, n_bins)
-    from calibkit.functional.panel_device import scatter_sums
-
     s, perm = conf.double().sort()
     w = torch.ones_like(s) if weight is None else weight.double()[perm]
     bins = weighted_equal_mass_bins(s, w[None], n_bins)[0]

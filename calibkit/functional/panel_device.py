@@ -23,32 +23,12 @@ from __future__ import annotations
 import torch
 
 from calibkit._validation import upcast
-from calibkit.functional.binning import BinSums, equal_width_edges
-from calibkit.functional.panel import PanelSums, max_entries_above
+from calibkit.functional.binning import BinSums, equal_width_edges, scatter_sums
+from calibkit.functional.panel_types import PanelSums, max_entries_above
 
 __all__ = ["panel_sums_torch", "classwise_torch", "scatter_sums"]
 
-_LANES = 32
 _SELECT_BUDGET = 1 << 24  # classwise slots gathered per chunk of rows (memory ~ 32 bytes each)
-
-
-def scatter_sums(slot: torch.Tensor, src: torch.Tensor, n_slots: int, lanes: int | None = None,
-                 position: torch.Tensor | None = None) -> torch.Tensor:
-    """``out[s] = sum_{i: slot[i] = s} src[i]``: ``src`` ``(n, c)`` -> ``(n_slots, c)``, same dtype.
-
-    ``index_add_`` into ``lanes`` interleaved copies of the output, then a sum over copies
-    (default: 32 copies on accelerators, 1 on the CPU, where there are no atomics to contend).
-    ``position``: ``arange(n)`` on the device, if the caller has it already.
-    """
-    n, c = src.shape
-    if lanes is None:
-        lanes = 1 if src.device.type == "cpu" else _LANES
-    if lanes == 1:
-        return torch.zeros(n_slots, c, dtype=src.dtype, device=src.device).index_add_(0, slot, src)
-    lane = (torch.arange(n, device=src.device) if position is None else position) % lanes
-    out = torch.zeros(lanes * n_slots, c, dtype=src.dtype, device=src.device)
-    out.index_add_(0, slot + lane * n_slots, src)
-    return out.view(lanes, n_slots, c).sum(0)
 
 
 def _bins(values: torch.Tensor, edges: torch.Tensor, native: torch.dtype) -> torch.Tensor:
