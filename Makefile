@@ -32,8 +32,10 @@ data:
 test: setup
 	$(BIN)/python -m pytest -q
 
+# One single-threaded process per core share the runs (WORKERS=1: one process).
+WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 bench: setup
-	$(BIN)/calibkit bench --preset default --out runs/default
+	$(BIN)/calibkit bench --preset default --out runs/default --workers $(WORKERS)
 
 # The API reference from the docstrings: build/docs/index.html. Any Sphinx warning fails the build.
 $(VENV)/.docs: $(VENV)/.installed

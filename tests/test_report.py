@@ -252,3 +252,20 @@ def test_pairwise_script_equals_the_report_against_ce_and_is_antisymmetric(tmp_p
     back, blo, bhi = mod.compare(summary, "ce", "ls", n_boot=200)
     # B - A: the same resamples with the sign flipped, so the interval mirrors
     assert back == pytest.approx(-diff, abs=1e-12) and (blo, bhi) == pytest.approx((-hi, -lo), abs=1e-12)
+
+
+def test_protocol_lines_describe_how_each_data_set_draws_its_training_set():
+    from calibkit.report.tuning import _split_text
+
+    strat = {"val": 500, "rule": "class-stratified seeded draw", "val_checksum": "aa", "train": 1000,
+             "train_subset": 1000, "train_checksum": "bb", "test": 10000}
+    val, train, test = _split_text(strat, "fmnist")
+    assert val == "500 images, class-stratified seeded draw (checksum aa)"
+    assert "class-stratified random subset" in train and "checksum bb" in train
+    assert test == "10000 images: the test split, the same for every seed"
+    # a subset as large as the training split draws nothing: no checksum, all the images
+    _, train, _ = _split_text({**strat, "train_checksum": None}, "fmnist")
+    assert train == "1000 images: all the images left for training"
+    # scenes are drawn one after another: the first N, never called stratified
+    _, train, _ = _split_text({**strat, "train": 48, "train_subset": 48, "train_checksum": None}, "scenes")
+    assert train == "48 images: the first 48 of the data set's training split"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import textwrap
 
 EPILOG = """\
 examples:
   calibkit bench --preset smoke --out runs/smoke            # every method in ~30 s: checks the set-up
-  calibkit bench --preset default --out runs/default        # the main job (make bench), ~16 min
+  calibkit bench --preset default --out runs/default        # the main job, one process
+  calibkit bench --preset default --out runs/default --workers 2   # two processes share the runs (make bench)
   calibkit bench --preset default --out runs/default --methods ls mbls --seeds 0
   calibkit bench --preset default --out runs/tuned --tune   # select on validation first (calibkit tune)
   calibkit bench --preset default --out runs/last --keep last
@@ -51,6 +54,8 @@ def register(subparsers) -> None:
 
     add_shared(p)
     add_num_threads(p)
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes on this machine sharing the runs (default 1; one per core is usually fastest)")
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
     p.set_defaults(func=run)
 
@@ -61,6 +66,10 @@ def run(args) -> int:
     from calibkit.bench.runner import Bench
 
     preset = with_keep(get_preset(args.preset), args.keep)
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds: repeated seed in {args.seeds}")
     # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
@@ -73,14 +82,34 @@ def run(args) -> int:
         _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                   device=args.device, num_threads=args.num_threads, csm_store=args.csm_store)
+    workers = []
+    interrupted = True
     try:
+        if args.workers > 1:
+            from calibkit.bench.workers import start_workers
+
+            workers = start_workers(args, args.workers - 1)
+            print(f"bench {preset.name}: {args.workers} processes share the runs (the others log to "
+                  f"{args.out}/logs/worker-K.log)")
         counts = bench.run()
+        interrupted = False
     finally:
         bench.close()
+        if workers:
+            from calibkit.bench.workers import wait_workers
+
+            problems = wait_workers(workers, interrupted=interrupted)
     if not bench.dd.is_main:
         return 0
-    print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
-          f"{counts['failed']} failed; database {args.out}/runs.db")
+    if workers:
+        for line in problems:
+            print(line, file=sys.stderr)
+        counts["failed"] += len(problems)
+        print(f"bench {preset.name}: this process ran {counts['done']} run(s), {len(workers)} other worker(s) the "
+              f"rest; {counts['failed']} failed; database {args.out}/runs.db")
+    else:
+        print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
+              f"{counts['failed']} failed; database {args.out}/runs.db")
     if not args.no_report:
         from calibkit.report import build_report
 

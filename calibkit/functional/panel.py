@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from calibkit._validation import check_probs, check_probs_layout, prob_sum_tol, probs_error, probs_within_tolerance
+from calibkit._validation import check_probs, check_probs_layout, probs_error, probs_within_tolerance
 from calibkit.functional.binning import BinSums, _count_below, equal_width_edges
 from calibkit.functional.inputs import to_rows
 from calibkit.functional.panel_types import PanelSums, max_entries_above

@@ -215,16 +215,23 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path
 
 
 # -- the report's sections -----------------------------------------------------------------------
-def _split_text(split: dict) -> tuple[str, str, str]:
-    val = f"{split.get('val')} images, {split.get('rule', '?')}"
+def _split_text(split: dict, dataset: str | None = None) -> tuple[str, str, str]:
+    """(validation, training, test) lines of the protocol table from a run's split record."""
+    from calibkit.data import DATASETS
+
+    modality = getattr(DATASETS.get(dataset), "modality", "image")
+    unit = "documents" if modality == "text" else "images"
+    val = f"{split.get('val')} {unit}, {split.get('rule', '?')}"
     if split.get("val_checksum"):
         val += f" (checksum {split['val_checksum']})"
-    if split.get("train_subset"):
-        train = (f"{split.get('train')} images: a class-stratified random subset drawn with the run's seed from "
-                 f"the images left for training (checksum {split.get('train_checksum')})")
+    if split.get("train_checksum"):
+        train = (f"{split.get('train')} {unit}: a class-stratified random subset drawn with the run's seed from "
+                 f"the {unit} left for training (checksum {split['train_checksum']})")
+    elif split.get("train_subset") and modality == "segmentation":  # scenes are drawn one after another
+        train = f"{split.get('train')} {unit}: the first {split['train_subset']} of the data set's training split"
     else:
-        train = f"{split.get('train')} images: all the images left for training"
-    return val, train, f"{split.get('test')} images: the official test split, the same for every seed"
+        train = f"{split.get('train')} {unit}: all the {unit} left for training"
+    return val, train, f"{split.get('test')} {unit}: the test split, the same for every seed"
 
 
 def protocol_sections(out_dir, preset: str, done: list[dict], figdir=None) -> dict:
@@ -246,7 +253,7 @@ def protocol_sections(out_dir, preset: str, done: list[dict], figdir=None) -> di
         if r["method"] == REFERENCE:
             split = _info(r).get("split") or {}
             if split:
-                val, train, test = _split_text(split)
+                val, train, test = _split_text(split, (_info(r).get("config") or {}).get("data"))
                 proto += [[f"seed {r['seed']}: validation", val], [f"seed {r['seed']}: training", train]]
                 test_row = ["test", test]
     if proto:

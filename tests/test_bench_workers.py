@@ -1,0 +1,49 @@
+"""``calibkit bench --workers N``: extra processes share the runs; every run is trained once."""
+
+import argparse
+import subprocess
+
+from calibkit.bench.workers import worker_argv
+from calibkit.commands import bench as bench_cmd
+from calibkit.store import Store
+from tests.conftest import PYTHON, ROOT
+
+
+def _parser():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers()
+    bench_cmd.register(sub)
+    return p
+
+
+def test_worker_arguments_are_the_same_bench_with_one_worker_and_no_report():
+    p = _parser()
+    args = p.parse_args(["bench", "--preset", "smoke", "--out", "o", "--seeds", "0", "3", "--methods", "ls", "mbls",
+                         "--data-dir", "d", "--keep", "last", "--num-threads", "1", "--tune", "--workers", "4"])
+    child = p.parse_args(worker_argv(args))
+    for name in ("preset", "out", "seeds", "methods", "data_dir", "csm_store", "device", "keep", "num_threads",
+                 "tune"):
+        assert getattr(child, name) == getattr(args, name), name
+    assert child.workers == 1 and child.no_report and not args.no_report
+    # defaults stay defaults (None is not turned into a value)
+    bare = p.parse_args(["bench", "--out", "o", "--workers", "2"])
+    child = p.parse_args(worker_argv(bare))
+    assert child.seeds is None and child.methods is None and child.keep is None and child.data_dir is None
+
+
+def test_two_workers_share_the_smoke_runs(tmp_path, cli_env):
+    out = tmp_path / "b"
+    methods = ["ls", "mbls", "focal", "flsd", "dfl"]
+    res = subprocess.run([PYTHON, "-m", "calibkit", "bench", "--preset", "smoke", "--out", str(out), "--seeds", "0",
+                          "--methods", *methods, "--workers", "2", "--num-threads", "1"],
+                         env=cli_env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = Store(out / "runs.db", readonly=True).runs("smoke", status=None)
+    assert sorted(r["method"] for r in rows) == sorted(["ce", *methods])
+    assert all(r["status"] == "done" for r in rows)
+    # two processes trained them: two owners (host:pid:token), each run claimed by exactly one
+    owners = {r["owner"].rsplit(":", 1)[0] for r in rows}
+    assert len(owners) == 2, owners
+    log = (out / "logs" / "worker-1.log").read_text()
+    assert "bench smoke:" in log and "report" not in log.lower().split("bench smoke:")[-1]
+    assert "Ranking by test ECE" in res.stdout  # the report is written once, by the calling process
