@@ -29,6 +29,7 @@ MODEL = "model.safetensors"
 CHECKPOINT = "checkpoint.pt"
 LOGITS = "logits.safetensors"
 HISTORY = "history.json"
+VOCAB = "vocab.json"  # text runs: the vocabulary (calibkit.data.tokenizer.Vocabulary.to_dict)
 METRICS = "metrics.json"
 
 
@@ -153,6 +154,20 @@ def _check_run_dir(run_dir) -> Path:
 def load_info(run_dir) -> dict:
     """The parsed ``config.json`` of a run."""
     return read_json(_check_run_dir(run_dir) / CONFIG)
+
+
+def load_vocab(run_dir):
+    """The :class:`~calibkit.data.tokenizer.Vocabulary` of a text run (``vocab.json``), to encode new
+    texts exactly as its training texts were: ``predict_logits(model, vocab.encode(texts), info)``."""
+    from calibkit.data.tokenizer import Vocabulary
+
+    path = _check_run_dir(run_dir) / VOCAB
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (only text runs have a vocabulary)")
+    try:
+        return Vocabulary.from_dict(read_json(path))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: not a valid vocabulary ({exc})") from exc
 
 
 def load_logits(run_dir) -> dict[str, torch.Tensor]:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from calibkit.models import DENSE_MODELS, MODELS, build, num_parameters
+from calibkit.models import DENSE_MODELS, MODELS, build, input_kind, num_parameters
 
 SMALL = {"cnn", "mlp"}
 DENSE = DENSE_MODELS
@@ -12,7 +12,15 @@ BATCH = {name: (2 if name in {"wrn26_10", "wrn28_10", "densenet121", "resnet101"
                               "deeplabv3_resnet50"} else 4) for name in MODELS}
 
 
+TEXT = {name for name in MODELS if input_kind(MODELS[name]) == "tokens"}
+VOCAB = 50  # in_channels of a text model is its vocabulary size
+
+
 def _input(name, channels, gen, size=None):
+    if name in TEXT:  # token ids with <pad> (0) at the end of the shorter rows
+        x = torch.randint(1, channels, (BATCH[name], 40), generator=gen)
+        x[1, 25:] = 0
+        return x
     size = size or (28 if name in SMALL else 32)
     return torch.randn(BATCH[name], channels, size, size, generator=gen)
 
@@ -20,7 +28,7 @@ def _input(name, channels, gen, size=None):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_contract_forward_backward(name, gen):
     torch.manual_seed(0)
-    k, c = 7, (1 if name in SMALL else 3)
+    k, c = 7, (VOCAB if name in TEXT else 1 if name in SMALL else 3)
     model = MODELS[name](num_classes=k, in_channels=c)
     assert getattr(model, "dense", False) == (name in DENSE)
     x = _input(name, c, gen)
@@ -43,6 +51,11 @@ def test_contract_forward_backward(name, gen):
     assert model.head.weight.grad.abs().sum() > 0
     first = next(model.parameters())
     assert first.grad.abs().sum() > 0, "the gradient reaches the first layer"
+    if name in TEXT:  # only the embeddings of tokens in the batch get a gradient; <pad>'s stays zero
+        used = torch.zeros(c, dtype=torch.bool)
+        used[x.unique()] = True
+        assert (first.grad[used & (torch.arange(c) > 0)].abs().sum(1) > 0).all()
+        assert first.grad[~used].abs().sum() == 0 and first.grad[0].abs().sum() == 0
     # forward == head(forward_features), checked in eval mode where BN is deterministic
     model.eval()
     with torch.no_grad():

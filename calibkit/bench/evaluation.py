@@ -9,6 +9,7 @@
   corruption of ``calibkit.data.corruptions.CORRUPTIONS`` at every severity of the preset, over a
   fixed subset of the test set (``Preset.robust_n`` images drawn with seed 0, the same for every
   run, so that the numbers of different methods are paired); means per severity and overall.
+  Presets with no severities (the text presets: the corruptions are image transforms) record none.
 
 The corrupted and OOD image sets depend only on the data, so :class:`EvalData` builds them once
 per bench (for every seed and run), keeps one copy on the evaluation device, and caches the
@@ -176,9 +177,11 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
     model = model.to(device).eval()
     predict = lambda images: rundir.predict_logits(model, images, norm, batch_size, device)
     ood = ood_metrics(logits["test_logits"], predict(data.on("ood", device)), data.preset.ood)
-    idx = data.robust_index()
-    robust = robustness_metrics(predict, data.on("corrupted", device), data.bundle.test.labels[idx],
-                                metrics["temperature"])
+    robust = None  # presets without severities (text: corruptions are image transforms) skip it
+    if data.preset.severities:
+        idx = data.robust_index()
+        robust = robustness_metrics(predict, data.on("corrupted", device), data.bundle.test.labels[idx],
+                                    metrics["temperature"])
     return {"metrics": metrics, "ood": ood, "robustness": robust, "eval_time_s": time.time() - t0,
             "logits_path": str(run_dir / rundir.LOGITS)}
 

@@ -139,7 +139,11 @@ class Preset:
             epoch (36 s vs 2 s) than one, from oversubscription.
         note: one line shown with the report (what the preset is for, how long it takes).
         methods: the grid methods the preset runs when none are named (None: all of them); the
-            segmentation presets run the methods defined per pixel.
+            segmentation presets run the methods defined per pixel, the text presets
+            :data:`TEXT_METHODS`.
+        modality: ``"image"`` or ``"text"``; text presets skip :data:`IMAGE_ONLY` methods.
+            Segmentation presets are ``"image"`` (dense images); their per-pixel method list is
+            ``methods``.
     """
 
     name: str
@@ -159,6 +163,7 @@ class Preset:
     num_threads: int | None = None
     note: str = ""
     methods: tuple[str, ...] | None = None
+    modality: str = "image"
 
     def loss_for(self, method: str) -> str:
         return self.losses.get(method, METHODS[method].loss)
@@ -184,6 +189,15 @@ _FMNIST_TRAIN = dict(
 _CIFAR_TRAIN = dict(
     lr=0.1, momentum=0.9, weight_decay=5e-4, batch_size=128, epochs=350, schedule="multistep",
     milestones=[150, 250], grad_clip=2.0, val_size=5000, keep="best-acc",
+)
+
+# Text: the 20 Newsgroups protocol of the calibration literature (Mukhoti et al. 2020, followed by
+# MbLS): the global-pooling CNN trained with Adam (torch defaults: lr 1e-3, no weight decay), batch
+# 128, constant learning rate, the checkpoint with the best validation accuracy; calibkit keeps its
+# gradient clipping at norm 2. Token ids need no augmentation.
+_TEXT_TRAIN = dict(
+    augment=False, optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=128, schedule="multistep",
+    milestones=[], grad_clip=2.0,
 )
 
 PRESETS: dict[str, Preset] = {
@@ -287,6 +301,49 @@ PRESETS.update({
              "official val as test), 100 epochs, 3 seeds; needs VOCdevkit under --data-dir and GPUs",
     ),
 })
+
+# Text presets (modality "text"): token ids, no augmentation; OOD = package descriptions of
+# sections that are no class; no corrupted test sets (the corruptions are image transforms).
+IMAGE_ONLY = ("mixup", "regmixup", "csm")  # they mix input images or generate them
+TEXT_METHODS = ("ce", "ls", "focal", "mbls", "fedlas_mbls", "maccal")
+
+PRESETS.update({
+    "text-smoke": Preset(
+        name="text-smoke", dataset="debian", model="gpool_cnn_small", seeds=(0,), modality="text",
+        train={**_TEXT_TRAIN, "epochs": 2, "train_subset": 400},
+        methods=TEXT_METHODS, maccal={"epochs": 2}, ood="debian-heldout", severities=(), n_boot=200,
+        num_threads=1,
+        note="the text methods, tiny: checks the text pipeline end to end (a test runs it); numbers mean nothing",
+    ),
+    "text": Preset(
+        name="text", dataset="debian", model="gpool_cnn_small", seeds=(0, 1), modality="text",
+        train={**_TEXT_TRAIN, "epochs": 12},
+        losses={"mbls": "mbls:margin=6", "fedlas_mbls": "fedlas_mbls:margin=6"},
+        methods=TEXT_METHODS, ood="debian-heldout", severities=(), num_threads=1,
+        note="the text methods on Debian package descriptions (18 sections), half-width global-pooling CNN, 2 seeds",
+    ),
+    "20newsgroups": Preset(
+        name="20newsgroups", dataset="20newsgroups", model="gpool_cnn", seeds=(0, 1, 2), modality="text",
+        train={**_TEXT_TRAIN, "epochs": 50},
+        losses={"mbls": "mbls:margin=6", "fedlas_mbls": "fedlas_mbls:margin=6"},
+        methods=TEXT_METHODS, ood="debian-heldout", severities=(),
+        note="the MbLS text protocol: 20news-bydate under --data-dir, global-pooling CNN, Adam, 50 epochs, 3 seeds",
+    ),
+})
+
+
+def applicable(methods: list[str], preset: Preset) -> tuple[list[str], list[str]]:
+    """``(kept, skipped)``: text presets skip the methods that mix or generate images."""
+    if preset.modality == "image":
+        return list(methods), []
+    return [m for m in methods if m not in IMAGE_ONLY], [m for m in methods if m in IMAGE_ONLY]
+
+
+def grid_methods(preset: Preset, names=None) -> tuple[list[str], list[str]]:
+    """``(kept, skipped)``: the methods a bench or a tuning of ``preset`` runs, from ``names``
+    (default: the preset's own list, else all), with what they build on, minus what the preset's
+    modality cannot run."""
+    return applicable(select_methods(names if names is not None else preset.methods), preset)
 
 
 def get_preset(name: str) -> Preset:

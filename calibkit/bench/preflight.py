@@ -30,7 +30,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
     """
-    from calibkit.bench.grid import select_methods
+    from calibkit.bench.grid import grid_methods
     from calibkit.extras import check_dataset
     from calibkit.store import check_database_file
 
@@ -46,7 +46,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         raise ValueError(f"--seeds: repeated seed in {seeds}")
     if not seeds:
         raise ValueError("--seeds: give at least one seed")
-    chosen = select_methods(methods if methods is not None else preset.methods)  # unknown names raise here
+    chosen, _ = grid_methods(preset, methods)  # unknown names raise here
 
     from calibkit.data import DATASETS, load
     from calibkit.data.ood import OOD_SETS, load_ood

@@ -34,7 +34,7 @@ import torch
 
 from calibkit import distributed as D
 from calibkit import rundir
-from calibkit.bench.grid import METHODS, Preset, current_values, select_methods
+from calibkit.bench.grid import METHODS, Preset, current_values, grid_methods
 from calibkit.bench.paths import run_dir_for
 from calibkit.store import Store, run_key
 
@@ -92,7 +92,8 @@ class Bench:
         preset: the preset.
         out: output directory (``runs.db``, ``runs/``, ``cache/``, ``report/``).
         seeds: seeds to run (default: the preset's).
-        methods: grid methods (default: all; CE and the runs they build on are always added).
+        methods: grid methods (default: the preset's, else all; CE and the runs they build on are
+            always added; a text preset skips the methods that need images).
         data_dir: where the data set lives (default: its standard location).
         device: ``auto``, ``cpu`` or ``cuda[:N]``.
         num_threads: torch CPU threads (None: torch's default).
@@ -105,7 +106,7 @@ class Bench:
         self.preset = preset
         self.out = Path(out)
         self.seeds = [int(s) for s in (seeds if seeds is not None else preset.seeds)]
-        self.methods = select_methods(methods if methods is not None else preset.methods)
+        self.methods, self.skipped = grid_methods(preset, methods)
         self.data_dir = data_dir
         self.device = device
         self.num_threads = num_threads if num_threads is not None else preset.num_threads
@@ -117,6 +118,9 @@ class Bench:
         self.store = Store(self.out / "runs.db") if self.dd.is_main else None
         self._env = rundir.environment()
         self._data = {}
+        if self.skipped:
+            self.log(f"{', '.join(self.skipped)}: skipped (they mix or generate images; preset {preset.name} "
+                     "trains on token ids)")
 
     # -- data shared by every run ------------------------------------------------------------------
     def eval_data(self, seed: int):

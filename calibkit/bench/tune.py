@@ -32,7 +32,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from calibkit.bench.grid import METHODS, REFERENCE, Preset, apply_values, at_edge, candidates
+from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, apply_values, at_edge, candidates
 from calibkit.bench.paths import run_dir_for
 from calibkit.bench.runner import Bench, _broadcast, work_queue
 from calibkit.store import run_key
@@ -135,8 +135,8 @@ class Tuner:
     Args:
         preset: the preset (its training settings and checkpoint policy hold for every candidate).
         out: output directory (``runs.db`` with its ``tuning`` table, ``tune/``, ``runs/``).
-        methods: methods to tune (default: every method with a search space); methods without
-            one are skipped, CE is always trained (the reference and the base of MaC-Cal and CSM).
+        methods: methods to tune (default: every method of the preset with a search space); methods
+            without one and methods the preset's modality cannot run (``unsupported``) are skipped, CE is always trained (the reference and the base of MaC-Cal and CSM).
         seed: the selection seed (default ``preset.tune_seed``).
         criterion: the selection rule.
         Other arguments as :class:`calibkit.bench.runner.Bench`.
@@ -144,10 +144,11 @@ class Tuner:
 
     def __init__(self, preset: Preset, out, methods=None, seed=None, data_dir=None, device="auto",
                  num_threads=None, csm_store=None, criterion: Criterion = DEFAULT_CRITERION, log=print):
-        names = list(METHODS) if methods is None else list(methods)
+        names = list(preset.methods or METHODS) if methods is None else list(methods)
         unknown = [m for m in names if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
+        names, self.unsupported = applicable(names, preset)
         self.methods = [m for m in METHODS if m in names and METHODS[m].space]
         self.skipped = [m for m in names if m != REFERENCE and not METHODS[m].space]
         self.seed = int(preset.tune_seed if seed is None else seed)

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, runs/, report/)")
     p.add_argument("--seeds", type=int, nargs="+", metavar="S", help="seeds (default: the preset's)")
     p.add_argument("--methods", nargs="+", metavar="M",
-                   help=f"methods to run (default all): {', '.join(METHODS)}; CE is always included")
+                   help=f"methods to run (default: the preset's list, else all): {', '.join(METHODS)}; CE is "
+                        "always included; text presets skip mixup, regmixup and csm")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
     p.add_argument("--csm-store", metavar="DIR", help="CSM generated set (default: the one shipped for "
                    "Fashion-MNIST; other data sets: make one with `calibkit csm generate`)")

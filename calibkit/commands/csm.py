@@ -131,6 +131,9 @@ def _train_generator(args) -> int:
             raise ValueError("--val-size goes with --exclude-val-seeds")
         bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
         images, labels, record = bundle.train.images, bundle.train.labels, None
+    if bundle.modality != "image":
+        raise ValueError(f"--data {args.data} is {bundle.modality}: CSM's generator is an image diffusion model; "
+                         "CSM does not apply to it (calibrate it with a loss, MaC-Cal or temperature scaling)")
     size = bundle.image_size[0]
     # The UNet runs on the native size when the downsampling divides it (28 -> 14 -> 7 for three
     # levels, attention at 7x7); otherwise the images are padded with the background value up to

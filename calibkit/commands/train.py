@@ -79,7 +79,8 @@ def register(subparsers) -> None:
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, help="training epochs (default 30)")
     g.add_argument("--batch-size", type=int, help="global batch size (default 128)")
-    g.add_argument("--lr", type=float, help="SGD learning rate (default 0.1)")
+    g.add_argument("--optimizer", choices=("sgd", "adam"), help="sgd (default) or adam")
+    g.add_argument("--lr", type=float, help="learning rate (default 0.1)")
     g.add_argument("--momentum", type=float, help="SGD momentum (default 0.9)")
     g.add_argument("--weight-decay", type=float, help="weight decay (default 5e-4)")
     g.add_argument("--schedule", help="multistep, cosine or onecycle (default multistep)")
@@ -102,9 +103,9 @@ def register(subparsers) -> None:
 
 # argparse destination -> TrainConfig field (identical names by construction)
 FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "csm_weight", "csm_per_real",
-          "csm_loss", "epochs", "batch_size", "lr", "momentum", "weight_decay", "schedule", "milestones", "gamma",
-          "grad_clip", "amp", "seed", "val_size", "train_subset", "augment", "keep", "eval_batch_size", "device",
-          "num_threads", "compile")
+          "csm_loss", "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "schedule", "milestones",
+          "gamma", "grad_clip", "amp", "seed", "val_size", "train_subset", "augment", "keep", "eval_batch_size",
+          "device", "num_threads", "compile")
 
 
 def run(args) -> int:

@@ -63,6 +63,9 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
                   data_dir=args.data_dir, device=args.device, num_threads=args.num_threads,
                   csm_store=args.csm_store, log=log)
     try:
+        if tuner.unsupported:
+            tuner.log(f"tune {', '.join(tuner.unsupported)}: skipped (they mix or generate images; preset "
+                      f"{preset.name} trains on token ids)")
         for m in tuner.skipped:
             tuner.log(f"tune {m}: no search space (nothing to tune); it runs at the preset's values")
         counts = tuner.run()

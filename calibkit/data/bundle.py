@@ -71,13 +71,20 @@ class RawData:
     """What a format reader returns: the official splits as found on disk.
 
     ``val`` is set only for data sets whose validation split is fixed by the protocol rather than
-    drawn at random (Tiny-ImageNet: the last 50 training images of each class).
+    drawn at random (Tiny-ImageNet: the last 50 training images of each class; the text sets).
+    Text readers also set ``modality="text"``, ``in_channels`` (the vocabulary size), ``vocab``
+    (the :class:`~calibkit.data.tokenizer.Vocabulary` of the token ids) and ``record`` (entries
+    added to the bundle's split record, e.g. the snapshot of the files read).
     """
 
     train: Split
     test: Split
     class_names: list[str]
     val: Split | None = None
+    modality: str = "image"
+    in_channels: int | None = None
+    vocab: object | None = None
+    record: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -98,8 +105,10 @@ class DataBundle:
             indices); recorded with every run so a result can be traced to its exact split.
         data_dir: the directory the files were read from (None for built-in data).
         modality: ``"image"`` (uint8 images, (N,) labels); other modalities register their own
-            input pipeline (``calibkit.data.inputs.INPUTS``); ``"segmentation"``: per-pixel labels
-            (see :mod:`calibkit.data.segmentation`).
+            input pipeline (``calibkit.data.inputs.INPUTS``): ``"text"`` (int64 token ids (N, L)),
+            ``"segmentation"`` (per-pixel labels, see :mod:`calibkit.data.segmentation`).
+        vocab: text data: the :class:`~calibkit.data.tokenizer.Vocabulary` that produced the
+            token ids (its size is ``in_channels``); None for images.
         ignore_index: the label of unlabelled pixels (255) for segmentation, else None.
     """
 
@@ -117,6 +126,7 @@ class DataBundle:
     split: dict = field(default_factory=dict)
     data_dir: str | None = None
     modality: str = "image"
+    vocab: object | None = None
     ignore_index: int | None = None
 
     @property

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from . import debian, newsgroups
 from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, stratified_split
 from .cifar import read_cifar10, read_cifar100
 from .digits import read_digits
@@ -15,6 +16,7 @@ from .idx import FMNIST_DIR, read_fmnist
 from .scenes import SCENES_VAL, read_scenes
 from .segmentation import load_segmentation
 from .svhn import read_svhn
+from .textsets import read_20newsgroups, read_debian
 from .voc import read_voc
 
 
@@ -33,8 +35,8 @@ class DatasetSpec:
         hflip: horizontal flip is label-preserving for this data.
         crop_pad: padding of the random-crop augmentation.
         how_to_get: hint printed when the files are missing.
-        modality: ``"image"`` or ``"segmentation"`` (loaded by
-            :func:`calibkit.data.segmentation.load_segmentation`).
+        modality: ``"image"``, ``"text"`` (the reader returns token ids and the vocabulary) or
+            ``"segmentation"`` (loaded by :func:`calibkit.data.segmentation.load_segmentation`).
     """
 
     read: Callable[[str | None], RawData]
@@ -77,6 +79,15 @@ DATASETS: dict[str, DatasetSpec] = {
     "imagefolder": DatasetSpec(
         read=read_imagefolder, default_dir=None, needs_dir=True, val_size=0.1, hflip=False, crop_pad=0,
         how_to_get="pass --data-dir with <class>/*.png|jpg folders (or train/<class> and test/<class>)",
+    ),
+    # text (token ids; validation fixed by the data set's definition, see calibkit.data.textsets)
+    "debian": DatasetSpec(
+        read=read_debian, default_dir=debian.APT_LISTS, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
+        how_to_get=debian.HOW_TO_GET, modality="text",
+    ),
+    "20newsgroups": DatasetSpec(
+        read=read_20newsgroups, default_dir=None, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
+        how_to_get=newsgroups.HOW_TO_GET, modality="text",
     ),
     # semantic segmentation (uint8 masks, 255 = void): see calibkit/data/segmentation.py
     "scenes": DatasetSpec(
@@ -174,7 +185,8 @@ def load(
             train = train.subset(keep)
             train_checksum = index_checksum(keep)
 
-    mean, std = channel_stats(train.images)
+    text = raw.modality == "text"
+    mean, std = ((), ()) if text else channel_stats(train.images)
     num_classes = len(raw.class_names)
     for split_name, part in (("train", train), ("val", val), ("test", raw.test)):
         if len(part) and int(part.labels.max()) >= num_classes:
@@ -185,7 +197,7 @@ def load(
         val=val,
         test=raw.test,
         num_classes=num_classes,
-        in_channels=int(train.images.shape[1]),
+        in_channels=int(raw.in_channels if raw.in_channels is not None else train.images.shape[1]),
         mean=mean,
         std=std,
         hflip=spec.hflip,
@@ -200,6 +212,9 @@ def load(
             "train_subset": None if train_subset is None else int(train_subset),
             "val_checksum": checksum,
             "train_checksum": train_checksum,
+            **raw.record,
         },
         data_dir=None if not spec.needs_dir else os.path.abspath(folder),
+        modality=raw.modality,
+        vocab=raw.vocab,
     )

@@ -16,6 +16,9 @@ segmentation) add an entry.
 
 Every pipeline keeps its constants (e.g. the normalisation mean and std) as tensors on the device
 of the data, built once, so a training step does no host-device copy and no host synchronisation.
+
+``"text"``: int64 token ids ``(N, L)`` (:class:`TokenInputs`), used as stored -- no augmentation,
+no normalisation.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from .segmentation import augment_pair
 from .transforms import augment
 
-__all__ = ["ImageInputs", "SegmentationInputs", "INPUTS", "inputs_for", "inputs_from_info"]
+__all__ = ["ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
 
 
 class ImageInputs:
@@ -105,7 +108,44 @@ class SegmentationInputs(ImageInputs):
         return self.eval_batch(x), y
 
 
-INPUTS: dict[str, type] = {"image": ImageInputs, "segmentation": SegmentationInputs}
+class TokenInputs:
+    """int64 token ids ``(N, L)``: used as they are (no augmentation, no normalisation).
+
+    Evaluation batches are checked against the vocabulary size V (the bundle's ``in_channels``), so
+    a run is never fed ids from another vocabulary silently.
+
+    Args:
+        vocab_size: V; every id must lie in [0, V).
+    """
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = int(vocab_size)
+
+    @classmethod
+    def from_bundle(cls, bundle, augment: bool = True) -> "TokenInputs":
+        return cls(bundle.in_channels)
+
+    @classmethod
+    def from_info(cls, info: dict) -> "TokenInputs":
+        return cls(info["in_channels"])
+
+    def eval_batch(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.int64 or x.dim() != 2:
+            raise ValueError(f"token ids: expected int64 (N, L), got {x.dtype} {tuple(x.shape)}")
+        if x.numel() and not bool(((x >= 0) & (x < self.vocab_size)).all()):
+            raise ValueError(f"token ids: values must lie in [0, {self.vocab_size}) (the vocabulary size), "
+                             f"got {int(x.min())}..{int(x.max())}")
+        return x
+
+    def train_batch(self, x: torch.Tensor, y: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch as it is. Training ids come from the bundle's own vocabulary, so their values
+        are not re-read here (that would be a host synchronisation per step)."""
+        if x.dtype != torch.int64 or x.dim() != 2:
+            raise ValueError(f"token ids: expected int64 (N, L), got {x.dtype} {tuple(x.shape)}")
+        return x, y
+
+
+INPUTS: dict[str, type] = {"image": ImageInputs, "segmentation": SegmentationInputs, "text": TokenInputs}
 
 
 def _pipeline(modality: str) -> type:

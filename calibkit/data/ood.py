@@ -9,6 +9,9 @@
 * ``"noise"`` -- uniform random images (seeded), a sanity check every detector should pass.
 * any other ``DATASETS`` name -- that data set's test split, resized and converted (e.g. SVHN as
   the usual OOD set for CIFAR-10, when its files are available).
+
+For a text bundle, the OOD sets are texts encoded with its vocabulary
+(:func:`calibkit.data.textsets.load_text_ood`: ``"debian-heldout"``, ``"noise"``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
     """
     from .datasets import DATASETS, load  # late import: datasets imports this package's modules
 
+    if getattr(like, "modality", "image") == "text":  # token ids, not images
+        from .textsets import load_text_ood
+
+        return load_text_ood(name, like, data_dir, seed)
     c = like.in_channels
     h, w = like.image_size
     if c not in (1, 3):

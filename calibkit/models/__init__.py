@@ -3,8 +3,10 @@
 Every entry of ``MODELS`` builds with ``MODELS[name](num_classes=K, in_channels=C)`` and obeys one
 contract: ``model.forward_features(x)`` returns (N, D), ``model.head`` is ``nn.Linear(D, K)`` and
 ``model(x) == model.head(model.forward_features(x))`` -- FeDLaS reads the features, MaC-Cal
-retrains the head. Segmentation models (``model.dense`` is True) keep the spatial axes:
-features (N, D, H, W), ``head`` an ``nn.Conv2d(D, K, 1)``, logits (N, K, H, W).
+retrains the head. Models that take int64 token ids ``(N, L)`` instead of images have
+``input_kind = "tokens"`` (:func:`input_kind`); for them ``in_channels`` is the vocabulary size.
+Segmentation models (``model.dense`` is True) keep the spatial axes: features (N, D, H, W),
+``head`` an ``nn.Conv2d(D, K, 1)``, logits (N, K, H, W).
 
     >>> import torch
     >>> m = MODELS["resnet20"](num_classes=10, in_channels=3)
@@ -18,6 +20,7 @@ from .densenet import densenet121
 from .resnet import resnet8, resnet20, resnet32, resnet50, resnet56, resnet101, resnet110
 from .segnet import deeplabv3_resnet50, unet
 from .small import cnn, mlp
+from .text import gpool_cnn, gpool_cnn_small
 from .wideresnet import wrn26_10, wrn28_10
 
 MODELS = {
@@ -36,6 +39,9 @@ MODELS = {
     "wrn26_10": wrn26_10,
     "wrn28_10": wrn28_10,
     "densenet121": densenet121,
+    # text: token ids (N, L); in_channels = vocabulary size
+    "gpool_cnn": gpool_cnn,
+    "gpool_cnn_small": gpool_cnn_small,
     # semantic segmentation (dense: features (N, D, H, W), 1x1-conv head; see segnet.py)
     "unet": unet,
     "deeplabv3_resnet50": deeplabv3_resnet50,
@@ -52,9 +58,15 @@ def build(name: str, num_classes: int, in_channels: int, **kwargs):
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 
+def input_kind(model) -> str:
+    """``"tokens"`` for models over int64 token ids (N, L), ``"image"`` for the others (a model or
+    a ``MODELS`` builder)."""
+    return getattr(model, "input_kind", "image")
+
+
 def num_parameters(model) -> int:
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["DENSE_MODELS", "MODELS", "build", "num_parameters"]
+__all__ = ["DENSE_MODELS", "MODELS", "build", "input_kind", "num_parameters"]

@@ -1,6 +1,6 @@
 """The training loop: from a :class:`TrainConfig` to a finished run directory.
 
-``train(cfg, out_dir)`` loads the data, builds the model and the loss, and runs SGD with momentum
+``train(cfg, out_dir)`` loads the data, builds the model and the loss, and runs SGD with momentum (or Adam)
 and weight decay under a multistep, cosine or one-cycle schedule, with gradient clipping (global
 norm on the model's parameters), optional bfloat16 autocast and optional ``torch.compile``. How a
 batch becomes model inputs is the modality's input pipeline (:mod:`calibkit.data.inputs`); how it
@@ -127,12 +127,23 @@ class _Run:
         return self.history[self.keeper.epoch - 1] if self.keeper.epoch else {}
 
 
+def _check_modality(cfg: TrainConfig, modality: str, kind: str) -> None:
+    """Refuse a model that cannot read the data, and input-mixing methods on token ids."""
+    if (kind == "tokens") != (modality == "text"):
+        takes = "token ids (text)" if kind == "tokens" else "images"
+        raise ValueError(f"model: {cfg.model} takes {takes}, but data set {cfg.data} is {modality}; "
+                         f"choose a {'text' if modality == 'text' else 'image'} model")
+    if modality == "text" and cfg.method != "standard":
+        raise ValueError(f"method: {cfg.method} mixes or generates input images; text data (token ids) "
+                         "trains with method standard only")
+
+
 def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) -> _Run:
     """Data, model, loss, optimizer and step: seeded, so every rank builds the same ones."""
     from calibkit import losses
     from calibkit.data import load
     from calibkit.data.inputs import inputs_for
-    from calibkit.models import MODELS
+    from calibkit.models import MODELS, input_kind
 
     if cfg.model not in MODELS:
         raise ValueError(f"model: unknown model {cfg.model!r}; valid: {', '.join(MODELS)}")
@@ -144,6 +155,7 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     if (-(-len(bundle.train) // dd.world)) // (cfg.batch_size // dd.world) == 0:
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images")
     K, dev = bundle.num_classes, dd.device
+    _check_modality(cfg, bundle.modality, input_kind(MODELS[cfg.model]))
     model = MODELS[cfg.model](num_classes=K, in_channels=bundle.in_channels).to(dev)
     if bool(getattr(model, "dense", False)) != (bundle.modality == "segmentation"):
         from calibkit.models import DENSE_MODELS
@@ -156,8 +168,11 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     inputs = inputs_for(bundle, cfg.augment)
     step = build_step(cfg, loss_fn, K, inputs, cfg.seed)
     # The loss's own parameters (FeDLaS's gate) share the optimizer, lr, wd and schedule.
-    optimizer = torch.optim.SGD(list(model.parameters()) + list(loss_fn.parameters()), lr=cfg.lr,
-                                momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    params = list(model.parameters()) + list(loss_fn.parameters())
+    if cfg.optimizer == "adam":
+        optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     net = _WithFeatures(model)
     if dd.enabled:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -367,6 +382,8 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if dd.is_main:
             out.mkdir(parents=True, exist_ok=True)
             rundir.write_json(out / rundir.CONFIG, info)
+            if bundle.vocab is not None:  # what turns text into this run's token ids
+                rundir.write_json(out / rundir.VOCAB, bundle.vocab.to_dict())
 
         for epoch in range(run.start_epoch, cfg.epochs):
             t0 = time.time()
