@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from calibkit.bench import grid
-from calibkit.bench.grid import (KEEP_POLICIES, MARGINS, METHODS, PRESETS, TARGETS, Axis, Preset, apply_values,
-                                 at_edge, candidates, current_values, with_keep, with_loss_params)
+from calibkit.bench.grid import KEEP_POLICIES, MARGINS, METHODS, PRESETS, TARGETS, Axis, Preset, with_keep
+from calibkit.bench.space import apply_values, at_edge, candidates, current_values, with_loss_params
 from calibkit.bench.tune import Criterion, Tuner, cand_key, select, slug, val_metrics
 from calibkit.store import Store
 

@@ -34,7 +34,8 @@ import torch
 
 from calibkit import distributed as D
 from calibkit import rundir
-from calibkit.bench.grid import METHODS, Preset, current_values, grid_methods
+from calibkit.bench.grid import METHODS, Preset, grid_methods
+from calibkit.bench.space import current_values
 from calibkit.bench.paths import run_dir_for
 from calibkit.store import Store, run_key
 

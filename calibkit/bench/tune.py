@@ -32,7 +32,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, apply_values, at_edge, candidates
+from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable
+from calibkit.bench.space import apply_values, at_edge, candidates
 from calibkit.bench.paths import run_dir_for
 from calibkit.bench.runner import Bench, _broadcast, work_queue
 from calibkit.store import run_key

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibkit.bench.grid import METHODS, REFERENCE, at_edge
+from calibkit.bench.grid import METHODS, REFERENCE
+from calibkit.bench.space import at_edge
 from calibkit.store import Store
 
 # What a method trains on top of the shared budget (same epochs, data and model as CE).
