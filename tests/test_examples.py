@@ -60,7 +60,9 @@ def test_hf_compute_metrics(cli_env):
     out = _run_example("hf_compute_metrics.py", cli_env)
     values = dict(re.findall(r"^(eval_\w+)\s+([\d.]+)$", out, re.M))
     assert set(values) == {"eval_acc", "eval_ece", "eval_aece", "eval_nll", "eval_brier"}, out
-    assert 0.5 < float(values["eval_acc"]) <= 1 and 0 <= float(values["eval_ece"]) < 1
+    assert 0 <= float(values["eval_ece"]) < 1 and 0 <= float(values["eval_acc"]) <= 1
+    if importlib.util.find_spec("accelerate"):  # the Trainer trained the model: far above chance (5 classes)
+        assert float(values["eval_acc"]) > 0.5, out
 
 
 def _load_example(name):

@@ -285,5 +285,8 @@ class Bench:
         return record
 
     def close(self) -> None:
+        """Close the database and leave the process group this bench created (under torchrun),
+        so that no rank exits with a live gloo/nccl group (its destructor may abort the process)."""
         if self.store is not None:
             self.store.close()
+        D.teardown(self.dd)
