@@ -137,10 +137,11 @@ class Tuner:
         preset: the preset (its training settings and checkpoint policy hold for every candidate).
         out: output directory (``runs.db`` with its ``tuning`` table, ``tune/``, ``runs/``).
         methods: methods to tune (default: every method of the preset with a search space); methods
-            without one and methods the preset's modality cannot run (``unsupported``) are skipped, CE is always trained (the reference and the base of MaC-Cal and CSM).
+            without one and methods the preset's modality cannot run (``unsupported``) are skipped;
+            CE is always trained (the reference and the base of MaC-Cal and CSM).
         seed: the selection seed (default ``preset.tune_seed``).
         criterion: the selection rule.
-        Other arguments as :class:`calibkit.bench.runner.Bench`.
+        data_dir, device, num_threads, csm_store, log: as for :class:`calibkit.bench.runner.Bench`.
     """
 
     def __init__(self, preset: Preset, out, methods=None, seed=None, data_dir=None, device="auto",

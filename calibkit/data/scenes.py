@@ -3,7 +3,7 @@
 Each scene is a ``size x size`` (64) grey canvas holding 1 to ``max_items`` (4) Fashion-MNIST
 items, each rescaled by a factor in ``scale`` (0.75..1.5, i.e. 21..42 pixels) and pasted at a
 uniformly random position that keeps it on the canvas; later items occlude earlier ones. The
-per-pixel label is 0 (background) or ``1 + `` the item's Fashion-MNIST class (11 classes):
+per-pixel label is 0 (background) or 1 + the item's Fashion-MNIST class (11 classes):
 
 * an item covers the pixels where its rescaled intensity exceeds ``threshold`` (25 of 255 --
   Fashion-MNIST backgrounds are exactly 0, and 91% of the non-zero pixels of a garment are above

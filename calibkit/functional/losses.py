@@ -106,7 +106,7 @@ def _per_sample(value, name: str, logits: torch.Tensor, dense_targets=None) -> t
     """A scalar or a tensor of finite per-sample values -> (M,) as logits' dtype/device.
 
     ``logits`` are the validated rows (M, K). For a dense call, pass the original targets
-    (N, *S): a value of that shape gives one value per pixel, like the rows.
+    ``(N, *S)``: a value of that shape gives one value per pixel, like the rows.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = torch.tensor(float(value))
@@ -150,8 +150,8 @@ def cross_entropy(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> t
     """Cross-entropy ``mean_i(-log p_{i,y_i})``.
 
     Args:
-        logits: (N, K) raw scores, or dense (N, K, *S).
-        targets: (N,) integer class indices in [0, K), or (N, *S) for dense logits.
+        logits: (N, K) raw scores, or dense ``(N, K, *S)``.
+        targets: (N,) integer class indices in [0, K), or ``(N, *S)`` for dense logits.
         ignore_index: dense inputs only: target value of unlabelled pixels (default 255).
     Returns:
         0-dim tensor, the batch mean (dense: the mean over valid pixels).
@@ -169,7 +169,7 @@ def label_smoothing(logits, targets, alpha: float = 0.05, ignore_index: int | No
     Equivalent to cross-entropy against the target ``(1 - a) * onehot(y) + a / K``.
 
     Args:
-        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). alpha: smoothing weight ``a`` in
+        logits: (N, K) or ``(N, K, *S)``. targets: (N,) or ``(N, *S)``. alpha: smoothing weight ``a`` in
         [0, 1] (default 0.05). ignore_index: dense inputs only (default 255).
     """
     alpha = _check_number(alpha, "alpha", 0.0, 1.0)
@@ -183,7 +183,7 @@ def focal(logits, targets, gamma: float = 3.0, ignore_index: int | None = IGNORE
     The modulating factor is not detached (gradient flows through it, as in the references).
 
     Args:
-        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). gamma: focusing parameter
+        logits: (N, K) or ``(N, K, *S)``. targets: (N,) or ``(N, *S)``. gamma: focusing parameter
         ``g >= 0`` (default 3). ignore_index: dense inputs only (default 255).
     """
     gamma = _check_number(gamma, "gamma", 0.0)
@@ -196,7 +196,7 @@ def flsd(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tens
 
     ``g_i = 5`` if ``sg(p_{i,y}) < 0.2`` else ``3``; the choice uses the detached ``p_y``
     (a step function has no useful gradient), the focal factor itself is differentiable.
-    Dense (N, K, *S) input: per valid pixel, ``ignore_index`` as in :func:`cross_entropy`.
+    Dense ``(N, K, *S)`` input: per valid pixel, ``ignore_index`` as in :func:`cross_entropy`.
     """
     _, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
     with torch.no_grad():
@@ -208,7 +208,7 @@ def ecp(logits, targets, beta: float = 0.1, ignore_index: int | None = IGNORE_IN
     """Confidence penalty ``CE - b * H(p) / K`` (Pereyra et al., ICLR-W 2017).
 
     ``H(p) = -sum_k p_k log p_k``; dividing by K (entropy averaged over classes) follows the MbLS
-    baseline code that produced the published tables. ``b`` default 0.1. Dense (N, K, *S) input:
+    baseline code that produced the published tables. ``b`` default 0.1. Dense ``(N, K, *S)`` input:
     per valid pixel, ``ignore_index`` as in :func:`cross_entropy`.
     """
     beta = _check_number(beta, "beta")
@@ -220,7 +220,7 @@ def ecp(logits, targets, beta: float = 0.1, ignore_index: int | None = IGNORE_IN
 def margin_penalty(logits, margin: float = 10.0, targets=None, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """MbLS penalty ``mean_{i,k} relu(d_ik - m)`` over all N x K entries (0-dim tensor).
 
-    Dense (N, K, *S) logits: the mean over every pixel and class, or, when ``targets`` (N, *S)
+    Dense ``(N, K, *S)`` logits: the mean over every pixel and class, or, when ``targets`` ``(N, *S)``
     are given, over the pixels whose target is not ``ignore_index`` (the penalty itself does not
     read the targets).
     """
@@ -286,7 +286,7 @@ def dual_focal(logits, targets, gamma: float = 5.0, ignore_index: int | None = I
 
     ``p_j`` is the largest probability strictly below ``p_y`` (0 when ``p_y`` is the smallest);
     gradient flows through ``p_y`` and ``p_j`` as in the reference implementation.
-    ``g`` default 5 (the paper tunes it per data set). Dense (N, K, *S) input: per valid pixel,
+    ``g`` default 5 (the paper tunes it per data set). Dense ``(N, K, *S)`` input: per valid pixel,
     ``ignore_index`` as in :func:`cross_entropy`.
     """
     gamma = _check_number(gamma, "gamma", 0.0)
@@ -305,7 +305,7 @@ def adafocal(logits, targets, gamma, ignore_index: int | None = IGNORE_INDEX) ->
     ``-(1 + p_y)^|g_i| log p_y``, which pushes confidence up (for under-confident regions).
 
     Args:
-        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). gamma: scalar, or a tensor shaped
+        logits: (N, K) or ``(N, K, *S)``. targets: (N,) or ``(N, *S)``. gamma: scalar, or a tensor shaped
         like ``targets`` (treated as a constant). ignore_index: dense inputs only (default 255).
     """
     dense_targets = targets if _dense(logits) else None
@@ -386,7 +386,7 @@ def weighted_label_smoothing(logits, targets, alpha, ignore_index: int | None = 
     FeDLaS-LS (spec section 3). Gradient flows to ``alpha`` (FeDLaS trains its gate through it).
 
     Args:
-        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). alpha: scalar or a tensor shaped
+        logits: (N, K) or ``(N, K, *S)``. targets: (N,) or ``(N, *S)``. alpha: scalar or a tensor shaped
         like ``targets``. ignore_index: dense inputs only (default 255).
     """
     dense_targets = targets if _dense(logits) else None
@@ -402,7 +402,7 @@ def weighted_mbls(logits, targets, alpha, margin: float, ignore_index: int | Non
     ``1 - a_i`` (unlike :func:`mbls`, where CE has weight 1).
 
     Args:
-        logits: (N, K) or (N, K, *S). targets: (N,) or (N, *S). alpha: scalar or a tensor shaped
+        logits: (N, K) or ``(N, K, *S)``. targets: (N,) or ``(N, *S)``. alpha: scalar or a tensor shaped
         like ``targets``. margin: ``m >= 0``. ignore_index: dense inputs only (default 255).
     """
     margin = _check_number(margin, "margin", 0.0)

@@ -18,7 +18,9 @@ __all__ = ["PanelSums", "max_entries_above"]
 class PanelSums:
     """What the panel metrics need from ``(probs, labels)``, see :func:`panel_sums`.
 
-    Tensors live on the input's device. Attributes:
+    Tensors live on the input's device.
+
+    Attributes:
         top: top-label equal-width sums, shape ``(B,)``.
         conf: ``(N,)`` float64 top-label confidence (the exact upcast of ``max_k p_ik``).
         correct: ``(N,)`` bool, ``argmax_k p_ik == y_i`` (first index on ties).

@@ -88,7 +88,7 @@ def dense_rows(logits, targets, ignore_index: int | None = 255, name: str = "log
     """Every pixel as a row, with a validity mask (no boolean indexing, no host synchronisation).
 
     Args:
-        logits: float (N, K, *S). targets: integer (N, *S). ignore_index: as in :func:`flatten_pixels`.
+        logits: float ``(N, K, *S)``. targets: integer ``(N, *S)``. ignore_index: as in :func:`flatten_pixels`.
 
     Returns:
         ``(rows (M, K), targets (M,), valid (M,) bool)`` with ``M = N * prod(S)``; ignored pixels
@@ -105,10 +105,10 @@ def flatten_pixels(logits, targets, ignore_index: int | None = 255, features=Non
     """Gather the valid pixels of dense logits (and features) into rows.
 
     Args:
-        logits: float (N, K, *S), K >= 2 classes on axis 1, at least one spatial axis.
-        targets: integer (N, *S), values in [0, K) or ``ignore_index``.
+        logits: float ``(N, K, *S)``, K >= 2 classes on axis 1, at least one spatial axis.
+        targets: integer ``(N, *S)``, values in [0, K) or ``ignore_index``.
         ignore_index: target value of unlabelled pixels (default 255); ``None``: every pixel counts.
-        features: optional float (N, D, *S) features at the same resolution (FeDLaS's per-pixel
+        features: optional float ``(N, D, *S)`` features at the same resolution (FeDLaS's per-pixel
             penultimate features).
         name: the argument name used in error messages.
 

@@ -101,8 +101,8 @@ class AdaFocal(nn.Module):
         """Recompute equal-mass bins on the validation confidences and apply the gamma rule.
 
         Args:
-            val_logits: (M, K) validation logits, or dense (N, K, *S).
-            val_labels: (M,) validation labels, or (N, *S) with ``ignore_index`` for unlabelled pixels.
+            val_logits: (M, K) validation logits, or dense ``(N, K, *S)``.
+            val_labels: (M,) validation labels, or ``(N, *S)`` with ``ignore_index`` for unlabelled pixels.
         Returns:
             (n_bins,) tensor of ``conf_b - acc_b`` per bin (0 for an empty bin), for logging.
         """

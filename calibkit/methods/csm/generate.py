@@ -136,7 +136,7 @@ def sample_groups(model, groups, seed: int, steps: int = 20, guidance: float = 1
 
 def generate(model, num_groups: int, seed: int = 0, steps: int = 20, guidance: float = 1.0,
              batch_size: int | None = None, precision: str = "fp32") -> dict:
-    """Groups ``0 .. num_groups - 1`` in memory: the same images :func:`generate_store` writes.
+    """Generate groups 0 to num_groups - 1 in memory: the same images :func:`generate_store` writes.
 
     Args:
         model: a :class:`~calibkit.methods.csm.generator.CondDenoiser` (e.g. returned by
