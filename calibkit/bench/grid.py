@@ -108,7 +108,7 @@ METHODS: dict[str, MethodSpec] = {
                                 "maccal.r_min": Axis((0.05, 0.1, 0.3), 0.1)}),
     "csm": MethodSpec("CSM", kind="csm", loss="ce", method="csm", needs=("ce",),
                       space={"csm.sharpness": Axis((0.5, 1.0, 2.3, 4.0), 4.0),
-                             "train.csm_weight": Axis((1.0, 4.0), 1.0)}),
+                             "train.csm_weight": Axis((1.0, 4.0, 8.0, 16.0), 1.0)}),
 }
 
 
@@ -220,7 +220,7 @@ PRESETS: dict[str, Preset] = {
         losses={"ls": "ls:alpha=0.03", "focal": "focal:gamma=2", "ecp": "ecp:beta=2", "mbls": "mbls:margin=6",
                 "acls": "acls:margin=4", "dfl": "dfl:gamma=3", "fedlas_ls": "fedlas_ls:alpha=0.05,beta=0.5",
                 "fedlas_mbls": "fedlas_mbls:margin=6"},
-        train_by_method={"mixup": {"mix_alpha": 0.4}, "regmixup": {"mix_alpha": 2.0}, "csm": {"csm_weight": 4.0}},
+        train_by_method={"mixup": {"mix_alpha": 0.4}, "regmixup": {"mix_alpha": 2.0}, "csm": {"csm_weight": 8.0}},
         maccal={"eta": 2.0, "r_min": 0.1},
         csm={"sharpness": 2.3},
         robust_n=2000, num_threads=1,
