@@ -11,12 +11,7 @@ report's "dECE vs CE" column (``calibkit.report.data.ece_deltas``) with B in CE'
 
 import argparse
 
-import numpy as np
-import torch
-
-from calibkit.bootstrap import bootstrap_interval
-from calibkit.metrics import paired_bootstrap_diff
-from calibkit.report.data import load_probs, summarize
+from calibkit.report.data import paired_ece_delta, summarize
 from calibkit.store import Store
 
 
@@ -25,24 +20,10 @@ def compare(summary: dict, a: str, b: str, n_boot: int = 1000) -> tuple[float, f
     for m in (a, b):
         if m not in summary:
             raise SystemExit(f"no finished runs of method {m!r}; found: {', '.join(summary)}")
-    ra = {r["seed"]: r for r in summary[a]["runs"]}
-    rb = {r["seed"]: r for r in summary[b]["runs"]}
-    seeds = sorted(set(ra) & set(rb))
-    if not seeds:
+    delta = paired_ece_delta(summary[a]["runs"], summary[b]["runs"], n_boot=n_boot, seed=0)
+    if delta is None:
         raise SystemExit(f"{a} and {b} share no seed")
-    samples, estimates = [], []
-    for seed in seeds:
-        pa, la, _ = load_probs(ra[seed])
-        pb, lb, _ = load_probs(rb[seed])
-        if not np.array_equal(la, lb):
-            raise SystemExit(f"{a} and {b} were tested on different test sets (seed {seed})")
-        res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
-                                    n_resamples=n_boot, seed=0)
-        samples.append(res.samples)
-        estimates.append(res.estimate)
-    diff = float(np.mean(estimates))
-    lo, hi = bootstrap_interval(torch.stack(samples).mean(0), diff, 0.95, "basic")
-    return diff, lo, hi
+    return delta["diff"], delta["lo"], delta["hi"]
 
 
 def main() -> None:

@@ -123,30 +123,76 @@ def load_groups(row: dict) -> np.ndarray | None:
     return tensors["test_image"].numpy() if "test_image" in tensors else None
 
 
-def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
-    """Paired bootstrap of each method's ECE minus CE's ECE (seed-averaged), per method.
+def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000, seed: int = 0,
+                     level: float = 0.95, probs=None) -> dict | None:
+    """Paired bootstrap of the seed-averaged test ECE of ``runs_a`` minus that of ``runs_b``.
 
-    Every resample draws one set of test indices, applied to both the method's and CE's
-    probabilities of the same seed; the statistic is the seed-averaged ECE difference, so the
-    interval reflects the test-set sampling noise (the spread over seeds is in the tables' +-).
-    The interval is the **basic** bootstrap interval around the seed-averaged difference (the
-    default of :func:`~calibkit.metrics.paired_bootstrap_diff`).
-    Segmentation runs (``test_image`` in their logits file) are compared on their stored test
-    pixel samples with an **image-level** paired bootstrap (same basic interval)
+    The runs are paired by seed (seeds present on one side only are left out). Every resample
+    draws one set of test indices, applied to both runs of a seed; all seeds use the same
+    bootstrap seed, so they draw the same index sets (same generator, same N) and averaging their
+    resampled differences gives the resampled seed-averaged difference. The interval is the
+    **basic** bootstrap interval around it (the default of
+    :func:`~calibkit.metrics.paired_bootstrap_diff`; it corrects the bias of a difference of two
+    binned ECEs). Segmentation runs (``test_image`` in their logits file) are compared on their
+    stored test pixel samples with an **image-level** paired bootstrap
     (:func:`calibkit.grouped_bootstrap.paired_grouped_ece_diff`): pixels of one image are not
     independent, so whole images are resampled.
 
+    Args:
+        runs_a, runs_b: database rows (``Store.runs``) of two methods.
+        probs: ``row -> (probs, labels, temperature)`` (default :func:`load_probs`; a caching
+            function when many pairs share runs).
+
     Returns:
-        ``{method: {"diff", "lo", "hi", "significant", "seeds", "identical"}}``; ``identical``
-        is True when the method's test probabilities equal CE's exactly in every shared seed.
-        Methods sharing no seed with CE, and CE itself, are left out.
+        ``{"diff", "lo", "hi", "significant", "seeds", "identical"}`` (``identical``: the test
+        probabilities are equal in every shared seed), or None when no seed is shared.
+
+    Raises:
+        ValueError: two runs of one seed were tested on different test sets.
     """
     from calibkit.bootstrap import bootstrap_interval
     from calibkit.metrics import paired_bootstrap_diff
 
+    probs = probs or load_probs
+    by_seed = {r["seed"]: r for r in runs_b}
+    pairs = [(r, by_seed[r["seed"]]) for r in runs_a if r["seed"] in by_seed]
+    if not pairs:
+        return None
+    diffs, estimates, identical = [], [], True
+    for run, other in pairs:
+        pa, la, _ = probs(run)
+        pb, lb, _ = probs(other)
+        if not np.array_equal(la, lb):
+            raise ValueError(f"{run['run_key']} and {other['run_key']} were tested on different test sets")
+        identical = identical and np.array_equal(pa, pb)
+        groups = load_groups(run)
+        if groups is not None:  # pixels: resample whole test images (calibkit.grouped_bootstrap)
+            from calibkit.grouped_bootstrap import paired_grouped_ece_diff
+
+            g = paired_grouped_ece_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la),
+                                        groups, n_resamples=n_boot, seed=seed)
+            diffs.append(g["samples"])
+            estimates.append(g["estimate"])
+            continue
+        res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
+                                    n_resamples=n_boot, seed=seed, level=level)
+        diffs.append(res.samples)
+        estimates.append(res.estimate)
+    mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
+    lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
+    return {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi), "seeds": len(pairs),
+            "identical": identical}
+
+
+def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """:func:`paired_ece_delta` of each method against CE (the report's "dECE vs CE" column).
+
+    Returns:
+        ``{method: {"diff", "lo", "hi", "significant", "seeds", "identical"}}``. Methods sharing
+        no seed with CE, and CE itself, are left out.
+    """
     if REFERENCE not in summary:
         return {}
-    ref = {r["seed"]: r for r in summary[REFERENCE]["runs"]}
     cache: dict[str, tuple] = {}
 
     def probs(row):
@@ -158,36 +204,7 @@ def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 
     for method, entry in summary.items():
         if method == REFERENCE:
             continue
-        pairs = [(r, ref[r["seed"]]) for r in entry["runs"] if r["seed"] in ref]
-        if not pairs:
-            continue
-        # One paired bootstrap per seed, all with the same bootstrap seed: they draw the same
-        # resampled index sets (same generator, same N), so their resampled differences line up
-        # and averaging them gives the resampled seed-averaged difference.
-        diffs, estimates, identical = [], [], True
-        for run, ref_run in pairs:
-            pa, la, _ = probs(run)
-            pb, lb, _ = probs(ref_run)
-            if not np.array_equal(la, lb):
-                raise ValueError(f"{run['run_key']} and {ref_run['run_key']} were tested on different test sets")
-            identical = identical and np.array_equal(pa, pb)
-            groups = load_groups(run)
-            if groups is not None:  # pixels: resample whole test images (calibkit.grouped_bootstrap)
-                from calibkit.grouped_bootstrap import paired_grouped_ece_diff
-
-                g = paired_grouped_ece_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la),
-                                            groups, n_resamples=n_boot, seed=seed)
-                diffs.append(g["samples"])
-                estimates.append(g["estimate"])
-                continue
-            res = paired_bootstrap_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la), "ece",
-                                        n_resamples=n_boot, seed=seed, level=level)
-            diffs.append(res.samples)
-            estimates.append(res.estimate)
-        # Basic interval around the seed-averaged difference (corrects the bias of a difference
-        # of two binned ECEs; see calibkit.bootstrap.bootstrap_interval).
-        mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
-        lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
-        out[method] = {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
-                       "seeds": len(pairs), "identical": identical}
+        delta = paired_ece_delta(entry["runs"], summary[REFERENCE]["runs"], n_boot, seed, level, probs)
+        if delta is not None:
+            out[method] = delta
     return out
