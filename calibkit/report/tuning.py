@@ -235,18 +235,17 @@ def _split_text(split: dict, dataset: str | None = None) -> tuple[str, str, str]
     return val, train, f"{split.get('test')} {unit}: the test split, the same for every seed"
 
 
-def protocol_sections(out_dir, preset: str, done: list[dict], figdir=None) -> dict:
-    """The report's protocol tables and the tuning figure.
-
-    Args:
-        out_dir: the bench directory.
-        preset: the preset's name.
-        done: the finished run rows of the report (``Store.runs``).
-        figdir: where to draw the tuning figure (None: no figure).
-
-    Returns:
-        ``{"tables": [(heading, header, rows)], "figs": {name: path}, "summary": one line}``.
+def protocol_section(ctx) -> list:
+    """Report builder (``ReportContext -> list[Section]``): protocol, training budget,
+    hyperparameters per method and, when the directory holds a tuning run, the selection with its
+    validation curves.
     """
+    from calibkit.report.figures import Figure
+    from calibkit.report.render import Section
+    from calibkit.report.tables import Table
+
+    out_dir, preset = ctx.out_dir, ctx.preset
+    done = [r for r in ctx.rows if r["status"] == "done"]
     records = {r["run_key"]: (r.get("config") or {}) for r in done}
     policies = sorted({rec.get("keep", (rec.get("train") or {}).get("keep", "best-acc")) for rec in records.values()})
     proto = []
@@ -295,39 +294,20 @@ def protocol_sections(out_dir, preset: str, done: list[dict], figdir=None) -> di
         hp_rows.append([_label(m), _values(searched), rec.get("loss", ""), _values(others), source])
     budget_note = ("every method trains with the same budget as CE (epochs, training images, model)" if same
                    else "NOT every method has CE's training budget (see the table)")
-    tables = [("Protocol", ["item", "value"], proto),
-              (f"Training budget: {budget_note}", ["Method", "epochs", "train images", "model", "vs CE", "adds"],
-               budget_rows),
-              ("Hyperparameters per method", ["Method", "searched values", "loss spec", "other settings", "source"],
-               hp_rows)]
-    figs = {}
+    summary = f"checkpoint policy: {' / '.join(policies)}; {budget_note}"
+    sections = [
+        # The protocol table is text (item, value): every column left-aligned, wrapped in the terminal.
+        Section("Protocol", summary, [Table(["item", "value"], proto, key_columns=2)]),
+        Section(f"Training budget: {budget_note}", tables=[Table(
+            ["Method", "epochs", "train images", "model", "vs CE", "adds"], budget_rows)], terminal=False),
+        Section("Hyperparameters per method", tables=[Table(
+            ["Method", "searched values", "loss spec", "other settings", "source"], hp_rows)], terminal=False)]
     if cands:
         header, rows = tuning_rows(cands)
-        tables.append(("Selection on the validation split (x100, before TS)", header, rows))
-        if figdir is not None:
-            path = write_tuning_figure(out_dir, preset, Path(figdir) / "tuning.png")
-            if path is not None:
-                figs["tuning: validation curves"] = path
-    summary = f"checkpoint policy: {' / '.join(policies)}; {budget_note}"
-    return {"tables": tables, "figs": figs, "summary": summary}
-
-
-def protocol_section(ctx) -> list:
-    """Report builder (``ReportContext -> list[Section]``): protocol, budget, hyperparameters, selection."""
-    from calibkit.report.figures import Figure
-    from calibkit.report.render import Section
-    from calibkit.report.tables import Table
-
-    done = [r for r in ctx.rows if r["status"] == "done"]
-    parts = protocol_sections(ctx.out_dir, ctx.preset, done, ctx.figdir if ctx.figures else None)
-    sections = []
-    for i, (heading, header, rows) in enumerate(parts["tables"]):
-        text = parts["summary"] if i == 0 else ""
-        # The protocol table is text (item, value): every column left-aligned, wrapped in the terminal.
-        keys = len(header) if i == 0 else 1
-        sections.append(Section(heading, text, [Table(header, rows, key_columns=keys)], terminal=i == 0))
-    if parts["figs"]:
-        sections.append(Section("Validation curves of the tuning run", terminal=False, figures=[
-            Figure(path, "Validation ECE and accuracy against each searched value; the selected candidate is "
-                   "marked.") for path in parts["figs"].values()]))
+        sections.append(Section("Selection on the validation split (x100, before TS)",
+                                tables=[Table(header, rows)], terminal=False))
+        path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png") if ctx.figures else None
+        if path is not None:
+            sections.append(Section("Validation curves of the tuning run", terminal=False, figures=[Figure(
+                path, "Validation ECE and accuracy against each searched value; the selected candidate is marked.")]))
     return sections
