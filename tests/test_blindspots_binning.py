@@ -11,12 +11,12 @@ from calibkit.functional.binning import bin_indices
 from calibkit.functional.panel import classwise_bin_sums, panel_sums, raise_for_check
 
 
-def _panel_sums_torch(probs, labels, n_bins, full):
+def _panel_sums_torch(probs, labels, n_bins, full, exact=False):
     """The device (whole-tensor torch) path of ``panel_sums`` on CPU tensors, values checked as the
     device path's callers do (from its ``check`` vector)."""
     old, panel._FORCE_TORCH_PATH = panel._FORCE_TORCH_PATH, True
     try:
-        out = panel_sums(probs, labels, n_bins, full)
+        out = panel_sums(probs, labels, n_bins, full, exact=exact)
     finally:
         panel._FORCE_TORCH_PATH = old
     assert out.check is not None  # the device path leaves its value checks to the caller
@@ -81,11 +81,12 @@ CASES = [  # sharpness 8: mostly confident rows (the "single" branch); 0.5: diff
 ]
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["fixed-size-gather", "exact-size-gather"])
 @pytest.mark.parametrize("dtype, sharp, n_bins", CASES)
-def test_torch_path_equals_naive_counts_and_cpu_path(gen, dtype, sharp, n_bins):
+def test_torch_path_equals_naive_counts_and_cpu_path(gen, dtype, sharp, n_bins, exact):
     probs = _with_edge_values(_probs(gen, 203, 6, sharp, dtype), n_bins)  # 203: not a multiple of 16
     labels = torch.randint(0, 6, (203,), generator=gen)
-    dev = _panel_sums_torch(probs, labels, n_bins, True)
+    dev = _panel_sums_torch(probs, labels, n_bins, True, exact=exact)
     top, cw, nll, brier = naive_panel(probs, labels, n_bins)
     tol = dict(rtol=0, atol=1e-9 if dtype == torch.float64 else 2e-5)
     for j, name in enumerate(("count", "conf", "correct")):
@@ -218,3 +219,23 @@ def test_binned_errors_single_and_pair_bins():
     deb = binning.binned_errors(sums, debias=True)
     want = max(0.0, (gaps[0] ** 2 + 2 * (gaps[1] ** 2 - 0.25)) / 3)
     assert float(deb["rmsce"]) == pytest.approx(np.sqrt(want), abs=1e-12)
+
+
+def test_cpu_panel_is_the_same_on_any_number_of_threads(gen):
+    from calibkit.metrics import evaluate
+
+    probs = torch.softmax(torch.randn(30000, 40, generator=gen) * 3, 1)  # 30000 x 40 float32: 5 blocks of 1 MiB
+    labels = torch.randint(0, 40, (30000,), generator=gen)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = evaluate(probs, labels)
+        torch.set_num_threads(3)
+        three = evaluate(probs, labels)
+        bad = probs.clone()
+        bad[29000, 0] += 0.5  # a row of the last block does not sum to 1: the error names it as before
+        with pytest.raises(ValueError, match="sum to 1"):
+            evaluate(bad, labels)
+    finally:
+        torch.set_num_threads(old)
+    assert one == three  # partial sums added in block order: bit-identical

@@ -41,7 +41,7 @@ def use_torch_path(t: torch.Tensor) -> bool:
 
 
 def panel_sums(probs, labels, n_bins: int, full: bool = True, ignore_index: int | None = None,
-               allow_empty: bool = False) -> PanelSums | None:
+               allow_empty: bool = False, exact: bool = False) -> PanelSums | None:
     """Check the layout of ``(probs, labels)`` and compute the panel's statistics.
 
     Layouts: ``(N, K)``, binary ``(N,)``, dense ``(N, K, *spatial)`` (see
@@ -49,7 +49,9 @@ def panel_sums(probs, labels, n_bins: int, full: bool = True, ignore_index: int 
     :func:`calibkit._validation.check_probs`); on other devices they are reduced on the device
     into ``check`` for the caller to test when it next reads results (:func:`raise_for_check`).
     With ``full=False`` only the top-label part is computed. When every label equals
-    ``ignore_index`` (CPU) this raises, or returns ``None`` with ``allow_empty``.
+    ``ignore_index`` (CPU) this raises, or returns ``None`` with ``allow_empty``. ``exact``
+    (device path only): the classwise gather reads its size from the device first
+    (:func:`calibkit.functional.panel_device.classwise_torch`).
     """
     probe = probs if isinstance(probs, torch.Tensor) else torch.zeros(0)
     torch_path = use_torch_path(probe)
@@ -58,7 +60,7 @@ def panel_sums(probs, labels, n_bins: int, full: bool = True, ignore_index: int 
         from calibkit.functional.panel_device import panel_sums_torch
 
         x, y = _layout(rows.probs, rows.labels)
-        out = panel_sums_torch(x, y, n_bins, full, valid=rows.valid)
+        out = panel_sums_torch(x, y, n_bins, full, valid=rows.valid, exact=exact)
     else:
         if ignore_index is not None and rows.labels.numel() == 0:
             if allow_empty:
@@ -104,9 +106,10 @@ _BLOCK_BYTES = 1 << 20
 def _panel_sums_cpu(probs, labels, n_bins: int, full: bool) -> PanelSums:
     """The CPU path of :func:`panel_sums`: one pass over blocks of rows of ``probs`` ``(N, K)``.
 
-    Each block (about 1 MiB, so it stays in cache) is read by a few single-threaded numpy
-    reductions, instead of a dozen passes over the whole matrix with torch's multi-threaded
-    kernels (which stall on a loaded machine, where one of their threads is often descheduled).
+    Each block (about 1 MiB, so it stays in cache) is read by a few numpy reductions
+    (:func:`_cpu_block`), instead of a dozen passes over the whole matrix. Blocks are spread over
+    ``torch.get_num_threads()`` threads (numpy releases the GIL in its loops); their partial
+    sums are added in block order, so the result does not depend on the number of threads.
     Per block:
 
     * validation: the minimum entry, the row sums (float32 for half and float32 input) and the
@@ -124,7 +127,6 @@ def _panel_sums_cpu(probs, labels, n_bins: int, full: bool) -> PanelSums:
     n, k = probs.shape
     work = torch.float32 if probs.dtype in (torch.float16, torch.bfloat16) else probs.dtype
     inner = equal_width_edges(n_bins, probs.dtype)[1:-1].to(work).numpy()  # inner edges
-    tiny = torch.finfo(probs.dtype).tiny
     y_all = labels.cpu().numpy()
     rows = max(16, _BLOCK_BYTES // (k * work.itemsize) // 16 * 16)  # a multiple of 16
     conf, correct, pred_all = np.empty(n, np.float64), np.empty(n, bool), np.empty(n, np.int64)
@@ -133,35 +135,28 @@ def _panel_sums_cpu(probs, labels, n_bins: int, full: bool) -> PanelSums:
     cw_conf, col_total = np.zeros(kb), np.zeros(k)
     nll = brier = 0.0
     src = probs.detach()
-    for start in range(0, n, rows):
-        x = np.ascontiguousarray(src[start : start + rows].to(work).numpy())
-        y = y_all[start : start + rows]
-        r = x.shape[0]
-        at = np.arange(r)
-        pred = x.argmax(1)  # first index of the maximum; NaN wins, and fails the check below
-        m = x[at, pred]
-        dev = np.abs(np.einsum("ij->i", x) - 1).max()
-        if not probs_within_tolerance(x.min(), m.max(), dev, probs.dtype):
-            check_probs(probs)  # raises its error (unless a rounding tie at the tolerance flips it)
-        conf[start : start + r] = m
-        correct[start : start + r] = pred == y
-        pred_all[start : start + r] = pred
-        if not full:
-            continue
-        p_y = x[at, y]
-        p_y64 = p_y.astype(np.float64)
-        nll -= np.log(np.maximum(p_y64, tiny)).sum()
-        brier += (np.einsum("ij,ij->i", x, x).astype(np.float64) - 2 * p_y64 + 1).sum()
-        if n_bins > 1:
-            hit = np.flatnonzero(x > inner[0])  # the entries above 1 / B, compared in `work`
-            vals = x.reshape(-1)[hit]
-            slot = hit % k * n_bins + _count_below(vals, inner)
-            cw_count += np.bincount(slot, minlength=kb)
-            cw_conf += np.bincount(slot, weights=vals, minlength=kb)
-        cw_hit += np.bincount(y * n_bins + _count_below(p_y, inner), minlength=kb)
-        grouped = r // 16 * 16
-        col_total += x[:grouped].reshape(-1, 16, k).sum(1).astype(np.float64).sum(0)
-        col_total += x[grouped:].astype(np.float64).sum(0)
+
+    def block(start):
+        return _cpu_block(src, y_all, start, rows, work, inner, probs, full, n_bins, conf, correct, pred_all)
+
+    starts = range(0, n, rows)
+    threads = min(torch.get_num_threads(), len(starts))
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            parts = list(pool.map(block, starts))  # in block order; the first failing block raises
+    else:
+        parts = [block(start) for start in starts]
+    if full:
+        for part in parts:  # in block order: the same sums for any number of threads
+            nll += part["nll"]
+            brier += part["brier"]
+            if part["cw_count"] is not None:
+                cw_count += part["cw_count"]
+                cw_conf += part["cw_conf"]
+            cw_hit += part["cw_hit"]
+            col_total += part["col_total"]
     bins = _count_below(conf, inner.astype(np.float64))  # exact upcasts: same bins
     top = BinSums(
         count=torch.from_numpy(np.bincount(bins, minlength=n_bins).astype(np.float64)),
@@ -183,3 +178,39 @@ def _panel_sums_cpu(probs, labels, n_bins: int, full: bool) -> PanelSums:
         out.nll = torch.tensor(nll, dtype=torch.float64)
         out.brier = torch.tensor(brier, dtype=torch.float64)
     return out
+
+
+def _cpu_block(src, y_all, start, rows, work, inner, probs, full, n_bins, conf, correct, pred_all) -> dict:
+    """One block of :func:`_panel_sums_cpu`: fills its rows of ``conf``, ``correct`` and
+    ``pred_all`` and returns its partial sums."""
+    x = np.ascontiguousarray(src[start : start + rows].to(work).numpy())
+    y = y_all[start : start + rows]
+    r, k = x.shape
+    at = np.arange(r)
+    pred = x.argmax(1)  # first index of the maximum; NaN wins, and fails the check below
+    m = x[at, pred]
+    dev = np.abs(np.einsum("ij->i", x) - 1).max()
+    if not probs_within_tolerance(x.min(), m.max(), dev, probs.dtype):
+        check_probs(probs)  # raises its error (unless a rounding tie at the tolerance flips it)
+    conf[start : start + r] = m
+    correct[start : start + r] = pred == y
+    pred_all[start : start + r] = pred
+    if not full:
+        return {}
+    kb = k * n_bins
+    p_y = x[at, y]
+    p_y64 = p_y.astype(np.float64)
+    part = {"nll": -np.log(np.maximum(p_y64, torch.finfo(probs.dtype).tiny)).sum(),
+            "brier": (np.einsum("ij,ij->i", x, x).astype(np.float64) - 2 * p_y64 + 1).sum(),
+            "cw_count": None, "cw_conf": None}
+    if n_bins > 1:
+        hit = np.flatnonzero(x > inner[0])  # the entries above 1 / B, compared in `work`
+        vals = x.reshape(-1)[hit]
+        slot = hit % k * n_bins + _count_below(vals, inner)
+        part["cw_count"] = np.bincount(slot, minlength=kb)
+        part["cw_conf"] = np.bincount(slot, weights=vals, minlength=kb)
+    part["cw_hit"] = np.bincount(y * n_bins + _count_below(p_y, inner), minlength=kb)
+    grouped = r // 16 * 16
+    part["col_total"] = (x[:grouped].reshape(-1, 16, k).sum(1).astype(np.float64).sum(0)
+                         + x[grouped:].astype(np.float64).sum(0))
+    return part
