@@ -2,9 +2,11 @@
 in this process, the device of every piece of state (checked on PyTorch's ``meta`` device,
 which has shapes and dtypes but no data), the state kinds' memory, and the exact error messages."""
 
+import math
 import re
 import threading
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -275,3 +277,89 @@ def test_error_messages(gen):
     fixed = CalibrationAccumulator(state="fixed").update(*_data(gen, 10, k=4))
     with pytest.raises(ValueError, match=r"^cannot merge an exact-state accumulator with a fixed-state \(pixel\) one$"):
         acc.merge(fixed)
+
+
+# -- calibkit.functional.metrics ---------------------------------------------------------------
+
+import calibkit.functional as F  # noqa: E402
+
+
+def test_functional_defaults_are_15_bins(gen):
+    probs, _ = _data(gen, 400)
+    labels = torch.multinomial(probs, 1, generator=gen).squeeze(1)  # calibrated: over- and under-confident bins
+    for fn in (F.adaptive_ece, F.rmsce, lambda p, y, **kw: torch.stack(F.over_under_ece(p, y, **kw))):
+        default, b15, b16 = fn(probs, labels), fn(probs, labels, n_bins=15), fn(probs, labels, n_bins=16)
+        assert torch.equal(default, b15) and not torch.equal(default, b16)
+
+
+@pytest.mark.parametrize("torch_path", [False, True])
+def test_ignore_index_everywhere_equals_dropping_the_samples(gen, monkeypatch, torch_path):
+    monkeypatch.setattr(P, "_FORCE_TORCH_PATH", torch_path)
+    probs, labels = _data(gen, 300)
+    labels[::4] = 255
+    keep = labels != 255
+    for fn in (F.nll, F.brier, F.accuracy, F.ece, F.adaptive_ece, F.classwise_ece):
+        got = fn(probs, labels, ignore_index=255)
+        assert float(got) == pytest.approx(float(fn(probs[keep], labels[keep])), abs=1e-12), fn.__name__
+    # a single kept sample is enough
+    one = torch.full_like(labels, 255)
+    one[7] = labels[8] if labels[8] != 255 else 0
+    for fn in (F.nll, F.ece, F.accuracy):
+        assert float(fn(probs, one, ignore_index=255)) == pytest.approx(float(fn(probs[7:8], one[7:8])), abs=1e-12)
+    msg = r"^no samples to evaluate: every label equals ignore_index=255$"
+    for fn in (F.nll, F.brier, F.ece, F.accuracy):
+        with pytest.raises(ValueError, match=msg):
+            fn(probs, torch.full_like(labels, 255), ignore_index=255)
+
+
+def test_bad_n_bins_is_reported_before_ignored_labels(gen):
+    probs, labels = _data(gen, 20)
+    labels[0] = 255  # valid once ignored: the error is about n_bins, not about the label
+    with pytest.raises(ValueError, match="n_bins"):
+        F.ece(probs, labels, n_bins=0, ignore_index=255)
+
+
+def test_ood_scores_errors_name_the_argument():
+    good, bad = torch.rand(5), torch.rand(2, 2)
+    for fn in (F.ood_auroc, F.fpr_at_95_tpr):
+        with pytest.raises(ValueError, match=r"^scores_in must have shape \(N,\), got \(2, 2\)$"):
+            fn(bad, good)
+        with pytest.raises(ValueError, match=r"^scores_out must have shape \(N,\), got \(2, 2\)$"):
+            fn(good, bad)
+        with pytest.raises(ValueError, match="^scores_in: cannot convert"):
+            fn(object(), good)
+        with pytest.raises(ValueError, match="^scores_out: cannot convert"):
+            fn(good, object())
+    with pytest.raises(ValueError, match="^probs must be numeric"):
+        F.entropy_score(np.array([["a", "b"]]))
+
+
+def test_integer_scores_equal_float_scores():
+    s_in, s_out = torch.tensor([0, 1, 1, 3]), torch.tensor([1, 2, 4])
+    assert float(F.ood_auroc(s_in, s_out)) == pytest.approx(float(F.ood_auroc(s_in.double(), s_out.double())))
+    # by hand: pairs (out > in) + 1/2 ties over 12: out 1 beats 0, ties two 1s; 2 beats 0,1,1; 4 beats all
+    assert float(F.ood_auroc(s_in, s_out)) == pytest.approx((1 + 1 + 3 + 4) / 12)
+
+
+def test_fpr_threshold_with_tpr_times_n_rounding_up():
+    # 0.28 * 25 = 7.000000000000001 in floating point: 7 of 25 OOD samples already reach TPR 0.28,
+    # so t is the 7th largest OOD score (19), not the 8th (18)
+    s_out = torch.arange(1, 26, dtype=torch.float64)
+    s_in = torch.tensor([18.5, 19.0, 30.0, 0.0, 0.0])
+    assert float(F.fpr_at_95_tpr(s_in, s_out, tpr=0.28)) == pytest.approx(2 / 5)
+    # tpr = 1: t is the smallest OOD score (1): in-distribution scores >= 1 count
+    assert float(F.fpr_at_95_tpr(s_in, s_out, tpr=1.0)) == pytest.approx(3 / 5)
+    for tpr in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=rf"^tpr must be in \(0, 1\], got {tpr}$"):
+            F.fpr_at_95_tpr(s_in, s_out, tpr=tpr)
+
+
+def test_ood_scores_of_binary_probabilities():
+    # (N,) positive-class probabilities are the two-class rows (1 - p, p)
+    p = torch.tensor([0.5, 0.9, 0.2, 1.0], dtype=torch.float64)
+    two = torch.stack([1 - p, p], 1)
+    torch.testing.assert_close(F.entropy_score(p), F.entropy_score(two))
+    torch.testing.assert_close(F.max_confidence_score(p), 1 - torch.maximum(p, 1 - p))
+    h = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1)) / math.log(2)  # by hand, normalised by log 2
+    assert float(F.entropy_score(p)[1]) == pytest.approx(h, abs=1e-12)
+    assert F.entropy_score(p)[0] == 1.0 and F.entropy_score(p)[3] == 0.0
