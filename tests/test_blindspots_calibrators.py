@@ -155,3 +155,28 @@ def test_evaluate_before_after_ts_passes_objective_and_bins():
     assert ts.temperature_ != TemperatureScaling(objective="ece").fit(*val).temperature_  # n_bins matters here
     assert out["before"] == evaluate(torch.softmax(test[0], 1), test[1], n_bins=5)
     assert out["after"] == evaluate(torch.softmax(test[0] / ts.temperature_, 1), test[1], n_bins=5)
+
+
+def test_fit_on_every_layout_equals_fit_on_the_kept_rows():
+    g = torch.Generator().manual_seed(7)
+    z = torch.randn(30, 3, 4, generator=g, dtype=torch.float64)  # (N, K, L): dense with one spatial dim
+    y = torch.multinomial(torch.softmax(z, 1).movedim(1, -1).reshape(-1, 3), 1, generator=g).view(30, 4)
+    rows, flat = (2 * z).movedim(1, -1).reshape(-1, 3), y.reshape(-1)
+    t_rows = TemperatureScaling().fit(rows, flat).temperature_
+    assert TemperatureScaling().fit(2 * z, y).temperature_ == t_rows  # no ignore_index: every pixel
+    assert TemperatureScaling().fit(2 * z.unsqueeze(-1), y.unsqueeze(-1)).temperature_ == t_rows  # (N, K, L, 1)
+    # (N, K) rows with ignore_index: the ignored rows are dropped
+    y_ign = flat.clone()
+    y_ign[::3] = 255
+    keep = y_ign != 255
+    assert (TemperatureScaling().fit(rows, y_ign, ignore_index=255).temperature_
+            == TemperatureScaling().fit(rows[keep], flat[keep]).temperature_)
+    with pytest.raises(ValueError, match=r"^labels has 121 entries but the predictions have 120 rows$"):
+        TemperatureScaling().fit(rows, torch.cat([y_ign, y_ign[:1]]), ignore_index=255)
+
+
+def test_fit_errors_name_the_argument():
+    with pytest.raises(ValueError, match="^logits must be numeric"):
+        TemperatureScaling().fit(np.array([["a", "b"]]), np.array([0]))
+    with pytest.raises(ValueError, match="^labels must be numeric"):
+        TemperatureScaling().fit(np.zeros((1, 2)), np.array(["a"]))
