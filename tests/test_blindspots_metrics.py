@@ -184,8 +184,9 @@ def test_sync_without_data_allocates_on_the_cpu_whatever_the_default_device(monk
     monkeypatch.setattr(dist, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     acc = CalibrationAccumulator(num_classes=3, state="exact")
+    g.local.rank = 0  # one rank, run in this thread: the default-device mode is per thread
     with torch.device("meta"):  # gloo needs CPU tensors: the empty rank's state must not follow the default
-        g.run([lambda: acc.sync(group=g)])
+        acc.sync(group=g)
     assert acc._sums.device.type == "cpu" and acc._check.device.type == "cpu"
 
 
