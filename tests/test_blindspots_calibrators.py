@@ -180,3 +180,16 @@ def test_fit_errors_name_the_argument():
         TemperatureScaling().fit(np.array([["a", "b"]]), np.array([0]))
     with pytest.raises(ValueError, match="^labels must be numeric"):
         TemperatureScaling().fit(np.zeros((1, 2)), np.array(["a"]))
+
+
+def test_fit_argument_checks():
+    z, y = torch.zeros(4, 2, dtype=torch.float64), torch.tensor([0, 1, 0, 1])
+    for t_min, t_max in ((0.0, 1.0), (2.0, 2.0), (3.0, 2.0)):
+        with pytest.raises(ValueError, match=rf"^need 0 < t_min < t_max, got t_min={t_min}, t_max={t_max}$"):
+            TemperatureScaling(t_min=t_min, t_max=t_max).fit(z, y)
+    dense, labels = torch.zeros(1, 2, 2, 2, dtype=torch.float64), torch.tensor([[[0, 1], [1, 0]]])
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=rf"^max_pixels must be an integer >= 1 or None, got {bad!r}$"):
+            TemperatureScaling().fit(dense, labels, max_pixels=bad)
+    with pytest.warns(UserWarning, match="returning the bound"):  # constant logits: T = t_max
+        assert TemperatureScaling().fit(dense, labels, max_pixels=1).temperature_ == 100.0
