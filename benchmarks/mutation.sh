@@ -27,8 +27,10 @@ declare -A TESTS=(
   [calibkit/bench/evaluation.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_blindspots_twostage.py"
   [calibkit/functional/binning.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py"
   [calibkit/functional/metrics.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py"
-  [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py"
-  [calibkit/losses.py]="tests/test_losses.py tests/test_functional_losses.py tests/test_blindspots_fedlas_ddp.py"
+  [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_functional_losses.py"
+  [calibkit/losses/basic.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
+  [calibkit/losses/fedlas.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
+  [calibkit/losses/adafocal.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
   [calibkit/metrics.py]="tests/test_metrics.py tests/test_functional_metrics.py tests/test_blindspots_binning.py"
   [calibkit/calibrators.py]="tests/test_calibrators.py tests/test_metrics.py"
   [calibkit/methods/maccal/estimator.py]="tests/test_maccal.py tests/test_maccal_run.py"
@@ -45,7 +47,8 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/metrics.py calibkit/methods/csm/annotate.py calibkit/methods/maccal/masking.py
          calibkit/functional/metrics.py calibkit/methods/maccal/estimator.py
          calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
-         calibkit/functional/binning.py calibkit/losses.py)
+         calibkit/functional/binning.py calibkit/losses/basic.py
+         calibkit/losses/fedlas.py calibkit/losses/adafocal.py)
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
 
