@@ -78,3 +78,88 @@ def test_keep_rate_rule_defaults_bounds_and_messages():
         args = {"r": 0.5, "conf": 0.5, "acc": 0.5, **kwargs}
         with pytest.raises(ValueError, match=match):
             update_keep_rate(**args)
+
+
+# ----------------------------------------------------------------------------- the MaCCal object
+def _clusters(n, k=4, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, k, (n,), generator=g)
+    means = torch.zeros(k, d)
+    means[torch.arange(k), torch.arange(k)] = 3.0
+    return means[y] + 1.5 * torch.randn(n, d, generator=g), y, means
+
+
+def _head(means, scale=2.0):
+    head = torch.nn.Linear(means.shape[1], means.shape[0])
+    with torch.no_grad():
+        head.weight.copy_(scale * means)
+        head.bias.zero_()
+    return head
+
+
+def test_maccal_params_repr_and_messages():
+    from calibkit.methods.maccal import MaCCal, NotFittedError
+
+    head = torch.nn.Linear(8, 4)
+    est = MaCCal(head, epochs=2)
+    params = est.get_params()
+    assert params["head"] is head and params["epochs"] == 2 and len(params) == 14
+    other = torch.nn.Linear(8, 4)
+    assert est.set_params(head=other).head is other
+    with pytest.raises(ValueError, match=r"^MaCCal has no parameter 'x'; valid: head, r_init, eta, r_min, epochs, lr, "
+                                         r"momentum, weight_decay, batch_size, grad_clip, n_bins, seed, mc_samples, loss$"):
+        est.set_params(x=1)
+    assert repr(MaCCal(head)) == ("MaCCal(Linear(8, 4), r_init=0.9, eta=2.0, r_min=0.1, epochs=30, lr=0.01, "
+                                  "momentum=0.9, weight_decay=0.0005, batch_size=128, grad_clip=2.0, n_bins=15, "
+                                  "seed=0, mc_samples=64, loss=None)")
+    assert repr(MaCCal(torch.nn.Sequential(), loss="ce")).startswith("MaCCal(Sequential, r_init=0.9, ")
+    with pytest.raises(NotFittedError, match=r"^this MaCCal is not fitted yet; call fit\(train_features, "
+                                             r"train_labels, val_features, val_labels\) first$"):
+        est.predict(torch.ones(2, 8))
+    x, y, _ = _clusters(16)
+    with pytest.raises(ValueError, match=r"^head must be an nn.Linear \(the model's last layer\), got Sequential$"):
+        MaCCal(torch.nn.Sequential()).fit(x, y, x, y)
+    with pytest.raises(ValueError, match=r"^loss must be None, a loss spec string or a callable, got 3$"):
+        MaCCal(head, epochs=1, mc_samples=1, loss=3).fit(x, y, x, y)
+
+
+def test_maccal_losses_progress_and_unmasked_log_proba():
+    from calibkit.losses import AdaFocal
+    from calibkit.methods.maccal import MaCCal
+
+    x_tr, y_tr, means = _clusters(128, seed=1)
+    x_va, y_va, _ = _clusters(64, seed=2)
+    head = _head(means)
+    seen = []
+    plain = MaCCal(head, epochs=2, mc_samples=4).fit(x_tr, y_tr, x_va, y_va, progress=seen.append)
+    assert [r["epoch"] for r in seen] == [0, 1, 2] and seen == plain.history_["records"]
+    ce = MaCCal(head, epochs=2, mc_samples=4, loss="ce").fit(x_tr, y_tr, x_va, y_va)
+    assert ce.loss_ is None and torch.equal(ce.head_.weight, plain.head_.weight)  # "ce" is the default loss
+    # a loss object is copied: its state after training is the estimator's, the caller's stays as given
+    mine = AdaFocal(4)
+    est = MaCCal(head, epochs=2, mc_samples=4, loss=mine).fit(x_tr, y_tr, x_va, y_va)
+    assert isinstance(est.loss_, AdaFocal) and est.loss_ is not mine
+    assert torch.equal(mine.gammas, torch.ones(15)) and not torch.equal(est.loss_.gammas, mine.gammas)
+    assert not torch.equal(est.head_.weight, plain.head_.weight)  # the loss was used
+    bare = torch.softmax(est.head_(x_va), 1)
+    torch.testing.assert_close(est.predict_log_proba(x_va, unmasked=True).softmax(1), bare)
+    assert not torch.allclose(est.predict_log_proba(x_va).softmax(1), bare)
+
+
+def test_extract_features_batches_lists_and_one_tuples():
+    from calibkit.methods.maccal import extract_features
+
+    x, y = torch.randn(29, 3), torch.randint(0, 2, (29,))
+    sizes = []
+
+    def fn(model, inputs):
+        sizes.append(len(inputs))
+        return inputs * 2
+
+    net = torch.nn.Linear(3, 2)
+    f, labels = extract_features(net, torch.utils.data.TensorDataset(x), fn, batch_size=8)
+    assert sizes == [8, 8, 8, 5] and labels is None and torch.equal(f, x * 2)  # (x,) batches: no labels
+    f, labels = extract_features(net, [x[:10], x[10:20], x[20:]], fn)  # an iterable of input batches
+    assert torch.equal(f, x * 2) and labels is None
+    with pytest.raises(ValueError, match=r"^inputs and labels differ in length: 29 vs 28$"):
+        extract_features(net, (x, y[:-1]), fn)
