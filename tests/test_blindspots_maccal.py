@@ -38,6 +38,7 @@ def test_masked_linear_in_bfloat16():
     mask = bernoulli_mask((4, 8), 0.5, torch.Generator().manual_seed(2))
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), (x.float() @ (w.float() * mask / 0.5).T), rtol=2e-2, atol=2e-2)
+    assert torch.equal(masked_linear(x, w, None, 1.0), torch.nn.functional.linear(x, w))  # r = 1: no mask, bf16
 
 
 def test_shape_errors():
@@ -163,3 +164,104 @@ def test_extract_features_batches_lists_and_one_tuples():
     assert torch.equal(f, x * 2) and labels is None
     with pytest.raises(ValueError, match=r"^inputs and labels differ in length: 29 vs 28$"):
         extract_features(net, (x, y[:-1]), fn)
+
+
+# ----------------------------------------------------------------------------- stage 2
+def test_stage2_with_a_frozen_head_records_plain_cross_entropy_and_keeps_the_first_epoch():
+    # lr 0 and r = 1 (no mask): every epoch's head is the stage-1 head, so the recorded training
+    # loss is the batch-size weighted mean of cross-entropy, i.e. the plain mean over the set,
+    # every epoch has the same validation ECE and the first one is selected.
+    import time
+
+    from calibkit.methods.maccal import fit_masked_head
+
+    x_tr, y_tr, means = _clusters(50, seed=3)
+    x_va, y_va, _ = _clusters(40, seed=4)
+    head = _head(means, 0.5)
+    t0 = time.perf_counter()
+    best, hist = fit_masked_head(head, x_tr, y_tr, x_va, y_va, r_init=1.0, eta=0.0, epochs=3, lr=0.0,
+                                 batch_size=16, mc_samples=4)
+    elapsed = time.perf_counter() - t0
+    with torch.no_grad():
+        ce = float(torch.nn.functional.cross_entropy(head(x_tr), y_tr))
+    recs = hist["records"]
+    for rec in recs[1:]:
+        assert rec["train_loss"] == pytest.approx(ce, rel=1e-6)
+    assert len({rec["val_ece"] for rec in recs[1:]}) == 1 and hist["best_epoch"] == 1
+    assert {k: recs[0][k] for k in ("epoch", "keep_rate", "next_keep_rate", "train_loss", "lr", "time_s")} == \
+        {"epoch": 0, "keep_rate": 1.0, "next_keep_rate": 1.0, "train_loss": None, "lr": None, "time_s": 0.0}
+    times = [rec["time_s"] for rec in recs]
+    assert times == sorted(times) and 0 <= times[-1] <= hist["wall_time_s"] <= elapsed
+    assert not best.weight.requires_grad and not best.training
+    assert torch.equal(best.weight, head.weight)
+
+
+def test_stage2_float64_features_train_a_float32_head_and_r_min_is_used():
+    from calibkit.methods.maccal import fit_masked_head
+
+    x_tr, y_tr, means = _clusters(64, seed=5)
+    x_va, y_va, _ = _clusters(64, seed=6)
+    y_va = torch.randint(0, 4, (64,), generator=torch.Generator().manual_seed(0))  # random labels: over-confident
+    head = _head(means, 4.0)
+    best, hist = fit_masked_head(head, x_tr.double(), y_tr, x_va.double(), y_va, r_init=0.9, eta=5.0, r_min=0.5,
+                                 epochs=2, mc_samples=4)
+    assert best.weight.dtype == torch.float32
+    assert hist["records"][1]["next_keep_rate"] == 0.5  # clipped at the given floor, not the default 0.1
+    assert hist["keep_rates"] == [0.9, 0.5]
+
+
+def test_stage2_trains_the_losss_own_parameters():
+    from calibkit.losses import FeDLaS
+    from calibkit.methods.maccal import fit_masked_head
+
+    x_tr, y_tr, means = _clusters(64, seed=7)
+    x_va, y_va, _ = _clusters(32, seed=8)
+    torch.manual_seed(0)
+    loss = FeDLaS(4, "ls")
+    gate0 = {k: v.clone() for k, v in loss.gate.state_dict().items()}
+    fit_masked_head(_head(means), x_tr, y_tr, x_va, y_va, epochs=1, mc_samples=2, loss_fn=loss)
+    assert all(not torch.equal(v, loss.gate.state_dict()[k]) for k, v in gate0.items())
+
+
+def test_stage2_non_finite_loss_names_rate_and_lr():
+    from calibkit.methods.maccal import fit_masked_head
+
+    x, y, means = _clusters(16)
+    with pytest.raises(RuntimeError, match=r"^stage-2 loss is nan \(keep rate 0.900\); lower the learning rate "
+                                           r"\(lr 0.03\)$"):
+        fit_masked_head(_head(means), x, y, x, y, epochs=1, lr=0.03, mc_samples=1,
+                        loss_fn=lambda logits, t: logits.sum() * float("nan"))
+
+
+def test_stage2_input_checks_and_messages():
+    from calibkit.methods.maccal import fit_masked_head
+    from calibkit.methods.maccal.stage2 import _check_hparams, check_features
+
+    x, y, means = _clusters(12)
+    head = _head(means)
+    check_features("train", x[:1], y[:1], 8, 4)  # one sample is enough
+    cases = [
+        ((x, y.tolist()), r"^train features and labels must be torch tensors$"),
+        ((x[:0], y[:0]), r"^train_feats is empty \(N = 0\)$"),
+        ((x, y[:5]), r"^train_labels must have shape \(12,\), got \(5,\)$"),
+        ((x, y.float()), r"^train_labels must be integer class indices, got dtype torch.float32$"),
+        ((x, y.bool()), r"^train_labels must be integer class indices, got dtype torch.bool$"),
+        ((x, torch.where(y == 0, 4, y)), r"^train_labels out of range \[0, 3\]: found 1..4$"),
+    ]
+    for (f, lab), match in cases:
+        with pytest.raises(ValueError, match=match):
+            check_features("train", f, lab, 8, 4)
+    assert _check_hparams(0.1, 0.0, 0.1, 1, 1, 0) == 0.1  # r_init == r_min, batch size 1
+    bad = [
+        ({"epochs": 0}, r"^epochs must be an integer >= 1, got 0$"),
+        ({"batch_size": 0}, r"^batch_size must be an integer >= 1, got 0$"),
+        ({"mc_samples": -1}, r"^mc_samples must be an integer >= 0, got -1$"),
+        ({"r_init": 0.0}, r"^r_init must lie in \(0, 1\], got 0.0$"),
+        ({"r_min": 1.5}, r"^r_min must lie in \(0, 1\], got 1.5$"),
+        ({"eta": -1}, r"^eta must be >= 0, got -1$"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            fit_masked_head(head, x, y, x, y, **kwargs)
+    with pytest.raises(ValueError, match=r"^head must be an nn.Linear, got Sequential$"):
+        fit_masked_head(torch.nn.Sequential(), x, y, x, y)
