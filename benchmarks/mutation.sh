@@ -40,7 +40,7 @@ declare -A TESTS=(
   [calibkit/bench/twostage.py]="tests/test_blindspots_twostage.py"
   [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py"
   [calibkit/distributed.py]="tests/test_blindspots_fedlas_ddp.py tests/test_metrics.py tests/test_losses.py"
-  [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py"
+  [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py tests/test_blindspots_annotate.py"
 )
 # smallest first
 DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators.py
