@@ -139,3 +139,75 @@ def test_clip_encoder_reads_its_normalisation_and_records_it(tmp_path):
     raw = enc.preprocess(edge) * enc.std + enc.mean
     assert raw.min() >= -1e-6 and raw.max() <= 1 + 1e-6
     assert raw.min() < 1e-6 and raw.max() > 1 - 1e-6
+
+
+def test_reannotate_with_a_second_prototype_away_from_the_origin():
+    from calibkit.methods.csm.annotate import reannotate
+
+    protos = torch.tensor([[1.0, 1.0], [3.0, 1.0], [1.0, 2.0]])
+    f = torch.tensor([[2.5, 7.0], [1.0, 1.5]])
+    c1, c2 = torch.tensor([1, 2]), torch.tensor([0, 0])
+    out = reannotate(f, c1, c2, protos)  # sharpness 4 by default
+    # lam_hat = <f - p_c2, p_c1 - p_c2> / ||p_c1 - p_c2||^2 = 3/4 and 0.5/1 (the segment has length 1)
+    lam_hat = torch.tensor([0.75, 0.5])
+    torch.testing.assert_close(out["lam_hat"], lam_hat)
+    torch.testing.assert_close(out["lam_annot"], torch.sigmoid(4 * (lam_hat - 0.5)))
+    torch.testing.assert_close(out["soft_labels"], torch.tensor([[1 - float(out["lam_annot"][0]),
+                                                                  float(out["lam_annot"][0]), 0.0], [0.5, 0.0, 0.5]]))
+
+
+def test_reannotate_errors():
+    from calibkit.methods.csm.annotate import reannotate
+
+    p = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    c1, c2 = torch.tensor([1]), torch.tensor([0])
+    msg = r"^features \(N, D\) and prototypes \(K, D\) disagree: {} vs {}$"
+    with pytest.raises(ValueError, match=msg.format(r"\(1, 3\)", r"\(2, 2\)")):
+        reannotate(torch.zeros(1, 3), c1, c2, p)
+    with pytest.raises(ValueError, match=msg.format(r"\(1, 2, 1\)", r"\(2, 2\)")):
+        reannotate(torch.zeros(1, 2, 1), c1, c2, p)
+    with pytest.raises(ValueError, match=msg.format(r"\(1, 2\)", r"\(2, 2, 1\)")):
+        reannotate(torch.zeros(1, 2), c1, c2, p[..., None])
+    with pytest.raises(ValueError, match=r"^c1 and c2 must differ for every image$"):
+        reannotate(torch.zeros(1, 2), c1, c1, p)
+    with pytest.raises(ValueError, match=r"^two class prototypes coincide; the projection is undefined$"):
+        reannotate(torch.zeros(1, 2), c1, c2, torch.zeros(2, 2))
+
+
+def _store(path, num_groups=6, k=4):
+    from safetensors.torch import save
+
+    from calibkit.methods.csm.generate import group_conditions
+    from calibkit.methods.csm.store import MANIFEST, STORE_FORMAT, atomic_write, shard_paths
+
+    path.mkdir(parents=True)
+    cond = group_conditions(range(num_groups), k)
+    n = num_groups * 8
+    images = torch.randint(0, 256, (n, 1, 3, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    manifest = {"format": STORE_FORMAT, "num_classes": k, "num_groups": num_groups, "group_size": 8,
+                "groups_per_shard": num_groups, "generator_hash": "h0"}
+    atomic_write(path / MANIFEST, json.dumps(manifest).encode())
+    img, idx = shard_paths(path, 0)
+    atomic_write(img, save({"images": images, **{key: cond[key] for key in ("group", "member", "c1", "c2", "lam")}}))
+    idx.write_text("{}\n")
+    return cond
+
+
+def test_annotate_store_writes_what_it_returns(tmp_path):
+    pytest.importorskip("safetensors")
+    from calibkit.methods.csm.annotate import annotate_store
+    from calibkit.methods.csm.store import load_annotations
+
+    cond = _store(tmp_path / "s")
+    train = torch.randint(0, 256, (20, 1, 3, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    labels = torch.arange(20) % 4
+    out = annotate_store(tmp_path / "s", pixels, train, labels, sharpness=2.0, extra_meta={"note": 1})
+    assert torch.equal(out["group"], cond["group"]) and torch.equal(out["member"], cond["member"])
+    assert out["meta"] == {"encoder": "callable", "name": f"{__name__}.pixels", "sharpness": 2.0,
+                           "prototype_images": 20, "generator_hash": "h0", "note": 1}
+    tensors, meta = load_annotations(tmp_path / "s")
+    assert meta == out["meta"]
+    for key in ("soft_labels", "group", "member", "lam_hat"):
+        assert torch.equal(tensors[key], out[key])
+    with pytest.raises(ValueError, match=r"^train_labels go up to 4 but the store has 4 classes$"):
+        annotate_store(tmp_path / "s", pixels, train, torch.where(labels == 3, 4, labels))
