@@ -211,3 +211,27 @@ def test_annotate_store_writes_what_it_returns(tmp_path):
         assert torch.equal(tensors[key], out[key])
     with pytest.raises(ValueError, match=r"^train_labels go up to 4 but the store has 4 classes$"):
         annotate_store(tmp_path / "s", pixels, train, torch.where(labels == 3, 4, labels))
+
+
+def test_classifier_encoder_identity_features_and_training_split(tmp_path):
+    import hashlib
+
+    from calibkit.data import load
+    from calibkit.methods.csm.annotate import ClassifierEncoder
+    from calibkit.train import load_config, train
+
+    run = tmp_path / "ce"
+    train(load_config(data="digits", model="mlp", epochs=1, num_threads=1, device="cpu", seed=3, val_size=100,
+                      train_subset=300), run, progress=False, verbose=False)
+    enc = ClassifierEncoder(run)
+    sha = hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest()[:16]
+    assert enc.identity == {"encoder": "classifier", "run": str(run), "model": "mlp", "weights_sha256": sha}
+    assert enc.batch_size == 512 and enc.run_dir == str(run) and enc.device == torch.device("cpu")
+    dev = torch.device("cpu")
+    assert ClassifierEncoder(run, device=dev).device is dev
+    images, labels = enc.training_split()
+    want = load("digits", seed=3, val_size=100, train_subset=300).train  # the split this run trained on
+    assert len(images) == 300 and torch.equal(images, want.images) and torch.equal(labels, want.labels)
+    small = ClassifierEncoder(run, batch_size=7)
+    f = enc(images[:20])
+    assert f.shape[0] == 20 and torch.allclose(small(images[:20]), f, atol=1e-6)
