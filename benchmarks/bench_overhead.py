@@ -107,15 +107,21 @@ def bare_steps(cfg) -> float:
     dd = D.setup(cfg.device)
     with tempfile.TemporaryDirectory() as tmp:
         run = loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+    return bare_epochs(run, cfg.epochs)
+
+
+def bare_epochs(run, epochs: int, first: int = 0) -> float:
+    """Seconds of ``epochs`` epochs of bare steps of a built run (``calibkit.train.loop._build``)."""
+    cfg, device = run.cfg, run.dd.device
     n, b = len(run.train_y), cfg.batch_size
     steps = n // b
     run.net.train()
     run.loss_fn.train()
     t0 = time.perf_counter()
-    for epoch in range(cfg.epochs):
+    for epoch in range(first, first + epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
-        order_dev = order.to(dd.device)
-        gens = EpochGenerators(aug=loop._epoch_rng(cfg.seed, epoch, 0, 1, dd.device),
+        order_dev = order.to(device)
+        gens = EpochGenerators(aug=loop._epoch_rng(cfg.seed, epoch, 0, 1, device),
                                draw=loop._epoch_rng(cfg.seed, epoch, 0, 2))
         with _validation.trusted_inputs():
             for step in range(steps):
@@ -127,8 +133,8 @@ def bare_steps(cfg) -> float:
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
                 run.optimizer.step()
-    if dd.device.type == "cuda":
-        torch.cuda.synchronize(dd.device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
 

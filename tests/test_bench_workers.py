@@ -25,6 +25,7 @@ def test_worker_arguments_are_the_same_bench_with_one_worker_and_no_report():
                  "tune"):
         assert getattr(child, name) == getattr(args, name), name
     assert child.workers == 1 and child.no_report and not args.no_report
+    assert child.await_start and not args.await_start  # it waits for the caller's checks
     # defaults stay defaults (None is not turned into a value)
     bare = p.parse_args(["bench", "--out", "o", "--workers", "2"])
     child = p.parse_args(worker_argv(bare))
@@ -47,3 +48,13 @@ def test_two_workers_share_the_smoke_runs(tmp_path, cli_env):
     log = (out / "logs" / "worker-1.log").read_text()
     assert "bench smoke:" in log and "report" not in log.lower().split("bench smoke:")[-1]
     assert "Ranking by test ECE" in res.stdout  # the report is written once, by the calling process
+
+
+def test_a_bench_that_fails_its_checks_leaves_no_trace_and_no_worker(tmp_path, cli_env):
+    out = tmp_path / "b"
+    res = subprocess.run([PYTHON, "-m", "calibkit", "bench", "--preset", "smoke", "--out", str(out), "--methods",
+                          "nosuch", "--workers", "3"], env=cli_env, capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert res.returncode == 1 and "nosuch" in res.stderr
+    assert not out.exists()  # the waiting workers were told to stop before writing anything
+    assert "Traceback" not in res.stderr  # they exit quietly

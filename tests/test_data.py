@@ -1,5 +1,6 @@
 """Data loaders on files written in the exact on-disk formats, splits, augmentation and mixing."""
 
+import dataclasses
 import gzip
 import os
 import pickle
@@ -512,3 +513,23 @@ def test_ood_digits_shaped_like_the_bundle(tmp_path):
         load_ood("places", like=c10)
     with pytest.raises(ValueError, match="must differ"):
         load_ood("cifar10", like=c10, data_dir=str(tmp_path))
+
+
+def test_a_process_reads_the_files_once_while_they_are_unchanged(tmp_path, monkeypatch):
+    from calibkit.data import datasets as ds
+
+    fake_fmnist(str(tmp_path), n_train=60, n_test=12, seed=0)
+    reads = []
+    real = ds.DATASETS["fmnist"].read
+    monkeypatch.setitem(ds.DATASETS, "fmnist", dataclasses.replace(
+        ds.DATASETS["fmnist"], read=lambda folder: reads.append(folder) or real(folder)))
+    a = load("fmnist", data_dir=str(tmp_path), seed=0, val_size=10)
+    b = load("fmnist", data_dir=str(tmp_path), seed=1, val_size=10)
+    assert len(reads) == 1 and torch.equal(a.test.images, b.test.images)
+    assert a.split["val_checksum"] != b.split["val_checksum"]  # the seeds still draw their own splits
+    a.test.images.zero_()  # a caller editing its bundle in place does not edit what the next load gets
+    c = load("fmnist", data_dir=str(tmp_path), seed=0, val_size=10)
+    assert len(reads) == 1 and torch.equal(c.test.images, b.test.images) and c.test.images.any()
+    arrays = fake_fmnist(str(tmp_path), n_train=60, n_test=14, seed=1)  # new files: read again
+    d = load("fmnist", data_dir=str(tmp_path), seed=0, val_size=10)
+    assert len(reads) == 2 and torch.equal(d.test.images[:, 0], torch.from_numpy(arrays["test_images"]).to(torch.uint8))

@@ -38,13 +38,17 @@ def test_image_level_methods_are_refused_for_segmentation():
 def test_training_accuracy_counts_labelled_pixels():
     from calibkit.train.loop import _Sums
 
-    sums = _Sums("cpu")
+    sums = _Sums(2, "cpu")
     logits = torch.zeros(2, 3, 2, 2)
     logits[:, 1] = 1.0  # predicts class 1 everywhere
     target = torch.tensor([[[1, 255], [0, 1]], [[255, 255], [1, 2]]])
     sums.add(0, torch.tensor(0.5), logits, target)
-    assert float(sums.seen) == 5 and float(sums.correct) == 3  # 5 labelled pixels, 3 of them class 1
-    assert float(sums.loss) == pytest.approx(0.5 * 5)
+    loss_sum, correct, seen, first_bad, _ = sums.read()
+    assert seen == 5 and correct == 3 and first_bad == -1  # 5 labelled pixels, 3 of them class 1
+    assert loss_sum == pytest.approx(0.5 * 5)
+    sums.add(1, torch.tensor(0.25), logits[:1], target[:1])  # 3 labelled pixels, 2 of class 1
+    loss_sum, correct, seen, _, _ = sums.read()
+    assert (seen, correct) == (8, 5) and loss_sum == pytest.approx(0.5 * 5 + 0.25 * 3)
 
 
 def test_keep_best_miou():

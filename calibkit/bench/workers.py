@@ -7,6 +7,12 @@ processes itself (``python -m calibkit bench`` with the same options, no report,
 runs the bench in the calling process too, waits for the others and writes the report once. Each
 extra worker's output goes to ``DIR/logs/worker-K.log``.
 
+The extra workers are started first thing, before the calling process imports torch, and spend the
+seconds of their own start-up (imports, the first optimizer's lazy imports, the CUDA context)
+while the calling process checks the bench. They then wait on their standard input: the caller
+releases them (``go LOGFILE``) once every check has passed, or closes it, and they exit without
+having written anything (a bench that cannot run leaves no trace).
+
 On a machine with C cores, N = C processes of one thread each is usually fastest (the default
 preset's runs are single-threaded by design: two OpenMP threads per process were measured much
 slower than one on a busy 2-core machine).
@@ -21,9 +27,10 @@ from pathlib import Path
 
 
 def worker_argv(args) -> list[str]:
-    """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report."""
+    """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report,
+    waiting to be released (``--await-start``)."""
     argv = ["bench", "--preset", args.preset, "--out", str(args.out), "--device", args.device, "--no-report",
-            "--workers", "1"]
+            "--workers", "1", "--await-start"]
     if args.seeds is not None:
         argv += ["--seeds", *map(str, args.seeds)]
     if args.methods is not None:
@@ -37,18 +44,68 @@ def worker_argv(args) -> list[str]:
     return argv
 
 
-def start_workers(args, n: int) -> list[tuple[subprocess.Popen, Path]]:
-    """Start ``n`` extra bench processes; returns them with their log files."""
-    logs = Path(args.out) / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+def start_workers(args, n: int) -> list[subprocess.Popen]:
+    """Start ``n`` extra bench processes, waiting to be released (:func:`release_workers`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    procs = []
-    for k in range(1, n + 1):
+    return [subprocess.Popen([sys.executable, "-m", "calibkit", *worker_argv(args)], stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, env=env) for _ in range(n)]
+
+
+def _tell(proc: subprocess.Popen, line: str | None) -> None:
+    """Write ``line`` to a waiting worker (None: nothing) and close its input."""
+    try:
+        if line is not None:
+            proc.stdin.write(line.encode() + b"\n")
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):  # it ended already; wait_workers reports its status
+        pass
+
+
+def release_workers(procs: list[subprocess.Popen], out) -> list[tuple[subprocess.Popen, Path]]:
+    """Let the waiting workers run, each logging to ``OUT/logs/worker-K.log``."""
+    logs = Path(out) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    released = []
+    for k, proc in enumerate(procs, start=1):
         log = logs / f"worker-{k}.log"
-        with open(log, "w") as fh:
-            procs.append((subprocess.Popen([sys.executable, "-m", "calibkit", *worker_argv(args)], stdout=fh,
-                                           stderr=subprocess.STDOUT, env=env), log))
-    return procs
+        log.write_text("")
+        _tell(proc, f"go {log.resolve()}")
+        released.append((proc, log))
+    return released
+
+
+def cancel_workers(procs: list[subprocess.Popen]) -> None:
+    """Tell waiting workers that the bench will not run; they exit having written nothing."""
+    for proc in procs:
+        _tell(proc, None)
+    for proc in procs:
+        proc.wait()
+
+
+def await_start() -> Path | None:
+    """In a waiting worker: block until released; then send this process's output to the log file
+    it was given and return its path. ``None``: the caller closed the input (do nothing)."""
+    line = sys.stdin.readline().strip()
+    if not line.startswith("go "):
+        return None
+    log = Path(line[3:])
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return log
+
+
+def warm_up(device: str) -> None:
+    """What a worker's first run would otherwise pay for while the others already train: the lazy
+    imports of the first ``torch.optim`` optimizer and, on a GPU, the CUDA context."""
+    import torch
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    if device != "cpu" and torch.cuda.is_available() and (device == "auto" or device.startswith("cuda")):
+        torch.cuda.init()
 
 
 def wait_workers(procs, interrupted: bool = False) -> list[str]:

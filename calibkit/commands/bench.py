@@ -58,25 +58,49 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="processes on this machine sharing the runs (default 1; one per core is usually fastest)")
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
+    # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)
+    p.add_argument("--await-start", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
+    waiting = []
+    if args.workers > 1:  # first thing: they start up while this process imports and checks
+        from calibkit.bench.workers import start_workers
+
+        waiting = start_workers(args, args.workers - 1)
+    try:
+        return _run(args, waiting)
+    finally:
+        if waiting:  # still waiting: this process failed before releasing them
+            from calibkit.bench.workers import cancel_workers
+
+            cancel_workers(waiting)
+
+
+def _run(args, waiting: list) -> int:
     from calibkit.bench.grid import get_preset, with_keep
     from calibkit.bench.preflight import check_bench
     from calibkit.bench.runner import Bench
 
     preset = with_keep(get_preset(args.preset), args.keep)
-    if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds: repeated seed in {args.seeds}")
-    # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
-    # anything is created: a bench that cannot run leaves no trace.
-    check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                csm_store=args.csm_store)
+    if args.await_start:  # an extra worker: the caller has checked the bench before releasing it
+        from calibkit.bench.workers import await_start, warm_up
+
+        warm_up(args.device)
+        if await_start() is None:
+            return 0
+    else:
+        # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
+        # anything is created: a bench that cannot run leaves no trace.
+        check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
+                    csm_store=args.csm_store)
     if args.tune:
         from calibkit.commands.tune import run_tuning
 
@@ -86,10 +110,11 @@ def run(args) -> int:
     workers = []
     interrupted = True
     try:
-        if args.workers > 1:
-            from calibkit.bench.workers import start_workers
+        if waiting:
+            from calibkit.bench.workers import release_workers
 
-            workers = start_workers(args, args.workers - 1)
+            workers = release_workers(waiting, args.out)
+            waiting.clear()
             print(f"bench {preset.name}: {args.workers} processes share the runs (the others log to "
                   f"{args.out}/logs/worker-K.log)")
         counts = bench.run()

@@ -199,25 +199,42 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
 
 
 class _Sums:
-    """Per-epoch sums kept on the device: read once, at the end of the epoch."""
+    """Per-step records of one epoch kept on the device, read once at its end.
 
-    def __init__(self, device):
-        self.loss = torch.zeros((), dtype=torch.float64, device=device)
-        self.correct = torch.zeros((), dtype=torch.float64, device=device)
-        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
-        self.bad_value = torch.zeros((), dtype=torch.float32, device=device)
-        self.seen = 0
+    Each step writes its loss, its count (samples, or labelled pixels for dense targets) and its
+    correct count into slot ``step`` of preallocated buffers: four kernels, no host sync. A
+    non-finite loss propagates into the epoch's sum; its step is the first non-finite slot.
+    """
+
+    def __init__(self, steps: int, device):
+        self.loss = torch.zeros(steps, dtype=torch.float32, device=device)
+        self.count = None  # dense targets: labelled pixels per step (else ``sizes``, on the host)
+        self.correct = torch.zeros(steps, dtype=torch.long, device=device)
+        self.sizes: list[int] = []
+        self.steps = 0
 
     def add(self, step: int, loss, logits, target) -> None:
-        loss = loss.detach()
-        new_bad = ~torch.isfinite(loss) & (self.first_bad < 0)
-        self.first_bad.masked_fill_(new_bad, step)
-        self.bad_value = torch.where(new_bad, loss.float(), self.bad_value)
-        # Dense (segmentation): counted in labelled pixels (a target outside [0, K) is void), on the device.
-        n = ((target >= 0) & (target < logits.shape[1])).sum() if logits.dim() > 2 else len(target)
-        self.loss += loss.double() * n
-        self.correct += (logits.detach().argmax(1) == target).sum()
-        self.seen = self.seen + n
+        self.loss[step] = loss.detach()
+        hit = logits.detach().argmax(1) == target
+        if logits.dim() > 2:  # dense: a target outside [0, K) is void and counts nowhere
+            if self.count is None:
+                self.count = torch.zeros_like(self.correct)
+            labelled = (target >= 0) & (target < logits.shape[1])
+            torch.sum(labelled, dim=tuple(range(labelled.dim())), out=self.count[step])
+        else:
+            self.sizes.append(len(target))
+        torch.sum(hit, dim=tuple(range(hit.dim())), out=self.correct[step])  # one kernel, into the slot
+        self.steps = step + 1
+
+    def read(self) -> tuple[float, float, float, int, float]:
+        """``(loss sum, correct, count, first non-finite step or -1, its loss)`` of the steps so far."""
+        loss = self.loss[:self.steps].double().cpu()
+        count = (self.count[:self.steps].double().cpu() if self.count is not None
+                 else torch.tensor(self.sizes, dtype=torch.float64))
+        bad = (~torch.isfinite(loss)).nonzero()
+        first = int(bad[0, 0]) if len(bad) else -1
+        return (float((loss * count).sum()), float(self.correct[:self.steps].sum()), float(count.sum()), first,
+                float(loss[first]) if first >= 0 else 0.0)
 
 
 def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
@@ -231,7 +248,10 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     gens = EpochGenerators(aug=_epoch_rng(cfg.seed, epoch, dd.rank, 1, dev), draw=_epoch_rng(cfg.seed, epoch, dd.rank, 2))
     run.net.train()
     run.loss_fn.train()
-    sums = _Sums(dev)
+    sums = _Sums(steps, dev)
+    y_cpu = run.train_y_cpu[order]  # host-side targets in this epoch's order (CSM's draws)
+    # autocast only when asked: entering even a disabled context costs host time every step
+    amp = functools.partial(torch.autocast, dev.type, dtype=torch.bfloat16) if cfg.amp else contextlib.nullcontext
     bar = tqdm(range(steps), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False, dynamic_ncols=True,
                disable=not (progress and dd.is_main and sys.stderr.isatty()))
     for step in bar:
@@ -242,8 +262,8 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
             group["lr"] = lr
         # The losses check their inputs' values on the first batch of the epoch only.
         checks = _validation.trusted_inputs() if step else contextlib.nullcontext()
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.amp), checks:
-            loss, logits, target = run.step(run.net, x, y, run.train_y_cpu[order[step * b:(step + 1) * b]], gens)
+        with amp(), checks:
+            loss, logits, target = run.step(run.net, x, y, y_cpu[step * b:(step + 1) * b], gens)
         sums.add(step, loss, logits, target)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -252,14 +272,15 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
             nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip)
         run.optimizer.step()
         if not bar.disable and step % 20 == 0:  # reading the sums is a host sync: only for the bar
-            bar.set_postfix(loss=f"{float(sums.loss) / sums.seen:.4f}", acc=f"{float(sums.correct) / sums.seen:.2%}")
+            loss_sum, correct, seen, _, _ = sums.read()
+            bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.2%}")
     bar.close()
-    loss_sum, correct, seen, bad = D.all_reduce_sum(
-        [float(sums.loss), float(sums.correct), float(sums.seen), float(sums.first_bad >= 0)], dd)
+    loss_sum, correct, seen, first_bad, bad_value = sums.read()
+    loss_sum, correct, seen, bad = D.all_reduce_sum([loss_sum, correct, seen, float(first_bad >= 0)], dd)
     if bad:
-        where = (f"step {int(sums.first_bad) + 1}" if int(sums.first_bad) >= 0 else "a step of another process")
-        raise RuntimeError(f"loss is {float(sums.bad_value)} at epoch {epoch + 1}, {where}; lower the learning "
-                           f"rate (lr {learning_rate(cfg, epoch + max(int(sums.first_bad), 0) / steps):.4g})")
+        where = f"step {first_bad + 1}" if first_bad >= 0 else "a step of another process"
+        raise RuntimeError(f"loss is {bad_value if first_bad >= 0 else 'not finite'} at epoch {epoch + 1}, {where}; "
+                           f"lower the learning rate (lr {learning_rate(cfg, epoch + max(first_bad, 0) / steps):.4g})")
     return {"lr": lr, "train_loss": loss_sum / seen, "train_acc": correct / seen}
 
 
