@@ -2,6 +2,7 @@
 checks, the encoder checks and identity, and the CLIP encoder's preprocessing settings."""
 
 import functools
+import hashlib
 import json
 import math
 
@@ -117,12 +118,27 @@ def test_clip_encoder_reads_its_normalisation_and_records_it(tmp_path):
     assert plain.batch_size == 64 and plain.size == 8
     assert {k: plain.identity[k] for k in ("encoder", "clip_dir", "image_size", "mean", "std")} == \
         {"encoder": "clip", "clip_dir": str(tmp_path), "image_size": 8, "mean": list(CLIP_MEAN), "std": list(CLIP_STD)}
-    assert len(plain.identity["weights_sha256"]) == 16
+    weights = sorted(tmp_path.glob("*.safetensors"))
+    assert len(weights) == 1  # the hash covers the weight files
+    assert plain.identity["weights_sha256"] == hashlib.sha256(weights[0].read_bytes()).hexdigest()[:16]
+    assert isinstance(plain.device, torch.device) and plain.device == torch.device("cpu")
+    dev = torch.device("cpu")
+    assert ClipEncoder(tmp_path, device=dev).device is dev
+    # a downsampled stripe pattern keeps its mean brightness (antialiased resizing, as the CLIP processor)
+    stripes = torch.zeros(1, 3, 24, 24, dtype=torch.uint8)
+    stripes[..., ::3] = 255
+    raw = plain.preprocess(stripes) * plain.std + plain.mean
+    assert raw.mean().item() == pytest.approx(1 / 3, abs=0.03)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"do_resize": True}))  # no mean/std: CLIP's
+    assert ClipEncoder(tmp_path).identity["mean"] == list(CLIP_MEAN)
+    assert ClipEncoder(tmp_path).identity["std"] == list(CLIP_STD)
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5, 0.25, 0.0],
                                                                    "image_std": [0.5, 0.25, 2.0]}))
     enc = ClipEncoder(tmp_path)
     assert enc.identity["mean"] == [0.5, 0.25, 0.0] and enc.identity["std"] == [0.5, 0.25, 2.0]
     assert enc.identity["weights_sha256"] == plain.identity["weights_sha256"]  # the same weights
+    (tmp_path / "extra.bin").write_bytes(b"more weights")  # .bin weight files count too
+    assert ClipEncoder(tmp_path).identity["weights_sha256"] != plain.identity["weights_sha256"]
     # constant grey images: resizing keeps the value, then (v / 255 - mean) / std per channel
     grey = torch.full((2, 1, 5, 5), 51, dtype=torch.uint8)
     px = enc.preprocess(grey)
