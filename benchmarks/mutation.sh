@@ -31,25 +31,28 @@ declare -A TESTS=(
   [calibkit/functional/panel_device.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_binning.py tests/test_blindspots_panel.py"
   [calibkit/bootstrap.py]="tests/test_metrics.py tests/test_blindspots_bootstrap.py"
   [calibkit/grouped_bootstrap.py]="tests/test_segmentation_train.py tests/test_blindspots_bootstrap.py"
-  [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py"
-  [calibkit/losses.py]="tests/test_losses.py tests/test_functional_losses.py tests/test_blindspots_fedlas_ddp.py"
+  [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_functional_losses.py"
   [calibkit/metrics.py]="tests/test_metrics.py tests/test_pixel_metrics.py tests/test_metric_inputs.py tests/test_blindspots_metrics.py"
   [calibkit/calibrators.py]="tests/test_calibrators.py tests/test_blindspots_calibrators.py"
-  [calibkit/methods/maccal/estimator.py]="tests/test_maccal.py tests/test_maccal_run.py"
-  [calibkit/methods/maccal/masking.py]="tests/test_maccal.py"
-  [calibkit/methods/maccal/stage2.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_training.py"
+  [calibkit/methods/maccal/estimator.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_maccal.py"
+  [calibkit/methods/maccal/masking.py]="tests/test_maccal.py tests/test_blindspots_maccal.py"
+  [calibkit/methods/maccal/stage2.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_training.py tests/test_blindspots_maccal.py"
   [calibkit/report/data.py]="tests/test_report.py tests/test_blindspots_bench.py tests/test_blindspots_report.py"
+  [calibkit/losses/basic.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
+  [calibkit/losses/fedlas.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
+  [calibkit/losses/adafocal.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
   [calibkit/bench/twostage.py]="tests/test_blindspots_twostage.py"
   [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py"
   [calibkit/distributed.py]="tests/test_blindspots_fedlas_ddp.py tests/test_metrics.py tests/test_losses.py"
-  [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py"
+  [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py tests/test_blindspots_annotate.py"
 )
 # smallest first
 DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators.py
          calibkit/metrics.py calibkit/methods/csm/annotate.py calibkit/methods/maccal/masking.py
          calibkit/functional/metrics.py calibkit/methods/maccal/estimator.py
          calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
-         calibkit/functional/binning.py calibkit/losses.py)
+         calibkit/functional/binning.py calibkit/losses/basic.py
+         calibkit/losses/fedlas.py calibkit/losses/adafocal.py)
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
 
