@@ -84,18 +84,18 @@ def classwise_torch(probs, labels, n_bins, valid=None, x=None, exact: bool = Fal
             above = flat > thr
             if exact:
                 idx = above.nonzero().squeeze(1)  # reads the count: one host synchronisation
-                vals = flat[idx]
-                slot = (idx % k) * n_bins + _bins(vals, edges, probs.dtype)
-                vals64 = vals.double()
-                src = torch.stack([torch.ones_like(vals64), vals64], 1)
-                sums = scatter_sums(slot, src, kb, lanes=4)
+                real = None
             else:
                 size = (flat.numel() // k) * c_max
                 idx = torch.nonzero_static(above, size=size, fill_value=-1).squeeze(1)
                 real = idx >= 0
                 idx = idx.clamp(min=0)
-                vals = flat[idx]
-                slot = (idx % k) * n_bins + _bins(vals, edges, probs.dtype)
+            vals = flat[idx]
+            slot = (idx % k) * n_bins + _bins(vals, edges, probs.dtype)
+            if real is None:
+                vals64 = vals.double()
+                sums = scatter_sums(slot, torch.stack([torch.ones_like(vals64), vals64], 1), kb, lanes=4)
+            else:
                 position = torch.arange(size, device=dev)
                 slot = torch.where(real, slot, position % kb)  # padding adds zeros, spread over all slots
                 realf = real.double()
