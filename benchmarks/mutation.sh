@@ -38,6 +38,11 @@ declare -A TESTS=(
   [calibkit/methods/maccal/masking.py]="tests/test_maccal.py tests/test_blindspots_maccal.py"
   [calibkit/methods/maccal/stage2.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_training.py tests/test_blindspots_maccal.py"
   [calibkit/report/data.py]="tests/test_report.py tests/test_blindspots_bench.py tests/test_blindspots_report.py"
+  [calibkit/report/tables.py]="tests/test_report.py tests/test_blindspots_report.py"
+  [calibkit/report/tuning.py]="tests/test_report.py tests/test_blindspots_report.py"
+  [calibkit/report/build.py]="tests/test_report.py tests/test_blindspots_report.py"
+  [calibkit/report/render.py]="tests/test_report.py tests/test_blindspots_report.py"
+  [calibkit/report/figures.py]="tests/test_report.py tests/test_blindspots_report.py"
   [calibkit/losses/basic.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
   [calibkit/losses/fedlas.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
   [calibkit/losses/adafocal.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
@@ -52,7 +57,9 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/functional/metrics.py calibkit/methods/maccal/estimator.py
          calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
          calibkit/functional/binning.py calibkit/losses/basic.py
-         calibkit/losses/fedlas.py calibkit/losses/adafocal.py)
+         calibkit/losses/fedlas.py calibkit/losses/adafocal.py
+         calibkit/report/data.py calibkit/report/tables.py calibkit/report/tuning.py
+         calibkit/report/build.py calibkit/report/render.py calibkit/report/figures.py)
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
 
@@ -65,10 +72,11 @@ for mod in "${MODULES[@]}"; do
   for t in ${TESTS[$mod]}; do [ -f "$ROOT/$t" ] && tests+=("$t"); done
   box="$WORK/$(echo "$mod" | tr / _)"
   rm -rf "$box" && mkdir -p "$box"
-  cp -r "$ROOT/calibkit" "$ROOT/tests" "$box/"
+  cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$box/"  # some tests load a benchmarks/ script
   cat > "$box/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["calibkit"]
+also_copy = ["benchmarks"]
 only_mutate = ["$mod"]
 pytest_add_cli_args_test_selection = $(toml_list "${tests[@]}")
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not slow"]
