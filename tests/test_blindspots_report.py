@@ -14,15 +14,13 @@ from calibkit.report.data import fmt, fmt_delta, label, load_probs, mean_std, pa
 
 
 def naive_ece(probs, labels, n_bins=15):
-    """Top-label ECE by a loop over the samples: bin b holds confidences in (b/B, (b+1)/B]."""
-    conf, pred = torch.as_tensor(probs).double().max(1)
-    count, s_conf, s_acc = [0] * n_bins, [0.0] * n_bins, [0.0] * n_bins
-    for c, p, y in zip(conf.tolist(), pred.tolist(), torch.as_tensor(labels).tolist()):
-        b = min(max(math.ceil(c * n_bins) - 1, 0), n_bins - 1)
-        count[b] += 1
-        s_conf[b] += c
-        s_acc[b] += float(p == y)
-    return sum(abs(s_acc[b] - s_conf[b]) for b in range(n_bins)) / len(labels)
+    """Top-label ECE written out: bin b holds confidences in (b/B, (b+1)/B]; sum over bins of
+    |sum of correct - sum of confidence| / N."""
+    probs, labels = np.asarray(probs, dtype=np.float64), np.asarray(labels)
+    conf, pred = probs.max(1), probs.argmax(1)
+    b = np.clip(np.ceil(conf * n_bins).astype(int) - 1, 0, n_bins - 1)
+    gap = np.bincount(b, (pred == labels).astype(np.float64), n_bins) - np.bincount(b, conf, n_bins)
+    return float(np.abs(gap).sum() / len(labels))
 
 
 def basic(samples, estimate, level):
@@ -76,7 +74,11 @@ def test_mean_std_is_the_sample_std():
     mean, std, n = mean_std([1, 2, 3, 6])
     assert (mean, n) == (3.0, 4)
     assert std == pytest.approx(math.sqrt((4 + 1 + 0 + 9) / 3), abs=1e-12)
-    m1, s1, n1 = mean_std([4])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one seed: no std computed (numpy would warn of ddof >= n)
+        m1, s1, n1 = mean_std([4])
     assert m1 == 4.0 and math.isnan(s1) and n1 == 1
 
 
@@ -846,3 +848,45 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
     figs.clear()
     rep = build.build_report(tmp_path, n_boot=20, width=0, figures=False)
     assert not figs and "Figures" not in [s.title for s in rep["sections"]]
+
+
+def test_dece_defaults_are_1000_resamples_seed_0_and_a_95_percent_interval(tmp_path):
+    gen = torch.Generator().manual_seed(8)
+    labels, runs = _pair_fixture(tmp_path, gen, n=60)
+    a, b = [runs["ls", 0]], [runs["ce", 0]]
+    idx = torch.randint(0, 60, (1000, 60), generator=torch.Generator().manual_seed(0))
+    pa, _, _ = load_probs(runs["ls", 0])
+    pb, _, _ = load_probs(runs["ce", 0])
+    samples = [naive_ece(pa[i], labels[i]) - naive_ece(pb[i], labels[i]) for i in idx.numpy()]
+    want = basic(samples, naive_ece(pa, labels) - naive_ece(pb, labels), 0.95)
+    got = paired_ece_delta(a, b)
+    assert (got["lo"], got["hi"]) == pytest.approx(want, abs=1e-9)
+    got = data.ece_deltas({"ce": {"runs": b}, "ls": {"runs": a}})["ls"]
+    assert (got["lo"], got["hi"]) == pytest.approx(want, abs=1e-9)
+
+
+def test_text_table_ties_keep_the_narrower_first_part_and_label_columns_count():
+    # two label columns (1 + 2 + 1 = 4 wide) and three columns printed 4 wide each: at width 12 a
+    # part holds two columns; [c1] [c2 c3] and [c1 c2] [c3] tie, and the first found is kept
+    t = Table(["k", "l", "c1", "c2", "c3"], [["a", "b", "1", "2", "3"]], key_columns=2)
+    parts = [p.splitlines() for p in text_table(t, 12).split("\n\n")]
+    assert [p[0] for p in parts] == ["k  l  c1", "k  l  c2  c3"]
+    assert [p[2] for p in parts] == ["a  b   1", "a  b   2   3"]
+    assert len(text_table(t, 11).split("\n\n")) == 3  # 4 + 8 = 12 does not fit 11
+    assert len(text_table(t, 16).split("\n\n")) == 1
+
+
+def test_text_only_tables_wrap_at_the_width_exactly():
+    t = Table(["a", "bb", "value"], [["x", "yy", "aaaa bbbb cccc dddd e"], ["z", "", ""]], key_columns=3)
+    # 1 + 2 + 21 + two gaps = 28: fits 28 on one line per row, trailing blanks stripped
+    assert text_table(t, 28).splitlines() == ["a  bb  value", "-  --  " + "-" * 21, "x  yy  aaaa bbbb cccc dddd e",
+                                              "z"]
+    # at 27 the last column wraps at 27 - 7 = 20 characters, continuation under the column
+    assert text_table(t, 27).splitlines() == ["a  bb  value", "-  --  " + "-" * 20, "x  yy  aaaa bbbb cccc dddd",
+                                              "       e", "z"]
+    # the wrapped column is never narrower than 20 characters
+    assert text_table(t, 10).splitlines()[1:4] == ["-  --  " + "-" * 20, "x  yy  aaaa bbbb cccc dddd", "       e"]
+    one = Table(["text"], [["aaaa bbbb cccc dddd eeee"]])
+    assert text_table(one, 10).splitlines() == ["text", "-" * 20, "aaaa bbbb cccc dddd", "eeee"]
+    labels = Table(["k", "v"], [["a", "x"], ["b", "longer"]], key_columns=2)
+    assert text_table(labels).splitlines() == ["k  v", "-  ------", "a  x", "b  longer"]
