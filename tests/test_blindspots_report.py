@@ -485,8 +485,6 @@ def test_tuning_figure_draws_the_candidates(tmp_path, monkeypatch):
         assert sum(ln.get_linestyle() == ":" for ax in grid[:7] for ln in ax.lines) == 7
     finally:
         plt.close("all")
-    own = tuning.write_tuning_figure(tmp_path, "p", tmp_path / "t.png")
-    assert own == tmp_path / "t.png" and own.is_file()
 
 
 def _protocol_ctx(tmp_path, figures=False, keep_ls="best-acc"):
