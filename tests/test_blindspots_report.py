@@ -888,3 +888,24 @@ def test_text_only_tables_wrap_at_the_width_exactly():
     assert text_table(one, 10).splitlines() == ["text", "-" * 20, "aaaa bbbb cccc dddd", "eeee"]
     labels = Table(["k", "v"], [["a", "x"], ["b", "longer"]], key_columns=2)
     assert text_table(labels).splitlines() == ["k  v", "-  ------", "a  x", "b  longer"]
+
+
+def test_tuning_reads_never_write_the_database(tmp_path):
+    import sqlite3
+
+    make_tuning(tmp_path)
+    con = sqlite3.connect(tmp_path / "runs.db")
+    con.execute("DROP TABLE tuning")  # a database written before tuning existed
+    con.commit()
+    con.close()
+    assert tuning.load_candidates(tmp_path, "p") == []
+    con = sqlite3.connect(tmp_path / "runs.db")
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    con.close()
+    assert "tuning" not in tables and "runs" in tables
+
+
+def test_split_lines_without_a_rule_or_a_known_data_set():
+    val, train, test = tuning._split_text({"val": 10, "train": 20, "test": 30})
+    assert (val, train, test) == ("10 images, ?", "20 images: all the images left for training",
+                                  "30 images: the test split, the same for every seed")
