@@ -656,7 +656,7 @@ def test_html(tmp_path):
 from calibkit.report import build  # noqa: E402
 
 
-def make_runs(out, preset="smoke", methods=("ce", "ls", "focal"), seeds=(0, 1), n=200, pending=()):
+def make_runs(out, preset="smoke", methods=("ce", "ls", "focal"), seeds=(0, 1), n=200, pending=(), commit=True):
     """A small results database with real logits files; focal is an exact copy of CE."""
     from calibkit.metrics import evaluate
 
@@ -674,7 +674,8 @@ def make_runs(out, preset="smoke", methods=("ce", "ls", "focal"), seeds=(0, 1), 
                 rundir.write_tensors(d / rundir.LOGITS, {"test_logits": test, "test_labels": labels})
                 key = f"{preset}/{method}/{seed}"
                 assert store.claim(key, preset=preset, method=method, seed=seed, config={"loss": method},
-                                   git_commit="abc123", versions={"torch": "9.9", "python": "3.0"})
+                                   git_commit=f"c{seed}{method}" if commit else None,
+                                   versions={"torch": f"9.{seed}", "python": "3.0"})
                 rob = {"by_severity": {"1": {"acc": 0.5, "ece": 0.1}}} if method == "ls" else None
                 store.finish(key, run_dir=str(d), logits_path=str(d / rundir.LOGITS), robustness=rob,
                              metrics={"before": evaluate(test.softmax(1), labels),
@@ -703,7 +704,7 @@ def test_build_report_in_process(tmp_path, monkeypatch):
     rep_dir = tmp_path / "report"
     md = (rep_dir / "report.md").read_text()
     assert md.startswith("# calibkit bench: preset smoke, 6 finished runs\n\nPreset `smoke`: 6 finished runs of 3 "
-                         "methods; CE (`ce`) is the reference. Git commit `abc123`; python 3.0, torch 9.9.\n\n"
+                         "methods; CE (`ce`) is the reference. Git commit `c0ce`; python 3.0, torch 9.0.\n\n"
                          "Unfinished runs: smoke/mbls/0 (running).\n")
     assert "mean over 2 seed(s); 1 = lowest ECE" in md and "paired bootstrap (200 resamples)" in md
     titles = [s.title for s in rep["sections"]]
@@ -729,7 +730,7 @@ def test_build_report_errors_and_preset_choice(tmp_path):
         pass
     with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'runs.db'))} holds no runs yet$"):
         build.build_report(tmp_path)
-    make_runs(tmp_path, preset="first", methods=("ce",), seeds=(0,))
+    make_runs(tmp_path, preset="first", methods=("ce",), seeds=(0,), commit=False)
     make_runs(tmp_path / "x", preset="x")  # another directory: unrelated
     with Store(tmp_path / "runs.db") as store:
         assert store.claim("second/ce/0", preset="second", method="ce", seed=0)
@@ -738,8 +739,20 @@ def test_build_report_errors_and_preset_choice(tmp_path):
     # the latest preset is the default; it has no finished run
     with pytest.raises(ValueError, match=r"^no finished runs of preset 'second' in .*runs\.db$"):
         build.build_report(tmp_path, figures=False)
+    import sqlite3
+
+    con = sqlite3.connect(tmp_path / "runs.db")
+    con.execute("DROP TABLE tuning")  # a database written before tuning existed
+    con.commit()
+    con.close()
     rep = build.build_report(tmp_path, "first", figures=False, width=0)
     assert rep["preset"] == "first" and rep["deltas"] == {}
+    # only the preset's rows: the other preset's unfinished run is not listed
+    assert rep["text"].splitlines()[0] == "calibkit bench: preset first, 1 finished runs"
+    assert "Git commit `unknown`; python 3.0, torch 9.0." in (tmp_path / "report" / "report.md").read_text()
+    con = sqlite3.connect(tmp_path / "runs.db")
+    assert "tuning" not in {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    con.close()  # the report opened the database read-only: nothing was added
     assert "paired bootstrap (1000 resamples)" in rep["text"]  # a preset calibkit does not know: 1000
     assert "Corrupted test sets per severity" not in [s.title for s in rep["sections"]]
 
@@ -909,3 +922,30 @@ def test_split_lines_without_a_rule_or_a_known_data_set():
     val, train, test = tuning._split_text({"val": 10, "train": 20, "test": 30})
     assert (val, train, test) == ("10 images, ?", "20 images: all the images left for training",
                                   "30 images: the test split, the same for every seed")
+
+
+def test_section_texts_define_every_abbreviation_of_their_tables(tmp_path):
+    make_runs(tmp_path)
+    rep = build.build_report(tmp_path, n_boot=20, figures=False, width=0)
+    sec = {s.title: s for s in rep["sections"]}
+    ranking = sec["Ranking by test ECE (before temperature scaling)"]
+    assert ranking.anchor == "ranking" and 'id="ranking"' in (tmp_path / "report" / "index.html").read_text()
+    for phrase in ("x100, mean over 2 seed(s); 1 = lowest ECE.", "highest Acc, lowest ECE",
+                   "ECE after temperature scaling (`ECE (TS)`), most negative difference from CE.",
+                   "O-ECE + U-ECE = ECE", "`dECE vs CE` = paired bootstrap (20 resamples)",
+                   "from CE, 95% basic bootstrap interval; `*` = the interval excludes 0."):
+        assert phrase in ranking.text, phrase
+    assert ranking.terminal_text.endswith("95% basic interval, * = excludes 0.")
+    before = sec["Test set, before temperature scaling (grid order)"]
+    for phrase in ("Mean ± std over seeds (`n` = seeds)", "x100, NLL and Brier as they are.", "AECE = equal-mass",
+                   "cwECE = classwise ECE", "MCE = maximum calibration error."):
+        assert phrase in before.text, phrase
+    after = sec["After temperature scaling, OOD detection, corrupted test sets, training time"]
+    for phrase in ("Temperature T fitted on the validation set by NLL.", "(AUROC-H)", "(AUROC-MSP)",
+                   "Shift = mean over corruptions and severities.", "Train s = training wall time in seconds."):
+        assert phrase in after.text, phrase
+    assert [h for h in after.tables[0].header if "±" in h] == []
+    robust = sec["Corrupted test sets per severity"]
+    assert not robust.terminal and robust.text == "Mean over corruptions (x100)."
+    assert robust.tables[0].rows[1][1] == "10.00 ± 0.00"  # LS, both seeds at 0.1
+    assert before.tables[0].rows[0][2].count("±") == 1
