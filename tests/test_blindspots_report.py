@@ -345,18 +345,23 @@ from calibkit.store import Store  # noqa: E402
 
 # (method, hparams, val acc, val ECE); selections and their criteria below
 CANDS = [("ce", {}, 0.80, 0.10)] \
-    + [("ls", {"loss.alpha": a}, acc, e) for a, acc, e in ((0.01, 0.90, 0.05), (0.03, 0.905, 0.04),
+    + [("ls", {"loss.alpha": a}, acc, e) for a, acc, e in ((0.01, 0.895, 0.05), (0.03, 0.905, 0.04),
                                                             (0.05, 0.889, 0.02), (0.1, 0.91, 0.06),
                                                             (0.2, 0.85, 0.01))] \
     + [("focal", {"loss.gamma": g}, 0.9, 0.01 * g) for g in (1.0, 2.0, 3.0, 4.0)] \
-    + [("dfl", {"loss.gamma": 1.0}, 0.9, 0.03), ("dfl", {"loss.gamma": 3.0}, 0.885, 0.02)] \
+    + [("dfl", {"loss.gamma": 1.0}, 0.9, 0.03), ("dfl", {"loss.gamma": 3.0}, 0.885, 0.02),
+       # at the edge of the accuracy rule (best - drop - 1e-12, calibkit.bench.tune.select): kept
+       ("dfl", {"loss.gamma": 2.0}, 0.9 - 0.01 - 1e-12, 0.025), ("dfl", {"loss.gamma": 5.0}, 0.9 - 0.01, 0.015)] \
     + [("fedlas_ls", {"loss.alpha": a, "loss.beta": b}, 0.9 + 0.001 * i, 0.03 + 0.001 * i)
        for i, (a, b) in enumerate(((0.1, 0.5), (0.05, 0.5), (0.025, 0.5), (0.05, 4.0), (0.1, 4.0)))] \
     + [("maccal", {"maccal.eta": e, "maccal.r_min": r}, 0.9, 0.02)
        for e, r in ((4.0, 0.1), (1.0, 0.1), (2.0, 0.1), (2.0, 0.3), (1.0, 0.3))] \
     + [("zz", {"x.y": 1.0}, 0.99, 0.0)]
 SELECTED = {"ls": ({"loss.alpha": 0.03}, 0.02), "focal": ({"loss.gamma": 1.0}, 0.01),
-            "fedlas_ls": ({"loss.alpha": 0.05, "loss.beta": 0.5}, 0.01)}
+            "fedlas_ls": ({"loss.alpha": 0.1, "loss.beta": 4.0}, 0.01)}
+
+
+OTHER = {"nll": 0.5, "aece": 0.03, "brier": 0.2, "o_ece": 0.01, "u_ece": 0.02, "n": 100}
 
 
 def _key(method, hp):
@@ -369,10 +374,13 @@ def make_tuning(out, seed=0):
             key = _key(method, hp)
             assert store.claim_candidate(key, preset="p", method=method, seed=seed, hparams=hp,
                                          config={"keep": "best-acc"} if method == "ls" else None)
-            store.finish_candidate(key, metrics={"acc": acc, "ece": ece, "nll": 0.5, "test_acc": 0.1},
-                                   train_time_s=3.0)
+            store.finish_candidate(key, metrics={"acc": acc, "ece": ece, "test_acc": 0.1, **OTHER}, train_time_s=3.0)
         for method, (hp, drop) in SELECTED.items():
             store.select_candidate("p", method, seed, _key(method, hp), {"max_acc_drop": drop, "metric": "ece"})
+        for s, alpha in ((7, 0.01), (5, 0.2)):  # another preset: two seeds, no CE, no selection
+            key = f"q/ls/{s}/{alpha}"
+            assert store.claim_candidate(key, preset="q", method="ls", seed=s, hparams={"loss.alpha": alpha})
+            store.finish_candidate(key, metrics={"acc": 0.5, "ece": 0.1})
 
 
 def test_tuning_rows_selection_exclusions_and_edges(tmp_path):
@@ -386,9 +394,9 @@ def test_tuning_rows_selection_exclusions_and_edges(tmp_path):
         # LS: drop 0.02, best 0.91: 0.889 and 0.85 fall below 0.89; 0.03 is inside its grid
         ["LS", "alpha=0.03", "4.00", "90.50", "5", "2", ""],
         ["Focal", "gamma=1", "1.00", "90.00", "4", "0", "on the grid edge (loss.gamma)"],
-        # no selection: the default drop 0.01 excludes 0.885 (below 0.89)
-        ["Dual focal", "(no selection yet)", "", "", "2", "1", ""],
-        ["FeDLaS-LS", "alpha=0.05, beta=0.5", "3.10", "90.10", "5", "0", ""],  # both inside their grids
+        # no selection: the default drop 0.01 excludes 0.885 (below 0.89), keeps 0.89 - 1e-12
+        ["Dual focal", "(no selection yet)", "", "", "4", "1", ""],
+        ["FeDLaS-LS", "alpha=0.1, beta=4", "3.40", "90.40", "5", "0", "on the grid edge (loss.alpha, loss.beta)"],
         ["MaC-Cal", "(no selection yet)", "", "", "5", "0", ""],
     ]
 
@@ -404,8 +412,14 @@ def test_tuning_text_and_json(tmp_path):
                         "CE: val ECE 10.00, val Acc 80.00)")
     assert lines[1].split() == ["Method", "selected", "val", "ECE", "val", "Acc", "candidates", "excluded", "(acc)",
                                 "note"]
-    assert lines[2].startswith("LS          alpha=0.03            4.00     90.50    5  ")
+    widths = (10, 18, 7, 7, 10, 14, len("on the grid edge (loss.alpha, loss.beta)"))
+    cells = ("LS", "alpha=0.03", "4.00", "90.50", "5", "2", "")
+    assert lines[2] == "  ".join(c.ljust(w) for c, w in zip(cells, widths))
     assert len(lines) == 2 + 5
+    q = tuning.tuning_text(tmp_path, "q").splitlines()
+    assert q[0] == "selection on the validation split (seed 5, 7; ECE and Acc x100, before temperature scaling)"
+    assert q[2].split() == ["LS", "(no", "selection", "yet)", "2", "0"]
+    assert json.loads(tuning.write_tuning_json(tmp_path, "q").read_text())["criterion"] is None
     path = tuning.write_tuning_json(tmp_path, "p")
     assert path == tmp_path / "report" / "tuning.json"
     doc = json.loads(path.read_text())
@@ -414,26 +428,27 @@ def test_tuning_text_and_json(tmp_path):
     assert len(doc["candidates"]) == len(CANDS)
     ls = [c for c in doc["candidates"] if c["method"] == "ls"]
     assert [c["selected"] for c in ls] == [False, True, False, False, False]
-    assert ls[0]["metrics"] == {"acc": 0.90, "ece": 0.05, "nll": 0.5}  # validation numbers only
+    assert ls[0]["metrics"] == {"acc": 0.895, "ece": 0.05, **OTHER}  # validation numbers only
     assert ls[0]["keep"] == "best-acc" and doc["candidates"][0]["keep"] is None
     assert ls[0]["train_time_s"] == 3.0 and ls[0]["started_at"] and ls[0]["finished_at"]
     assert ls[0]["hparams"] == {"loss.alpha": 0.01}
-    other = tuning.write_tuning_json(tmp_path, "p", tmp_path / "a" / "b.json")
-    assert other == tmp_path / "a" / "b.json" and json.loads(other.read_text()) == doc
+    other = tuning.write_tuning_json(tmp_path, "p", tmp_path / "a" / "b" / "c.json")
+    assert other == tmp_path / "a" / "b" / "c.json" and json.loads(other.read_text()) == doc
+    assert tuning.write_tuning_json(tmp_path, "p") == path  # written again over the first
 
 
 def test_tuning_panels_follow_the_selection_or_the_defaults(tmp_path):
     make_tuning(tmp_path)
     panels = tuning._panels(tuning.load_candidates(tmp_path, "p"))
     got = [(m, a, [c["hparams"] for c in line], (sel or {}).get("hparams")) for m, a, line, sel in panels]
-    ls_sel, fed_sel = {"loss.alpha": 0.03}, {"loss.alpha": 0.05, "loss.beta": 0.5}
+    ls_sel, fed_sel = {"loss.alpha": 0.03}, {"loss.alpha": 0.1, "loss.beta": 4.0}
     assert got == [
         ("ls", "loss.alpha", [{"loss.alpha": a} for a in (0.01, 0.03, 0.05, 0.1, 0.2)], ls_sel),
         ("focal", "loss.gamma", [{"loss.gamma": g} for g in (1.0, 2.0, 3.0, 4.0)], {"loss.gamma": 1.0}),
-        ("dfl", "loss.gamma", [{"loss.gamma": 1.0}, {"loss.gamma": 3.0}], None),
+        ("dfl", "loss.gamma", [{"loss.gamma": g} for g in (1.0, 2.0, 3.0, 5.0)], None),
         # 2-D: each axis is drawn through the selected value of the other, sorted by its own value
-        ("fedlas_ls", "loss.alpha", [{"loss.alpha": a, "loss.beta": 0.5} for a in (0.025, 0.05, 0.1)], fed_sel),
-        ("fedlas_ls", "loss.beta", [{"loss.alpha": 0.05, "loss.beta": b} for b in (0.5, 4.0)], fed_sel),
+        ("fedlas_ls", "loss.alpha", [{"loss.alpha": a, "loss.beta": 4.0} for a in (0.05, 0.1)], fed_sel),
+        ("fedlas_ls", "loss.beta", [{"loss.alpha": 0.1, "loss.beta": b} for b in (0.5, 4.0)], fed_sel),
         # no selection: through the published values (eta 2, r_min 0.1)
         ("maccal", "maccal.eta", [{"maccal.eta": e, "maccal.r_min": 0.1} for e in (1.0, 2.0, 4.0)], None),
         ("maccal", "maccal.r_min", [{"maccal.eta": 2.0, "maccal.r_min": r} for r in (0.1, 0.3)], None),
@@ -445,6 +460,7 @@ def test_tuning_figure_draws_the_candidates(tmp_path, monkeypatch):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
 
     assert tuning.write_tuning_figure(tmp_path, "p") is None
     make_tuning(tmp_path)
@@ -474,15 +490,31 @@ def test_tuning_figure_draws_the_candidates(tmp_path, monkeypatch):
         assert len(ce) == 1 and list(ce[0].get_ydata()) == pytest.approx([10.0, 10.0])
         assert [t.get_text() for t in ls.get_xticklabels()] == ["0.01", "0.03", "0.05", "0.1", "0.2"]
         (acc,) = ls_acc.lines
-        assert acc.get_linestyle() == "--" and list(acc.get_ydata()) == pytest.approx([90, 90.5, 88.9, 91, 85])
+        assert acc.get_linestyle() == "--" and list(acc.get_ydata()) == pytest.approx([89.5, 90.5, 88.9, 91, 85])
+        # the colours the figure's title names: ECE blue, accuracy green; CE's line grey
+        assert (to_hex(curve.get_color()), to_hex(acc.get_color())) == (to_hex("tab:blue"), to_hex("tab:green"))
+        assert {to_hex(ln.get_color()) for ln in marks if ln.get_marker() == "x"} == {to_hex("tab:red")}
+        assert {to_hex(ln.get_color()) for ln in marks if ln.get_marker() == "*"} == {to_hex("tab:orange")}
+        assert to_hex(ce[0].get_color()) == to_hex("gray")
+        assert ls.get_ylabel() == "val ECE (x100)" and ls_acc.get_ylabel() == "val Acc (%)"
         # the accuracy axis spans the values with 0.2 points to spare, at least 2 points in all
         assert ls_acc.get_ylim() == pytest.approx((85 - 0.2, 91 + 0.2))
         assert twins[1].get_ylim() == pytest.approx((89, 91))  # Focal: all at 90, 2 points tall
         # Dual focal has no selection: no star; the default drop 0.01 crosses out 88.5 (below 89)
         dfl = grid[2].lines
         assert not [ln for ln in dfl if ln.get_marker() == "*"]
-        assert [(ln.get_xdata()[0]) for ln in dfl if ln.get_marker() == "x"] == [1]
+        assert [(ln.get_xdata()[0]) for ln in dfl if ln.get_marker() == "x"] == [2]
         assert sum(ln.get_linestyle() == ":" for ax in grid[:7] for ln in ax.lines) == 7
+    finally:
+        plt.close("all")
+    # one panel (one method, one searched value): a single axes, not a grid
+    figs.clear()
+    assert tuning.write_tuning_figure(tmp_path, "q", tmp_path / "q.png", dpi=30) == tmp_path / "q.png"
+    try:
+        (fig,) = figs
+        assert len(fig.axes) == 2 and fig.axes[0].get_title() == "LS: alpha"
+        assert list(fig.axes[0].lines[0].get_ydata()) == pytest.approx([10.0, 10.0])
+        assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0.01", "0.2"]
     finally:
         plt.close("all")
 
