@@ -585,6 +585,9 @@ def test_protocol_section_states_splits_budget_and_values(tmp_path):
     assert mixed.rows[2]["config"]["keep"] == "last"
     rows = tuning.protocol_section(mixed)[0].tables[0].rows
     assert ["checkpoint policy", "best-acc / last (MIXED: runs are not comparable)"] in rows
+    mixed.rows[1]["config"] = {"train": {"keep": "best-loss"}, "loss": "ce"}  # the policy in the train record
+    rows = tuning.protocol_section(mixed)[0].tables[0].rows
+    assert ["checkpoint policy", "best-acc / best-loss / last (MIXED: runs are not comparable)"] in rows
 
 
 def test_protocol_section_with_a_tuning_run(tmp_path, monkeypatch):
