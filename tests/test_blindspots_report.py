@@ -533,12 +533,13 @@ def _protocol_ctx(tmp_path, figures=False, keep_ls="best-acc"):
             rundir.write_json(d / rundir.CONFIG, {"split": {**split, "val_checksum": f"v{seed}"}, "config": cfg})
         return _row(method, seed, status=status, run_dir=str(d), config=record)
 
-    rows = [run("ce", 0, base, {"keep": "best-acc", "loss": "ce"}),
+    # the first run is not CE's: the budget is compared with CE's run all the same
+    rows = [run("mixup", 0, {**base, "epochs": 7, "model": "cnn"},
+                {"hparams": {"train.mix_alpha": 0.2}, "loss": "ce", "maccal": {"eta": 2.0}, "csm": {"n": 3},
+                 "train_overrides": {"mix_alpha": 0.2, "lr": 0.05, "opt": "sgd", "amp": True}}),
+            run("ce", 0, base, {"keep": "best-acc", "loss": "ce"}),
             run("ce", 1, base, {"train": {"keep": "best-acc"}, "loss": "ce"}),
             run("ls", 0, base, {"keep": keep_ls, "hparams": {"loss.alpha": 0.03}, "loss": "ls:alpha=0.03"}),
-            run("mixup", 0, {**base, "epochs": 7, "model": "cnn"},
-                {"hparams": {"train.mix_alpha": 0.2}, "loss": "ce",
-                 "train_overrides": {"mix_alpha": 0.2, "lr": 0.05}, "maccal": {"eta": 2.0}, "csm": {"n": 3}}),
             run("zz", 0, base, {}, info=False),
             run("mbls", 0, base, {"keep": "last"}, status="failed")]
     return SimpleNamespace(out_dir=tmp_path, preset="p", rows=rows, figdir=tmp_path / "figs", figures=figures)
@@ -566,26 +567,27 @@ def test_protocol_section_states_splits_budget_and_values(tmp_path):
     assert budget.title == f"Training budget: {differs}" and not budget.terminal
     assert budget.tables[0].header == ["Method", "epochs", "train images", "model", "vs CE", "adds"]
     assert budget.tables[0].rows == [
+        ["Mixup", "7", "900", "cnn", "differs: epochs, model", "mixed batches (same count)"],
         ["CE", "5", "900", "mlp", "same as CE", ""],
         ["LS", "5", "900", "mlp", "same as CE", ""],
-        ["Mixup", "7", "900", "cnn", "differs: epochs, model", "mixed batches (same count)"],
         ["zz", "?", "?", "?", "differs: epochs, model, batch_size, data, train_subset", ""]]
     assert hp.title == "Hyperparameters per method" and not hp.terminal
     assert hp.tables[0].header == ["Method", "searched values", "loss spec", "other settings", "source"]
     assert hp.tables[0].rows == [
+        # mix_alpha is the searched value: not repeated among the other settings
+        ["Mixup", "mix_alpha=0.2", "ce", "amp=True, eta=2, lr=0.05, n=3, opt=sgd", "preset"],
         ["CE", "-", "ce", "-", "no search space"],
         ["LS", "alpha=0.03", "ls:alpha=0.03", "-", "preset"],
-        # mix_alpha is the searched value: not repeated among the other settings
-        ["Mixup", "mix_alpha=0.2", "ce", "eta=2, lr=0.05, n=3", "preset"],
         ["zz", "-", "", "-", "no search space"]]
     # the same budget for every method is said so; a second policy makes the runs not comparable
     ctx.rows = [r for r in ctx.rows if r["method"] in ("ce", "ls")]
     assert tuning.protocol_section(ctx)[0].text == f"checkpoint policy: best-acc; {same}"
     mixed = _protocol_ctx(tmp_path / "mixed", keep_ls="last")
-    assert mixed.rows[2]["config"]["keep"] == "last"
-    rows = tuning.protocol_section(mixed)[0].tables[0].rows
-    assert ["checkpoint policy", "best-acc / last (MIXED: runs are not comparable)"] in rows
-    mixed.rows[1]["config"] = {"train": {"keep": "best-loss"}, "loss": "ce"}  # the policy in the train record
+    assert mixed.rows[3]["config"]["keep"] == "last"
+    proto = tuning.protocol_section(mixed)[0]
+    assert ["checkpoint policy", "best-acc / last (MIXED: runs are not comparable)"] in proto.tables[0].rows
+    assert proto.text == f"checkpoint policy: best-acc / last; {differs}"
+    mixed.rows[2]["config"] = {"train": {"keep": "best-loss"}, "loss": "ce"}  # the policy in the train record
     rows = tuning.protocol_section(mixed)[0].tables[0].rows
     assert ["checkpoint policy", "best-acc / best-loss / last (MIXED: runs are not comparable)"] in rows
 
@@ -593,16 +595,20 @@ def test_protocol_section_states_splits_budget_and_values(tmp_path):
 def test_protocol_section_with_a_tuning_run(tmp_path, monkeypatch):
     make_tuning(tmp_path)
     ctx = _protocol_ctx(tmp_path, figures=True)
+    drawn, draw = [], tuning.write_tuning_figure
+    monkeypatch.setattr(tuning, "write_tuning_figure", lambda *a, **k: drawn.append(a[:2]) or draw(*a, dpi=30))
     sections = tuning.protocol_section(ctx)
+    assert drawn == [(tmp_path, "p")]  # the report's preset only
     assert [s.title for s in sections] == ["Protocol", sections[1].title, "Hyperparameters per method",
                                            "Selection on the validation split (x100, before TS)",
                                            "Validation curves of the tuning run"]
     assert sections[0].tables[0].rows[-1] == [
         "hyperparameters", "selected in this directory by `calibkit tune` on the validation split of seed 0: min "
         "ECE (15 bins, before TS), candidates > 2 accuracy point below the best excluded"]
-    assert sections[2].tables[0].rows[1][-1] == "tuned here"  # LS ran with the selected alpha
+    assert sections[2].tables[0].rows[2][-1] == "tuned here"  # LS ran with the selected alpha
     sel = sections[3]
-    assert not sel.terminal and sel.tables[0].rows == tuning.tuning_rows(tuning.load_candidates(tmp_path, "p"))[1]
+    header, rows = tuning.tuning_rows(tuning.load_candidates(tmp_path, "p"))
+    assert not sel.terminal and sel.tables[0].rows == rows and sel.tables[0].header == header
     (fig,) = sections[4].figures
     assert not sections[4].terminal and fig.path == ctx.figdir / "tuning.png" and fig.path.is_file()
     assert fig.caption == ("Validation ECE and accuracy against each searched value; the selected candidate is "
@@ -610,8 +616,8 @@ def test_protocol_section_with_a_tuning_run(tmp_path, monkeypatch):
     ctx.figures = False
     assert len(tuning.protocol_section(ctx)) == 4
     # a selection that is not what the run used: the run's values are the preset's
-    ctx.rows[2]["config"]["hparams"] = {"loss.alpha": 0.05}
-    assert tuning.protocol_section(ctx)[2].tables[0].rows[1][-1] == "preset"
+    ctx.rows[3]["config"]["hparams"] = {"loss.alpha": 0.05}
+    assert tuning.protocol_section(ctx)[2].tables[0].rows[2][-1] == "preset"
 
 
 # ----------------------------------------------------------------------------- rendering
