@@ -727,14 +727,15 @@ def make_runs(out, preset="smoke", methods=("ce", "ls", "focal"), seeds=(0, 1), 
 
 
 def test_build_report_in_process(tmp_path, monkeypatch):
-    make_runs(tmp_path, pending=("smoke/mbls/0",))
+    make_runs(tmp_path, pending=("smoke/mbls/0", "smoke/acls/0"))
     monkeypatch.setenv("COLUMNS", "70")
     rep = build.build_report(tmp_path, figures=False)
     assert rep["preset"] == "smoke" and set(rep["summary"]) == {"ce", "ls", "focal"}
     assert set(rep["deltas"]) == {"ls", "focal"}
     text = rep["text"]
     lines = text.splitlines()
-    assert lines[0] == "calibkit bench: preset smoke, 6 finished runs, 1 unfinished (smoke/mbls/0 (running))"
+    assert lines[0] == ("calibkit bench: preset smoke, 6 finished runs, 2 unfinished (smoke/mbls/0 (running), "
+                        "smoke/acls/0 (running))")
     # the terminal width (COLUMNS) is the default width: every line of text and tables fits (titles
     # are not wrapped)
     titles = {s.title for s in rep["sections"]}
@@ -746,7 +747,7 @@ def test_build_report_in_process(tmp_path, monkeypatch):
     md = (rep_dir / "report.md").read_text()
     assert md.startswith("# calibkit bench: preset smoke, 6 finished runs\n\nPreset `smoke`: 6 finished runs of 3 "
                          "methods; CE (`ce`) is the reference. Git commit `c0ce`; python 3.0, torch 9.0.\n\n"
-                         "Unfinished runs: smoke/mbls/0 (running).\n")
+                         "Unfinished runs: smoke/mbls/0 (running), smoke/acls/0 (running).\n")
     assert "mean over 2 seed(s); 1 = lowest ECE" in md and "paired bootstrap (200 resamples)" in md
     titles = [s.title for s in rep["sections"]]
     assert titles[:5] == ["Ranking by test ECE (before temperature scaling)", "Notes",
@@ -775,6 +776,9 @@ def test_build_report_errors_and_preset_choice(tmp_path):
     make_runs(tmp_path / "x", preset="x")  # another directory: unrelated
     with Store(tmp_path / "runs.db") as store:
         assert store.claim("second/ce/0", preset="second", method="ce", seed=0)
+        # a tuning run of the other preset: not part of this preset's report
+        assert store.claim_candidate("second/ls/0/a", preset="second", method="ls", seed=0, hparams={"loss.alpha": 0.1})
+        store.finish_candidate("second/ls/0/a", metrics={"acc": 0.5, "ece": 0.1})
     with pytest.raises(ValueError, match=r"^no runs of preset 'zz' in .*runs\.db; found: first, second$"):
         build.build_report(tmp_path, "zz", figures=False)
     # the latest preset is the default; it has no finished run
@@ -788,6 +792,7 @@ def test_build_report_errors_and_preset_choice(tmp_path):
     con.close()
     rep = build.build_report(tmp_path, "first", figures=False, width=0)
     assert rep["preset"] == "first" and rep["deltas"] == {}
+    assert not [s for s in rep["sections"] if s.title.startswith("Selection on the validation split")]
     # only the preset's rows: the other preset's unfinished run is not listed
     assert rep["text"].splitlines()[0] == "calibkit bench: preset first, 1 finished runs"
     assert "Git commit `unknown`; python 3.0, torch 9.0." in (tmp_path / "report" / "report.md").read_text()
@@ -822,6 +827,11 @@ def test_notes_name_the_margin_of_a_method_that_equals_ce():
                          "reaches the margin.")
     (plain,) = build.notes_section(ctx("focal"))
     assert plain.text == "**m** gave exactly CE's test predictions in every seed, hence a difference of exactly 0."
+    two = ctx("focal")
+    two.summary["m2"] = {"runs": [{"config": {"loss": "ls"}}]}
+    two.deltas["m2"] = {"identical": True}
+    (both,) = build.notes_section(two)
+    assert both.text.split("\n\n") == [plain.text, plain.text.replace("**m**", "**m2**")]
 
 
 def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
@@ -990,3 +1000,18 @@ def test_section_texts_define_every_abbreviation_of_their_tables(tmp_path):
     assert not robust.terminal and robust.text == "Mean over corruptions (x100)."
     assert robust.tables[0].rows[1][1] == "10.00 ± 0.00"  # LS, both seeds at 0.1
     assert before.tables[0].rows[0][2].count("±") == 1
+
+
+def test_without_a_terminal_or_columns_the_width_is_100(tmp_path, monkeypatch):
+    import os
+
+    make_runs(tmp_path)
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+    def no_terminal(*a):
+        raise OSError("not a terminal")
+
+    monkeypatch.setattr(os, "get_terminal_size", no_terminal)
+    text = build.build_report(tmp_path, n_boot=20, figures=False)["text"]
+    assert text == build.build_report(tmp_path, n_boot=20, figures=False, width=100)["text"]
+    assert text != build.build_report(tmp_path, n_boot=20, figures=False, width=101)["text"]
