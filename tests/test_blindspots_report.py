@@ -264,6 +264,10 @@ def test_ranked_table_cells_and_best_marks():
     # a column with a single value marks nothing; two values are compared
     one = tables.ranked_table(summary, {"ls": deltas["ls"]})
     assert not any(j == 7 for _, j in one.best) and (0, 7) in t.best
+    # dECE: compared at the printed precision (x100, 2 decimals): -5.00 and -5.00 tie, -5.00 and -4.60 do not
+    for ls, focal, marked in ((-0.0500499, -0.0499501, {0, 1}), (-0.05, -0.046, {0})):
+        d = {"ls": {**deltas["ls"], "diff": ls}, "focal": {**deltas["focal"], "diff": focal}}
+        assert {i for i, j in tables.ranked_table(summary, d).best if j == 7} == marked
 
 
 def test_grid_tables_columns_for_classification_and_segmentation():
@@ -302,6 +306,7 @@ def test_robustness_table_orders_severities_numerically_and_averages_the_runs_th
     sd = f"{100 * 0.1 / math.sqrt(2):.2f}"
     assert t.rows == [["CE", f"15.00 ± {sd}", "30.00", "60.00 ± " + f"{100 * 0.2 / math.sqrt(2):.2f}", "20.00"],
                       ["LS", "-", "-", "-", "-"]]
+    assert tables.robustness_table(s).rows[0][1] == f"15.00 +- {sd}"  # the default spread sign
     assert tables.robustness_table({"ce": {"runs": [{}, {"robustness": {"overall": {}}}]}}) is None
 
 
@@ -1015,3 +1020,8 @@ def test_without_a_terminal_or_columns_the_width_is_100(tmp_path, monkeypatch):
     text = build.build_report(tmp_path, n_boot=20, figures=False)["text"]
     assert text == build.build_report(tmp_path, n_boot=20, figures=False, width=100)["text"]
     assert text != build.build_report(tmp_path, n_boot=20, figures=False, width=101)["text"]
+
+
+def test_text_only_tables_that_fit_are_printed_verbatim():
+    t = Table(["k", "v"], [["a", "x\ty"]], key_columns=2)  # 1 + 3 + one gap = 6 wide
+    assert text_table(t, 6).splitlines() == ["k  v", "-  ---", "a  x\ty"]
