@@ -502,6 +502,11 @@ def test_tuning_figure_draws_the_candidates(tmp_path, monkeypatch):
         assert {to_hex(ln.get_color()) for ln in marks if ln.get_marker() == "*"} == {to_hex("tab:orange")}
         assert to_hex(ce[0].get_color()) == to_hex("gray")
         assert ls.get_ylabel() == "val ECE (x100)" and ls_acc.get_ylabel() == "val Acc (%)"
+        # the title is the legend of what is checked above
+        legend = fig._suptitle.get_text()
+        for words in ("Validation ECE (solid, blue) and accuracy (dashed, green)", "star = selected",
+                      "x = excluded (> 1 accuracy point below the best)", "dotted = CE's ECE"):
+            assert words in legend, words
         # the accuracy axis spans the values with 0.2 points to spare, at least 2 points in all
         assert ls_acc.get_ylim() == pytest.approx((85 - 0.2, 91 + 0.2))
         assert twins[1].get_ylim() == pytest.approx((89, 91))  # Focal: all at 90, 2 points tall
@@ -1025,3 +1030,12 @@ def test_without_a_terminal_or_columns_the_width_is_100(tmp_path, monkeypatch):
 def test_text_only_tables_that_fit_are_printed_verbatim():
     t = Table(["k", "v"], [["a", "x\ty"]], key_columns=2)  # 1 + 3 + one gap = 6 wide
     assert text_table(t, 6).splitlines() == ["k  v", "-  ---", "a  x\ty"]
+
+
+def test_protocol_section_without_a_ce_run(tmp_path):
+    ctx = _protocol_ctx(tmp_path)
+    ctx.rows = [r for r in ctx.rows if r["method"] != "ce"]
+    proto, budget, _ = tuning.protocol_section(ctx)
+    # nothing to compare with: no split lines (they come from CE's runs), no budget difference
+    assert [r[0] for r in proto.tables[0].rows] == ["checkpoint policy", "hyperparameters"]
+    assert [r[4] for r in budget.tables[0].rows] == ["same as CE"] * 3
