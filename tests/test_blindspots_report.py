@@ -796,13 +796,14 @@ def test_build_report_errors_and_preset_choice(tmp_path):
         build.build_report(tmp_path, figures=False)
     import sqlite3
 
+    rep = build.build_report(tmp_path, "first", figures=False, width=0)
+    assert not [s for s in rep["sections"] if s.title.startswith("Selection on the validation split")]
     con = sqlite3.connect(tmp_path / "runs.db")
     con.execute("DROP TABLE tuning")  # a database written before tuning existed
     con.commit()
     con.close()
     rep = build.build_report(tmp_path, "first", figures=False, width=0)
     assert rep["preset"] == "first" and rep["deltas"] == {}
-    assert not [s for s in rep["sections"] if s.title.startswith("Selection on the validation split")]
     # only the preset's rows: the other preset's unfinished run is not listed
     assert rep["text"].splitlines()[0] == "calibkit bench: preset first, 1 finished runs"
     assert "Git commit `unknown`; python 3.0, torch 9.0." in (tmp_path / "report" / "report.md").read_text()
