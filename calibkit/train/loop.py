@@ -157,6 +157,8 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     K, dev = bundle.num_classes, dd.device
     _check_modality(cfg, bundle.modality, input_kind(MODELS[cfg.model]))
     model = MODELS[cfg.model](num_classes=K, in_channels=bundle.in_channels).to(dev)
+    if cfg.channels_last:  # conv outputs follow the weights' layout; inputs need no conversion
+        model = model.to(memory_format=torch.channels_last)
     if bool(getattr(model, "dense", False)) != (bundle.modality == "segmentation"):
         from calibkit.models import DENSE_MODELS
 
