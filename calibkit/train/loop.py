@@ -290,7 +290,8 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
 def _logits(run: _Run, split) -> torch.Tensor:
     """Logits of a whole split; under DDP each rank computes a chunk and all ranks get every row."""
     idx, _ = D.eval_shard(len(split), run.dd)
-    logits = rundir.predict_logits(run.model, split.images[idx], run.inputs, run.cfg.eval_batch_size, run.dd.device)
+    images = split.images[idx] if run.dd.enabled else split.images  # one process: every row in order, no copy
+    logits = rundir.predict_logits(run.model, images, run.inputs, run.cfg.eval_batch_size, run.dd.device)
     return D.gather_rows(logits.to(run.dd.device), len(split), run.dd).cpu()
 
 
