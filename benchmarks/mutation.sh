@@ -47,7 +47,7 @@ declare -A TESTS=(
   [calibkit/losses/fedlas.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
   [calibkit/losses/adafocal.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
   [calibkit/bench/twostage.py]="tests/test_blindspots_twostage.py"
-  [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py"
+  [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py tests/test_segmentation_train.py tests/test_blindspots_steps.py"
   [calibkit/distributed.py]="tests/test_blindspots_fedlas_ddp.py tests/test_metrics.py tests/test_losses.py"
   [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py tests/test_blindspots_annotate.py"
 )
