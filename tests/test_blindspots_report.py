@@ -685,6 +685,10 @@ def test_html(tmp_path):
     assert render.html_table(Table(["k", "v"], [["a", "<1>"]], best={(0, 1)})) == (
         '<table><thead><tr><th class="key">k</th><th>v</th></tr></thead>'
         '<tbody><tr><td class="key">a</td><td class="best">&lt;1&gt;</td></tr></tbody></table>')
+    # a label cell can be the best too (both classes); rows follow one another
+    assert render.html_table(Table(["k"], [["a"], ["b"]], best={(1, 0)})) == (
+        '<table><thead><tr><th class="key">k</th></tr></thead><tbody><tr><td class="key">a</td></tr>'
+        '<tr><td class="key best">b</td></tr></tbody></table>')
     page = render.to_html("Title **b** ±", "Intro `c`.\n\n \n\nMore.", s)
     assert page.startswith("<!DOCTYPE html><html><head><meta charset='utf-8'><title>Title b +-</title><style>")
     body = page[page.index("<body>") + 6:page.index("</body>")]
