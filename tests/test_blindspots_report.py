@@ -854,6 +854,7 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
 
     labels = make_runs(tmp_path, methods=("ce", "ls"), seeds=(0, 3))
     figs = []
@@ -884,6 +885,8 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
         assert [t.get_text() for t in ax.get_xticklabels()] == ["CE", "LS"]
         assert [t.get_text() for t in ax.get_legend().get_texts()] == ["O-ECE (over-confidence)",
                                                                         "U-ECE (under-confidence)"]
+        # the colours the caption names: O-ECE red, U-ECE blue; before TS grey, after TS green
+        assert [to_hex(b.get_facecolor()) for b in bars] == [to_hex("tab:red")] * 2 + [to_hex("tab:blue")] * 2
         assert ax.get_ylabel() == "ECE x100 (O-ECE + U-ECE)"
         assert ax.get_title() == "Over- and under-confidence on the test set, before TS"
         # before / after TS: side by side around each method's position
@@ -894,6 +897,7 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
         assert [b.get_height() for b in bars] == pytest.approx(
             [stat("ce", "before.ece"), stat("ls", "before.ece"), stat("ce", "after.ece"), stat("ls", "after.ece")])
         assert [t.get_text() for t in ax.get_legend().get_texts()] == ["before TS", "after TS"]
+        assert [to_hex(b.get_facecolor()) for b in bars] == [to_hex("tab:gray")] * 2 + [to_hex("tab:green")] * 2
         assert ax.get_ylabel() == "ECE x100" and ax.get_title() == "Test ECE before and after temperature scaling"
         figures = {f.path.stem: f for s in rep["sections"] for f in s.figures}
         assert "(x100, mean over 2 seed(s))" in figures["ou_ece"].caption
@@ -916,6 +920,8 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
             assert np.allclose([p.get_height() for p in got.patches], [p.get_height() for p in want.patches],
                                atol=1e-12)
             assert np.allclose([p.get_x() for p in got.patches], [p.get_x() for p in want.patches], atol=1e-12)
+            # the lines too: the diagonal, and the histogram's mean confidence and accuracy
+            assert [list(ln.get_xdata()) for ln in got.lines] == [list(ln.get_xdata()) for ln in want.lines]
         assert figures["reliability_ls"].caption == (
             "LS (seed 0): reliability diagrams of the test set before and after temperature scaling (T = 2.00, "
             "fitted on the validation set), and the histogram of its confidences.")
@@ -1044,3 +1050,25 @@ def test_protocol_section_without_a_ce_run(tmp_path):
     # nothing to compare with: no split lines (they come from CE's runs), no budget difference
     assert [r[0] for r in proto.tables[0].rows] == ["checkpoint policy", "hyperparameters"]
     assert [r[4] for r in budget.tables[0].rows] == ["same as CE"] * 3
+
+
+def test_summary_figures_of_methods_without_numbers(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from calibkit.report.figures import summary_figures
+
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    try:
+        out = summary_figures({"ce": {"seeds": [0], "stats": {"before.ece": (0.1, 0.0, 1)}}}, tmp_path)
+        assert "(x100, mean over 1 seed(s))" in out[1].caption
+        before, after = figs[1].axes[0].patches
+        assert before.get_height() == pytest.approx(10.0) and np.isnan(after.get_height())  # no number: no bar
+        figs.clear()
+        out = summary_figures({}, tmp_path)  # nothing to show: one seed assumed in the captions
+        assert "(x100, mean over 1 seed(s))" in out[0].caption and not figs[0].axes[0].patches
+    finally:
+        plt.close("all")
