@@ -325,3 +325,29 @@ def test_classwise_bin_sums_accepts_int32_labels(gen):
     got = classwise_bin_sums(probs, labels.int(), 6)
     assert torch.equal(got.correct, torch.from_numpy(ref["cw"][2]))
     assert torch.equal(got.count, torch.from_numpy(ref["cw"][0]))
+
+
+def test_device_path_reads_no_value_on_the_meta_device():
+    # The meta device holds shapes and no data: any step that needed a value on the host (a host
+    # synchronisation on an accelerator) fails there. The default gather never does; exact=True
+    # reads the number of entries above 1/B first, by design.
+    p = torch.full((5, 3), 1 / 3, device="meta")
+    y = torch.zeros(5, dtype=torch.long)  # labels on the host: moved to the probabilities' device
+    out = panel_sums(p, y, 10)
+    assert out.check.device.type == "meta" and out.labels.device.type == "meta"
+    assert out.top.count.shape == (10,) and out.classwise.count.shape == (3, 10) and out.nll.device.type == "meta"
+    masked = panel_sums(p, y.to("meta"), 10, ignore_index=255)
+    assert masked.weight.device.type == "meta" and masked.weight.shape == (5,)
+    assert panel_sums(p, y, 10, full=False).classwise is None
+    with pytest.raises(NotImplementedError):
+        panel_sums(p, y, 10, exact=True)
+    with pytest.raises(NotImplementedError):
+        panel_sums(p, y.to("meta"), 10, ignore_index=255, exact=True)
+
+
+def test_host_labels_with_ignore_index_on_the_device_path():
+    # labels on the host, probabilities on the device, ignore_index: the row mask follows the
+    # labels to the probabilities' device (as the labels themselves do)
+    p = torch.full((4, 2), 0.5, device="meta")
+    out = panel_sums(p, torch.tensor([0, 255, 1, 1]), 10, ignore_index=255)
+    assert out.weight.device.type == "meta" and out.labels.device.type == "meta"
