@@ -165,15 +165,17 @@ def test_hand_computed_panel_with_a_zero_label_probability():
         assert out.top.count.tolist() == [0, 1, 1, 1] and out.top.correct.tolist() == [0, 1, 1, 0]
 
 
+@pytest.mark.parametrize("n_bins", [2, 10])
 @pytest.mark.parametrize("dtype, tol", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2), (torch.float32, 1e-5),
                                         (torch.float64, 1e-12)])
-def test_cpu_and_device_paths_equal_the_reference(gen, dtype, tol):
+def test_cpu_and_device_paths_equal_the_reference(gen, dtype, tol, n_bins):
     probs = _probs(gen, 150, 5, 2.0, dtype)
     probs[0] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0]).to(dtype)  # p_y = 0 with label 0
     labels = torch.randint(0, 5, (150,), generator=gen)
     labels[0] = 0
-    ref = reference(probs, labels, 10)
-    for out in (panel_sums(probs, labels, 10), _forced(probs, labels, 10), _forced(probs, labels, 10, exact=True)):
+    ref = reference(probs, labels, n_bins)
+    for out in (panel_sums(probs, labels, n_bins), _forced(probs, labels, n_bins),
+                _forced(probs, labels, n_bins, exact=True)):
         assert torch.equal(out.top.count, torch.from_numpy(ref["top"][0]))
         assert torch.equal(out.classwise.count, torch.from_numpy(ref["cw"][0]))
         assert torch.equal(out.classwise.correct, torch.from_numpy(ref["cw"][2]))
@@ -185,6 +187,9 @@ def test_cpu_and_device_paths_equal_the_reference(gen, dtype, tol):
         assert float(out.brier) == pytest.approx(ref["brier"], rel=tol)
         assert out.conf.dtype == torch.float64 and out.pred.dtype == torch.int64
         assert out.correct.dtype == torch.bool
+        assert float(out.n) == 150
+        if isinstance(out.n, torch.Tensor):  # device path: a 0-dim float64 tensor
+            assert out.n.dtype == torch.float64
 
 
 def test_cpu_path_over_several_blocks_of_half_precision(gen):
@@ -333,11 +338,25 @@ def test_device_path_reads_no_value_on_the_meta_device():
     # reads the number of entries above 1/B first, by design.
     p = torch.full((5, 3), 1 / 3, device="meta")
     y = torch.zeros(5, dtype=torch.long)  # labels on the host: moved to the probabilities' device
-    out = panel_sums(p, y, 10)
-    assert out.check.device.type == "meta" and out.labels.device.type == "meta"
-    assert out.top.count.shape == (10,) and out.classwise.count.shape == (3, 10) and out.nll.device.type == "meta"
+    for dtype in (torch.float32, torch.float16):
+        out = panel_sums(p.to(dtype), y, 10)
+        tensors = [out.check, out.labels, out.conf, out.pred, out.correct, out.n, out.nll, out.brier,
+                   out.top.count, out.top.conf, out.top.correct,
+                   out.classwise.count, out.classwise.conf, out.classwise.correct]
+        assert all(t.device.type == "meta" for t in tensors)  # everything stays on the device
+        assert out.top.count.shape == (10,) and out.classwise.count.shape == (3, 10)
+        assert out.n.dtype == out.nll.dtype == out.classwise.count.dtype == torch.float64
+    one = panel_sums(p, y, 1)  # one bin: no inner edge
+    assert one.top.count.device.type == one.classwise.correct.device.type == "meta"
     masked = panel_sums(p, y.to("meta"), 10, ignore_index=255)
     assert masked.weight.device.type == "meta" and masked.weight.shape == (5,)
+    assert masked.n.device.type == "meta" and masked.classwise.conf.device.type == "meta"
+    # the default of the device functions themselves: no value read
+    assert D.panel_sums_torch(p, y.to("meta"), 10).classwise.count.device.type == "meta"
+    assert D.classwise_torch(p, y.to("meta"), 10).count.device.type == "meta"
+    assert classwise_bin_sums(p, y.to("meta"), 10).conf.device.type == "meta"
+    with pytest.raises(NotImplementedError):
+        D.classwise_torch(p, y.to("meta"), 10, exact=True)
     assert panel_sums(p, y, 10, full=False).classwise is None
     with pytest.raises(NotImplementedError):
         panel_sums(p, y, 10, exact=True)
