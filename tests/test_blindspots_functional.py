@@ -25,6 +25,22 @@ def test_confusion_matrix_by_hand_with_weights():
     assert confusion_matrix(preds.int(), labels.int(), 3).tolist() == cm.tolist()
 
 
+def test_confusion_matrix_stays_on_the_device():
+    # meta tensors carry no data: the matrix is built on the predictions' device, without reading values
+    preds = torch.zeros(6, dtype=torch.long, device="meta")
+    cm = confusion_matrix(preds, preds, 3)
+    assert cm.device.type == "meta" and cm.shape == (3, 3) and cm.dtype == torch.float64
+
+
+def test_mean_iou_names_unconvertible_inputs():
+    with pytest.raises(ValueError, match=r"^probs_or_preds must be numeric"):
+        mean_iou(np.array(["a", "b"]), torch.tensor([0, 1]), 2)
+    with pytest.raises(ValueError, match=r"^labels must be numeric"):
+        mean_iou(torch.tensor([0, 1]), np.array(["a", "b"]), 2)
+    with pytest.raises(ValueError, match=r"^labels: cannot convert"):
+        mean_iou(torch.tensor([0, 1]), ["a", "b"], 2)
+
+
 def test_iou_from_confusion_by_hand():
     # IoU_0 = 1 / (2 + 2 - 1) = 1/3, IoU_1 = 1 / (1 + 2 - 1) = 1/2, IoU_2 = 2 / (3 + 2 - 2) = 2/3;
     # class 3 absent from labels and predictions: left out of the mean
