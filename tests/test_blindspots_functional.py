@@ -262,6 +262,15 @@ def test_to_rows_dense_and_ignore_index():
     assert b.binary and b.labels.tolist() == [1, 0] and b.probs[:, 1].tolist() == pytest.approx([0.2, 0.4])
 
 
+def test_to_rows_one_spatial_axis():
+    # (N, K, L): dense with a single spatial axis
+    probs = torch.tensor([[[0.9, 0.2, 0.5], [0.1, 0.8, 0.5]]], dtype=torch.float64)  # N=1, K=2, L=3
+    r = to_rows(probs, torch.tensor([[0, 1, 1]]))
+    assert r.dense and r.probs.tolist() == [[0.9, 0.1], [0.2, 0.8], [0.5, 0.5]] and r.labels.tolist() == [0, 1, 1]
+    m = to_rows(probs, torch.tensor([[0, 9, 1]]), ignore_index=9, compact=False)
+    assert m.dense and m.valid.tolist() == [True, False, True] and m.labels.tolist() == [0, 0, 1]
+
+
 def test_to_rows_errors():
     probs = torch.full((1, 3, 2, 2), 1 / 3)
     with pytest.raises(ValueError, match=r"^dense scores of shape \(1, 3, 2, 2\) \(N, K, \*spatial\) need labels of "
