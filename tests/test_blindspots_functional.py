@@ -260,6 +260,8 @@ def test_to_rows_dense_and_ignore_index():
     # binary with ignore_index
     b = to_rows(torch.tensor([0.2, 0.9, 0.4]), torch.tensor([1, 7, 0]), ignore_index=7)
     assert b.binary and b.labels.tolist() == [1, 0] and b.probs[:, 1].tolist() == pytest.approx([0.2, 0.4])
+    b = to_rows(torch.tensor([0.2, 0.9, 0.4]), torch.tensor([1, 7, 0]), ignore_index=7, compact=False)
+    assert b.binary is True and not b.dense and b.valid.tolist() == [True, False, True]
 
 
 def test_to_rows_one_spatial_axis():
@@ -274,7 +276,8 @@ def test_to_rows_one_spatial_axis():
 def test_to_rows_errors():
     probs = torch.full((1, 3, 2, 2), 1 / 3)
     with pytest.raises(ValueError, match=r"^dense scores of shape \(1, 3, 2, 2\) \(N, K, \*spatial\) need labels of "
-                                         r"shape \(1, 2, 2\), got \(4,\) \(binary maps: pass 1-D"):
+                                         r"shape \(1, 2, 2\), got \(4,\) \(binary maps: pass 1-D positive-class "
+                                         r"probabilities and labels, e.g. probs.flatten\(\), labels.flatten\(\)\)$"):
         to_rows(probs, torch.zeros(4, dtype=torch.long), name="scores")
     with pytest.raises(ValueError, match=r"^labels must hold integer class indices, got dtype torch.float32$"):
         to_rows(probs, torch.zeros(1, 2, 2), ignore_index=255)
@@ -289,6 +292,13 @@ def test_to_rows_errors():
         to_rows(flat, torch.zeros(3, 1, dtype=torch.long), ignore_index=-100)
     # without ignore_index the labels are left to the caller (a float label passes here)
     assert to_rows(flat, torch.zeros(3)).labels.dtype == torch.float32
+    # unconvertible inputs are named
+    with pytest.raises(ValueError, match=r"^scores must be numeric"):
+        to_rows(np.array(["a", "b"]), torch.tensor([0, 1]), name="scores")
+    with pytest.raises(ValueError, match=r"^labels must be numeric"):
+        to_rows(flat, np.array(["a", "b", "c"]))
+    with pytest.raises(ValueError, match=r"^labels: cannot convert"):
+        to_rows(flat, ["a", "b", "c"])
     # numpy input, converted
     r = to_rows(np.full((2, 2), 0.5), np.array([0, 1]))
     assert isinstance(r.probs, torch.Tensor) and r.probs.dtype == torch.float64
