@@ -196,6 +196,40 @@ def test_pixels_errors():
         feature_rows(torch.zeros(2, 4, 1, 2, dtype=torch.long), logits)
 
 
+def test_pixels_more_layouts_and_names():
+    # one spatial axis and two classes are valid dense inputs
+    logits = torch.tensor([[[1.0, -1.0, 0.5], [0.0, 2.0, 0.5]]])  # (N=1, K=2, L=3)
+    rows, t, valid = dense_rows(logits, torch.tensor([[1, 255, 0]]))
+    assert rows.tolist() == [[1, 0], [-1, 2], [0.5, 0.5]] and t.tolist() == [1, 0, 0]
+    assert valid.tolist() == [True, False, True]
+    # a single +inf (the minimum is finite) is caught
+    bad = logits.clone()
+    bad[0, 1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"^logits contains 1 NaN or infinite value\(s\)$"):
+        dense_rows(bad, torch.tensor([[1, 0, 0]]))
+    # unconvertible inputs are named
+    y = torch.tensor([[1, 0, 0]])
+    with pytest.raises(ValueError, match=r"^scores must be numeric"):
+        dense_rows(np.array([[["a"]]]), y, name="scores")
+    with pytest.raises(ValueError, match=r"^targets must be numeric"):
+        dense_rows(logits, np.array([["a", "b", "c"]]))
+    with pytest.raises(ValueError, match=r"^features must be numeric"):
+        feature_rows(np.array([[["a"]]]), logits)
+    # the features' error names the logits argument, by default "logits"
+    with pytest.raises(ValueError, match=r"^features must have shape \(N, D, \*S\) = \(1, D, 3\) to match logits, "
+                                         r"got \(1, 4, 2\)$"):
+        feature_rows(torch.zeros(1, 4, 2), logits)
+    with pytest.raises(ValueError, match=r"to match scores, got \(1, 4, 2\)$"):
+        flatten_pixels(logits, y, features=torch.zeros(1, 4, 2), name="scores")
+
+
+def test_dense_rows_move_targets_to_the_logits_device():
+    logits = torch.zeros(2, 3, 4, 4, device="meta")
+    with trusted_inputs():  # no value can be read on the meta device
+        rows, t, valid = dense_rows(logits, torch.zeros(2, 4, 4, dtype=torch.long))
+    assert rows.shape == (32, 3) and t.device.type == valid.device.type == "meta"
+
+
 def re_shape(shape):
     return str(tuple(shape)).replace("(", r"\(").replace(")", r"\)")
 
