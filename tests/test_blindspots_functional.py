@@ -324,6 +324,9 @@ def test_to_rows_errors():
         to_rows(flat, torch.tensor([0, 1]), ignore_index=-100)
     with pytest.raises(ValueError, match=r"^labels must have shape \(N,\), got \(3, 1\)$"):
         to_rows(flat, torch.zeros(3, 1, dtype=torch.long), ignore_index=-100)
+    # a 0-dim input gets the layout error, with or without ignore_index
+    with pytest.raises(ValueError, match=r"^probs must have shape \(N, K\), got \(\)$"):
+        to_rows(torch.tensor(0.5), torch.tensor([0]), ignore_index=9)
     # without ignore_index the labels are left to the caller (a float label passes here)
     assert to_rows(flat, torch.zeros(3)).labels.dtype == torch.float32
     # unconvertible inputs are named
