@@ -50,6 +50,9 @@ declare -A TESTS=(
   [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py tests/test_segmentation_train.py tests/test_blindspots_steps.py"
   [calibkit/distributed.py]="tests/test_blindspots_fedlas_ddp.py tests/test_metrics.py tests/test_losses.py"
   [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py tests/test_blindspots_annotate.py"
+  [calibkit/functional/iou.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
+  [calibkit/functional/pixels.py]="tests/test_dense_losses.py tests/test_blindspots_functional.py"
+  [calibkit/functional/inputs.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
 )
 # smallest first
 DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators.py
@@ -58,6 +61,8 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
          calibkit/functional/binning.py calibkit/losses/basic.py
          calibkit/losses/fedlas.py calibkit/losses/adafocal.py
+         calibkit/functional/iou.py calibkit/functional/inputs.py calibkit/functional/pixels.py
+         calibkit/functional/panel_device.py calibkit/functional/panel.py
          calibkit/report/data.py calibkit/report/tables.py calibkit/report/tuning.py
          calibkit/report/build.py calibkit/report/render.py calibkit/report/figures.py)
 MODULES=("$@")
