@@ -753,3 +753,26 @@ def test_three_channel_groups_share_their_noise(fake_heun):
     noise = fake_heun[0]["noise"]
     assert noise.shape == (16, 3, 32, 32) and out["images"].shape == (16, 3, 28, 28)
     assert torch.equal(noise[:8], gen_mod.group_noise(0, 0, (1, 3, 32, 32)).expand(8, -1, -1, -1))
+
+
+def test_training_images_outside_validation_reads_data_dir_and_val_size_for_every_seed(monkeypatch):
+    import calibkit.data as data_pkg
+
+    real, calls = data_pkg.load, []
+
+    def spy(name, **kw):
+        calls.append(kw)
+        return real(name, **kw)
+
+    monkeypatch.setattr(data_pkg, "load", spy)
+    images, _, _, record = training_images_outside_validation("digits", [4, 2], val_size=100, data_dir="/nowhere")
+    assert [c["data_dir"] for c in calls] == ["/nowhere"] * 3  # digits ignores it; a folder data set reads it
+    assert [c["val_size"] for c in calls] == [100, 0, 100] and calls[0]["seed"] == 2 and calls[2]["seed"] == 4
+    assert record["val_size"] == 100 and set(record["val_checksums"]) == {"2", "4"}
+    assert record["excluded"] < 200 and len(images) == 1437 - record["excluded"]  # two draws of 100, overlapping
+
+
+def test_training_images_outside_validation_can_exclude_everything():
+    images, labels, _, record = training_images_outside_validation("digits", range(3), val_size=0.95)
+    assert record["excluded"] == 1437 and record["train_images"] == 0
+    assert images.shape == (0, 1, 28, 28) and images.dtype == torch.uint8 and labels.shape == (0,)
