@@ -22,7 +22,10 @@ Phases of the bench's wall time (exclusive, so nothing is counted twice):
 Printed: each phase as a share of the wall time; the per-run overhead (what every run of a bench
 costs beyond its bare steps: its data load, its train loop's extra and its evaluation) over the
 bare steps; and the same with the once-per-bench costs (import, evaluation data, report) spread
-over the preset's full number of runs. Target: per-run overhead <= 10%.
+over the preset's full number of runs. Target: per-run overhead <= 10%. Also timed side by side:
+the *bare validation passes* (the model's logits on the validation split once per epoch, nothing
+else), the computation the checkpoint policy needs whatever the loop around it does, and the
+per-run overhead beyond the bare steps and those passes together.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py                  # one default CE run
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --epochs 4 --methods ce mixup
@@ -102,12 +105,35 @@ class Phases:
             setattr(o, attr, timed)
 
 
-def bare_steps(cfg) -> float:
-    """Seconds of ``cfg.epochs`` epochs of bare steps (same model, loss, step, batches, clip, SGD)."""
+def bare_steps(cfg) -> tuple[float, float]:
+    """Seconds of ``cfg.epochs`` epochs of bare steps (same model, loss, step, batches, clip, SGD),
+    and of the bare passes over the validation split after each (:func:`bare_validation`), timed
+    apart but interleaved as in training, so each pass starts with the caches an epoch leaves."""
     dd = D.setup(cfg.device)
     with tempfile.TemporaryDirectory() as tmp:
         run = loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
-    return bare_epochs(run, cfg.epochs)
+    steps = val = 0.0
+    for epoch in range(cfg.epochs):
+        steps += bare_epochs(run, 1, first=epoch)
+        val += bare_validation(run, 1)
+    return steps, val
+
+
+@torch.no_grad()
+def bare_validation(run, epochs: int) -> float:
+    """Seconds of ``epochs`` bare forward passes over a built run's validation split: the model's
+    logits in eval mode, in the run's evaluation batches, and nothing else (no metrics, no copies).
+    This is the computation the checkpoint policy cannot do without."""
+    device, images = run.dd.device, run.bundle.val.images
+    b = D.eval_batch_size(device, run.cfg.eval_batch_size)
+    run.model.eval()
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for i in range(0, len(images), b):
+            run.model(run.inputs.eval_batch(images[i:i + b].to(device)))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def bare_epochs(run, epochs: int, first: int = 0) -> float:
@@ -189,8 +215,9 @@ def main() -> None:
         wall_bench = time.perf_counter() - t0
         t = dict(ph.total)  # before the bare steps, whose set-up loads the data again
         runs = [(s, m) for s in args.seeds for m in bench.methods]
-        bare = sum(bare_steps(runner.train_config(preset, m, s, device=args.device,
-                                                  num_threads=args.num_threads)) for s, m in runs)
+        timed = [bare_steps(runner.train_config(preset, m, s, device=args.device, num_threads=args.num_threads))
+                 for s, m in runs]
+        bare, bare_val = sum(a for a, _ in timed), sum(v for _, v in timed)
     finally:
         if not args.out:
             shutil.rmtree(out, ignore_errors=True)
@@ -218,6 +245,11 @@ def main() -> None:
           f"{(per_run - bare) / bare:.1%}  (target <= 10%)")
     print(f"  of which the per-epoch validation (model selection, part of the protocol): "
           f"{t.get('validate', 0.0) / bare:.1%}; the rest: {(per_run - t.get('validate', 0.0) - bare) / bare:.1%}")
+    print(f"bare validation passes (the logits the checkpoint policy needs, nothing else): {bare_val:.1f} s "
+          f"= {bare_val / bare:.1%} of the bare steps; validation every epoch / bare passes: "
+          f"{t.get('validate', 0.0) / bare_val:.3f}")
+    print(f"per-run overhead beyond the bare steps and the bare validation passes: "
+          f"{(per_run - bare - bare_val) / (bare + bare_val):.1%}")
     spread = per_bench * n / full_runs
     print(f"with the once-per-bench costs ({per_bench:.1f} s: import, evaluation data, report, other) spread "
           f"over the preset's {full_runs} runs: {(per_run + spread - bare) / bare:.1%}")

@@ -24,6 +24,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from calibkit.distributed import eval_batch_size
+
 CONFIG = "config.json"
 MODEL = "model.safetensors"
 CHECKPOINT = "checkpoint.pt"
@@ -216,7 +218,7 @@ def load_run(run_dir):
 
 
 @torch.no_grad()
-def predict_logits(model, images: torch.Tensor, norm, batch_size: int = 512, device=None) -> torch.Tensor:
+def predict_logits(model, images: torch.Tensor, norm, batch_size: int | None = None, device=None) -> torch.Tensor:
     """Logits of ``model`` (eval mode) for stored inputs, prepared exactly as in training.
 
     Args:
@@ -224,7 +226,7 @@ def predict_logits(model, images: torch.Tensor, norm, batch_size: int = 512, dev
         images: the inputs as stored (uint8 images ``(N, C, H, W)``, or the modality's own form).
         norm: how inputs are prepared: an input pipeline (:mod:`calibkit.data.inputs`), a
             ``DataBundle``, a run's ``config.json`` dict, or a ``(mean, std)`` pair for images.
-        batch_size: inputs per forward pass.
+        batch_size: inputs per forward pass (None: by device, :func:`calibkit.distributed.eval_batch_size`).
         device: where to compute (default: the model's device).
 
     Returns:
@@ -242,6 +244,7 @@ def predict_logits(model, images: torch.Tensor, norm, batch_size: int = 512, dev
         inputs = inputs_for(norm, augment=False)
     if device is None:
         device = next(model.parameters()).device
+    batch_size = eval_batch_size(device, batch_size)
     model.eval()
     out = [
         model(inputs.eval_batch(images[i : i + batch_size].to(device))).float().cpu()

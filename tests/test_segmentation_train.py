@@ -36,9 +36,9 @@ def test_image_level_methods_are_refused_for_segmentation():
 
 
 def test_training_accuracy_counts_labelled_pixels():
-    from calibkit.train.loop import _Sums
+    from calibkit.train.steps import EpochSums
 
-    sums = _Sums(2, "cpu")
+    sums = EpochSums(2, "cpu")
     logits = torch.zeros(2, 3, 2, 2)
     logits[:, 1] = 1.0  # predicts class 1 everywhere
     target = torch.tensor([[[1, 255], [0, 1]], [[255, 255], [1, 2]]])

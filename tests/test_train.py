@@ -65,6 +65,36 @@ def test_config_errors_name_the_problem(tmp_path):
         with pytest.raises(ValueError, match=f"^{field}:"):
             load_config(None, **kw)
 
+    with pytest.raises(ValueError, match="^eval_batch_size: must be >= 1, got 0"):
+        load_config(None, eval_batch_size=0)
+
+
+def test_eval_batch_size_by_device_and_invariance():
+    from calibkit.distributed import eval_batch_size
+
+    assert load_config(None).eval_batch_size is None  # chosen by device at run time
+    assert (eval_batch_size("cpu"), eval_batch_size(torch.device("cpu"))) == (128, 128)
+    assert (eval_batch_size("cuda"), eval_batch_size("cuda:1"), eval_batch_size("mps")) == (1024, 1024, 1024)
+    assert (eval_batch_size("cpu", 7), eval_batch_size("cuda", 3)) == (7, 3)
+    # The batch size changes the speed, and the logits only by rounding (a small last batch may take
+    # another matrix-multiply kernel): 300 inputs in one pass, in passes of the CPU default (128:
+    # three passes, the last of 44), or of 7, against the network computed by hand.
+    torch.manual_seed(0)
+    from calibkit.models import mlp
+
+    model, x = mlp(10, 1, 8), torch.randint(0, 256, (300, 1, 8, 8), dtype=torch.uint8)
+    norm = (0.5, 0.25)
+    one = predict_logits(model, x, norm, batch_size=300)
+    xf = (x.float() / 255 - 0.5) / 0.25
+    w = [(layer.weight.detach().double(), layer.bias.detach().double()) for layer in (model.fc1, model.fc2, model.head)]
+    h = xf.flatten(1).double()
+    for i, (weight, bias) in enumerate(w):
+        h = h @ weight.T + bias
+        h = h.clamp_min(0) if i < 2 else h
+    for got in (one, predict_logits(model, x, norm), predict_logits(model, x, norm, 7)):
+        assert got.shape == (300, 10) and got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), h, rtol=1e-5, atol=1e-6)
+
 
 def test_presets_follow_the_protocols():
     names = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
@@ -216,6 +246,36 @@ def test_amp_bfloat16_trains(tmp_path):
     logits = load_logits(tmp_path / "run")["test_logits"]
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
+
+
+def test_channels_last_computes_the_same_run(tmp_path, monkeypatch):
+    import calibkit.train.loop as loop
+
+    layouts = []
+    build = loop._build
+
+    def spy(cfg, *a, **k):
+        run = build(cfg, *a, **k)
+        layouts.append(run.model.conv2.weight.is_contiguous(memory_format=torch.channels_last))
+        return run
+
+    monkeypatch.setattr(loop, "_build", spy)
+    runs = {}
+    for cl in (False, True):
+        out = tmp_path / f"cl{int(cl)}"
+        assert run_quiet(tiny(model="cnn", epochs=2, channels_last=cl), out)["status"] == "done"
+        runs[cl] = (json.loads((out / rundir.HISTORY).read_text()), load_logits(out), load_run(out)[0])
+    assert layouts == [False, True]  # the flag reaches the model (a weight of 64 x 32 x 3 x 3)
+    # Same function, other kernels: the losses and logits agree to rounding, and the saved weights load.
+    (h0, l0, m0), (h1, l1, m1) = runs[False], runs[True]
+    for a, b in zip(h0, h1):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+    torch.testing.assert_close(l1["test_logits"], l0["test_logits"], rtol=1e-4, atol=1e-4)
+    for (name, p0), (_, p1) in zip(m0.state_dict().items(), m1.state_dict().items()):
+        torch.testing.assert_close(p1, p0, rtol=1e-4, atol=1e-5, msg=name)
+    # a runtime field: a finished run is not retrained when only the layout changes
+    assert run_quiet(tiny(model="cnn", epochs=2, channels_last=False), tmp_path / "cl1")["status"] == "done"
+    assert len(layouts) == 2
 
 def test_adafocal_is_updated_on_validation_every_epoch(tmp_path, monkeypatch):
     seen, calls = {}, []

@@ -150,7 +150,7 @@ def robustness_metrics(predict, corrupted: dict, labels: torch.Tensor, temperatu
     return {"n": len(labels), "corruptions": sorted(per), "per": per, "by_severity": by_sev, "overall": overall}
 
 
-def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", batch_size: int = 1024) -> dict:
+def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", batch_size: int | None = None) -> dict:
     """All the bench's measurements of one finished run directory.
 
     Args:

@@ -96,7 +96,7 @@ def stream(model, split, inputs, batch_size: int, device, dd=None, temperatures=
             for _ in temperatures]
     rows, labs = [], []
     model.eval()
-    batch_size = max(1, min(int(batch_size), DENSE_BATCH))
+    batch_size = max(1, min(D.eval_batch_size(device, batch_size), DENSE_BATCH))
     for s in range(0, len(idx), batch_size):
         chunk = idx[s:s + batch_size]
         logits = model(inputs.eval_batch(split.images[chunk].to(device))).float()
@@ -181,7 +181,7 @@ def _fit_temperature(val_logits, val_labels, objective: str = "nll", n_bins: int
 
 
 def evaluate_dense(model, split, inputs, val_logits, val_labels, n_bins: int = 15, objective: str = "nll",
-                   device="cpu", batch_size: int = 64, dd=None) -> dict:
+                   device="cpu", batch_size: int | None = 64, dd=None) -> dict:
     """Test metrics over every labelled pixel, before and after temperature scaling.
 
     ``T`` is fitted on the validation pixel sample (``val_logits`` (P, K), ``val_labels`` (P,));

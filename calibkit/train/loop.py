@@ -42,7 +42,7 @@ from calibkit import rundir
 from calibkit.config import TrainConfig
 from calibkit.train.keep import Keeper
 from calibkit.train.schedule import learning_rate
-from calibkit.train.steps import EpochGenerators, build_step
+from calibkit.train.steps import EpochGenerators, EpochSums, build_step
 
 
 class _WithFeatures(nn.Module):
@@ -157,6 +157,8 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     K, dev = bundle.num_classes, dd.device
     _check_modality(cfg, bundle.modality, input_kind(MODELS[cfg.model]))
     model = MODELS[cfg.model](num_classes=K, in_channels=bundle.in_channels).to(dev)
+    if cfg.channels_last:  # conv outputs follow the weights' layout; inputs need no conversion
+        model = model.to(memory_format=torch.channels_last)
     if bool(getattr(model, "dense", False)) != (bundle.modality == "segmentation"):
         from calibkit.models import DENSE_MODELS
 
@@ -198,45 +200,6 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     return run
 
 
-class _Sums:
-    """Per-step records of one epoch kept on the device, read once at its end.
-
-    Each step writes its loss, its count (samples, or labelled pixels for dense targets) and its
-    correct count into slot ``step`` of preallocated buffers: four kernels, no host sync. A
-    non-finite loss propagates into the epoch's sum; its step is the first non-finite slot.
-    """
-
-    def __init__(self, steps: int, device):
-        self.loss = torch.zeros(steps, dtype=torch.float32, device=device)
-        self.count = None  # dense targets: labelled pixels per step (else ``sizes``, on the host)
-        self.correct = torch.zeros(steps, dtype=torch.long, device=device)
-        self.sizes: list[int] = []
-        self.steps = 0
-
-    def add(self, step: int, loss, logits, target) -> None:
-        self.loss[step] = loss.detach()
-        hit = logits.detach().argmax(1) == target
-        if logits.dim() > 2:  # dense: a target outside [0, K) is void and counts nowhere
-            if self.count is None:
-                self.count = torch.zeros_like(self.correct)
-            labelled = (target >= 0) & (target < logits.shape[1])
-            torch.sum(labelled, dim=tuple(range(labelled.dim())), out=self.count[step])
-        else:
-            self.sizes.append(len(target))
-        torch.sum(hit, dim=tuple(range(hit.dim())), out=self.correct[step])  # one kernel, into the slot
-        self.steps = step + 1
-
-    def read(self) -> tuple[float, float, float, int, float]:
-        """``(loss sum, correct, count, first non-finite step or -1, its loss)`` of the steps so far."""
-        loss = self.loss[:self.steps].double().cpu()
-        count = (self.count[:self.steps].double().cpu() if self.count is not None
-                 else torch.tensor(self.sizes, dtype=torch.float64))
-        bad = (~torch.isfinite(loss)).nonzero()
-        first = int(bad[0, 0]) if len(bad) else -1
-        return (float((loss * count).sum()), float(self.correct[:self.steps].sum()), float(count.sum()), first,
-                float(loss[first]) if first >= 0 else 0.0)
-
-
 def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     cfg, dd, dev = run.cfg, run.dd, run.dd.device
     train = run.bundle.train
@@ -248,7 +211,7 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     gens = EpochGenerators(aug=_epoch_rng(cfg.seed, epoch, dd.rank, 1, dev), draw=_epoch_rng(cfg.seed, epoch, dd.rank, 2))
     run.net.train()
     run.loss_fn.train()
-    sums = _Sums(steps, dev)
+    sums = EpochSums(steps, dev)
     y_cpu = run.train_y_cpu[order]  # host-side targets in this epoch's order (CSM's draws)
     # autocast only when asked: entering even a disabled context costs host time every step
     amp = functools.partial(torch.autocast, dev.type, dtype=torch.bfloat16) if cfg.amp else contextlib.nullcontext
@@ -288,7 +251,8 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
 def _logits(run: _Run, split) -> torch.Tensor:
     """Logits of a whole split; under DDP each rank computes a chunk and all ranks get every row."""
     idx, _ = D.eval_shard(len(split), run.dd)
-    logits = rundir.predict_logits(run.model, split.images[idx], run.inputs, run.cfg.eval_batch_size, run.dd.device)
+    images = split.images[idx] if run.dd.enabled else split.images  # one process: every row in order, no copy
+    logits = rundir.predict_logits(run.model, images, run.inputs, run.cfg.eval_batch_size, run.dd.device)
     return D.gather_rows(logits.to(run.dd.device), len(split), run.dd).cpu()
 
 

@@ -21,6 +21,8 @@ the host, so that no device->host copy is needed), and ``gens`` the epoch's gene
   ``soft_l2``, a diagnostic option).
 
 A new method adds a class here and an entry in :data:`STEPS`; the loop does not change.
+:class:`EpochSums` keeps each step's loss and correct count on the device for the loop, which reads
+them once per epoch.
 """
 
 from __future__ import annotations
@@ -119,3 +121,42 @@ def build_step(cfg, loss_fn, num_classes: int, inputs, seed: int):
     return STEPS[cfg.method](loss_fn, num_classes=num_classes, mix_alpha=mix_alpha, companion=companion,
                              inputs=inputs, csm_weight=cfg.csm_weight, csm_per_real=cfg.csm_per_real,
                              csm_loss=cfg.csm_loss)
+
+
+class EpochSums:
+    """Per-step records of one epoch kept on the device, read once at its end.
+
+    Each step writes its loss, its count (samples, or labelled pixels for dense targets) and its
+    correct count into slot ``step`` of preallocated buffers: four kernels, no host sync. A
+    non-finite loss propagates into the epoch's sum; its step is the first non-finite slot.
+    """
+
+    def __init__(self, steps: int, device):
+        self.loss = torch.zeros(steps, dtype=torch.float32, device=device)
+        self.count = None  # dense targets: labelled pixels per step (else ``sizes``, on the host)
+        self.correct = torch.zeros(steps, dtype=torch.long, device=device)
+        self.sizes: list[int] = []
+        self.steps = 0
+
+    def add(self, step: int, loss, logits, target) -> None:
+        self.loss[step] = loss.detach()
+        hit = logits.detach().argmax(1) == target
+        if logits.dim() > 2:  # dense: a target outside [0, K) is void and counts nowhere
+            if self.count is None:
+                self.count = torch.zeros_like(self.correct)
+            labelled = (target >= 0) & (target < logits.shape[1])
+            torch.sum(labelled, dim=tuple(range(labelled.dim())), out=self.count[step])
+        else:
+            self.sizes.append(len(target))
+        torch.sum(hit, dim=tuple(range(hit.dim())), out=self.correct[step])  # one kernel, into the slot
+        self.steps = step + 1
+
+    def read(self) -> tuple[float, float, float, int, float]:
+        """``(loss sum, correct, count, first non-finite step or -1, its loss)`` of the steps so far."""
+        loss = self.loss[:self.steps].double().cpu()
+        count = (self.count[:self.steps].double().cpu() if self.count is not None
+                 else torch.tensor(self.sizes, dtype=torch.float64))
+        bad = (~torch.isfinite(loss)).nonzero()
+        first = int(bad[0, 0]) if len(bad) else -1
+        return (float((loss * count).sum()), float(self.correct[:self.steps].sum()), float(count.sum()), first,
+                float(loss[first]) if first >= 0 else 0.0)

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from calibkit.distributed import eval_batch_size
 from calibkit.methods.maccal.masking import check_int, deployed_proba, mc_logits
 from calibkit.methods.maccal.stage2 import DEFAULTS, check_features, fit_masked_head
 
@@ -179,7 +180,7 @@ def _batches(data, batch_size: int):
 
 
 @torch.no_grad()
-def extract_features(model: nn.Module, data, feature_fn: Callable | None = None, *, batch_size: int = 1024,
+def extract_features(model: nn.Module, data, feature_fn: Callable | None = None, *, batch_size: int | None = None,
                      device=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Penultimate features of any model, computed once, in eval mode, without gradients.
 
@@ -190,14 +191,16 @@ def extract_features(model: nn.Module, data, feature_fn: Callable | None = None,
             random augmentation and unshuffled if the order matters.
         feature_fn: ``feature_fn(model, inputs) -> (B, D)``, everything before the last linear
             layer (e.g. ``lambda m, x: m.body(x)``); default ``model.forward_features(inputs)``.
-        batch_size: batch size when ``data`` is a tensor or a Dataset.
+        batch_size: batch size when ``data`` is a tensor or a Dataset (None: by device, 128 on a
+            CPU, 1024 on an accelerator: :func:`calibkit.distributed.eval_batch_size`).
         device: where the model runs (default: the device of its first parameter, else CPU).
 
     Returns:
         ``(features, labels)``: float32 ``(N, D)`` on the CPU, and int64 ``(N,)`` labels (``None``
         when ``data`` carries none).
     """
-    check_int(batch_size, "batch_size", 1)
+    if batch_size is not None:
+        check_int(batch_size, "batch_size", 1)
     if feature_fn is None:
         if not hasattr(model, "forward_features"):
             raise ValueError(f"{type(model).__name__} has no forward_features(); pass "
@@ -206,6 +209,7 @@ def extract_features(model: nn.Module, data, feature_fn: Callable | None = None,
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
+    batch_size = eval_batch_size(device, batch_size)
     was_training = model.training
     model.eval()
     feats, labels = [], []
