@@ -398,6 +398,9 @@ def test_class_pairs_and_group_conditions_by_hand():
         want[int(cond["c1"][i])] += cond["lam"][i]
         torch.testing.assert_close(cond["y"][i], want)
     assert all(cond[k].dtype == torch.long for k in ("group", "member", "c1", "c2"))
+    empty = group_conditions([], 3)  # no groups: empty integer columns all the same
+    assert all(empty[k].shape == (0,) and empty[k].dtype == torch.long for k in ("group", "member", "c1", "c2"))
+    assert empty["y"].shape == (0, 3)
 
 
 def test_group_noise_follows_the_seeding_rule():
@@ -488,6 +491,9 @@ def test_generate_defaults_and_errors(tiny, fake_heun):
     fake_heun.clear()
     generate(tiny, 1, precision="bf16")
     assert fake_heun[0]["d"] is not tiny
+    fake_heun.clear()
+    generate(tiny, 1, steps=1)  # one step is allowed
+    assert fake_heun[0]["steps"] == 1
     for kw in ({"num_groups": 0}, {"num_groups": 1, "steps": 0}):
         with pytest.raises(ValueError, match=r"^num_groups and steps must be positive$"):
             generate(tiny, **kw)
@@ -538,6 +544,7 @@ def test_resolve_generator(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     _resolve_generator(tiny, None)
     _resolve_generator(tiny, "cpu")
+    _resolve_generator(tiny, torch.device("cpu"))  # a torch.device is used as given
     assert seen == [("auto", 3), ("cpu", 3)]
 
 
@@ -601,6 +608,8 @@ def test_generate_store_other_ranks_and_errors(tiny, tmp_path, capsys, fake_heun
     with pytest.raises(ValueError, match=r"^store \S*r was generated with other settings \{'steps': \(20, 3\)\}; "
                                          r"use a new --out$"):
         generate_store(tiny, out, 5, steps=3, groups_per_shard=1, distributed=None, device="cpu")
+    assert generate_store(tiny, tmp_path / "one", 1, steps=1, groups_per_shard=1, distributed=None, device="cpu",
+                          progress=False)["steps"] == 1  # one step and one group per shard are allowed
     for kw in ({"num_groups": 0}, {"num_groups": 1, "groups_per_shard": 0}, {"num_groups": 1, "steps": 0}):
         with pytest.raises(ValueError, match=r"^num_groups, groups_per_shard and steps must be positive$"):
             generate_store(tiny, tmp_path / "x", **kw)
@@ -707,18 +716,18 @@ def test_generate_store_under_torchrun_environment(tiny, tmp_path, monkeypatch, 
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
     monkeypatch.setattr(dist, "get_rank", lambda: 1)
-    monkeypatch.setattr(dist, "get_world_size", lambda: 3)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(dist, "barrier", lambda: calls.append(("barrier",)))
     monkeypatch.setattr(dist, "destroy_process_group", lambda: calls.append(("destroy",)))
-    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     gen_mod = _gen_mod()
-    assert gen_mod._dist_env("env") == (1, 3, True)
+    assert gen_mod._dist_env("env") == (1, 2, True)
     calls.clear()
     gen_mod.generate_store(tiny, tmp_path / "s", 5, groups_per_shard=1, device="cpu", progress=False)
     from calibkit.methods.csm.store import shard_done
 
     assert calls == [("init", "gloo"), ("barrier",), ("destroy",)]
-    assert [k for k in range(5) if shard_done(tmp_path / "s", k)] == [1, 4]
+    assert [k for k in range(5) if shard_done(tmp_path / "s", k)] == [1, 3]
     # An explicit (rank, world) never touches the process group.
     calls.clear()
     gen_mod.generate_store(tiny, tmp_path / "t", 5, groups_per_shard=1, device="cpu", progress=False,

@@ -26,7 +26,7 @@ def test_registry_names_and_classes():
     ("true", True), ("False", False), ("TRUE", True), ("fAlSe", False),
     ("7", 7), ("+3", 3), ("-12", -12), ("007", 7),
     ("2.5", 2.5), ("-1e-3", -0.001), ("1E2", 100.0), ("inf", float("inf")),
-    ("abc", "abc"), ("'quoted'", "quoted"), ('"dq"', "dq"), ("1x", "1x"), ("3 4", "3 4"),
+    ("abc", "abc"), ("XyX", "XyX"), ("X", "X"), ("'quoted'", "quoted"), ('"dq"', "dq"), ("1x", "1x"), ("3 4", "3 4"),
 ])
 def test_parse_value_by_hand(text, value):
     out = parse(text)
