@@ -312,7 +312,9 @@ def test_features_of_every_split_in_eval_mode(s1):
     assert len(run_mod._stage1_features(s1, info, None, "cpu", 1000)[3]["val"][1]) == len(bundle.val)
 
 
-@pytest.mark.parametrize("eval_batch_size, train_batches", [(None, [1024, 1237 - 1024]), (500, [500, 500, 237])])
+# By default the CPU batch of calibkit.distributed.eval_batch_size (128): 9 full batches of the 1237
+# training images and 1237 - 9 * 128 = 85 left.
+@pytest.mark.parametrize("eval_batch_size, train_batches", [(None, [128] * 9 + [85]), (500, [500, 500, 237])])
 def test_features_are_computed_in_batches_of_eval_batch_size(s1, tmp_path, monkeypatch, eval_batch_size,
                                                              train_batches):
     from calibkit.models.small import MLP
@@ -349,3 +351,24 @@ def test_model_without_a_linear_head_is_refused(s1, monkeypatch):
     monkeypatch.setattr(rundir, "load_run", headless)
     with pytest.raises(ValueError, match=r"^stage-1 model 'mlp' has no linear `head` / `forward_features`$"):
         run_mod._stage1_features(s1, rundir.load_info(s1), None, "cpu", 1000)
+
+
+def test_stage2_fields_replace_the_stage1_ones(s1, tmp_path):
+    """A stage-1 run recorded elsewhere (another checkout, a GPU, another best epoch): config.json
+    of stage 2 keeps those values under "stage1" only and records its own at the top level.
+    (Its status cannot differ: only a finished stage-1 run is accepted.)"""
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    for p in s1.iterdir():
+        if p.is_file():
+            (other / p.name).write_bytes(p.read_bytes())
+    info1 = json.loads((other / rundir.CONFIG).read_text())
+    info1.update(git_commit="0123456789abcdef", device="cuda:7", best_epoch=9, wall_time_s=1234.5)
+    (other / rundir.CONFIG).write_text(json.dumps(info1))
+    summary = run_maccal(other, tmp_path / "o", epochs=2, mc_samples=2, device="cpu")
+    info = rundir.load_info(tmp_path / "o")
+    assert info["stage1"]["git_commit"] == "0123456789abcdef" and info["stage1"]["best_epoch"] == 9
+    assert info["stage1"]["wall_time_s"] == 1234.5
+    assert info["device"] == "cpu" and info["best_epoch"] == summary["best_epoch"] in (1, 2)
+    assert info["git_commit"] == rundir.environment()["git_commit"] != "0123456789abcdef"
+    assert info["wall_time_s"] == summary["wall_time_s"] != 1234.5
