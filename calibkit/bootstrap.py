@@ -139,7 +139,6 @@ class _Prepared:
         n, K, B = self.N, self.K, self.B
         R = W.shape[0]
         edges = equal_width_edges(B, self.probs.dtype)
-        count = torch.zeros(R, K * B, dtype=torch.float64)
         conf = torch.zeros(R, K * B, dtype=torch.float64)
         if B > 1:
             flat = self.probs.reshape(-1)
@@ -147,10 +146,8 @@ class _Prepared:
             vals = flat[idx]
             slot = (idx % K) * B + bin_indices(vals, edges)
             Wi = W[:, idx // K]  # (R, nnz)
-            count.index_add_(1, slot, Wi)
             conf.index_add_(1, slot, Wi * vals.double())
-        count, conf = count.view(R, K, B), conf.view(R, K, B)
-        count[:, :, 0] = n - count[:, :, 1:].sum(2)
+        conf = conf.view(R, K, B)  # classwise ECE needs no bin counts: sum |hits - conf| / (N K)
         conf[:, :, 0] = W @ self.probs.double() - conf[:, :, 1:].sum(2)
         hit_slot = self.labels * B + bin_indices(self.p_y.to(self.probs.dtype), edges)
         hits = torch.zeros(R, K * B, dtype=torch.float64).index_add_(1, hit_slot, W).view(R, K, B)
@@ -271,9 +268,8 @@ def paired_bootstrap_diff(probs_a, probs_b, labels, metric, n_resamples: int = 1
     _check_args(n_resamples, level, method)
     check_n_bins(n_bins)
     metric = _resolve(metric)
+    # each model's rows are checked against the same labels, so both keep the same N rows
     a, b = _Prepared(probs_a, labels, n_bins, ignore_index), _Prepared(probs_b, labels, n_bins, ignore_index)
-    if a.N != b.N:
-        raise ValueError(f"probs_a has {a.N} rows but probs_b has {b.N}")
     sa, sb = _resampled([a, b], metric, a.N, n_resamples, seed)
     diff = sa - sb
     return _result(_full(a, metric) - _full(b, metric), diff, level, method, (-float("inf"), float("inf")))
