@@ -51,6 +51,9 @@ declare -A TESTS=(
   [calibkit/methods/csm/dataset.py]="tests/test_csm_store.py tests/test_csm_api.py tests/test_blindspots_csm_modules.py"
   [calibkit/methods/csm/sampler.py]="tests/test_csm.py tests/test_blindspots_csm_modules.py"
   [calibkit/methods/csm/generate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_csm_modules.py"
+  [calibkit/functional/iou.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
+  [calibkit/functional/pixels.py]="tests/test_dense_losses.py tests/test_blindspots_functional.py"
+  [calibkit/functional/inputs.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
 )
 # smallest first
 DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators.py
@@ -60,7 +63,9 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/functional/binning.py calibkit/losses/basic.py
          calibkit/losses/fedlas.py calibkit/losses/adafocal.py
          calibkit/losses/__init__.py calibkit/methods/csm/sampler.py calibkit/methods/csm/inputs.py
-         calibkit/methods/csm/dataset.py calibkit/methods/maccal/run.py calibkit/methods/csm/generate.py)
+         calibkit/methods/csm/dataset.py calibkit/methods/maccal/run.py calibkit/methods/csm/generate.py
+         calibkit/functional/iou.py calibkit/functional/inputs.py calibkit/functional/pixels.py
+         calibkit/functional/panel_device.py calibkit/functional/panel.py)
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
 

@@ -221,21 +221,20 @@ def test_binned_errors_single_and_pair_bins():
     assert float(deb["rmsce"]) == pytest.approx(np.sqrt(want), abs=1e-12)
 
 
-def test_cpu_panel_is_the_same_on_any_number_of_threads(gen):
+def test_cpu_panel_is_the_same_on_any_number_of_threads(gen, monkeypatch):
     from calibkit.metrics import evaluate
 
     probs = torch.softmax(torch.randn(30000, 40, generator=gen) * 3, 1)  # 30000 x 40 float32: 5 blocks of 1 MiB
     labels = torch.randint(0, 40, (30000,), generator=gen)
-    old = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = evaluate(probs, labels)
-        torch.set_num_threads(3)
-        three = evaluate(probs, labels)
-        bad = probs.clone()
-        bad[29000, 0] += 0.5  # a row of the last block does not sum to 1: the error names it as before
-        with pytest.raises(ValueError, match="sum to 1"):
-            evaluate(bad, labels)
-    finally:
-        torch.set_num_threads(old)
+    # The CPU panel spreads its blocks over torch.get_num_threads() Python threads. The count is
+    # patched rather than set with torch.set_num_threads, which would also start an OpenMP team:
+    # a process forked after that (as mutation testing forks one per mutant) hangs in its next
+    # multithreaded torch operation.
+    one = evaluate(probs, labels)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    three = evaluate(probs, labels)
+    bad = probs.clone()
+    bad[29000, 0] += 0.5  # a row of the last block does not sum to 1: the error names it as before
+    with pytest.raises(ValueError, match="sum to 1"):
+        evaluate(bad, labels)
     assert one == three  # partial sums added in block order: bit-identical

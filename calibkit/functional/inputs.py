@@ -90,6 +90,8 @@ def to_rows(probs, labels, ignore_index: int | None = None, name: str = "probs",
             labels = labels.reshape(-1)
         return Rows(probs, labels, None, dense, binary)
     _check_integer(labels)
+    if probs.dim() == 0:  # before the mask indexes it
+        raise ValueError(f"{name} must have shape (N, K), got ()")
     if not dense and probs.dim() == 2:
         check_labels(labels, None, probs.shape[0])  # shape errors before indexing with the mask
     keep = labels != ignore_index

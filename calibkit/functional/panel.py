@@ -60,7 +60,8 @@ def panel_sums(probs, labels, n_bins: int, full: bool = True, ignore_index: int 
         from calibkit.functional.panel_device import panel_sums_torch
 
         x, y = _layout(rows.probs, rows.labels)
-        out = panel_sums_torch(x, y, n_bins, full, valid=rows.valid, exact=exact)
+        valid = None if rows.valid is None else rows.valid.to(x.device)  # labels may be on the host
+        out = panel_sums_torch(x, y, n_bins, full, valid=valid, exact=exact)
     else:
         if ignore_index is not None and rows.labels.numel() == 0:
             if allow_empty:

@@ -9,7 +9,8 @@ shapes such as ``nonzero`` or ``bincount`` on CUDA). Consequences:
 * per-bin sums are ``index_add_`` into ``L`` interleaved copies of the output (row ``i`` adds to
   copy ``i mod L``), summed at the end: fixed size, and ``L`` times less contention on the
   atomic additions of crowded bins (most confidences fall in the last bin);
-* ignored rows (``ignore_index``) are not removed but weighted 0;
+* ignored rows (``ignore_index``) are not removed but weighted 0, their values replaced by 0
+  before any sum (a NaN or an infinity there must not reach a sum: ``NaN * 0`` is NaN);
 * the classwise entries above ``1 / B`` (at most ``c_max < B (1 + tol)`` per row) are gathered
   with ``torch.nonzero_static`` into a buffer of ``c_max`` slots per row, the unused slots
   weighted 0 and spread over all bins.
@@ -144,7 +145,7 @@ def panel_sums_torch(probs, labels, n_bins: int, full: bool = True, valid=None, 
     y = y_raw.clamp(0, k - 1)
     edges = equal_width_edges(n_bins, probs.dtype, dev)
     correct = pred == y
-    conf64 = conf_n.double()
+    conf64 = conf_chk.double()  # masked rows: 0, so that a NaN there reaches no sum
     w = None if valid is None else valid.double()
     ones = torch.ones(n, dtype=torch.float64, device=dev) if w is None else w
     src = torch.stack([ones, conf64 * ones, correct.double() * ones], 1)
@@ -156,8 +157,8 @@ def panel_sums_torch(probs, labels, n_bins: int, full: bool = True, valid=None, 
         nll_i = -p_y.clamp(min=torch.finfo(probs.dtype).tiny).log()
         sq = torch.linalg.vector_norm(x, dim=1).double() ** 2
         brier_i = sq - 2 * p_y + 1
-        if w is not None:
-            nll_i, brier_i = nll_i * w, brier_i * w
+        if valid is not None:  # a select, not a product with the weight: NaN * 0 is NaN
+            nll_i, brier_i = torch.where(valid, nll_i, 0.0), torch.where(valid, brier_i, 0.0)
         out.nll, out.brier = nll_i.sum(), brier_i.sum()
         out.classwise = classwise_torch(probs, y, n_bins, valid=valid, x=x, exact=exact)
     return out
