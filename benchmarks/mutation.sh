@@ -50,6 +50,12 @@ declare -A TESTS=(
   [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py tests/test_segmentation_train.py tests/test_blindspots_steps.py"
   [calibkit/distributed.py]="tests/test_blindspots_fedlas_ddp.py tests/test_metrics.py tests/test_losses.py"
   [calibkit/methods/csm/annotate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_twostage.py tests/test_blindspots_annotate.py"
+  [calibkit/methods/maccal/run.py]="tests/test_maccal_run.py tests/test_blindspots_training.py tests/test_blindspots_maccal_run.py"
+  [calibkit/losses/__init__.py]="tests/test_losses.py tests/test_blindspots_losses.py tests/test_blindspots_losses_registry.py"
+  [calibkit/methods/csm/inputs.py]="tests/test_csm_api.py tests/test_blindspots_csm_modules.py"
+  [calibkit/methods/csm/dataset.py]="tests/test_csm_store.py tests/test_csm_api.py tests/test_blindspots_csm_modules.py"
+  [calibkit/methods/csm/sampler.py]="tests/test_csm.py tests/test_blindspots_csm_modules.py"
+  [calibkit/methods/csm/generate.py]="tests/test_csm.py tests/test_csm_store.py tests/test_blindspots_csm_modules.py"
   [calibkit/functional/iou.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
   [calibkit/functional/pixels.py]="tests/test_dense_losses.py tests/test_blindspots_functional.py"
   [calibkit/functional/inputs.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
@@ -61,6 +67,8 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
          calibkit/functional/binning.py calibkit/losses/basic.py
          calibkit/losses/fedlas.py calibkit/losses/adafocal.py
+         calibkit/losses/__init__.py calibkit/methods/csm/sampler.py calibkit/methods/csm/inputs.py
+         calibkit/methods/csm/dataset.py calibkit/methods/maccal/run.py calibkit/methods/csm/generate.py
          calibkit/functional/iou.py calibkit/functional/inputs.py calibkit/functional/pixels.py
          calibkit/functional/panel_device.py calibkit/functional/panel.py
          calibkit/report/data.py calibkit/report/tables.py calibkit/report/tuning.py

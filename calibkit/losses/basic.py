@@ -1,8 +1,9 @@
 """The stateless losses: one call of a :mod:`calibkit.functional.losses` function each.
 
 Each module also takes dense logits ``(N, K, *S)`` with targets ``(N, *S)``; pixels whose target
-is ``ignore_index`` (default 255, an attribute of the module, settable in a spec:
-``"ce:ignore_index=0"``) are left out and the loss is the mean over the valid pixels.
+is ``ignore_index`` (default 255, an attribute of the module, given by the caller, not in the
+spec: ``losses.build("ce", ignore_index=0)``) are left out and the loss is the mean over the valid
+pixels.
 """
 
 from __future__ import annotations
