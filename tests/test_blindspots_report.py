@@ -1072,3 +1072,78 @@ def test_summary_figures_of_methods_without_numbers(tmp_path, monkeypatch):
         assert "(x100, mean over 1 seed(s))" in out[0].caption and not figs[0].axes[0].patches
     finally:
         plt.close("all")
+
+
+def _drawn(monkeypatch):
+    """Figures handed to ``plt.close`` by the report (kept open for inspection)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    return plt, figs
+
+
+def test_method_figure_three_panels_in_a_row_and_zero_probabilities(tmp_path, monkeypatch):
+    import warnings
+
+    from calibkit.report.figures import method_figure
+
+    plt, figs = _drawn(monkeypatch)
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(50, 3, generator=gen, dtype=torch.float64)
+    logits[::5, 2] = -1e4  # probability exactly 0 after the softmax
+    labels = torch.randint(0, 2, (50,), generator=gen)
+    rundir.write_tensors(tmp_path / "logits.safetensors", {"test_logits": logits, "test_labels": labels})
+    row = {"logits_path": str(tmp_path / "logits.safetensors"), "metrics": {"temperature": 2.0}, "method": "ce",
+           "seed": 0}
+    assert (logits.softmax(1) == 0).sum() == 10
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # exact zeros are clipped before the logarithm: no warning
+            fig = method_figure(row, tmp_path / "ce.png")
+        (drawn,) = figs
+        axes = drawn.axes
+        assert len(axes) == 3 and all(ax.patches for ax in axes)  # before TS, after TS, histogram: none empty
+        boxes = [ax.get_position() for ax in axes]
+        assert all(abs(b.y0 - boxes[0].y0) < 1e-9 for b in boxes) and boxes[0].x1 < boxes[1].x0 < boxes[1].x1 < boxes[2].x0
+        w, h = drawn.get_size_inches()
+        assert w / 3 >= 4 and h >= 4  # each panel is a readable square-ish plot
+        assert fig.path.stat().st_size > 1000
+    finally:
+        plt.close("all")
+
+
+def test_bar_charts_keep_their_legend_beside_the_bars_and_their_captions_true(tmp_path, monkeypatch):
+    from matplotlib import style
+    from matplotlib.colors import to_hex
+
+    from calibkit.report.figures import summary_figures
+
+    plt, figs = _drawn(monkeypatch)
+    names = [f"m{i}" for i in range(30)]
+    summary = {m: {"seeds": [0], "stats": {"before.o_ece": (0.02 + i / 1000, 0.0, 1), "before.u_ece": (0.01, 0.0, 1),
+                                           "before.ece": (0.03, 0.0, 1), "after.ece": (0.01, 0.0, 1)}}
+               for i, m in enumerate(names)}
+    try:
+        with style.context("ggplot"):  # a user style with another colour cycle: the captions' colours hold
+            summary_figures(summary, tmp_path)
+            ou, ts = figs
+        bars = ou.axes[0].patches
+        assert {to_hex(b.get_facecolor()) for b in bars[30:]} == {to_hex("tab:blue")}  # U-ECE: blue, as captioned
+        for fig in (ou, ts):
+            ax = fig.axes[0]
+            assert fig.get_size_inches()[0] >= 0.5 * len(names)  # at least half an inch per method
+            # long method names: labels slanted and ending at their tick, so they do not collide
+            for t in ax.get_xticklabels():
+                assert 0 < t.get_rotation() < 90 and t.get_horizontalalignment() == "right"
+            fig.canvas.draw()
+            renderer = fig.canvas.get_renderer()
+            axes_box, legend_box = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+            # the legend stands beside the bars, just right of the axes, level with their top
+            assert axes_box.x1 <= legend_box.x0 <= axes_box.x1 + 0.05 * axes_box.width
+            assert legend_box.y1 <= axes_box.y1 + 1 and legend_box.y1 >= axes_box.y1 - 0.1 * axes_box.height
+    finally:
+        plt.close("all")
