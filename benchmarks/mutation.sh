@@ -72,7 +72,8 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/functional/iou.py calibkit/functional/inputs.py calibkit/functional/pixels.py
          calibkit/functional/panel_device.py calibkit/functional/panel.py
          calibkit/report/data.py calibkit/report/tables.py calibkit/report/tuning.py
-         calibkit/report/build.py calibkit/report/render.py calibkit/report/figures.py)
+         calibkit/report/build.py calibkit/report/render.py calibkit/report/figures.py
+         calibkit/train/steps.py calibkit/bootstrap.py)
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
 
