@@ -29,6 +29,7 @@ declare -A TESTS=(
   [calibkit/functional/metrics.py]="tests/test_functional_metrics.py tests/test_metric_inputs.py tests/test_blindspots_binning.py tests/test_blindspots_metrics.py"
   [calibkit/functional/panel.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_functional_metrics.py tests/test_blindspots_binning.py tests/test_blindspots_panel.py"
   [calibkit/functional/panel_device.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_binning.py tests/test_blindspots_panel.py"
+  [calibkit/functional/panel_types.py]="tests/test_blindspots_panel.py tests/test_metric_inputs.py tests/test_functional_metrics.py"
   [calibkit/bootstrap.py]="tests/test_metrics.py tests/test_blindspots_bootstrap.py"
   [calibkit/grouped_bootstrap.py]="tests/test_segmentation_train.py tests/test_blindspots_bootstrap.py"
   [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_functional_losses.py"
@@ -73,7 +74,7 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/functional/panel_device.py calibkit/functional/panel.py
          calibkit/report/data.py calibkit/report/tables.py calibkit/report/tuning.py
          calibkit/report/build.py calibkit/report/render.py calibkit/report/figures.py
-         calibkit/train/steps.py calibkit/bootstrap.py)
+         calibkit/train/steps.py calibkit/bootstrap.py calibkit/functional/panel_types.py)
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
 

@@ -370,3 +370,19 @@ def test_host_labels_with_ignore_index_on_the_device_path():
     p = torch.full((4, 2), 0.5, device="meta")
     out = panel_sums(p, torch.tensor([0, 255, 1, 1]), 10, ignore_index=255)
     assert out.weight.device.type == "meta" and out.labels.device.type == "meta"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_max_entries_above_is_the_most_entries_a_valid_row_holds_above_one_over_b(dtype):
+    from calibkit._validation import prob_sum_tol
+    from calibkit.functional.panel_types import max_entries_above
+
+    tol = prob_sum_tol(dtype)
+    for n_bins in (1, 2, 3, 15, 64, 100, 1000):
+        # c entries above 1/B sum to more than c/B; a valid row sums to at most 1 + tol. Count up.
+        c = 0
+        while (c + 1) / n_bins < 1 + tol:
+            c += 1
+        assert max_entries_above(n_bins, dtype) == c, (n_bins, dtype)
+    # e.g. bfloat16's looser tolerance (1/64) lets 100 bins hold 101 entries just above 1/100
+    assert (max_entries_above(100, torch.bfloat16), max_entries_above(15, torch.float32)) == (101, 15)
