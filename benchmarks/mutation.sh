@@ -24,7 +24,7 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 declare -A TESTS=(
   [calibkit/store.py]="tests/test_store.py tests/test_blindspots_store.py"
   [calibkit/methods/csm/store.py]="tests/test_csm_store.py tests/test_blindspots_csm_store.py"
-  [calibkit/bench/evaluation.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_blindspots_twostage.py"
+  [calibkit/bench/evaluation.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_blindspots_twostage.py tests/test_blindspots_bench_evaluation.py"
   [calibkit/functional/binning.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py"
   [calibkit/functional/metrics.py]="tests/test_functional_metrics.py tests/test_metric_inputs.py tests/test_blindspots_binning.py tests/test_blindspots_metrics.py"
   [calibkit/functional/panel.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_functional_metrics.py tests/test_blindspots_binning.py tests/test_blindspots_panel.py"
