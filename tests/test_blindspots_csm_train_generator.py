@@ -303,3 +303,36 @@ def test_ema_is_the_decayed_average_of_the_weights(stub, tmp_path):
         e2 = 0.15 * e1 + 0.85 * s2["model"][k]  # d_1 = min(0.15, 2/11)
         torch.testing.assert_close(s2["ema"][k], e2, rtol=0, atol=1e-7)
     assert not ema.training and not any(p.requires_grad for p in ema.parameters())
+
+
+def test_three_steps_match_the_loop_written_out(stub, tmp_path):
+    """Draws, class dropout, warm-up, gradient clipping (by hand), Adam and the EMA, step by step."""
+    cfg = _cfg(steps=3, grad_clip=10.0)  # gradient norms here: about 28, 34 and 6
+    ema = _train(tmp_path, cfg)
+    torch.manual_seed(cfg.seed)
+    net = _Affine(TINY)
+    avg = {k: v.detach().clone() for k, v in net.named_parameters()}
+    opt = torch.optim.Adam(net.parameters())
+    g = torch.Generator().manual_seed(cfg.seed)
+    x = nn.functional.pad(IMAGES.float() / 127.5 - 1.0, (1, 1, 1, 1), value=-1.0)
+    scales = []
+    for t in range(cfg.steps):
+        idx = torch.randint(len(IMAGES), (cfg.batch_size,), generator=g)
+        keep = torch.rand(cfg.batch_size, generator=g) >= cfg.p_uncond
+        y = nn.functional.one_hot(LABELS[idx], 3).float() * keep[:, None]
+        loss = tg.edm_loss(net, x[idx], y, g)
+        grads = torch.autograd.grad(loss, list(net.parameters()))
+        norm = float(sum((gr**2).sum() for gr in grads)) ** 0.5
+        scales.append(min(1.0, cfg.grad_clip / (norm + 1e-6)))  # torch's clip_grad_norm_ rule
+        for p, gr in zip(net.parameters(), grads):
+            p.grad = gr * scales[-1]
+        opt.param_groups[0]["lr"] = cfg.lr * min(1.0, (t + 1) / cfg.warmup_steps)
+        opt.step()
+        d = min(cfg.ema_decay, (1 + t) / (10 + t))
+        for k, p in net.named_parameters():
+            avg[k] = d * avg[k] + (1 - d) * p.detach()
+    assert min(scales) < 1 == max(scales)  # the clipping binds at some steps only (Adam undoes a common scale)
+    state = _state(tmp_path)
+    for k, p in net.named_parameters():
+        torch.testing.assert_close(state["model"][k], p.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ema.state_dict()[k], avg[k], rtol=1e-5, atol=1e-6)
