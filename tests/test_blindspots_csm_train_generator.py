@@ -336,3 +336,27 @@ def test_three_steps_match_the_loop_written_out(stub, tmp_path):
     for k, p in net.named_parameters():
         torch.testing.assert_close(state["model"][k], p.detach(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ema.state_dict()[k], avg[k], rtol=1e-5, atol=1e-6)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_everything_the_loss_sees_lives_on_the_device(stub, tmp_path, monkeypatch):
+    """``device`` reaches the network, the images and the class vectors' identity matrix.
+
+    The meta device stands in for an accelerator (tensors without data: the loss's inputs are
+    recorded, then the run stops, since a meta loss has no value to log); a part left on the CPU
+    shows up as a ``cpu`` device here, or as an indexing error between devices as on a GPU. (CPU
+    labels indexed by meta row indices give meta values, so the labels' move is told only by a GPU.)
+    """
+    seen = []
+
+    def loss(model, x0, y, gen=None):
+        seen.append({p.device.type for p in model.parameters()} | {x0.device.type, y.device.type})
+        raise _Stop
+
+    monkeypatch.setattr(tg, "edm_loss", loss)
+    with pytest.raises(_Stop):
+        _train(tmp_path, _cfg(steps=1), device="meta")
+    assert seen == [{"meta"}]
