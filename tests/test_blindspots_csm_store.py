@@ -4,6 +4,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from calibkit.methods.csm.store import (
     ANNOT_META,
@@ -70,3 +71,46 @@ def test_annotations_need_both_files(store, keep):
             (store / name).unlink()
     with pytest.raises(FileNotFoundError, match=rf"store {store} has no annotations; run `calibkit csm annotate"):
         load_annotations(store)
+
+
+def _index_lines(store, shards):
+    return [line for k in range(shards) for line in shard_paths(store, k)[1].read_text().splitlines()]
+
+
+@pytest.mark.parametrize("groups", [1, 1250])
+def test_subset_store_keeps_the_first_groups_at_both_ends_of_the_range(store, tmp_path, groups):
+    """One group and every group are both valid sizes; the copy is the source's first rows."""
+    from calibkit.methods.csm.store import subset_store
+
+    src = load_store(store)
+    assert src["manifest"]["num_groups"] == 1250  # the shipped store the bounds below refer to
+    man = subset_store(store, tmp_path / "sub", groups)
+    got, n = load_store(tmp_path / "sub"), groups * 8
+    for k in ("images", "group", "member", "c1", "c2", "lam"):
+        assert torch.equal(got[k], src[k][:n]), k
+    assert _index_lines(tmp_path / "sub", 1) == _index_lines(store, 1)[:n]
+    assert man["num_groups"] == man["groups_per_shard"] == groups
+
+
+@pytest.mark.parametrize("groups", [0, 1251, -1])
+def test_subset_store_refuses_sizes_outside_the_store(store, tmp_path, groups):
+    from calibkit.methods.csm.store import subset_store
+
+    with pytest.raises(ValueError) as err:
+        subset_store(store, tmp_path / "sub", groups)
+    assert str(err.value) == f"num_groups must be in [1, 1250], got {groups}"
+    assert not (tmp_path / "sub").exists()  # refused before anything is written
+
+
+def test_subset_store_manifest_names_its_source_and_the_folder_may_be_nested_or_exist(store, tmp_path):
+    from calibkit.methods.csm.store import subset_store
+
+    dst = tmp_path / "a" / "b" / "sub"  # parents created
+    subset_store(store, dst, 3)
+    man = subset_store(store, dst, 2)  # an existing folder is written over
+    on_disk = json.loads((dst / MANIFEST).read_text())
+    assert on_disk == man
+    source = read_manifest(store)
+    assert man == {**source, "num_groups": 2, "groups_per_shard": 2,
+                   "subset_of": {"store": str(store), "num_groups": 1250}}
+    assert len(load_store(dst)["images"]) == 16
