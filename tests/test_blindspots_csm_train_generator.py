@@ -360,3 +360,19 @@ def test_everything_the_loss_sees_lives_on_the_device(stub, tmp_path, monkeypatc
     with pytest.raises(_Stop):
         _train(tmp_path, _cfg(steps=1), device="meta")
     assert seen == [{"meta"}]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_checkpoint_written_on_a_gpu_resumes_on_the_cpu(stub, tmp_path, monkeypatch):
+    """A state file whose tensors were saved from CUDA memory resumes on a machine without CUDA."""
+    _train(tmp_path / "a", _cfg(steps=2))
+    _train(tmp_path / "b", _cfg(steps=1))
+    state = _state(tmp_path / "b")
+    with monkeypatch.context() as m:  # every storage tagged as CUDA memory, as torch.save does on a GPU
+        m.setattr(importlib.import_module("torch.serialization"), "location_tag", lambda storage: "cuda:0")
+        torch.save(state, tmp_path / "b" / "train_state.pt")
+    with pytest.raises(RuntimeError, match="CUDA"):  # what a plain load does with such a file here
+        torch.load(tmp_path / "b" / "train_state.pt", weights_only=True)
+    resumed = _train(tmp_path / "b", _cfg(steps=2))
+    for k, v in _state(tmp_path / "a")["ema"].items():
+        assert torch.equal(resumed.state_dict()[k], v), k
