@@ -1,6 +1,6 @@
 """The CSM generator's training loop: resume, checkpoint file, log, progress, schedules, class dropout.
 
-Most tests replace the UNet by a two-parameter stand-in (``_Affine``) and the clock by a fake one
+Most tests replace the UNet by a stand-in of two small weights (``_Affine``) and the clock by a fake one
 that advances a fixed, binary-exact ``DT`` seconds per reading, so that every recorded number (the
 wall time, the rate, the ETA, the loss means) is known by hand and a test runs in milliseconds.
 The resume and default-configuration tests use the real denoiser.
