@@ -237,13 +237,18 @@ def test_mc_samples_is_checked_before_any_work(s1, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def _copy_run_files(src, dst):
+    """A copy of run directory ``src``'s files (not its sub-folders) at ``dst``."""
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.is_file():
+            (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
 def test_another_validation_split_is_refused(s1, tmp_path):
     """A stage-1 run whose recorded validation checksum differs from the reloaded split."""
-    other = tmp_path / "other"
-    other.mkdir()
-    for p in s1.iterdir():
-        if p.is_file():
-            (other / p.name).write_bytes(p.read_bytes())
+    other = _copy_run_files(s1, tmp_path / "other")
     info = json.loads((other / rundir.CONFIG).read_text())
     real = info["split"]["val_checksum"]
     info["split"]["val_checksum"] = "0" * len(real)
@@ -357,11 +362,7 @@ def test_stage2_fields_replace_the_stage1_ones(s1, tmp_path):
     """A stage-1 run recorded elsewhere (another checkout, a GPU, another best epoch): config.json
     of stage 2 keeps those values under "stage1" only and records its own at the top level.
     (Its status cannot differ: only a finished stage-1 run is accepted.)"""
-    other = tmp_path / "elsewhere"
-    other.mkdir()
-    for p in s1.iterdir():
-        if p.is_file():
-            (other / p.name).write_bytes(p.read_bytes())
+    other = _copy_run_files(s1, tmp_path / "elsewhere")
     info1 = json.loads((other / rundir.CONFIG).read_text())
     info1.update(git_commit="0123456789abcdef", device="cuda:7", best_epoch=9, wall_time_s=1234.5)
     (other / rundir.CONFIG).write_text(json.dumps(info1))
