@@ -103,7 +103,7 @@ pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not slow"]
 process_isolation = "fork"
 
 [tool.pytest.ini_options]
-markers = ["slow: end-to-end tests that train for tens of seconds"]
+markers = ["slow: tests of seconds to tens of seconds (end-to-end training, million-element fits), left out of mutation runs"]
 TOML
   ( cd "$box" && "$MUTMUT" run --max-children "$CHILDREN" > run.log 2>&1 || true
     "$MUTMUT" export-cicd-stats >> run.log 2>&1

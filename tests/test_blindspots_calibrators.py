@@ -2,6 +2,7 @@
 whose answer is known, the ECE grid's ends, the defaults of ``fit``, every logits layout of
 ``transform``, the exact error messages and ``repr``."""
 
+import inspect
 import math
 import re
 import warnings
@@ -88,6 +89,14 @@ def test_fit_defaults_seed_0_and_one_million_pixels():
     t = [TemperatureScaling().fit(logits, labels, max_pixels=20, **kw).temperature_
          for kw in ({}, {"seed": 0}, {"seed": 1})]
     assert t[0] == t[1] != t[2]
+    # the documented default, read where the mutation run (which leaves slow tests out) sees it;
+    # the behaviour at that default is the slow test below
+    assert inspect.signature(TemperatureScaling.fit).parameters["max_pixels"].default == 1_000_000
+
+
+@pytest.mark.slow
+def test_fit_default_keeps_exactly_one_million_pixels():
+    g = torch.Generator().manual_seed(5)
     # 1_001_000 pixels: the default keeps exactly 1_000_000 of them
     zb = torch.randn(1, 1001, 1000, generator=g, dtype=torch.float32)
     big_y = torch.bernoulli(torch.sigmoid(zb), generator=g).long()

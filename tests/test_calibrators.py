@@ -16,7 +16,9 @@ def _synthetic(gen, n, k, scale=2.0):
 
 @pytest.fixture(scope="module")
 def big():
-    return _synthetic(torch.Generator().manual_seed(0), 50_000, 100)
+    # 20,000 rows: T* recovered within 0.2%, and without the zero-step stop the fit at T* = 0.5,
+    # 2 and 4 takes 39-41 iterations (checked by disabling it); 50,000 rows take 8x longer
+    return _synthetic(torch.Generator().manual_seed(0), 20_000, 100)
 
 
 @pytest.mark.parametrize("t_true", [0.5, 2.0, 4.0, 10.0])

@@ -152,6 +152,11 @@ def test_report_errors(tmp_path, cli_env):
                          env=cli_env, timeout=120)
     assert out.returncode == 1 and "not an SQLite database" in out.stderr
     assert (tmp_path / "runs.db").read_bytes() == b"garbage" * 100
+
+
+def test_report_of_a_store_without_runs(tmp_path):
+    # apart from the CLI test above: it runs in-process, where the mutation run maps it to
+    # build_report, and without the CLI subprocesses' 3 s
     empty = tmp_path / "empty"
     Store(empty / "runs.db").close()
     with pytest.raises(ValueError, match="no runs"):
