@@ -2,7 +2,6 @@
 whose answer is known, the ECE grid's ends, the defaults of ``fit``, every logits layout of
 ``transform``, the exact error messages and ``repr``."""
 
-import inspect
 import math
 import re
 import warnings
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from calibkit import calibrators
 from calibkit.calibrators import NotFittedError, TemperatureScaling, evaluate_before_after_ts
 from calibkit.metrics import evaluate
 
@@ -89,12 +89,17 @@ def test_fit_defaults_seed_0_and_one_million_pixels():
     t = [TemperatureScaling().fit(logits, labels, max_pixels=20, **kw).temperature_
          for kw in ({}, {"seed": 0}, {"seed": 1})]
     assert t[0] == t[1] != t[2]
-    # the documented default, read where the mutation run (which leaves slow tests out) sees it;
-    # the behaviour at that default is the slow test below
-    assert inspect.signature(TemperatureScaling.fit).parameters["max_pixels"].default == 1_000_000
+    # the default cap, fast: the solver is replaced by a spy that records how many rows reach it
+    rows = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrators, "_fit_nll", lambda z, *a: rows.append(z.shape[0]) or (1.0, 1))
+        logits, labels = torch.zeros(1, 2, 1_000_001), torch.zeros(1, 1_000_001, dtype=torch.long)
+        TemperatureScaling().fit(logits, labels)
+        TemperatureScaling().fit(logits, labels, max_pixels=None)
+    assert rows == [1_000_000, 1_000_001]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # three fits on a million pixels: left out of the mutation run
 def test_fit_default_keeps_exactly_one_million_pixels():
     g = torch.Generator().manual_seed(5)
     # 1_001_000 pixels: the default keeps exactly 1_000_000 of them
