@@ -10,8 +10,10 @@ Phases of the bench's wall time (exclusive, so nothing is counted twice):
 
 * ``import``  -- importing torch and the calibkit modules the bench command uses, and
   ``torch._dynamo``, which the first ``torch.optim`` optimizer of a process imports;
-* ``data``    -- ``calibkit.data.load`` in every run; ``evaldata``: the bench's evaluation sets
-  (its own load, the OOD and the corrupted test sets: ``Bench.eval_data``, ``EvalData``);
+* ``data``    -- ``calibkit.data.load`` in every run; ``rawread``: decoding the data set's files,
+  which a process does once (``calibkit.data.datasets`` keeps the last read); ``evaldata``: the
+  bench's evaluation sets (its own load, the OOD and the corrupted test sets: ``Bench.eval_data``,
+  ``EvalData``);
 * ``train``   -- ``calibkit.train.train`` minus its data loading, split into ``steps`` (the epochs'
   step loops), ``validate`` (the validation pass of every epoch: the checkpoint policy needs it),
   ``ckpt`` (checkpoint writes), ``finish`` (the kept weights' val/test logits) and set-up;
@@ -41,6 +43,7 @@ T_START = time.perf_counter()
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
@@ -93,14 +96,16 @@ class Phases:
             if self.stack:
                 self.stack[-1][1] = now
 
-    def wrap(self, owner, attr: str, name: str, *more_owners) -> None:
-        fn = getattr(owner, attr)
-
+    def timed(self, fn, name: str):
         @functools.wraps(fn)
         def timed(*a, **k):
             with self.phase(name):
                 return fn(*a, **k)
 
+        return timed
+
+    def wrap(self, owner, attr: str, name: str, *more_owners) -> None:
+        timed = self.timed(getattr(owner, attr), name)
         for o in (owner, *more_owners):
             setattr(o, attr, timed)
 
@@ -188,6 +193,8 @@ def main() -> None:
 
     ph = Phases()
     ph.wrap(datasets, "load", "data", data)
+    spec = datasets.DATASETS[preset.dataset]  # the file decoding behind the load: once per process
+    datasets.DATASETS[preset.dataset] = dataclasses.replace(spec, read=ph.timed(spec.read, "rawread"))
     ph.wrap(runner.Bench, "eval_data", "evaldata")
     ph.wrap(evaluation.EvalData, "on", "evaldata")
     ph.wrap(evaluation.EvalData, "ood_images", "evaldata")
@@ -224,10 +231,10 @@ def main() -> None:
 
     t["import"] = T_IMPORTED - T_START
     wall = t["import"] + wall_bench
-    phases = ("import", "data", "evaldata", "steps", "validate", "ckpt", "finish", "train", "eval", "report")
+    phases = ("import", "rawread", "data", "evaldata", "steps", "validate", "ckpt", "finish", "train", "eval", "report")
     t["other"] = wall - sum(t.get(k, 0.0) for k in phases)
     n = len(runs)
-    per_bench = t["import"] + t.get("evaldata", 0.0) + t.get("report", 0.0) + t["other"]
+    per_bench = t["import"] + t.get("rawread", 0.0) + t.get("evaldata", 0.0) + t.get("report", 0.0) + t["other"]
     per_run = wall - per_bench  # data loads of the runs, train (steps + the rest), eval
     print(f"bench overhead: preset {preset.name}, {epochs} epochs, methods {' '.join(args.methods)}, "
           f"seeds {' '.join(map(str, args.seeds))} ({n} run(s)), device {args.device}, "
@@ -235,9 +242,10 @@ def main() -> None:
     print(f"wall {wall:.1f} s, bare training steps {bare:.1f} s  ->  wall / bare = {wall / bare:.3f}")
     print("phase shares of the wall time:")
     for k in (*phases, "other"):
-        label = {"data": "data: the runs' data loads", "evaldata": "data: evaluation sets (OOD, corrupted)",
+        label = {"rawread": "data: decoding the files (once)", "data": "data: the runs' data loads",
+                 "evaldata": "data: evaluation sets (OOD, corrupted)",
                  "steps": "train: epoch step loops", "validate": "train: validation every epoch",
-                 "ckpt": "train: checkpoints every epoch", "finish": "train: final val/test logits",
+                 "ckpt": "train: end of epoch, checkpoints", "finish": "train: final val/test logits",
                  "train": "train: set-up (model, optimizer, run dir)"}.get(k, k)
         print(f"  {label:<40} {t.get(k, 0.0):8.2f} s  {t.get(k, 0.0) / wall:6.1%}")
     print(f"epoch step loops / bare steps: {t.get('steps', 0.0) / bare:.3f}")
@@ -251,7 +259,7 @@ def main() -> None:
     print(f"per-run overhead beyond the bare steps and the bare validation passes: "
           f"{(per_run - bare - bare_val) / (bare + bare_val):.1%}")
     spread = per_bench * n / full_runs
-    print(f"with the once-per-bench costs ({per_bench:.1f} s: import, evaluation data, report, other) spread "
+    print(f"with the once-per-bench costs ({per_bench:.1f} s: import, file decoding, evaluation data, report, other) spread "
           f"over the preset's {full_runs} runs: {(per_run + spread - bare) / bare:.1%}")
 
 

@@ -23,7 +23,7 @@ METHODS = ("standard", "mixup", "regmixup", "csm")
 SCHEDULES = ("multistep", "cosine", "onecycle")
 # Fields that change how a run executes but not what it computes: a run may resume with new values.
 # (compile, channels_last: the same function, computed by other kernels; they may round differently.)
-RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size", "compile", "channels_last")
+RUNTIME_FIELDS = ("device", "num_threads", "eval_batch_size", "compile", "channels_last", "checkpoint_every")
 OPTIMIZERS = ("sgd", "adam")
 # Checkpoint policies (calibkit.train.keep): which epoch's weights a run keeps.
 KEEP_POLICIES = ("best-acc", "best-nll", "best-ece", "best-miou", "last")
@@ -78,6 +78,11 @@ class TrainConfig:
             its convolutions take the channels-last kernels (on a 2-core CPU the small CNN's
             training steps ran 1.3-1.8x faster, ResNet-20's 1.3x: ``docs/performance.md``).
             No effect on models without convolutions; the results differ by rounding only.
+        checkpoint_every: write the resume checkpoint (and the kept weights) every this many
+            epochs and after the last one. A run killed in between resumes from the last one
+            written and repeats at most ``checkpoint_every - 1`` epochs, ending with the same
+            weights (training is a function of the epoch). Short epochs are where it pays: the
+            default preset's MLP epochs take 0.4 s and a checkpoint ~10 ms.
     """
 
     data: str = "fmnist"
@@ -111,6 +116,7 @@ class TrainConfig:
     num_threads: int | None = None
     compile: bool = False
     channels_last: bool = False
+    checkpoint_every: int = 1
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -155,6 +161,7 @@ class TrainConfig:
              "must be an image count >= 1 or a fraction in (0, 1)"),
             (self.train_subset is None or self.train_subset >= 1, "train_subset", "must be >= 1"),
             (self.num_threads is None or self.num_threads >= 1, "num_threads", "must be >= 1"),
+            (self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1"),
             (all(0 < m < self.epochs for m in self.resolved_milestones()) or self.schedule != "multistep",
              "milestones", f"must lie strictly between 0 and epochs ({self.epochs})"),
         ]

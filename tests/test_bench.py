@@ -1,5 +1,6 @@
 """``calibkit bench``: the grid's conformance, and the smoke preset end to end with an interruption."""
 
+import json
 import os
 import re
 import signal
@@ -46,7 +47,22 @@ def test_every_preset_builds_every_run(name):
     for method, spec in METHODS.items():
         cfg = train_config(preset, method, seed=preset.seeds[0], csm_data="somewhere")
         assert cfg.data == preset.dataset and cfg.model == preset.model and cfg.method == spec.method
+        assert cfg.checkpoint_every == preset.checkpoint_every
         build(preset.loss_for(method), num_classes=10 if name != "cifar100" else 100)
+
+
+def test_checkpoint_interval_is_a_runtime_setting_of_the_presets(tmp_path):
+    """The Fashion-MNIST presets checkpoint every 5 epochs; the interval is not part of the runs'
+    records, so bench directories recorded before it existed stay consistent with them."""
+    from calibkit.bench.runner import Bench
+
+    assert [PRESETS[n].checkpoint_every for n in ("smoke", "default", "full", "cifar10")] == [1, 5, 5, 1]
+    bench = Bench(PRESETS["default"], tmp_path, device="cpu", log=lambda *a, **k: None)
+    try:
+        record = json.dumps(bench._config_record("ce", 0))
+    finally:
+        bench.close()
+    assert "checkpoint" not in record and '"keep": "best-acc"' in record
 
 
 def _db_rows(path):

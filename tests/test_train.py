@@ -392,3 +392,60 @@ def test_two_process_ddp_matches_single_process_evaluation(tmp_path, cli_env):
         single = predict_logits(model, getattr(bundle, split).images, info)
         torch.testing.assert_close(saved[f"{split}_logits"], single, rtol=1e-5, atol=1e-5)
         assert torch.equal(saved[f"{split}_labels"], getattr(bundle, split).labels)
+
+
+def test_checkpoint_every_writes_every_k_epochs_and_after_the_last(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="checkpoint_every: must be >= 1"):
+        tiny(checkpoint_every=0).validate()
+    straight, sparse = tmp_path / "straight", tmp_path / "sparse"
+    run_quiet(tiny(epochs=5, keep="last"), straight)
+    writes = []  # (file, epoch of the checkpoint or the kept weights' epoch)
+    real_ckpt, real_tensors = rundir.write_checkpoint, rundir.write_tensors
+
+    def spy_ckpt(path, state):
+        writes.append(("checkpoint", state["epoch"], state["keep"]["epoch"]))
+        real_ckpt(path, state)
+
+    def spy_tensors(path, tensors):
+        writes.append((Path(path).name, None, None))
+        real_tensors(path, tensors)
+
+    monkeypatch.setattr(rundir, "write_checkpoint", spy_ckpt)
+    monkeypatch.setattr(rundir, "write_tensors", spy_tensors)
+    cfg = tiny(epochs=5, keep="last", checkpoint_every=2)
+    run_quiet(cfg, sparse, stop_after_epoch=3)  # as if killed after epoch 3: the last checkpoint is epoch 2
+    assert writes == [(rundir.MODEL, None, None), ("checkpoint", 2, 2)]
+    assert len(json.loads((sparse / rundir.HISTORY).read_text())) == 3  # history.json every epoch
+    writes.clear()
+    run_quiet(tiny(epochs=5, keep="last", checkpoint_every=3), sparse)  # a runtime field: resumes
+    # epochs 3, 4, 5 again: a checkpoint after epoch 3 (3 % 3 == 0) and after the last, each with
+    # the kept weights (policy "last": every epoch is kept) written just before it
+    assert writes == [(rundir.MODEL, None, None), ("checkpoint", 3, 3), (rundir.MODEL, None, None),
+                      ("checkpoint", 5, 5), (rundir.LOGITS, None, None)]
+    for name in (rundir.MODEL, rundir.LOGITS):  # the repeated epochs end where a straight run does
+        a, b = rundir.read_tensors(straight / name), rundir.read_tensors(sparse / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert json.loads((sparse / rundir.HISTORY).read_text())[-1]["val_acc"] == \
+        json.loads((straight / rundir.HISTORY).read_text())[-1]["val_acc"]
+
+
+def test_kept_weights_wait_in_memory_for_the_next_checkpoint(tmp_path, monkeypatch):
+    # best-acc keeps some epochs and not others; whatever it keeps between two checkpoints is
+    # written once, with the checkpoint, and is the weights of the epoch that checkpoint names
+    out = tmp_path / "run"
+    seen = []
+    real_ckpt = rundir.write_checkpoint
+
+    def spy_ckpt(path, state):
+        seen.append((state["epoch"], state["best_epoch"], rundir.read_tensors(out / rundir.MODEL)))
+        real_ckpt(path, state)
+
+    monkeypatch.setattr(rundir, "write_checkpoint", spy_ckpt)
+    run_quiet(tiny(epochs=4, checkpoint_every=2), out)
+    assert [e for e, _, _ in seen] == [2, 4]
+    monkeypatch.undo()
+    for epoch, best, weights in seen:  # a straight run stopped after the best epoch has those weights
+        ref = tmp_path / f"ref{epoch}"
+        run_quiet(tiny(epochs=4, keep="last"), ref, stop_after_epoch=best)
+        ckpt = rundir.read_checkpoint(ref / rundir.CHECKPOINT)
+        assert ckpt["epoch"] == best and all(torch.equal(weights[k], ckpt["model"][k]) for k in weights)

@@ -52,7 +52,8 @@ def train_config(preset: Preset, method: str, seed: int, data_dir=None, device="
     values = {"data": preset.dataset, "model": preset.model, **preset.train,
               **preset.train_by_method.get(method, {}),
               "loss": preset.loss_for(method), "method": spec.method, "seed": int(seed),
-              "data_dir": data_dir, "device": device, "num_threads": num_threads}
+              "data_dir": data_dir, "device": device, "num_threads": num_threads,
+              "checkpoint_every": preset.checkpoint_every}
     if spec.kind == "csm":
         values["csm_data"] = str(csm_data) if csm_data else None
     return TrainConfig.from_dict(values).validate()

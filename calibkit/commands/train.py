@@ -97,6 +97,8 @@ def register(subparsers) -> None:
                    help="train the model through torch.compile (default off)")
     g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                    help="hold conv weights channels-last: faster convolutions on CPUs and GPUs (default off)")
+    g.add_argument("--checkpoint-every", type=int, metavar="E",
+                   help="write the resume checkpoint every E epochs and after the last (default 1)")
     g.add_argument("--eval-batch-size", type=int, metavar="N", help="batch size for logits (default: 128 on a CPU, 1024 on an accelerator)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
     g.add_argument("--quiet", action="store_true", help="no per-epoch output at all")
@@ -107,7 +109,7 @@ def register(subparsers) -> None:
 FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "csm_weight", "csm_per_real",
           "csm_loss", "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "schedule", "milestones",
           "gamma", "grad_clip", "amp", "seed", "val_size", "train_subset", "augment", "keep", "eval_batch_size",
-          "device", "num_threads", "compile", "channels_last")
+          "device", "num_threads", "compile", "channels_last", "checkpoint_every")
 
 
 def run(args) -> int:

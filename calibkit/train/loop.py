@@ -121,6 +121,7 @@ class _Run:
     elapsed: float = 0.0
     start_epoch: int = 0
     kept: dict | None = None  # the kept weights (on the CPU)
+    kept_unsaved: bool = False  # kept since the last checkpoint: written with the next one
 
     @property
     def kept_record(self) -> dict:
@@ -276,20 +277,30 @@ def _validate(run: _Run) -> dict:
 
 
 def _end_epoch(run: _Run, out: Path, epoch: int, record: dict) -> bool:
-    """Record the epoch, offer its weights to the checkpoint policy, write the checkpoint."""
+    """Record the epoch, offer its weights to the checkpoint policy, write the checkpoint.
+
+    The checkpoint and the kept weights are written together, every ``cfg.checkpoint_every``
+    epochs and after the last one; in between the kept weights wait in memory, so the two files
+    always belong to the same epoch. ``history.json`` is written every epoch.
+    """
     run.history.append(record)
     kept = run.keeper.offer(epoch + 1, record)
     if kept:
         run.kept = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
-    if run.dd.is_main:  # kept weights first, then the checkpoint that refers to them
-        if kept:
+        run.kept_unsaved = True
+    due = (epoch + 1) % run.cfg.checkpoint_every == 0 or epoch + 1 == run.cfg.epochs
+    if run.dd.is_main and due:  # kept weights first, then the checkpoint that refers to them
+        if run.kept_unsaved:
             rundir.write_tensors(out / rundir.MODEL, run.kept)
         rundir.write_checkpoint(out / rundir.CHECKPOINT, {
             "epoch": epoch + 1, "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
             "loss": run.loss_fn.state_dict(), "keep": run.keeper.state_dict(),
             "best_val_acc": run.kept_record.get("val_acc"), "best_epoch": run.keeper.epoch,
             "history": run.history, "elapsed_s": run.elapsed, "config": run.cfg.to_dict()})
+    if run.dd.is_main:  # every epoch: what a user watching the run reads
         rundir.write_json(out / rundir.HISTORY, run.history)
+    if due:
+        run.kept_unsaved = False
     return kept
 
 
