@@ -259,8 +259,8 @@ def main() -> None:
     print(f"per-run overhead beyond the bare steps and the bare validation passes: "
           f"{(per_run - bare - bare_val) / (bare + bare_val):.1%}")
     spread = per_bench * n / full_runs
-    print(f"with the once-per-bench costs ({per_bench:.1f} s: import, file decoding, evaluation data, report, other) spread "
-          f"over the preset's {full_runs} runs: {(per_run + spread - bare) / bare:.1%}")
+    print(f"with the once-per-bench costs ({per_bench:.1f} s: import, file decoding, evaluation data, report, "
+          f"other) spread over the preset's {full_runs} runs: {(per_run + spread - bare) / bare:.1%}")
 
 
 if __name__ == "__main__":

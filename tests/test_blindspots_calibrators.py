@@ -207,3 +207,74 @@ def test_fit_argument_checks():
             TemperatureScaling().fit(dense, labels, max_pixels=bad)
     with pytest.warns(UserWarning, match="returning the bound"):  # constant logits: T = t_max
         assert TemperatureScaling().fit(dense, labels, max_pixels=1).temperature_ == 100.0
+
+
+def _traced_fit(monkeypatch, z, y, **kw):
+    """Fit with a spy on ``_moments``: every ``(b, G, H)`` the solver evaluates, in order."""
+    calls, real = [], calibrators._moments
+
+    def spy(z_, z2, z_y, b):
+        g, h = real(z_, z2, z_y, b)
+        calls.append((b, g, h))
+        return g, h
+
+    monkeypatch.setattr(calibrators, "_moments", spy)
+    ts = TemperatureScaling(**kw).fit(z, y)
+    monkeypatch.undo()
+    return ts, calls
+
+
+def _replay(calls, t_min, t_max, tol=1e-10):
+    """The documented safeguarded Newton iteration in b = 1/T, replayed on the recorded (G, H):
+    the points it must visit, the iteration it must stop at and the temperature it must return."""
+    (b_lo, g_lo, _), (b_hi, g_hi, _) = calls[:2]
+    assert (b_lo, b_hi) == (1 / t_max, 1 / t_min) and g_lo < 0 < g_hi  # both bounds first
+    want = 1.0 if b_lo < 1.0 < b_hi else math.sqrt(b_lo * b_hi)  # T = 1 when strictly inside
+    for i, (b, g, h) in enumerate(calls[2:]):
+        assert b == want, f"iteration {i + 1} evaluated b = {b!r}, expected {want!r}"
+        if g == 0:
+            return i + 1, 1 / b
+        b_lo, b_hi = (b, b_hi) if g < 0 else (b_lo, b)
+        step = b - g / h if h > 0 else math.nan  # no curvature (one-hot rows): no Newton step
+        if abs(step - b) <= tol * b:  # Newton converged
+            return i + 1, 1 / step
+        want = step if b_lo < step < b_hi else math.sqrt(b_lo * b_hi)  # else bisect in log b
+        if abs(want - b) <= tol * b or b_hi - b_lo <= tol * b:
+            return i + 1, 1 / want
+    raise AssertionError("the solver evaluated no point after which it may stop")
+
+
+@pytest.mark.parametrize("t_true,t_min,t_max", [
+    (0.05, 0.01, 100.0), (0.5, 0.01, 100.0), (2.0, 0.01, 100.0), (30.0, 0.01, 100.0), (80.0, 0.01, 100.0),
+    (4.0, 2.0, 50.0),   # T = 1 below the range: the start is the bracket's geometric middle
+    (0.7, 0.5, 1.0),    # T = 1 is the upper bound: not strictly inside, so not the start
+    (3.0, 1.0, 5.0),    # T = 1 is the lower bound
+])
+def test_solver_visits_exactly_the_points_of_its_iteration(monkeypatch, t_true, t_min, t_max):
+    z, y = _synthetic(7, 2000, 10, t_true)
+    ts, calls = _traced_fit(monkeypatch, z, y, t_min=t_min, t_max=t_max)
+    n_iter, t = _replay(calls, t_min, t_max)
+    assert len(calls) == n_iter + 2 and ts.n_iter_ == n_iter  # it stops where it may, not later
+    assert ts.temperature_ == t
+
+
+def test_zero_curvature_bisects(monkeypatch):
+    # two classes, logit gaps of at least 800: at the start T = 1 every row's softmax is one-hot
+    # in float64 (exp(-800) = 0), so H = 0 there and the solver must bisect, not divide by H
+    g = torch.Generator().manual_seed(8)
+    sign = 2 * torch.randint(0, 2, (3000,), generator=g) - 1
+    x = (800 + 400 * torch.rand(3000, generator=g, dtype=torch.float64)) * sign
+    y = torch.bernoulli(torch.sigmoid(x / 400), generator=g).long()  # calibrated at T = 400
+    z = torch.stack([torch.zeros_like(x), x], 1)
+    ts, calls = _traced_fit(monkeypatch, z, y, t_max=1000.0)
+    assert calls[2][0] == 1.0 and calls[2][2] == 0.0  # the start, with no curvature
+    n_iter, t = _replay(calls, 0.01, 1000.0)
+    assert ts.n_iter_ == n_iter and ts.temperature_ == t and 300 < t < 500
+
+
+def test_the_iteration_cap_is_max_iter():
+    z, y = _synthetic(7, 2000, 10, 30.0)
+    full = calibrators._fit_nll(z, y, 0.01, 100.0)
+    assert full[1] > 3  # the fit needs more than 3 iterations
+    t3, it3 = calibrators._fit_nll(z, y, 0.01, 100.0, max_iter=3)
+    assert it3 == 3 and t3 != full[0]
