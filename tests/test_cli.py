@@ -74,6 +74,7 @@ def test_train_help_lists_every_config_field(capsys):
     (["train", "--data", "digits", "--model", "resnet9000", "--epochs", "1"], "unknown model 'resnet9000'"),
     (["train", "--data", "digits", "--model", "mlp", "--loss", "nosuchloss", "--epochs", "1"], "nosuchloss"),
     (["train", "--data", "digits", "--method", "cutmix"], "method: must be one of"),
+    (["train", "--data", "digits", "--checkpoint-every", "0"], "checkpoint_every: must be >= 1, got 0"),
     (["train", "--config", "no_such_preset"], "config 'no_such_preset' not found"),
     (["train", "--data", "nosuchdata", "--epochs", "1"], "nosuchdata"),
     (["eval", "{tmp}/missing"], "not found"),
