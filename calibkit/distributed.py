@@ -17,6 +17,7 @@ evaluation order is explicit):
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -98,8 +99,15 @@ def setup(device: str = "auto") -> Dist:
 
 
 def teardown(d: Dist) -> None:
-    """Leave the process group, only if :func:`setup` created it."""
+    """Leave the process group, only if :func:`setup` created it.
+
+    Unreachable objects are collected first: a ``DistributedDataParallel`` wrapper left in a
+    reference cycle would otherwise outlive the group, and its reducer, destroyed at interpreter
+    exit, aborts the process ("terminate called without an active exception", SIGABRT) after
+    the work is done. Callers drop their own references to the wrapper before calling this.
+    """
     if d.owns_group and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

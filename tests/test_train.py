@@ -449,3 +449,41 @@ def test_kept_weights_wait_in_memory_for_the_next_checkpoint(tmp_path, monkeypat
         run_quiet(tiny(epochs=4, keep="last"), ref, stop_after_epoch=best)
         ckpt = rundir.read_checkpoint(ref / rundir.CHECKPOINT)
         assert ckpt["epoch"] == best and all(torch.equal(weights[k], ckpt["model"][k]) for k in weights)
+
+
+def test_kept_validation_logits_are_reused_and_equal_a_fresh_pass(tmp_path, monkeypatch):
+    import calibkit.train.loop as loop
+    from calibkit.data import load
+    from calibkit.train.keep import Keeper
+
+    passes = []
+    real = loop._logits
+
+    def spy(run, split):
+        passes.append(len(split))
+        return real(run, split)
+
+    monkeypatch.setattr(loop, "_logits", spy)
+    bundle = load("digits", seed=0, val_size=100, train_subset=256)
+    n_val, n_test = len(bundle.val), len(bundle.test)
+
+    def fresh_val_logits(out):
+        model, _, info = load_run(out)
+        return predict_logits(model, bundle.val.images, info)
+
+    out = tmp_path / "run"
+    run_quiet(tiny(epochs=3), out)
+    # one validation pass per epoch and one test pass: the kept epoch's validation logits are reused
+    assert passes == [n_val, n_val, n_val, n_test]
+    assert torch.equal(rundir.read_tensors(out / rundir.LOGITS)["val_logits"], fresh_val_logits(out))
+
+    # kept before a resume and nothing kept after it: the logits are not in memory, so _finish
+    # makes the pass again, and they are still the kept weights'
+    resumed = tmp_path / "resumed"
+    run_quiet(tiny(epochs=3), resumed, stop_after_epoch=2)
+    passes.clear()
+    monkeypatch.setattr(Keeper, "offer", lambda self, epoch, record: False)
+    run_quiet(tiny(epochs=3), resumed)
+    assert passes == [n_val, n_val, n_test]
+    assert json.loads((resumed / rundir.CONFIG).read_text())["best_epoch"] <= 2
+    assert torch.equal(rundir.read_tensors(resumed / rundir.LOGITS)["val_logits"], fresh_val_logits(resumed))

@@ -122,6 +122,8 @@ class _Run:
     start_epoch: int = 0
     kept: dict | None = None  # the kept weights (on the CPU)
     kept_unsaved: bool = False  # kept since the last checkpoint: written with the next one
+    val_logits: torch.Tensor | None = None  # the last validation pass's logits
+    kept_val_logits: torch.Tensor | None = None  # the kept weights' (None after a resume)
 
     @property
     def kept_record(self) -> dict:
@@ -269,6 +271,7 @@ def _validate(run: _Run) -> dict:
     run.model.eval()
     run.loss_fn.eval()
     logits, labels = _logits(run, run.bundle.val), run.bundle.val.labels
+    run.val_logits = logits
     if hasattr(run.loss_fn, "update"):
         run.loss_fn.update(logits.to(run.dd.device), labels.to(run.dd.device))
     return {"val_loss": nn.functional.cross_entropy(logits.double(), labels).item(),
@@ -288,6 +291,7 @@ def _end_epoch(run: _Run, out: Path, epoch: int, record: dict) -> bool:
     if kept:
         run.kept = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
         run.kept_unsaved = True
+        run.kept_val_logits = run.val_logits  # the same weights' logits: _finish needs no new pass
     due = (epoch + 1) % run.cfg.checkpoint_every == 0 or epoch + 1 == run.cfg.epochs
     if run.dd.is_main and due:  # kept weights first, then the checkpoint that refers to them
         if run.kept_unsaved:
@@ -316,7 +320,10 @@ def _finish(run: _Run, out: Path, info: dict, log) -> dict:
     run.model.load_state_dict(run.kept)
     run.model.eval()
     test = run.bundle.test
-    val_logits, test_logits = _logits(run, run.bundle.val), _logits(run, test)
+    # The kept epoch's validation pass computed the kept weights' logits, in the same batches;
+    # a run resumed after that epoch computes them again.
+    val_logits = run.kept_val_logits if run.kept_val_logits is not None else _logits(run, run.bundle.val)
+    test_logits = _logits(run, test)
     test_acc = (test_logits.argmax(1) == test.labels).double().mean().item() if len(test) else None
     test_ece = float(ece(test_logits.softmax(1), test.labels, n_bins=15)) if len(test) else None
     info.update(status="done", epochs_done=run.cfg.epochs, best_epoch=run.keeper.epoch,
@@ -355,6 +362,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
     dd = D.setup(cfg.device)
     # Flushed at once: under torchrun or a pipe, stdout is block-buffered and lines would lag by epochs.
     log = functools.partial(print, flush=True) if (verbose and dd.is_main) else (lambda *a, **k: None)
+    run = None
     try:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -396,4 +404,5 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
                 return _summary(info)
         return _finish(run, out, info, log)
     finally:
+        del run  # the DDP wrapper goes before the process group (D.teardown)
         D.teardown(dd)
