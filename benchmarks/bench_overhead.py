@@ -28,7 +28,9 @@ bare steps; and the same with the once-per-bench costs (import, evaluation data,
 over the preset's full number of runs. Target: per-run overhead <= 10%. Also timed side by side:
 the *bare validation passes* (the model's logits on the validation split once per epoch, nothing
 else), the computation the checkpoint policy needs whatever the loop around it does, and the
-per-run overhead beyond the bare steps and those passes together.
+per-run overhead beyond the bare steps and those passes together. Last, the loop's own cost per
+step without the machine's drift: on one run, the loop's epoch and a bare epoch (and the loop's
+validation and a bare pass) alternate epoch by epoch (:func:`interleaved`).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py                  # one default CE run
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --epochs 4 --methods ce mixup
@@ -70,6 +72,7 @@ from calibkit.bench.grid import METHODS, get_preset  # noqa: E402
 from calibkit.train.steps import EpochGenerators  # noqa: E402
 
 T_IMPORTED = time.perf_counter()
+_TRAIN_EPOCH, _VALIDATE = loop._train_epoch, loop._validate  # unwrapped, for interleaved()
 
 
 class Phases:
@@ -123,6 +126,31 @@ def bare_steps(cfg) -> tuple[float, float]:
         steps += bare_epochs(run, 1, first=epoch)
         val += bare_validation(run, 1)
     return steps, val
+
+
+def interleaved(cfg) -> dict:
+    """The loop's epoch and validation against the bare ones, alternating epoch by epoch on one
+    built run (bare first on even epochs, the loop's first on odd ones), so that a drift of the
+    machine's speed hits both alike: seconds of each, summed over ``cfg.epochs`` epochs."""
+    dd = D.setup(cfg.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+    t = defaultdict(float)
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        fn()
+        t[name] += time.perf_counter() - t0
+
+    for epoch in range(cfg.epochs):
+        pair = [("bare", lambda: bare_epochs(run, 1, first=epoch)),
+                ("loop", lambda: _TRAIN_EPOCH(run, epoch, False))]
+        for name, fn in pair if epoch % 2 == 0 else pair[::-1]:
+            timed(name, fn)
+        pair = [("bare_val", lambda: bare_validation(run, 1)), ("loop_val", lambda: _VALIDATE(run))]
+        for name, fn in pair if epoch % 2 == 0 else pair[::-1]:
+            timed(name, fn)
+    return dict(t)
 
 
 @torch.no_grad()
@@ -231,6 +259,7 @@ def main() -> None:
         wall_bench = time.perf_counter() - t0
         t = dict(ph.total)  # before the bare steps, whose set-up loads the data again
         after = [bare_steps(cfg) for cfg in configs]
+        inter = interleaved(configs[0])
         bare_before, bare_after = sum(a for a, _ in before), sum(a for a, _ in after)
         bare = (bare_before + bare_after) / 2
         bare_val = (sum(v for _, v in before) + sum(v for _, v in after)) / 2
@@ -266,6 +295,9 @@ def main() -> None:
     print(f"bare validation passes (the logits the checkpoint policy needs, nothing else): {bare_val:.1f} s "
           f"= {bare_val / bare:.1%} of the bare steps; validation every epoch / bare passes: "
           f"{t.get('validate', 0.0) / bare_val:.3f}")
+    print(f"interleaved, epoch by epoch on one run ({epochs} epochs of each): the loop's step loop / bare steps "
+          f"{inter['loop'] / inter['bare']:.3f}, its validation / bare validation passes "
+          f"{inter['loop_val'] / inter['bare_val']:.3f}")
     print(f"per-run overhead beyond the bare steps and the bare validation passes: "
           f"{(per_run - bare - bare_val) / (bare + bare_val):.1%}")
     spread = per_bench * n / full_runs
