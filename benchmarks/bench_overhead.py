@@ -114,13 +114,18 @@ class Phases:
             setattr(o, attr, timed)
 
 
+def _built(cfg):
+    """A fresh run of ``cfg`` as the training loop builds it (``calibkit.train.loop._build``)."""
+    dd = D.setup(cfg.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        return loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+
+
 def bare_steps(cfg) -> tuple[float, float]:
     """Seconds of ``cfg.epochs`` epochs of bare steps (same model, loss, step, batches, clip, SGD),
     and of the bare passes over the validation split after each (:func:`bare_validation`), timed
     apart but interleaved as in training, so each pass starts with the caches an epoch leaves."""
-    dd = D.setup(cfg.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        run = loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+    run = _built(cfg)
     steps = val = 0.0
     for epoch in range(cfg.epochs):
         steps += bare_epochs(run, 1, first=epoch)
@@ -132,9 +137,7 @@ def interleaved(cfg) -> dict:
     """The loop's epoch and validation against the bare ones, alternating epoch by epoch on one
     built run (bare first on even epochs, the loop's first on odd ones), so that a drift of the
     machine's speed hits both alike: seconds of each, summed over ``cfg.epochs`` epochs."""
-    dd = D.setup(cfg.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        run = loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+    run = _built(cfg)
     t = defaultdict(float)
 
     def timed(name, fn):

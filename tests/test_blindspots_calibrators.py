@@ -209,7 +209,7 @@ def test_fit_argument_checks():
         assert TemperatureScaling().fit(dense, labels, max_pixels=1).temperature_ == 100.0
 
 
-def _traced_fit(monkeypatch, z, y, **kw):
+def _traced_fit(z, y, **kw):
     """Fit with a spy on ``_moments``: every ``(b, G, H)`` the solver evaluates, in order."""
     calls, real = [], calibrators._moments
 
@@ -218,9 +218,9 @@ def _traced_fit(monkeypatch, z, y, **kw):
         calls.append((b, g, h))
         return g, h
 
-    monkeypatch.setattr(calibrators, "_moments", spy)
-    ts = TemperatureScaling(**kw).fit(z, y)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrators, "_moments", spy)
+        ts = TemperatureScaling(**kw).fit(z, y)
     return ts, calls
 
 
@@ -250,15 +250,15 @@ def _replay(calls, t_min, t_max, tol=1e-10):
     (0.7, 0.5, 1.0),    # T = 1 is the upper bound: not strictly inside, so not the start
     (3.0, 1.0, 5.0),    # T = 1 is the lower bound
 ])
-def test_solver_visits_exactly_the_points_of_its_iteration(monkeypatch, t_true, t_min, t_max):
+def test_solver_visits_exactly_the_points_of_its_iteration(t_true, t_min, t_max):
     z, y = _synthetic(7, 2000, 10, t_true)
-    ts, calls = _traced_fit(monkeypatch, z, y, t_min=t_min, t_max=t_max)
+    ts, calls = _traced_fit(z, y, t_min=t_min, t_max=t_max)
     n_iter, t = _replay(calls, t_min, t_max)
     assert len(calls) == n_iter + 2 and ts.n_iter_ == n_iter  # it stops where it may, not later
     assert ts.temperature_ == t
 
 
-def test_zero_curvature_bisects(monkeypatch):
+def test_zero_curvature_bisects():
     # two classes, logit gaps of at least 800: at the start T = 1 every row's softmax is one-hot
     # in float64 (exp(-800) = 0), so H = 0 there and the solver must bisect, not divide by H
     g = torch.Generator().manual_seed(8)
@@ -266,7 +266,7 @@ def test_zero_curvature_bisects(monkeypatch):
     x = (800 + 400 * torch.rand(3000, generator=g, dtype=torch.float64)) * sign
     y = torch.bernoulli(torch.sigmoid(x / 400), generator=g).long()  # calibrated at T = 400
     z = torch.stack([torch.zeros_like(x), x], 1)
-    ts, calls = _traced_fit(monkeypatch, z, y, t_max=1000.0)
+    ts, calls = _traced_fit(z, y, t_max=1000.0)
     assert calls[2][0] == 1.0 and calls[2][2] == 0.0  # the start, with no curvature
     n_iter, t = _replay(calls, 0.01, 1000.0)
     assert ts.n_iter_ == n_iter and ts.temperature_ == t and 300 < t < 500

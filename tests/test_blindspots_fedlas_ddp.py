@@ -136,8 +136,6 @@ def test_train_drops_its_run_before_the_teardown(tmp_path, monkeypatch):
         return run
 
     def spy_teardown(dd):
-        import gc
-
         gc.collect()
         seen.append(refs[0]() is None)
 
