@@ -30,6 +30,7 @@ COMMANDS = {
     "report": "calibkit.commands.report",
     "csm": "calibkit.commands.csm",
     "maccal": "calibkit.commands.maccal",
+    "preset": "calibkit.commands.preset",
 }
 
 

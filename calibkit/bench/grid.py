@@ -33,7 +33,11 @@ from dataclasses import dataclass, field, replace
 
 from calibkit.config import KEEP_POLICIES  # noqa: F401  (the policies of TrainConfig.keep; config is pure)
 
-REFERENCE = "ce"  # every comparison (the ECE difference column) is against cross-entropy
+REFERENCE = "ce"
+# Data sets holding the user's own data: their default OOD set is none (Preset.ood).
+USER_DATASETS = ("imagefolder", "tensors")
+# Characters of a preset name (it names run directories and database keys).
+NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+=,-"  # every comparison (the ECE difference column) is against cross-entropy
 # Where a search-space address may point (see the module docstring).
 TARGETS = ("loss", "train", "maccal", "csm")
 
@@ -112,21 +116,33 @@ METHODS: dict[str, MethodSpec] = {
 }
 
 
+def default_ood(dataset: str) -> str:
+    """The OOD set of a preset that names none: ``none`` for the user's own data, else ``digits``."""
+    return "none" if dataset in USER_DATASETS else "digits"
+
+
 @dataclass(frozen=True)
 class Preset:
     """A named benchmark configuration.
 
     Attributes:
-        name: the preset's name (first part of every run key).
+        name: the preset's name (first part of every run key and of the run directories: letters,
+            digits and ``._+=,-`` only, see :data:`NAME_CHARS`).
         dataset: a ``calibkit.data.load`` name.
-        model: a ``calibkit.models.MODELS`` name.
+        model: a ``calibkit.models.MODELS`` name, or ``"package.module:factory"`` /
+            ``"path/to/file.py:factory"`` for the user's own model (``calibkit.models.resolve``).
         seeds: the default seeds.
         train: ``calibkit.train.TrainConfig`` fields shared by every run of the preset.
         losses: per-method loss spec overrides (e.g. MbLS margin 6 on CIFAR).
         train_by_method: per-method ``TrainConfig`` overrides (e.g. mixup's alpha).
         maccal: keyword arguments of ``run_maccal`` (stage-2 hyperparameters).
         csm: CSM settings (generated set path, reannotation sharpness, ...).
-        ood: the OOD set for ``calibkit.data.load_ood``.
+        ood: the OOD set for ``calibkit.data.load_ood``: a built-in set (``digits``, ``noise``), a
+            ``calibkit.data.DATASETS`` name, a folder of images or a tensors file of the user's OOD
+            inputs, or ``none`` (no OOD measurement, no AUROC column). ``None`` (not given) resolves
+            to :func:`default_ood` of the data set: ``digits`` for the data sets calibkit ships
+            readers for, ``none`` for the user's own data (``imagefolder``, ``tensors``), where
+            digits would be an arbitrary, possibly same-domain choice.
         robust_n: test images used for the corrupted test sets (a fixed, seeded subset; 0 = all).
         severities: corruption severities evaluated (each over every corruption).
         n_boot: bootstrap resamples for the ECE-difference intervals.
@@ -148,6 +164,10 @@ class Preset:
         modality: ``"image"`` or ``"text"``; text presets skip :data:`IMAGE_ONLY` methods.
             Segmentation presets are ``"image"`` (dense images); their per-pixel method list is
             ``methods``.
+        data_dir: where the data set's files are (a folder, or the file of the ``tensors`` data
+            set); ``--data-dir`` overrides it. None: the data set's default location.
+        spaces: per-method search spaces replacing the method's own (``{method: {address: Axis}}``);
+            read every space through :meth:`space_for`.
     """
 
     name: str
@@ -159,7 +179,7 @@ class Preset:
     train_by_method: dict = field(default_factory=dict)
     maccal: dict = field(default_factory=dict)
     csm: dict = field(default_factory=dict)
-    ood: str = "digits"
+    ood: str | None = None
     robust_n: int = 2000
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
     n_boot: int = 1000
@@ -169,6 +189,17 @@ class Preset:
     note: str = ""
     methods: tuple[str, ...] | None = None
     modality: str = "image"
+    data_dir: str | None = None
+    spaces: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.ood is None:
+            object.__setattr__(self, "ood", default_ood(self.dataset))
+
+    def space_for(self, method: str) -> dict:
+        """The search space of ``method`` under this preset: ``spaces[method]`` where the preset
+        gives one, else the method's own (``METHODS[method].space``)."""
+        return space_for(self, method)
 
     def loss_for(self, method: str) -> str:
         return self.losses.get(method, METHODS[method].loss)
@@ -335,6 +366,15 @@ PRESETS.update({
         note="the MbLS text protocol: 20news-bydate under --data-dir, global-pooling CNN, Adam, 50 epochs, 3 seeds",
     ),
 })
+
+
+def space_for(preset: Preset | None, method: str) -> dict:
+    """The search space ``{address: Axis}`` of ``method`` under ``preset`` (its ``spaces`` entry,
+    else ``METHODS[method].space``; ``preset=None``: the method's own). Every reader of a search
+    space (tuning, the run records, the report) goes through this function."""
+    if preset is not None and method in preset.spaces:
+        return preset.spaces[method]
+    return METHODS[method].space
 
 
 def applicable(methods: list[str], preset: Preset) -> tuple[list[str], list[str]]:

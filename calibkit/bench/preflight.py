@@ -35,6 +35,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     from calibkit.store import check_database_file
 
     out = Path(out)
+    data_dir = data_dir if data_dir is not None else preset.data_dir
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
     check_database_file(str(out / "runs.db"))
@@ -49,18 +50,46 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     chosen, _ = grid_methods(preset, methods)  # unknown names raise here
 
     from calibkit.data import DATASETS, load
-    from calibkit.data.ood import OOD_SETS, load_ood
+    from calibkit.data.ood import NO_OOD, OOD_SETS, load_ood
 
     check_dataset(preset.dataset)
     if preset.ood in DATASETS:
         check_dataset(preset.ood)
+    if preset.dataset not in DATASETS:
+        from calibkit.bench.presetfile import nearest
+
+        raise ValueError(f"unknown data set {preset.dataset!r}{nearest(preset.dataset, DATASETS)}; "
+                         f"valid: {', '.join(DATASETS)}")
     cfg = _ce_config(preset, seeds[0], data_dir)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
-    if preset.ood not in OOD_SETS:  # the built-in sets need no files
-        load_ood(preset.ood, like=bundle, data_dir=data_dir)
+    check_model(preset.model, bundle)
+    if preset.ood not in OOD_SETS + (NO_OOD,) or bundle.modality != "image":  # built-in image sets need no files
+        if preset.ood != NO_OOD:
+            load_ood(preset.ood, like=bundle, data_dir=data_dir)
     if "csm" in chosen:
         _check_csm_store(preset, csm_store)
+
+
+def check_model(name: str, bundle) -> None:
+    """The model resolves; the user's own (``module:factory``) is built once on the data and run on
+    two training inputs, and every part of the contract it misses is named
+    (:func:`calibkit.models.custom.check_contract`)."""
+    from calibkit.models import resolve
+
+    builder = resolve(name)
+    if ":" not in name:
+        return
+    from calibkit.data.inputs import inputs_for
+    from calibkit.models.custom import check_contract
+
+    try:
+        model = builder(num_classes=bundle.num_classes, in_channels=bundle.in_channels)
+    except Exception as exc:
+        raise ValueError(f"model {name!r}: factory(num_classes={bundle.num_classes}, in_channels="
+                         f"{bundle.in_channels}) failed ({type(exc).__name__}: {exc})") from exc
+    x = inputs_for(bundle, augment=False).eval_batch(bundle.train.images[:2])
+    check_contract(model, x, bundle.num_classes, name=f"model {name!r}")
 
 
 def _ce_config(preset, seed: int, data_dir):

@@ -151,8 +151,8 @@ class Tuner:
         if unknown:
             raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
         names, self.unsupported = applicable(names, preset)
-        self.methods = [m for m in METHODS if m in names and METHODS[m].space]
-        self.skipped = [m for m in names if m != REFERENCE and not METHODS[m].space]
+        self.methods = [m for m in METHODS if m in names and preset.space_for(m)]
+        self.skipped = [m for m in names if m != REFERENCE and not preset.space_for(m)]
         self.seed = int(preset.tune_seed if seed is None else seed)
         self.criterion = criterion
         self.bench = Bench(preset, out, seeds=[self.seed], methods=[REFERENCE], data_dir=data_dir,
@@ -163,7 +163,7 @@ class Tuner:
     # -- candidates -----------------------------------------------------------------------------
     def items(self) -> list[tuple[str, dict]]:
         """``(method, values)`` of every candidate, CE first, then the grid order."""
-        return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m)]
+        return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m, self.preset)]
 
     def run_dir(self, method: str, values: dict) -> Path:
         if method == REFERENCE:
@@ -271,18 +271,18 @@ class Tuner:
     def finished(self, method: str) -> list[dict]:
         """The method's finished candidates, in grid order (only those of its current space)."""
         rows = {slug(r["hparams"]): r for r in self.store.candidates(self.preset.name, method, self.seed)}
-        return [rows[slug(v)] for v in candidates(method) if slug(v) in rows]
+        return [rows[slug(v)] for v in candidates(method, self.preset) if slug(v) in rows]
 
     def select_all(self) -> dict[str, dict]:
         """Select and flag every method whose candidates all finished; ``{method: values}``."""
         chosen = {}
         for method in self.methods:
             rows = self.finished(method)
-            if len(rows) < len(candidates(method)):
-                self.log(f"tune {method}: {len(rows)} of {len(candidates(method))} candidates finished; "
+            if len(rows) < len(candidates(method, self.preset)):
+                self.log(f"tune {method}: {len(rows)} of {len(candidates(method, self.preset))} candidates finished; "
                          "no selection yet (run the same command again)")
                 continue
-            space = METHODS[method].space
+            space = self.preset.space_for(method)
             win = rows[select(rows, space, self.criterion)]
             self.store.select_candidate(self.preset.name, method, self.seed, win["cand_key"],
                                         self.criterion.to_dict())

@@ -29,7 +29,9 @@ from pathlib import Path
 def worker_argv(args) -> list[str]:
     """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report,
     waiting to be released (``--await-start``)."""
-    argv = ["bench", "--preset", args.preset, "--out", str(args.out), "--device", args.device, "--no-report",
+    from calibkit.commands.presetargs import preset_argv
+
+    argv = ["bench", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--no-report",
             "--workers", "1", "--await-start"]
     if args.seeds is not None:
         argv += ["--seeds", *map(str, args.seeds)]

@@ -16,6 +16,7 @@ from pathlib import Path
 from calibkit.bench.grid import REFERENCE
 from calibkit.report.data import ece_deltas, label, summarize
 from calibkit.report.figures import method_figure, summary_figures
+from calibkit.report.preset import preset_section, recorded_preset
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import grid_tables, ranked_table, robustness_table
 from calibkit.report.tuning import protocol_section
@@ -101,6 +102,15 @@ def _margin(ctx: ReportContext, method: str) -> float | None:
         return None
 
 
+def _ood_text(ctx: ReportContext) -> str:
+    """Which OOD set the AUROC columns measure (named from the runs' records)."""
+    names = sorted({(r.get("ood") or {}).get("dataset") for r in ctx.rows if r["status"] == "done"} - {None})
+    if not names:
+        return "No OOD set (`ood = none`): no OOD detection is measured."
+    return (f"AUROC (x100) of OOD detection against the OOD set `{'`, `'.join(names)}` (the OOD inputs are the "
+            "positives) by predictive entropy (AUROC-H) and by maximum probability (AUROC-MSP).")
+
+
 def tables_section(ctx: ReportContext) -> list[Section]:
     before, after = grid_tables(ctx.summary, ctx.deltas, pm="±")
     return [
@@ -108,9 +118,8 @@ def tables_section(ctx: ReportContext) -> list[Section]:
                 "Mean ± std over seeds (`n` = seeds); calibration and accuracy x100, NLL and Brier as they are. "
                 "AECE = equal-mass bins, cwECE = classwise ECE, MCE = maximum calibration error.", [before]),
         Section("After temperature scaling, OOD detection, corrupted test sets, training time",
-                "Temperature T fitted on the validation set by NLL. AUROC (x100) of OOD detection by predictive "
-                "entropy (AUROC-H) and by maximum probability (AUROC-MSP). Shift = mean over corruptions and "
-                "severities. Train s = training wall time in seconds.", [after]),
+                f"Temperature T fitted on the validation set by NLL. {_ood_text(ctx)} Shift = mean over corruptions "
+                "and severities. Train s = training wall time in seconds.", [after]),
     ]
 
 
@@ -134,7 +143,8 @@ def figures_section(ctx: ReportContext) -> list[Section]:
 
 
 # The report, in order. Each builder: ReportContext -> list[Section].
-SECTIONS = (summary_section, notes_section, tables_section, robustness_section, protocol_section, figures_section)
+SECTIONS = (summary_section, notes_section, tables_section, robustness_section, protocol_section, preset_section,
+            figures_section)
 
 
 def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
@@ -173,10 +183,9 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     done = [r for r in rows if r["status"] == "done"]
     if not done:
         raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}")
+    recorded = recorded_preset(out_dir, preset)
     if n_boot is None:
-        from calibkit.bench.grid import PRESETS
-
-        n_boot = PRESETS[preset].n_boot if preset in PRESETS else 1000
+        n_boot = recorded.n_boot if recorded is not None else 1000
     summary = summarize(done)
     rep = out_dir / "report"
     ctx = ReportContext(out_dir, preset, rows, summary, ece_deltas(summary, n_boot=n_boot, seed=seed), n_boot,
@@ -190,11 +199,14 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     text_title = title + (f", {len(pending)} unfinished ({unfinished})" if pending else "")
     if width is None:
         width = shutil.get_terminal_size((100, 24)).columns
+    if recorded is not None and recorded.note:
+        text_title += f"\n{recorded.note}"
     text = to_text(text_title, sections, width)
 
     first = done[0]
     versions = ", ".join(f"{k} {v}" for k, v in sorted((first.get("versions") or {}).items()))
-    intro = (f"Preset `{preset}`: {len(done)} finished runs of {len(summary)} methods; CE (`{REFERENCE}`) is the "
+    note = f" ({recorded.note})" if recorded is not None and recorded.note else ""
+    intro = (f"Preset `{preset}`{note}: {len(done)} finished runs of {len(summary)} methods; CE (`{REFERENCE}`) is the "
              f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
     if pending:
         intro += f"\n\nUnfinished runs: {unfinished}."
