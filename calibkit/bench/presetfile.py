@@ -190,7 +190,7 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
             raise _unknown("table", f"[{key}]", [f"[{t}]" for t in TABLES], where)
         if not isinstance(value, dict) and key not in TOP_KEYS:
             raise _unknown("key", key, list(TOP_KEYS), where)
-    missing = [k for k in ("name", "dataset", "model") if k not in doc]
+    missing = [k for k in ("name", "dataset", "model", "seeds") if k not in doc]
     if missing:
         raise ValueError(f"{where}missing key(s) {', '.join(missing)}")
     kinds = {f.name: f.type for f in dataclasses.fields(Preset)}

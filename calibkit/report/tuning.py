@@ -62,6 +62,19 @@ def load_candidates(out_dir, preset: str) -> list[dict]:
         store.close()
 
 
+def spaces_of(out_dir, preset: str):
+    """``method -> search space`` under the preset recorded in ``out_dir`` (its own grids where it
+    gives them, ``calibkit.bench.grid.space_for``), else the methods' own spaces."""
+    from calibkit.bench.grid import space_for
+    from calibkit.report.preset import recorded_preset
+
+    try:
+        recorded = recorded_preset(out_dir, preset)
+    except (OSError, ValueError):
+        recorded = None
+    return lambda method: space_for(recorded, method)
+
+
 def _by_method(cands: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for c in cands:
@@ -70,8 +83,10 @@ def _by_method(cands: list[dict]) -> dict[str, list[dict]]:
 
 
 # -- text ----------------------------------------------------------------------------------------
-def tuning_rows(cands: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """One row per tuned method: the selection, its validation metrics, candidates, exclusions."""
+def tuning_rows(cands: list[dict], space=None) -> tuple[list[str], list[list[str]]]:
+    """One row per tuned method: the selection, its validation metrics, candidates, exclusions.
+    ``space``: ``method -> search space`` (default: the methods' own, :func:`spaces_of`)."""
+    space = space or (lambda m: METHODS[m].space)
     header = ["Method", "selected", "val ECE", "val Acc", "candidates", "excluded (acc)", "note"]
     rows = []
     for method, group in _by_method(cands).items():
@@ -84,7 +99,7 @@ def tuning_rows(cands: list[dict]) -> tuple[list[str], list[list[str]]]:
         excluded = sum(c["metrics"]["acc"] < best_acc - drop - 1e-12 for c in group)
         note = ""
         if chosen:
-            edge = at_edge(chosen[0]["hparams"], METHODS[method].space)
+            edge = at_edge(chosen[0]["hparams"], space(method))
             note = f"on the grid edge ({', '.join(edge)})" if edge else ""
             c = chosen[0]
             rows.append([_label(method), _values(c["hparams"]), f"{100 * c['metrics']['ece']:.2f}",
@@ -99,7 +114,7 @@ def tuning_text(out_dir, preset: str) -> str:
     cands = load_candidates(out_dir, preset)
     if not cands:
         return f"no tuning candidates of preset {preset!r} in {out_dir}/runs.db"
-    header, rows = tuning_rows(cands)
+    header, rows = tuning_rows(cands, spaces_of(out_dir, preset))
     seeds = sorted({c["seed"] for c in cands})
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
@@ -138,16 +153,18 @@ def write_tuning_json(out_dir, preset: str, path=None) -> Path | None:
 
 
 # -- figure --------------------------------------------------------------------------------------
-def _panels(cands: list[dict]) -> list[tuple[str, str, list[dict], dict | None]]:
+def _panels(cands: list[dict], space=None) -> list[tuple[str, str, list[dict], dict | None]]:
     """``(method, address, candidates along that axis, selected)``: the curve through the selection."""
+    space = space or (lambda m: METHODS[m].space)
     panels = []
     for method, group in _by_method(cands).items():
-        if method not in METHODS or not METHODS[method].space:
+        if method not in METHODS or not space(method):
             continue
         chosen = next((c for c in group if c["selected"]), None)
-        for address, axis in METHODS[method].space.items():
-            others = [a for a in METHODS[method].space if a != address]
-            pin = chosen["hparams"] if chosen else {a: METHODS[method].space[a].default for a in others}
+        grid = space(method)
+        for address, axis in grid.items():
+            others = [a for a in grid if a != address]
+            pin = chosen["hparams"] if chosen else {a: grid[a].default for a in others}
             line = [c for c in group if all(float(c["hparams"][a]) == float(pin[a]) for a in others)]
             line.sort(key=lambda c: float(c["hparams"][address]))
             if line:
@@ -165,7 +182,7 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path
     candidates.
     """
     cands = load_candidates(out_dir, preset)
-    panels = _panels(cands)
+    panels = _panels(cands, spaces_of(out_dir, preset))
     if not panels:
         return None
     import matplotlib
@@ -287,7 +304,7 @@ def protocol_section(ctx) -> list:
         budget_rows.append([_label(m), str(cfg.get("epochs", "?")), str(n_train or "?"), str(cfg.get("model", "?")),
                             "same as CE" if not diff else "differs: " + ", ".join(diff), EXTRA_WORK.get(m, "")])
         searched = rec.get("hparams") or {}
-        source = ("no search space" if not METHODS.get(m, METHODS[REFERENCE]).space else
+        source = ("no search space" if m not in METHODS or not spaces_of(out_dir, preset)(m) else
                   "tuned here" if m in tuned and tuned[m]["hparams"] == searched else "preset")
         others = {k: v for k, v in {**(rec.get("train_overrides") or {}), **(rec.get("maccal") or {}),
                                     **(rec.get("csm") or {})}.items() if f"train.{k}" not in searched}
@@ -303,7 +320,7 @@ def protocol_section(ctx) -> list:
         Section("Hyperparameters per method", tables=[Table(
             ["Method", "searched values", "loss spec", "other settings", "source"], hp_rows)], terminal=False)]
     if cands:
-        header, rows = tuning_rows(cands)
+        header, rows = tuning_rows(cands, spaces_of(out_dir, preset))
         sections.append(Section("Selection on the validation split (x100, before TS)",
                                 tables=[Table(header, rows)], terminal=False))
         path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png") if ctx.figures else None
