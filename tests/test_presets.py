@@ -137,6 +137,9 @@ def test_flags_name_the_change_and_scale_explicit_milestones():
     assert d.name == "default+data=imagefolder,model=mymod-net,augment=on" and d.ood == "none"
     assert d.model == "mymod:net" and d.train["augment"] is True
     assert "milestones" not in d.train  # default milestones (50%/75% of the epochs) scale by themselves
+    assert "train_subset" not in d.train and "val_size" not in d.train  # sized for Fashion-MNIST: dropped
+    assert with_flags(PRESETS["default"], dataset="tensors", val_size=0.3).train["val_size"] == 0.3
+    assert with_flags(PRESETS["default"], dataset="digits").train["train_subset"] == 10000
     assert with_flags(PRESETS["default"], dataset="imagefolder", ood="/x/my ood/").ood == "/x/my ood/"
     assert with_flags(PRESETS["default"], dataset="imagefolder", ood="/x/my_ood").name.endswith("ood=my_ood")
     assert with_flags(PRESETS["default"], epochs=3, name="quick").name == "quick"

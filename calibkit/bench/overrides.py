@@ -14,7 +14,9 @@ Decisions where the spec is silent:
   preset's epochs (``round(m * new / old)``, repeats and drops outside ``(0, epochs)`` removed);
   without explicit milestones TrainConfig's default (50%/75% of the epochs) already scales;
 * ``--data`` to a data set that is the user's own (``imagefolder``, ``tensors``) sets the OOD set
-  to ``none`` unless ``--ood`` gives one (a built-in OOD set means nothing on arbitrary data).
+  to ``none`` unless ``--ood`` gives one (a built-in OOD set means nothing on arbitrary data), and
+  drops the base preset's ``train_subset`` and ``val_size`` (sized for its own data set): all the
+  training images, and the data set's own validation rule (10%), unless the flags give them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from calibkit.bench.grid import NAME_CHARS, Preset, default_ood
+from calibkit.bench.grid import NAME_CHARS, USER_DATASETS, Preset
 
 # flag -> where it goes: a top-level Preset field or a [train] key
 TOP = ("dataset", "model", "ood")
@@ -68,9 +70,12 @@ def with_flags(preset: Preset, name: str | None = None, **flags) -> Preset:
     if not given and name is None:
         return preset
     top = {k: v for k, v in given.items() if k in TOP}
-    if "dataset" in top and "ood" not in top and top["dataset"] != preset.dataset:
-        top["ood"] = default_ood(top["dataset"]) if default_ood(top["dataset"]) == "none" else preset.ood
+    if "dataset" in top and "ood" not in top and top["dataset"] in USER_DATASETS:
+        top["ood"] = "none"
     train = dict(preset.train)
+    if "dataset" in top and top["dataset"] in USER_DATASETS and top["dataset"] != preset.dataset:
+        for key in ("train_subset", "val_size"):  # sized for the preset's own data set
+            train.pop(key, None)
     train.update({k: v for k, v in given.items() if k in TRAIN})
     if "epochs" in given and train.get("milestones"):
         old = int(preset.train.get("epochs", given["epochs"]))
