@@ -88,3 +88,22 @@ def test_csm_own_data_example_quick():
     for name in ("cross-entropy", "CSM"):
         m = res[name]
         assert 0.5 < m["acc"] <= 1 and 0 <= m["ece"] <= 1  # 10 classes: trained, far above chance
+
+
+def test_bench_own_data(cli_env, tmp_path):
+    res = subprocess.run([PYTHON, os.path.join(ROOT, "examples", "bench_own_data.py"), "--quick", "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True, env=cli_env, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    chosen = dict(re.findall(r"^selected: (\w+) (.+)$", out, re.M))
+    assert set(chosen) == {"ls", "mbls", "maccal"}  # MaC-Cal keeps its own grid and is tuned too
+    assert dict(v.split("=") for v in chosen["maccal"].split(", ")).keys() == {"maccal.eta", "maccal.r_min"}
+    assert float(chosen["ls"].split("=")[1]) in (0.01, 0.05, 0.2)  # the example's own grid
+    assert float(chosen["mbls"].split("=")[1]) in (2, 6, 10)
+    assert "bench: 4 run(s) done, 0 failed" in out
+    ranked = re.findall(r"^\s*\d+\s+(CE|LS|MbLS|MaC-Cal)\s", out, re.M)
+    assert sorted(ranked) == ["CE", "LS", "MaC-Cal", "MbLS"]
+    from calibkit.bench.presetfile import read_effective
+
+    eff = read_effective(tmp_path / "out", "digits-features")  # the tuned preset is recorded
+    assert eff.loss_for("ls") == "ls:" + chosen["ls"].replace("loss.", "") and eff.ood == "noise"
