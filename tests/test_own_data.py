@@ -105,6 +105,8 @@ def test_user_ood_sets(tmp_path):
         load_ood("digits", like=b)
     with pytest.raises(FileNotFoundError, match="no such folder or file"):
         load_ood(str(tmp_path / "missing"), like=b)
+    with pytest.raises(ValueError, match="unknown OOD set .places.; choose one of"):
+        load_ood("places", like=b)
     with pytest.raises(ValueError, match="there are no OOD inputs"):
         load_ood("none", like=b)
     # images: a folder with sub-folders, read in the data's channels and resized to its size

@@ -33,17 +33,8 @@ from .bundle import DataBundle
 from .digits import digits_images
 from .transforms import resize
 
-OOD_SETS = ("digits", "noise")  # always available; any DATASETS name works too
-NO_OOD = "none"  # no OOD measurement
-NOISE_SIZE = 2000
-OOD_KEYS = ("x", "x_ood", "x_test")  # the array of a user's OOD tensors file
-
-
-def is_user_set(name: str) -> bool:
-    """Whether ``name`` is a path to the user's own OOD inputs rather than a registered set."""
-    from .datasets import DATASETS
-
-    return name not in OOD_SETS and name not in DATASETS and name != NO_OOD and name != "debian-heldout"
+# the names of the sets (defined beside the user's sets, which need them)
+from .ood_user import NO_OOD, NOISE_SIZE, OOD_KEYS, OOD_SETS, is_user_set, load_user_ood  # noqa: E402,F401
 
 
 def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int = 0) -> torch.Tensor:
@@ -64,8 +55,6 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
         raise ValueError("OOD set 'none': there are no OOD inputs to load (the bench skips OOD detection)")
     modality = getattr(like, "modality", "image")
     if is_user_set(name) or (modality in ("text", "features") and like.vocab is None):
-        from .ood_user import load_user_ood
-
         return load_user_ood(name, like, seed)
     if modality == "text":  # token ids, not images
         from .textsets import load_text_ood

@@ -9,10 +9,20 @@ import torch
 
 from .transforms import resize
 
+OOD_SETS = ("digits", "noise")  # always available; any DATASETS name works too
+NO_OOD = "none"  # no OOD measurement
+NOISE_SIZE = 2000
+OOD_KEYS = ("x", "x_ood", "x_test")  # the array of a user's OOD tensors file
+
+
+def is_user_set(name: str) -> bool:
+    """Whether ``name`` is a path to the user's own OOD inputs rather than a registered set."""
+    from .datasets import DATASETS
+
+    return name not in OOD_SETS and name not in DATASETS and name != NO_OOD and name != "debian-heldout"
+
 
 def _noise(like, seed: int) -> torch.Tensor:
-    from .ood import NOISE_SIZE
-
     gen = torch.Generator().manual_seed(int(seed))
     x = like.train.images
     if like.modality == "text":
@@ -39,7 +49,6 @@ def _folder_images(folder: str, like) -> torch.Tensor:
 
 
 def _file_inputs(path: str, like) -> torch.Tensor:
-    from .ood import OOD_KEYS
     from .tensors import input_kind, read_arrays, to_inputs
 
     arrays = read_arrays(path)
@@ -66,8 +75,6 @@ def _file_inputs(path: str, like) -> torch.Tensor:
 
 def load_user_ood(name: str, like, seed: int = 0) -> torch.Tensor:
     """The OOD inputs ``name`` names for ``like``: ``noise``, a folder or a tensors file."""
-    from .ood import is_user_set
-
     if name == "noise":
         return _noise(like, seed)
     if not is_user_set(name):
@@ -77,5 +84,10 @@ def load_user_ood(name: str, like, seed: int = 0) -> torch.Tensor:
         return _folder_images(name, like)
     if os.path.isfile(name):
         return _file_inputs(name, like)
+    if "/" not in name and os.sep not in name and not name.endswith((".npz", ".safetensors")):
+        from .datasets import DATASETS
+
+        raise ValueError(f"unknown OOD set {name!r}; choose one of {sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or "
+                         "give a folder or .npz/.safetensors file of OOD inputs")
     raise FileNotFoundError(f"OOD set {name!r}: no such folder or file (an OOD set is digits, noise, none, a data "
                             "set name, or a folder or .npz/.safetensors file of OOD inputs)")

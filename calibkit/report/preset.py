@@ -47,8 +47,9 @@ def preset_section(ctx) -> list:
     if preset is None:
         return []
     recorded = (ctx.out_dir / PRESET_DIR / f"{ctx.preset}.toml").is_file()
-    where = (f"Recorded in `{PRESET_DIR}/{ctx.preset}.toml` of this directory: `calibkit bench --preset "
-             f"{PRESET_DIR}/{ctx.preset}.toml` reruns these runs." if recorded else
+    path = f"{ctx.out_dir}/{PRESET_DIR}/{ctx.preset}.toml"
+    where = (f"Recorded in `{path}`: `calibkit bench --preset {path} --out {ctx.out_dir}` reruns these runs."
+             if recorded else
              f"The shipped preset `{ctx.preset}` (`calibkit preset show {ctx.preset}`).")
     text = (f"{preset.note}\n\n" if preset.note else "") + where
     return [Section(f"Preset {ctx.preset}", text, [Table(["setting", "value"], preset_rows(preset), key_columns=2)],
