@@ -88,7 +88,8 @@ def grid_tables(summary: dict, deltas: dict, pm: str = "+-") -> tuple[Table, Tab
 
     # dense runs: only the extra columns some run reports; others drop the OOD columns when no run
     # measured OOD detection (ood = none)
-    extra_cols = tuple(c for c in EXTRA_COLS if reported(c) or (not dense and not c[0].startswith("auroc")))
+    ood = any(reported(c) for c in EXTRA_COLS if c[0].startswith("auroc"))
+    extra_cols = tuple(c for c in EXTRA_COLS if reported(c) or (not dense and (ood or not c[0].startswith("auroc"))))
     head1 = ["Method", "n"] + [h for _, h, _, _ in before_cols] + [DELTA_HEADER]
     head2 = ["Method"] + [f"{h} (TS)" if k != "temperature" else h for k, h, _, _ in after_cols] + \
         [h for _, h, _, _ in extra_cols]
