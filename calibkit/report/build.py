@@ -104,11 +104,13 @@ def _margin(ctx: ReportContext, method: str) -> float | None:
 
 def _ood_text(ctx: ReportContext) -> str:
     """Which OOD set the AUROC columns measure (named from the runs' records)."""
-    names = sorted({(r.get("ood") or {}).get("dataset") for r in ctx.rows if r["status"] == "done"} - {None})
-    if not names:
+    measured = [r["ood"] for r in ctx.rows if r["status"] == "done" and r.get("ood")]
+    if not measured:
         return "No OOD set (`ood = none`): no OOD detection is measured."
-    return (f"AUROC (x100) of OOD detection against the OOD set `{'`, `'.join(names)}` (the OOD inputs are the "
-            "positives) by predictive entropy (AUROC-H) and by maximum probability (AUROC-MSP).")
+    names = sorted({m.get("dataset") for m in measured} - {None})
+    against = f"the OOD set `{'`, `'.join(names)}`" if names else "the preset's OOD set"
+    return (f"AUROC (x100) of OOD detection against {against} (the OOD inputs are the positives) by predictive "
+            "entropy (AUROC-H) and by maximum probability (AUROC-MSP).")
 
 
 def tables_section(ctx: ReportContext) -> list[Section]:
@@ -199,17 +201,21 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     text_title = title + (f", {len(pending)} unfinished ({unfinished})" if pending else "")
     if width is None:
         width = shutil.get_terminal_size((100, 24)).columns
-    if recorded is not None and recorded.note:
-        text_title += f"\n{recorded.note}"
+    note = recorded.note if recorded is not None else ""
+    if note:  # the preset's note under the title, wrapped like the rest of the text
+        import textwrap
+
+        text_title += "\n" + (textwrap.fill(note, width) if width else note)
     text = to_text(text_title, sections, width)
 
     first = done[0]
     versions = ", ".join(f"{k} {v}" for k, v in sorted((first.get("versions") or {}).items()))
-    note = f" ({recorded.note})" if recorded is not None and recorded.note else ""
-    intro = (f"Preset `{preset}`{note}: {len(done)} finished runs of {len(summary)} methods; CE (`{REFERENCE}`) is the "
+    intro = (f"Preset `{preset}`: {len(done)} finished runs of {len(summary)} methods; CE (`{REFERENCE}`) is the "
              f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
     if pending:
         intro += f"\n\nUnfinished runs: {unfinished}."
+    if note:
+        intro += f"\n\n{note}"
     (rep / "report.md").write_text(to_markdown(title, intro, sections))
     (rep / "index.html").write_text(to_html(title, intro, sections))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
