@@ -160,3 +160,21 @@ def test_the_model_contract_names_what_is_missing(tmp_path, monkeypatch):
         resolve("nomodule_xyz:net")
     with pytest.raises(ValueError, match="unknown model 'mpl' \\(nearest valid name: mlp\\)"):
         resolve("mpl")
+
+
+def test_preflight_on_the_users_data(tmp_path):
+    from calibkit.bench.grid import PRESETS
+    from calibkit.bench.overrides import with_flags
+    from calibkit.bench.preflight import check_bench
+
+    xtr, ytr = _features(40)
+    path = _write(tmp_path / "f.npz", x_train=xtr, y_train=ytr, x_test=xtr[:9], y_test=ytr[:9])
+    preset = with_flags(PRESETS["default"], dataset="tensors")
+    with pytest.raises(ValueError, match="batch_size 128 exceeds the 36 training images of tensors"):
+        check_bench(preset, tmp_path / "out", data_dir=path)
+    small = with_flags(preset, batch_size=8)  # the shipped MLP pools images: it cannot take (N, 5) features
+    with pytest.raises(ValueError, match="model 'mlp': a forward pass on inputs torch.float32 \\(2, 5\\) failed"):
+        check_bench(small, tmp_path / "out", data_dir=path)
+    with pytest.raises(ValueError, match="unknown data set 'tensor' \\(nearest valid name: tensors\\)"):
+        check_bench(with_flags(small, dataset="tensor"), tmp_path / "out", data_dir=path)
+    assert not (tmp_path / "out").exists()

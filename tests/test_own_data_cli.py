@@ -117,6 +117,7 @@ def _tune_bench_report(tmp_path, cli_env):
     return runs, md
 
 
+@pytest.mark.slow
 def test_image_folder_own_model_preset_file_end_to_end(tmp_path, cli_env):
     _folder(tmp_path / "data")
     (tmp_path / "mymodels.py").write_text(MODEL)
@@ -126,6 +127,7 @@ def test_image_folder_own_model_preset_file_end_to_end(tmp_path, cli_env):
     assert "No OOD set" in md and "AUROC" not in md.split("## After temperature scaling")[1].split("##")[0].split("\n|")[1]
 
 
+@pytest.mark.slow
 def test_tensors_file_with_an_ood_file_end_to_end(tmp_path, cli_env):
     rng = np.random.default_rng(0)
     y = np.arange(150) % 3
@@ -152,6 +154,7 @@ def test_preflight_names_what_the_model_misses_and_writes_nothing(tmp_path, cli_
     assert res.returncode == 1 and "preset file nope.toml not found" in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not __import__("os").path.isdir("/usr/share/datasets/fashion-mnist"), reason="needs Fashion-MNIST")
 def test_preset_show_smoke_as_a_file_records_the_same_run_configs(tmp_path, cli_env):
     shown = _cli(["preset", "show", "smoke"], cli_env, tmp_path).stdout

@@ -155,3 +155,18 @@ def test_the_effective_preset_is_recorded(tmp_path):
     assert read_effective(tmp_path, p.name).note == "n"
     assert read_effective(tmp_path, "smoke") is None
     assert isinstance(load_preset(str(path)), Preset)
+
+
+def test_the_extra_workers_build_the_same_preset():
+    from calibkit.bench.workers import worker_argv
+    from calibkit.cli import build_parser
+    from calibkit.commands.presetargs import preset_from_args
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", "--preset", "cifar10", "--epochs", "35", "--no-augment", "--val-size", "0.2",
+                              "--lr", "0.0125", "--data", "imagefolder", "--ood", "my ood", "--out", "x",
+                              "--workers", "2"])
+    mine = preset_from_args(args)
+    assert mine.name == "cifar10+data=imagefolder,epochs=35,lr=0.0125,val_size=0.2,augment=off,ood=my-ood"
+    again = parser.parse_args(worker_argv(args))
+    assert again.await_start and preset_from_args(again) == mine

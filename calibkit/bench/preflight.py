@@ -63,6 +63,9 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     cfg = _ce_config(preset, seeds[0], data_dir)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
+    if cfg.batch_size > len(bundle.train):  # every run would fail on it
+        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
+                         f"{preset.dataset}; lower it (--batch-size)")
     check_model(preset.model, bundle)
     if preset.ood not in OOD_SETS + (NO_OOD,) or bundle.modality != "image":  # built-in image sets need no files
         if preset.ood != NO_OOD:
@@ -72,13 +75,15 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
 
 
 def check_model(name: str, bundle) -> None:
-    """The model resolves; the user's own (``module:factory``) is built once on the data and run on
-    two training inputs, and every part of the contract it misses is named
+    """The model resolves; the user's own (``module:factory``), and any model on the user's own data
+    (``imagefolder``, ``tensors``: a shipped model may not take those inputs), is built once on the
+    data and run on two training inputs, and every part of the contract it misses is named
     (:func:`calibkit.models.custom.check_contract`)."""
+    from calibkit.bench.grid import USER_DATASETS
     from calibkit.models import resolve
 
     builder = resolve(name)
-    if ":" not in name:
+    if ":" not in name and bundle.name not in USER_DATASETS:
         return
     from calibkit.data.inputs import inputs_for
     from calibkit.models.custom import check_contract
