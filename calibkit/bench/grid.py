@@ -117,7 +117,8 @@ METHODS: dict[str, MethodSpec] = {
 
 
 def default_ood(dataset: str) -> str:
-    """The OOD set of a preset that names none: ``none`` for the user's own data, else ``digits``."""
+    """The OOD set of a preset that names none: ``none`` for the user's own data (digits would be an
+    arbitrary, possibly same-domain choice), else ``digits`` (as before)."""
     return "none" if dataset in USER_DATASETS else "digits"
 
 
@@ -126,23 +127,17 @@ class Preset:
     """A named benchmark configuration.
 
     Attributes:
-        name: the preset's name (first part of every run key and of the run directories: letters,
-            digits and ``._+=,-`` only, see :data:`NAME_CHARS`).
+        name: the preset's name (first part of every run key and run directory; :data:`NAME_CHARS`).
         dataset: a ``calibkit.data.load`` name.
-        model: a ``calibkit.models.MODELS`` name, or ``"package.module:factory"`` /
-            ``"path/to/file.py:factory"`` for the user's own model (``calibkit.models.resolve``).
+        model: a ``calibkit.models.MODELS`` name or the user's ``"module:factory"`` (``models.resolve``).
         seeds: the default seeds.
         train: ``calibkit.train.TrainConfig`` fields shared by every run of the preset.
         losses: per-method loss spec overrides (e.g. MbLS margin 6 on CIFAR).
         train_by_method: per-method ``TrainConfig`` overrides (e.g. mixup's alpha).
         maccal: keyword arguments of ``run_maccal`` (stage-2 hyperparameters).
         csm: CSM settings (generated set path, reannotation sharpness, ...).
-        ood: the OOD set for ``calibkit.data.load_ood``: a built-in set (``digits``, ``noise``), a
-            ``calibkit.data.DATASETS`` name, a folder of images or a tensors file of the user's OOD
-            inputs, or ``none`` (no OOD measurement, no AUROC column). ``None`` (not given) resolves
-            to :func:`default_ood` of the data set: ``digits`` for the data sets calibkit ships
-            readers for, ``none`` for the user's own data (``imagefolder``, ``tensors``), where
-            digits would be an arbitrary, possibly same-domain choice.
+        ood: the OOD set of ``calibkit.data.load_ood`` (a built-in set, a data set, the user's folder
+            or tensors file) or ``none``; not given: :func:`default_ood` of the data set.
         robust_n: test images used for the corrupted test sets (a fixed, seeded subset; 0 = all).
         severities: corruption severities evaluated (each over every corruption).
         n_boot: bootstrap resamples for the ECE-difference intervals.
@@ -164,10 +159,8 @@ class Preset:
         modality: ``"image"`` or ``"text"``; text presets skip :data:`IMAGE_ONLY` methods.
             Segmentation presets are ``"image"`` (dense images); their per-pixel method list is
             ``methods``.
-        data_dir: where the data set's files are (a folder, or the file of the ``tensors`` data
-            set); ``--data-dir`` overrides it. None: the data set's default location.
-        spaces: per-method search spaces replacing the method's own (``{method: {address: Axis}}``);
-            read every space through :meth:`space_for`.
+        data_dir: the data set's folder (or file, ``tensors``); ``--data-dir`` overrides it.
+        spaces: ``{method: {address: Axis}}`` replacing methods' own spaces (read: :meth:`space_for`).
     """
 
     name: str
@@ -369,9 +362,8 @@ PRESETS.update({
 
 
 def space_for(preset: Preset | None, method: str) -> dict:
-    """The search space ``{address: Axis}`` of ``method`` under ``preset`` (its ``spaces`` entry,
-    else ``METHODS[method].space``; ``preset=None``: the method's own). Every reader of a search
-    space (tuning, the run records, the report) goes through this function."""
+    """The search space of ``method`` under ``preset`` (its ``spaces`` entry, else the method's own;
+    ``preset=None``: the method's own). Every reader of a search space goes through it."""
     if preset is not None and method in preset.spaces:
         return preset.spaces[method]
     return METHODS[method].space

@@ -1,6 +1,7 @@
 """``calibkit tune``: select every method's hyperparameters on the validation split.
 
-For each method of the grid with a search space (``calibkit.bench.grid.METHODS[m].space``), every
+For each method of the grid with a search space (``Preset.space_for(m)``: the preset's own grid for
+the method, else ``calibkit.bench.grid.METHODS[m].space``), every
 candidate of the space is trained on the preset's selection seed (``Preset.tune_seed``), with the
 preset's training budget and checkpoint policy, and scored on the **validation split only**: the
 candidate's validation logits are the only tensors read from its run directory
