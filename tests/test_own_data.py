@@ -1,5 +1,7 @@
 """The user's own data and model: the tensors data set, user OOD sets, module:factory models."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -172,6 +174,10 @@ def test_preflight_on_the_users_data(tmp_path):
     preset = with_flags(PRESETS["default"], dataset="tensors")
     with pytest.raises(ValueError, match="batch_size 128 exceeds the 36 training images of tensors"):
         check_bench(preset, tmp_path / "out", data_dir=path)
+    with pytest.raises(ValueError, match="tensors holds features, not images: mixup, regmixup, csm mix or generate "
+                                         "images; set modality = \"features\""):
+        check_bench(with_flags(preset, batch_size=8), tmp_path / "out", data_dir=path)
+    preset = dataclasses.replace(preset, modality="features")
     small = with_flags(preset, batch_size=8)  # the shipped MLP pools images: it cannot take (N, 5) features
     with pytest.raises(ValueError, match="model 'mlp': a forward pass on inputs torch.float32 \\(2, 5\\) failed"):
         check_bench(small, tmp_path / "out", data_dir=path)

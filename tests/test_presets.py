@@ -102,6 +102,7 @@ def test_a_new_address_takes_the_middle_value_as_its_published_one():
     ("[space.maccal]\n'maccal.eeta' = [1]\n", "unknown maccal setting 'eeta' (nearest valid name: eta)"),
     ("[train_by_method.mixup]\nmix_alpa = 1.0\n", "unknown TrainConfig field 'mix_alpa' (nearest valid name: mix_alpha)"),
     ("seeds = [0, true]\n", "seeds: expected a list of integers"),
+    ("modality = 'txt'\n", "unknown modality 'txt' (nearest valid name: text)"),
 ])
 def test_one_clear_error_naming_the_bad_name(extra, message):
     text = BASE.replace("seeds = [0]\n", "") if extra.startswith("seeds = [0, ") else BASE

@@ -156,7 +156,7 @@ class Preset:
         methods: the grid methods the preset runs when none are named (None: all of them); the
             segmentation presets run the methods defined per pixel, the text presets
             :data:`TEXT_METHODS`.
-        modality: ``"image"`` or ``"text"``; text presets skip :data:`IMAGE_ONLY` methods.
+        modality: ``"image"``, ``"text"`` or ``"features"``; the last two skip :data:`IMAGE_ONLY` methods.
             Segmentation presets are ``"image"`` (dense images); their per-pixel method list is
             ``methods``.
         data_dir: the data set's folder (or file, ``tensors``); ``--data-dir`` overrides it.

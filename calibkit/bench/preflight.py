@@ -30,7 +30,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
     """
-    from calibkit.bench.grid import grid_methods
+    from calibkit.bench.grid import IMAGE_ONLY, grid_methods
     from calibkit.extras import check_dataset
     from calibkit.store import check_database_file
 
@@ -66,6 +66,11 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     if cfg.batch_size > len(bundle.train):  # every run would fail on it
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
                          f"{preset.dataset}; lower it (--batch-size)")
+    mixing = [m for m in chosen if m in IMAGE_ONLY]
+    if bundle.modality in ("text", "features") and preset.modality == "image" and mixing:
+        raise ValueError(f"{preset.dataset} holds {bundle.modality}, not images: {', '.join(mixing)} mix or generate "
+                         f"images; set modality = \"{bundle.modality}\" in the preset (they are skipped then), or "
+                         "leave them out of the methods")
     check_model(preset.model, bundle)
     if preset.ood not in OOD_SETS + (NO_OOD,) or bundle.modality != "image":  # built-in image sets need no files
         if preset.ood != NO_OOD:

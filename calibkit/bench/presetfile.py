@@ -62,6 +62,8 @@ PER_RUN = {"data": "dataset", "data_dir": "data_dir", "model": "model", "loss": 
            "seed": "seeds", "device": "--device", "num_threads": "num_threads", "checkpoint_every": "checkpoint_every",
            "csm_data": "[csm] store"}
 CSM_KEYS = ("sharpness", "store")
+# Preset.modality: anything but "image" skips the methods that mix or generate images
+MODALITIES = ("image", "text", "features")
 NONE = "none"  # a None TrainConfig value in TOML
 
 
@@ -199,6 +201,8 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
         if key in doc:
             top[key] = _typed(key, kinds[key], doc[key], where)
     check_name(top["name"])
+    if top.get("modality", "image") not in MODALITIES:
+        raise _unknown("modality", top["modality"], MODALITIES, where)
     for m in top.get("methods") or ():
         _method(m, where + "methods: ")
     losses = doc.get("losses", {})
