@@ -15,7 +15,6 @@ import torch
 from calibkit._validation import check_n_bins
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.temperature import _fit_nll
-from calibkit.functional.binning import equal_mass_edges
 
 __all__ = ["HistogramBinning", "IsotonicCalibration", "ScalingBinning", "pav_tables", "interpolate"]
 
@@ -28,25 +27,28 @@ def _normalise(g: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- equal-mass bins
 def fit_bins(values: torch.Tensor, targets: torch.Tensor, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Equal-mass bins of each column of ``values`` ``(N, K)`` and the mean target per bin.
+    """Equal-mass bins of each column of ``values`` ``(N, K)`` and the mean of ``targets`` per bin.
 
-    Edges: those of the metrics (:func:`calibkit.functional.binning.equal_mass_edges`: the sorted
-    values interpolated at ``linspace(0, N, B + 1)``), inner edges only, ``(K, B - 1)``.
-    Membership ``(lo, hi]`` as in the metrics (a value at an edge goes to the lower bin). A bin
-    that holds no validation value (ties can leave one empty) takes the mean of the nearest
-    non-empty bin below it (bin 0 always holds the smallest value). Returns
-    ``(edges (K, B - 1), means (K, B))``, float64.
+    Edges: with ``s_(1) <= ... <= s_(N)`` a column's sorted values, the inner edges are the order
+    statistics ``e_b = s_(ceil(b N / B))``, ``b = 1..B-1`` (``(K, B - 1)``), and membership is
+    ``(e_b, e_{b+1}]`` as in the metrics (bin 0: ``<= e_1``; the last bin: ``> e_{B-1}``). Without
+    ties bin ``b`` holds the ranks ``ceil(b N / B) + 1 .. ceil((b + 1) N / B)``: sizes differ by at
+    most one. A bin that holds no validation value (ties can leave one empty, and ``B > N`` does)
+    takes the mean of the nearest non-empty bin below it (bin 0 always holds the smallest value).
+    Returns ``(edges (K, B - 1), means (K, B))``, float64.
     """
     n, k = values.shape
-    edges = torch.stack([equal_mass_edges(values[:, j], n_bins)[1:-1] for j in range(k)]).to(values.device)
+    dev = values.device
+    ranks = (torch.arange(1, n_bins, device=dev) * n + n_bins - 1) // n_bins  # ceil(b N / B), 1-based
+    edges = values.T.sort(dim=1).values[:, (ranks - 1).clamp(min=0)]
     idx = _bin_of(edges, values.T)  # (K, N)
-    flat = (idx + torch.arange(k, device=values.device)[:, None] * n_bins).reshape(-1)
-    count = torch.zeros(k * n_bins, dtype=torch.float64, device=values.device).index_add_(
+    flat = (idx + torch.arange(k, device=dev)[:, None] * n_bins).reshape(-1)
+    count = torch.zeros(k * n_bins, dtype=torch.float64, device=dev).index_add_(
         0, flat, torch.ones_like(flat, dtype=torch.float64)).view(k, n_bins)
-    total = torch.zeros(k * n_bins, dtype=torch.float64, device=values.device).index_add_(
+    total = torch.zeros(k * n_bins, dtype=torch.float64, device=dev).index_add_(
         0, flat, targets.T.reshape(-1).double()).view(k, n_bins)
     means = total / count.clamp(min=1)
-    filled = torch.where(count > 0, torch.arange(n_bins, device=values.device), 0).cummax(dim=1).values
+    filled = torch.where(count > 0, torch.arange(n_bins, device=dev), 0).cummax(dim=1).values
     return edges, means.gather(1, filled)
 
 

@@ -100,12 +100,13 @@ class SplineCalibration(Calibrator):
         p = torch.softmax(z, 1)
         top2, idx = p.topk(2, dim=1)
         c, p2 = top2[:, 0], top2[:, 1]
+        others = p.scatter(1, idx[:, :1], 0.0)
+        rest = others.sum(1)  # 1 - c, summed from the entries so that the shares add up exactly
         q = interpolate(self.knots_x_, self.knots_y_, self.n_knots_, c[None, :])[0].clamp(0, 1)
-        den = 1 - c + p2  # 0 only where c = 1 (then p2 = 0 and the bound is 0)
+        den = rest + p2  # 0 only where c = 1 (then p2 = 0 and the bound is 0)
         q = torch.maximum(q, p2 / torch.where(den > 0, den, 1.0) * (1 + 1e-6))  # strictly above, also in float32
         q = torch.where(c > p2, q.clamp(max=1), c)  # an input tie keeps its own probabilities
-        rest = 1 - c
         k = p.shape[1]
-        share = torch.where(rest[:, None] > 0, p * ((1 - q) / torch.where(rest > 0, rest, 1.0))[:, None],
-                            torch.full_like(p, 1.0 / (k - 1)) * (1 - q)[:, None])
-        return share.scatter(1, idx[:, :1], q[:, None])
+        share = torch.where(rest[:, None] > 0, others / torch.where(rest > 0, rest, 1.0)[:, None],
+                            torch.full_like(p, 1.0 / (k - 1)))
+        return (share * (1 - q)[:, None]).scatter(1, idx[:, :1], q[:, None])
