@@ -81,24 +81,69 @@ def fit_inputs(logits, labels, owner: str) -> tuple[torch.Tensor, torch.Tensor, 
     return upcast(x).double(), y, binary
 
 
-def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7) -> tuple[torch.Tensor, int]:
-    """Minimise ``loss_fn(x)`` (a differentiable scalar) from ``x0`` with L-BFGS (strong Wolfe line
-    search, float64); returns the minimiser and the number of iterations run. Deterministic.
+def _value_and_grad(loss_fn, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        f = loss_fn(x)
+        (g,) = torch.autograd.grad(f, x)
+    return float(f.detach()), g
 
-    Stops after ``max_iter`` iterations, when the largest gradient entry is at most ``tol`` or when
-    a step changes the loss or the parameters by less than ``1e-12``."""
-    x = x0.detach().clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([x], lr=1, max_iter=max_iter, max_eval=2 * max_iter, tolerance_grad=tol,
-                            tolerance_change=1e-12, history_size=20, line_search_fn="strong_wolfe")
 
-    def closure():
-        opt.zero_grad()
-        loss = loss_fn(x)
-        loss.backward()
-        return loss
+def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: int = 20) -> tuple[torch.Tensor, int]:
+    """Minimise ``loss_fn(x)`` (a differentiable scalar of a flat float64 tensor) from ``x0`` with
+    L-BFGS; returns the minimiser and the number of iterations run. Deterministic.
 
-    opt.step(closure)
-    return x.detach(), int(opt.state[opt._params[0]].get("n_iter", 0))
+    Directions by the two-loop recursion over the last ``history`` pairs (initial scaling
+    ``s.y / y.y``; the first step is scaled to a unit L1 norm), steps by backtracking from 1
+    until the Armijo condition ``f(x + t d) <= f(x) + 1e-4 t g.d`` holds (pairs with ``s.y <= 0``
+    are skipped, so the curvature stays positive). Stops after ``max_iter`` iterations, when the
+    largest gradient entry is at most ``tol``, or when an iteration lowers the loss by less than
+    ``1e-12`` relative. (``torch.optim.LBFGS`` is avoided: building it imports ``torch._dynamo``,
+    which costs seconds in every process.)
+    """
+    x = x0.detach().clone()
+    f, g = _value_and_grad(loss_fn, x)
+    pairs: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+    it = 0
+    while it < max_iter and float(g.abs().max()) > tol:
+        it += 1
+        d = -g
+        alphas = []
+        for s, yv, rho in reversed(pairs):
+            a = rho * float(s @ d)
+            alphas.append(a)
+            d = d - a * yv
+        if pairs:
+            s, yv, _ = pairs[-1]
+            d = d * (float(s @ yv) / float(yv @ yv))
+        else:
+            d = d / max(1.0, float(g.abs().sum()))
+        for (s, yv, rho), a in zip(pairs, reversed(alphas)):
+            d = d + (a - rho * float(yv @ d)) * s
+        gd = float(g @ d)
+        if not gd < 0:  # not a descent direction: restart from the gradient
+            pairs.clear()
+            d = -g / max(1.0, float(g.abs().sum()))
+            gd = float(g @ d)
+        t = 1.0
+        while True:
+            x_new = x + t * d
+            f_new, g_new = _value_and_grad(loss_fn, x_new)
+            if f_new <= f + 1e-4 * t * gd:
+                break
+            t *= 0.5
+            if t < 1e-20:
+                return x, it
+        s, yv = x_new - x, g_new - g
+        sy = float(s @ yv)
+        if sy > 1e-12 * float(s.norm() * yv.norm()):
+            pairs.append((s, yv, 1.0 / sy))
+            del pairs[:-history]
+        drop = f - f_new
+        x, f, g = x_new, f_new, g_new
+        if drop <= 1e-12 * max(1.0, abs(f)):
+            break
+    return x, it
 
 
 def _plain(v):

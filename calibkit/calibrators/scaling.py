@@ -2,8 +2,10 @@
 calibration with ODIR (Kull et al., 2019).
 
 All three minimise the mean negative log-likelihood of ``softmax(a(x))`` on the validation set
-with L-BFGS (strong Wolfe line search, float64), starting from the identity map (``W = I``,
-``b = 0``), where the calibrated probabilities equal the uncalibrated ones. The logits of the
+with L-BFGS (:func:`calibkit.calibrators._base.lbfgs`, float64), starting from the
+temperature-scaling solution (``W = I / T``, ``b = 0`` with ``T`` fitted by NLL on the same rows:
+``softmax(log p / T) = softmax(z / T)``), so that a fit capped at ``max_iter`` iterations is never
+worse than temperature scaling on the rows it was fitted on. The logits of the
 map are ``X @ W.T + b``, an ``(N, K)`` matrix: no ``(N, K, K)`` tensor is ever formed (memory
 ``O(K^2 + N K)``).
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs
+from calibkit.calibrators.temperature import _fit_nll
 
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration", "odir_objective"]
 
@@ -54,7 +57,8 @@ class VectorScaling(Calibrator):
 
     def _fit(self, z, y):
         k = z.shape[1]
-        x0 = torch.cat([torch.ones(k, dtype=z.dtype, device=z.device), torch.zeros(k, dtype=z.dtype, device=z.device)])
+        x0 = torch.cat([torch.full((k,), 1 / _temperature(z, y), dtype=z.dtype, device=z.device),
+                        torch.zeros(k, dtype=z.dtype, device=z.device)])
         x, self.n_iter_ = lbfgs(lambda p: _nll(z * p[:k] + p[k:], y), x0, self.max_iter)
         self.weight_, self.bias_ = x[:k].clone(), x[k:].clone()
 
@@ -89,16 +93,26 @@ class MatrixScaling(Calibrator):
         _check_max_iter(self.max_iter)
 
     def _fit(self, z, y):
-        w, b, self.n_iter_ = _fit_affine(z, y, 0.0, 0.0, self.max_iter, _identity(z))
+        w, b, self.n_iter_ = _fit_affine(z, y, 0.0, 0.0, self.max_iter, _identity(z, _temperature(z, y)))
         self.weight_, self.bias_ = w, b
 
     def _predict(self, z):
         return torch.softmax(z @ self.weight_.T + self.bias_, dim=1)
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
+def _temperature(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The NLL temperature of ``x`` (quietly clipped to [0.01, 100]: only a starting point)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _fit_nll(x, y, 1e-2, 1e2)[0]
+
+
+def _identity(x: torch.Tensor, t: float = 1.0) -> torch.Tensor:
+    """Flat ``(W, b) = (I / t, 0)`` for ``K = x.shape[1]``."""
     k = x.shape[1]
-    return torch.cat([torch.eye(k, dtype=x.dtype, device=x.device).reshape(-1),
+    return torch.cat([torch.eye(k, dtype=x.dtype, device=x.device).reshape(-1) / t,
                       torch.zeros(k, dtype=x.dtype, device=x.device)])
 
 
@@ -147,10 +161,11 @@ class DirichletCalibration(Calibrator):
     (a one-dimensional grid, calibkit's default
     to keep the cost at ``len(lambdas) * n_folds + 1`` fits); otherwise the full product
     ``lambdas x mus``. Folds: a seeded permutation (``seed``) cut into ``n_folds`` near-equal parts.
-    Within a fold, the fits run from the strongest regularisation to the weakest, each started
-    from the previous solution (a warm start; the final refit starts from the identity).
+    Within a fold, the fits run in the grid's order (the default: strongest regularisation first),
+    each started from the previous solution (a warm start; the first of each fold and the final
+    refit start from the temperature-scaling solution of their rows).
 
-    Defaults: ``lambdas = (1e4, 1e3, 1e2, 10)``, ``mus = None``, ``n_folds = 3``, ``max_iter = 50``.
+    Defaults: ``lambdas = (1e5, 1e4, 1e3, 100)``, ``mus = None``, ``n_folds = 3``, ``max_iter = 50``.
 
     Attributes:
         weight_: ``(K, K)``, bias_: ``(K,)`` float64 tensors.
@@ -162,7 +177,7 @@ class DirichletCalibration(Calibrator):
     _PARAMS = ("lambdas", "mus", "n_folds", "max_iter", "seed")
     _STATE = ("weight_", "bias_", "lam_", "mu_", "cv_nll_", "n_iter_")
 
-    def __init__(self, lambdas: tuple[float, ...] = (1e4, 1e3, 1e2, 1e1), mus: tuple[float, ...] | None = None,
+    def __init__(self, lambdas: tuple[float, ...] = (1e5, 1e4, 1e3, 1e2), mus: tuple[float, ...] | None = None,
                  n_folds: int = 3, max_iter: int = 50, seed: int = 0):
         self.lambdas = lambdas
         self.mus = mus
@@ -195,7 +210,7 @@ class DirichletCalibration(Calibrator):
         folds = _folds(n, self.n_folds, self.seed, x.device)
         for f, test_idx in enumerate(folds):
             train_idx = torch.cat([folds[j] for j in range(len(folds)) if j != f])
-            start = _identity(x)
+            start = _identity(x, _temperature(x[train_idx], y[train_idx]))
             for g, (lam, mu) in enumerate(grid):
                 w, b, _ = _fit_affine(x[train_idx], y[train_idx], lam, mu, self.max_iter, start)
                 start = torch.cat([w.reshape(-1), b])
@@ -203,7 +218,8 @@ class DirichletCalibration(Calibrator):
         best = min(range(len(grid)), key=lambda i: (float(held[i]), i))
         self.lam_, self.mu_ = grid[best]
         self.cv_nll_ = {f"{lam!r},{mu!r}": float(h) for (lam, mu), h in zip(grid, held)}
-        self.weight_, self.bias_, self.n_iter_ = _fit_affine(x, y, self.lam_, self.mu_, self.max_iter, _identity(x))
+        self.weight_, self.bias_, self.n_iter_ = _fit_affine(x, y, self.lam_, self.mu_, self.max_iter,
+                                                             _identity(x, _temperature(x, y)))
 
     def _predict(self, z):
         return torch.softmax(torch.log_softmax(z, dim=1) @ self.weight_.T + self.bias_, dim=1)
