@@ -9,7 +9,8 @@ write and read them (safetensors + a JSON sidecar). Definitions, defaults and pi
 ``docs/calibrators.md``.
 
 One module per family: :mod:`.temperature`, :mod:`.scaling` (vector, matrix, Dirichlet),
-:mod:`.ets`, :mod:`.binning` (histogram, isotonic, scaling-binning), :mod:`.spline`, :mod:`.io`.
+:mod:`.ets`, :mod:`.binning` (histogram, isotonic, scaling-binning), :mod:`.spline`, :mod:`.io`;
+the registry :data:`CALIBRATORS` lives in :mod:`.registry`.
 
 Example:
     >>> import torch
@@ -27,6 +28,7 @@ from calibkit.calibrators._base import NotFittedError, ProbabilitiesAsLogitsWarn
 from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
 from calibkit.calibrators.io import load, save
+from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from calibkit.calibrators.spline import SplineCalibration
 from calibkit.calibrators.temperature import TemperatureScaling, evaluate_before_after_ts
@@ -34,16 +36,3 @@ from calibkit.calibrators.temperature import TemperatureScaling, evaluate_before
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "TemperatureScaling", "VectorScaling", "MatrixScaling",
            "DirichletCalibration", "EnsembleTemperatureScaling", "HistogramBinning", "IsotonicCalibration",
            "SplineCalibration", "ScalingBinning", "CALIBRATORS", "evaluate_before_after_ts", "save", "load"]
-
-#: Registry of calibrators by name, in the order of the tables (tests loop over it).
-CALIBRATORS = {
-    "temperature": TemperatureScaling,
-    "vector": VectorScaling,
-    "matrix": MatrixScaling,
-    "dirichlet": DirichletCalibration,
-    "ets": EnsembleTemperatureScaling,
-    "histogram": HistogramBinning,
-    "isotonic": IsotonicCalibration,
-    "spline": SplineCalibration,
-    "scaling_binning": ScalingBinning,
-}

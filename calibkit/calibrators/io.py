@@ -30,7 +30,7 @@ def paths(path) -> tuple[Path, Path]:
 
 
 def _registry_name(cal) -> str:
-    from calibkit.calibrators import CALIBRATORS
+    from calibkit.calibrators.registry import CALIBRATORS
 
     for name, cls in CALIBRATORS.items():
         if type(cal) is cls:
@@ -72,7 +72,7 @@ def load(path):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from calibkit.calibrators import CALIBRATORS
+    from calibkit.calibrators.registry import CALIBRATORS
 
     st_path, json_path = paths(path)
     for p in (json_path, st_path):
