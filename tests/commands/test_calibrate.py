@@ -31,7 +31,7 @@ def test_calibrate_ranks_every_calibrator_and_saves_one(files, capsys):
     tmp, (zv, yv), (zt, yt) = files
     out = tmp / "out"
     rc = main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out", str(out),
-               "--n-boot", "30", "--save", "isotonic"])
+               "--n-boot", "30", "--save", "isotonic", "--dpi", "20"])
     assert rc == 0
     text = capsys.readouterr().out
     rows = json.loads((out / "report" / "results.json").read_text())
@@ -51,7 +51,8 @@ def test_calibrate_ranks_every_calibrator_and_saves_one(files, capsys):
     assert "(reference)" in text and "| 1 |" in text
     md = (out / "report" / "calibrators.md").read_text()
     assert "dECE vs TS" in md
-    assert all((out / "report" / f"reliability_{n}.png").stat().st_size > 1000 for n in names)
+    assert all((out / "report" / f"reliability_{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+    assert all(f"![{n}](reliability_{n}.png)" in md for n in names)
     # --save isotonic, then apply it
     saved = load(out / "isotonic")
     assert torch.equal(saved.predict_proba(zt), CALIBRATORS["isotonic"]().fit(zv, yv).predict_proba(zt))
@@ -124,7 +125,10 @@ def test_bad_input_one_line_exit_1_nothing_written(files, capsys):
                    str(tmp / "never"), *extra])
         err = capsys.readouterr().err
         assert rc == 1 and match in err and not (tmp / "never").exists()
+    (tmp / "odd.json").write_text(json.dumps({"format": "calibkit-calibrator", "calibrator": "platt"}))
+    (tmp / "odd.safetensors").write_bytes(b"")
     for extra, match in ((["--calibrator", str(tmp / "nothing"), "--out", str(tmp / "a.npz")], "not found"),
+                         (["--calibrator", str(tmp / "odd"), "--out", str(tmp / "a.npz")], "unknown calibrator 'platt'"),
                          (["--calibrator", str(tmp / "nothing"), "--out", str(tmp / "a.txt")], "must name an .npz")):
         rc = main(["apply", "--input", str(tmp / "test.npz"), *extra])
         err = capsys.readouterr().err
