@@ -155,12 +155,12 @@ class DirichletCalibration(Calibrator):
 
     ``lam`` and ``mu`` are chosen by ``n_folds``-fold cross-validation **on the validation set
     only**: for every candidate pair, fit on ``n_folds - 1`` folds and score the mean NLL of the
-    held-out fold; the pair with the lowest mean held-out NLL wins (ties: the earlier pair in the
-    grid, i.e. the stronger regularisation), and the final map is refitted on the whole validation
-    set with it. Candidates: when ``mus`` is ``None`` each ``lam`` is paired with ``mu = lam``
-    (a one-dimensional grid, calibkit's default
-    to keep the cost at ``len(lambdas) * n_folds + 1`` fits); otherwise the full product
-    ``lambdas x mus``. Folds: a seeded permutation (``seed``) cut into ``n_folds`` near-equal parts.
+    held-out fold; the pair with the lowest mean held-out NLL (fold NLLs weighted by fold size)
+    wins, ties to the earlier pair in the grid (with the default order, the stronger
+    regularisation), and the final map is refitted on the whole validation set with it.
+    Candidates: when ``mus`` is ``None`` each ``lam`` is paired with ``mu = lam`` (calibkit's
+    default: a one-dimensional grid, ``len(lambdas) * n_folds + 1`` fits); otherwise the full
+    product ``lambdas x mus`` in row-major order. Folds: a seeded permutation (``seed``) cut into ``n_folds`` near-equal parts.
     Within a fold, the fits run in the grid's order (the default: strongest regularisation first),
     each started from the previous solution (a warm start; the first of each fold and the final
     refit start from the temperature-scaling solution of their rows).
