@@ -133,3 +133,21 @@ def test_bad_input_one_line_exit_1_nothing_written(files, capsys):
         rc = main(["apply", "--input", str(tmp / "test.npz"), *extra])
         err = capsys.readouterr().err
         assert rc == 1 and match in err and not (tmp / "a.npz").exists()
+
+
+def test_binary_scores(tmp_path, capsys):
+    g = torch.Generator().manual_seed(7)
+    s = torch.randn(800, generator=g, dtype=torch.float64) * 2
+    y = torch.bernoulli(torch.sigmoid(s), generator=g).long()
+    np.savez(tmp_path / "val.npz", probs=torch.sigmoid(3 * s[:400]).numpy(), labels=y[:400].numpy())  # 1-D probs
+    np.savez(tmp_path / "test.npz", logits=(3 * s[400:]).numpy(), labels=y[400:].numpy())
+    rc = main(["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "test.npz"), "--out",
+               str(tmp_path / "o"), "--n-boot", "10", "--calibrators", "temperature,isotonic", "--dpi", "20"])
+    assert rc == 0
+    by = {r["calibrator"]: r for r in json.loads((tmp_path / "o" / "report" / "results.json").read_text())}
+    ts = TemperatureScaling().fit(torch.logit(torch.sigmoid(3 * s[:400])), y[:400])  # logits = logit(probs)
+    assert by["temperature"]["ece"] == pytest.approx(float(F.ece(ts.predict_proba(3 * s[400:]), y[400:])), abs=1e-12)
+    np.savez(tmp_path / "k2.npz", logits=np.stack([np.zeros(400), 3 * s[400:].numpy()], 1), labels=y[400:].numpy())
+    rc = main(["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "k2.npz"), "--out",
+               str(tmp_path / "never")])
+    assert rc == 1 and "binary (N,)" in capsys.readouterr().err and not (tmp_path / "never").exists()
