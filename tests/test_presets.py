@@ -171,3 +171,18 @@ def test_the_extra_workers_build_the_same_preset():
     assert mine.name == "cifar10+data=imagefolder,epochs=35,lr=0.0125,val_size=0.2,augment=off,ood=my-ood"
     again = parser.parse_args(worker_argv(args))
     assert again.await_start and preset_from_args(again) == mine
+
+
+def test_a_changed_preset_under_a_recorded_name_is_refused(tmp_path):
+    from calibkit.bench.presetfile import check_recorded
+
+    p = PRESETS["smoke"]
+    check_recorded(p, tmp_path)  # nothing recorded: nothing to compare
+    write_effective(p, tmp_path)
+    check_recorded(dataclasses.replace(p, note="other", seeds=(0, 1, 2), losses={"ls": "ls:alpha=0.2"}), tmp_path)
+    changed = with_flags(p, epochs=3, name="smoke")
+    with pytest.raises(ValueError, match=r"smoke.toml: the runs of preset smoke here were made with other settings "
+                                         r"\(train.epochs 2 -> 3\); choose another --out"):
+        check_recorded(changed, tmp_path)
+    with pytest.raises(ValueError, match=r"ood 'digits' -> 'noise'"):
+        check_recorded(dataclasses.replace(p, ood="noise"), tmp_path)

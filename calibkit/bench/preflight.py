@@ -17,7 +17,8 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     precondition of ``calibkit bench``.
 
     Checked in order: the output path (absent or a folder) and its results database (absent or a
-    healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
+    healthy calibkit database), the preset recorded there under the same name (the same data,
+    model, training settings and evaluation), the seeds (integers >= 0, no repeats), the method names, the extra
     packages the data set and the OOD set need, the data set itself (loaded once with the first
     seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
     grid, its generated set.
@@ -39,6 +40,9 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
     check_database_file(str(out / "runs.db"))
+    from calibkit.bench.presetfile import check_recorded
+
+    check_recorded(preset, out)  # a changed preset under an old name would mix runs
     seeds = list(preset.seeds if seeds is None else seeds)
     bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or s < 0]
     if bad:

@@ -360,3 +360,32 @@ def read_effective(out, name: str) -> Preset | None:
     """The effective preset recorded in a bench directory (None: not recorded)."""
     path = effective_path(out, name)
     return read_preset_file(path) if path.is_file() else None
+
+
+# The fields that define every run of a preset and how it is evaluated: one directory holds one
+# value of each per preset name (the searched values are checked run by run by the bench itself).
+RUN_FIELDS = ("dataset", "model", "train", "ood", "robust_n", "severities", "modality")
+
+
+def check_recorded(preset: Preset, out) -> None:
+    """Refuse a preset whose runs would differ from those of the same name already in ``out``.
+
+    Raises:
+        ValueError: ``OUT/presets/<name>.toml`` records other :data:`RUN_FIELDS` (naming them).
+    """
+    try:
+        recorded = read_effective(out, preset.name)
+    except (OSError, ValueError):
+        return  # an unreadable record is rewritten by the bench; the runs' own records still hold
+    if recorded is None:
+        return
+    diff = []
+    for key in RUN_FIELDS:
+        a, b = getattr(recorded, key), getattr(preset, key)
+        if key == "train" and a != b:
+            diff += [f"train.{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            diff.append(f"{key} {a!r} -> {b!r}")
+    if diff:
+        raise ValueError(f"{effective_path(out, preset.name)}: the runs of preset {preset.name} here were made with "
+                         f"other settings ({'; '.join(diff)}); choose another --out, or another name (--name)")
