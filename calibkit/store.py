@@ -349,6 +349,44 @@ class Store:
                         (preset, method, int(seed)))
             con.execute("UPDATE tuning SET selected = 1, criterion = ? WHERE cand_key = ?", (_dumps(criterion), key))
 
+    def import_row(self, table: str, row: dict) -> bool:
+        """Write a whole row (e.g. read from a run's ``result.json``) unless a ``done`` one exists.
+
+        ``row`` maps column names to values, JSON columns as Python objects (what :meth:`get`
+        returns); ``id`` is ignored. It must name the key (``run_key`` / ``cand_key``), ``preset``,
+        ``method``, ``seed`` and ``status`` (``hparams`` too for ``tuning``). A ``done`` row in the
+        database is never rewritten, and a ``running`` claim of a live owner is only replaced by a
+        ``done`` row. Returns True if the row was written.
+
+        Raises:
+            ValueError: unknown table or column, a missing required column, a bad status.
+        """
+        if table not in _KEY_COLUMN:
+            raise ValueError(f"unknown table {table!r}; expected one of {sorted(_KEY_COLUMN)}")
+        col = _KEY_COLUMN[table]
+        row = {k: v for k, v in row.items() if k != "id"}
+        required = {col, "preset", "method", "seed", "status"} | ({"hparams"} if table == "tuning" else set())
+        missing = sorted(required - set(row))
+        if missing:
+            raise ValueError(f"{table} row lacks {missing}")
+        unknown = sorted(set(row) - _COLUMNS[table])
+        if unknown:
+            raise ValueError(f"unknown {table} columns {unknown}")
+        if row["status"] not in ("running", "done", "failed"):
+            raise ValueError(f"{table} row {row[col]!r}: bad status {row['status']!r}")
+        row.setdefault("created_at", _now())
+        cols = sorted(row)
+        values = [_dumps(row[c]) if c in JSON_COLUMNS else row[c] for c in cols]
+        with self._write() as con:
+            old = con.execute(f"SELECT status, owner FROM {table} WHERE {col} = ?", (row[col],)).fetchone()
+            if old is not None:
+                if old[0] == "done" or (old[0] == "running" and row["status"] != "done"
+                                        and old[1] != self.owner and _owner_alive(old[1])):
+                    return False
+                con.execute(f"DELETE FROM {table} WHERE {col} = ?", (row[col],))
+            con.execute(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
+        return True
+
     def _update(self, table: str, key: str, status: str, fields: dict) -> None:
         allowed = _FIELDS[table]
         what = "run" if table == "runs" else "candidate"
@@ -375,6 +413,13 @@ _KEY_COLUMN = {"runs": "run_key", "tuning": "cand_key"}
 _FIELDS = {"runs": {"config", "versions", "metrics", "ood", "robustness", "extra", "run_dir", "logits_path",
                     "train_time_s", "eval_time_s", "error"},
            "tuning": {"config", "metrics", "run_dir", "train_time_s", "error"}}
+# Every column a row may carry (import_row), per table.
+_COLUMNS = {"runs": {"run_key", "preset", "method", "seed", "status", "owner", "config", "git_commit", "versions",
+                     "metrics", "ood", "robustness", "extra", "run_dir", "logits_path", "train_time_s",
+                     "eval_time_s", "error", "attempts", "created_at", "started_at", "finished_at"},
+            "tuning": {"cand_key", "preset", "method", "seed", "hparams", "status", "owner", "config", "metrics",
+                       "criterion", "selected", "run_dir", "train_time_s", "git_commit", "error", "attempts",
+                       "created_at", "started_at", "finished_at"}}
 
 
 def _dumps(value) -> str | None:
