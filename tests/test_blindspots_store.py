@@ -152,14 +152,14 @@ def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
     assert db.candidates() == [] and db.candidates(status=None) == []
     assert _cand(db, "k1") and _cand(db, "k2") and _cand(db, "k3", seed=1) and _cand(db, "k4", method="mbls")
     assert _cand(db, "k1")  # a retry by the same bench re-takes its own claim
-    db.finish_candidate("k1", metrics={"val": {"ece": 0.05}}, run_dir="d1", train_time_s=2.0)
-    db.finish_candidate("k2", metrics={"val": {"ece": 0.03}}, run_dir="d2", train_time_s=3.0)
+    db.finish_candidate("k1", metrics={"val": {"ece": 0.05}}, run_dir=tmp_path / "d1", train_time_s=2.0)
+    db.finish_candidate("k2", metrics={"val": {"ece": 0.03}}, run_dir=tmp_path / "d2", train_time_s=3.0)
     db.fail_candidate("k3", "x" * 5000)
     done = db.candidates("p", "ls", 0)
     assert [c["cand_key"] for c in done] == ["k1", "k2"]  # insertion order, done only
     c1 = done[0]
     assert c1["hparams"] == {"a": "k1"} and c1["config"] == {"c": 1} and c1["git_commit"] == "g"
-    assert c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == "d1" and c1["train_time_s"] == 2.0
+    assert c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == str(tmp_path / "d1") and c1["train_time_s"] == 2.0
     assert c1["selected"] == 0 and c1["criterion"] is None and c1["attempts"] == 2
     failed = db.candidates(status="failed")
     assert [c["cand_key"] for c in failed] == ["k3"] and len(failed[0]["error"]) == 4000
