@@ -223,3 +223,29 @@ def test_postgres_errors_are_one_line(pg_url, tmp_path):
     with pytest.raises(StoreError, match="schema version 99, newer than"):
         PostgresStore(pg_url, root=tmp_path)
     assert redact("postgresql://u:secret@h:5/db?x=1") == "postgresql://u:***@h:5/db?x=1"
+
+
+def test_bench_waits_for_runs_held_elsewhere_and_never_counts_them_finished(make):
+    from calibkit.bench.runner import claim_outcome, work_queue
+
+    db, other = make(grace_s=100, heartbeat_s=10), make(grace_s=100, heartbeat_s=10)
+    assert _claim(other, "p/ce/0") and _claim(other, "p/ls/0")
+    other.finish("p/ls/0", metrics={})
+    assert claim_outcome(db, "runs", "p/ce/0", _claim(db, "p/ce/0")) == "elsewhere"
+    assert claim_outcome(db, "runs", "p/ls/0", _claim(db, "p/ls/0")) == "done"
+    assert claim_outcome(db, "runs", "p/x/0", _claim(db, "p/x/0")) == "claimed"
+    assert db.claim_candidate("p/ls/0/a", preset="p", method="ls", seed=0, hparams={})
+    assert claim_outcome(other, "tuning", "p/ls/0/a", False) == "elsewhere"
+    # work_queue retries an item whose attempt returns False, pausing when a pass makes no progress.
+    calls, sleeps = [], []
+    held = {"b": 2}
+
+    def attempt(item):
+        calls.append(item)
+        if held.get(item):
+            held[item] -= 1
+            return False
+        return None
+
+    work_queue(["a", "b", "c"], lambda item: True, attempt, poll_s=7, sleep=sleeps.append)
+    assert calls == ["a", "b", "c", "b", "b"] and sleeps == [7]
