@@ -108,3 +108,32 @@ def test_killed_hosts_claim_is_taken_over_after_the_grace_period(tmp_path, cli_e
     row = db.get("p/ce/0")
     assert row["status"] == "done" and row["attempts"] == 2 and row["metrics"]["host"] != "calibkit-node2"
     db.close()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@needs_unshare
+def test_smoke_bench_on_two_hosts_sharing_postgres(tmp_path, cli_env, pg_url):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "calibkit", "bench", "--preset", "smoke", "--methods", "ce", "ls", "--out", str(out),
+           "--store", pg_url]
+    node2 = ["unshare", "--uts", "sh", "-c", 'hostname calibkit-node2 && exec "$0" "$@"', *cmd, "--no-report"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env)
+             for argv in (node2, [*cmd, "--no-report"])]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-3000:] for o in outs]
+    done = [int(o[0].split(" run(s) done")[0].rsplit(" ", 1)[-1]) for o in outs]
+    assert sum(done) == 2, outs
+    db = open_store(out, pg_url, readonly=True)
+    rows = db.runs("smoke")
+    assert sorted(r["method"] for r in rows) == ["ce", "ls"] and all(r["attempts"] == 1 for r in rows)
+    assert sorted(db._sql("SELECT run_dir FROM runs").fetchall()) == [("runs/smoke/ce/seed0",), ("runs/smoke/ls/seed0",)]
+    db.close()
+    assert not (out / "runs.db").exists()  # the runs live in PostgreSQL only
+    # Report from another directory, then the same bench again: nothing rerun.
+    res = subprocess.run([sys.executable, "-m", "calibkit", "report", str(out), "--store", pg_url], cwd=tmp_path,
+                         env=cli_env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "2 finished runs" in res.stdout, res.stderr[-3000:]
+    res = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "0 run(s) done, 2 skipped (finished earlier), 0 failed" in res.stdout
