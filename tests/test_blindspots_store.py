@@ -25,18 +25,24 @@ def _claimed(path, key="p/ce/0"):
     return key
 
 
-def test_claim_held_on_another_host_is_never_taken_over(tmp_path):
-    # The pid cannot be checked on another host, so the claim counts as live even though no
-    # process with that pid exists here.
+def test_claim_held_on_another_host_is_kept_while_its_heartbeat_is_fresh(tmp_path):
+    # The pid cannot be checked on another host: the claim counts as live (although no process
+    # with that pid exists here) while its heartbeat is younger than the grace period.
     path = tmp_path / "runs.db"
     key = _claimed(path)
     other_host = socket.gethostname() + "-elsewhere"
     _set_owner(path, key, f"{other_host}:999999999:abcd1234")
-    db = Store(path)
+    db = Store(path, heartbeat_s=1, grace_s=60)
     assert db.busy_elsewhere(key)
     assert not db.claim(key, preset="p", method="ce", seed=0)
     row = db.get(key)
     assert row["owner"].startswith(other_host) and row["attempts"] == 1
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET heartbeat_at = heartbeat_at - 61 WHERE run_key = ?", (key,))
+    con.commit()
+    con.close()
+    assert not db.busy_elsewhere(key) and db.claim(key, preset="p", method="ce", seed=0)
+    assert db.get(key)["owner"] == db.owner and db.get(key)["attempts"] == 2
 
 
 def test_claim_of_a_live_process_on_this_host_is_kept_and_a_dead_one_taken(tmp_path):
