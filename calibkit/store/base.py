@@ -7,18 +7,17 @@ for the heartbeat thread. SQL is written with ``?`` placeholders; a backend may 
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import threading
+import uuid
 from contextlib import contextmanager
 
 from calibkit.store.common import (
     COLUMNS, FIELDS, JSON_COLUMNS, KEY_COLUMN, PATH_COLUMNS, STATUSES, StoreError, dumps, lease_settings,
     loaded_path, now_iso, owner_alive, stored_path,
 )
-
-import json
-import os
-import socket
-import uuid
 
 
 class BaseStore:

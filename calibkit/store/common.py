@@ -156,9 +156,7 @@ def legacy_path(value: str | None, root: str) -> str | None:
         return None
     if os.path.isabs(value) and _inside(os.path.normpath(value), root):
         return Path(os.path.relpath(os.path.normpath(value), root)).as_posix()
-    parts = [p for p in Path(value).parts if p not in (os.sep, "/")]
-    if os.path.isabs(value):
-        parts = list(Path(value).parts[1:])
+    parts = Path(value).parts[1:] if os.path.isabs(value) else Path(value).parts
     for i in range(len(parts)):
         if os.path.exists(os.path.join(root, *parts[i:])):
             return Path(*parts[i:]).as_posix()
