@@ -249,3 +249,15 @@ def test_bench_waits_for_runs_held_elsewhere_and_never_counts_them_finished(make
 
     work_queue(["a", "b", "c"], lambda item: True, attempt, poll_s=7, sleep=sleeps.append)
     assert calls == ["a", "b", "c", "b", "b"] and sleeps == [7]
+
+
+def test_bench_opens_the_store_it_is_given(make):
+    from calibkit.bench.grid import get_preset
+    from calibkit.bench.runner import Bench
+
+    given = make()
+    bench = Bench(get_preset("smoke"), make.root, methods=["ce"], store=given)
+    assert bench.store is given
+    by_name = Bench(get_preset("smoke"), make.root, methods=["ce"], store=make.url)
+    assert type(by_name.store) is type(given) and by_name.store.root == str(make.root)
+    by_name.close()

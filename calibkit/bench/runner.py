@@ -108,8 +108,9 @@ class Bench:
         num_threads: torch CPU threads (None: torch's default).
         csm_store: a CSM generated set (default: the one shipped for the preset's data set).
         log: where progress lines go.
-        store: the results store: None for ``out/runs.db``, or a ``postgresql://`` URL
-            (:func:`calibkit.store.open_store`).
+        store: where the records go: None for ``out/runs.db``, a ``postgresql://`` URL
+            (:func:`calibkit.store.open_store`), or an object with the store's API. Opened by
+            rank 0 only.
     """
 
     def __init__(self, preset: Preset, out, seeds=None, methods=None, data_dir=None, device="auto",
@@ -126,7 +127,9 @@ class Bench:
         self.csm_store = csm_store
         self.dd = D.setup(device)
         self.log = log if self.dd.is_main else (lambda *a, **k: None)
-        self.store = open_store(self.out, store) if self.dd.is_main else None
+        self.store = None
+        if self.dd.is_main:
+            self.store = open_store(self.out, store) if store is None or isinstance(store, str) else store
         self._waiting: set = set()  # keys held by another process, announced once
         self._env = rundir.environment()
         self._data = {}
