@@ -194,6 +194,10 @@ def test_path_rules(tmp_path, monkeypatch):
     assert stored_path(tmp_path / "elsewhere", root) == str(tmp_path / "elsewhere")  # outside: absolute
     monkeypatch.chdir(tmp_path)
     assert stored_path("bench/runs/a", root) == "runs/a"  # relative to the working directory
+    (tmp_path / "bench").mkdir()
+    os.symlink(tmp_path / "bench", tmp_path / "link")
+    assert stored_path(tmp_path / "link" / "runs" / "a", root) == "runs/a"  # through a symbolic link
+    assert stored_path(tmp_path / "bench" / "runs" / "a", str(tmp_path / "link")) == "runs/a"
     assert loaded_path("runs/a", "/x/y") == os.path.normpath("/x/y/runs/a") and loaded_path("/abs", "/x") == "/abs"
     # Schema-1 values: absolute inside the root; a moved directory (the longest tail that exists);
     # a working-directory path; nothing found.

@@ -133,7 +133,11 @@ def stored_path(value, root: str) -> str | None:
         return None
     full = os.path.abspath(os.fspath(value))
     if not _inside(full, root):
-        return full
+        # The same place reached through a symbolic link (e.g. a path made with Path.resolve()).
+        real, real_root = os.path.realpath(full), os.path.realpath(root)
+        if not _inside(real, real_root):
+            return full
+        full, root = real, real_root
     return Path(os.path.relpath(full, root)).as_posix()
 
 
