@@ -22,9 +22,9 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # module -> the test files that exercise it (space separated)
 declare -A TESTS=(
-  [calibkit/store/base.py]="tests/test_store.py tests/test_blindspots_store.py"
-  [calibkit/store/sqlite.py]="tests/test_store.py tests/test_blindspots_store.py"
-  [calibkit/store/common.py]="tests/test_store.py tests/test_blindspots_store.py"
+  [calibkit/store/base.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py"
+  [calibkit/store/sqlite.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py tests/store/test_store_paths.py"
+  [calibkit/store/common.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py"
   [calibkit/methods/csm/store.py]="tests/test_csm_store.py tests/test_blindspots_csm_store.py"
   [calibkit/bench/evaluation.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_blindspots_twostage.py tests/test_blindspots_bench_evaluation.py"
   [calibkit/functional/binning.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py tests/test_metric_inputs.py tests/test_blindspots_binning2.py"
