@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None) -> None:
+def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None) -> None:
     """Raise a one-line error (``ValueError``, ``FileNotFoundError``, ``FileExistsError``,
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
@@ -30,16 +30,17 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         methods: grid methods (default: the preset's, else all).
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
+        store: the ``--store`` URL (None: ``out/runs.db``).
     """
     from calibkit.bench.grid import IMAGE_ONLY, grid_methods
     from calibkit.extras import check_dataset
-    from calibkit.store import check_database_file
+    from calibkit.store import check_store
 
     out = Path(out)
     data_dir = data_dir if data_dir is not None else preset.data_dir
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
-    check_database_file(str(out / "runs.db"))
+    check_store(out, store)
     from calibkit.bench.presetfile import check_recorded
 
     check_recorded(preset, out)  # a changed preset under an old name would mix runs
