@@ -211,7 +211,7 @@ def script_text(array: Array, name: str, keys_path: Path, logs: Path, argv: list
     # Under torch.distributed.run the workers are its children; they, not the launcher, take the signal.
     target = '$(ps -o pid= --ppid "$child")' if array.torchrun > 1 else '"$child"'
     body += ["echo \"calibkit: ${key:-selection} (job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}) on "
-             "$(hostname) at $(date -u +%FT%TZ)\"",
+             "$(hostname) at $(date -u +%FT%TZ), GPUs ${CUDA_VISIBLE_DEVICES:-none}\"",
              f"cd {shlex.quote(os.getcwd())}",
              f"{run} &", "child=$!",
              f"trap 'echo \"calibkit: SIGUSR1: stopping after this epoch\"; kill -USR1 {target} 2>/dev/null' USR1",

@@ -21,7 +21,7 @@ def task_argv(args, command: str) -> list[str]:
             "--device", args.device]
     if command == "bench":
         argv += ["--no-report", "--workers", "1"] + (["--tune"] if getattr(args, "tune", False) else [])
-        if args.seeds is not None:
+        if getattr(args, "seeds", None) is not None:
             argv += ["--seeds", *map(str, args.seeds)]
     if command == "select":
         argv.append("--select-only")
@@ -160,7 +160,8 @@ def status_lines(args, preset) -> tuple[list[str], dict]:
         from calibkit.bench.results import ResultFiles
         from calibkit.bench.tune import Tuner
 
-        tuner = Tuner(preset, args.out, methods=args.methods, data_dir=args.data_dir, device="cpu",
+        tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
+                      device="cpu",
                       log=lambda *a, **k: None, store=ResultFiles(args.out))
         states = {**key_states(args.out, [tuner.key(m, v) for m, v in tuner.items()], "tuning"), **states}
         tuner.close()

@@ -378,6 +378,8 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if state == "done":
             log(f"{out}: run already finished ({found.get('epochs_done')} epochs); nothing to do")
             return _summary(found)
+        if state == "resume" and dd.is_main:  # always said: a resumed run is worth knowing about
+            print(f"{out}: resuming after epoch {found['epoch']} ({rundir.CHECKPOINT})", flush=True)
         run = _build(cfg, dd, found if state == "resume" else None, out, log)
         bundle, dev = run.bundle, dd.device
         info = {"config": cfg.to_dict(), "status": "running", "num_classes": bundle.num_classes,
