@@ -34,6 +34,7 @@ start-slurm() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null \
             || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
     fi
+    stop-slurm  # a cluster left running from this folder by an earlier call
     rm -rf "$dir"
     mkdir -p "$dir"/{munge,state,spool,log,dev}
     chmod 700 "$dir/munge"

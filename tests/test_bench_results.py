@@ -125,3 +125,14 @@ def test_collect_flags_the_selected_candidate(tmp_path):
     assert collect(tmp_path)["selections"] == 0  # already flagged
     with pytest.raises(KeyError, match="no finished candidate"):
         files.select_candidate("smoke", "ls", 100, "smoke/ls/100/alpha=0.2", {})
+
+
+def test_report_command_imports_result_files_first(tmp_path, capsys):
+    from calibkit.cli import main
+
+    _finish(tmp_path, "smoke/ce/0", 0.3)
+    # the row's logits file does not exist: the report fails, but only after the import
+    assert main(["report", str(tmp_path)]) == 1
+    assert "1 new result(s) imported" in capsys.readouterr().out
+    with Store(tmp_path / "runs.db", readonly=True) as db:
+        assert db.get("smoke/ce/0")["status"] == "done"

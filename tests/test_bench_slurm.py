@@ -146,9 +146,15 @@ def _task(out) -> str:
     return task
 
 
-def _release(task):
-    """Skip SLURM's eligibility delay after a requeue."""
-    subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], check=True)
+def _restarted(out, task, n: int):
+    """Wait for restart ``n`` of ``task``, skipping SLURM's eligibility delay after a requeue
+    (``StartTime=now`` while it is pending)."""
+    def started() -> bool:
+        if queue(out).get(task) == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], capture_output=True)
+        return f"restart {n})" in logs(out)
+
+    wait_until(started, 300, f"restart {n} of {task}")
 
 
 def test_requeued_task_resumes_from_its_checkpoint(cluster, env, tmp_path):
@@ -162,16 +168,14 @@ def test_requeued_task_resumes_from_its_checkpoint(cluster, env, tmp_path):
     epochs = lambda: len(json.loads((run / "history.json").read_text())) if (run / "history.json").exists() else 0  # noqa: E731
     wait_until(lambda: epochs() >= 7, 600, "7 epochs")
     subprocess.run(["scontrol", "requeue", task], check=True)  # killed and queued again, as after preemption
-    wait_until(lambda: queue(out).get(task) == "PENDING", 120, "the requeued task to be pending")
-    _release(task)
+    _restarted(out, task, 1)
     wait_until(lambda: "resuming after epoch" in logs(out), 300, "the resumed task")
     first = epochs()
     wait_until(lambda: epochs() >= first + 2, 300, "two more epochs")
     # the warning a time limit gives: SIGUSR1 to the batch shell, forwarded to the run
     subprocess.run(["scancel", "--signal=USR1", "--batch", task], check=True)
     wait_until(lambda: "requeued" in logs(out), 300, "the run to requeue itself")
-    wait_until(lambda: queue(out).get(task) == "PENDING", 120, "the self-requeued task to be pending")
-    _release(task)
+    _restarted(out, task, 2)
     wait_idle(out)
     text = logs(out)
     resumed = [int(n) for n in re.findall(r"resuming after epoch (\d+)", text)]
