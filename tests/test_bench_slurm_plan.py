@@ -101,3 +101,23 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys, extra, message):
 def test_run_key_of_another_preset_is_refused(tmp_path, capsys):
     assert main(["bench", "--preset", "smoke", "--out", str(tmp_path), "--run-key", "default/ce/0"]) == 1
     assert "is not a run of preset smoke" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_slurm_options_without_the_slurm_executor_are_refused(tmp_path, capsys, command):
+    assert main([command, "--preset", "smoke", "--out", str(tmp_path / "o"), "--gpus-per-run", "2"]) == 1
+    assert "--gpus-per-run is an option of --executor slurm" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_status_from_result_files_without_a_queue(tmp_path, capsys):
+    files = R.ResultFiles(tmp_path / "out")
+    files.claim("smoke/ce/0", preset="smoke", method="ce", seed=0)
+    files.finish("smoke/ce/0", metrics={})
+    files.claim("smoke/ls/0", preset="smoke", method="ls", seed=0)
+    files.fail("smoke/ls/0", "Traceback ...\nRuntimeError: CUDA out of memory")
+    assert main(["bench", "--preset", "smoke", "--out", str(tmp_path / "out"), "--methods", "ls", "--status"]) == 0
+    lines = [line.split(None, 2) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0][:2] == ["smoke/ce/0", "done"]
+    assert lines[1][:2] == ["smoke/ls/0", "failed"] and lines[1][2].endswith("RuntimeError: CUDA out of memory")
+    assert lines[2] == ["bench", "smoke:", "1 done, 1 failed"]

@@ -157,7 +157,8 @@ def key_states(out, keys: list[str], table: str = "runs") -> dict[str, tuple[str
         elif live is not None:
             states[key] = ("queued", f"task {task} {live.lower()}")
         elif status == "failed":
-            states[key] = ("failed", f"{path}: {doc['row'].get('error', '').strip().splitlines()[-1:]}")
+            last = (doc["row"].get("error") or "").strip().splitlines()[-1:] or ["no error recorded"]
+            states[key] = ("failed", f"{path}: {last[0]}")
         elif task is not None and queue is not None:
             log = Path(sub["script"]).parent / "logs"
             states[key] = ("failed", f"task {task} ended without a result; see {log}")

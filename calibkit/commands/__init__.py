@@ -57,6 +57,24 @@ def add_executor(parser) -> None:
     parser.add_argument("--run-key", help=argparse.SUPPRESS)
 
 
+def check_executor(args) -> None:
+    """Refuse SLURM options given to the local executor (they would be ignored silently).
+
+    Raises:
+        ValueError: naming the first such option.
+    """
+    if args.executor == "slurm":
+        return
+    given = [flag for flag, value in (("--dry-run", args.dry_run), ("--partition", args.partition),
+                                      ("--account", args.account), ("--qos", args.qos), ("--time", args.time),
+                                      ("--gpus-per-run", args.gpus_per_run), ("--cpus-per-run", args.cpus_per_run != 1),
+                                      ("--mem", args.mem), ("--array-parallelism", args.array_parallelism),
+                                      ("--sbatch-arg", args.sbatch_arg), ("--requeue", args.requeue),
+                                      ("--signal", args.signal)) if value]
+    if given:
+        raise ValueError(f"{given[0]} is an option of --executor slurm")
+
+
 def run_scheduled(args, run) -> int:
     """Run one scheduled task's ``run()`` with SIGUSR1 as a stop request; a stopped run requeues its
     SLURM task (``scontrol requeue``) and exits 0, to resume from its checkpoint."""

@@ -65,6 +65,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from calibkit.commands import check_executor
+
+    check_executor(args)
     if args.run_key or args.status or args.collect or args.executor != "local":
         return _elsewhere(args)
     if args.workers < 1:

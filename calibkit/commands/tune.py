@@ -84,6 +84,9 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
 
 
 def run(args) -> int:
+    from calibkit.commands import check_executor
+
+    check_executor(args)
     from calibkit.bench.grid import get_preset, with_keep
 
     preset = with_keep(get_preset(args.preset), args.keep)
