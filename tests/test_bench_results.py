@@ -136,3 +136,21 @@ def test_report_command_imports_result_files_first(tmp_path, capsys):
     assert "1 new result(s) imported" in capsys.readouterr().out
     with Store(tmp_path / "runs.db", readonly=True) as db:
         assert db.get("smoke/ce/0")["status"] == "done"
+
+
+def test_run_key_runs_one_run_into_its_result_file_without_runs_db(tmp_path, capsys):
+    from calibkit.cli import main
+
+    out = tmp_path / "b"
+    argv = ["bench", "--preset", "smoke", "--out", str(out), "--device", "cpu", "--run-key", "smoke/ce/0"]
+    assert main(argv) == 0
+    path = out / "runs" / "smoke" / "ce" / "seed0" / "result.json"
+    doc = json.loads(path.read_text())
+    row = doc["row"]
+    assert row["status"] == "done" and row["run_key"] == "smoke/ce/0" and doc["slurm"] == {}
+    assert row["logits_path"] == os.path.join("runs", "smoke", "ce", "seed0", "logits.safetensors")
+    assert 0 <= row["metrics"]["before"]["ece"] <= 1 and row["config"]["hparams"] is not None
+    assert not (out / "runs.db").exists()
+    before = path.read_bytes()
+    assert main(argv) == 0  # done: skipped, the file untouched
+    assert path.read_bytes() == before and "skipped" in capsys.readouterr().out
