@@ -97,7 +97,9 @@ def test_smoke_grid_through_slurm_equals_the_local_bench(cluster, env, tmp_path)
     t0 = time.time()
     said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--executor", "slurm"], env, tmp_path)
     assert "submitted ce" in said and "submitted maccal" in said and "after aftercorr:" in said
-    cli(["bench", "--preset", "smoke", "--out", "local", "--no-report"], env, tmp_path)  # meanwhile, here
+    # meanwhile, here (an absolute --out: runs.db keeps the paths as given, and the report below
+    # reads them from this process's folder)
+    cli(["bench", "--preset", "smoke", "--out", str(tmp_path / "local"), "--no-report"], env, tmp_path)
     wait_idle(tmp_path / "viaslurm")
     print(f"smoke grid through SLURM: {time.time() - t0:.0f} s")
     status = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--status"], env, tmp_path)
@@ -205,7 +207,7 @@ def test_tune_through_slurm_selects_what_a_local_tune_selects(cluster, env, tmp_
     args = ["tune", "--preset", "smoke", "--methods", "ls", "--out"]
     said = cli(args + ["viaslurm", "--executor", "slurm"], env, tmp_path)
     assert "submitted tune-select" in said and "afterok:" in said
-    cli(args + ["local"], env, tmp_path)
+    cli(args + [str(tmp_path / "local")], env, tmp_path)
     wait_idle(tmp_path / "viaslurm")
     cli(args + ["viaslurm", "--collect"], env, tmp_path)
     with Store(tmp_path / "local" / "runs.db", readonly=True) as a, \

@@ -16,6 +16,9 @@ examples:
   calibkit bench --preset default --out runs/tuned --tune   # select on validation first (calibkit tune)
   calibkit bench --preset default --out runs/last --keep last
   torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
+  calibkit bench --preset cifar10 --data-dir /shared/data --out /shared/c10 --executor slurm \
+      --gpus-per-run 4 --time 24:00:00 --requeue --signal 600     # job arrays (docs/cluster.md)
+  calibkit bench --preset cifar10 --out /shared/c10 --status      # then --collect for the table
 
 Times are wall times on a 2-core CPU (smoke: 15 runs of ~1-2 s plus the report; default: 30 runs
 of 27-60 s). Everything a preset needs (data, extra packages, CSM set) is checked before anything

@@ -10,6 +10,7 @@ examples:
   calibkit tune --preset default --out runs/tune-default --methods mbls fedlas_mbls
   calibkit bench --preset default --out runs/tuned --tune           # select, then bench at the selection
   torchrun --nproc_per_node 4 -m calibkit tune --preset cifar10 --data-dir ~/data --out runs/tune-c10
+  calibkit tune --preset cifar10 --data-dir /shared/data --out /shared/tune-c10 --executor slurm --gpus-per-run 4
 
 Every candidate is trained on the preset's selection seed and scored on the validation split only
 (ECE of the deployed predictor before temperature scaling; candidates more than 1 accuracy point
