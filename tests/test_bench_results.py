@@ -44,6 +44,7 @@ def test_a_done_result_is_never_claimed_or_replaced(tmp_path):
     run_dir = _finish(tmp_path, "smoke/ce/0", 0.3)
     before = (run_dir / "result.json").read_bytes()
     files = R.ResultFiles(tmp_path)
+    assert files.status("smoke/ce/0") == "done" and files.status("smoke/ce/1") is None
     assert not files.claim("smoke/ce/0", preset="smoke", method="ce", seed=0)
     with pytest.raises(KeyError, match="never claimed"):
         files.fail("smoke/ce/0", "boom")

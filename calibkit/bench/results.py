@@ -188,6 +188,11 @@ class ResultFiles:
     def fail(self, key: str, error: str) -> None:
         self._write("runs", key, "failed", {"error": str(error)[:4000]})
 
+    def status(self, key: str, table: str = "runs") -> str | None:
+        """The status in the result file of ``key`` (None: no file yet)."""
+        doc = read_doc(self._file(table, key), table)
+        return doc["row"].get("status") if doc else None
+
     def busy_elsewhere(self, key: str, table: str = "runs") -> bool:
         return False  # the scheduler starts a run only once what it builds on is done
 
