@@ -18,6 +18,7 @@
 #   listed in gres.conf, so that `--gres=gpu:N` is scheduled and CUDA_VISIBLE_DEVICES is set,
 #   while the processes themselves run on the CPU.
 # - SlurmUser=root, ProctrackType=proctrack/linuxproc, TaskPlugin=task/none: no cgroups needed;
+#   NodeAddr/SlurmctldHost at 127.0.0.1: the host name need not resolve.
 #   SlurmdParameters=config_overrides lets the node declare $CALIBKIT_SLURM_CPUS CPUs (default:
 #   this machine's) without being drained.
 # ---------------------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ NodeName=$host Name=gpu File=$dir/dev/gpu[0-1]
 EOF
     cat > "$dir/slurm.conf" <<EOF
 ClusterName=calibkit-ci
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -77,7 +78,7 @@ GresTypes=gpu
 KillWait=5
 MinJobAge=600
 SchedulerParameters=sched_interval=2,bf_interval=2
-NodeName=$host CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
     export SLURM_CONF="$dir/slurm.conf"
