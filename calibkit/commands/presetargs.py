@@ -52,8 +52,13 @@ def preset_from_args(args):
 
 def preset_argv(args) -> list[str]:
     """``--preset`` and the given flags as command-line arguments (for the extra processes of
-    ``--workers``), so that every process builds the same preset."""
-    argv = ["--preset", args.preset]
+    ``--workers`` and the tasks of ``--executor slurm``), so that every process builds the same preset."""
+    import os
+
+    from calibkit.bench.grid import PRESETS
+
+    # a preset file by its absolute path: a task may start in another directory
+    argv = ["--preset", args.preset if args.preset in PRESETS else os.path.abspath(args.preset)]
     for flag, value in (("--data", args.data), ("--model", args.model), ("--epochs", args.epochs),
                         ("--lr", args.lr), ("--batch-size", args.batch_size), ("--val-size", args.val_size),
                         ("--train-subset", args.train_subset), ("--ood", args.ood), ("--name", args.name)):
