@@ -38,7 +38,10 @@ METRICS = "metrics.json"
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` for a temporary file beside ``path``, then move it onto ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # name the file meant, not the temporary one (OSError picks the subclass)
+        raise OSError(exc.errno, f"cannot write ({exc.strerror})", str(path)) from exc
     os.close(fd)
     try:
         write(tmp)
