@@ -80,8 +80,10 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
 
 def run(args) -> int:
     from calibkit.bench.grid import get_preset, with_keep
+    from calibkit.bench.preflight import check_out
 
     preset = with_keep(get_preset(args.preset), args.keep)
+    check_out(args.out)  # before the database is created: not into a training run's directory
     tuner, counts, _ = run_tuning(args, preset)
     if not tuner.dd.is_main:
         return 0

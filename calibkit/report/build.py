@@ -10,11 +10,12 @@ the terminal text, ``report.md`` and ``index.html`` all follow.
 from __future__ import annotations
 
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
-from calibkit.report.data import ece_deltas, label, summarize
+from calibkit.report.data import ece_deltas, label, summarize, usable_rows
 from calibkit.report.figures import method_figure, summary_figures
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import grid_tables, ranked_table, robustness_table
@@ -170,9 +171,14 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     """
     out_dir = Path(out_dir)
     preset, rows = _load(out_dir, preset)
+    # A finished row the report cannot read is named, left out with a warning, and the rest reported.
+    rows, skipped = usable_rows(rows)
+    for line in skipped:
+        warnings.warn(f"{line}; left out of the report", stacklevel=2)
     done = [r for r in rows if r["status"] == "done"]
     if not done:
-        raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}")
+        raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}"
+                         + (f" that the report can read ({len(skipped)} left out: {'; '.join(skipped)})" if skipped else ""))
     if n_boot is None:
         from calibkit.bench.grid import PRESETS
 
@@ -198,6 +204,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
              f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
     if pending:
         intro += f"\n\nUnfinished runs: {unfinished}."
+    if skipped:
+        intro += f"\n\nLeft out (unreadable in the database): {'; '.join(skipped)}."
     (rep / "report.md").write_text(to_markdown(title, intro, sections))
     (rep / "index.html").write_text(to_html(title, intro, sections))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
