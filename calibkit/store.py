@@ -228,13 +228,22 @@ class Store:
         self._con.execute("COMMIT")
 
     @staticmethod
-    def _decode(row: sqlite3.Row | None) -> dict | None:
+    def _decode(row: sqlite3.Row | None, tolerant: bool = False) -> dict | None:
+        """A row as a dict, JSON columns decoded. A cell that is not valid JSON raises a
+        ``ValueError`` naming the run and the column, or with ``tolerant`` becomes None and is
+        recorded in ``row["corrupt"]`` (``{column: reason}``), so one damaged cell does not hide the rest."""
         if row is None:
             return None
         out = dict(row)
         for col in JSON_COLUMNS:
             if out.get(col) is not None:
-                out[col] = json.loads(out[col])
+                try:
+                    out[col] = json.loads(out[col])
+                except (TypeError, ValueError) as exc:
+                    if not tolerant:
+                        raise ValueError(f"runs.db: run {out.get('run_key')}: {col} is not valid JSON ({exc})") from exc
+                    out[col] = None
+                    out.setdefault("corrupt", {})[col] = f"not valid JSON ({exc})"
         return out
 
     # -- queries ----------------------------------------------------------------------------
@@ -242,8 +251,10 @@ class Store:
         """The row of run ``key`` as a dict (JSON columns decoded), or ``None``."""
         return self._decode(self._con.execute("SELECT * FROM runs WHERE run_key = ?", (key,)).fetchone())
 
-    def runs(self, preset: str | None = None, status: str | None = "done") -> list[dict]:
-        """Rows, optionally filtered by preset and status, ordered by id (insertion order)."""
+    def runs(self, preset: str | None = None, status: str | None = "done", tolerant: bool = False) -> list[dict]:
+        """Rows, optionally filtered by preset and status, ordered by id (insertion order).
+        ``tolerant``: a JSON cell that cannot be decoded is None and named in ``row["corrupt"]``
+        (the report names and leaves out such a row) instead of an error."""
         sql, args = "SELECT * FROM runs WHERE 1=1", []
         if preset is not None:
             sql += " AND preset = ?"
@@ -251,7 +262,7 @@ class Store:
         if status is not None:
             sql += " AND status = ?"
             args.append(status)
-        return [self._decode(r) for r in self._con.execute(sql + " ORDER BY id", args)]
+        return [self._decode(r, tolerant) for r in self._con.execute(sql + " ORDER BY id", args)]
 
     def presets(self) -> list[str]:
         """The presets that have rows, in order of first appearance."""

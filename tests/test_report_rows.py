@@ -25,6 +25,9 @@ CORRUPTIONS = {
     "ood not an object": ("UPDATE runs SET ood = '\"x\"'", "ood: expected an object, got 'x'"),
     "temperature is text": ("UPDATE runs SET metrics = json_set(metrics, '$.temperature', 'hot')",
                             "metrics.temperature: expected a positive number, got 'hot'"),
+    "metrics not JSON": ("UPDATE runs SET metrics = '{\"before\": {'",
+                         "metrics: not valid JSON (Expecting property name enclosed in double quotes: line 1 column 13 "
+                         "(char 12))"),
     "logits file gone": ("UPDATE runs SET logits_path = '/nonexistent/logits.safetensors'",
                          "logits_path: /nonexistent/logits.safetensors not found"),
 }
@@ -47,10 +50,25 @@ def test_a_corrupt_row_is_named_and_left_out(case, tmp_path):
     assert [str(w.message) for w in caught if "left out" in str(w.message)] == [f"t/ls/1: {field}; left out of the report"]
     # LS is reported from its one readable seed, with that seed's numbers; CE untouched
     cells = _row(rep["text"], "LS")
-    seed0 = [r for r in Store(tmp_path / "runs.db", readonly=True).runs("t") if r["run_key"] == "t/ls/0"][0]
+    seed0 = [r for r in Store(tmp_path / "runs.db", readonly=True).runs("t", tolerant=True) if r["run_key"] == "t/ls/0"][0]
     assert cells[1] == "1" and cells[2] == f"{seed0['metrics']['before']['acc'] * 100:.2f}"
     assert _row(rep["text"], "CE")[1] == "2"
     assert f"t/ls/1: {field}" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_cell_that_is_not_json_names_the_run_and_column(tmp_path):
+    make_bench(tmp_path, methods=("ce",), seeds=(0,))
+    con = sqlite3.connect(tmp_path / "runs.db")
+    con.execute("UPDATE runs SET ood = 'nope'")
+    con.commit()
+    con.close()
+    store = Store(tmp_path / "runs.db", readonly=True)
+    with pytest.raises(ValueError, match=r"^runs.db: run t/ce/0: ood is not valid JSON \(Expecting value"):
+        store.runs("t")
+    (row,) = store.runs("t", tolerant=True)
+    assert row["ood"] is None and row["corrupt"] == {"ood": "not valid JSON (Expecting value: line 1 column 1 (char 0))"}
+    assert row["metrics"]["before"]["ece"] > 0  # the other cells decoded
+    store.close()
 
 
 def test_row_problem_by_hand():

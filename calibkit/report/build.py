@@ -148,7 +148,7 @@ def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
             preset = presets[-1]
         elif preset not in presets:
             raise ValueError(f"no runs of preset {preset!r} in {out_dir / 'runs.db'}; found: {', '.join(presets)}")
-        return preset, store.runs(preset, status=None)
+        return preset, store.runs(preset, status=None, tolerant=True)  # a damaged cell: named, row left out
     finally:
         store.close()
 
