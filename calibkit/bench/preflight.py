@@ -16,8 +16,8 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
 
-    Checked in order: the output path (absent or a folder, not a training run's: :func:`check_out`) and its results database (absent or a
-    healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
+    Checked in order: the output path (absent or a folder, not a training run's: :func:`check_out`)
+    and its results database (absent or a healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
     packages the data set and the OOD set need, the data set itself (loaded once with the first
     seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
     grid, its generated set.

@@ -177,8 +177,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         warnings.warn(f"{line}; left out of the report", stacklevel=2)
     done = [r for r in rows if r["status"] == "done"]
     if not done:
-        raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}"
-                         + (f" that the report can read ({len(skipped)} left out: {'; '.join(skipped)})" if skipped else ""))
+        unreadable = f" that the report can read ({len(skipped)} left out: {'; '.join(skipped)})" if skipped else ""
+        raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}{unreadable}")
     if n_boot is None:
         from calibkit.bench.grid import PRESETS
 
