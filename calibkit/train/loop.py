@@ -69,7 +69,7 @@ def _reseed_globals(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _prepare_run_dir(out: Path, cfg: TrainConfig) -> tuple[str, dict | None]:
+def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True) -> tuple[str, dict | None]:
     """Decide from what is on disk: ``("fresh", None)``, ``("resume", checkpoint)`` or ``("done", info)``.
 
     Refuses (``ValueError``) to touch a non-empty directory that is not a run, or a run made with a
@@ -88,8 +88,9 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig) -> tuple[str, dict | None]:
     old = TrainConfig.from_dict(info.get("config", {}))
     diff = cfg.differences(old)
     if diff and not any((out / name).exists() for name in (rundir.HISTORY, rundir.CHECKPOINT, rundir.MODEL)):
-        print(f"{out}: the run there (config differs in: {', '.join(diff)}) ended before completing an epoch; "
-              "starting it again with this config", file=sys.stderr, flush=True)
+        if main:  # one line, from one rank
+            print(f"{out}: the run there (config differs in: {', '.join(diff)}) ended before completing an epoch; "
+                  "starting it again with this config", file=sys.stderr, flush=True)
         return "fresh", None
     if diff:
         raise ValueError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}) that "
@@ -379,7 +380,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if cfg.batch_size % dd.world:
             raise ValueError(f"batch_size {cfg.batch_size} is the global batch; it must divide by the "
                              f"{dd.world} processes")
-        state, found = _prepare_run_dir(out, cfg)
+        state, found = _prepare_run_dir(out, cfg, dd.is_main)
         D.barrier(dd)  # every rank has read the directory before rank 0 writes into it
         if state == "done":
             log(f"{out}: run already finished ({found.get('epochs_done')} epochs); nothing to do")
