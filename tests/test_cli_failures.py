@@ -34,31 +34,61 @@ def _refuses_writes(folder: Path) -> bool:
 
 
 @pytest.fixture
-def readonly_dir(tmp_path):
-    """An empty folder in which creating anything fails, for whoever runs the tests."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
+def make_readonly(tmp_path):
+    """``make_readonly(fill=None)``: a folder in which creating anything fails, for whoever runs the
+    tests, holding what ``fill(folder)`` wrote first."""
     undo = []
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        undo.append(lambda: folder.chmod(0o755))
-    else:
-        for make, unmake in ((["chattr", "+i", str(folder)], ["chattr", "-i", str(folder)]),
-                             (["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], ["umount", str(folder)])):
-            try:
-                done = subprocess.run(make, capture_output=True).returncode == 0
-            except OSError:
-                done = False
-            if done:
-                undo.append(lambda cmd=unmake: subprocess.run(cmd, capture_output=True))
-                break
-    try:
+
+    def make(fill=None, name="ro"):
+        folder = tmp_path / name
+        folder.mkdir()
+        if os.geteuid() != 0:
+            if fill:
+                fill(folder)
+            folder.chmod(0o555)
+            undo.append(lambda: folder.chmod(0o755))
+        else:
+            steps = ((None, ["chattr", "+i", str(folder)], ["chattr", "-i", str(folder)]),
+                     (["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)],
+                      ["mount", "-o", "remount,ro", str(folder)], ["umount", str(folder)]))
+            for mount, lock, unlock in steps:
+                try:
+                    if mount and subprocess.run(mount, capture_output=True).returncode != 0:
+                        continue
+                    if fill:
+                        fill(folder)
+                    done = subprocess.run(lock, capture_output=True).returncode == 0
+                except OSError:
+                    done = False
+                if done or mount:
+                    undo.append(lambda cmd=unlock: subprocess.run(cmd, capture_output=True))
+                if done:
+                    break
         if not _refuses_writes(folder):
             pytest.skip("no way to make a folder refuse writes here (root without chattr +i or mount)")
-        yield folder
-    finally:
-        for step in undo:
-            step()
+        return folder
+
+    yield make
+    for step in reversed(undo):
+        step()
+
+
+@pytest.fixture
+def readonly_dir(make_readonly):
+    """An empty folder in which creating anything fails."""
+    return make_readonly()
+
+
+def test_a_report_in_a_read_only_bench_folder(make_readonly, cli_env):
+    from tests.test_report import make_bench
+
+    bench = make_readonly(make_bench, name="bench")
+    res = _cli(["report", str(bench), "--n-boot", "20"], cli_env)
+    assert res.returncode == 1
+    line = _one_error_line(res, "report")
+    # not "a corrupt database": SQLite cannot open a WAL database in a folder it may not write to
+    assert line == (f"calibkit report: error: {bench}/runs.db cannot be opened (unable to open database file); "
+                    f"SQLite also writes beside it (runs.db-wal, -shm): check that you may write to {bench}")
 
 
 def _cli(args, cli_env, **kw):
