@@ -63,7 +63,7 @@ def test_a_cell_that_is_not_json_names_the_run_and_column(tmp_path):
     con.commit()
     con.close()
     store = Store(tmp_path / "runs.db", readonly=True)
-    with pytest.raises(ValueError, match=r"^runs.db: run t/ce/0: ood is not valid JSON \(Expecting value"):
+    with pytest.raises(ValueError, match=r"^results database: run t/ce/0: ood is not valid JSON \(Expecting value"):
         store.runs("t")
     (row,) = store.runs("t", tolerant=True)
     assert row["ood"] is None and row["corrupt"] == {"ood": "not valid JSON (Expecting value: line 1 column 1 (char 0))"}
