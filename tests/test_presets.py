@@ -126,11 +126,14 @@ def test_bad_names_and_syntax():
 
 
 def test_flags_name_the_change_and_scale_explicit_milestones():
-    p = PRESETS["cifar10"]  # 350 epochs, milestones [150, 250]
+    p = PRESETS["cifar10"]  # 350 epochs, milestones as fractions (epochs 150 and 250)
     q = with_flags(p, epochs=35, lr=0.01)
     assert q.name == "cifar10+epochs=35,lr=0.01"
-    assert q.train["milestones"] == [15, 25] and q.train["epochs"] == 35 and q.train["lr"] == 0.01
-    assert p.train["milestones"] == [150, 250]  # the shipped preset is not touched
+    assert q.train["milestones"] == p.train["milestones"] and q.train["epochs"] == 35 and q.train["lr"] == 0.01
+    assert train_config(q, "ce", 0).milestones == [15, 25]  # floor(0.4286 * 35), floor(0.7143 * 35)
+    assert train_config(p, "ce", 0).milestones == [150, 250]  # the shipped preset is not touched
+    e = with_flags(dataclasses.replace(p, train={**p.train, "milestones": [150, 250]}), epochs=35)
+    assert e.train["milestones"] == [15, 25]  # given in epochs: scaled as fractions of the old epochs
     assert scaled_milestones([150, 250], 350, 3) == [1, 2]  # round(1.29), round(2.14)
     assert scaled_milestones([150, 250], 350, 1) == []  # both would fall outside (0, 1)
     assert with_flags(p) is p and with_flags(p, lr=0.1) is p  # nothing changed: the same preset

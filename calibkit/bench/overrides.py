@@ -10,9 +10,10 @@ Decisions where the spec is silent:
 * values in the name keep only the characters of :data:`calibkit.bench.grid.NAME_CHARS` (others
   become ``-``; a path contributes its last component), so names stay filesystem-safe; a name
   longer than 100 characters must be given with ``--name``;
-* ``--epochs`` keeps the preset's schedule: explicit ``milestones`` are scaled as fractions of the
-  preset's epochs (``round(m * new / old)``, repeats and drops outside ``(0, epochs)`` removed);
-  without explicit milestones TrainConfig's default (50%/75% of the epochs) already scales;
+* ``--epochs`` keeps the preset's schedule: milestones given as fractions of the epochs (the
+  shipped presets') and TrainConfig's default (50%/75%) follow by themselves; milestones given in
+  epochs are scaled as fractions of the preset's epochs (``round(m * new / old)``, repeats and drops
+  outside ``(0, epochs)`` removed);
 * ``--data`` to a data set that is the user's own (``imagefolder``, ``tensors``) sets the OOD set
   to ``none`` unless ``--ood`` gives one (a built-in OOD set means nothing on arbitrary data), and
   drops the base preset's ``train_subset`` and ``val_size`` (sized for its own data set): all the
@@ -77,7 +78,8 @@ def with_flags(preset: Preset, name: str | None = None, **flags) -> Preset:
         for key in ("train_subset", "val_size"):  # sized for the preset's own data set
             train.pop(key, None)
     train.update({k: v for k, v in given.items() if k in TRAIN})
-    if "epochs" in given and train.get("milestones"):
+    ms = train.get("milestones") or []
+    if "epochs" in given and ms and all(isinstance(m, int) and not isinstance(m, bool) for m in ms):
         old = int(preset.train.get("epochs", given["epochs"]))
         train["milestones"] = scaled_milestones(list(preset.train["milestones"]), old, int(given["epochs"]))
     changed = [k for k in ORDER if k in given and (

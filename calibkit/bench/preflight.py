@@ -16,9 +16,10 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
 
-    Checked in order: the output path (absent or a folder) and its results database (absent or a
-    healthy calibkit database), the preset recorded there under the same name (the same data,
-    model, training settings and evaluation), the seeds (integers >= 0, no repeats), the method names, the extra
+    Checked in order: the output path (absent or a folder, not a training run's: :func:`check_out`)
+    and its results database (absent or a healthy calibkit database), the preset recorded there
+    under the same name (the same data, model, training settings and evaluation), the seeds
+    (integers >= 0, no repeats), the method names, the extra
     packages the data set and the OOD set need, the data set itself (loaded once with the first
     seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
     grid, its generated set.
@@ -38,8 +39,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
 
     out = Path(out)
     data_dir = data_dir if data_dir is not None else preset.data_dir
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
+    check_out(out)
     check_store(out, store)
     from calibkit.bench.presetfile import check_recorded
 
@@ -105,6 +105,23 @@ def check_model(name: str, bundle) -> None:
                          f"{bundle.in_channels}) failed ({type(exc).__name__}: {exc})") from exc
     x = inputs_for(bundle, augment=False).eval_batch(bundle.train.images[:2])
     check_contract(model, x, bundle.num_classes, name=f"model {name!r}")
+
+
+def check_out(out) -> None:
+    """The bench's (or tune's) ``--out``: absent, or a folder that no training run owns.
+
+    Raises:
+        FileExistsError: ``out`` is a file.
+        ValueError: ``out`` is a training run's directory (it holds ``config.json``).
+    """
+    from calibkit.rundir import CONFIG, directory_owner
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
+    if (out / CONFIG).exists():
+        raise ValueError(f"--out {out} is {directory_owner(out)}; a bench writes runs.db, runs/ and report/ into "
+                         "its own directory: choose another path")
 
 
 def _ce_config(preset, seed: int, data_dir):

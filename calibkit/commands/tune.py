@@ -98,10 +98,12 @@ def run(args) -> int:
     from calibkit.commands import check_executor
 
     check_executor(args)
+    from calibkit.bench.preflight import check_out
     from calibkit.commands.presetargs import preset_from_args
     from calibkit.store import describe_store
 
     preset = preset_from_args(args)
+    check_out(args.out)  # before the database is created: not into a training run's directory
     if args.run_key or args.select_only or args.status or args.executor != "local":
         return _elsewhere(args, preset)
     if args.collect:
