@@ -146,7 +146,8 @@ def test_preflight_names_what_the_model_misses_and_writes_nothing(tmp_path, cli_
     _folder(tmp_path / "data", n_train=4, n_test=2)
     (tmp_path / "mymodels.py").write_text(MODEL)
     res = _cli(["bench", "--preset", "default", "--data", "imagefolder", "--data-dir", "data", "--model",
-                "mymodels:headless", "--batch-size", "4", "--out", "out"], cli_env, tmp_path, ok=False)
+                "mymodels:headless", "--batch-size", "4", "--val-size", "3", "--out", "out"], cli_env, tmp_path,
+               ok=False)
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
     assert "no forward_features(x) method" in res.stderr and "head must be an nn.Linear(D, 3)" in res.stderr
     assert not (tmp_path / "out").exists()
