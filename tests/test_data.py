@@ -91,6 +91,20 @@ def test_fmnist_real_files():
     assert sub.split["train_checksum"] != load("fmnist", train_subset=10000, seed=1).split["train_checksum"]
 
 
+def test_train_subset_is_the_second_draw_of_the_seed(tmp_path):
+    # validation = draw 0 of SeedSequence([seed, stream]), training subset = draw 1 (of the images
+    # left after validation): independent draws, so a subset is not the validation split's shadow
+    arrays = fake_fmnist(tmp_path)
+    b = load("fmnist", data_dir=str(tmp_path), val_size=8, seed=3, train_subset=16)
+    rest, _ = stratified_split(arrays["train_labels"], 8, 3, stream=0)
+    left = arrays["train_labels"][rest]
+    _, keep = stratified_split(left, 16, 3, stream=1)
+    _, same_stream = stratified_split(left, 16, 3, stream=0)
+    assert not np.array_equal(keep, same_stream)  # the two streams draw different subsets here
+    assert torch.equal(b.train.images[:, 0], torch.from_numpy(arrays["train_images"][rest][keep].astype(np.uint8)))
+    assert torch.equal(b.train.labels, torch.from_numpy(left[keep]))
+
+
 def test_fmnist_written_files(tmp_path):
     arrays = fake_fmnist(tmp_path)
     b = load("fmnist", data_dir=str(tmp_path), val_size=8, seed=3)

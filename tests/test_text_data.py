@@ -291,3 +291,30 @@ def test_vocabulary_order_min_count_max_size_and_encoding():
         Vocabulary.from_dict({"kind": "other"})
     with pytest.raises(ValueError, match="max_size"):
         Vocabulary.build(texts, length=4, max_size=2)
+
+
+def test_the_vocabulary_is_built_on_the_training_texts_only():
+    from calibkit.data.textsets import TextSettings, encode_splits
+
+    settings = TextSettings(length=3, min_count=1, max_size=None, val_frac=0.1)
+    train = (["apt tool", "tool mail"], [0, 1])
+    val = (["valword tool", "valword valword"], [0, 1])  # words seen only in validation and test
+    test = (["testword apt"], [1])
+    raw = encode_splits(train, val, test, ["a", "b"], settings, {})
+    assert raw.vocab.itos == ["<pad>", "<unk>", "tool", "apt", "mail"]
+    assert raw.in_channels == 5 and raw.record["vocab_size"] == 5
+    assert raw.val.images.tolist() == [[1, 2, 0], [1, 1, 0]]  # validation words are <unk>
+    assert raw.test.images.tolist() == [[1, 3, 0]]
+    assert raw.train.labels.tolist() == [0, 1] and raw.val.labels.tolist() == [0, 1]
+
+
+def test_token_ids_must_lie_below_the_vocabulary_size():
+    from calibkit.data.inputs import TokenInputs
+
+    pipe = TokenInputs(5)
+    x = torch.tensor([[0, 4, 1]])
+    assert pipe.eval_batch(x) is x  # the largest valid id is V - 1
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match=r"values must lie in \[0, 5\) \(the vocabulary size\), got "):
+            pipe.eval_batch(torch.tensor([[0, bad, 1]]))
+    assert pipe.eval_batch(torch.zeros(0, 3, dtype=torch.int64)).shape == (0, 3)
