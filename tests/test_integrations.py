@@ -57,6 +57,30 @@ def test_metric_binary_and_dense():
         md.update(torch.softmax(torch.randn(4, 5, generator=g), 1), torch.zeros(4, dtype=torch.long))
 
 
+def test_metric_leaves_out_ignored_samples_and_pixels():
+    probs, labels = _data(4, n=400)
+    labels = labels.clone()
+    labels[::7] = -1
+    keep = labels != -1
+    m = CalibrationMetric(num_classes=6, ignore_index=-1)
+    for p, y in zip(probs.split(150), labels.split(150)):
+        m.update(p, y)
+    got, ref = m.compute(), evaluate(probs[keep], labels[keep])  # the same as dropping the rows
+    for key in PANEL:
+        assert got[key].item() == pytest.approx(ref[key], abs=1e-12), key
+    g = torch.Generator().manual_seed(5)
+    dense = torch.softmax(torch.randn(3, 4, 6, 6, generator=g, dtype=torch.float64) * 2, 1)
+    masks = torch.randint(0, 4, (3, 6, 6), generator=g)
+    masks[:, :2] = 255
+    md = CalibrationMetric(num_classes=4, dense=True, ignore_index=255)
+    md.update(dense[:2], masks[:2])
+    md.update(dense[2:], masks[2:])
+    rows, ys = dense.movedim(1, -1).reshape(-1, 4), masks.reshape(-1)
+    flat = evaluate(rows[ys != 255], ys[ys != 255])
+    for key in ("acc", "ece", "cece", "mce", "nll", "brier"):
+        assert md.compute()[key].item() == pytest.approx(flat[key], abs=1e-12), key
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,3 +152,14 @@ def test_hf_compute_metrics_layouts():
     for key in PANEL:
         assert got[key] == pytest.approx(ref[key], abs=1e-12)
     assert "miou" in got and set(make_compute_metrics(n_bins=5)(pred)) == set(PANEL)
+    # n_bins reaches the binned metrics
+    five = make_compute_metrics(n_bins=5)(pred)
+    assert five == evaluate(torch.softmax(logits, 1), labels, n_bins=5)
+    assert five["ece"] != compute_metrics(pred)["ece"] and five["nll"] == compute_metrics(pred)["nll"]
+    # ignore_index=None keeps every label; another ignore label is left out
+    some = labels.clone()
+    some[:30] = 7
+    seven = make_compute_metrics(ignore_index=7)(transformers.EvalPrediction(predictions=logits.numpy(),
+                                                                             label_ids=some.numpy()))
+    assert seven == evaluate(torch.softmax(logits[30:], 1), labels[30:])
+    assert make_compute_metrics(ignore_index=None)(pred) == compute_metrics(pred)
