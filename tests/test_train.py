@@ -487,3 +487,29 @@ def test_kept_validation_logits_are_reused_and_equal_a_fresh_pass(tmp_path, monk
     assert passes == [n_val, n_val, n_test]
     assert json.loads((resumed / rundir.CONFIG).read_text())["best_epoch"] <= 2
     assert torch.equal(rundir.read_tensors(resumed / rundir.LOGITS)["val_logits"], fresh_val_logits(resumed))
+
+
+def test_each_epoch_draws_from_its_own_augmentation_and_draw_streams(tmp_path, monkeypatch):
+    """Stream 1 (augmentation, mixing) and stream 2 (CSM's companion draws) of SeedSequence([seed,
+    epoch, rank, stream]) are distinct generators, so drawing companions never shifts the augmentation."""
+    import numpy as np
+
+    import calibkit.train.loop as loop
+    from calibkit.train.steps import EpochGenerators
+
+    seen = []
+
+    def record(aug, draw):
+        seen.append((aug.get_state().clone(), draw.get_state().clone()))
+        return EpochGenerators(aug=aug, draw=draw)
+
+    def expected(seed, epoch, stream):
+        state = np.random.SeedSequence([seed, epoch, 0, stream]).generate_state(1, dtype=np.uint64)[0]
+        return torch.Generator().manual_seed(int(state) & (2**63 - 1)).get_state()
+
+    monkeypatch.setattr(loop, "EpochGenerators", record)
+    train(tiny(epochs=2, seed=4), tmp_path / "run", progress=False, verbose=False)
+    assert len(seen) == 2
+    for epoch, (aug, draw) in enumerate(seen):
+        assert torch.equal(aug, expected(4, epoch, 1)) and torch.equal(draw, expected(4, epoch, 2))
+        assert not torch.equal(aug, draw)
