@@ -21,7 +21,7 @@ WORK=${MUTATION_DIR:-/tmp/calibkit-mutation}
 CHILDREN=${MUTATION_CHILDREN:-$(nproc)}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-# module -> the test files that exercise it (space separated)
+# module -> the test files (or file::test node ids) that exercise it (space separated)
 declare -A TESTS=(
   [calibkit/store.py]="tests/test_store.py tests/test_blindspots_store.py"
   [calibkit/methods/csm/store.py]="tests/test_csm_store.py tests/test_blindspots_csm_store.py"
@@ -65,29 +65,29 @@ declare -A TESTS=(
   [calibkit/functional/inputs.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
   # train/, bench/, data/ and integrations/ (the EXTENDED list below)
   [calibkit/train/__init__.py]="tests/test_train.py"
-  [calibkit/train/schedule.py]="tests/test_train.py"
+  [calibkit/train/schedule.py]="tests/test_train.py::test_learning_rate_schedules"
   [calibkit/train/keep.py]="tests/test_train_keep.py tests/test_train.py"
   [calibkit/train/dense.py]="tests/test_segmentation_train.py tests/test_blindspots_bench_evaluation.py tests/test_segmentation_e2e.py"
   [calibkit/train/loop.py]="tests/test_train.py tests/test_blindspots_fedlas_ddp.py tests/test_text_train.py tests/test_errors.py"
   [calibkit/bench/__init__.py]="tests/test_bench.py"
-  [calibkit/bench/paths.py]="tests/test_bench.py tests/test_tune.py tests/test_blindspots_twostage.py"
+  [calibkit/bench/paths.py]="tests/test_blindspots_twostage.py"
   [calibkit/bench/preflight.py]="tests/test_package.py tests/test_bench.py"
   [calibkit/bench/space.py]="tests/test_tune.py"
   [calibkit/bench/progress.py]="tests/test_progress.py"
   [calibkit/bench/workers.py]="tests/test_bench_workers.py"
   [calibkit/bench/runner.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_tune.py tests/test_bench_workers.py"
   [calibkit/bench/tune.py]="tests/test_tune.py tests/test_blindspots_report.py"
-  [calibkit/bench/grid.py]="tests/test_bench.py tests/test_tune.py tests/test_package.py"
+  [calibkit/bench/grid.py]="tests/test_bench.py tests/test_tune.py"
   [calibkit/data/__init__.py]="tests/test_data.py"
-  [calibkit/data/svhn.py]="tests/test_data.py tests/test_errors.py"
-  [calibkit/data/digits.py]="tests/test_data.py tests/test_package.py"
+  [calibkit/data/svhn.py]="tests/test_data.py"
+  [calibkit/data/digits.py]="tests/test_data.py"
   [calibkit/data/ood.py]="tests/test_data.py tests/test_text_train.py tests/test_blindspots_bench_evaluation.py"
   [calibkit/data/newsgroups.py]="tests/test_text_data.py"
   [calibkit/data/idx.py]="tests/test_data.py tests/test_segmentation_data.py"
   [calibkit/data/segmentation.py]="tests/test_segmentation_data.py tests/test_segmentation_train.py"
   [calibkit/data/cifar.py]="tests/test_data.py"
   [calibkit/data/textsets.py]="tests/test_text_data.py tests/test_text_train.py"
-  [calibkit/data/tokenizer.py]="tests/test_text_data.py tests/test_text_train.py"
+  [calibkit/data/tokenizer.py]="tests/test_text_data.py"
   [calibkit/data/debian.py]="tests/test_text_data.py tests/test_text_train.py"
   [calibkit/data/voc.py]="tests/test_segmentation_data.py"
   [calibkit/data/scenes.py]="tests/test_segmentation_data.py"
@@ -141,7 +141,7 @@ for mod in "${MODULES[@]}"; do
   t0=$SECONDS
   [ -n "${TESTS[$mod]+x}" ] || { echo "mutation.sh: error: no test selection for $mod" >&2; exit 1; }
   tests=()
-  for t in ${TESTS[$mod]}; do [ -f "$ROOT/$t" ] && tests+=("$t"); done
+  for t in ${TESTS[$mod]}; do [ -f "$ROOT/${t%%::*}" ] && tests+=("$t"); done  # a file or file::test
   box="$WORK/$(echo "$mod" | tr / _)"
   rm -rf "$box" && mkdir -p "$box"
   cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$box/"  # some tests load a benchmarks/ script

@@ -114,6 +114,10 @@ def test_learning_rate_schedules():
     one = TrainConfig(epochs=10, lr=0.1, schedule="onecycle")
     assert learning_rate(one, 0) == pytest.approx(0.004) and learning_rate(one, 2.5) == pytest.approx(0.1)
     assert learning_rate(one, 9.99) < 1e-4
+    # inside the warm-up (lr (0.04 + 0.96 frac / 0.25)) and inside the decay (half-way: lr / 2)
+    assert learning_rate(one, 1.25) == pytest.approx(0.1 * (0.04 + 0.96 * 0.5), rel=1e-12)
+    assert learning_rate(one, 0.5) == pytest.approx(0.1 * (0.04 + 0.96 * 0.2), rel=1e-12)
+    assert learning_rate(one, 6.25) == pytest.approx(0.05, rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- sharding helpers
