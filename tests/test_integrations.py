@@ -135,22 +135,36 @@ def test_hf_compute_metrics_layouts():
     logits = torch.randn(200, 4, generator=g, dtype=torch.float64) * 2
     labels = torch.randint(0, 4, (200,), generator=g)
     pred = transformers.EvalPrediction(predictions=logits.numpy(), label_ids=labels.numpy())
-    assert compute_metrics(pred) == evaluate(torch.softmax(logits, 1), labels)
-    # a tuple of outputs (logits, hidden states) and a plain tuple work too
-    assert compute_metrics(((logits.numpy(), logits.numpy()), labels.numpy())) == compute_metrics(pred)
-    # one-logit binary head: sigmoid, scored as binary
+    cm = make_compute_metrics()  # the module's compute_metrics is this, built at import
+    assert compute_metrics(pred) == cm(pred) == evaluate(torch.softmax(logits, 1), labels)
+    # with the inputs kept (a 3-field EvalPrediction), and a tuple of outputs (logits, hidden states)
+    # and of labels: the first of each is used
+    with_inputs = transformers.EvalPrediction(predictions=logits.numpy(), label_ids=labels.numpy(),
+                                              inputs=logits.numpy())
+    assert cm(with_inputs) == cm(pred)
+    hidden = torch.randn(200, 4, generator=g, dtype=torch.float64).numpy()
+    assert cm(((logits.numpy(), hidden), (labels.numpy(), (labels.numpy() + 1) % 4))) == cm(pred)
+    # one-logit binary head, (N, 1) or (N,): sigmoid, scored as binary
     z, yb = logits[:, 0], labels % 2
     ref = evaluate(torch.sigmoid(z), yb)
-    assert compute_metrics(transformers.EvalPrediction(predictions=z[:, None].numpy(), label_ids=yb.numpy())) == ref
+    assert cm(transformers.EvalPrediction(predictions=z[:, None].numpy(), label_ids=yb.numpy())) == ref
+    assert cm((z.numpy(), yb.numpy())) == ref
     # token classification (N, T, K) with -100 on padding
     tok = torch.randn(5, 7, 3, generator=g, dtype=torch.float64)
     tl = torch.randint(0, 3, (5, 7), generator=g)
     tl[:, 5:] = -100
     keep = tl != -100
     ref = evaluate(torch.softmax(tok[keep], 1), tl[keep])
-    got = compute_metrics(transformers.EvalPrediction(predictions=tok.numpy(), label_ids=tl.numpy()))
+    got = cm(transformers.EvalPrediction(predictions=tok.numpy(), label_ids=tl.numpy()))
     for key in PANEL:
         assert got[key] == pytest.approx(ref[key], abs=1e-12)
+    # dense (N, K, H, W): classes at dim 1
+    dense = torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64)
+    masks = torch.randint(0, 3, (2, 4, 4), generator=g)
+    want = evaluate(torch.softmax(dense.movedim(1, -1).reshape(-1, 3), 1), masks.reshape(-1))
+    got = cm((dense.numpy(), masks.numpy()))
+    for key in ("acc", "ece", "nll", "brier"):
+        assert got[key] == pytest.approx(want[key], abs=1e-12), key
     assert "miou" in got and set(make_compute_metrics(n_bins=5)(pred)) == set(PANEL)
     # n_bins reaches the binned metrics
     five = make_compute_metrics(n_bins=5)(pred)
