@@ -267,6 +267,41 @@ def test_bydate_errors(tmp_path):
         load("20newsgroups")
 
 
+def test_bydate_messages_in_numeric_order_and_every_error_in_full(tmp_path):
+    root = write_bydate(tmp_path / "a", n_train=1, n_test=1)
+    group = root / "20news-bydate-train" / "sci.space"
+    for name in ("9", "100", "10"):  # numeric order 9, 10, 100 (by name it would be 10, 100, 9)
+        (group / name).write_bytes(f"Subject: s\n\nmessage {name}".encode("latin-1"))
+    (train_t, train_y), _, _ = read_newsgroup_texts(root)
+    assert train_t[1:] == ["message 9", "message 10", "message 100", "Body sci.space message 0.\n\nSecond paragraph caf\xe9.\n"]
+    # only one of the two folders
+    half = tmp_path / "half"
+    shutil.copytree(root / "20news-bydate-train", half / "20news-bydate-train")
+    with pytest.raises(FileNotFoundError, match=r"^20newsgroups: .*half has no 20news-bydate-train/ and "
+                                                r"20news-bydate-test/ folders; pass --data-dir"):
+        read_newsgroup_texts(half)
+    # no group folders
+    bare = tmp_path / "bare"
+    (bare / "20news-bydate-train").mkdir(parents=True)
+    (bare / "20news-bydate-test").mkdir()
+    with pytest.raises(ValueError, match=r"^20newsgroups: .*bare/20news-bydate-train has no group folders$"):
+        read_newsgroup_texts(bare)
+    # a group in one part only
+    odd = write_bydate(tmp_path / "odd", n_train=1, n_test=1)
+    (odd / "20news-bydate-test" / "talk.extra").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^20newsgroups: train and test groups differ \(talk.extra\); pass"):
+        read_newsgroup_texts(odd)
+    # a group without messages, in test and then in train
+    for part in ("test", "train"):
+        empty = write_bydate(tmp_path / f"empty_{part}", groups=("alt.atheism", "rec.autos", "sci.space"),
+                             n_train=1, n_test=1)
+        for g in ("alt.atheism", "sci.space"):
+            for f in (empty / f"20news-bydate-{part}" / g).iterdir():
+                f.unlink()
+        with pytest.raises(ValueError, match=rf"^20newsgroups: no {part} messages in alt.atheism, sci.space$"):
+            read_newsgroup_texts(empty)
+
+
 # ------------------------------------------------------------------------------ tokenizer
 
 
