@@ -129,6 +129,45 @@ def test_fmnist_missing_says_how_to_get(tmp_path):
         load("fmnist", data_dir=str(tmp_path / "nowhere"))
 
 
+def test_read_idx_header_rules_and_messages_in_full(tmp_path):
+    from calibkit.data.idx import read_idx
+
+    def plain(name, data):
+        path = os.path.join(tmp_path, name)
+        with open(path, "wb") as f:
+            f.write(bytes(data))
+        return path
+
+    with pytest.raises(FileNotFoundError, match=r"^idx file not found: .*nothing$"):
+        read_idx(os.path.join(tmp_path, "nothing"), 2049)
+    # the shortest valid file: magic and one size of 0 (8 bytes), an empty label file
+    assert read_idx(plain("empty", [0, 0, 8, 1, 0, 0, 0, 0]), 2049).shape == (0,)
+    with pytest.raises(ValueError, match=r"short: only 7 bytes, too short for an idx header$"):
+        read_idx(plain("short", [0, 0, 8, 1, 0, 0, 0]), 2049)
+    for want, kind in ((2049, "label"), (2051, "image")):
+        with pytest.raises(ValueError, match=rf"magic number 2050, expected {want} for an idx {kind} file$"):
+            read_idx(plain("odd", [0, 0, 8, 2, 0, 0, 0, 0, 0, 0, 0, 0]), want)
+    # sizes are big-endian int32: 2 x 300 labels of a 3-dim file read back in order
+    data = [0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 1, 44, 0, 0, 0, 1] + [i % 256 for i in range(600)]
+    arr = read_idx(plain("big", data), 2051)
+    assert arr.shape == (2, 300, 1) and arr.reshape(-1).tolist() == [i % 256 for i in range(600)]
+
+
+def test_fmnist_pair_checks_name_the_split(tmp_path):
+    arrays = fake_fmnist(tmp_path)
+    write_idx(os.path.join(tmp_path, FMNIST_FILES["test_labels"] + ".gz"), arrays["test_labels"][:5], 2049)
+    with pytest.raises(ValueError, match=r"^Fashion-MNIST test: \(12, 28, 28\) images do not match \(5,\) labels in "):
+        load("fmnist", data_dir=str(tmp_path), val_size=4)
+    labels = arrays["test_labels"].copy()
+    labels[3] = 10  # one past the last class
+    write_idx(os.path.join(tmp_path, FMNIST_FILES["test_labels"] + ".gz"), labels, 2049)
+    with pytest.raises(ValueError, match=r"^Fashion-MNIST test: label 10 out of range 0..9 in "):
+        load("fmnist", data_dir=str(tmp_path), val_size=4)
+    labels[3] = 9
+    write_idx(os.path.join(tmp_path, FMNIST_FILES["test_labels"] + ".gz"), labels, 2049)
+    assert load("fmnist", data_dir=str(tmp_path), val_size=4).test.labels.max() == 9
+
+
 def test_fmnist_corrupt_files(tmp_path):
     fake_fmnist(tmp_path)
     path = os.path.join(tmp_path, FMNIST_FILES["train_images"] + ".gz")
