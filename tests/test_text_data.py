@@ -353,3 +353,41 @@ def test_token_ids_must_lie_below_the_vocabulary_size():
         with pytest.raises(ValueError, match=r"values must lie in \[0, 5\) \(the vocabulary size\), got "):
             pipe.eval_batch(torch.tensor([[0, bad, 1]]))
     assert pipe.eval_batch(torch.zeros(0, 3, dtype=torch.int64)).shape == (0, 3)
+
+
+def test_vocabulary_rules_record_and_checksum_in_full():
+    import hashlib
+    import json
+
+    from calibkit.data.tokenizer import WORD_PATTERN
+
+    assert Vocabulary(["a"], length=1).length == 1  # the shortest encoding
+    with pytest.raises(ValueError, match=r"^length must be >= 1, got 0$"):
+        Vocabulary(["a"], length=0)
+    for tokens in (["a", "a"], ["<pad>", "a"], ["a", "<unk>"]):
+        with pytest.raises(ValueError, match=r"^tokens must be distinct and must not contain <pad> or <unk>$"):
+            Vocabulary(tokens, length=2)
+    # build's defaults: words seen at least twice, at most 20000 entries
+    texts = ["w%d w%d" % (i, i) for i in range(20001)] + ["once"]
+    v = Vocabulary.build(texts, length=2)
+    assert len(v) == 20000 and "once" not in v.stoi and (v.min_count, v.max_size) == (2, 20000)
+    assert len(Vocabulary.build(["a b c a b c"], length=2, max_size=3)) == 3
+    with pytest.raises(ValueError, match=r"^max_size must be >= 3 \(<pad>, <unk> and one word\), got 2$"):
+        Vocabulary.build(["a"], length=2, max_size=2)
+    with pytest.raises(ValueError, match=r"^min_count must be >= 1, got 0$"):
+        Vocabulary.build(["a"], length=2, min_count=0)
+    # the record and its checksum: SHA-256 of the sorted-key JSON, non-ASCII kept as UTF-8, 16 hex digits
+    w = Vocabulary(["café", "b"], length=3, min_count=2, max_size=10)
+    d = w.to_dict()
+    assert d == {"kind": "calibkit-words", "pattern": WORD_PATTERN, "lowercase": True, "length": 3,
+                 "min_count": 2, "max_size": 10, "itos": ["<pad>", "<unk>", "café", "b"]}
+    blob = json.dumps(d, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    assert w.checksum() == hashlib.sha256(blob).hexdigest()[:16]
+    # from_dict: a missing min_count is 1; the kind and the pattern are both checked
+    old = {k: v for k, v in d.items() if k != "min_count"}
+    assert Vocabulary.from_dict(old).min_count == 1 and Vocabulary.from_dict(d) == w
+    with pytest.raises(ValueError, match=r"^vocabulary: not a calibkit word vocabulary \(kind or word pattern differs\)$"):
+        Vocabulary.from_dict({**d, "pattern": r"\w+"})
+    with pytest.raises(ValueError, match=r"^vocabulary: ids 0 and 1 must be <pad> and <unk>$"):
+        Vocabulary.from_dict({**d, "itos": ["<unk>", "<pad>", "a"]})
+    assert w != d and not (w == "café")  # only a Vocabulary equals a Vocabulary
