@@ -47,6 +47,8 @@ def test_bar_on_a_terminal_and_lines_above_it(capsys, monkeypatch):
     assert "2/2 runs" in capsys.readouterr().err
     p.close()
     assert p._bar is None
+    gone = capsys.readouterr().err  # the bar is cleared, not left on the screen
+    assert "\n" not in gone and gone.strip() == "" and gone
     p.close()  # twice is harmless
     # no bar for an empty bench, nor by default when stderr is not a terminal; by default on one
     assert RunProgress(0, bar=True)._bar is None
