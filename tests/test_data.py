@@ -125,6 +125,9 @@ def test_fmnist_written_files(tmp_path):
 def test_fmnist_missing_says_how_to_get(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
         load("fmnist", data_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"or pass --data-dir / data_dir= pointing to a folder with the four "
+                                                r"idx \.gz files$"):
+        load("fmnist", data_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load("fmnist", data_dir=str(tmp_path / "nowhere"))
 
@@ -227,6 +230,33 @@ def test_digits_bundle():
     mean, std = channel_stats(b.train.images)
     ref = b.train.images.double() / 255
     assert mean[0] == pytest.approx(ref.mean().item(), abs=1e-9) and std[0] == pytest.approx(ref.std(unbiased=False).item(), abs=1e-9)
+
+
+def test_digits_file_checks_in_full(tmp_path):
+    from calibkit.data.digits import read_digits_file
+
+    images, labels = read_digits_file()
+    assert images.shape == (1797, 8, 8) and int(images.max()) == 16 and int(labels.max()) == 9
+
+    def npz(name, **arrays):
+        path = tmp_path / name
+        np.savez(path, **arrays)
+        return path
+
+    unreadable = r"unreadable digits file \(.*\); reinstall calibkit$"
+    with pytest.raises(ValueError, match=r"^.*objects.npz: " + unreadable):  # a pickled object array is refused
+        read_digits_file(npz("objects.npz", images=np.array([{"a": 1}], dtype=object), labels=labels))
+    with pytest.raises(ValueError, match=r"^.*nolabels.npz: " + unreadable):
+        read_digits_file(npz("nolabels.npz", images=images))
+    bad = {
+        "bright.npz": (np.where(images == 16, 17, images), labels),  # a grey level above 16
+        "label10.npz": (images, np.where(labels == 9, 10, labels)),  # a label above 9
+        "fewlabels.npz": (images, labels[:-1]),
+        "smallimages.npz": (images[:, :7], labels),
+    }
+    for name, (im, lab) in bad.items():
+        with pytest.raises(ValueError, match=rf"^.*{name}: unexpected arrays \(.*\) / \(.*\); reinstall calibkit$"):
+            read_digits_file(npz(name, images=im, labels=lab))
 
 
 def test_val_size_fraction_and_train_subset_checks():

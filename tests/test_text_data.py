@@ -289,7 +289,9 @@ def test_bydate_messages_in_numeric_order_and_every_error_in_full(tmp_path):
     # a group in one part only
     odd = write_bydate(tmp_path / "odd", n_train=1, n_test=1)
     (odd / "20news-bydate-test" / "talk.extra").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"^20newsgroups: train and test groups differ \(talk.extra\); pass"):
+    (odd / "20news-bydate-train" / "talk.more").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^20newsgroups: train and test groups differ \(talk.extra, talk.more\); "
+                                                r"pass"):
         read_newsgroup_texts(odd)
     # a group without messages, in test and then in train
     for part in ("test", "train"):
