@@ -338,10 +338,44 @@ def test_svhn_mat(tmp_path):
     b = load("svhn", data_dir=str(tmp_path), val_size=3, seed=0)
     assert b.test.labels.tolist() == [0, 1, 2, 3], "label 10 means digit 0"
     assert torch.equal(b.test.images[2], torch.from_numpy(x[..., 2].transpose(2, 0, 1).copy()))
-    assert len(b.train) == 6 and not b.hflip
+    assert len(b.train) == 6 and not b.hflip and b.class_names == [str(k) for k in range(10)]
     (tmp_path / "test_32x32.mat").write_bytes(b"MATLAB 5.0 MAT-file, garbage")
     with pytest.raises(ValueError, match="test_32x32.mat"):
         load("svhn", data_dir=str(tmp_path), val_size=3)
+
+
+def test_svhn_file_checks_in_full(tmp_path):
+    from scipy.io import savemat
+
+    from calibkit.data.svhn import read_svhn_mat
+
+    x = np.zeros((32, 32, 3, 4), np.uint8)
+    y = np.array([[1], [2], [10], [3]])
+
+    def mat(name, **arrays):
+        path = str(tmp_path / name)
+        savemat(path, arrays)
+        return path
+
+    assert read_svhn_mat(mat("ok.mat", X=x, y=y)).labels.tolist() == [1, 2, 0, 3]
+    with pytest.raises(FileNotFoundError, match=r"^SVHN file not found: .*none.mat; data_dir must contain "
+                                                r"train_32x32.mat and test_32x32.mat$"):
+        read_svhn_mat(str(tmp_path / "none.mat"))
+    (tmp_path / "garbage.mat").write_bytes(b"MATLAB 5.0 MAT-file, garbage")
+    with pytest.raises(ValueError, match=r"garbage.mat: not a readable MATLAB file \([A-Za-z]+Error: "):
+        read_svhn_mat(str(tmp_path / "garbage.mat"))
+    for name, arrays in (("noy.mat", {"X": x, "z": y}), ("nox.mat", {"y": y, "w": x})):
+        found = sorted(arrays)
+        with pytest.raises(ValueError, match=rf"{name}: expected variables X and y, found \{found}$".replace("'", "'")):
+            read_svhn_mat(mat(name, **arrays))
+    for name, bad in (("float.mat", x.astype(np.float32)), ("grey.mat", x[:, :, :1]), ("flat.mat", x[:, :, :, 0])):
+        with pytest.raises(ValueError, match=rf"{name}: X must be uint8 \(H, W, 3, N\), got "):
+            read_svhn_mat(mat(name, X=bad, y=y[:1] if bad.ndim == 3 else y))
+    with pytest.raises(ValueError, match=r"count.mat: 4 images but 3 labels$"):
+        read_svhn_mat(mat("count.mat", X=x, y=y[:3]))
+    for lo_hi, labels in (("0..3", [[1], [0], [2], [3]]), ("1..11", [[1], [11], [2], [3]])):
+        with pytest.raises(ValueError, match=rf"SVHN labels must lie in 1..10, found {lo_hi}$"):
+            read_svhn_mat(mat("labels.mat", X=x, y=np.array(labels)))
 
 
 # ------------------------------------------------------------------------ image files
