@@ -363,7 +363,7 @@ def test_vocabulary_rules_record_and_checksum_in_full():
 
     from calibkit.data.tokenizer import WORD_PATTERN
 
-    assert Vocabulary(["a"], length=1).length == 1  # the shortest encoding
+    assert Vocabulary(["a"], length=1).length == 1 and Vocabulary(["a"], length=1).min_count == 1  # the shortest encoding; recorded min_count 1
     with pytest.raises(ValueError, match=r"^length must be >= 1, got 0$"):
         Vocabulary(["a"], length=0)
     for tokens in (["a", "a"], ["<pad>", "a"], ["a", "<unk>"]):
