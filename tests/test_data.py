@@ -154,6 +154,8 @@ def test_read_idx_header_rules_and_messages_in_full(tmp_path):
     data = [0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 1, 44, 0, 0, 0, 1] + [i % 256 for i in range(600)]
     arr = read_idx(plain("big", data), 2051)
     assert arr.shape == (2, 300, 1) and arr.reshape(-1).tolist() == [i % 256 for i in range(600)]
+    wide = read_idx(plain("wide", [0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0] + [7] * 65536), 2051)
+    assert wide.shape == (1, 1, 65536)  # every byte of every size counts
 
 
 def test_fmnist_pair_checks_name_the_split(tmp_path):
