@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of calibkit's core modules with mutmut (a benchmark, not run in CI).
 #
-#   benchmarks/mutation.sh [MODULE...]      e.g. benchmarks/mutation.sh calibkit/store.py
+#   benchmarks/mutation.sh [MODULE...]      e.g. benchmarks/mutation.sh calibkit/store/base.py
 #   benchmarks/mutation.sh extended         every module of train/, bench/, data/, integrations/
 #
 # Each module is mutated in its own sandbox (a copy of calibkit/ and tests/ under $MUTATION_DIR,
@@ -23,7 +23,9 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # module -> the test files (or file::test node ids) that exercise it (space separated)
 declare -A TESTS=(
-  [calibkit/store.py]="tests/test_store.py tests/test_blindspots_store.py"
+  [calibkit/store/base.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py"
+  [calibkit/store/sqlite.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py tests/store/test_store_paths.py"
+  [calibkit/store/common.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py"
   [calibkit/methods/csm/store.py]="tests/test_csm_store.py tests/test_blindspots_csm_store.py"
   [calibkit/bench/evaluation.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_blindspots_twostage.py tests/test_blindspots_bench_evaluation.py"
   [calibkit/functional/binning.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py tests/test_metric_inputs.py tests/test_blindspots_binning2.py"
@@ -35,7 +37,13 @@ declare -A TESTS=(
   [calibkit/grouped_bootstrap.py]="tests/test_segmentation_train.py tests/test_blindspots_bootstrap.py"
   [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_functional_losses.py"
   [calibkit/metrics.py]="tests/test_metrics.py tests/test_pixel_metrics.py tests/test_metric_inputs.py tests/test_blindspots_metrics.py"
-  [calibkit/calibrators.py]="tests/test_calibrators.py tests/test_blindspots_calibrators.py"
+  [calibkit/calibrators/temperature.py]="tests/test_calibrators.py tests/test_blindspots_calibrators.py tests/calibrators/test_temperature.py"
+  [calibkit/calibrators/_base.py]="tests/calibrators/test_base.py tests/calibrators/test_temperature.py"
+  [calibkit/calibrators/scaling.py]="tests/calibrators/test_scaling.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/ets.py]="tests/calibrators/test_ets.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/binning.py]="tests/calibrators/test_binning.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/spline.py]="tests/calibrators/test_spline.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/io.py]="tests/calibrators/test_io.py tests/calibrators/test_base.py"
   [calibkit/methods/maccal/estimator.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_maccal.py"
   [calibkit/methods/maccal/masking.py]="tests/test_maccal.py tests/test_blindspots_maccal.py"
   [calibkit/methods/maccal/stage2.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_training.py tests/test_blindspots_maccal.py"
@@ -103,10 +111,10 @@ declare -A TESTS=(
 )
 # the core modules (functional/, losses, metrics, calibrators, methods/, bench/evaluation,
 # report, store); the other entries of TESTS are measured on request
-DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators.py
+DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators/temperature.py
          calibkit/metrics.py calibkit/methods/csm/annotate.py calibkit/methods/maccal/masking.py
          calibkit/functional/metrics.py calibkit/methods/maccal/estimator.py
-         calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
+         calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store/base.py calibkit/store/sqlite.py calibkit/store/common.py
          calibkit/functional/binning.py calibkit/losses/basic.py
          calibkit/losses/fedlas.py calibkit/losses/adafocal.py
          calibkit/losses/__init__.py calibkit/methods/csm/sampler.py calibkit/methods/csm/inputs.py
