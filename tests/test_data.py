@@ -360,6 +360,19 @@ def test_svhn_file_checks_in_full(tmp_path):
         return path
 
     assert read_svhn_mat(mat("ok.mat", X=x, y=y)).labels.tolist() == [1, 2, 0, 3]
+    import calibkit.extras
+
+    asked = []
+
+    def require(*args):
+        asked.append(args)
+        raise RuntimeError("stop")
+
+    with pytest.MonkeyPatch.context() as mp:  # scipy is an extra: named with what needs it
+        mp.setattr(calibkit.extras, "require", require)
+        with pytest.raises(RuntimeError, match="stop"):
+            read_svhn_mat(str(tmp_path / "ok.mat"))
+    assert asked == [("scipy", "reading SVHN")]
     with pytest.raises(FileNotFoundError, match=r"^SVHN file not found: .*none.mat; data_dir must contain "
                                                 r"train_32x32.mat and test_32x32.mat$"):
         read_svhn_mat(str(tmp_path / "none.mat"))
