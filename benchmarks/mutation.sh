@@ -105,6 +105,11 @@ declare -A TESTS=(
   [calibkit/data/bundle.py]="tests/test_data.py tests/test_segmentation_data.py"
   [calibkit/data/corruptions.py]="tests/test_corruptions.py"
   [calibkit/data/datasets.py]="tests/test_data.py tests/test_text_data.py tests/test_segmentation_data.py tests/test_cli.py"
+  [calibkit/train/preempt.py]="tests/test_train_preempt.py"
+  [calibkit/bench/collect.py]="tests/test_bench_results.py"
+  [calibkit/bench/results.py]="tests/test_bench_results.py"
+  [calibkit/bench/slurm.py]="tests/test_bench_slurm_plan.py tests/test_bench_slurm.py"
+  [calibkit/bench/slurm_plan.py]="tests/test_bench_slurm_plan.py"
   [calibkit/integrations/__init__.py]="tests/test_integrations.py"
   [calibkit/integrations/huggingface.py]="tests/test_integrations.py"
   [calibkit/integrations/torchmetrics.py]="tests/test_integrations.py tests/test_cuda_metrics.py"
@@ -136,6 +141,8 @@ EXTENDED=(calibkit/bench/paths.py calibkit/train/schedule.py calibkit/data/svhn.
           calibkit/data/inputs.py calibkit/data/folders.py calibkit/data/transforms.py calibkit/train/dense.py
           calibkit/data/bundle.py calibkit/data/corruptions.py calibkit/data/datasets.py calibkit/bench/runner.py
           calibkit/bench/tune.py calibkit/data/debian.py calibkit/bench/grid.py calibkit/train/loop.py
+          calibkit/train/preempt.py calibkit/bench/collect.py calibkit/bench/results.py
+          calibkit/bench/slurm_plan.py calibkit/bench/slurm.py
           calibkit/train/__init__.py calibkit/bench/__init__.py calibkit/data/__init__.py
           calibkit/integrations/__init__.py)
 MODULES=("$@")
