@@ -317,11 +317,16 @@ class Bench:
             raise ValueError(problem)
 
     def _config_record(self, method: str, seed: int) -> dict:
+        from calibkit.config import TrainConfig, resolve_milestones
+
         spec = METHODS[method]
+        train = dict(self.preset.train)
+        if train.get("milestones") is not None:  # in epochs, as the runs' configs (and older records) hold them
+            train["milestones"] = resolve_milestones(train["milestones"], train.get("epochs", TrainConfig.epochs))
         record = {"preset": self.preset.name, "method": method, "kind": spec.kind, "seed": seed,
                   "keep": self.preset.keep, "hparams": current_values(self.preset, method),
                   "loss": self.preset.loss_for(method), "train_method": spec.method,
-                  "dataset": self.preset.dataset, "model": self.preset.model, "train": dict(self.preset.train),
+                  "dataset": self.preset.dataset, "model": self.preset.model, "train": train,
                   "train_overrides": self.preset.train_by_method.get(method, {}),
                   "ood": self.preset.ood, "robust_n": self.preset.robust_n,
                   "severities": list(self.preset.severities), "data_dir": self.data_dir}

@@ -93,9 +93,11 @@ def run(args) -> int:
 
     check_executor(args)
     from calibkit.bench.grid import get_preset, with_keep
+    from calibkit.bench.preflight import check_out
     from calibkit.store import describe_store
 
     preset = with_keep(get_preset(args.preset), args.keep)
+    check_out(args.out)  # before the database is created: not into a training run's directory
     if args.run_key or args.select_only or args.status or args.executor != "local":
         return _elsewhere(args, preset)
     if args.collect:

@@ -70,11 +70,14 @@ def _reseed_globals(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _prepare_run_dir(out: Path, cfg: TrainConfig) -> tuple[str, dict | None]:
+def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True) -> tuple[str, dict | None]:
     """Decide from what is on disk: ``("fresh", None)``, ``("resume", checkpoint)`` or ``("done", info)``.
 
     Refuses (``ValueError``) to touch a non-empty directory that is not a run, or a run made with a
-    different config, so that results already written are never overwritten.
+    different config that has completed an epoch, so that results already written are never
+    overwritten. A run of another config that ended before its first epoch (no ``history.json``,
+    checkpoint or weights: e.g. a learning rate that diverged at once) holds nothing worth keeping
+    and starts again with the new config (it says so).
     """
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return "fresh", None
@@ -85,9 +88,15 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig) -> tuple[str, dict | None]:
     info = rundir.read_json(out / rundir.CONFIG)
     old = TrainConfig.from_dict(info.get("config", {}))
     diff = cfg.differences(old)
+    if diff and not any((out / name).exists() for name in (rundir.HISTORY, rundir.CHECKPOINT, rundir.MODEL)):
+        if main:  # one line, from one rank
+            print(f"{out}: the run there (config differs in: {', '.join(diff)}) ended before completing an epoch; "
+                  "starting it again with this config", file=sys.stderr, flush=True)
+        return "fresh", None
     if diff:
-        raise ValueError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}); "
-                         "choose another directory")
+        raise ValueError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}) that "
+                         "has completed at least one epoch; choose another directory (a run that has not "
+                         "completed an epoch may be restarted with a new config)")
     if info.get("status") == "done" and (out / rundir.LOGITS).is_file():
         return "done", info
     if (out / rundir.CHECKPOINT).is_file():
@@ -373,7 +382,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if cfg.batch_size % dd.world:
             raise ValueError(f"batch_size {cfg.batch_size} is the global batch; it must divide by the "
                              f"{dd.world} processes")
-        state, found = _prepare_run_dir(out, cfg)
+        state, found = _prepare_run_dir(out, cfg, dd.is_main)
         D.barrier(dd)  # every rank has read the directory before rank 0 writes into it
         if state == "done":
             log(f"{out}: run already finished ({found.get('epochs_done')} epochs); nothing to do")
