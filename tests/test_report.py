@@ -136,8 +136,9 @@ def test_report_files_hold_database_numbers(tmp_path, cli_env):
     page = (tmp_path / "report" / "index.html").read_text()
     assert cell in md and cell in page
     assert cell.replace("±", "+-") in out.stdout
-    # Self-contained: every figure embedded, none linked; one reliability figure per method + 2 summaries.
-    assert page.count("data:image/png;base64,") == 3 + 2
+    # Self-contained: every figure embedded, none linked; one reliability figure per method + 2 summaries
+    # + the methods x calibrators heatmap.
+    assert page.count("data:image/png;base64,") == 3 + 2 + 1
     assert "src=\"figures/" not in page
     for method in ("ce", "ls", "focal"):
         assert (tmp_path / "report" / "figures" / f"reliability_{method}.png").stat().st_size > 1000
@@ -178,9 +179,10 @@ def _first_table(text):
 def test_ranking_equals_database(tmp_path):
     """The summary ranks by the database's mean ECE, shows its means, and marks each column's best."""
     make_bench(tmp_path, methods=("ce", "ls", "focal", "dfl"))
-    rep = build_report(tmp_path, n_boot=100, figures=False, width=120)
+    rep = build_report(tmp_path, n_boot=100, figures=False, width=0)  # one part: every column
     header, rows = _first_table(rep["text"])
-    assert header[:5] == ["#", "Method", "Acc", "ECE", "O-ECE"]
+    assert header == ["#", "Method", "Acc", "dAcc vs CE", "ECE", "O-ECE [95% CI]", "U-ECE [95% CI]", "ECE (TS)",
+                      "dECE vs CE [95% CI]", "dECE vs CE+TS", "dECE(TS) vs CE+TS"]
     db = Store(tmp_path / "runs.db", readonly=True).runs("t")
     mean = {m: {k: np.mean([r["metrics"][p][k.split(".")[1]] for r in db if r["method"] == m
                             for p in [k.split(".")[0]]]) * 100
@@ -192,9 +194,9 @@ def test_ranking_equals_database(tmp_path):
     for r, m in zip(rows, expected):
         ece = f"{mean[m]['before.ece']:.2f}"
         # the best (lowest) ECE carries the mark; the others do not
-        assert r[3] == (ece + BEST_MARK if round(mean[m]["before.ece"], 2) == best_ece else ece)
+        assert r[4] == (ece + BEST_MARK if round(mean[m]["before.ece"], 2) == best_ece else ece)
         assert r[2].rstrip(BEST_MARK) == f"{mean[m]['before.acc']:.2f}"
-        assert r[6].rstrip(BEST_MARK) == f"{mean[m]['after.ece']:.2f}"
+        assert r[7].rstrip(BEST_MARK) == f"{mean[m]['after.ece']:.2f}"
     # CE and its exact copy (focal) share a rank; the ranks are competition ranks
     ranks = {r[1]: int(r[0]) for r in rows}
     assert ranks["CE"] == ranks["Focal"] and ranks[labels[expected[0]]] == 1
