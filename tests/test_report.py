@@ -243,23 +243,24 @@ def test_text_only_tables_wrap_their_last_column_to_the_width():
         assert lines[test_row].split("  ")[-1].strip() == "10000 images"
 
 
-def test_pairwise_script_equals_the_report_against_ce_and_is_antisymmetric(tmp_path):
-    import importlib.util
-
+def test_compare_equals_the_report_against_ce_and_is_antisymmetric(tmp_path):
+    from calibkit.report.calibrated import CalibratedProbs
     from calibkit.report.data import ece_deltas, summarize
+    from calibkit.report.paired import compare_methods
 
     make_bench(tmp_path)
-    spec = importlib.util.spec_from_file_location("pairwise_ece", ROOT_DIR / "benchmarks" / "pairwise_ece.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     summary = summarize(Store(tmp_path / "runs.db", readonly=True).runs("t"))
     ref = ece_deltas(summary, n_boot=200)["ls"]
-    diff, lo, hi = mod.compare(summary, "ls", "ce", n_boot=200)
-    assert (diff, lo, hi) == pytest.approx((ref["diff"], ref["lo"], ref["hi"]), abs=1e-12)
-    back, blo, bhi = mod.compare(summary, "ce", "ls", n_boot=200)
-    # B - A: the same resamples with the sign flipped, so the interval mirrors
-    assert back == pytest.approx(-diff, abs=1e-12) and (blo, bhi) == pytest.approx((-hi, -lo), abs=1e-12)
-
+    probs = CalibratedProbs()
+    rows = {r["metric"]: r for r in compare_methods(summary, "ls", "ce", probs, n_boot=200)["rows"]}
+    d = rows["ece"]["delta"]
+    assert (d["diff"], d["lo"], d["hi"]) == pytest.approx((ref["diff"], ref["lo"], ref["hi"]), abs=1e-12)
+    back = {r["metric"]: r for r in compare_methods(summary, "ce", "ls", probs, n_boot=200)["rows"]}
+    # B - A: the same resamples with the sign flipped, so every interval mirrors
+    for key, row in rows.items():
+        b = back[key]["delta"]
+        assert b["diff"] == pytest.approx(-row["delta"]["diff"], abs=1e-12)
+        assert (b["lo"], b["hi"]) == pytest.approx((-row["delta"]["hi"], -row["delta"]["lo"]), abs=1e-12)
 
 def test_protocol_lines_describe_how_each_data_set_draws_its_training_set():
     from calibkit.report.tuning import _split_text

@@ -138,3 +138,79 @@ def comparisons(summary: dict, probs: CalibratedProbs, n_boot: int = 1000, seed:
                 row["ts_vs_ce_ts"] = paired_delta(runs, ref, probs, "ece", ts, ts, **kw)
         out[method] = row
     return out
+
+
+#: The metrics ``calibkit compare`` reports: (panel key, printed name, scale).
+COMPARE_METRICS = (("acc", "Acc", 100), ("ece", "ECE", 100), ("aece", "AECE", 100), ("cece", "cwECE", 100),
+                   ("mce", "MCE", 100), ("rmsce", "RMSCE", 100), ("o_ece", "O-ECE", 100), ("u_ece", "U-ECE", 100),
+                   ("nll", "NLL", 1), ("brier", "Brier", 1))
+
+
+def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after: str | None = None,
+                    n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """``a`` against ``b`` on every metric of :data:`COMPARE_METRICS`, both after ``after`` (or none).
+
+    Returns:
+        ``{"a", "b", "after", "seeds", "rows": [{"metric", "name", "scale", "a", "b", "delta"}]}``
+        with ``a``/``b`` the seed means and ``delta`` :func:`paired_delta` (None where not
+        computable: segmentation runs beyond ECE).
+
+    Raises:
+        ValueError: an unknown method or calibrator, or no seed shared by ``a`` and ``b``.
+    """
+    from calibkit.metrics import evaluate
+    from calibkit.report.calibrated import calibrator_names
+
+    for m in (a, b):
+        if m not in summary:
+            raise ValueError(f"no finished runs of method {m!r}; found: {', '.join(summary)}")
+    name = after or NONE
+    if name not in calibrator_names():
+        raise ValueError(f"unknown calibrator {after!r}; expected one of {', '.join(calibrator_names()[1:])}")
+    pairs = _pairs(summary[a]["runs"], summary[b]["runs"])
+    if not pairs:
+        raise ValueError(f"{a} and {b} share no seed ({a}: {summary[a]['seeds']}, {b}: {summary[b]['seeds']})")
+    runs_a, runs_b = [p[0] for p in pairs], [p[1] for p in pairs]
+    panels_a = [evaluate(*probs(r, name)) for r in runs_a]
+    panels_b = [evaluate(*probs(r, name)) for r in runs_b]
+    rows = []
+    for key, printed, scale in COMPARE_METRICS:
+        delta = paired_delta(runs_a, runs_b, probs, key, name, name, n_boot=n_boot, seed=seed, level=level)
+        rows.append({"metric": key, "name": printed, "scale": scale, "delta": delta,
+                     "a": float(np.mean([p[key] for p in panels_a])), "b": float(np.mean([p[key] for p in panels_b]))})
+    return {"a": a, "b": b, "after": name, "seeds": [r["seed"] for r in runs_a], "rows": rows}
+
+
+def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 100) -> str:
+    """The terminal table of :func:`compare_methods` (its explanation wrapped to ``width``)."""
+    import textwrap
+
+    from calibkit.report.data import BETTER_MARK, WORSE_MARK
+    from calibkit.report.tables import Table, text_table
+
+    a, b = label(res["a"]), label(res["b"])
+    after = "" if res["after"] == NONE else f", both after {res['after']}"
+    head = (f"{a} vs {b}{after}: paired bootstrap over the test set ({n_boot} resamples, the same for every seed), "
+            f"seed-averaged over seeds {', '.join(map(str, res['seeds']))}; 95% basic interval of {a} - {b}; "
+            f"{BETTER_MARK} = {a} significantly better, {WORSE_MARK} = significantly worse "
+            "(higher Acc is better, lower is better for the rest). Acc and calibration errors x100.")
+    rows = []
+    for r in res["rows"]:
+        dec = 2 if r["scale"] == 100 else 4
+        d = r["delta"]
+        if d is None:
+            cell = "-"
+        else:
+            from calibkit.report.data import fmt_delta
+
+            cell = fmt_delta(d, r["metric"]) if r["scale"] == 100 else _fmt_raw_delta(d, r["metric"])
+        rows.append([r["name"], f"{r['a'] * r['scale']:.{dec}f}", f"{r['b'] * r['scale']:.{dec}f}", cell])
+    head = textwrap.fill(head, width) if width else head
+    return head + "\n\n" + text_table(Table(["Metric", a, b, f"{a} - {b} [95% CI]"], rows))
+
+
+def _fmt_raw_delta(d: dict, metric: str) -> str:
+    from calibkit.report.data import BETTER_MARK, WORSE_MARK
+
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], metric), "")
+    return f"{d['diff']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]{mark}"
