@@ -109,7 +109,8 @@ class CalibratedProbs:
         from calibkit.calibrators import CALIBRATORS
 
         cal = CALIBRATORS[name]().fit(t["val_logits"], t["val_labels"].long())
-        probs = torch.as_tensor(cal.predict_proba(t["test_logits"])).double()
+        # float64 test logits, as the bench's own evaluation (evaluate_before_after_ts) applies TS
+        probs = torch.as_tensor(cal.predict_proba(t["test_logits"].double())).double()
         if path is not None:
             from calibkit.rundir import write_tensors
 
