@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from calibkit.calibrators import CALIBRATORS
-from calibkit.report.data import BETTER_MARK, WORSE_MARK, fmt_delta
-from calibkit.report.paired import direction
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, fmt_delta
 from calibkit.rundir import read_tensors
 from calibkit.store import Store
 from tests.conftest import PYTHON

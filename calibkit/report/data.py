@@ -96,6 +96,18 @@ def fmt(stat, scale: float, decimals: int, pm: str = "+-") -> str:
 
 #: Marks of a paired difference whose interval excludes 0: significantly better / worse.
 BETTER_MARK, WORSE_MARK = "*", "!"
+#: Metrics where a larger value is better (every other metric is an error: lower is better).
+HIGHER_IS_BETTER = frozenset({"acc"})
+
+
+def direction(lo: float, hi: float, metric: str = "ece") -> str | None:
+    """``"better"`` / ``"worse"`` when the interval ``[lo, hi]`` of a difference ``a - b`` excludes
+    0, else None: wholly below 0 is better for an error and worse for accuracy, wholly above 0 the
+    other way round (an interval touching 0 is not significant)."""
+    if lo <= 0.0 <= hi:
+        return None
+    below = hi < 0.0
+    return "better" if below != (metric in HIGHER_IS_BETTER) else "worse"
 
 
 def fmt_delta(delta: dict | None, metric: str | None = None) -> str:
@@ -108,8 +120,6 @@ def fmt_delta(delta: dict | None, metric: str | None = None) -> str:
     """
     if not delta:
         return "-"
-    from calibkit.report.paired import direction
-
     way = direction(delta["lo"], delta["hi"], metric or delta.get("metric") or "ece")
     mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(way, "")
     return f"{delta['diff'] * 100:+.2f} [{delta['lo'] * 100:+.2f}, {delta['hi'] * 100:+.2f}]{mark}"
@@ -202,8 +212,6 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
         estimates.append(res.estimate)
     mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
     lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
-    from calibkit.report.paired import direction
-
     return {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
             "direction": direction(lo, hi, "ece"), "seeds": len(pairs), "identical": identical}
 

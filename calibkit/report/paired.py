@@ -8,7 +8,7 @@ interval is the **basic** bootstrap interval (``calibkit.bootstrap``).
 * :func:`paired_delta`: ``metric(a) - metric(b)`` for any panel metric of the bootstrap's fast
   path, ``a`` and ``b`` each the test probabilities of a run after a calibrator (or none).
 * :func:`seed_interval`: the interval of one metric of one method (O-ECE, U-ECE).
-* :func:`direction`: ``"better"``, ``"worse"`` or ``None`` from an interval, knowing whether lower
+* :func:`calibkit.report.data.direction`: ``"better"``, ``"worse"`` or ``None`` from an interval, knowing whether lower
   is better: an interval wholly below 0 is better for an error and worse for accuracy, and wholly
   above 0 the other way round.
 
@@ -23,18 +23,7 @@ import torch
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.report.calibrated import NONE, CalibratedProbs
-
-#: Metrics where a larger value is better (every other metric is an error: lower is better).
-HIGHER_IS_BETTER = frozenset({"acc"})
-
-
-def direction(lo: float, hi: float, metric: str = "ece") -> str | None:
-    """``"better"`` / ``"worse"`` when the interval ``[lo, hi]`` of ``a - b`` excludes 0, else None."""
-    if lo <= 0.0 <= hi:
-        return None
-    below = hi < 0.0
-    return "better" if below != (metric in HIGHER_IS_BETTER) else "worse"
-
+from calibkit.report.data import direction
 
 def _pairs(runs_a, runs_b):
     by_seed = {r["seed"]: r for r in runs_b}
