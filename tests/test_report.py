@@ -277,3 +277,15 @@ def test_protocol_lines_describe_how_each_data_set_draws_its_training_set():
     # scenes are drawn one after another: the first N, never called stratified
     _, train, _ = _split_text({**strat, "train": 48, "train_subset": 48, "train_checksum": None}, "scenes")
     assert train == "48 images: the first 48 of the data set's training split"
+
+
+def test_a_moved_bench_directory_still_reports(tmp_path):
+    """The stored logits paths point into the old place; the report finds them under the new one."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    make_bench(old)
+    want = build_report(old, n_boot=20, figures=False, width=0)
+    old.rename(new)
+    got = build_report(new, n_boot=20, figures=False, width=0)
+    assert got["deltas"]["ls"]["diff"] == want["deltas"]["ls"]["diff"]
+    assert got["grid"]["ls"]["temperature"]["ece"][0] == want["grid"]["ls"]["temperature"]["ece"][0]

@@ -185,9 +185,28 @@ def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
             preset = presets[-1]
         elif preset not in presets:
             raise ValueError(f"no runs of preset {preset!r} in {out_dir / 'runs.db'}; found: {', '.join(presets)}")
-        return preset, store.runs(preset, status=None)
+        return preset, [_with_logits_found(r, out_dir) for r in store.runs(preset, status=None)]
     finally:
         store.close()
+
+
+def _with_logits_found(row: dict, out_dir: Path) -> dict:
+    """``row`` with its ``logits_path`` found again when the bench directory was moved or copied.
+
+    The bench stores the path as it was given (often relative to the directory the bench ran
+    in). When that path does not exist, the longest tail of it that exists under ``out_dir`` is
+    used (``runs/<preset>/<method>/seed<k>/logits.safetensors`` for a copied directory); when
+    none does, the row is left as it is and reading the file names the stored path.
+    """
+    path = row.get("logits_path")
+    if not path or Path(path).is_file():
+        return row
+    parts = Path(path).parts
+    for i in range(len(parts)):
+        candidate = out_dir.joinpath(*parts[i:])
+        if candidate.is_file():
+            return {**row, "logits_path": str(candidate)}
+    return row
 
 
 def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
