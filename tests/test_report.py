@@ -289,3 +289,37 @@ def test_a_moved_bench_directory_still_reports(tmp_path):
     got = build_report(new, n_boot=20, figures=False, width=0)
     assert got["deltas"]["ls"]["diff"] == want["deltas"]["ls"]["diff"]
     assert got["grid"]["ls"]["temperature"]["ece"][0] == want["grid"]["ls"]["temperature"]["ece"][0]
+
+
+class _Identity:
+    """A calibrator that changes nothing: its column must equal the uncalibrated one."""
+
+    def fit(self, logits, labels):
+        return self
+
+    def predict_proba(self, logits):
+        return logits.double().softmax(1)
+
+
+class _Broken:
+    def fit(self, logits, labels):
+        raise ValueError("cannot fit this")
+
+
+def test_the_calibrator_table_loops_over_the_registry_and_survives_a_failing_entry(tmp_path, monkeypatch):
+    from calibkit.calibrators import CALIBRATORS
+
+    monkeypatch.setitem(CALIBRATORS, "identity", _Identity)
+    monkeypatch.setitem(CALIBRATORS, "broken", _Broken)
+    make_bench(tmp_path)
+    rep = build_report(tmp_path, n_boot=20, figures=True, width=0)
+    for method in ("ce", "ls", "focal"):
+        assert rep["grid"][method]["identity"] == rep["grid"][method]["none"]
+        assert rep["grid"][method]["broken"] is None
+    lines = rep["text"].splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("Method (ECE)"))
+    assert re.split(r"\s{2,}", lines[head]) == ["Method (ECE)", "none", "temperature", "identity", "broken"]
+    ce = re.split(r"\s{2,}", lines[head + 2].strip())
+    assert ce[0] == "CE" and ce[-1] == "-" and ce[1].rstrip("<>") == ce[3].rstrip("<>")
+    assert "Failed (shown as -): broken on t/ce/0: cannot fit this" in rep["text"]
+    assert (tmp_path / "report" / "figures" / "calibrators_ece.png").stat().st_size > 1000

@@ -214,7 +214,7 @@ def ece_sweep(probs, labels, p: int = 1, ignore_index: int | None = None, return
     """Monotonic-sweep ECE (Roelofs et al., AISTATS 2022) of the top label, a 0-dim float64 tensor.
 
     The largest number of equal-mass bins ``b*`` reached by the sweep ``b = 1, 2, ...`` while
-    the bin accuracies stay non-decreasing in confidence; then the L``p`` calibration error of
+    the bin accuracies stay non-decreasing in confidence; then the ``L_p`` calibration error of
     those bins, ``p = 1`` (ECE) or ``p = 2`` (RMS). With ``return_bins=True``: ``(ECE_sweep, n)``,
     ``n`` the number of non-empty bins of ``b*`` (fewer than ``b*`` only under ties).
     """

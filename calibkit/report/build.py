@@ -96,6 +96,10 @@ def calibrators_section(ctx: ReportContext) -> list[Section]:
     short = (f"Test metrics after each post-hoc calibrator fitted on the validation logits (none = uncalibrated), "
              f"mean over {ctx.n_seeds} seed(s), ECE/cwECE x100. {BEST_MARK} = best method for that calibrator "
              f"(column), {ROW_BEST_MARK} = best calibrator for that method (row).")
+    failed = ctx.probs.failures if ctx.probs is not None else {}
+    if failed:
+        note = " Failed (shown as -): " + "; ".join(f"{name} on {key}: {err}" for (key, name), err in failed.items())
+        text, short = text + note, short + note
     return [Section("Methods x post-hoc calibrators", text, calibrator_tables(ctx.grid), anchor="calibrators",
                     terminal_text=short)]
 

@@ -59,6 +59,7 @@ class CalibratedProbs:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self._mem: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._logits: dict[str, dict] = {}
+        self.failures: dict[tuple[str, str], str] = {}  # (run key, calibrator) -> error (calibrator_grid)
 
     def logits(self, row: dict) -> dict:
         """The run's saved tensors (``val_logits``, ``val_labels``, ``test_logits``, ``test_labels``, ...)."""
@@ -135,10 +136,13 @@ GRID_METRICS = (("ece", "ECE", 100, 2), ("cece", "cwECE", 100, 2), ("nll", "NLL"
 
 
 def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> dict:
-    """``{method: {calibrator: {metric: (mean, std, n)}}}`` over seeds, for :data:`GRID_METRICS`.
+    """``{method: {calibrator: {metric: (mean, std, n)} or None}}`` over seeds, for :data:`GRID_METRICS`.
 
     Every metric is :func:`calibkit.metrics.evaluate` on the run's test probabilities after the
-    calibrator (``"none"``: before any).
+    calibrator (``"none"``: before any). A calibrator that fails on a run (its fit or its output
+    refused with a ``ValueError``/``RuntimeError``) gives ``None`` for that method, and the error
+    is kept in ``probs.failures[(run_key, calibrator)]`` for the report to name; the rest of the
+    report is unaffected.
     """
     from calibkit.metrics import evaluate
     from calibkit.report.data import mean_std
@@ -147,7 +151,15 @@ def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> 
     for method, entry in summary.items():
         cells = {}
         for name in calibrator_names():
-            panels = [evaluate(*probs(row, name), n_bins=n_bins) for row in entry["runs"]]
-            cells[name] = {key: mean_std([p[key] for p in panels]) for key, _, _, _ in GRID_METRICS}
+            panels = []
+            for row in entry["runs"]:
+                try:
+                    panels.append(evaluate(*probs(row, name), n_bins=n_bins))
+                except NoValidationLogits:
+                    raise
+                except (ValueError, RuntimeError) as exc:
+                    probs.failures[(row["run_key"], name)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            ok = len(panels) == len(entry["runs"])
+            cells[name] = {key: mean_std([p[key] for p in panels]) for key, _, _, _ in GRID_METRICS} if ok else None
         out[method] = cells
     return out

@@ -104,7 +104,8 @@ def calibrator_heatmap(grid: dict, out: Path) -> Figure:
     plt = _pyplot()
     methods = list(grid)
     names = list(next(iter(grid.values())))
-    values = np.array([[grid[m][c]["ece"][0] * 100 for c in names] for m in methods])
+    values = np.array([[np.nan if grid[m][c] is None else grid[m][c]["ece"][0] * 100 for c in names]
+                       for m in methods])
     fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(names) + 2.5), max(3.0, 0.38 * len(methods) + 1.2)))
     im = ax.imshow(values, cmap="viridis_r", aspect="auto")
     ax.set_xticks(np.arange(len(names)), names, rotation=30, ha="right", fontsize=9)
@@ -112,7 +113,7 @@ def calibrator_heatmap(grid: dict, out: Path) -> Figure:
     mid = np.nanmean(values)
     for i in range(len(methods)):
         for j in range(len(names)):
-            ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
+            ax.text(j, i, "-" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
                     color="white" if values[i, j] > mid else "black")
     fig.colorbar(im, ax=ax, label="test ECE x100")
     ax.set_title("Test ECE: training-time method x post-hoc calibrator", fontsize=10)

@@ -109,19 +109,27 @@ def calibrator_tables(grid: dict) -> list[Table]:
     (``grid``: :func:`calibkit.report.calibrated.calibrator_grid`): the seed mean of the test
     metric after each calibrator (``none`` = before any). ``best`` marks the lowest value of each
     column (the best method for that calibrator), ``row_best`` the lowest of each row (the best
-    calibrator for that method); values equal at the printed precision are all marked."""
+    calibrator for that method); values equal at the printed precision are all marked. A
+    calibrator that failed on a method's runs shows ``-``."""
     from calibkit.report.calibrated import GRID_METRICS
 
     methods = list(grid)
     names = list(next(iter(grid.values()))) if grid else []
     tables = []
     for key, head, scale, dec in GRID_METRICS:
-        values = [[round(grid[m][c][key][0] * scale, dec) for c in names] for m in methods]
-        rows = [[label(m)] + [f"{v:.{dec}f}" for v in vals] for m, vals in zip(methods, values)]
+        values = [[None if grid[m][c] is None else round(grid[m][c][key][0] * scale, dec) for c in names]
+                  for m in methods]
+        rows = [[label(m)] + ["-" if v is None else f"{v:.{dec}f}" for v in vals] for m, vals in zip(methods, values)]
+
+        def lowest(vals):
+            vals = [v for v in vals if v is not None]
+            return min(vals) if len(vals) > 1 else None
+        cols = [lowest([v[j] for v in values]) for j in range(len(names))]
         best = {(i, j + 1) for j in range(len(names)) for i in range(len(methods))
-                if len(methods) > 1 and values[i][j] == min(v[j] for v in values)}
+                if cols[j] is not None and values[i][j] == cols[j]}
+        rows_low = [lowest(v) for v in values]
         row_best = {(i, j + 1) for i in range(len(methods)) for j in range(len(names))
-                    if len(names) > 1 and values[i][j] == min(values[i])}
+                    if rows_low[i] is not None and values[i][j] == rows_low[i]}
         tables.append(Table([f"Method ({head})"] + names, rows, best, row_best=row_best))
     return tables
 
