@@ -19,7 +19,8 @@ from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, sum
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
 from calibkit.report.paired import comparisons
 from calibkit.report.render import Section, to_html, to_markdown, to_text
-from calibkit.report.tables import BEST_MARK, ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
+from calibkit.report.tables import (BEST_MARK, ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table,
+                                    robustness_table)
 from calibkit.report.tuning import protocol_section
 from calibkit.store import Store
 

@@ -126,7 +126,8 @@ class CalibratedProbs:
         from calibkit.calibrators import CALIBRATORS
 
         st = os.stat(row["logits_path"])
-        ident = f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|{CALIBRATORS[name]()!r}|{__version__}"
+        ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|"
+                 f"{CALIBRATORS[name]()!r}|{__version__}")
         digest = hashlib.sha256(ident.encode()).hexdigest()[:20]
         return self.cache_dir / f"{row['run_key'].replace('/', '_')}__{name}__{digest}.safetensors"
 
@@ -158,7 +159,8 @@ def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> 
                 except NoValidationLogits:
                     raise
                 except (ValueError, RuntimeError) as exc:
-                    probs.failures[(row["run_key"], name)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    probs.failures[(row["run_key"], name)] = first
             ok = len(panels) == len(entry["runs"])
             cells[name] = {key: mean_std([p[key] for p in panels]) for key, _, _, _ in GRID_METRICS} if ok else None
         out[method] = cells

@@ -113,11 +113,12 @@ def calibrator_heatmap(grid: dict, out: Path) -> Figure:
     mid = np.nanmean(values)
     for i in range(len(methods)):
         for j in range(len(names)):
-            ax.text(j, i, "-" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
+            text = "-" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=8,
                     color="white" if values[i, j] > mid else "black")
     fig.colorbar(im, ax=ax, label="test ECE x100")
     ax.set_title("Test ECE: training-time method x post-hoc calibrator", fontsize=10)
     caption = ("Test ECE (x100, mean over seeds) of every training-time method (rows) after every post-hoc "
                "calibrator fitted on its validation logits (columns; `none` = the uncalibrated softmax). "
-               "Darker = lower ECE.")
+               "Lighter = lower ECE.")
     return Figure(_save(fig, out / "calibrators_ece.png"), caption)

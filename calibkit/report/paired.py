@@ -91,7 +91,8 @@ def seed_interval(runs: list[dict], probs: CalibratedProbs, metric: str, after: 
     if not samples:
         return None
     value = float(np.mean(estimates))
-    lo, hi = bootstrap_interval(torch.stack(samples).mean(0), value, level, "basic", _RANGE.get(metric, (-np.inf, np.inf)))
+    bounds = _RANGE.get(metric, (-np.inf, np.inf))
+    lo, hi = bootstrap_interval(torch.stack(samples).mean(0), value, level, "basic", bounds)
     return {"value": value, "lo": lo, "hi": hi}
 
 
