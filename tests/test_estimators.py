@@ -210,3 +210,25 @@ def test_bad_input_is_refused():
         ks_error(p, y + 10)
     with pytest.raises(ValueError, match="p must be 1 or 2"):
         ece_sweep(p, y, p=3)
+
+
+def test_smece_of_many_blocks_goes_through_the_finest_grid_with_the_same_value(monkeypatch):
+    """More blocks than grid intervals: the masses are split once onto the finest grid and the
+    coarser grids are split from it; both the grids and the result equal the direct split's."""
+    import calibkit.functional.estimators as E
+
+    vals, count, correct = tie_blocks(*_top(*random_set(3000, 9)))
+    resid = vals * count - correct
+    fine = E._on_grid(vals, resid, 1 << 13)
+    for g in (1 << 10, 1 << 11, 1 << 12):
+        assert np.allclose(E._coarser(fine, g), E._on_grid(vals, resid, g), rtol=0, atol=1e-12)
+    direct = E._smece(vals, count, correct)
+    assert direct[1] > 40 / (1 << 11)  # a bandwidth that a grid of 2048 intervals still resolves
+    monkeypatch.setattr(E, "_GRID_MAX", 1 << 11)  # 3000 blocks > 2048 intervals: the two-step split
+    two_step = E._smece(vals, count, correct)
+    assert two_step[0] == pytest.approx(direct[0], abs=1e-12) and two_step[1] == pytest.approx(direct[1], abs=1e-12)
+
+
+def _top(p, y):
+    conf, pred = p.max(1)
+    return conf, pred == y

@@ -65,37 +65,59 @@ def tie_blocks(conf, correct, weight=None) -> tuple[np.ndarray, np.ndarray, np.n
 
     ``values`` are the distinct confidences, ascending; ``count[m]`` the (weighted) number of
     samples at ``values[m]``, ``correct[m]`` how many of them are correct. ``weight``: optional
-    ``(N,)`` 0/1 weights (rows with weight 0 are left out).
+    ``(N,)`` 0/1 weights (rows with weight 0 are left out). One sort of the confidences.
     """
     c = torch.as_tensor(conf).detach().double().cpu().numpy()
     a = torch.as_tensor(correct).detach().double().cpu().numpy()
     w = np.ones_like(c) if weight is None else torch.as_tensor(weight).detach().double().cpu().numpy()
-    keep = w > 0
-    c, a, w = c[keep], a[keep], w[keep]
-    values, inverse = np.unique(c, return_inverse=True)
-    return values, np.bincount(inverse, w, len(values)), np.bincount(inverse, a * w, len(values))
+    if weight is not None:
+        keep = w > 0
+        c, a, w = c[keep], a[keep], w[keep]
+    order = np.argsort(c)
+    c, a, w = c[order], a[order], w[order]
+    starts = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1]]))
+    return c[starts], np.add.reduceat(w, starts), np.add.reduceat(a * w, starts)
 
 
-def _smece_at(values, resid, n: float, sigma: float) -> float:
-    """``smECE_sigma`` of point masses ``resid`` (summed residuals) at ``values`` in [0, 1].
+def _grid_size(sigma: float) -> int:
+    """Grid intervals for bandwidth ``sigma``: a power of two with at least 40 steps per ``sigma``."""
+    return min(max(_GRID_MIN, 1 << math.ceil(math.log2(40 / sigma))), _GRID_MAX)
 
-    The masses are split linearly onto a grid of ``G`` intervals (``h = 1/G``, at least 40 grid
-    steps per ``sigma``); the reflected kernel is a circular convolution of the even extension of
-    the grid to [0, 2) with the Gaussian wrapped to period 2 (reflection at 0 and 1 generates
-    exactly these images), done by FFT; the integral over [0, 1] is the trapezoid rule.
-    """
-    g = min(max(_GRID_MIN, 1 << math.ceil(math.log2(40 / sigma))), _GRID_MAX)
-    h = 1.0 / g
-    u = np.clip(values, 0.0, 1.0) / h
+
+def _on_grid(values, resid, g: int) -> np.ndarray:
+    """The residual masses split linearly onto the ``g + 1`` points ``j / g`` (mass and mean kept)."""
+    u = np.clip(values, 0.0, 1.0) * g
     j = np.minimum(np.floor(u).astype(np.int64), g - 1)
     frac = u - j
-    grid = np.bincount(j, resid * (1 - frac), g + 1) + np.bincount(j + 1, resid * frac, g + 1)
+    return np.bincount(j, resid * (1 - frac), g + 1) + np.bincount(j + 1, resid * frac, g + 1)
+
+
+def _coarser(fine: np.ndarray, g: int) -> np.ndarray:
+    """:func:`_on_grid` with ``g`` intervals from the split onto a finer power-of-two grid: the
+    coarse points are fine points, and the coarse hat functions are linear between them, so the
+    two-step split gives exactly the masses of the direct one."""
+    r = (len(fine) - 1) // g
+    pos = np.arange(len(fine)) / r
+    j = np.minimum(np.floor(pos).astype(np.int64), g - 1)
+    frac = pos - j
+    return np.bincount(j, fine * (1 - frac), g + 1) + np.bincount(j + 1, fine * frac, g + 1)
+
+
+def _smece_at(grid: np.ndarray, n: float, sigma: float) -> float:
+    """``smECE_sigma`` of residual masses ``grid`` on the points ``j / g`` (:func:`_on_grid`).
+
+    The reflected kernel is a circular convolution of the even extension of the grid to [0, 2)
+    with the Gaussian wrapped to period 2 (reflection at 0 and 1 generates exactly these images),
+    done by FFT; the integral over [0, 1] is the trapezoid rule.
+    """
+    g = len(grid) - 1
+    h = 1.0 / g
     period = 2 * g  # grid points of [0, 2)
     ext = np.zeros(period)
     ext[: g + 1] += grid
     ext[(period - np.arange(g + 1)) % period] += grid  # mirror images; 0 and 1 are their own
-    d = np.arange(period) * h
-    shifts = 2.0 * np.arange(-math.ceil(5 * sigma) - 1, math.ceil(5 * sigma) + 2)
+    d = np.minimum(np.arange(period), period - np.arange(period)) * h  # distance on the circle, <= 1
+    shifts = 2.0 * np.arange(-math.ceil(2.5 * sigma) - 1, math.ceil(2.5 * sigma) + 2)
     ker = np.exp(-0.5 * ((d[:, None] + shifts[None, :]) / sigma) ** 2).sum(1) / (sigma * math.sqrt(2 * math.pi))
     smooth = np.fft.irfft(np.fft.rfft(ext) * np.fft.rfft(ker), period)[: g + 1]
     a = np.abs(smooth)
@@ -106,23 +128,33 @@ def _smece(values, count, correct, tol: float = 1e-7) -> tuple[float, float]:
     """``(smECE, sigma*)`` of tie blocks (see the module docstring)."""
     n = float(count.sum())
     resid = values * count - correct
+    grids: dict[int, np.ndarray] = {}  # the bisection visits few grid sizes: split the masses once per size
+    if len(values) > _GRID_MAX:  # many blocks: split them once onto the finest grid, coarser grids from it
+        grids[_GRID_MAX] = _on_grid(values, resid, _GRID_MAX)
+
+    def at(s):
+        g = _grid_size(s)
+        if g not in grids:
+            grids[g] = _coarser(grids[_GRID_MAX], g) if _GRID_MAX in grids else _on_grid(values, resid, g)
+        return _smece_at(grids[g], n, s)
 
     def gap(s):
-        return _smece_at(values, resid, n, s) - s
+        return at(s) - s
 
     lo, hi = SMECE_SIGMA_MIN, 1.0
     if gap(hi) >= 0:
-        return _smece_at(values, resid, n, hi), hi
-    if gap(lo) <= 0:
-        return _smece_at(values, resid, n, lo), lo
-    while hi - lo > tol:  # gap is decreasing: its root is the fixed point
+        return at(hi), hi
+    # gap is decreasing: its root is the fixed point. Bisection from the top, so the fine grids of
+    # small bandwidths are built only when the fixed point is small; a fixed point below lo ends
+    # the bisection at lo.
+    while hi - lo > tol:
         mid = 0.5 * (lo + hi)
         if gap(mid) > 0:
             lo = mid
         else:
             hi = mid
     s = 0.5 * (lo + hi)
-    return _smece_at(values, resid, n, s), s
+    return at(s), s
 
 
 def _mass_cuts(values, cum, n: float, b: int) -> np.ndarray:
