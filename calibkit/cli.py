@@ -31,6 +31,8 @@ COMMANDS = {
     "compare": "calibkit.commands.compare",
     "csm": "calibkit.commands.csm",
     "maccal": "calibkit.commands.maccal",
+    "calibrate": "calibkit.commands.calibrate",
+    "apply": "calibkit.commands.apply",
 }
 
 
