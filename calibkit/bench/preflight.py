@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None) -> None:
+def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None) -> None:
     """Raise a one-line error (``ValueError``, ``FileNotFoundError``, ``FileExistsError``,
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
@@ -29,15 +29,16 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         methods: grid methods (default: the preset's, else all).
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
+        store: the ``--store`` URL (None: ``out/runs.db``).
     """
     from calibkit.bench.grid import grid_methods
     from calibkit.extras import check_dataset
-    from calibkit.store import check_database_file
+    from calibkit.store import check_store
 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
-    check_database_file(str(out / "runs.db"))
+    check_store(out, store)
     seeds = list(preset.seeds if seeds is None else seeds)
     bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or s < 0]
     if bad:

@@ -37,7 +37,7 @@ from calibkit import rundir
 from calibkit.bench.grid import METHODS, Preset, grid_methods
 from calibkit.bench.space import current_values
 from calibkit.bench.paths import run_dir_for
-from calibkit.store import Store, run_key
+from calibkit.store import open_store, run_key
 
 # Seconds between two looks at the database while waiting for another bench's run.
 POLL_S = 5.0
@@ -63,20 +63,27 @@ def work_queue(items, ready, attempt, poll_s: float = POLL_S, sleep=time.sleep) 
     """Call ``attempt(item)`` for every item, postponing those that are not ``ready`` yet.
 
     ``ready(item)`` is False while an item must wait (a run it builds on is being produced by
-    another process); postponed items are retried after the others, with a pause of ``poll_s``
-    when a whole pass finds nothing ready.
+    another process), and ``attempt(item)`` returns False when the item itself is held by another
+    process; postponed items are retried after the others, with a pause of ``poll_s`` when a whole
+    pass makes no progress.
     """
     pending = list(items)
     while pending:
         later = []
         for item in pending:
-            if ready(item):
-                attempt(item)
-            else:
+            if not ready(item) or attempt(item) is False:
                 later.append(item)
         if later and len(later) == len(pending):
             sleep(poll_s)
         pending = later
+
+
+def claim_outcome(store, table: str, key: str, claimed: bool) -> str:
+    """``claimed``, ``done`` (finished, by this or another process) or ``elsewhere`` (held by
+    another live process, or being claimed at this instant): what a claim's True/False meant."""
+    if claimed:
+        return "claimed"
+    return "done" if store.status(key, table) == "done" else "elsewhere"
 
 
 def _broadcast(value, dd):
@@ -101,10 +108,13 @@ class Bench:
         num_threads: torch CPU threads (None: torch's default).
         csm_store: a CSM generated set (default: the one shipped for the preset's data set).
         log: where progress lines go.
+        store: where the records go: None for ``out/runs.db``, a ``postgresql://`` URL
+            (:func:`calibkit.store.open_store`), or an object with the store's API. Opened by
+            rank 0 only.
     """
 
     def __init__(self, preset: Preset, out, seeds=None, methods=None, data_dir=None, device="auto",
-                 num_threads=None, csm_store=None, log=print):
+                 num_threads=None, csm_store=None, log=print, store=None):
         self.preset = preset
         self.out = Path(out)
         self.seeds = [int(s) for s in (seeds if seeds is not None else preset.seeds)]
@@ -117,7 +127,10 @@ class Bench:
         self.csm_store = csm_store
         self.dd = D.setup(device)
         self.log = log if self.dd.is_main else (lambda *a, **k: None)
-        self.store = Store(self.out / "runs.db") if self.dd.is_main else None
+        self.store = None
+        if self.dd.is_main:
+            self.store = open_store(self.out, store) if store is None or isinstance(store, str) else store
+        self._waiting: set = set()  # keys held by another process, announced once
         self._env = rundir.environment()
         self._data = {}
         if self.skipped:
@@ -201,19 +214,30 @@ class Bench:
             progress.close()
         return counts
 
-    def _attempt(self, seed: int, method: str, counts: dict, progress) -> None:
-        """Claim, produce, evaluate and record one run (a failure is recorded, not raised)."""
+    def _attempt(self, seed: int, method: str, counts: dict, progress) -> bool:
+        """Claim, produce, evaluate and record one run (a failure is recorded, not raised).
+
+        Returns False when another live process holds the run: the caller retries it later, so a
+        bench ends only when every run of its grid is finished (by it or another process) or has
+        failed; a holder that dies or stops refreshing its claim is taken over (:mod:`calibkit.store`).
+        """
         key = run_key(self.preset.name, method, seed)
-        claimed = None
+        outcome = None
         if self.dd.is_main:
-            claimed = self.store.claim(
+            outcome = claim_outcome(self.store, "runs", key, self.store.claim(
                 key, preset=self.preset.name, method=method, seed=seed,
                 config=self._config_record(method, seed), git_commit=self._env["git_commit"],
-                versions=self._env["versions"])
-        if not _broadcast(claimed, self.dd):
+                versions=self._env["versions"]))
+        outcome = _broadcast(outcome, self.dd)
+        if outcome == "elsewhere":
+            if key not in self._waiting:
+                self._waiting.add(key)
+                self.log(f"{key}: running in another process; waiting for it")
+            return False
+        if outcome == "done":
             counts["skipped"] += 1
-            progress.end(key, "finished earlier (or running elsewhere); skipped")
-            return
+            progress.end(key, "finished earlier; skipped")
+            return True
         t0 = time.time()
         progress.begin(key)
         try:
@@ -241,6 +265,7 @@ class Bench:
             if self.dd.is_main:
                 self.store.fail(key, "".join(traceback.format_exception(exc)))
             progress.end(key, f"FAILED: {type(exc).__name__}: {exc}", seconds=time.time() - t0)
+        return True
 
     def check_consistent(self) -> None:
         """Refuse to mix checkpoint policies or hyperparameters in one output directory.

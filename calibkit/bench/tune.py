@@ -35,7 +35,7 @@ from pathlib import Path
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable
 from calibkit.bench.space import apply_values, at_edge, candidates
 from calibkit.bench.paths import run_dir_for
-from calibkit.bench.runner import Bench, _broadcast, work_queue
+from calibkit.bench.runner import Bench, _broadcast, claim_outcome, work_queue
 from calibkit.store import run_key
 
 
@@ -141,11 +141,12 @@ class Tuner:
             CE is always trained (the reference and the base of MaC-Cal and CSM).
         seed: the selection seed (default ``preset.tune_seed``).
         criterion: the selection rule.
-        data_dir, device, num_threads, csm_store, log: as for :class:`calibkit.bench.runner.Bench`.
+        data_dir, device, num_threads, csm_store, log, store: as for :class:`calibkit.bench.runner.Bench`.
     """
 
     def __init__(self, preset: Preset, out, methods=None, seed=None, data_dir=None, device="auto",
-                 num_threads=None, csm_store=None, criterion: Criterion = DEFAULT_CRITERION, log=print):
+                 num_threads=None, csm_store=None, criterion: Criterion = DEFAULT_CRITERION, log=print,
+                 store=None):
         names = list(preset.methods or METHODS) if methods is None else list(methods)
         unknown = [m for m in names if m not in METHODS]
         if unknown:
@@ -156,7 +157,7 @@ class Tuner:
         self.seed = int(preset.tune_seed if seed is None else seed)
         self.criterion = criterion
         self.bench = Bench(preset, out, seeds=[self.seed], methods=[REFERENCE], data_dir=data_dir,
-                           device=device, num_threads=num_threads, csm_store=csm_store, log=log)
+                           device=device, num_threads=num_threads, csm_store=csm_store, log=log, store=store)
         self.preset, self.out, self.dd, self.log = preset, Path(out), self.bench.dd, self.bench.log
         self.store = self.bench.store
 
@@ -228,19 +229,27 @@ class Tuner:
                            for n in METHODS[item[0]].needs)
             return not _broadcast(busy, self.dd)
 
-        def attempt(item) -> None:
+        waiting: set = set()
+
+        def attempt(item) -> bool:
             method, values = item
             key = cand_key(self.preset.name, method, self.seed, values)
             tag = f"[{position[key]}/{total}] tune {key}"
-            claimed = None
+            outcome = None
             if self.dd.is_main:
-                claimed = self.store.claim_candidate(
+                outcome = claim_outcome(self.store, "tuning", key, self.store.claim_candidate(
                     key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
-                    config=self.record(method, values), git_commit=self.bench._env["git_commit"])
-            if not _broadcast(claimed, self.dd):
+                    config=self.record(method, values), git_commit=self.bench._env["git_commit"]))
+            outcome = _broadcast(outcome, self.dd)
+            if outcome == "elsewhere":  # retried later (work_queue); taken over if its holder dies
+                if key not in waiting:
+                    waiting.add(key)
+                    self.log(f"{tag}: running in another process; waiting for it")
+                return False
+            if outcome == "done":
                 counts["skipped"] += 1
-                self.log(f"{tag}: finished earlier (or running elsewhere); skipped")
-                return
+                self.log(f"{tag}: finished earlier; skipped")
+                return True
             t0 = time.time()
             self.log(f"{tag}: running")
             try:
@@ -261,6 +270,7 @@ class Tuner:
                 if self.dd.is_main:
                     self.store.fail_candidate(key, "".join(traceback.format_exception(exc)))
                 self.log(f"{tag}: FAILED: {type(exc).__name__}: {exc}")
+            return True
 
         work_queue(items, ready, attempt)
         if self.dd.is_main:

@@ -36,7 +36,7 @@ def worker_argv(args) -> list[str]:
     if args.methods is not None:
         argv += ["--methods", *args.methods]
     for flag, value in (("--data-dir", args.data_dir), ("--csm-store", args.csm_store), ("--keep", args.keep),
-                        ("--num-threads", args.num_threads)):
+                        ("--num-threads", args.num_threads), ("--store", getattr(args, "store", None))):
         if value is not None:
             argv += [flag, str(value)]
     if args.tune:

@@ -100,13 +100,13 @@ def _run(args, waiting: list) -> int:
         # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
         # anything is created: a bench that cannot run leaves no trace.
         check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                    csm_store=args.csm_store)
+                    csm_store=args.csm_store, store=args.store)
     if args.tune:
         from calibkit.commands.tune import run_tuning
 
         _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                  device=args.device, num_threads=args.num_threads, csm_store=args.csm_store)
+                  device=args.device, num_threads=args.num_threads, csm_store=args.csm_store, store=args.store)
     workers = []
     interrupted = True
     try:
@@ -127,19 +127,22 @@ def _run(args, waiting: list) -> int:
             problems = wait_workers(workers, interrupted=interrupted)
     if not bench.dd.is_main:
         return 0
+    from calibkit.store import describe_store
+
+    where = describe_store(args.out, args.store)
     if workers:
         for line in problems:
             print(line, file=sys.stderr)
         counts["failed"] += len(problems)
         print(f"bench {preset.name}: this process ran {counts['done']} run(s), {len(workers)} other worker(s) the "
-              f"rest; {counts['failed']} failed; database {args.out}/runs.db")
+              f"rest; {counts['failed']} failed; database {where}")
     else:
         print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
-              f"{counts['failed']} failed; database {args.out}/runs.db")
+              f"{counts['failed']} failed; database {where}")
     if not args.no_report:
         from calibkit.report import build_report
 
-        rep = build_report(args.out, preset=preset.name)
+        rep = build_report(args.out, preset=preset.name, store=args.store)
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")

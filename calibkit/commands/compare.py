@@ -30,6 +30,7 @@ def register(subparsers) -> None:
                    "first (e.g. temperature)")
     p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
     p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
+    p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database (default: DIR/runs.db)")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)
@@ -40,7 +41,7 @@ def run(args) -> int:
     from pathlib import Path
 
     out = Path(args.dir)
-    if not (out / "runs.db").is_file():
+    if args.store is None and not (out / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
         raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
@@ -50,7 +51,7 @@ def run(args) -> int:
     from calibkit.report.data import label, summarize
     from calibkit.report.paired import compare_methods, compare_text
 
-    preset, rows = _load(out, args.preset)
+    preset, rows = _load(out, args.preset, args.store)
     n_boot = args.n_boot or (PRESETS[preset].n_boot if preset in PRESETS else 1000)
     summary = summarize([r for r in rows if r["status"] == "done"])
     res = compare_methods(summary, args.a, args.b, CalibratedProbs(out / "cache" / "calibrated"), args.after,

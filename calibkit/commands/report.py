@@ -12,6 +12,7 @@ def register(subparsers) -> None:
     p.add_argument("dir", metavar="DIR", help="a bench output directory (holding runs.db)")
     p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
     p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
+    p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database (default: DIR/runs.db)")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)
@@ -23,11 +24,11 @@ def run(args) -> int:
 
     from calibkit.report import build_report
 
-    if not (Path(args.dir) / "runs.db").is_file():
+    if args.store is None and not (Path(args.dir) / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
         raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
-    rep = build_report(args.dir, preset=args.preset, n_boot=args.n_boot)
+    rep = build_report(args.dir, preset=args.preset, n_boot=args.n_boot, store=args.store)
     print(rep["text"])
     print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
     return 0

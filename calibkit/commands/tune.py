@@ -24,6 +24,9 @@ def add_shared(p) -> None:
 
     p.add_argument("--keep", choices=KEEP_POLICIES,
                    help="checkpoint policy of every run (default: the preset's); one policy per output directory")
+    p.add_argument("--store", metavar="URL",
+                   help="results database: a postgresql:// URL shared by benches on several hosts (needs "
+                   "calibkit[postgres]; one database per output directory; docs/store.md); default DIR/runs.db")
 
 
 def register(subparsers) -> None:
@@ -58,10 +61,11 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
     candidates failed). The tuner is closed on return.
     """
     from calibkit.bench.tune import Tuner
+    from calibkit.store import describe_store
 
     tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None),
                   data_dir=args.data_dir, device=args.device, num_threads=args.num_threads,
-                  csm_store=args.csm_store, log=log)
+                  csm_store=args.csm_store, log=log, store=args.store)
     try:
         if tuner.unsupported:
             tuner.log(f"tune {', '.join(tuner.unsupported)}: skipped (they mix or generate images; preset "
@@ -70,7 +74,7 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
             tuner.log(f"tune {m}: no search space (nothing to tune); it runs at the preset's values")
         counts = tuner.run()
         if tuned and counts["failed"]:
-            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed; see {args.out}/runs.db "
+            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed; see {describe_store(args.out, args.store)} "
                                "(run the same command again to retry them)")
         result = tuner.tuned_preset() if tuned else None
     finally:
@@ -80,17 +84,19 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
 
 def run(args) -> int:
     from calibkit.bench.grid import get_preset, with_keep
+    from calibkit.store import describe_store
 
     preset = with_keep(get_preset(args.preset), args.keep)
     tuner, counts, _ = run_tuning(args, preset)
     if not tuner.dd.is_main:
         return 0
     print(f"tune {preset.name}: {counts['done']} candidate(s) done, {counts['skipped']} skipped, "
-          f"{counts['failed']} failed; database {args.out}/runs.db")
+          f"{counts['failed']} failed; database {describe_store(args.out, args.store)}")
     from calibkit.report.tuning import tuning_text, write_tuning_figure, write_tuning_json
 
-    print(tuning_text(args.out, preset.name))
-    fig, doc = write_tuning_figure(args.out, preset.name), write_tuning_json(args.out, preset.name)
+    print(tuning_text(args.out, preset.name, args.store))
+    fig = write_tuning_figure(args.out, preset.name, store=args.store)
+    doc = write_tuning_json(args.out, preset.name, store=args.store)
     if fig is not None:
         print(f"validation curves: {fig}; every candidate: {doc}")
     return 1 if counts["failed"] else 0

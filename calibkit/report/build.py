@@ -22,7 +22,7 @@ from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import (BEST_MARK, ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table,
                                     robustness_table)
 from calibkit.report.tuning import protocol_section
-from calibkit.store import Store
+from calibkit.store import describe_store, open_store
 
 
 @dataclass
@@ -38,6 +38,7 @@ class ReportContext:
         n_boot: bootstrap resamples used for ``deltas``.
         figdir: where figures are written (``out_dir/report/figures``).
         figures: whether to draw figures.
+        store: the results store (None: ``out_dir/runs.db``; else a ``postgresql://`` URL).
         probs: the runs' test probabilities after each calibrator (:mod:`calibkit.report.calibrated`).
         grid: :func:`calibkit.report.calibrated.calibrator_grid` (methods x calibrators).
         comps: :func:`calibkit.report.paired.comparisons` (the ranking's paired columns).
@@ -51,6 +52,7 @@ class ReportContext:
     n_boot: int
     figdir: Path
     figures: bool = True
+    store: str | None = None
     probs: CalibratedProbs | None = None
     grid: dict | None = None
     comps: dict | None = None
@@ -180,42 +182,24 @@ SECTIONS = (summary_section, notes_section, tables_section, calibrators_section,
             figures_section)
 
 
-def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
-    store = Store(out_dir / "runs.db", readonly=True)
+def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tuple[str, list]:
+    store = open_store(out_dir, location, readonly=True)
+    where = describe_store(out_dir, location)
     try:
         presets = store.presets()
         if not presets:
-            raise ValueError(f"{out_dir / 'runs.db'} holds no runs yet")
+            raise ValueError(f"{where} holds no runs yet")
         if preset is None:
             preset = presets[-1]
         elif preset not in presets:
-            raise ValueError(f"no runs of preset {preset!r} in {out_dir / 'runs.db'}; found: {', '.join(presets)}")
-        return preset, [_with_logits_found(r, out_dir) for r in store.runs(preset, status=None)]
+            raise ValueError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
+        return preset, store.runs(preset, status=None)
     finally:
         store.close()
 
 
-def _with_logits_found(row: dict, out_dir: Path) -> dict:
-    """``row`` with its ``logits_path`` found again when the bench directory was moved or copied.
-
-    The bench stores the path as it was given (often relative to the directory the bench ran
-    in). When that path does not exist, the longest tail of it that exists under ``out_dir`` is
-    used (``runs/<preset>/<method>/seed<k>/logits.safetensors`` for a copied directory); when
-    none does, the row is left as it is and reading the file names the stored path.
-    """
-    path = row.get("logits_path")
-    if not path or Path(path).is_file():
-        return row
-    parts = Path(path).parts
-    for i in range(len(parts)):
-        candidate = out_dir.joinpath(*parts[i:])
-        if candidate.is_file():
-            return {**row, "logits_path": str(candidate)}
-    return row
-
-
 def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
-                 figures: bool = True, width: int | None = None) -> dict:
+                 figures: bool = True, width: int | None = None, store: str | None = None) -> dict:
     """Write ``out_dir/report/`` (report.md, index.html, figures/) from ``out_dir/runs.db``.
 
     Args:
@@ -226,6 +210,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         figures: draw the figures (off only in quick tests of the tables).
         width: terminal width the text tables must fit (default: the terminal's, else ``COLUMNS``,
             else 100); wider tables are split into parts. 0: never split.
+        store: the results store (None: ``out_dir/runs.db``; else a ``postgresql://`` URL).
 
     Returns:
         ``{"text": terminal text, "summary", "deltas", "grid", "comparisons", "preset", "paths": {...}}``
@@ -234,10 +219,10 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         probabilities are cached under ``out_dir/cache/calibrated/``.
     """
     out_dir = Path(out_dir)
-    preset, rows = _load(out_dir, preset)
+    preset, rows = _load(out_dir, preset, store)
     done = [r for r in rows if r["status"] == "done"]
     if not done:
-        raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}")
+        raise ValueError(f"no finished runs of preset {preset!r} in {describe_store(out_dir, store)}")
     if n_boot is None:
         from calibkit.bench.grid import PRESETS
 
@@ -250,7 +235,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     except NoValidationLogits:  # logits files without validation logits: the tables without calibrators
         grid = comps = None
     ctx = ReportContext(out_dir, preset, rows, summary, ece_deltas(summary, n_boot=n_boot, seed=seed), n_boot,
-                        rep / "figures", figures, probs, grid, comps)
+                        rep / "figures", figures, store, probs, grid, comps)
     ctx.figdir.mkdir(parents=True, exist_ok=True)
     sections = [s for build in SECTIONS for s in build(ctx)]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from calibkit.bench.grid import METHODS, REFERENCE
 from calibkit.bench.space import at_edge
-from calibkit.store import Store
+from calibkit.store import open_store
 
 # What a method trains on top of the shared budget (same epochs, data and model as CE).
 EXTRA_WORK = {"maccal": "+ stage 2 on the frozen features of CE's run", "csm": "+ 2 generated images per real one",
@@ -50,12 +50,12 @@ def _info(row: dict) -> dict:
         return {}
 
 
-def load_candidates(out_dir, preset: str) -> list[dict]:
-    """Finished tuning candidates of ``preset`` in ``out_dir/runs.db`` (empty without any)."""
-    path = Path(out_dir) / "runs.db"
-    if not path.is_file():
+def load_candidates(out_dir, preset: str, store: str | None = None) -> list[dict]:
+    """Finished tuning candidates of ``preset`` in ``out_dir/runs.db`` (empty without any), or in
+    the PostgreSQL store at ``store``."""
+    if store is None and not (Path(out_dir) / "runs.db").is_file():
         return []
-    store = Store(path, readonly=True)
+    store = open_store(out_dir, store, readonly=True)
     try:
         return store.candidates(preset)
     finally:
@@ -94,9 +94,9 @@ def tuning_rows(cands: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def tuning_text(out_dir, preset: str) -> str:
-    """A terminal table of the selection recorded in ``out_dir/runs.db``."""
-    cands = load_candidates(out_dir, preset)
+def tuning_text(out_dir, preset: str, store: str | None = None) -> str:
+    """A terminal table of the selection recorded in ``out_dir/runs.db`` (or ``store``)."""
+    cands = load_candidates(out_dir, preset, store)
     if not cands:
         return f"no tuning candidates of preset {preset!r} in {out_dir}/runs.db"
     header, rows = tuning_rows(cands)
@@ -111,7 +111,7 @@ def tuning_text(out_dir, preset: str) -> str:
     return "\n".join([title, line(header), *map(line, rows)])
 
 
-def write_tuning_json(out_dir, preset: str, path=None) -> Path | None:
+def write_tuning_json(out_dir, preset: str, path=None, store: str | None = None) -> Path | None:
     """Every candidate of ``preset`` (values, validation metrics, selected flag) as one JSON file.
 
     The file (default ``out_dir/report/tuning.json``) is what a committed tuning run keeps with
@@ -120,7 +120,7 @@ def write_tuning_json(out_dir, preset: str, path=None) -> Path | None:
     """
     import json
 
-    cands = load_candidates(out_dir, preset)
+    cands = load_candidates(out_dir, preset, store)
     if not cands:
         return None
     keep = ("acc", "ece", "aece", "nll", "brier", "o_ece", "u_ece", "n")
@@ -155,7 +155,7 @@ def _panels(cands: list[dict]) -> list[tuple[str, str, list[dict], dict | None]]
     return panels
 
 
-def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path | None:
+def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: str | None = None) -> Path | None:
     """Small multiples of validation ECE and accuracy against each searched value.
 
     One panel per (method, searched hyperparameter); for a 2-D space the curve runs along one
@@ -164,7 +164,7 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path
     crosses, CE's validation ECE as a dotted line. Returns the PNG path, or ``None`` without
     candidates.
     """
-    cands = load_candidates(out_dir, preset)
+    cands = load_candidates(out_dir, preset, store)
     panels = _panels(cands)
     if not panels:
         return None
@@ -260,7 +260,7 @@ def protocol_section(ctx) -> list:
         proto.append(test_row)
     proto.append(["checkpoint policy", " / ".join(policies) + (" (one policy for every run)" if len(policies) == 1
                                                               else " (MIXED: runs are not comparable)")])
-    cands = load_candidates(out_dir, preset)
+    cands = load_candidates(out_dir, preset, ctx.store)
     tuned = {c["method"]: c for c in cands if c["selected"]}
     crit = next(iter(tuned.values()))["criterion"] if tuned else None
     proto.append(["hyperparameters", "selected in this directory by `calibkit tune` on the validation split of seed "
@@ -306,7 +306,7 @@ def protocol_section(ctx) -> list:
         header, rows = tuning_rows(cands)
         sections.append(Section("Selection on the validation split (x100, before TS)",
                                 tables=[Table(header, rows)], terminal=False))
-        path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png") if ctx.figures else None
+        path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png", store=ctx.store) if ctx.figures else None
         if path is not None:
             sections.append(Section("Validation curves of the tuning run", terminal=False, figures=[Figure(
                 path, "Validation ECE and accuracy against each searched value; the selected candidate is marked.")]))
