@@ -16,8 +16,8 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
 
-    Checked in order: the output path (absent or a folder) and its results database (absent or a
-    healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
+    Checked in order: the output path (absent or a folder, not a training run's: :func:`check_out`)
+    and its results database (absent or a healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
     packages the data set and the OOD set need, the data set itself (loaded once with the first
     seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
     grid, its generated set.
@@ -36,8 +36,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     from calibkit.store import check_store
 
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
+    check_out(out)
     check_store(out, store)
     seeds = list(preset.seeds if seeds is None else seeds)
     bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or s < 0]
@@ -62,6 +61,23 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         load_ood(preset.ood, like=bundle, data_dir=data_dir)
     if "csm" in chosen:
         _check_csm_store(preset, csm_store)
+
+
+def check_out(out) -> None:
+    """The bench's (or tune's) ``--out``: absent, or a folder that no training run owns.
+
+    Raises:
+        FileExistsError: ``out`` is a file.
+        ValueError: ``out`` is a training run's directory (it holds ``config.json``).
+    """
+    from calibkit.rundir import CONFIG, directory_owner
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
+    if (out / CONFIG).exists():
+        raise ValueError(f"--out {out} is {directory_owner(out)}; a bench writes runs.db, runs/ and report/ into "
+                         "its own directory: choose another path")
 
 
 def _ce_config(preset, seed: int, data_dir):

@@ -38,6 +38,7 @@ from calibkit.bench.grid import METHODS, Preset, grid_methods
 from calibkit.bench.space import current_values
 from calibkit.bench.paths import run_dir_for
 from calibkit.store import open_store, run_key
+from calibkit.train.preempt import Preempted
 
 # Seconds between two looks at the database while waiting for another bench's run.
 POLL_S = 5.0
@@ -109,8 +110,8 @@ class Bench:
         csm_store: a CSM generated set (default: the one shipped for the preset's data set).
         log: where progress lines go.
         store: where the records go: None for ``out/runs.db``, a ``postgresql://`` URL
-            (:func:`calibkit.store.open_store`), or an object with the store's API. Opened by
-            rank 0 only.
+            (:func:`calibkit.store.open_store`), or an object with the store's API (a scheduler's
+            task passes :class:`calibkit.bench.results.ResultFiles`). Opened by rank 0 only.
     """
 
     def __init__(self, preset: Preset, out, seeds=None, methods=None, data_dir=None, device="auto",
@@ -214,6 +215,24 @@ class Bench:
             progress.close()
         return counts
 
+    def run_one(self, seed: int, method: str) -> dict:
+        """Produce, evaluate and record the one run ``(seed, method)`` (what a scheduler's task
+        runs); returns the counts of :meth:`run`. What it builds on must be finished already."""
+        from calibkit.bench.progress import RunProgress
+
+        if method not in self.methods or seed not in self.seeds:
+            raise ValueError(f"{self.preset.name}/{method}/{seed} is not a run of this bench "
+                             f"(methods {', '.join(self.methods)}; seeds {self.seeds})")
+        self.check_consistent()
+        counts = {"done": 0, "skipped": 0, "failed": 0}
+        progress = RunProgress(1, write=self.log, bar=False)
+        try:
+            if not self._attempt(seed, method, counts, progress):  # held by another live task
+                counts["skipped"] += 1
+        finally:
+            progress.close()
+        return counts
+
     def _attempt(self, seed: int, method: str, counts: dict, progress) -> bool:
         """Claim, produce, evaluate and record one run (a failure is recorded, not raised).
 
@@ -256,6 +275,8 @@ class Bench:
             progress.end(key, f"done in {time.time() - t0:.0f} s" + (
                 f" (acc {m['before']['acc']:.2%}, ECE {m['before']['ece'] * 100:.2f} -> "
                 f"{m['after']['ece'] * 100:.2f} after TS)" if m else ""), seconds=time.time() - t0)
+        except Preempted:  # not a failure: the checkpoint is written and the run resumes later
+            raise
         except KeyboardInterrupt:
             if self.dd.is_main:
                 self.store.fail(key, "interrupted")
@@ -296,11 +317,16 @@ class Bench:
             raise ValueError(problem)
 
     def _config_record(self, method: str, seed: int) -> dict:
+        from calibkit.config import TrainConfig, resolve_milestones
+
         spec = METHODS[method]
+        train = dict(self.preset.train)
+        if train.get("milestones") is not None:  # in epochs, as the runs' configs (and older records) hold them
+            train["milestones"] = resolve_milestones(train["milestones"], train.get("epochs", TrainConfig.epochs))
         record = {"preset": self.preset.name, "method": method, "kind": spec.kind, "seed": seed,
                   "keep": self.preset.keep, "hparams": current_values(self.preset, method),
                   "loss": self.preset.loss_for(method), "train_method": spec.method,
-                  "dataset": self.preset.dataset, "model": self.preset.model, "train": dict(self.preset.train),
+                  "dataset": self.preset.dataset, "model": self.preset.model, "train": train,
                   "train_overrides": self.preset.train_by_method.get(method, {}),
                   "ood": self.preset.ood, "robust_n": self.preset.robust_n,
                   "severities": list(self.preset.severities), "data_dir": self.data_dir}

@@ -34,9 +34,10 @@ from pathlib import Path
 
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable
 from calibkit.bench.space import apply_values, at_edge, candidates
-from calibkit.bench.paths import run_dir_for
+from calibkit.bench.paths import candidate_dir_for
 from calibkit.bench.runner import Bench, _broadcast, claim_outcome, work_queue
 from calibkit.store import run_key
+from calibkit.train.preempt import Preempted
 
 
 @dataclass(frozen=True)
@@ -167,9 +168,7 @@ class Tuner:
         return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m)]
 
     def run_dir(self, method: str, values: dict) -> Path:
-        if method == REFERENCE:
-            return run_dir_for(self.out, self.preset.name, REFERENCE, self.seed)
-        return self.out / "tune" / self.preset.name / method / slug(values)
+        return candidate_dir_for(self.out, self.preset.name, method, self.seed, slug(values))
 
     def record(self, method: str, values: dict) -> dict:
         """The candidate's run record (what the bench would record for it), JSON-normalised."""
@@ -230,52 +229,78 @@ class Tuner:
             return not _broadcast(busy, self.dd)
 
         waiting: set = set()
-
-        def attempt(item) -> bool:
-            method, values = item
-            key = cand_key(self.preset.name, method, self.seed, values)
-            tag = f"[{position[key]}/{total}] tune {key}"
-            outcome = None
-            if self.dd.is_main:
-                outcome = claim_outcome(self.store, "tuning", key, self.store.claim_candidate(
-                    key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
-                    config=self.record(method, values), git_commit=self.bench._env["git_commit"]))
-            outcome = _broadcast(outcome, self.dd)
-            if outcome == "elsewhere":  # retried later (work_queue); taken over if its holder dies
-                if key not in waiting:
-                    waiting.add(key)
-                    self.log(f"{tag}: running in another process; waiting for it")
-                return False
-            if outcome == "done":
-                counts["skipped"] += 1
-                self.log(f"{tag}: finished earlier; skipped")
-                return True
-            t0 = time.time()
-            self.log(f"{tag}: running")
-            try:
-                made = self._produce(method, values, self.run_dir(method, values))
-                if self.dd.is_main:
-                    m = val_metrics(made["run_dir"], self.criterion.n_bins)
-                    self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
-                                                train_time_s=made.get("train_time_s"))
-                    self.log(f"{tag}: done in {time.time() - t0:.0f} s (val acc {m['acc']:.2%}, "
-                             f"val ECE {m['ece'] * 100:.2f})")
-                counts["done"] += 1
-            except KeyboardInterrupt:
-                if self.dd.is_main:
-                    self.store.fail_candidate(key, "interrupted")
-                raise
-            except Exception as exc:  # one broken candidate must not stop the others
-                counts["failed"] += 1
-                if self.dd.is_main:
-                    self.store.fail_candidate(key, "".join(traceback.format_exception(exc)))
-                self.log(f"{tag}: FAILED: {type(exc).__name__}: {exc}")
-            return True
-
-        work_queue(items, ready, attempt)
+        work_queue(items, ready,
+                   lambda item: self._attempt(item, counts, f"[{position[self.key(*item)]}/{total}]", waiting))
         if self.dd.is_main:
             self.select_all()
         return counts
+
+    def key(self, method: str, values: dict) -> str:
+        return cand_key(self.preset.name, method, self.seed, values)
+
+    def run_one(self, key: str) -> dict:
+        """Train and score the one candidate ``key`` (what a scheduler's task runs); no selection."""
+        items = {self.key(m, v): (m, v) for m, v in self.items()}
+        if key not in items:
+            raise ValueError(f"{key} is not a candidate of this tuning ({len(items)} candidates of "
+                             f"{', '.join([REFERENCE, *self.methods])})")
+        self.check_consistent()
+        counts = {"done": 0, "skipped": 0, "failed": 0}
+        self._attempt(items[key], counts, "[1/1]")
+        return counts
+
+    def _attempt(self, item, counts: dict, tag: str, waiting: set | None = None) -> bool:
+        """Claim, train, score and record one candidate (a failure is recorded, not raised).
+
+        Returns False when another live process holds the candidate (the work queue retries it
+        later, and takes it over if its holder dies; ``waiting`` remembers what was announced),
+        True when it is settled here (trained, failed, or finished earlier).
+        """
+        method, values = item
+        key = self.key(method, values)
+        tag = f"{tag} tune {key}"
+        outcome = None
+        if self.dd.is_main:
+            outcome = claim_outcome(self.store, "tuning", key, self.store.claim_candidate(
+                key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
+                config=self.record(method, values), git_commit=self.bench._env["git_commit"]))
+        outcome = _broadcast(outcome, self.dd)
+        if outcome == "elsewhere":
+            if waiting is None:  # one scheduled candidate: nothing to wait in
+                counts["skipped"] += 1
+                self.log(f"{tag}: running in another process; skipped")
+                return True
+            if key not in waiting:
+                waiting.add(key)
+                self.log(f"{tag}: running in another process; waiting for it")
+            return False
+        if outcome == "done":
+            counts["skipped"] += 1
+            self.log(f"{tag}: finished earlier; skipped")
+            return True
+        t0 = time.time()
+        self.log(f"{tag}: running")
+        try:
+            made = self._produce(method, values, self.run_dir(method, values))
+            if self.dd.is_main:
+                m = val_metrics(made["run_dir"], self.criterion.n_bins)
+                self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
+                                            train_time_s=made.get("train_time_s"))
+                self.log(f"{tag}: done in {time.time() - t0:.0f} s (val acc {m['acc']:.2%}, "
+                         f"val ECE {m['ece'] * 100:.2f})")
+            counts["done"] += 1
+        except Preempted:  # the checkpoint is written; the candidate resumes later
+            raise
+        except KeyboardInterrupt:
+            if self.dd.is_main:
+                self.store.fail_candidate(key, "interrupted")
+            raise
+        except Exception as exc:  # one broken candidate must not stop the others
+            counts["failed"] += 1
+            if self.dd.is_main:
+                self.store.fail_candidate(key, "".join(traceback.format_exception(exc)))
+            self.log(f"{tag}: FAILED: {type(exc).__name__}: {exc}")
+        return True
 
     # -- the selection --------------------------------------------------------------------------
     def finished(self, method: str) -> list[dict]:

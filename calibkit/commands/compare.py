@@ -48,11 +48,12 @@ def run(args) -> int:
     from calibkit.bench.grid import PRESETS
     from calibkit.report.build import _load
     from calibkit.report.calibrated import CalibratedProbs
-    from calibkit.report.data import label, summarize
+    from calibkit.report.data import label, summarize, usable_rows
     from calibkit.report.paired import compare_methods, compare_text
 
     preset, rows = _load(out, args.preset, args.store)
     n_boot = args.n_boot or (PRESETS[preset].n_boot if preset in PRESETS else 1000)
+    rows, _ = usable_rows(rows)  # rows the report leaves out (undecodable fields) are left out here too
     summary = summarize([r for r in rows if r["status"] == "done"])
     res = compare_methods(summary, args.a, args.b, CalibratedProbs(out / "cache" / "calibrated"), args.after,
                           n_boot=n_boot)

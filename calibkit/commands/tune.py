@@ -10,6 +10,7 @@ examples:
   calibkit tune --preset default --out runs/tune-default --methods mbls fedlas_mbls
   calibkit bench --preset default --out runs/tuned --tune           # select, then bench at the selection
   torchrun --nproc_per_node 4 -m calibkit tune --preset cifar10 --data-dir ~/data --out runs/tune-c10
+  calibkit tune --preset cifar10 --data-dir /shared/data --out /shared/tune-c10 --executor slurm --gpus-per-run 4
 
 Every candidate is trained on the preset's selection seed and scored on the validation split only
 (ECE of the deployed predictor before temperature scaling; candidates more than 1 accuracy point
@@ -51,6 +52,11 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_shared(p)
     add_num_threads(p)
+    from calibkit.commands import add_executor
+
+    add_executor(p)
+    # the selection job of --executor slurm: select from the candidates' result files
+    p.add_argument("--select-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -83,15 +89,34 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
 
 
 def run(args) -> int:
+    from calibkit.commands import check_executor
+
+    check_executor(args)
     from calibkit.bench.grid import get_preset, with_keep
+    from calibkit.bench.preflight import check_out
     from calibkit.store import describe_store
 
     preset = with_keep(get_preset(args.preset), args.keep)
+    check_out(args.out)  # before the database is created: not into a training run's directory
+    if args.run_key or args.select_only or args.status or args.executor != "local":
+        return _elsewhere(args, preset)
+    if args.collect:
+        from calibkit.bench.collect import collect
+
+        counts = collect(args.out)
+        print(f"collect {args.out}: {counts['imported']} new result(s) imported, {counts['unchanged']} already "
+              f"there, {counts['selections']} selection(s)")
+        return _print_tuning(args, preset)
     tuner, counts, _ = run_tuning(args, preset)
     if not tuner.dd.is_main:
         return 0
     print(f"tune {preset.name}: {counts['done']} candidate(s) done, {counts['skipped']} skipped, "
           f"{counts['failed']} failed; database {describe_store(args.out, args.store)}")
+    _print_tuning(args, preset)
+    return 1 if counts["failed"] else 0
+
+
+def _print_tuning(args, preset) -> int:
     from calibkit.report.tuning import tuning_text, write_tuning_figure, write_tuning_json
 
     print(tuning_text(args.out, preset.name, args.store))
@@ -99,4 +124,47 @@ def run(args) -> int:
     doc = write_tuning_json(args.out, preset.name, store=args.store)
     if fig is not None:
         print(f"validation curves: {fig}; every candidate: {doc}")
-    return 1 if counts["failed"] else 0
+    return 0
+
+
+def _elsewhere(args, preset) -> int:
+    """One scheduled candidate (``--run-key``), the selection job (``--select-only``), ``--status``
+    and submitting (``--executor slurm``); see :mod:`calibkit.bench.slurm`."""
+    if args.status:
+        from calibkit.bench.slurm_plan import status_lines
+
+        args.tune, args.seeds = True, []
+        lines, counts = status_lines(args, preset)
+        print("\n".join(lines))
+        print(f"tune {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        return 0
+    if args.executor == "slurm" and not (args.run_key or args.select_only):
+        from calibkit.bench.slurm_plan import submit_tune
+
+        ids = submit_tune(args, preset, dry_run=args.dry_run)
+        if not ids:
+            print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
+        return 0
+    from calibkit.bench.results import ResultFiles
+    from calibkit.bench.tune import Tuner
+    from calibkit.commands import run_scheduled
+
+    def one() -> int:
+        tuner = Tuner(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
+                      device=args.device, num_threads=args.num_threads, csm_store=args.csm_store,
+                      store=ResultFiles(args.out))
+        try:
+            if args.select_only:
+                chosen = tuner.select_all() if tuner.dd.is_main else {}
+                missing = [m for m in tuner.methods if m not in chosen]
+                if missing:
+                    raise RuntimeError(f"no selection for {', '.join(missing)}: some candidates did not finish "
+                                       f"(calibkit tune ... --status)")
+                print(f"tune {preset.name}: selected " + "; ".join(f"{m} {v}" for m, v in chosen.items()))
+                return 0
+            counts = tuner.run_one(args.run_key)
+        finally:
+            tuner.close()
+        return 1 if counts["failed"] else 0
+
+    return run_scheduled(args, one)

@@ -10,12 +10,13 @@ the terminal text, ``report.md`` and ``index.html`` all follow.
 from __future__ import annotations
 
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid
-from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
 from calibkit.report.paired import comparisons
 from calibkit.report.render import Section, to_html, to_markdown, to_text
@@ -193,7 +194,7 @@ def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tup
             preset = presets[-1]
         elif preset not in presets:
             raise ValueError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
-        return preset, store.runs(preset, status=None)
+        return preset, store.runs(preset, status=None, tolerant=True)  # a damaged cell: named, row left out
     finally:
         store.close()
 
@@ -220,9 +221,14 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     """
     out_dir = Path(out_dir)
     preset, rows = _load(out_dir, preset, store)
+    # A finished row the report cannot read is named, left out with a warning, and the rest reported.
+    rows, skipped = usable_rows(rows)
+    for line in skipped:
+        warnings.warn(f"{line}; left out of the report", stacklevel=2)
     done = [r for r in rows if r["status"] == "done"]
     if not done:
-        raise ValueError(f"no finished runs of preset {preset!r} in {describe_store(out_dir, store)}")
+        unreadable = f" that the report can read ({len(skipped)} left out: {'; '.join(skipped)})" if skipped else ""
+        raise ValueError(f"no finished runs of preset {preset!r} in {describe_store(out_dir, store)}{unreadable}")
     if n_boot is None:
         from calibkit.bench.grid import PRESETS
 
@@ -253,6 +259,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
              f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
     if pending:
         intro += f"\n\nUnfinished runs: {unfinished}."
+    if skipped:
+        intro += f"\n\nLeft out (unreadable in the database): {'; '.join(skipped)}."
     (rep / "report.md").write_text(to_markdown(title, intro, sections))
     (rep / "index.html").write_text(to_html(title, intro, sections))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}

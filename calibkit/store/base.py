@@ -98,13 +98,23 @@ class BaseStore:
             except Exception:  # a busy or briefly unreachable database: the next beat retries
                 pass
 
-    def _decode(self, cursor, row) -> dict | None:
+    def _decode(self, cursor, row, tolerant: bool = False) -> dict | None:
+        """A row as a dict, JSON columns decoded. A cell that is not valid JSON raises a
+        ``ValueError`` naming the run and the column, or with ``tolerant`` becomes None and is
+        recorded in ``row["corrupt"]`` (``{column: reason}``), so one damaged cell does not hide the rest."""
         if row is None:
             return None
         out = dict(zip([d[0] for d in cursor.description], row))
         for col in JSON_COLUMNS:
             if out.get(col) is not None:
-                out[col] = json.loads(out[col])
+                try:
+                    out[col] = json.loads(out[col])
+                except (TypeError, ValueError) as exc:
+                    if not tolerant:
+                        raise ValueError(f"results database: run {out.get('run_key')}: {col} is not valid JSON "
+                                         f"({exc})") from exc
+                    out[col] = None
+                    out.setdefault("corrupt", {})[col] = f"not valid JSON ({exc})"
         for col in PATH_COLUMNS:
             if col in out:
                 out[col] = self._load_path(out[col])
@@ -113,9 +123,9 @@ class BaseStore:
     def _load_path(self, value):
         return loaded_path(value, self.root)
 
-    def _select(self, sql: str, args=()) -> list[dict]:
+    def _select(self, sql: str, args=(), tolerant: bool = False) -> list[dict]:
         cur = self._sql(sql, args)
-        return [self._decode(cur, r) for r in cur.fetchall()]
+        return [self._decode(cur, r, tolerant) for r in cur.fetchall()]
 
     def _alive(self, owner, heartbeat_at, now) -> bool:
         return owner != self.owner and owner_alive(owner, heartbeat_at, now, self.grace_s)
@@ -126,14 +136,16 @@ class BaseStore:
         rows = self._select("SELECT * FROM runs WHERE run_key = ?", (key,))
         return rows[0] if rows else None
 
-    def runs(self, preset: str | None = None, status: str | None = "done") -> list[dict]:
-        """Rows, optionally filtered by preset and status, ordered by id (insertion order)."""
+    def runs(self, preset: str | None = None, status: str | None = "done", tolerant: bool = False) -> list[dict]:
+        """Rows, optionally filtered by preset and status, ordered by id (insertion order).
+        ``tolerant``: a JSON cell that cannot be decoded is None and named in ``row["corrupt"]``
+        (the report names and leaves out such a row) instead of an error."""
         sql, args = "SELECT * FROM runs WHERE 1=1", []
         for col, value in (("preset", preset), ("status", status)):
             if value is not None:
                 sql += f" AND {col} = ?"
                 args.append(value)
-        return self._select(sql + " ORDER BY id", args)
+        return self._select(sql + " ORDER BY id", args, tolerant)
 
     def presets(self) -> list[str]:
         """The presets that have rows, in order of first appearance."""

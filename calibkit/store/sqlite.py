@@ -117,6 +117,9 @@ def check_database_file(path: str) -> None:
             version = _version(con, tables)
         finally:
             con.close()
+    except sqlite3.OperationalError as exc:  # not damaged: it cannot be opened (permissions, a read-only folder)
+        raise StoreError(f"{path} cannot be opened ({exc}); SQLite also writes beside it ({os.path.basename(path)}"
+                         f"-wal, -shm): check that you may write to {os.path.dirname(os.path.abspath(path))}") from exc
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path} is a corrupt SQLite database ({exc}); refusing to use or overwrite it") from exc
     if verdict != "ok":
