@@ -1018,9 +1018,10 @@ def test_section_texts_define_every_abbreviation_of_their_tables(tmp_path):
     for phrase in ("x100, mean over 2 seed(s); 1 = lowest ECE.", "highest Acc, lowest ECE",
                    "ECE after temperature scaling (`ECE (TS)`), most negative difference from CE.",
                    "O-ECE + U-ECE = ECE", "`dECE vs CE` = paired bootstrap (20 resamples)",
-                   "from CE, 95% basic bootstrap interval; `*` = the interval excludes 0."):
+                   "from CE, 95% basic bootstrap interval; `*` = the 95% interval lies wholly on the better side of 0",
+                   "`!` = wholly on the worse side (significantly worse)"):
         assert phrase in ranking.text, phrase
-    assert ranking.terminal_text.endswith("95% basic interval, * = excludes 0.")
+    assert "95% basic interval, * = significantly better, ! = significantly worse." in ranking.terminal_text
     before = sec["Test set, before temperature scaling (grid order)"]
     for phrase in ("Mean ± std over seeds (`n` = seeds)", "x100, NLL and Brier as they are.", "AECE = equal-mass",
                    "cwECE = classwise ECE", "MCE = maximum calibration error."):
