@@ -184,7 +184,9 @@ def test_paired_delta_is_significant_when_the_interval_lies_wholly_above_zero(tm
     assert worse["lo"] > 0 and worse["significant"]
     assert better["hi"] < 0 and better["significant"]
     assert worse["diff"] == pytest.approx(-better["diff"], abs=1e-12)
-    assert fmt_delta(worse).endswith("*") and fmt_delta(worse).startswith("+")
+    # the table marks the two ways apart
+    assert fmt_delta(worse).endswith(data.WORSE_MARK) and fmt_delta(worse).startswith("+")
+    assert fmt_delta(better).endswith(data.BETTER_MARK) and fmt_delta(better).startswith("-")
 
 
 def test_paired_delta_is_identical_only_when_every_seed_is(tmp_path):
