@@ -174,6 +174,21 @@ def test_paired_delta_uses_only_shared_seeds_and_the_requested_level(tmp_path):
     assert paired_ece_delta(a, [runs["ce", 2]]) is None  # no shared seed
 
 
+def test_paired_delta_is_significant_when_the_interval_lies_wholly_above_zero(tmp_path):
+    # the sharp (over-confident) CE against the soft LS: a method significantly *worse* than the
+    # reference has lo > 0 and is marked significant too, by the interval's own bounds
+    gen = torch.Generator().manual_seed(4)
+    labels, runs = _pair_fixture(tmp_path, gen)
+    worse = paired_ece_delta([runs["ce", 0], runs["ce", 1]], [runs["ls", 0], runs["ls", 1]], n_boot=60)
+    better = paired_ece_delta([runs["ls", 0], runs["ls", 1]], [runs["ce", 0], runs["ce", 1]], n_boot=60)
+    assert worse["lo"] > 0 and worse["significant"]
+    assert better["hi"] < 0 and better["significant"]
+    assert worse["diff"] == pytest.approx(-better["diff"], abs=1e-12)
+    # the table marks the two ways apart
+    assert fmt_delta(worse).endswith(data.WORSE_MARK) and fmt_delta(worse).startswith("+")
+    assert fmt_delta(better).endswith(data.BETTER_MARK) and fmt_delta(better).startswith("-")
+
+
 def test_paired_delta_is_identical_only_when_every_seed_is(tmp_path):
     gen = torch.Generator().manual_seed(5)
     labels, runs = _pair_fixture(tmp_path, gen)
