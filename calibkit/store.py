@@ -277,7 +277,19 @@ class Store:
                 args.append(value)
         return [self._decode(r) for r in self._con.execute(sql + " ORDER BY id", args)]
 
+    def get_meta(self, key: str) -> str | None:
+        """The ``meta`` value under ``key`` (``None`` when absent)."""
+        row = self._con.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
     # -- writes -----------------------------------------------------------------------------
+    def put_meta(self, key: str, value: str) -> None:
+        """Set the ``meta`` value under ``key`` (``schema_version`` is not writable)."""
+        if key == "schema_version":
+            raise ValueError("meta key 'schema_version' is the store's own")
+        with self._write() as con:
+            con.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, str(value)))
+
     def claim(self, key: str, *, preset: str, method: str, seed: int, config: dict | None = None,
               git_commit: str | None = None, versions: dict | None = None) -> bool:
         """Mark run ``key`` as being run by this bench; ``False`` if it must be skipped.

@@ -63,6 +63,14 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         _check_csm_store(preset, csm_store)
 
 
+def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=None) -> None:
+    """:func:`check_bench` for ``calibkit tune``: the same checks, on the selection seed
+    (``seed``, default ``preset.tune_seed``) and the methods to tune (default: the preset's list,
+    else all). Raises as :func:`check_bench` does; when it raises nothing was written."""
+    check_bench(preset, out, seeds=[preset.tune_seed if seed is None else seed], methods=methods,
+                data_dir=data_dir, csm_store=csm_store)
+
+
 def _ce_config(preset, seed: int, data_dir):
     from calibkit.bench.runner import train_config
 

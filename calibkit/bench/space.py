@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from calibkit.bench.grid import METHODS, TARGETS, Preset
+from calibkit.bench.grid import METHODS, TARGETS, Preset, space_for
 
 
 def _fmt(value) -> str:
@@ -36,11 +36,12 @@ def with_loss_params(spec: str, values: dict) -> str:
     return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
 
 
-def candidates(method: str) -> list[dict]:
-    """Every point of the method's search space (``[{}]`` for a method with none), in grid order."""
+def candidates(method: str, space: dict | None = None) -> list[dict]:
+    """Every point of a search space (default: the method's declared one; ``[{}]`` for a method
+    with none), in grid order."""
     import itertools
 
-    space = METHODS[method].space
+    space = METHODS[method].space if space is None else space
     if not space:
         return [{}]
     names = list(space)
@@ -74,7 +75,7 @@ def current_values(preset: Preset, method: str) -> dict:
     default where the preset sets none)."""
     out = {}
     _, params = loss_params(preset.loss_for(method))
-    for address, axis in METHODS[method].space.items():
+    for address, axis in space_for(preset, method).items():
         target, _, name = address.partition(".")
         source = {"loss": params, "train": preset.train_by_method.get(method, {}),
                   "maccal": preset.maccal, "csm": preset.csm}[target]
