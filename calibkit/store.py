@@ -336,6 +336,16 @@ class Store:
         """
         self._update("runs", key, "done", fields)
 
+    def retire(self, key: str, new_key: str, run_dir: str | None, logits_path: str | None) -> None:
+        """Move finished run ``key`` (results intact) to ``new_key``, whose run directory is now
+        ``run_dir``: a re-tuned method's old run, kept but out of the way of the new one."""
+        with self._write() as con:
+            row = con.execute("SELECT status FROM runs WHERE run_key = ?", (key,)).fetchone()
+            if row is None or row[0] != "done":
+                raise KeyError(f"no finished run {key!r} in {self.path}")
+            con.execute("UPDATE runs SET run_key = ?, run_dir = ?, logits_path = ? WHERE run_key = ?",
+                        (new_key, run_dir, logits_path, key))
+
     def fail(self, key: str, error: str) -> None:
         """Mark run ``key`` as ``failed`` with its error message (a later bench retries it)."""
         self._update("runs", key, "failed", {"error": str(error)[:4000]})

@@ -17,6 +17,13 @@ def _fmt(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def slug(values: dict) -> str:
+    """``{"loss.margin": 6.0}`` -> ``"margin=6"`` (a candidate's directory and key suffix)."""
+    if not values:
+        return "default"
+    return ",".join(f"{a.partition('.')[2]}={v:g}" for a, v in sorted(values.items()))
+
+
 def loss_params(spec: str) -> tuple[str, dict[str, str]]:
     """``"mbls:margin=6,lam=0.1"`` -> ``("mbls", {"margin": "6", "lam": "0.1"})`` (values as text)."""
     name, _, rest = spec.partition(":")

@@ -42,7 +42,7 @@ from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, me
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_for
 from calibkit.bench.paths import run_dir_for
 from calibkit.bench.runner import POLL_S, Bench, _broadcast, work_queue
-from calibkit.bench.space import apply_values, candidates
+from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
 from calibkit.store import run_key
 
 
@@ -68,13 +68,6 @@ class Criterion:
 
 
 DEFAULT_CRITERION = Criterion()
-
-
-def slug(values: dict) -> str:
-    """``{"loss.margin": 6.0}`` -> ``"margin=6"`` (the candidate's directory and key suffix)."""
-    if not values:
-        return "default"
-    return ",".join(f"{a.partition('.')[2]}={v:g}" for a, v in sorted(values.items()))
 
 
 def cand_key(preset: str, method: str, seed: int, values: dict) -> str:

@@ -18,7 +18,7 @@ from calibkit.report.data import ece_deltas, label, summarize
 from calibkit.report.figures import method_figure, summary_figures
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import grid_tables, ranked_table, robustness_table
-from calibkit.report.tuning import protocol_section
+from calibkit.report.tuning import current_runs, protocol_section
 from calibkit.store import Store
 
 
@@ -147,7 +147,7 @@ def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
             preset = presets[-1]
         elif preset not in presets:
             raise ValueError(f"no runs of preset {preset!r} in {out_dir / 'runs.db'}; found: {', '.join(presets)}")
-        return preset, store.runs(preset, status=None)
+        return preset, current_runs(store.runs(preset, status=None), store, preset)[0]
     finally:
         store.close()
 
