@@ -228,20 +228,21 @@ class Tuner:
         seen: set[str] = set()
         while True:
             items = [i for i in self.items() if cand_key(self.preset.name, i[0], self.seed, i[1]) not in seen]
+            if not items:  # nothing new since the last selection: the grids stopped growing
+                return counts
             seen.update(cand_key(self.preset.name, m, self.seed, v) for m, v in items)
             self._round(items, counts)
             self.wait_for_others()
-            grew = self.select_all() if self.dd.is_main else None
-            if not _broadcast(bool(grew and grew[1]), self.dd):
-                return counts
+            if self.dd.is_main:
+                self.select_all()  # may extend grids: the next pass trains what they gained
             self.refresh()
 
     def refresh(self) -> None:
         """Read every method's current space (declared grid + recorded extensions) from the database."""
-        spaces = None
-        if self.dd.is_main:
-            spaces = {m: extended_space(space_for(self.preset, m), self.record_of(m)) for m in self.methods}
-        self.spaces = _broadcast(spaces, self.dd)
+        self.spaces = _broadcast(self._read_spaces() if self.dd.is_main else None, self.dd)
+
+    def _read_spaces(self) -> dict:
+        return {m: extended_space(space_for(self.preset, m), self.record_of(m)) for m in self.methods}
 
     def record_of(self, method: str) -> dict | None:
         """The method's tuning record in ``runs.db`` (extensions, no-effect axes, notes), or ``None``."""
@@ -321,14 +322,18 @@ class Tuner:
         Returns:
             ``({method: selected values}, [methods whose grid grew]``).
         """
+        self.spaces = self._read_spaces()  # another process may have extended a grid since this one looked
         chosen, grew = {}, []
         for method in self.methods:
             space = self.spaces[method]
             rows, n = self.finished(method), len(candidates(method, space))
             if len(rows) < n:
-                self.log(f"tune {method}: {len(rows)} of {n} candidates finished; "
-                         "no selection yet (run the same command again)")
-                continue
+                wanted = {slug(v) for v in candidates(method, space)}
+                if any(slug(r["hparams"]) in wanted
+                       for r in self.store.candidates(self.preset.name, method, self.seed, status="failed")):
+                    self.log(f"tune {method}: {len(rows)} of {n} candidates finished; "
+                             "no selection yet (run the same command again)")
+                continue  # else: values another process added are still to train
             win = rows[select(rows, space, self.criterion)]
             self.store.select_candidate(self.preset.name, method, self.seed, win["cand_key"],
                                         self.criterion.to_dict())

@@ -147,12 +147,12 @@ def tuning_rows(cands: list[dict], records: dict | None = None) -> tuple[list[st
         crit = (chosen[0].get("criterion") or {}) if chosen else {}
         drop = crit.get("max_acc_drop", 0.01)
         excluded = sum(c["metrics"]["acc"] < best_acc - drop - 1e-12 for c in group)
-        notes = [f"no effect: {a.partition('.')[2]} (bit-identical validation logits)"
+        notes = [f"no effect: {a} (bit-identical validation logits)"
                  for a in (record or {}).get("no_effect", [])]
         if chosen:
             edge = at_edge(chosen[0]["hparams"], space_of(method, record))
             if edge:
-                notes.insert(0, f"on the grid edge ({', '.join(a.partition('.')[2] for a in edge)})")
+                notes.insert(0, f"on the grid edge ({', '.join(edge)})")
             c = chosen[0]
             rows.append([_label(method), _values(c["hparams"]), f"{100 * c['metrics']['ece']:.2f}",
                          f"{100 * c['metrics']['acc']:.2f}", str(len(group)), str(excluded), _extended(record),
