@@ -237,3 +237,58 @@ def test_two_tune_workers_train_each_candidate_once_and_select_as_one(tmp_path, 
     # the same candidates (extensions included), the same validation numbers, the same selection
     pick = lambda rows: {r["cand_key"]: (r["metrics"], r["selected"]) for r in rows}  # noqa: E731
     assert pick(two) == pick(one) and meta2 == meta1
+
+
+# ------------------------------------------------------------------------------ re-tuning a bench
+
+
+def test_a_re_tuned_method_runs_again_and_the_report_shows_only_the_selection(tmp_path, one_thread):
+    from calibkit.bench.runner import Bench
+    from calibkit.bench.space import apply_values
+    from calibkit.bench.tune import Criterion
+    from calibkit.report import build_report
+
+    tiny = dataclasses.replace(TINY, name="tiny")
+
+    def bench(preset):
+        b = Bench(preset, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
+        try:
+            return b.run()
+        finally:
+            b.close()
+
+    assert bench(tiny) == {"done": 2, "skipped": 0, "failed": 0}  # LS at the preset's alpha 0.05
+    with Store(tmp_path / "runs.db") as s:
+        before = s.get("tiny/ls/0")
+        # a tuning in this directory selects alpha 0.2 (on the selection seed 7)
+        s.claim_candidate("tiny/ls/7/alpha=0.2", preset="tiny", method="ls", seed=7, hparams={"loss.alpha": 0.2})
+        s.finish_candidate("tiny/ls/7/alpha=0.2", metrics={"acc": 0.9, "ece": 0.01})
+        s.select_candidate("tiny", "ls", 7, "tiny/ls/7/alpha=0.2", Criterion().to_dict())
+    # a bench at another value than the selection is still refused, and says what was selected
+    with pytest.raises(ValueError, match=r"one set of values per bench.*selected \{'loss.alpha': 0.2\}"):
+        bench(apply_values(tiny, "ls", {"loss.alpha": 0.1}))
+    # at the selection: exactly LS runs again (CE is unchanged), the old run is kept aside
+    assert bench(apply_values(tiny, "ls", {"loss.alpha": 0.2})) == {"done": 1, "skipped": 1, "failed": 0}
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        old, new = s.get("tiny/ls/0~alpha=0.05"), s.get("tiny/ls/0")
+    assert old["metrics"] == before["metrics"] and old["finished_at"] == before["finished_at"]
+    assert old["run_dir"].endswith("seed0~alpha=0.05") and (tmp_path / "runs/tiny/ls/seed0~alpha=0.05/config.json").is_file()
+    assert new["config"]["hparams"] == {"loss.alpha": 0.2} and new["run_dir"].endswith("ls/seed0")
+    rep = build_report(tmp_path, figures=False)
+    assert [r["run_key"] for r in rep["summary"]["ls"]["runs"]] == ["tiny/ls/0"]  # one value per method
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| LS | alpha=0.2 | ls:alpha=0.2 | - | tuned here |" in md and "| alpha=0.05 |" not in md
+    assert "| runs not shown | 1 run(s) at values other than this directory's selection (kept in runs.db): " \
+           "tiny/ls/0~alpha=0.05 |" in md
+    # and running it again changes nothing
+    assert bench(apply_values(tiny, "ls", {"loss.alpha": 0.2})) == {"done": 0, "skipped": 2, "failed": 0}
+
+
+def test_provenance_names_the_committed_tuning_only_for_the_shipped_presets_own_runs():
+    from calibkit.report.tuning import _provenance
+
+    fmnist = {"dataset": "fmnist", "model": "mlp"}
+    assert "docs/tuning/default.json" in _provenance("default", [fmnist, fmnist])
+    for preset, recs in (("default", [fmnist, {"dataset": "imagefolder", "model": "mlp"}]), ("mine", [fmnist]),
+                         ("smoke", [fmnist])):
+        assert "docs/" not in _provenance(preset, recs) and "no tuning run in this directory" in _provenance(preset, recs)
