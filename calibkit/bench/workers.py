@@ -40,6 +40,8 @@ def worker_argv(args) -> list[str]:
                         ("--num-threads", args.num_threads), ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
+    if args.csm_build:
+        argv.append("--csm-build")  # the caller builds before releasing it: the worker finds the set
     if args.tune:
         argv.append("--tune")  # resumes the finished selection: the worker trains at the selected values
     return argv
@@ -57,6 +59,8 @@ def tune_worker_argv(args) -> list[str]:
                         ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
+    if args.csm_build:
+        argv.append("--csm-build")
     return argv
 
 

@@ -25,6 +25,9 @@ def add_shared(p) -> None:
     """Options shared by ``tune`` and ``bench``."""
     from calibkit.bench.grid import KEEP_POLICIES
 
+    p.add_argument("--csm-build", action="store_true",
+                   help="with csm in the methods and no generated set: build one in DIR first (train the generator "
+                   "on the training images outside every seed's validation split, then generate; resumable)")
     p.add_argument("--max-extensions", type=int, default=2, metavar="K",
                    help="times each grid axis may be extended when a selection lands on its edge (default 2; 0: "
                    "never)")
@@ -127,7 +130,12 @@ def _run(args, waiting: list) -> int:
         from calibkit.bench.preflight import check_tune
 
         check_tune(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
-                   csm_store=args.csm_store)
+                   csm_store=args.csm_store, csm_build=args.csm_build, device=args.device)
+    if args.csm_build:  # before the workers are released: they find the finished build
+        from calibkit.bench.csmbuild import ensure
+
+        seeds = None if args.seed is None else sorted({*preset.seeds, args.seed})  # the bench's, the selection's
+        args.csm_store = ensure(preset, args.out, seeds, args.methods, args.data_dir, args.device, args.csm_store)
     workers, interrupted = [], True
 
     def release():
