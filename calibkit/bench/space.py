@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from calibkit.bench.grid import METHODS, TARGETS, Preset, space_for
+from calibkit.bench.grid import TARGETS, Preset, space_for
 
 
 def _fmt(value) -> str:
@@ -43,12 +43,12 @@ def with_loss_params(spec: str, values: dict) -> str:
     return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
 
 
-def candidates(method: str, space: dict | None = None) -> list[dict]:
-    """Every point of a search space (default: the method's declared one; ``[{}]`` for a method
-    with none), in grid order."""
+def candidates(method: str, preset: Preset | None = None, space: dict | None = None) -> list[dict]:
+    """Every point of ``space`` (default: the method's under ``preset``,
+    ``calibkit.bench.grid.space_for``; ``[{}]`` for a method with none), in grid order."""
     import itertools
 
-    space = METHODS[method].space if space is None else space
+    space = space_for(preset, method) if space is None else space
     if not space:
         return [{}]
     names = list(space)

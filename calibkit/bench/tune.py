@@ -169,7 +169,7 @@ class Tuner:
     # -- candidates -----------------------------------------------------------------------------
     def items(self) -> list[tuple[str, dict]]:
         """``(method, values)`` of every candidate, CE first, then the grid order."""
-        return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m, self.spaces[m])]
+        return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m, space=self.spaces[m])]
 
     def run_dir(self, method: str, values: dict) -> Path:
         if method == REFERENCE:
@@ -313,7 +313,7 @@ class Tuner:
     def finished(self, method: str) -> list[dict]:
         """The method's finished candidates, in grid order (only those of its current space)."""
         rows = {slug(r["hparams"]): r for r in self.store.candidates(self.preset.name, method, self.seed)}
-        return [rows[slug(v)] for v in candidates(method, self.spaces[method]) if slug(v) in rows]
+        return [rows[slug(v)] for v in candidates(method, space=self.spaces[method]) if slug(v) in rows]
 
     def select_all(self) -> tuple[dict[str, dict], list[str]]:
         """Select every method whose candidates all finished, record its no-effect axes and the
@@ -326,9 +326,9 @@ class Tuner:
         chosen, grew = {}, []
         for method in self.methods:
             space = self.spaces[method]
-            rows, n = self.finished(method), len(candidates(method, space))
+            rows, n = self.finished(method), len(candidates(method, space=space))
             if len(rows) < n:
-                wanted = {slug(v) for v in candidates(method, space)}
+                wanted = {slug(v) for v in candidates(method, space=space)}
                 if any(slug(r["hparams"]) in wanted
                        for r in self.store.candidates(self.preset.name, method, self.seed, status="failed")):
                     self.log(f"tune {method}: {len(rows)} of {n} candidates finished; "
