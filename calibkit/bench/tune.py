@@ -357,6 +357,7 @@ class Tuner:
 
     def selection(self) -> dict[str, dict]:
         """``{method: selected values}`` recorded in the database for this preset and seed."""
+        self.spaces = self._read_spaces()  # the grids as extended in the database
         out = {}
         for method in self.methods:
             rows = [r for r in self.finished(method) if r["selected"]]
