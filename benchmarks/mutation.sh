@@ -34,7 +34,13 @@ declare -A TESTS=(
   [calibkit/grouped_bootstrap.py]="tests/test_segmentation_train.py tests/test_blindspots_bootstrap.py"
   [calibkit/functional/losses.py]="tests/test_functional_losses.py tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_functional_losses.py"
   [calibkit/metrics.py]="tests/test_metrics.py tests/test_pixel_metrics.py tests/test_metric_inputs.py tests/test_blindspots_metrics.py"
-  [calibkit/calibrators.py]="tests/test_calibrators.py tests/test_blindspots_calibrators.py"
+  [calibkit/calibrators/temperature.py]="tests/test_calibrators.py tests/test_blindspots_calibrators.py tests/calibrators/test_temperature.py"
+  [calibkit/calibrators/_base.py]="tests/calibrators/test_base.py tests/calibrators/test_temperature.py"
+  [calibkit/calibrators/scaling.py]="tests/calibrators/test_scaling.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/ets.py]="tests/calibrators/test_ets.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/binning.py]="tests/calibrators/test_binning.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/spline.py]="tests/calibrators/test_spline.py tests/calibrators/test_base.py"
+  [calibkit/calibrators/io.py]="tests/calibrators/test_io.py tests/calibrators/test_base.py"
   [calibkit/methods/maccal/estimator.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_maccal.py"
   [calibkit/methods/maccal/masking.py]="tests/test_maccal.py tests/test_blindspots_maccal.py"
   [calibkit/methods/maccal/stage2.py]="tests/test_maccal.py tests/test_maccal_run.py tests/test_blindspots_training.py tests/test_blindspots_maccal.py"
@@ -65,7 +71,7 @@ declare -A TESTS=(
 )
 # the core modules (functional/, losses, metrics, calibrators, methods/, bench/evaluation,
 # report, store); the other entries of TESTS are measured on request
-DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators.py
+DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators/temperature.py
          calibkit/metrics.py calibkit/methods/csm/annotate.py calibkit/methods/maccal/masking.py
          calibkit/functional/metrics.py calibkit/methods/maccal/estimator.py
          calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py

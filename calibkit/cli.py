@@ -30,6 +30,8 @@ COMMANDS = {
     "report": "calibkit.commands.report",
     "csm": "calibkit.commands.csm",
     "maccal": "calibkit.commands.maccal",
+    "calibrate": "calibkit.commands.calibrate",
+    "apply": "calibkit.commands.apply",
 }
 
 

@@ -1,7 +1,9 @@
-"""Post-hoc calibrators, scikit-learn style: they map logits to logits.
+"""Temperature scaling (Guo et al., 2017): one scalar ``T`` for every class and every layout.
 
 ``__init__`` stores hyperparameters only, ``fit(logits, labels)`` returns ``self`` and learned
 state ends in ``_``. Fitting is done on cached validation logits, never on the test split.
+Unlike the other calibrators, it also maps logits to logits (:meth:`TemperatureScaling.transform`)
+and takes dense ``(N, K, *spatial)`` layouts.
 
 Example:
     >>> import torch
@@ -21,14 +23,11 @@ import warnings
 import torch
 
 from calibkit._validation import as_tensor, check_labels, check_logits, check_n_bins, upcast
+from calibkit.calibrators._base import NotFittedError, _from_dict, _plain, check_not_probabilities
 from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
 from calibkit.metrics import evaluate
 
-__all__ = ["NotFittedError", "TemperatureScaling", "CALIBRATORS", "evaluate_before_after_ts"]
-
-
-class NotFittedError(ValueError, AttributeError):
-    """Raised when a calibrator is used before ``fit``."""
+__all__ = ["TemperatureScaling", "evaluate_before_after_ts"]
 
 
 class TemperatureScaling:
@@ -62,10 +61,18 @@ class TemperatureScaling:
       replacement (``torch.randperm`` of the valid pixels with a generator seeded by ``seed``),
       all of them when there are fewer.
 
+    Probabilities passed as logits (the pitfall where ``fit`` on softmax outputs returns
+    ``T`` near 2.7 or 7.3 without complaint): rows that are all in ``[0, 1]`` and sum to 1 are
+    refused with a ``ValueError`` (pass ``log(probs)``); values that merely all lie in ``[0, 1]``
+    raise a :class:`~calibkit.calibrators.ProbabilitiesAsLogitsWarning` (see
+    :func:`calibkit.calibrators._base.check_not_probabilities`).
+
+    ``T`` is one scalar, so a fitted ``TemperatureScaling`` applies to logits of any ``K``.
+
     Args:
-        objective: ``"nll"`` or ``"ece"``.
-        n_bins: bins of the ECE objective.
-        t_min, t_max: search range of the NLL solver.
+        objective: ``"nll"`` (default) or ``"ece"``.
+        n_bins: bins of the ECE objective (default 15).
+        t_min, t_max: search range of the NLL solver (default 0.01 to 100).
 
     Attributes:
         temperature_: the fitted ``T`` (python float).
@@ -73,6 +80,8 @@ class TemperatureScaling:
     """
 
     OBJECTIVES = ("nll", "ece")
+    _PARAMS = ("objective", "n_bins", "t_min", "t_max")
+    _STATE = ("temperature_", "n_iter_")
 
     def __init__(self, objective: str = "nll", n_bins: int = 15, t_min: float = 1e-2, t_max: float = 1e2):
         self.objective = objective
@@ -126,6 +135,20 @@ class TemperatureScaling:
         fitted = f", temperature_={self.temperature_:.4g}" if hasattr(self, "temperature_") else ""
         return f"TemperatureScaling(objective={self.objective!r}, n_bins={self.n_bins}{fitted})"
 
+    def get_params(self) -> dict:
+        return {k: getattr(self, k) for k in self._PARAMS}
+
+    def to_dict(self) -> dict:
+        """``{"params": hyperparameters, "state": {"temperature_": T, "n_iter_": n}}`` (python values)."""
+        self._check_fitted()
+        return {"params": {k: _plain(v) for k, v in self.get_params().items()},
+                "state": {k: getattr(self, k) for k in self._STATE}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TemperatureScaling:
+        """The calibrator described by :meth:`to_dict`."""
+        return _from_dict(cls, d, cls._STATE)
+
 
 def _check_any_logits(logits) -> torch.Tensor:
     x = as_tensor(logits, "logits")
@@ -167,7 +190,12 @@ def _fit_rows(logits, labels, ignore_index, max_pixels, seed):
         x, y = x[keep], y[keep]
     if x.dim() == 1:  # binary: one logit per sample, P(y = 1) = sigmoid(z / T)
         x = check_logits(torch.stack([torch.zeros_like(x), x], 1)) if x.dtype.is_floating_point else x[:, None]
-    return check_logits(x, y)
+        x, y = check_logits(x, y)
+        check_not_probabilities(x[:, 1], "TemperatureScaling")
+        return x, y
+    x, y = check_logits(x, y)
+    check_not_probabilities(x, "TemperatureScaling")
+    return x, y
 
 
 def _moments(z: torch.Tensor, z2: torch.Tensor, z_y: torch.Tensor, b: float) -> tuple[float, float]:
@@ -229,10 +257,6 @@ def _fit_ece_grid(z, labels, n_bins):
         errors.append(float(binned_errors(bin_sums(equal_width_bins(conf, n_bins), conf, correct, n_bins))["ece"]))
     best = min(range(len(grid)), key=lambda i: (errors[i], i))
     return float(grid[best]), len(grid)
-
-
-#: Registry of calibrators by name (tests loop over it).
-CALIBRATORS = {"temperature": TemperatureScaling}
 
 
 def evaluate_before_after_ts(val_logits, val_labels, test_logits, test_labels, n_bins: int = 15,

@@ -1,0 +1,243 @@
+"""What every calibrator shares: input checks, the binary layout, the output dtype, saving state.
+
+A calibrator's ``__init__`` stores hyperparameters only (the names in ``_PARAMS``); ``fit``
+validates its inputs here, works on float64 ``(N, K)`` logits and stores its learned state in
+``_``-suffixed attributes (the names in ``_STATE``); ``predict_proba`` validates again and maps
+logits of the fitted ``K`` to probabilities.
+
+Layouts:
+
+* ``(N, K)`` logits with ``(N,)`` integer labels in ``[0, K)``;
+* **binary** ``(N,)`` positive-class logits with 0/1 labels: fitted as the two-class logits
+  ``(0, z)`` (``softmax((0, z))_1 = sigmoid(z)``); ``predict_proba`` returns ``(N,)``
+  positive-class probabilities. A calibrator fitted on one layout refuses the other.
+
+Probabilities passed as logits: a matrix whose entries all lie in ``[0, 1]`` and whose rows all
+sum to 1 (within the tolerance of :func:`calibkit._validation.prob_sum_tol`) is refused with a
+``ValueError`` (pass ``log(probs)``: ``softmax(log p) = p``); inputs whose entries all lie in
+``[0, 1]`` otherwise (e.g. sigmoid outputs given as binary scores) only raise a
+:class:`ProbabilitiesAsLogitsWarning`, since such logits are possible, if rare. Constant inputs
+(every entry equal, e.g. all zeros) are neither.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from calibkit._validation import as_tensor, check_labels, check_logits, prob_sum_tol, upcast
+
+__all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "check_not_probabilities",
+           "fit_inputs", "lbfgs"]
+
+
+class NotFittedError(ValueError, AttributeError):
+    """Raised when a calibrator is used before ``fit``."""
+
+
+class ProbabilitiesAsLogitsWarning(UserWarning):
+    """The logits passed to a calibrator all lie in ``[0, 1]``: they may be probabilities."""
+
+
+def check_not_probabilities(x: torch.Tensor, owner: str) -> None:
+    """Refuse probability rows passed as logits, warn about values that all lie in ``[0, 1]``.
+
+    ``x``: ``(N, K)`` rows (``(N,)`` for binary scores). See the module docstring.
+    """
+    lo, hi = torch.aminmax(x)
+    if not (bool(lo >= 0) and bool(hi <= 1)) or bool(lo == hi):  # constant logits (e.g. zeros): no signal either way
+        return
+    if x.dim() == 2:
+        worst = float((upcast(x).double().sum(1) - 1).abs().max())
+        if worst <= prob_sum_tol(x.dtype):
+            raise ValueError(f"{owner}: the logits look like probabilities (every entry in [0, 1] and every row "
+                             "sums to 1); calibrators take logits: pass log(probs) instead (softmax(log p) = p)")
+        hint = "pass log(probs)"
+    else:
+        hint = "pass logit(p) = log(p / (1 - p))"
+    warnings.warn(f"{owner}: every logit lies in [0, 1]; if these are probabilities, {hint} instead",
+                  ProbabilitiesAsLogitsWarning, stacklevel=4)
+
+
+def _rows(logits, owner: str) -> tuple[torch.Tensor, bool]:
+    """Validated ``(N, K)`` logits (binary ``(N,)`` -> ``(0, z)``) and whether the input was binary."""
+    x = as_tensor(logits, "logits")
+    if x.dim() == 1:
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"logits must be a floating-point tensor, got dtype {x.dtype}")
+        return check_logits(torch.stack([torch.zeros_like(x), x], 1)), True
+    if x.dim() != 2:
+        raise ValueError(f"{owner} takes (N, K) logits or (N,) binary positive-class logits, got shape "
+                         f"{tuple(x.shape)} (dense layouts: use TemperatureScaling)")
+    return check_logits(x), False
+
+
+def fit_inputs(logits, labels, owner: str) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(z, y, binary)``: float64 ``(N, K)`` logits, int64 labels in ``[0, K)``, the layout flag."""
+    x, binary = _rows(logits, owner)
+    check_not_probabilities(x[:, 1] if binary else x, owner)
+    y = check_labels(labels, x.shape[1], x.shape[0]).to(x.device)
+    return upcast(x).double(), y, binary
+
+
+def _value_and_grad(loss_fn, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        f = loss_fn(x)
+        (g,) = torch.autograd.grad(f, x)
+    return float(f.detach()), g
+
+
+def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: int = 20) -> tuple[torch.Tensor, int]:
+    """Minimise ``loss_fn(x)`` (a differentiable scalar of a flat float64 tensor) from ``x0`` with
+    L-BFGS; returns the minimiser and the number of iterations run. Deterministic.
+
+    Directions by the two-loop recursion over the last ``history`` pairs (initial scaling
+    ``s.y / y.y``; the first step is scaled to a unit L1 norm), steps by backtracking from 1
+    until the Armijo condition ``f(x + t d) <= f(x) + 1e-4 t g.d`` holds (pairs with ``s.y <= 0``
+    are skipped, so the curvature stays positive). Stops after ``max_iter`` iterations, when the
+    largest gradient entry is at most ``tol``, or when an iteration lowers the loss by less than
+    ``1e-12`` relative. (``torch.optim.LBFGS`` is avoided: building it imports ``torch._dynamo``,
+    which costs seconds in every process.)
+    """
+    x = x0.detach().clone()
+    f, g = _value_and_grad(loss_fn, x)
+    pairs: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+    it = 0
+    while it < max_iter and float(g.abs().max()) > tol:
+        it += 1
+        d = -g
+        alphas = []
+        for s, yv, rho in reversed(pairs):
+            a = rho * float(s @ d)
+            alphas.append(a)
+            d = d - a * yv
+        if pairs:
+            s, yv, _ = pairs[-1]
+            d = d * (float(s @ yv) / float(yv @ yv))
+        else:
+            d = d / max(1.0, float(g.abs().sum()))
+        for (s, yv, rho), a in zip(pairs, reversed(alphas)):
+            d = d + (a - rho * float(yv @ d)) * s
+        gd = float(g @ d)
+        if not gd < 0:  # not a descent direction: restart from the gradient
+            pairs.clear()
+            d = -g / max(1.0, float(g.abs().sum()))
+            gd = float(g @ d)
+        t = 1.0
+        while True:
+            x_new = x + t * d
+            f_new, g_new = _value_and_grad(loss_fn, x_new)
+            if f_new <= f + 1e-4 * t * gd:
+                break
+            t *= 0.5
+            if t < 1e-20:
+                return x, it
+        s, yv = x_new - x, g_new - g
+        sy = float(s @ yv)
+        if sy > 1e-12 * float(s.norm() * yv.norm()):
+            pairs.append((s, yv, 1.0 / sy))
+            del pairs[:-history]
+        drop = f - f_new
+        x, f, g = x_new, f_new, g_new
+        if drop <= 1e-12 * max(1.0, abs(f)):
+            break
+    return x, it
+
+
+def _plain(v):
+    """A hyperparameter as JSON can hold it (tuples -> lists)."""
+    return list(v) if isinstance(v, tuple) else v
+
+
+class Calibrator:
+    """The shared protocol (one level of inheritance, no behaviour beyond checks and state I/O).
+
+    Subclasses set ``_PARAMS`` (hyperparameter names, in ``__init__`` order) and ``_STATE``
+    (fitted attribute names, ending in ``_``) and implement ``_fit(z, y)`` and ``_predict(z)`` on
+    float64 ``(N, K)`` logits, the latter returning float64 ``(N, K)`` probabilities.
+    """
+
+    _PARAMS: tuple[str, ...] = ()
+    _STATE: tuple[str, ...] = ()
+
+    def fit(self, val_logits, val_labels):
+        """Fit on validation ``(N, K)`` logits (or ``(N,)`` binary logits) and labels; returns ``self``."""
+        name = type(self).__name__
+        z, y, binary = fit_inputs(val_logits, val_labels, name)
+        self._check_params()
+        self._fit(z, y)
+        self.n_classes_ = int(z.shape[1])
+        self.binary_ = binary
+        return self
+
+    def _check_params(self) -> None:
+        """Raise ``ValueError`` for bad hyperparameters (override where there are any to check)."""
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "n_classes_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(val_logits, val_labels) first")
+
+    def predict_proba(self, logits) -> torch.Tensor:
+        """Calibrated probabilities ``(N, K)`` (binary: ``(N,)`` positive-class probabilities), on the
+        logits' device, in their dtype (float16/bfloat16 upcast to float32)."""
+        self._check_fitted()
+        name = type(self).__name__
+        x, binary = _rows(logits, name)
+        if binary != self.binary_:
+            fitted = "(N,) binary logits" if self.binary_ else f"(N, {self.n_classes_}) logits"
+            raise ValueError(f"this {name} was fitted on {fitted}; got shape {tuple(as_tensor(logits, 'logits').shape)}")
+        if x.shape[1] != self.n_classes_:
+            raise ValueError(f"logits have K = {x.shape[1]} classes but this {name} was fitted on K = {self.n_classes_}")
+        self._state_on(x.device)
+        q = self._predict(upcast(x).double())
+        q = q.to(dtype=upcast(x).dtype, device=x.device)
+        return q[:, 1] if binary else q
+
+    def _state_on(self, device) -> None:
+        """Move tensor state to ``device`` (fitted on one device, used on another)."""
+        for k in self._STATE:
+            v = getattr(self, k)
+            if isinstance(v, torch.Tensor) and v.device != torch.device(device):
+                setattr(self, k, v.to(device))
+
+    def get_params(self) -> dict:
+        return {k: getattr(self, k) for k in self._PARAMS}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        fitted = f", fitted on K={self.n_classes_}" if hasattr(self, "n_classes_") else ""
+        return f"{type(self).__name__}({args}{fitted})"
+
+    def to_dict(self) -> dict:
+        """``{"params": hyperparameters, "state": fitted state}``; tensors as float64/int64 CPU
+        tensors, the rest as JSON-ready python values (see :func:`calibkit.calibrators.save`)."""
+        self._check_fitted()
+        state = {}
+        for k in self._STATE + ("n_classes_", "binary_"):
+            v = getattr(self, k)
+            state[k] = v.detach().cpu().contiguous() if isinstance(v, torch.Tensor) else v
+        return {"params": {k: _plain(v) for k, v in self.get_params().items()}, "state": state}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """The calibrator described by :meth:`to_dict` (fitted when ``d`` holds a state)."""
+        return _from_dict(cls, d, cls._STATE + ("n_classes_", "binary_"))
+
+
+def _from_dict(cls, d: dict, state_names: tuple[str, ...]):
+    if not isinstance(d, dict) or "params" not in d:
+        raise ValueError(f"{cls.__name__}.from_dict needs a dict with 'params' (and 'state'), got {type(d).__name__}")
+    params = dict(d["params"])
+    unknown = sorted(set(params) - set(getattr(cls, "_PARAMS", params)))
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown hyperparameter(s) {', '.join(unknown)}")
+    obj = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
+    state = d.get("state") or {}
+    missing = [k for k in state_names if k not in state]
+    if state and missing:
+        raise ValueError(f"{cls.__name__}: saved state lacks {', '.join(missing)}")
+    for k in state_names if state else ():
+        setattr(obj, k, state[k])
+    return obj

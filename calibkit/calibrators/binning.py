@@ -1,0 +1,276 @@
+"""Non-parametric one-vs-rest maps on the softmax probabilities: histogram binning (Zadrozny and
+Elkan, 2001), isotonic regression (Zadrozny and Elkan, 2002; the shared-map IRM variant of Zhang
+et al., 2020) and scaling-binning (Kumar et al., 2019).
+
+Each fits one map ``g_k`` per class ``k`` on the pairs ``(p_ik, 1[y_i = k])`` of the validation
+set (``p = softmax(z)``) and predicts ``q_ik = g_k(p_ik) / sum_j g_j(p_ij)``; a row where every
+``g_j`` is 0 becomes uniform ``1 / K`` (never 0 / 0 = NaN). The renormalisation can change the
+argmax (one-vs-rest maps are fitted independently); ``docs/calibrators.md`` says how often.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from calibkit._validation import check_n_bins
+from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators.temperature import _fit_nll
+
+__all__ = ["HistogramBinning", "IsotonicCalibration", "ScalingBinning", "pav_tables", "interpolate"]
+
+
+def _normalise(g: torch.Tensor) -> torch.Tensor:
+    """Rows of ``g`` ``(N, K)`` divided by their sums; all-zero rows -> uniform."""
+    s = g.sum(1, keepdim=True)
+    return torch.where(s > 0, g / torch.where(s > 0, s, 1.0), torch.full_like(g, 1.0 / g.shape[1]))
+
+
+# ---------------------------------------------------------------------------------- equal-mass bins
+def fit_bins(values: torch.Tensor, targets: torch.Tensor, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equal-mass bins of each column of ``values`` ``(N, K)`` and the mean of ``targets`` per bin.
+
+    Edges: with ``s_(1) <= ... <= s_(N)`` a column's sorted values, the inner edges are the order
+    statistics ``e_b = s_(ceil(b N / B))``, ``b = 1..B-1`` (``(K, B - 1)``), and membership is
+    ``(e_b, e_{b+1}]`` as in the metrics (bin 0: ``<= e_1``; the last bin: ``> e_{B-1}``). Without
+    ties bin ``b`` holds the ranks ``ceil(b N / B) + 1 .. ceil((b + 1) N / B)``: sizes differ by at
+    most one. A bin that holds no validation value (ties can leave one empty, and ``B > N`` does)
+    takes the mean of the nearest non-empty bin below it (bin 0 always holds the smallest value).
+    Returns ``(edges (K, B - 1), means (K, B))``, float64.
+    """
+    n, k = values.shape
+    dev = values.device
+    ranks = (torch.arange(1, n_bins, device=dev) * n + n_bins - 1) // n_bins  # ceil(b N / B), 1-based
+    edges = values.T.sort(dim=1).values[:, (ranks - 1).clamp(min=0)]
+    idx = _bin_of(edges, values.T)  # (K, N)
+    flat = (idx + torch.arange(k, device=dev)[:, None] * n_bins).reshape(-1)
+    count = torch.zeros(k * n_bins, dtype=torch.float64, device=dev).index_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.float64)).view(k, n_bins)
+    total = torch.zeros(k * n_bins, dtype=torch.float64, device=dev).index_add_(
+        0, flat, targets.T.reshape(-1).double()).view(k, n_bins)
+    means = total / count.clamp(min=1)
+    filled = torch.where(count > 0, torch.arange(n_bins, device=dev), 0).cummax(dim=1).values
+    return edges, means.gather(1, filled)
+
+
+def _bin_of(edges: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Bin index ``(K, M)`` of the values ``v`` ``(K, M)`` under the inner ``edges`` ``(K, B - 1)``."""
+    if edges.shape[1] == 0:
+        return torch.zeros(v.shape, dtype=torch.long, device=v.device)
+    return torch.searchsorted(edges.contiguous(), v.contiguous())  # first edge >= v: (lo, hi]
+
+
+def apply_bins(edges: torch.Tensor, means: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``means[k, bin_k(values[:, k])]`` for every entry of ``values`` ``(N, K)``; ``(N, K)``."""
+    return means.gather(1, _bin_of(edges, values.T)).T
+
+
+class HistogramBinning(Calibrator):
+    """Histogram binning, one-vs-rest: for each class ``k``, ``B`` equal-mass bins of the validation
+    ``p_k = softmax(z)_k``, each predicting the fraction of its samples labelled ``k``; then the
+    row is renormalised (module docstring). Bins: :func:`fit_bins`.
+
+    Args:
+        n_bins: bins per class (default 15).
+
+    Attributes:
+        edges_: ``(K, B - 1)`` inner edges; values_: ``(K, B)`` per-bin frequencies (float64).
+    """
+
+    _PARAMS = ("n_bins",)
+    _STATE = ("edges_", "values_")
+
+    def __init__(self, n_bins: int = 15):
+        self.n_bins = n_bins
+
+    def _check_params(self):
+        check_n_bins(self.n_bins)
+
+    def _fit(self, z, y):
+        p = torch.softmax(z, 1)
+        onehot = torch.nn.functional.one_hot(y, z.shape[1]).double()
+        self.edges_, self.values_ = fit_bins(p, onehot, self.n_bins)
+
+    def _predict(self, z):
+        return _normalise(apply_bins(self.edges_, self.values_, torch.softmax(z, 1)))
+
+
+# ---------------------------------------------------------------------------------- isotonic
+def pav_tables(x: torch.Tensor, y: torch.Tensor, group: torch.Tensor, n_groups: int):
+    """Least-squares non-decreasing fit of ``y`` on ``x`` within each group (pool adjacent violators).
+
+    Tied ``x`` within a group are first merged into one point (weight = count, value = mean ``y``),
+    as scikit-learn's ``IsotonicRegression`` does; neighbouring points with equal values start in
+    one block. PAV then runs on all groups at once: every pass
+    merges each maximal run of adjacent blocks whose means decrease (a sequence of merges of
+    violating neighbours, so the result is the unique PAV solution), until no block's mean exceeds
+    its right neighbour's within a group. Points inside a constant stretch are dropped (linear
+    interpolation is unchanged). Returns padded tables ``xs, ys`` ``(G, L)`` and ``length`` ``(G,)``:
+    group ``g``'s knots are ``xs[g, :length[g]]`` (increasing); padding repeats ``x = 2`` and the
+    last value.
+    """
+    dev = x.device
+    order = torch.sort(x, stable=True).indices
+    order = order[torch.sort(group[order], stable=True).indices]
+    x, y, group = x[order], y[order].double(), group[order]
+    new = torch.ones_like(x, dtype=torch.bool)
+    new[1:] = (group[1:] != group[:-1]) | (x[1:] != x[:-1])
+    run = new.cumsum(0) - 1
+    n_runs = int(run[-1]) + 1
+    w = torch.zeros(n_runs, dtype=torch.float64, device=dev).index_add_(0, run, torch.ones_like(y))
+    wy = torch.zeros(n_runs, dtype=torch.float64, device=dev).index_add_(0, run, y)
+    ux, ug = x[new], group[new]
+    # Start from blocks of neighbouring runs with equal means (they never violate; pooling them
+    # first leaves few blocks, so the passes below converge in a handful of iterations).
+    mean = wy / w
+    head = torch.ones_like(mean, dtype=torch.bool)
+    head[1:] = (mean[1:] != mean[:-1]) | (ug[1:] != ug[:-1])
+    gid = head.cumsum(0) - 1
+    nb = int(gid[-1]) + 1
+    sw = torch.zeros(nb, dtype=torch.float64, device=dev).index_add_(0, gid, w)
+    swy = torch.zeros(nb, dtype=torch.float64, device=dev).index_add_(0, gid, wy)
+    bg, start = ug[head], torch.arange(n_runs, device=dev)[head]
+    while True:
+        m = swy / sw
+        viol = (m[:-1] > m[1:]) & (bg[:-1] == bg[1:])
+        if not bool(viol.any()):
+            break
+        head = torch.ones_like(m, dtype=torch.bool)
+        head[1:] = ~viol
+        gid = head.cumsum(0) - 1
+        nb = int(gid[-1]) + 1
+        sw = torch.zeros(nb, dtype=torch.float64, device=dev).index_add_(0, gid, sw)
+        swy = torch.zeros(nb, dtype=torch.float64, device=dev).index_add_(0, gid, swy)
+        bg, start = bg[head], start[head]
+    fit = (swy / sw)[torch.searchsorted(start, torch.arange(n_runs, device=dev), right=True) - 1]
+    keep = torch.ones_like(fit, dtype=torch.bool)  # drop knots inside a constant stretch of one group
+    same_prev = (fit[1:-1] == fit[:-2]) & (ug[1:-1] == ug[:-2])
+    same_next = (fit[1:-1] == fit[2:]) & (ug[1:-1] == ug[2:])
+    keep[1:-1] = ~(same_prev & same_next)
+    ux, fit, ug = ux[keep], fit[keep], ug[keep]
+    length = torch.bincount(ug, minlength=n_groups)
+    width = int(length.max())
+    first = torch.cumsum(length, 0) - length
+    col = torch.arange(ux.numel(), device=dev) - first[ug]
+    xs = torch.full((n_groups, width), 2.0, dtype=torch.float64, device=dev)
+    ys = torch.zeros((n_groups, width), dtype=torch.float64, device=dev)
+    xs[ug, col], ys[ug, col] = ux.double(), fit
+    last = ys.gather(1, (length - 1).clamp(min=0)[:, None])
+    ys = torch.where(torch.arange(width, device=dev) < length[:, None], ys, last)
+    return xs, ys, length
+
+
+def interpolate(xs: torch.Tensor, ys: torch.Tensor, length: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Piecewise-linear interpolation of the tables of :func:`pav_tables` at ``v`` ``(G, M)``,
+    clipped to each table's range (``out_of_bounds="clip"``); ``(G, M)``."""
+    lo = xs[:, :1]
+    hi = xs.gather(1, (length - 1)[:, None])
+    v = torch.minimum(torch.maximum(v, lo), hi).contiguous()
+    i = (torch.searchsorted(xs.contiguous(), v, right=True) - 1).clamp(min=0)
+    j = torch.minimum(i + 1, (length - 1)[:, None])
+    x0, x1, y0, y1 = xs.gather(1, i), xs.gather(1, j), ys.gather(1, i), ys.gather(1, j)
+    dx = x1 - x0
+    t = torch.where(dx > 0, (v - x0) / torch.where(dx > 0, dx, 1.0), 0.0)
+    return y0 + t * (y1 - y0)
+
+
+class IsotonicCalibration(Calibrator):
+    """Isotonic regression, one-vs-rest: for each class ``k``, ``g_k`` is the non-decreasing
+    least-squares fit to the validation pairs ``(p_ik, 1[y_i = k])`` (:func:`pav_tables`),
+    linearly interpolated between its knots and clipped outside the fitted range (values in
+    ``[0, 1]``); ``q_k = g_k(p_k) / sum_j g_j(p_j)``, an all-zero row -> uniform.
+
+    ``irm=True``: one map shared by all classes, fitted on the ``N K`` pooled pairs
+    (Zhang et al., 2020, "IRM"); it preserves the ordering of the classes within a row up to
+    ties, unlike the one-vs-rest maps.
+
+    Args:
+        irm: one shared map instead of one per class (default False).
+
+    Attributes:
+        knots_x_, knots_y_: ``(G, L)`` padded knot tables (``G = K``, or 1 with ``irm``);
+        n_knots_: ``(G,)`` knots per map.
+    """
+
+    _PARAMS = ("irm",)
+    _STATE = ("knots_x_", "knots_y_", "n_knots_")
+
+    def __init__(self, irm: bool = False):
+        self.irm = irm
+
+    def _check_params(self):
+        if not isinstance(self.irm, bool):
+            raise ValueError(f"irm must be True or False, got {self.irm!r}")
+
+    def _fit(self, z, y):
+        p = torch.softmax(z, 1)
+        n, k = p.shape
+        target = torch.nn.functional.one_hot(y, k).double()
+        if self.irm:
+            group, n_groups = torch.zeros(n * k, dtype=torch.long, device=z.device), 1
+        else:
+            group, n_groups = torch.arange(k, device=z.device).repeat(n), k
+        self.knots_x_, self.knots_y_, self.n_knots_ = pav_tables(p.reshape(-1), target.reshape(-1), group, n_groups)
+
+    def _predict(self, z):
+        p = torch.softmax(z, 1)
+        v = p.reshape(1, -1) if self.irm else p.T
+        g = interpolate(self.knots_x_, self.knots_y_, self.n_knots_, v)
+        return _normalise(g.reshape(p.shape) if self.irm else g.T)
+
+
+# ---------------------------------------------------------------------------------- scaling-binning
+class ScalingBinning(Calibrator):
+    """Scaling-binning (Kumar et al., 2019, "Verified uncertainty calibration"), one-vs-rest.
+
+    1. Scaling: temperature scaling ``s = softmax(z / T)``, ``T`` by mean NLL, fitted on the first
+       part of the validation set (a seeded permutation; ``fit_fraction`` of the rows).
+    2. Binning: on the other part, ``B`` equal-mass bins of each class's scaled ``s_k``
+       (:func:`fit_bins`); each bin outputs the **mean of the scaled values** ``s_k`` in it (not
+       of the labels, which is what separates it from histogram binning).
+    3. ``q = renormalise(bin means)`` (module docstring).
+
+    Kumar et al. split the recalibration set into three parts (scaling, bin edges, bin means);
+    calibkit uses two, taking the edges and the means from the same part (the means are of scaled
+    values, not labels, so they do not overfit the labels). Using all of the validation set for
+    both steps (``fit_fraction = 1``) is allowed.
+
+    Args:
+        n_bins: bins per class (default 15).
+        fit_fraction: share of the validation rows used to fit ``T`` (default 0.5; 1 = all rows
+            for both steps).
+        seed: seed of the split (default 0).
+
+    Attributes:
+        temperature_: ``T``; edges_: ``(K, B - 1)``; values_: ``(K, B)``.
+    """
+
+    _PARAMS = ("n_bins", "fit_fraction", "seed")
+    _STATE = ("temperature_", "edges_", "values_")
+
+    def __init__(self, n_bins: int = 15, fit_fraction: float = 0.5, seed: int = 0):
+        self.n_bins = n_bins
+        self.fit_fraction = fit_fraction
+        self.seed = seed
+
+    def _check_params(self):
+        check_n_bins(self.n_bins)
+        if not 0 < self.fit_fraction <= 1:
+            raise ValueError(f"fit_fraction must be in (0, 1], got {self.fit_fraction!r}")
+
+    def _fit(self, z, y):
+        n = z.shape[0]
+        if self.fit_fraction == 1:
+            first = second = torch.arange(n, device=z.device)
+        else:
+            n1 = int(round(self.fit_fraction * n))
+            if not 1 <= n1 < n:
+                raise ValueError(f"ScalingBinning: fit_fraction={self.fit_fraction} of {n} validation rows leaves a "
+                                 "part empty; use more rows or fit_fraction=1")
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed)).to(z.device)
+            first, second = perm[:n1].sort().values, perm[n1:].sort().values
+        self.temperature_, _ = _fit_nll(z[first], y[first], 1e-2, 1e2)
+        s = torch.softmax(z[second] / self.temperature_, 1)
+        self.edges_, self.values_ = fit_bins(s, s, self.n_bins)
+
+    def _predict(self, z):
+        return _normalise(apply_bins(self.edges_, self.values_, torch.softmax(z / self.temperature_, 1)))

@@ -1,0 +1,25 @@
+"""The registry of calibrators by name (its own module, so that :mod:`calibkit.calibrators.io` can
+read it without importing the package that imports ``io``)."""
+
+from __future__ import annotations
+
+from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning
+from calibkit.calibrators.ets import EnsembleTemperatureScaling
+from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
+from calibkit.calibrators.spline import SplineCalibration
+from calibkit.calibrators.temperature import TemperatureScaling
+
+__all__ = ["CALIBRATORS"]
+
+#: Registry of calibrators by name, in the order of the tables (tests loop over it).
+CALIBRATORS = {
+    "temperature": TemperatureScaling,
+    "vector": VectorScaling,
+    "matrix": MatrixScaling,
+    "dirichlet": DirichletCalibration,
+    "ets": EnsembleTemperatureScaling,
+    "histogram": HistogramBinning,
+    "isotonic": IsotonicCalibration,
+    "spline": SplineCalibration,
+    "scaling_binning": ScalingBinning,
+}
