@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of calibkit's core modules with mutmut (a benchmark, not run in CI).
 #
-#   benchmarks/mutation.sh [MODULE...]      e.g. benchmarks/mutation.sh calibkit/store.py
+#   benchmarks/mutation.sh [MODULE...]      e.g. benchmarks/mutation.sh calibkit/store/base.py
 #
 # Each module is mutated in its own sandbox (a copy of calibkit/ and tests/ under $MUTATION_DIR,
 # default /tmp/calibkit-mutation) whose mutmut configuration names only that module and only the
@@ -22,7 +22,9 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 # module -> the test files that exercise it (space separated)
 declare -A TESTS=(
-  [calibkit/store.py]="tests/test_store.py tests/test_blindspots_store.py"
+  [calibkit/store/base.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py"
+  [calibkit/store/sqlite.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py tests/store/test_store_paths.py"
+  [calibkit/store/common.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py"
   [calibkit/methods/csm/store.py]="tests/test_csm_store.py tests/test_blindspots_csm_store.py"
   [calibkit/bench/evaluation.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_blindspots_twostage.py tests/test_blindspots_bench_evaluation.py"
   [calibkit/functional/binning.py]="tests/test_functional_metrics.py tests/test_metrics.py tests/test_blindspots_binning.py tests/test_metric_inputs.py tests/test_blindspots_binning2.py"
@@ -74,7 +76,7 @@ declare -A TESTS=(
 DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators/temperature.py
          calibkit/metrics.py calibkit/methods/csm/annotate.py calibkit/methods/maccal/masking.py
          calibkit/functional/metrics.py calibkit/methods/maccal/estimator.py
-         calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store.py
+         calibkit/methods/maccal/stage2.py calibkit/functional/losses.py calibkit/store/base.py calibkit/store/sqlite.py calibkit/store/common.py
          calibkit/functional/binning.py calibkit/losses/basic.py
          calibkit/losses/fedlas.py calibkit/losses/adafocal.py
          calibkit/losses/__init__.py calibkit/methods/csm/sampler.py calibkit/methods/csm/inputs.py

@@ -55,20 +55,28 @@ def trusting() -> bool:
     return getattr(_TRUST, "on", False)
 
 
+def _expected(name: str) -> str:
+    """What an input named ``name`` must hold, for the message of a non-numeric one."""
+    if "label" in name or "target" in name:  # labels are always integers: floats are refused too
+        return "integer class indices; map string labels to integers first"
+    if "preds" in name:
+        return "floating-point probabilities or integer class predictions"
+    return "floating-point numbers"
+
+
 def as_tensor(x, name: str) -> torch.Tensor:
     """Return ``x`` as a torch tensor (numpy arrays and lists are converted, no copy when possible)."""
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, np.ndarray):
         if x.dtype.kind in "USOa":  # strings, bytes, objects: no tensor dtype
-            raise ValueError(f"{name} must be numeric (integer class indices or floats), got a numpy array of "
-                             f"dtype {x.dtype}; map string labels to integers first")
+            raise ValueError(f"{name} must be numeric ({_expected(name)}), got a numpy array of dtype {x.dtype}")
         return torch.from_numpy(x)
     try:
         return torch.as_tensor(x)
     except Exception as exc:
-        raise ValueError(f"{name}: cannot convert {type(x).__name__} to a numeric tensor ({exc}); "
-                         "string labels must be mapped to integers first") from exc
+        raise ValueError(f"{name}: cannot convert {type(x).__name__} to a numeric tensor ({exc}); it must hold "
+                         f"{_expected(name)}") from exc
 
 
 def check_labels(labels, num_classes: int | None, n: int | None, name: str = "labels") -> torch.Tensor:

@@ -31,6 +31,10 @@ Intervals (``q_a`` = the ``a`` quantile of the resampled values, linear interpol
   ECE then lies entirely above its own estimate. The basic interval is centred on the
   bias-corrected estimate ``estimate - bias`` (``bias = mean(resampled) - estimate``).
 * ``"percentile"``: ``[q_lo, q_hi]``, the distribution of the resampled values themselves.
+
+A single sample (N = 1, after ``ignore_index``) is refused with a ``ValueError``, like an empty
+set: every resample would be that sample, and the zero-width interval would read as certainty
+(calibkit's choice; a warning would let the interval into tables unnoticed).
 """
 
 from __future__ import annotations
@@ -96,6 +100,9 @@ class _Prepared:
         probs, labels = check_probs(rows.probs.cpu(), rows.labels.cpu())
         self.probs, self.labels, self.B = probs, labels, n_bins
         self.N, self.K = probs.shape
+        if self.N == 1:  # refused rather than warned: a zero-width interval reads as certainty
+            raise ValueError("bootstrap needs at least 2 samples: with N = 1 every resample is that one sample, "
+                             "so the interval would have zero width")
         conf, pred = top_label(probs)
         self.conf_native = conf
         self.conf = conf.double()

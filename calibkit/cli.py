@@ -7,6 +7,15 @@ arguments). Heavy imports happen inside ``func`` so that ``calibkit --help`` sta
 Every command that computes takes ``--num-threads N``; :func:`main` applies it
 (``torch.set_num_threads``) before the command runs, so a command only declares the option
 (``calibkit.commands.add_num_threads``). On a shared machine one thread per process is often the fastest.
+
+Failures a user can meet (bad input, missing files, a read-only or full disk, a database that
+cannot be opened, Ctrl-C, ``kill``) end in one line on stderr, ``calibkit CMD: error: ...``, never a
+traceback; the ones that can strike mid-way also say what was kept and how to continue
+(:data:`KEPT`). Exit status: 1 for an error, 130 for Ctrl-C (SIGINT) and 143 for SIGTERM (128 +
+the signal number, as a shell reports a process that a signal ended). SIGTERM is turned into
+:class:`Terminated`, a ``KeyboardInterrupt``, so every clean-up written for Ctrl-C (a run marked
+interrupted in ``runs.db``, the extra bench workers stopped, temporary files removed) runs for it too.
+Warnings are printed as one line, ``calibkit CMD: warning: ...``.
 """
 
 from __future__ import annotations
@@ -14,7 +23,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
+import sqlite3
 import sys
+import warnings
 
 from calibkit import __version__
 from calibkit.commands import apply_num_threads
@@ -35,6 +47,51 @@ COMMANDS = {
 }
 
 
+# What an interrupted or failed command keeps and how to continue it: (the file whose presence in
+# its output directory means something was kept, what to say then). {out}: the output directory.
+KEPT = {
+    "train": ("config.json", "every epoch completed up to the last checkpoint is kept; run the same command "
+              "again to resume {out}"),
+    "bench": ("runs.db", "finished runs are kept in {out}/runs.db; run the same command again to continue "
+              "(it skips them)"),
+    "tune": ("runs.db", "finished candidates are kept in {out}/runs.db; run the same command again to continue "
+             "(it skips them)"),
+    "report": ("runs.db", "the runs and {out}/runs.db are untouched; run the same command again to rebuild the report"),
+}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that the clean-up of an interrupt runs (exit 143)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _kept(args, interrupted: bool = False) -> str:
+    """What was kept and how to continue (:data:`KEPT`); "nothing written" when the marker is absent."""
+    out = getattr(args, "out", None) or getattr(args, "dir", None)
+    if args.command not in KEPT or not out:
+        return "run the same command again once the cause is fixed"
+    marker, kept = KEPT[args.command]
+    if os.path.exists(os.path.join(out, marker)):
+        return kept.format(out=out)
+    if interrupted:
+        return f"nothing was written to {out} yet"
+    return f"nothing was written to {out}; run the same command again once the cause is fixed"
+
+
+def _os_error(exc: OSError) -> str:
+    """``Permission denied: '/x/config.json'`` rather than ``[Errno 13] Permission denied: ...``."""
+    if exc.strerror and exc.filename:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None, command="calibkit"):
+    print(f"calibkit {command}: warning: {message}", file=file or sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="calibkit",
@@ -53,19 +110,56 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    def error(msg) -> None:
+        print(f"calibkit {args.command}: error: {msg}", file=sys.stderr, flush=True)
+
+    handlers = _install_handlers(args.command)
     try:
         apply_num_threads(args)
         rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here at the latest, not at interpreter exit
     except BrokenPipeError:
         return _closed_pipe()
+    except Terminated:
+        error(f"terminated (SIGTERM); {_kept(args, interrupted=True)}")
+        return 143
+    except KeyboardInterrupt:
+        print(file=sys.stderr)  # after the ^C the terminal echoed
+        error(f"interrupted; {_kept(args, interrupted=True)}")
+        return 130
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError, RuntimeError,
             MissingExtra) as exc:
         # Expected user-facing failures (bad input, missing files or extras): one line, no traceback.
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"calibkit {args.command}: error: {msg}", file=sys.stderr)
+        error(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
         return 1
+    except sqlite3.Error as exc:  # a database that cannot be opened, written (read-only) or read
+        error(f"results database: {exc}; {_kept(args)}")
+        return 1
+    except OSError as exc:  # permissions, a read-only or full file system, ...
+        error(f"{_os_error(exc)}; {_kept(args)}")
+        return 1
+    finally:
+        _restore_handlers(handlers)
     return int(rc or 0)
+
+
+def _install_handlers(command: str):
+    """SIGTERM -> :class:`Terminated`, warnings -> one line; returns what to restore."""
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (main() called from a thread): leave SIGTERM alone
+        pass
+    shown = warnings.showwarning
+    warnings.showwarning = lambda *a, **k: _one_line_warning(*a, **k, command=command)
+    return previous, shown
+
+
+def _restore_handlers(handlers) -> None:
+    previous, shown = handlers
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    warnings.showwarning = shown
 
 
 def _closed_pipe() -> int:

@@ -6,17 +6,24 @@ A preset is a flat TOML file whose keys are :class:`TrainConfig` field names::
     model = "resnet50"
     loss = "mbls:margin=6"
     epochs = 350
-    milestones = [150, 250]
+    milestones = [150, 250]   # or fractions of the epochs: [0.4286, 0.7143]
 
 Top-level tables (e.g. ``[bench]``) belong to other commands and are ignored here. Values given
 on the command line override the file, which overrides the defaults (:func:`load_config`).
+
+Milestones are epochs (integers) or fractions of the epochs (numbers in (0, 1)); fractions are
+resolved once, when the config is built (:func:`resolve_milestones`), so that a preset's drops
+follow an ``--epochs`` override and the recorded config holds epochs either way. The shipped
+presets give fractions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 METHODS = ("standard", "mixup", "regmixup", "csm")
@@ -57,7 +64,9 @@ class TrainConfig:
             calibration literature trains its 20 Newsgroups CNN with Adam.
         lr, momentum, weight_decay: optimiser hyperparameters.
         schedule: ``multistep`` (x ``gamma`` at each milestone), ``cosine`` or ``onecycle``.
-        milestones: epochs of the multistep drops (None: 50% and 75% of ``epochs``, rounded down).
+        milestones: epochs of the multistep drops, or fractions of ``epochs`` (numbers in (0, 1),
+            resolved to epochs when the config is built: :func:`resolve_milestones`); None: the
+            fractions 0.5 and 0.75.
         gamma: multistep factor.
         grad_clip: max global gradient norm of the model's parameters (0 disables).
         amp: bfloat16 autocast for the forward pass.
@@ -118,6 +127,12 @@ class TrainConfig:
     channels_last: bool = False
     checkpoint_every: int = 1
 
+    def __post_init__(self):
+        # Fractions of the epochs become epochs here, so that every TrainConfig (and its record)
+        # holds epochs; integers pass unchanged.
+        if self.milestones is not None and isinstance(self.epochs, int):
+            self.milestones = resolve_milestones(self.milestones, self.epochs)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -134,11 +149,14 @@ class TrainConfig:
     def resolved_milestones(self) -> list[int]:
         if self.milestones is not None:
             return list(self.milestones)
-        # Short runs (a few epochs) keep only the drops that fall inside the run.
-        return sorted({m for m in (self.epochs // 2, (3 * self.epochs) // 4) if m > 0})
+        return resolve_milestones(DEFAULT_MILESTONES, self.epochs)
 
     def validate(self) -> "TrainConfig":
         """Raise ``ValueError`` naming the first bad field; return ``self``."""
+        for f in dataclasses.fields(self):  # inf passes "> 0" and fails at the second step of training
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name}: must be a finite number, got {value!r}")
         checks = [
             (self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}"),
             (self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}"),
@@ -163,7 +181,8 @@ class TrainConfig:
             (self.num_threads is None or self.num_threads >= 1, "num_threads", "must be >= 1"),
             (self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1"),
             (all(0 < m < self.epochs for m in self.resolved_milestones()) or self.schedule != "multistep",
-             "milestones", f"must lie strictly between 0 and epochs ({self.epochs})"),
+             "milestones", f"must lie strictly between 0 and epochs ({self.epochs}) (give them as fractions "
+             "of the epochs, e.g. [0.5, 0.75], to follow the number of epochs)"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -174,6 +193,37 @@ class TrainConfig:
         """Names of the fields (runtime-only fields excepted) whose values differ from ``other``."""
         a, b = self.to_dict(), other.to_dict()
         return [k for k in a if k not in RUNTIME_FIELDS and a[k] != b[k]]
+
+
+# The default multistep drops: fractions of the epochs (resolved by resolve_milestones).
+DEFAULT_MILESTONES = (0.5, 0.75)
+
+
+def resolve_milestones(milestones, epochs: int) -> list[int]:
+    """Multistep milestones in epochs: integers are epochs already; fractions of ``epochs``.
+
+    A fraction ``f`` (a number strictly between 0 and 1) becomes ``floor(f * epochs)``, computed on
+    the decimal ``f`` is written as (``Fraction(repr(f))``), so ``0.29`` of 100 epochs is 29, not
+    the 28 that binary floating point gives. Drops that fall on epoch 0 are left out and equal ones
+    merged, so a short run keeps only the drops inside it (2 epochs at ``[0.5, 0.75]``: ``[1]``).
+    The rounding (down) is that of the default, 50% and 75% of the epochs; the shipped presets'
+    fractions resolve to the epochs their protocols give (fmnist ``[0.5, 0.7667]`` of 30: 15, 23).
+
+    Raises:
+        ValueError: a mix of epochs and fractions, a fraction outside (0, 1), or a non-number.
+    """
+    values = list(milestones)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        raise ValueError(f"milestones: expected epochs (integers) or fractions of the epochs, got {values!r}")
+    fractions = [v for v in values if isinstance(v, float)]
+    if not fractions:
+        return values
+    if len(fractions) != len(values):
+        raise ValueError(f"milestones: give epochs (integers) or fractions of the epochs (numbers in (0, 1)), "
+                         f"not both, got {values!r}")
+    if not all(0 < f < 1 for f in fractions):
+        raise ValueError(f"milestones: fractions of the epochs must lie strictly between 0 and 1, got {values!r}")
+    return sorted({m for m in (math.floor(Fraction(repr(f)) * epochs) for f in fractions) if m > 0})
 
 
 def _coerce(name: str, kind: str, value):
@@ -192,8 +242,10 @@ def _coerce(name: str, kind: str, value):
         "bool": isinstance(value, bool),
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        # milestones may also be fractions of the epochs (TrainConfig.__post_init__ resolves them)
         "list[int]": isinstance(value, (list, tuple))
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        and all(isinstance(v, (int, float) if name == "milestones" else int) and not isinstance(v, bool)
+                for v in value),
     }[base]
     if not ok:
         raise ValueError(f"{name}: expected {base}, got {value!r}")

@@ -33,12 +33,31 @@ LOGITS = "logits.safetensors"
 HISTORY = "history.json"
 VOCAB = "vocab.json"  # text runs: the vocabulary (calibkit.data.tokenizer.Vocabulary.to_dict)
 METRICS = "metrics.json"
+BENCH_DB = "runs.db"  # a bench's (and tune's) results database, at the top of its output directory
+
+# Which command a directory belongs to, by the file that command writes first at its top level
+# (docs/design.md, "Who owns a directory"). Commands refuse to write into a directory another owns.
+OWNERS = {CONFIG: "a training run's directory (calibkit train)", BENCH_DB: "a bench directory (calibkit bench/tune)"}
+
+
+def directory_owner(path) -> str | None:
+    """What ``path`` belongs to (an :data:`OWNERS` description), or None: absent, empty or plain."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    for marker, owner in OWNERS.items():
+        if (path / marker).exists():
+            return f"{owner}: it holds {marker}"
+    return None
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` for a temporary file beside ``path``, then move it onto ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # name the file meant, not the temporary one (OSError picks the subclass)
+        raise OSError(exc.errno, f"cannot write ({exc.strerror})", str(path)) from exc
     os.close(fd)
     try:
         write(tmp)

@@ -33,3 +33,21 @@ def cli_env():
 
 
 PYTHON = sys.executable
+
+
+@pytest.fixture
+def pg_url():
+    """A libpq URL of an empty schema of the PostgreSQL test server (``CALIBKIT_TEST_POSTGRES``,
+    started by ``.ci/services.sh``), dropped afterwards; skips without a server."""
+    import uuid
+
+    base = os.environ.get("CALIBKIT_TEST_POSTGRES")
+    if not base:
+        pytest.skip("no PostgreSQL server: set CALIBKIT_TEST_POSTGRES (source .ci/services.sh; start-postgres)")
+    psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'calibkit[postgres]')")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base, autocommit=True) as con:
+        con.execute(f"CREATE SCHEMA {schema}")
+    yield base + ("&" if "?" in base else "?") + f"options=-csearch_path%3D{schema}"
+    with psycopg.connect(base, autocommit=True) as con:
+        con.execute(f"DROP SCHEMA {schema} CASCADE")

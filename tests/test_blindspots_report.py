@@ -552,7 +552,7 @@ def _protocol_ctx(tmp_path, figures=False, keep_ls="best-acc"):
             run("ls", 0, base, {"keep": keep_ls, "hparams": {"loss.alpha": 0.03}, "loss": "ls:alpha=0.03"}),
             run("zz", 0, base, {}, info=False),
             run("mbls", 0, base, {"keep": "last"}, status="failed")]
-    return SimpleNamespace(out_dir=tmp_path, preset="p", rows=rows, figdir=tmp_path / "figs", figures=figures)
+    return SimpleNamespace(out_dir=tmp_path, preset="p", rows=rows, figdir=tmp_path / "figs", figures=figures, store=None)
 
 
 def test_protocol_section_states_splits_budget_and_values(tmp_path):

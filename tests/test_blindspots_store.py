@@ -25,18 +25,24 @@ def _claimed(path, key="p/ce/0"):
     return key
 
 
-def test_claim_held_on_another_host_is_never_taken_over(tmp_path):
-    # The pid cannot be checked on another host, so the claim counts as live even though no
-    # process with that pid exists here.
+def test_claim_held_on_another_host_is_kept_while_its_heartbeat_is_fresh(tmp_path):
+    # The pid cannot be checked on another host: the claim counts as live (although no process
+    # with that pid exists here) while its heartbeat is younger than the grace period.
     path = tmp_path / "runs.db"
     key = _claimed(path)
     other_host = socket.gethostname() + "-elsewhere"
     _set_owner(path, key, f"{other_host}:999999999:abcd1234")
-    db = Store(path)
+    db = Store(path, heartbeat_s=1, grace_s=60)
     assert db.busy_elsewhere(key)
     assert not db.claim(key, preset="p", method="ce", seed=0)
     row = db.get(key)
     assert row["owner"].startswith(other_host) and row["attempts"] == 1
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET heartbeat_at = heartbeat_at - 61 WHERE run_key = ?", (key,))
+    con.commit()
+    con.close()
+    assert not db.busy_elsewhere(key) and db.claim(key, preset="p", method="ce", seed=0)
+    assert db.get(key)["owner"] == db.owner and db.get(key)["attempts"] == 2
 
 
 def test_claim_of_a_live_process_on_this_host_is_kept_and_a_dead_one_taken(tmp_path):
@@ -152,14 +158,14 @@ def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
     assert db.candidates() == [] and db.candidates(status=None) == []
     assert _cand(db, "k1") and _cand(db, "k2") and _cand(db, "k3", seed=1) and _cand(db, "k4", method="mbls")
     assert _cand(db, "k1")  # a retry by the same bench re-takes its own claim
-    db.finish_candidate("k1", metrics={"val": {"ece": 0.05}}, run_dir="d1", train_time_s=2.0)
-    db.finish_candidate("k2", metrics={"val": {"ece": 0.03}}, run_dir="d2", train_time_s=3.0)
+    db.finish_candidate("k1", metrics={"val": {"ece": 0.05}}, run_dir=tmp_path / "d1", train_time_s=2.0)
+    db.finish_candidate("k2", metrics={"val": {"ece": 0.03}}, run_dir=tmp_path / "d2", train_time_s=3.0)
     db.fail_candidate("k3", "x" * 5000)
     done = db.candidates("p", "ls", 0)
     assert [c["cand_key"] for c in done] == ["k1", "k2"]  # insertion order, done only
     c1 = done[0]
     assert c1["hparams"] == {"a": "k1"} and c1["config"] == {"c": 1} and c1["git_commit"] == "g"
-    assert c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == "d1" and c1["train_time_s"] == 2.0
+    assert c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == str(tmp_path / "d1") and c1["train_time_s"] == 2.0
     assert c1["selected"] == 0 and c1["criterion"] is None and c1["attempts"] == 2
     failed = db.candidates(status="failed")
     assert [c["cand_key"] for c in failed] == ["k3"] and len(failed[0]["error"]) == 4000

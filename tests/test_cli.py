@@ -114,7 +114,14 @@ def test_interrupted_training_says_how_to_resume(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(train_mod, "train", killed)
     assert main(["train", "--data", "digits", "--out", str(tmp_path / "run")]) == 130
-    assert "run the same command again to resume" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err == f"calibkit train: error: interrupted; nothing was written to {tmp_path / 'run'} yet"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")  # a run that had started: its epochs are kept
+    assert main(["train", "--data", "digits", "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"interrupted; every epoch completed up to the last checkpoint is kept; run the same "
+                        f"command again to resume {tmp_path / 'run'}") and len(err.splitlines()) == 1
 
 
 def _class_sorted_folder(root, counts, seed=0):

@@ -131,3 +131,24 @@ def test_two_concurrent_writers_keep_database_consistent(tmp_path):
     assert len(rows) == len(keys)
     for row in rows:
         assert row["status"] == "done" and row["config"]["who"] == row["metrics"]["owner"] == row["owner"]
+
+
+def test_import_row_writes_once_and_never_rewrites_a_done_row(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    row = {"run_key": "p/ce/0", "preset": "p", "method": "ce", "seed": 0, "status": "done",
+           "metrics": {"before": {"ece": 0.05}}, "train_time_s": 2.0, "id": 77}
+    assert db.import_row("runs", row)
+    assert not db.import_row("runs", {**row, "metrics": {"before": {"ece": 0.9}}})
+    got = db.get("p/ce/0")
+    assert got["metrics"] == {"before": {"ece": 0.05}} and got["id"] == 1 and got["train_time_s"] == 2.0
+    # A failed claim is replaced by an imported finished row; a done claim is skipped by claim().
+    assert db.claim("p/ls/0", preset="p", method="ls", seed=0)
+    db.fail("p/ls/0", "boom")
+    assert db.import_row("runs", {**row, "run_key": "p/ls/0", "method": "ls"})
+    assert db.get("p/ls/0")["status"] == "done" and not db.claim("p/ls/0", preset="p", method="ls", seed=0)
+    with pytest.raises(ValueError, match="lacks"):
+        db.import_row("runs", {"run_key": "p/x/0"})
+    with pytest.raises(ValueError, match="unknown runs columns"):
+        db.import_row("runs", {**row, "run_key": "p/y/0", "colour": 1})
+    with pytest.raises(ValueError, match="unknown table"):
+        db.import_row("jobs", row)

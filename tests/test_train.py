@@ -101,7 +101,7 @@ def test_presets_follow_the_protocols():
     assert names == ["cifar10", "cifar100", "fmnist", "tinyimagenet"]
     for name in names:
         load_config(name)  # every preset parses and validates
-    c10, tiny_in = read_preset("cifar10"), read_preset("tinyimagenet")
+    c10, tiny_in = load_config("cifar10").to_dict(), load_config("tinyimagenet").to_dict()  # milestones resolved
     assert (c10["model"], c10["epochs"], c10["milestones"], c10["batch_size"], c10["lr"]) == ("resnet50", 350, [150, 250], 128, 0.1)
     assert (tiny_in["epochs"], tiny_in["milestones"], tiny_in["batch_size"]) == (100, [40, 60], 64)
 

@@ -78,14 +78,20 @@ class EvalData:
         from calibkit.data.corruptions import CORRUPTIONS, corrupt
 
         idx = self.robust_index()
+        # One order for the fresh and the cached sets (safetensors returns its keys sorted): the
+        # robustness means sum in this order, so a bench that reads the cache (another process, a
+        # resumed bench) gets the same floats to the last bit as the one that built it.
+        order = [f"{name}/{s}" for name in CORRUPTIONS for s in self.preset.severities]
         path = None
         if self.cache_dir is not None:
             sev = "-".join(map(str, self.preset.severities))
             path = self.cache_dir / f"corrupted_{self.preset.dataset}_n{len(idx)}_s{sev}.safetensors"
             if path.is_file():
                 try:
-                    self._corrupted = rundir.read_tensors(path)
-                    return self._corrupted
+                    cached = rundir.read_tensors(path)
+                    if set(cached) == set(order):
+                        self._corrupted = {k: cached[k] for k in order}
+                        return self._corrupted
                 except ValueError:
                     pass  # a cache killed mid-write is rebuilt, never trusted
         clean = self.bundle.test.images[idx]

@@ -11,14 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, csm_build=False,
+def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None, csm_build=False,
                 device="auto") -> None:
     """Raise a one-line error (``ValueError``, ``FileNotFoundError``, ``FileExistsError``,
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
 
-    Checked in order: the output path (absent or a folder) and its results database (absent or a
-    healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
+    Checked in order: the output path (absent or a folder, not a training run's: :func:`check_out`)
+    and its results database (absent or a healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
     packages the data set and the OOD set need, the data set itself (loaded once with the first
     seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
     grid, its generated set.
@@ -30,6 +30,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         methods: grid methods (default: the preset's, else all).
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
+        store: the ``--store`` URL (None: ``out/runs.db``).
         csm_build: ``--csm-build``: without a generated set, CSM's is built in ``out``
             (:mod:`calibkit.bench.csmbuild`), so only what the build needs is checked; without it,
             the missing set is one line saying what the build would cost on ``device`` (measured).
@@ -37,12 +38,11 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     """
     from calibkit.bench.grid import grid_methods
     from calibkit.extras import check_dataset
-    from calibkit.store import check_database_file
+    from calibkit.store import check_store
 
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
-    check_database_file(str(out / "runs.db"))
+    check_out(out)
+    check_store(out, store)
     seeds = list(preset.seeds if seeds is None else seeds)
     bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or s < 0]
     if bad:
@@ -68,13 +68,30 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         _check_csm_store(preset, csm_store, bundle, seeds, csm_build, device)
 
 
-def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=None, csm_build=False,
+def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=None, store=None, csm_build=False,
                device="auto") -> None:
     """:func:`check_bench` for ``calibkit tune``: the same checks, on the selection seed
     (``seed``, default ``preset.tune_seed``) and the methods to tune (default: the preset's list,
     else all). Raises as :func:`check_bench` does; when it raises nothing was written."""
     check_bench(preset, out, seeds=[preset.tune_seed if seed is None else seed], methods=methods,
-                data_dir=data_dir, csm_store=csm_store, csm_build=csm_build, device=device)
+                data_dir=data_dir, csm_store=csm_store, store=store, csm_build=csm_build, device=device)
+
+
+def check_out(out) -> None:
+    """The bench's (or tune's) ``--out``: absent, or a folder that no training run owns.
+
+    Raises:
+        FileExistsError: ``out`` is a file.
+        ValueError: ``out`` is a training run's directory (it holds ``config.json``).
+    """
+    from calibkit.rundir import CONFIG, directory_owner
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
+    if (out / CONFIG).exists():
+        raise ValueError(f"--out {out} is {directory_owner(out)}; a bench writes runs.db, runs/ and report/ into "
+                         "its own directory: choose another path")
 
 
 def _ce_config(preset, seed: int, data_dir):

@@ -39,7 +39,8 @@ from calibkit import rundir
 from calibkit.bench.grid import METHODS, Preset, grid_methods
 from calibkit.bench.space import current_values
 from calibkit.bench.paths import RETIRED, run_dir_for
-from calibkit.store import Store, run_key
+from calibkit.store import open_store, run_key
+from calibkit.train.preempt import Preempted
 
 # Seconds between two looks at the database while waiting for another bench's run.
 POLL_S = 5.0
@@ -66,20 +67,27 @@ def work_queue(items, ready, attempt, poll_s: float = POLL_S, sleep=time.sleep) 
     """Call ``attempt(item)`` for every item, postponing those that are not ``ready`` yet.
 
     ``ready(item)`` is False while an item must wait (a run it builds on is being produced by
-    another process); postponed items are retried after the others, with a pause of ``poll_s``
-    when a whole pass finds nothing ready.
+    another process), and ``attempt(item)`` returns False when the item itself is held by another
+    process; postponed items are retried after the others, with a pause of ``poll_s`` when a whole
+    pass makes no progress.
     """
     pending = list(items)
     while pending:
         later = []
         for item in pending:
-            if ready(item):
-                attempt(item)
-            else:
+            if not ready(item) or attempt(item) is False:
                 later.append(item)
         if later and len(later) == len(pending):
             sleep(poll_s)
         pending = later
+
+
+def claim_outcome(store, table: str, key: str, claimed: bool) -> str:
+    """``claimed``, ``done`` (finished, by this or another process) or ``elsewhere`` (held by
+    another live process, or being claimed at this instant): what a claim's True/False meant."""
+    if claimed:
+        return "claimed"
+    return "done" if store.status(key, table) == "done" else "elsewhere"
 
 
 def _broadcast(value, dd):
@@ -104,10 +112,13 @@ class Bench:
         num_threads: torch CPU threads (None: torch's default).
         csm_store: a CSM generated set (default: the one shipped for the preset's data set).
         log: where progress lines go.
+        store: where the records go: None for ``out/runs.db``, a ``postgresql://`` URL
+            (:func:`calibkit.store.open_store`), or an object with the store's API (a scheduler's
+            task passes :class:`calibkit.bench.results.ResultFiles`). Opened by rank 0 only.
     """
 
     def __init__(self, preset: Preset, out, seeds=None, methods=None, data_dir=None, device="auto",
-                 num_threads=None, csm_store=None, log=print):
+                 num_threads=None, csm_store=None, log=print, store=None):
         self.preset = preset
         self.out = Path(out)
         self.seeds = [int(s) for s in (seeds if seeds is not None else preset.seeds)]
@@ -120,7 +131,10 @@ class Bench:
         self.csm_store = csm_store
         self.dd = D.setup(device)
         self.log = log if self.dd.is_main else (lambda *a, **k: None)
-        self.store = Store(self.out / "runs.db") if self.dd.is_main else None
+        self.store = None
+        if self.dd.is_main:
+            self.store = open_store(self.out, store) if store is None or isinstance(store, str) else store
+        self._waiting: set = set()  # keys held by another process, announced once
         self._env = rundir.environment()
         self._data = {}
         if self.skipped:
@@ -204,19 +218,48 @@ class Bench:
             progress.close()
         return counts
 
-    def _attempt(self, seed: int, method: str, counts: dict, progress) -> None:
-        """Claim, produce, evaluate and record one run (a failure is recorded, not raised)."""
+    def run_one(self, seed: int, method: str) -> dict:
+        """Produce, evaluate and record the one run ``(seed, method)`` (what a scheduler's task
+        runs); returns the counts of :meth:`run`. What it builds on must be finished already."""
+        from calibkit.bench.progress import RunProgress
+
+        if method not in self.methods or seed not in self.seeds:
+            raise ValueError(f"{self.preset.name}/{method}/{seed} is not a run of this bench "
+                             f"(methods {', '.join(self.methods)}; seeds {self.seeds})")
+        self.check_consistent()
+        counts = {"done": 0, "skipped": 0, "failed": 0}
+        progress = RunProgress(1, write=self.log, bar=False)
+        try:
+            if not self._attempt(seed, method, counts, progress):  # held by another live task
+                counts["skipped"] += 1
+        finally:
+            progress.close()
+        return counts
+
+    def _attempt(self, seed: int, method: str, counts: dict, progress) -> bool:
+        """Claim, produce, evaluate and record one run (a failure is recorded, not raised).
+
+        Returns False when another live process holds the run: the caller retries it later, so a
+        bench ends only when every run of its grid is finished (by it or another process) or has
+        failed; a holder that dies or stops refreshing its claim is taken over (:mod:`calibkit.store`).
+        """
         key = run_key(self.preset.name, method, seed)
-        claimed = None
+        outcome = None
         if self.dd.is_main:
-            claimed = self.store.claim(
+            outcome = claim_outcome(self.store, "runs", key, self.store.claim(
                 key, preset=self.preset.name, method=method, seed=seed,
                 config=self._config_record(method, seed), git_commit=self._env["git_commit"],
-                versions=self._env["versions"])
-        if not _broadcast(claimed, self.dd):
+                versions=self._env["versions"]))
+        outcome = _broadcast(outcome, self.dd)
+        if outcome == "elsewhere":
+            if key not in self._waiting:
+                self._waiting.add(key)
+                self.log(f"{key}: running in another process; waiting for it")
+            return False
+        if outcome == "done":
             counts["skipped"] += 1
-            progress.end(key, "finished earlier (or running elsewhere); skipped")
-            return
+            progress.end(key, "finished earlier; skipped")
+            return True
         t0 = time.time()
         progress.begin(key)
         try:
@@ -235,6 +278,8 @@ class Bench:
             progress.end(key, f"done in {time.time() - t0:.0f} s" + (
                 f" (acc {m['before']['acc']:.2%}, ECE {m['before']['ece'] * 100:.2f} -> "
                 f"{m['after']['ece'] * 100:.2f} after TS)" if m else ""), seconds=time.time() - t0)
+        except Preempted:  # not a failure: the checkpoint is written and the run resumes later
+            raise
         except KeyboardInterrupt:
             if self.dd.is_main:
                 self.store.fail(key, "interrupted")
@@ -244,6 +289,7 @@ class Bench:
             if self.dd.is_main:
                 self.store.fail(key, "".join(traceback.format_exception(exc)))
             progress.end(key, f"FAILED: {type(exc).__name__}: {exc}", seconds=time.time() - t0)
+        return True
 
     def check_consistent(self) -> list[str]:
         """Refuse to mix checkpoint policies or hyperparameters in one output directory.
@@ -328,11 +374,16 @@ class Bench:
         D.barrier(self.dd)
 
     def _config_record(self, method: str, seed: int) -> dict:
+        from calibkit.config import TrainConfig, resolve_milestones
+
         spec = METHODS[method]
+        train = dict(self.preset.train)
+        if train.get("milestones") is not None:  # in epochs, as the runs' configs (and older records) hold them
+            train["milestones"] = resolve_milestones(train["milestones"], train.get("epochs", TrainConfig.epochs))
         record = {"preset": self.preset.name, "method": method, "kind": spec.kind, "seed": seed,
                   "keep": self.preset.keep, "hparams": current_values(self.preset, method),
                   "loss": self.preset.loss_for(method), "train_method": spec.method,
-                  "dataset": self.preset.dataset, "model": self.preset.model, "train": dict(self.preset.train),
+                  "dataset": self.preset.dataset, "model": self.preset.model, "train": train,
                   "train_overrides": self.preset.train_by_method.get(method, {}),
                   "ood": self.preset.ood, "robust_n": self.preset.robust_n,
                   "severities": list(self.preset.severities), "data_dir": self.data_dir}

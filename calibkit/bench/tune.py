@@ -40,10 +40,11 @@ from pathlib import Path
 
 from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, meta_key, no_effect_axes, plan
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_for
-from calibkit.bench.paths import run_dir_for
-from calibkit.bench.runner import POLL_S, Bench, _broadcast, work_queue
+from calibkit.bench.paths import candidate_dir_for
+from calibkit.bench.runner import POLL_S, Bench, _broadcast, claim_outcome, work_queue
 from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
 from calibkit.store import run_key
+from calibkit.train.preempt import Preempted
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,12 @@ class Tuner:
         seed: the selection seed (default ``preset.tune_seed``).
         criterion: the selection rule.
         max_extensions: extensions per axis of a selection on a grid edge (0: never extend).
-        data_dir, device, num_threads, csm_store, log: as for :class:`calibkit.bench.runner.Bench`.
+        data_dir, device, num_threads, csm_store, log, store: as for :class:`calibkit.bench.runner.Bench`.
     """
 
     def __init__(self, preset: Preset, out, methods=None, seed=None, data_dir=None, device="auto",
                  num_threads=None, csm_store=None, criterion: Criterion = DEFAULT_CRITERION, log=print,
-                 max_extensions: int = MAX_EXTENSIONS):
+                 max_extensions: int = MAX_EXTENSIONS, store=None):
         names = list(preset.methods or METHODS) if methods is None else list(methods)
         unknown = [m for m in names if m not in METHODS]
         if unknown:
@@ -161,7 +162,7 @@ class Tuner:
             raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
         self.max_extensions = int(max_extensions)
         self.bench = Bench(preset, out, seeds=[self.seed], methods=[REFERENCE], data_dir=data_dir,
-                           device=device, num_threads=num_threads, csm_store=csm_store, log=log)
+                           device=device, num_threads=num_threads, csm_store=csm_store, log=log, store=store)
         self.preset, self.out, self.dd, self.log = preset, Path(out), self.bench.dd, self.bench.log
         self.store = self.bench.store
         self.spaces = {m: space_for(preset, m) for m in self.methods}  # + extensions: refresh()
@@ -172,9 +173,7 @@ class Tuner:
         return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m, space=self.spaces[m])]
 
     def run_dir(self, method: str, values: dict) -> Path:
-        if method == REFERENCE:
-            return run_dir_for(self.out, self.preset.name, REFERENCE, self.seed)
-        return self.out / "tune" / self.preset.name / method / slug(values)
+        return candidate_dir_for(self.out, self.preset.name, method, self.seed, slug(values))
 
     def record(self, method: str, values: dict) -> dict:
         """The candidate's run record (what the bench would record for it), JSON-normalised."""
@@ -246,6 +245,8 @@ class Tuner:
 
     def record_of(self, method: str) -> dict | None:
         """The method's tuning record in ``runs.db`` (extensions, no-effect axes, notes), or ``None``."""
+        if not hasattr(self.store, "get_meta"):  # a scheduler's result files: no records
+            return None
         text = self.store.get_meta(meta_key(self.preset.name, self.seed, method))
         return json.loads(text) if text else None
 
@@ -273,41 +274,77 @@ class Tuner:
                            for n in METHODS[item[0]].needs)
             return not _broadcast(busy, self.dd)
 
-        def attempt(item) -> None:
-            method, values = item
-            key = cand_key(self.preset.name, method, self.seed, values)
-            tag = f"[{position[key]}/{total}] tune {key}"
-            claimed = None
-            if self.dd.is_main:
-                claimed = self.store.claim_candidate(
-                    key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
-                    config=self.record(method, values), git_commit=self.bench._env["git_commit"])
-            if not _broadcast(claimed, self.dd):
-                counts["skipped"] += 1
-                self.log(f"{tag}: finished earlier (or running elsewhere); skipped")
-                return
-            t0 = time.time()
-            self.log(f"{tag}: running")
-            try:
-                made = self._produce(method, values, self.run_dir(method, values))
-                if self.dd.is_main:
-                    m = val_metrics(made["run_dir"], self.criterion.n_bins)
-                    self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
-                                                train_time_s=made.get("train_time_s"))
-                    self.log(f"{tag}: done in {time.time() - t0:.0f} s (val acc {m['acc']:.2%}, "
-                             f"val ECE {m['ece'] * 100:.2f})")
-                counts["done"] += 1
-            except KeyboardInterrupt:
-                if self.dd.is_main:
-                    self.store.fail_candidate(key, "interrupted")
-                raise
-            except Exception as exc:  # one broken candidate must not stop the others
-                counts["failed"] += 1
-                if self.dd.is_main:
-                    self.store.fail_candidate(key, "".join(traceback.format_exception(exc)))
-                self.log(f"{tag}: FAILED: {type(exc).__name__}: {exc}")
+        waiting: set = set()
+        work_queue(items, ready,
+                   lambda item: self._attempt(item, counts, f"[{position[self.key(*item)]}/{total}]", waiting))
 
-        work_queue(items, ready, attempt)
+    def key(self, method: str, values: dict) -> str:
+        return cand_key(self.preset.name, method, self.seed, values)
+
+    def run_one(self, key: str) -> dict:
+        """Train and score the one candidate ``key`` (what a scheduler's task runs); no selection."""
+        self.refresh()  # the grids as extended in the database
+        items = {self.key(m, v): (m, v) for m, v in self.items()}
+        if key not in items:
+            raise ValueError(f"{key} is not a candidate of this tuning ({len(items)} candidates of "
+                             f"{', '.join([REFERENCE, *self.methods])})")
+        self.check_consistent()
+        counts = {"done": 0, "skipped": 0, "failed": 0}
+        self._attempt(items[key], counts, "[1/1]")
+        return counts
+
+    def _attempt(self, item, counts: dict, tag: str, waiting: set | None = None) -> bool:
+        """Claim, train, score and record one candidate (a failure is recorded, not raised).
+
+        Returns False when another live process holds the candidate (the work queue retries it
+        later, and takes it over if its holder dies; ``waiting`` remembers what was announced),
+        True when it is settled here (trained, failed, or finished earlier).
+        """
+        method, values = item
+        key = self.key(method, values)
+        tag = f"{tag} tune {key}"
+        outcome = None
+        if self.dd.is_main:
+            outcome = claim_outcome(self.store, "tuning", key, self.store.claim_candidate(
+                key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
+                config=self.record(method, values), git_commit=self.bench._env["git_commit"]))
+        outcome = _broadcast(outcome, self.dd)
+        if outcome == "elsewhere":
+            if waiting is None:  # one scheduled candidate: nothing to wait in
+                counts["skipped"] += 1
+                self.log(f"{tag}: running in another process; skipped")
+                return True
+            if key not in waiting:
+                waiting.add(key)
+                self.log(f"{tag}: running in another process; waiting for it")
+            return False
+        if outcome == "done":
+            counts["skipped"] += 1
+            self.log(f"{tag}: finished earlier; skipped")
+            return True
+        t0 = time.time()
+        self.log(f"{tag}: running")
+        try:
+            made = self._produce(method, values, self.run_dir(method, values))
+            if self.dd.is_main:
+                m = val_metrics(made["run_dir"], self.criterion.n_bins)
+                self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
+                                            train_time_s=made.get("train_time_s"))
+                self.log(f"{tag}: done in {time.time() - t0:.0f} s (val acc {m['acc']:.2%}, "
+                         f"val ECE {m['ece'] * 100:.2f})")
+            counts["done"] += 1
+        except Preempted:  # the checkpoint is written; the candidate resumes later
+            raise
+        except KeyboardInterrupt:
+            if self.dd.is_main:
+                self.store.fail_candidate(key, "interrupted")
+            raise
+        except Exception as exc:  # one broken candidate must not stop the others
+            counts["failed"] += 1
+            if self.dd.is_main:
+                self.store.fail_candidate(key, "".join(traceback.format_exception(exc)))
+            self.log(f"{tag}: FAILED: {type(exc).__name__}: {exc}")
+        return True
 
     # -- the selection --------------------------------------------------------------------------
     def finished(self, method: str) -> list[dict]:
@@ -315,15 +352,12 @@ class Tuner:
         rows = {slug(r["hparams"]): r for r in self.store.candidates(self.preset.name, method, self.seed)}
         return [rows[slug(v)] for v in candidates(method, space=self.spaces[method]) if slug(v) in rows]
 
-    def select_all(self) -> tuple[dict[str, dict], list[str]]:
+    def select_all(self) -> dict[str, dict]:
         """Select every method whose candidates all finished, record its no-effect axes and the
-        extension of any grid its selection lies on the edge of.
-
-        Returns:
-            ``({method: selected values}, [methods whose grid grew]``).
-        """
+        extension of any grid its selection lies on the edge of (the next pass of :meth:`run`
+        trains what a grid gained); ``{method: selected values}``."""
         self.spaces = self._read_spaces()  # another process may have extended a grid since this one looked
-        chosen, grew = {}, []
+        chosen = {}
         for method in self.methods:
             space = self.spaces[method]
             rows, n = self.finished(method), len(candidates(method, space=space))
@@ -344,16 +378,14 @@ class Tuner:
             record = {"base": base_grids(base), "added": {}, "steps": {}} if fresh else dict(new)
             record["no_effect"] = no_effect_axes(space, rows)
             record["notes"] = notes
-            if record != old:
+            if record != old and hasattr(self.store, "put_meta"):
                 self.store.put_meta(meta_key(self.preset.name, self.seed, method), json.dumps(record, sort_keys=True))
             for note in notes:
                 self.log(f"tune {method}: {note}")
             for address in record["no_effect"]:
                 self.log(f"tune {method}: {address.partition('.')[2]} had no effect (its values gave "
                          "bit-identical validation logits)")
-            if new is not old:
-                grew.append(method)
-        return chosen, grew
+        return chosen
 
     def selection(self) -> dict[str, dict]:
         """``{method: selected values}`` recorded in the database for this preset and seed."""

@@ -14,6 +14,12 @@ while the calling process checks the bench. They then wait on their standard inp
 releases them (``go LOGFILE``) once every check has passed, or closes it, and they exit without
 having written anything (a bench that cannot run leaves no trace).
 
+A released worker keeps watching its standard input (:func:`watch_parent`): the caller holds the
+pipe open until the worker has exited, so its end means that the caller is gone (killed, even by
+``kill -9``, which runs no clean-up). The worker then stops as on SIGTERM: its run is marked
+interrupted in ``runs.db`` and the next ``calibkit bench`` resumes it. The pipe works on every
+platform, unlike Linux's ``PR_SET_PDEATHSIG``, and cannot miss a parent that died first.
+
 On a machine with C cores, N = C processes of one thread each is usually fastest (the default
 preset's runs are single-threaded by design: two OpenMP threads per process were measured much
 slower than one on a busy 2-core machine).
@@ -22,8 +28,10 @@ slower than one on a busy 2-core machine).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 
@@ -37,7 +45,8 @@ def worker_argv(args) -> list[str]:
     if args.methods is not None:
         argv += ["--methods", *args.methods]
     for flag, value in (("--data-dir", args.data_dir), ("--csm-store", args.csm_store), ("--keep", args.keep),
-                        ("--num-threads", args.num_threads), ("--max-extensions", args.max_extensions)):
+                        ("--num-threads", args.num_threads), ("--store", getattr(args, "store", None)),
+                        ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
     if args.csm_build:
@@ -56,7 +65,7 @@ def tune_worker_argv(args) -> list[str]:
         argv += ["--methods", *args.methods]
     for flag, value in (("--seed", args.seed), ("--data-dir", args.data_dir), ("--csm-store", args.csm_store),
                         ("--keep", args.keep), ("--num-threads", args.num_threads),
-                        ("--max-extensions", args.max_extensions)):
+                        ("--store", getattr(args, "store", None)), ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
     if args.csm_build:
@@ -74,11 +83,13 @@ def start_workers(args, n: int, argv: list[str] | None = None) -> list[subproces
 
 
 def _tell(proc: subprocess.Popen, line: str | None) -> None:
-    """Write ``line`` to a waiting worker (None: nothing) and close its input."""
+    """Write ``line`` to a waiting worker and keep its input open (None: close it)."""
     try:
         if line is not None:
             proc.stdin.write(line.encode() + b"\n")
-        proc.stdin.close()
+            proc.stdin.flush()
+        else:
+            proc.stdin.close()
     except (BrokenPipeError, OSError):  # it ended already; wait_workers reports its status
         pass
 
@@ -111,6 +122,7 @@ def await_start() -> Path | None:
     if not line.startswith("go "):
         return None
     log = Path(line[3:])
+    watch_parent(sys.stdin)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -118,6 +130,25 @@ def await_start() -> Path | None:
     os.dup2(fd, 2)
     os.close(fd)
     return log
+
+
+def watch_parent(stream) -> threading.Thread:
+    """Send this process SIGTERM when ``stream`` (the pipe from the caller) ends; returns the watcher.
+
+    Whatever arrives on the stream is ignored; only its end counts. Under ``calibkit.cli`` SIGTERM
+    raises :class:`calibkit.cli.Terminated` in the main thread, so the work stops as on Ctrl-C.
+    """
+    def watch() -> None:
+        try:
+            while stream.read(4096):
+                pass
+        except (OSError, ValueError):  # closed under us: the same as its end
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="calibkit-watch-parent", daemon=True)
+    thread.start()
+    return thread
 
 
 def warm_up(device: str) -> None:
@@ -138,6 +169,7 @@ def wait_workers(procs, interrupted: bool = False) -> list[str]:
         if interrupted and proc.poll() is None:
             proc.terminate()
         rc = proc.wait()
+        _tell(proc, None)  # only now: the open pipe tells the worker that this process lives
         if rc != 0 and not interrupted:
             failed.append(f"worker {log.stem} exited with status {rc}; see {log}")
     return failed

@@ -268,15 +268,19 @@ def evaluate_before_after_ts(val_logits, val_labels, test_logits, test_labels, n
 
     Args:
         val_logits, val_labels: (N_val, K) and (N_val,), used only to fit ``T``.
-        test_logits, test_labels: (N_test, K) and (N_test,).
+        test_logits, test_labels: (N_test, K) and (N_test,), the same K (a ``ValueError`` otherwise).
         n_bins: bins of the binned metrics and of the ``"ece"`` objective.
         objective: ``"nll"`` or ``"ece"`` (see :class:`TemperatureScaling`).
 
     Returns:
         ``{"temperature": T, "before": evaluate(...), "after": evaluate(...)}``.
     """
-    ts = TemperatureScaling(objective=objective, n_bins=n_bins).fit(val_logits, val_labels)
     test = upcast(check_logits(test_logits)).double()
+    k_val = check_logits(val_logits, name="val_logits").shape[1]
+    if test.shape[1] != k_val:  # the temperature of one classifier applied to another's logits
+        raise ValueError(f"val_logits have {k_val} classes but test_logits have {test.shape[1]}: both must come "
+                         "from the same classifier")
+    ts = TemperatureScaling(objective=objective, n_bins=n_bins).fit(val_logits, val_labels)
     return {
         "temperature": float(ts.temperature_),
         "before": evaluate(test.softmax(1), test_labels, n_bins=n_bins),

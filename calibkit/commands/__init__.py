@@ -23,3 +23,81 @@ def apply_num_threads(args) -> None:
     import torch
 
     torch.set_num_threads(threads)
+
+
+def add_executor(parser) -> None:
+    """Declare where the runs execute (``--executor``) and the SLURM options of ``bench`` and ``tune``,
+    plus the hidden options of one scheduled task (``--run-key``)."""
+    import argparse
+
+    g = parser.add_argument_group("executing on a SLURM cluster (docs/cluster.md)")
+    g.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="local: run here (default); slurm: write sbatch array scripts to OUT/slurm/ and submit them")
+    g.add_argument("--dry-run", action="store_true", help="with --executor slurm: write the scripts and print the "
+                   "sbatch commands, submit nothing")
+    g.add_argument("--partition", help="sbatch --partition")
+    g.add_argument("--account", help="sbatch --account")
+    g.add_argument("--qos", help="sbatch --qos")
+    g.add_argument("--time", help="sbatch --time of every task (e.g. 12:00:00)")
+    g.add_argument("--gpus-per-run", type=int, default=0, metavar="N",
+                   help="GPUs per run (default 0); N > 1 runs torchrun --standalone --nproc_per_node N in the task")
+    g.add_argument("--cpus-per-run", type=int, default=1, metavar="N", help="sbatch --cpus-per-task (default 1)")
+    g.add_argument("--mem", help="sbatch --mem of every task (e.g. 32G)")
+    g.add_argument("--array-parallelism", type=int, metavar="N", help="at most N tasks of an array at once (%%N)")
+    g.add_argument("--sbatch-arg", action="append", metavar="ARG",
+                   help="one more sbatch option, passed through (repeatable), e.g. --sbatch-arg=--constraint=a100")
+    g.add_argument("--requeue", action="store_true", help="sbatch --requeue: a preempted task runs again")
+    g.add_argument("--signal", type=int, metavar="S", help="SIGUSR1 S seconds before the time limit "
+                   "(--signal=B:USR1@S): the run checkpoints after its epoch, requeues its task and exits")
+    g.add_argument("--status", action="store_true", help="print each run key's state (done, queued, running, "
+                   "failed, not submitted) from the result files and squeue")
+    g.add_argument("--collect", action="store_true", help="import the runs' result files into OUT/runs.db "
+                   "(idempotent), then report")
+    # one task of a scheduler: run exactly this key, write its result file, never open runs.db
+    parser.add_argument("--run-key", help=argparse.SUPPRESS)
+
+
+def check_executor(args) -> None:
+    """Refuse SLURM options given to the local executor (they would be ignored silently).
+
+    Raises:
+        ValueError: naming the first such option.
+    """
+    if args.executor == "slurm":
+        return
+    given = [flag for flag, value in (("--dry-run", args.dry_run), ("--partition", args.partition),
+                                      ("--account", args.account), ("--qos", args.qos), ("--time", args.time),
+                                      ("--gpus-per-run", args.gpus_per_run), ("--cpus-per-run", args.cpus_per_run != 1),
+                                      ("--mem", args.mem), ("--array-parallelism", args.array_parallelism),
+                                      ("--sbatch-arg", args.sbatch_arg), ("--requeue", args.requeue),
+                                      ("--signal", args.signal)) if value]
+    if given:
+        raise ValueError(f"{given[0]} is an option of --executor slurm")
+
+
+def run_scheduled(args, run) -> int:
+    """Run one scheduled task's ``run()`` with SIGUSR1 as a stop request; a stopped run requeues its
+    SLURM task (``scontrol requeue``) and exits 0, to resume from its checkpoint."""
+    import os
+    import subprocess
+
+    from calibkit.train import preempt
+
+    preempt.install()
+    try:
+        return run()
+    except preempt.Preempted as stop:
+        rank0 = int(os.environ.get("RANK", "0")) == 0
+        job = os.environ.get("SLURM_JOB_ID")
+        if not job:
+            print(f"{args.run_key}: {stop}; not under SLURM, nothing requeued (run the same command to resume)")
+            return 1
+        if "SLURM_ARRAY_JOB_ID" in os.environ:
+            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        if rank0:
+            proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"{args.run_key}: {stop}; scontrol requeue {job} failed: {proc.stderr.strip()}", flush=True)
+                return 1
+            print(f"{args.run_key}: {stop}; task {job} requeued", flush=True)
+        return 0

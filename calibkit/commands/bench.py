@@ -17,6 +17,9 @@ examples:
   calibkit bench --preset default --out runs/last --keep last
   calibkit bench --preset mine.toml --out runs/mine --csm-build     # CSM on data without a shipped set
   torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
+  calibkit bench --preset cifar10 --data-dir /shared/data --out /shared/c10 --executor slurm \
+      --gpus-per-run 4 --time 24:00:00 --requeue --signal 600     # job arrays (docs/cluster.md)
+  calibkit bench --preset cifar10 --out /shared/c10 --status      # then --collect for the table
 
 Times are wall times on a 2-core CPU (smoke: 15 runs of ~1-2 s plus the report; default: 30 runs
 of 27-60 s). Everything a preset needs (data, extra packages, CSM set) is checked before anything
@@ -51,11 +54,12 @@ def register(subparsers) -> None:
     p.add_argument("--tune", action="store_true",
                    help="first select every method's hyperparameters on validation (calibkit tune, into the same "
                    "DIR), then run the grid at the selected values")
-    from calibkit.commands import add_num_threads
+    from calibkit.commands import add_executor, add_num_threads
     from calibkit.commands.tune import add_shared
 
     add_shared(p)
     add_num_threads(p)
+    add_executor(p)
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="processes on this machine sharing the runs (default 1; one per core is usually fastest)")
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
@@ -65,6 +69,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from calibkit.commands import check_executor
+
+    check_executor(args)
+    if args.run_key or args.status or args.collect or args.executor != "local":
+        return _elsewhere(args)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -101,7 +110,7 @@ def _run(args, waiting: list) -> int:
         # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
         # anything is created: a bench that cannot run leaves no trace.
         check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                    csm_store=args.csm_store, csm_build=args.csm_build, device=args.device)
+                    csm_store=args.csm_store, store=args.store, csm_build=args.csm_build, device=args.device)
     if args.csm_build:  # before the workers are released: they find the finished build
         from calibkit.bench.csmbuild import ensure
 
@@ -111,7 +120,7 @@ def _run(args, waiting: list) -> int:
 
         _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                  device=args.device, num_threads=args.num_threads, csm_store=args.csm_store)
+                  device=args.device, num_threads=args.num_threads, csm_store=args.csm_store, store=args.store)
     workers = []
     interrupted = True
     try:
@@ -132,20 +141,105 @@ def _run(args, waiting: list) -> int:
             problems = wait_workers(workers, interrupted=interrupted)
     if not bench.dd.is_main:
         return 0
+    from calibkit.store import describe_store
+
+    where = describe_store(args.out, args.store)
     if workers:
         for line in problems:
             print(line, file=sys.stderr)
         counts["failed"] += len(problems)
         print(f"bench {preset.name}: this process ran {counts['done']} run(s), {len(workers)} other worker(s) the "
-              f"rest; {counts['failed']} failed; database {args.out}/runs.db")
+              f"rest; {counts['failed']} failed; database {where}")
     else:
         print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
-              f"{counts['failed']} failed; database {args.out}/runs.db")
+              f"{counts['failed']} failed; database {where}")
     if not args.no_report:
         from calibkit.report import build_report
 
-        rep = build_report(args.out, preset=preset.name)
+        rep = build_report(args.out, preset=preset.name, store=args.store)
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
     return 1 if counts["failed"] else 0
+
+
+def _elsewhere(args) -> int:
+    """The bench's other entry points: one scheduled task (``--run-key``), ``--status``,
+    ``--collect``, and submitting to SLURM (``--executor slurm``)."""
+    from calibkit.bench.grid import get_preset, with_keep
+
+    preset = with_keep(get_preset(args.preset), args.keep)
+    if args.workers != 1:
+        raise ValueError("--workers is for --executor local; on SLURM every run is its own task")
+    if args.run_key:
+        from calibkit.commands import run_scheduled
+
+        return run_scheduled(args, lambda: _run_key(args, preset))
+    if args.status:
+        from calibkit.bench.slurm_plan import status_lines
+
+        lines, counts = status_lines(args, preset)
+        print("\n".join(lines))
+        print(f"bench {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        return 0
+    if args.collect:
+        return _collect(args, preset)
+    from calibkit.bench.preflight import check_bench
+    from calibkit.bench.slurm_plan import submit_bench
+
+    check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
+                csm_store=args.csm_store)
+    ids = submit_bench(args, preset, dry_run=args.dry_run)
+    if not ids:
+        print(f"bench {preset.name}: nothing to submit (every run is done, queued or running; see --status)")
+    elif not args.dry_run:
+        print(f"bench {preset.name}: submitted; follow it with --status, then --collect for the table")
+    return 0
+
+
+def _run_key(args, preset) -> int:
+    """Run the one run ``args.run_key`` and write its result file (a scheduler's task)."""
+    from calibkit import distributed as D
+    from calibkit.bench.results import ResultFiles, split_run_key
+    from calibkit.bench.runner import Bench
+
+    name, method, seed = split_run_key(args.run_key)
+    if name != preset.name:
+        raise ValueError(f"--run-key {args.run_key} is not a run of preset {preset.name}")
+    group = D.setup(args.device)  # one process group for the tuner's and the bench's views
+    try:
+        if args.tune:
+            from calibkit.bench.tune import Tuner
+
+            tuner = Tuner(preset, args.out, methods=args.methods, data_dir=args.data_dir, device=args.device,
+                          num_threads=args.num_threads, csm_store=args.csm_store, store=ResultFiles(args.out))
+            try:
+                preset = tuner.tuned_preset()
+            finally:
+                tuner.close()
+        bench = Bench(preset, args.out, seeds=[seed], methods=[method], data_dir=args.data_dir, device=args.device,
+                      num_threads=args.num_threads, csm_store=args.csm_store, store=ResultFiles(args.out))
+        try:
+            counts = bench.run_one(seed, method)
+        finally:
+            bench.close()
+    finally:
+        D.teardown(group)
+    return 1 if counts["failed"] else 0
+
+
+def _collect(args, preset) -> int:
+    from calibkit.bench.collect import collect
+
+    counts = collect(args.out)
+    print(f"collect {args.out}: {counts['imported']} new result(s) imported into {args.out}/runs.db, "
+          f"{counts['unchanged']} already there, {counts['selections']} selection(s)")
+    if args.no_report or not counts["files"]:
+        return 0
+    from calibkit.report import build_report
+
+    rep = build_report(args.out, preset=preset.name)
+    print()
+    print(rep["text"])
+    print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
+    return 0

@@ -12,6 +12,9 @@ The *_ts files use the temperature fitted on the validation logits.
 
 example:
   calibkit plot runs/ce
+  calibkit plot runs/ce --out figures/ce
+
+--out refuses another run's directory (it holds config.json) and a bench directory (runs.db).
 """
 
 
@@ -32,6 +35,16 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _check_out(out, run_dir) -> None:
+    """The PNGs go into the run's own directory, or a folder that is no other run's or bench's."""
+    from calibkit.rundir import directory_owner
+
+    owner = None if out.resolve() == run_dir.resolve() else directory_owner(out)
+    if owner:
+        raise ValueError(f"--out {out} is {owner}; plot would overwrite its files. Give a new or plain folder, "
+                         f"or leave --out out to write into {run_dir}")
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -41,6 +54,8 @@ def run(args) -> int:
         raise ValueError(f"dpi: must be >= 10, got {args.dpi}")
     logits = load_logits(args.run_dir)  # a missing or unfinished run fails here, before plotting imports
     c = load_info(args.run_dir)["config"]
+    out = Path(args.out) if args.out else Path(args.run_dir)
+    _check_out(out, Path(args.run_dir))
 
     import matplotlib
 
@@ -49,7 +64,6 @@ def run(args) -> int:
 
     from calibkit import plots
     from calibkit.calibrators import TemperatureScaling
-    out = Path(args.out) if args.out else Path(args.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     ts = TemperatureScaling().fit(logits["val_logits"], logits["val_labels"])
     labels = logits["test_labels"]

@@ -7,11 +7,13 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "report", help="rebuild the bench report (tables, report.md, index.html) from DIR/runs.db",
         description="Print the bench tables and write DIR/report/ (report.md, a self-contained "
-        "index.html, figures/) from DIR/runs.db and the logits files its rows point to.",
+        "index.html, figures/) from DIR/runs.db and the logits files its rows point to. Result files "
+        "of runs executed elsewhere (--executor slurm) are imported into DIR/runs.db first.",
     )
     p.add_argument("dir", metavar="DIR", help="a bench output directory (holding runs.db)")
     p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
     p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
+    p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database (default: DIR/runs.db)")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)
@@ -21,13 +23,18 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from calibkit.bench.collect import collect
     from calibkit.report import build_report
 
-    if not (Path(args.dir) / "runs.db").is_file():
+    if args.store is None and Path(args.dir).is_dir():  # a scheduler's runs left result files: import them
+        counts = collect(args.dir)
+        if counts["imported"] or counts["selections"]:
+            print(f"collect {args.dir}: {counts['imported']} new result(s) imported into {args.dir}/runs.db")
+    if args.store is None and not (Path(args.dir) / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
         raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
-    rep = build_report(args.dir, preset=args.preset, n_boot=args.n_boot)
+    rep = build_report(args.dir, preset=args.preset, n_boot=args.n_boot, store=args.store)
     print(rep["text"])
     print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 EPILOG = """\
 examples:
@@ -122,14 +121,10 @@ def run(args) -> int:
     values = {name: getattr(args, name) for name in FIELDS}
     cfg = load_config(args.config, **{**values, "method": "standard" if two_stage else args.method})
     check_dataset(cfg.data)  # a missing extra package is named before anything is written
-    try:
-        if two_stage:
-            from calibkit.commands.maccal import train_command
+    # Ctrl-C, SIGTERM and file-system failures: one line saying how to resume (calibkit.cli.KEPT).
+    if two_stage:
+        from calibkit.commands.maccal import train_command
 
-            return train_command(cfg, args)
-        train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
-    except KeyboardInterrupt:
-        # Every completed epoch is already on disk; say how to continue instead of a traceback.
-        print(f"\ncalibkit train: interrupted; run the same command again to resume {args.out}", file=sys.stderr)
-        return 130
+        return train_command(cfg, args)
+    train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
     return 0

@@ -11,6 +11,7 @@ examples:
   calibkit tune --preset default --out runs/tune-default --workers 2   # two processes share the candidates
   calibkit bench --preset default --out runs/tuned --tune           # select, then bench at the selection
   torchrun --nproc_per_node 4 -m calibkit tune --preset cifar10 --data-dir ~/data --out runs/tune-c10
+  calibkit tune --preset cifar10 --data-dir /shared/data --out /shared/tune-c10 --executor slurm --gpus-per-run 4
 
 Every candidate is trained on the preset's selection seed and scored on the validation split only
 (ECE of the deployed predictor before temperature scaling; candidates more than 1 accuracy point
@@ -33,6 +34,9 @@ def add_shared(p) -> None:
                    "never)")
     p.add_argument("--keep", choices=KEEP_POLICIES,
                    help="checkpoint policy of every run (default: the preset's); one policy per output directory")
+    p.add_argument("--store", metavar="URL",
+                   help="results database: a postgresql:// URL shared by benches on several hosts (needs "
+                   "calibkit[postgres]; one database per output directory; docs/store.md); default DIR/runs.db")
 
 
 def register(subparsers) -> None:
@@ -61,6 +65,11 @@ def register(subparsers) -> None:
                    help="processes on this machine sharing the candidates (default 1; one per core is usually fastest)")
     # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)
     p.add_argument("--await-start", action="store_true", help=argparse.SUPPRESS)
+    from calibkit.commands import add_executor
+
+    add_executor(p)
+    # the selection job of --executor slurm: select from the candidates' result files
+    p.add_argument("--select-only", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -73,10 +82,11 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
     return.
     """
     from calibkit.bench.tune import Tuner
+    from calibkit.store import describe_store
 
     tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None),
                   data_dir=args.data_dir, device=args.device, num_threads=args.num_threads,
-                  csm_store=args.csm_store, log=log, max_extensions=args.max_extensions)
+                  csm_store=args.csm_store, log=log, max_extensions=args.max_extensions, store=args.store)
     try:
         if tuner.unsupported:
             tuner.log(f"tune {', '.join(tuner.unsupported)}: skipped (they mix or generate images; preset "
@@ -87,7 +97,7 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
             on_start()
         counts = tuner.run()
         if tuned and counts["failed"]:
-            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed; see {args.out}/runs.db "
+            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed; see {describe_store(args.out, args.store)} "
                                "(run the same command again to retry them)")
         result = tuner.tuned_preset() if tuned else None
     finally:
@@ -98,10 +108,16 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
 def run(args) -> int:
     import os
 
+    from calibkit.commands import check_executor
+
+    check_executor(args)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
+    if args.workers > 1 and args.executor != "local":
+        raise ValueError("--workers shares the candidates between local processes; with --executor slurm use "
+                         "--workers 1")
     waiting = []
     if args.workers > 1:  # first thing: they start up while this process imports and checks
         from calibkit.bench.workers import start_workers, tune_worker_argv
@@ -118,8 +134,20 @@ def run(args) -> int:
 
 def _run(args, waiting: list) -> int:
     from calibkit.bench.grid import get_preset, with_keep
+    from calibkit.bench.preflight import check_out
+    from calibkit.store import describe_store
 
     preset = with_keep(get_preset(args.preset), args.keep)
+    check_out(args.out)  # before the database is created: not into a training run's directory
+    if args.run_key or args.select_only or args.status or args.executor != "local":
+        return _elsewhere(args, preset)
+    if args.collect:
+        from calibkit.bench.collect import collect
+
+        counts = collect(args.out)
+        print(f"collect {args.out}: {counts['imported']} new result(s) imported, {counts['unchanged']} already "
+              f"there, {counts['selections']} selection(s)")
+        return _print_tuning(args, preset)
     if args.await_start:  # an extra worker: the caller has checked everything before releasing it
         from calibkit.bench.workers import await_start, warm_up
 
@@ -130,7 +158,7 @@ def _run(args, waiting: list) -> int:
         from calibkit.bench.preflight import check_tune
 
         check_tune(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
-                   csm_store=args.csm_store, csm_build=args.csm_build, device=args.device)
+                   csm_store=args.csm_store, store=args.store, csm_build=args.csm_build, device=args.device)
     if args.csm_build:  # before the workers are released: they find the finished build
         from calibkit.bench.csmbuild import ensure
 
@@ -164,11 +192,60 @@ def _run(args, waiting: list) -> int:
         print(line, file=sys.stderr)
     counts["failed"] += len(problems)
     print(f"tune {preset.name}: {counts['done']} candidate(s) done here, {counts['skipped']} skipped (finished "
-          f"earlier or by another worker), {counts['failed']} failed; database {args.out}/runs.db")
+          f"earlier or by another worker), {counts['failed']} failed; database {describe_store(args.out, args.store)}")
+    _print_tuning(args, preset)
+    return 1 if counts["failed"] else 0
+
+
+def _print_tuning(args, preset) -> int:
     from calibkit.report.tuning import tuning_text, write_tuning_figure, write_tuning_json
 
-    print(tuning_text(args.out, preset.name))
-    fig, doc = write_tuning_figure(args.out, preset.name), write_tuning_json(args.out, preset.name)
+    print(tuning_text(args.out, preset.name, args.store))
+    fig = write_tuning_figure(args.out, preset.name, store=args.store)
+    doc = write_tuning_json(args.out, preset.name, store=args.store)
     if fig is not None:
         print(f"validation curves: {fig}; every candidate: {doc}")
-    return 1 if counts["failed"] else 0
+    return 0
+
+
+def _elsewhere(args, preset) -> int:
+    """One scheduled candidate (``--run-key``), the selection job (``--select-only``), ``--status``
+    and submitting (``--executor slurm``); see :mod:`calibkit.bench.slurm`."""
+    if args.status:
+        from calibkit.bench.slurm_plan import status_lines
+
+        args.tune, args.seeds = True, []
+        lines, counts = status_lines(args, preset)
+        print("\n".join(lines))
+        print(f"tune {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+        return 0
+    if args.executor == "slurm" and not (args.run_key or args.select_only):
+        from calibkit.bench.slurm_plan import submit_tune
+
+        ids = submit_tune(args, preset, dry_run=args.dry_run)
+        if not ids:
+            print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
+        return 0
+    from calibkit.bench.results import ResultFiles
+    from calibkit.bench.tune import Tuner
+    from calibkit.commands import run_scheduled
+
+    def one() -> int:
+        tuner = Tuner(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
+                      device=args.device, num_threads=args.num_threads, csm_store=args.csm_store,
+                      store=ResultFiles(args.out))
+        try:
+            if args.select_only:
+                chosen = tuner.select_all() if tuner.dd.is_main else {}
+                missing = [m for m in tuner.methods if m not in chosen]
+                if missing:
+                    raise RuntimeError(f"no selection for {', '.join(missing)}: some candidates did not finish "
+                                       f"(calibkit tune ... --status)")
+                print(f"tune {preset.name}: selected " + "; ".join(f"{m} {v}" for m, v in chosen.items()))
+                return 0
+            counts = tuner.run_one(args.run_key)
+        finally:
+            tuner.close()
+        return 1 if counts["failed"] else 0
+
+    return run_scheduled(args, one)

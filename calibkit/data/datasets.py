@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -147,6 +148,20 @@ def _read_raw(name: str, spec, folder) -> RawData:
                                val=copy(raw.val))
 
 
+def _check_split_sizes(name: str, num_classes: int, val, train_subset) -> None:
+    """A training subset must hold every class (an error); a validation split that misses a class
+    is legitimate for a quick check but selects and calibrates on the other classes only (a warning)."""
+    if train_subset is not None and 1 <= int(train_subset) < num_classes:
+        raise ValueError(f"train_subset: {int(train_subset)} images cannot hold one image of each of the "
+                         f"{num_classes} classes of {name}; use at least {num_classes}")
+    if len(val):
+        missing = num_classes - len(set(val.labels.tolist()))
+        if missing > 0:
+            warnings.warn(f"val_size: the validation split of {len(val)} images holds no image of {missing} of the "
+                          f"{num_classes} classes of {name}; model selection and calibration see only the others "
+                          f"(at least {num_classes} images give every class one)", stacklevel=3)
+
+
 def load(
     name: str,
     data_dir: str | None = None,
@@ -213,6 +228,8 @@ def load(
         checksum = index_checksum(val_idx)
         rule = "class-stratified seeded draw from the official training split"
 
+    num_classes = len(raw.class_names)
+    _check_split_sizes(name, num_classes, val, train_subset)
     train_checksum = None
     if train_subset is not None:
         if not 1 <= int(train_subset) <= len(train):
@@ -224,7 +241,6 @@ def load(
 
     text = raw.modality == "text"
     mean, std = ((), ()) if text else channel_stats(train.images)
-    num_classes = len(raw.class_names)
     for split_name, part in (("train", train), ("val", val), ("test", raw.test)):
         if len(part) and int(part.labels.max()) >= num_classes:
             raise ValueError(f"{name} {split_name}: label {int(part.labels.max())} >= {num_classes} classes")

@@ -10,16 +10,17 @@ the terminal text, ``report.md`` and ``index.html`` all follow.
 from __future__ import annotations
 
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
-from calibkit.report.data import ece_deltas, label, summarize
+from calibkit.report.data import ece_deltas, label, summarize, usable_rows
 from calibkit.report.figures import method_figure, summary_figures
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import grid_tables, ranked_table, robustness_table
 from calibkit.report.tuning import current_runs, protocol_section
-from calibkit.store import Store
+from calibkit.store import describe_store, open_store
 
 
 @dataclass
@@ -35,6 +36,7 @@ class ReportContext:
         n_boot: bootstrap resamples used for ``deltas``.
         figdir: where figures are written (``out_dir/report/figures``).
         figures: whether to draw figures.
+        store: the results store (None: ``out_dir/runs.db``; else a ``postgresql://`` URL).
     """
 
     out_dir: Path
@@ -45,6 +47,7 @@ class ReportContext:
     n_boot: int
     figdir: Path
     figures: bool = True
+    store: str | None = None
 
     @property
     def n_seeds(self) -> int:
@@ -137,23 +140,26 @@ def figures_section(ctx: ReportContext) -> list[Section]:
 SECTIONS = (summary_section, notes_section, tables_section, robustness_section, protocol_section, figures_section)
 
 
-def _load(out_dir: Path, preset: str | None) -> tuple[str, list]:
-    store = Store(out_dir / "runs.db", readonly=True)
+def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tuple[str, list]:
+    store = open_store(out_dir, location, readonly=True)
+    where = describe_store(out_dir, location)
     try:
         presets = store.presets()
         if not presets:
-            raise ValueError(f"{out_dir / 'runs.db'} holds no runs yet")
+            raise ValueError(f"{where} holds no runs yet")
         if preset is None:
             preset = presets[-1]
         elif preset not in presets:
-            raise ValueError(f"no runs of preset {preset!r} in {out_dir / 'runs.db'}; found: {', '.join(presets)}")
-        return preset, current_runs(store.runs(preset, status=None), store, preset)[0]
+            raise ValueError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
+        # a damaged cell: named, row left out; runs moved aside by a re-tuning or at other values
+        # than the directory's selection: left out (one value per method)
+        return preset, current_runs(store.runs(preset, status=None, tolerant=True), store, preset)[0]
     finally:
         store.close()
 
 
 def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
-                 figures: bool = True, width: int | None = None) -> dict:
+                 figures: bool = True, width: int | None = None, store: str | None = None) -> dict:
     """Write ``out_dir/report/`` (report.md, index.html, figures/) from ``out_dir/runs.db``.
 
     Args:
@@ -164,15 +170,21 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         figures: draw the figures (off only in quick tests of the tables).
         width: terminal width the text tables must fit (default: the terminal's, else ``COLUMNS``,
             else 100); wider tables are split into parts. 0: never split.
+        store: the results store (None: ``out_dir/runs.db``; else a ``postgresql://`` URL).
 
     Returns:
         ``{"text": terminal text, "summary", "deltas", "preset", "paths": {...}}``.
     """
     out_dir = Path(out_dir)
-    preset, rows = _load(out_dir, preset)
+    preset, rows = _load(out_dir, preset, store)
+    # A finished row the report cannot read is named, left out with a warning, and the rest reported.
+    rows, skipped = usable_rows(rows)
+    for line in skipped:
+        warnings.warn(f"{line}; left out of the report", stacklevel=2)
     done = [r for r in rows if r["status"] == "done"]
     if not done:
-        raise ValueError(f"no finished runs of preset {preset!r} in {out_dir / 'runs.db'}")
+        unreadable = f" that the report can read ({len(skipped)} left out: {'; '.join(skipped)})" if skipped else ""
+        raise ValueError(f"no finished runs of preset {preset!r} in {describe_store(out_dir, store)}{unreadable}")
     if n_boot is None:
         from calibkit.bench.grid import PRESETS
 
@@ -180,7 +192,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     summary = summarize(done)
     rep = out_dir / "report"
     ctx = ReportContext(out_dir, preset, rows, summary, ece_deltas(summary, n_boot=n_boot, seed=seed), n_boot,
-                        rep / "figures", figures)
+                        rep / "figures", figures, store)
     ctx.figdir.mkdir(parents=True, exist_ok=True)
     sections = [s for build in SECTIONS for s in build(ctx)]
 
@@ -198,6 +210,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
              f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
     if pending:
         intro += f"\n\nUnfinished runs: {unfinished}."
+    if skipped:
+        intro += f"\n\nLeft out (unreadable in the database): {'; '.join(skipped)}."
     (rep / "report.md").write_text(to_markdown(title, intro, sections))
     (rep / "index.html").write_text(to_html(title, intro, sections))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}

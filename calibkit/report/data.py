@@ -7,6 +7,7 @@ formatting is in :mod:`calibkit.report.tables`.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -38,6 +39,53 @@ def _run_values(row: dict) -> dict:
     out["extra.shift_ece"] = overall.get("ece")
     out["extra.train_time_s"] = row.get("train_time_s")
     return out
+
+
+# The JSON fields of a row the report reads, and what each must be (None: absent, always allowed).
+_DICT_FIELDS = ("metrics", "metrics.before", "metrics.after", "ood", "robustness", "robustness.overall")
+
+
+def row_problem(row: dict) -> str | None:
+    """Why the report cannot use a finished row, as ``"field: reason"``; None when it can.
+
+    A field is corrupt when it has the wrong kind (``metrics`` not an object, a metric that is
+    text or not finite, a temperature that is not a positive number), when the store could not
+    decode it (``row["corrupt"]``: ``{field: reason}``, filled by a store that keeps reading past
+    a damaged cell), or when the run's logits file is missing.
+    """
+    for field_name, why in (row.get("corrupt") or {}).items():
+        return f"{field_name}: {why}"
+    for name in _DICT_FIELDS:
+        value = row
+        for part in name.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, dict):
+            return f"{name}: expected an object, got {value!r:.40}"
+    metrics = row.get("metrics") or {}
+    for side in ("before", "after"):
+        for key, value in (metrics.get(side) or {}).items():
+            if isinstance(value, (bool, str)) or (isinstance(value, float) and not math.isfinite(value)):
+                return f"metrics.{side}.{key}: expected a finite number, got {value!r:.40}"
+    t = metrics.get("temperature")
+    if t is not None and (isinstance(t, (bool, str)) or not isinstance(t, (int, float)) or not t > 0
+                          or not math.isfinite(t)):
+        return f"metrics.temperature: expected a positive number, got {t!r:.40}"
+    path = row.get("logits_path")
+    if path and not os.path.isfile(path):
+        return f"logits_path: {path} not found"
+    return None
+
+
+def usable_rows(rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """The rows the report can use, and one line per finished row it leaves out (run key, field, why)."""
+    good, skipped = [], []
+    for row in rows:
+        problem = row_problem(row) if row.get("status") == "done" else None
+        if problem:
+            skipped.append(f"{row.get('run_key')}: {problem}")
+        else:
+            good.append(row)
+    return good, skipped
 
 
 def mean_std(xs) -> tuple[float, float, int]:

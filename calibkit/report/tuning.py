@@ -22,7 +22,7 @@ from pathlib import Path
 
 from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, Axis
 from calibkit.bench.space import at_edge
-from calibkit.store import Store
+from calibkit.store import open_store
 
 # The tuning run each shipped preset's values come from, for the report's provenance line (a
 # directory without a tuning run of its own; presets not listed run published or declared values).
@@ -55,29 +55,29 @@ def _info(row: dict) -> dict:
         return {}
 
 
-def load_candidates(out_dir, preset: str) -> list[dict]:
-    """Finished tuning candidates of ``preset`` in ``out_dir/runs.db`` (empty without any)."""
-    path = Path(out_dir) / "runs.db"
-    if not path.is_file():
+def load_candidates(out_dir, preset: str, store: str | None = None) -> list[dict]:
+    """Finished tuning candidates of ``preset`` in ``out_dir/runs.db`` (empty without any), or in
+    the PostgreSQL store at ``store``."""
+    if store is None and not (Path(out_dir) / "runs.db").is_file():
         return []
-    store = Store(path, readonly=True)
+    store = open_store(out_dir, store, readonly=True)
     try:
         return store.candidates(preset)
     finally:
         store.close()
 
 
-def load_records(out_dir, preset: str) -> dict[str, dict]:
+def load_records(out_dir, preset: str, store: str | None = None) -> dict[str, dict]:
     """``{method: tuning record}`` (extensions, no-effect axes, notes; :mod:`calibkit.bench.extend`)
-    of ``preset``'s tuning in ``out_dir/runs.db``, for the seeds that have candidates."""
+    of ``preset``'s tuning in ``out_dir/runs.db`` (or the store at ``store``), for the seeds that
+    have candidates."""
     import json
 
     from calibkit.bench.extend import meta_key
 
-    path = Path(out_dir) / "runs.db"
-    if not path.is_file():
+    if store is None and not (Path(out_dir) / "runs.db").is_file():
         return {}
-    store = Store(path, readonly=True)
+    store = open_store(out_dir, store, readonly=True)
     try:
         out = {}
         for c in store.candidates(preset):
@@ -163,12 +163,12 @@ def tuning_rows(cands: list[dict], records: dict | None = None) -> tuple[list[st
     return header, rows
 
 
-def tuning_text(out_dir, preset: str) -> str:
-    """A terminal table of the selection recorded in ``out_dir/runs.db``."""
-    cands = load_candidates(out_dir, preset)
+def tuning_text(out_dir, preset: str, store: str | None = None) -> str:
+    """A terminal table of the selection recorded in ``out_dir/runs.db`` (or ``store``)."""
+    cands = load_candidates(out_dir, preset, store)
     if not cands:
         return f"no tuning candidates of preset {preset!r} in {out_dir}/runs.db"
-    header, rows = tuning_rows(cands, load_records(out_dir, preset))
+    header, rows = tuning_rows(cands, load_records(out_dir, preset, store))
     seeds = sorted({c["seed"] for c in cands})
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
@@ -180,7 +180,7 @@ def tuning_text(out_dir, preset: str) -> str:
     return "\n".join([title, line(header), *map(line, rows)])
 
 
-def write_tuning_json(out_dir, preset: str, path=None) -> Path | None:
+def write_tuning_json(out_dir, preset: str, path=None, store: str | None = None) -> Path | None:
     """Every candidate of ``preset`` (values, validation metrics, selected flag) as one JSON file.
 
     The file (default ``out_dir/report/tuning.json``) is what a committed tuning run keeps with
@@ -189,13 +189,13 @@ def write_tuning_json(out_dir, preset: str, path=None) -> Path | None:
     """
     import json
 
-    cands = load_candidates(out_dir, preset)
+    cands = load_candidates(out_dir, preset, store)
     if not cands:
         return None
     keep = ("acc", "ece", "aece", "nll", "brier", "o_ece", "u_ece", "n")
     doc = {"preset": preset, "seed": sorted({c["seed"] for c in cands}),
            "criterion": next((c["criterion"] for c in cands if c["selected"]), None),
-           "extensions": load_records(out_dir, preset),
+           "extensions": load_records(out_dir, preset, store),
            "candidates": [{"method": c["method"], "hparams": c["hparams"], "selected": bool(c["selected"]),
                            "metrics": {k: c["metrics"][k] for k in keep if k in c["metrics"]},
                            "keep": (c.get("config") or {}).get("keep"), "train_time_s": c.get("train_time_s"),
@@ -226,7 +226,7 @@ def _panels(cands: list[dict], records: dict | None = None) -> list[tuple[str, s
     return panels
 
 
-def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path | None:
+def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: str | None = None) -> Path | None:
     """Small multiples of validation ECE and accuracy against each searched value.
 
     One panel per (method, searched hyperparameter); for a 2-D space the curve runs along one
@@ -235,8 +235,8 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110) -> Path
     crosses, CE's validation ECE as a dotted line. Returns the PNG path, or ``None`` without
     candidates.
     """
-    cands = load_candidates(out_dir, preset)
-    panels = _panels(cands, load_records(out_dir, preset))
+    cands = load_candidates(out_dir, preset, store)
+    panels = _panels(cands, load_records(out_dir, preset, store))
     if not panels:
         return None
     import matplotlib
@@ -297,11 +297,10 @@ def _provenance(preset: str, records) -> str:
     return "the preset's values (no tuning run in this directory; `calibkit tune` selects them on the validation split)"
 
 
-def _hidden(out_dir, preset: str) -> list[dict]:
-    path = Path(out_dir) / "runs.db"
-    if not path.is_file():
+def _hidden(out_dir, preset: str, store: str | None = None) -> list[dict]:
+    if store is None and not (Path(out_dir) / "runs.db").is_file():
         return []
-    store = Store(path, readonly=True)
+    store = open_store(out_dir, store, readonly=True)
     try:
         return current_runs(store.runs(preset), store, preset)[1]
     finally:
@@ -352,14 +351,14 @@ def protocol_section(ctx) -> list:
         proto.append(test_row)
     proto.append(["checkpoint policy", " / ".join(policies) + (" (one policy for every run)" if len(policies) == 1
                                                               else " (MIXED: runs are not comparable)")])
-    cands = load_candidates(out_dir, preset)
+    cands = load_candidates(out_dir, preset, ctx.store)
     tuned = {c["method"]: c for c in cands if c["selected"]}
     crit = next(iter(tuned.values()))["criterion"] if tuned else None
     proto.append(["hyperparameters", "selected in this directory by `calibkit tune` on the validation split of seed "
                   f"{next(iter(tuned.values()))['seed']}: min ECE (15 bins, before TS), candidates > "
                   f"{100 * crit['max_acc_drop']:g} accuracy point below the best excluded" if tuned else
                   _provenance(preset, records.values())])
-    hidden = _hidden(out_dir, preset)
+    hidden = _hidden(out_dir, preset, ctx.store)
     if hidden:
         proto.append(["runs not shown", f"{len(hidden)} run(s) at values other than this directory's selection "
                       f"(kept in runs.db): {', '.join(r['run_key'] for r in hidden)}"])
@@ -399,10 +398,10 @@ def protocol_section(ctx) -> list:
         Section("Hyperparameters per method", tables=[Table(
             ["Method", "searched values", "loss spec", "other settings", "source"], hp_rows)], terminal=False)]
     if cands:
-        header, rows = tuning_rows(cands, load_records(out_dir, preset))
+        header, rows = tuning_rows(cands, load_records(out_dir, preset, ctx.store))
         sections.append(Section("Selection on the validation split (x100, before TS)",
                                 tables=[Table(header, rows)], terminal=False))
-        path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png") if ctx.figures else None
+        path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png", store=ctx.store) if ctx.figures else None
         if path is not None:
             sections.append(Section("Validation curves of the tuning run", terminal=False, figures=[Figure(
                 path, "Validation ECE and accuracy against each searched value; the selected candidate is marked.")]))

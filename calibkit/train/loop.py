@@ -40,6 +40,7 @@ from calibkit import _validation
 from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.config import TrainConfig
+from calibkit.train import preempt
 from calibkit.train.keep import Keeper
 from calibkit.train.schedule import learning_rate
 from calibkit.train.steps import EpochGenerators, EpochSums, build_step
@@ -69,11 +70,14 @@ def _reseed_globals(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _prepare_run_dir(out: Path, cfg: TrainConfig) -> tuple[str, dict | None]:
+def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True) -> tuple[str, dict | None]:
     """Decide from what is on disk: ``("fresh", None)``, ``("resume", checkpoint)`` or ``("done", info)``.
 
     Refuses (``ValueError``) to touch a non-empty directory that is not a run, or a run made with a
-    different config, so that results already written are never overwritten.
+    different config that has completed an epoch, so that results already written are never
+    overwritten. A run of another config that ended before its first epoch (no ``history.json``,
+    checkpoint or weights: e.g. a learning rate that diverged at once) holds nothing worth keeping
+    and starts again with the new config (it says so).
     """
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return "fresh", None
@@ -84,9 +88,15 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig) -> tuple[str, dict | None]:
     info = rundir.read_json(out / rundir.CONFIG)
     old = TrainConfig.from_dict(info.get("config", {}))
     diff = cfg.differences(old)
+    if diff and not any((out / name).exists() for name in (rundir.HISTORY, rundir.CHECKPOINT, rundir.MODEL)):
+        if main:  # one line, from one rank
+            print(f"{out}: the run there (config differs in: {', '.join(diff)}) ended before completing an epoch; "
+                  "starting it again with this config", file=sys.stderr, flush=True)
+        return "fresh", None
     if diff:
-        raise ValueError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}); "
-                         "choose another directory")
+        raise ValueError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}) that "
+                         "has completed at least one epoch; choose another directory (a run that has not "
+                         "completed an epoch may be restarted with a new config)")
     if info.get("status") == "done" and (out / rundir.LOGITS).is_file():
         return "done", info
     if (out / rundir.CHECKPOINT).is_file():
@@ -279,12 +289,13 @@ def _validate(run: _Run) -> dict:
             "val_ece": float(ece(logits.softmax(1), labels, n_bins=15))}
 
 
-def _end_epoch(run: _Run, out: Path, epoch: int, record: dict) -> bool:
+def _end_epoch(run: _Run, out: Path, epoch: int, record: dict, force: bool = False) -> bool:
     """Record the epoch, offer its weights to the checkpoint policy, write the checkpoint.
 
     The checkpoint and the kept weights are written together, every ``cfg.checkpoint_every``
-    epochs and after the last one; in between the kept weights wait in memory, so the two files
-    always belong to the same epoch. ``history.json`` is written every epoch.
+    epochs, after the last one and when ``force`` (a stop was requested); in between the kept
+    weights wait in memory, so the two files always belong to the same epoch. ``history.json`` is
+    written every epoch.
     """
     run.history.append(record)
     kept = run.keeper.offer(epoch + 1, record)
@@ -292,7 +303,7 @@ def _end_epoch(run: _Run, out: Path, epoch: int, record: dict) -> bool:
         run.kept = {k: v.detach().cpu().clone() for k, v in run.model.state_dict().items()}
         run.kept_unsaved = True
         run.kept_val_logits = run.val_logits  # the same weights' logits: _finish needs no new pass
-    due = (epoch + 1) % run.cfg.checkpoint_every == 0 or epoch + 1 == run.cfg.epochs
+    due = force or (epoch + 1) % run.cfg.checkpoint_every == 0 or epoch + 1 == run.cfg.epochs
     if run.dd.is_main and due:  # kept weights first, then the checkpoint that refers to them
         if run.kept_unsaved:
             rundir.write_tensors(out / rundir.MODEL, run.kept)
@@ -371,11 +382,13 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if cfg.batch_size % dd.world:
             raise ValueError(f"batch_size {cfg.batch_size} is the global batch; it must divide by the "
                              f"{dd.world} processes")
-        state, found = _prepare_run_dir(out, cfg)
+        state, found = _prepare_run_dir(out, cfg, dd.is_main)
         D.barrier(dd)  # every rank has read the directory before rank 0 writes into it
         if state == "done":
             log(f"{out}: run already finished ({found.get('epochs_done')} epochs); nothing to do")
             return _summary(found)
+        if state == "resume" and dd.is_main:  # always said: a resumed run is worth knowing about
+            print(f"{out}: resuming after epoch {found['epoch']} ({rundir.CHECKPOINT})", flush=True)
         run = _build(cfg, dd, found if state == "resume" else None, out, log)
         bundle, dev = run.bundle, dd.device
         info = {"config": cfg.to_dict(), "status": "running", "num_classes": bundle.num_classes,
@@ -394,10 +407,15 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
             record = {"epoch": epoch + 1, **_train_epoch(run, epoch, progress), **_validate(run)}
             run.elapsed += time.time() - t0
             record["time_s"] = time.time() - t0
-            kept = _end_epoch(run, out, epoch, record)
+            stop = preempt.agreed(dd) and epoch + 1 < cfg.epochs
+            kept = _end_epoch(run, out, epoch, record, force=stop)
             log(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {record['train_loss']:.4f}  train acc "
                 f"{record['train_acc']:6.2%}  val acc {record['val_acc']:6.2%}  val ECE {100 * record['val_ece']:5.2f}  "
                 f"lr {record['lr']:.4g}  {record['time_s']:5.1f}s{'  *kept' if kept else ''}")
+            if stop:  # the checkpoint of this epoch is written: a later call resumes after it
+                D.barrier(dd)
+                log(f"stopped on request after epoch {epoch + 1}; the run resumes from {out / rundir.CHECKPOINT}")
+                raise preempt.Preempted(epoch + 1, out)
             if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch and epoch + 1 < cfg.epochs:
                 info.update(epochs_done=epoch + 1, best_epoch=run.keeper.epoch,
                             best_val_acc=run.kept_record.get("val_acc"), wall_time_s=run.elapsed)

@@ -1,0 +1,87 @@
+"""``calibkit bench --collect`` (and ``calibkit report``): result files into the local ``runs.db``.
+
+Every run and candidate result file under the bench directory (:mod:`calibkit.bench.results`) is
+imported with ``Store.import_row(table, row)``: a row absent from the database is inserted, a
+``running`` or ``failed`` one is replaced by the file's, a ``done`` one is never rewritten. The
+import is therefore idempotent: collecting twice, or while tasks still run, imports each finished
+result once. Selection files then flag their candidates (``Store.select_candidate``).
+
+The database keeps the run paths under this host's view of the bench directory (the files keep
+them relative to it), and the SLURM task that wrote a row in its ``owner`` column
+(``slurm:<array job>_<task>:restarts=<k>``), a value no live process can hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from calibkit.bench import results as R
+from calibkit.store.common import COLUMNS
+
+
+
+def _db_row(out: Path, doc: dict) -> dict:
+    row = {k: v for k, v in doc["row"].items() if k in COLUMNS[doc["table"]]}
+    for col in R.PATH_COLUMNS:
+        if col in COLUMNS[doc["table"]]:
+            row[col] = R.absolute(out, row.get(col))
+    slurm = doc.get("slurm") or {}
+    if slurm:
+        task = f"{slurm.get('array_job_id', slurm.get('job_id'))}_{slurm.get('array_task_id', 0)}"
+        row["owner"] = f"slurm:{task}:restarts={slurm.get('restart_count', 0)}"
+    if doc["table"] == "tuning":
+        row["selected"], row["criterion"] = 0, None
+    return row
+
+
+def collect(out, preset: str | None = None, store=None) -> dict:
+    """Import the result files under ``out`` into ``out/runs.db``.
+
+    Args:
+        out: the bench directory.
+        preset: only this preset's files (default: all).
+        store: an open store (default: ``Store(out/runs.db)``, closed again).
+
+    Returns:
+        ``{"files": n, "imported": n, "unchanged": n, "selections": n}``.
+
+    Raises:
+        ValueError: a result file is corrupt (nothing of it is imported; the others are).
+    """
+    from calibkit.store import Store
+
+    out = Path(out)
+    files = R.result_files(out, preset)
+    counts = {"files": len(files), "imported": 0, "unchanged": 0, "selections": 0}
+    own = store is None
+    if own:
+        if not files:
+            return counts
+        store = Store(out / "runs.db")
+    try:
+        bad = []
+        for path in files:
+            try:
+                doc = R.read_doc(path)
+            except ValueError as exc:
+                bad.append(str(exc))
+                continue
+            counts["imported" if store.import_row(doc["table"], _db_row(out, doc)) else "unchanged"] += 1
+        for path in sorted(out.glob(f"tune/{preset or '*'}/selection/*.json")):
+            sel = R.read_doc(path, "selection")["row"]
+            done = {r["cand_key"]: r for r in store.candidates(sel["preset"], sel["method"], sel["seed"])}
+            row = done.get(sel["cand_key"])
+            if row is None:
+                bad.append(f"{path}: selects {sel['cand_key']}, which is not a finished candidate")
+                continue
+            if not row["selected"] or json.dumps(row["criterion"], sort_keys=True) != json.dumps(
+                    sel["criterion"], sort_keys=True):
+                store.select_candidate(sel["preset"], sel["method"], sel["seed"], sel["cand_key"], sel["criterion"])
+                counts["selections"] += 1
+        if bad:
+            raise ValueError(f"{len(bad)} result file(s) not imported: " + "; ".join(bad))
+    finally:
+        if own:
+            store.close()
+    return counts

@@ -1,0 +1,280 @@
+"""``--executor slurm``: a bench's (or a tuning's) runs as SLURM job arrays.
+
+The executor decides *where* a run key executes; *what* runs is unchanged: array task ``i`` runs
+one ordinary command, ``python -m calibkit bench ... --run-key KEY`` (``tune ... --run-key`` for a
+candidate), which executes exactly that run and writes ``RUN_DIR/result.json``
+(:mod:`calibkit.bench.results`) instead of opening ``runs.db``. ``--collect`` imports the files.
+
+One array per stage and resource shape, written to ``OUT/slurm/NNN-<stage>.sh`` with the index ->
+key map beside it (``NNN-<stage>.keys``: ``INDEX KEY`` per line; ``NNN`` numbers submissions):
+
+* ``ce``: the CE runs (index = the seed's position); ``train``: the other one-stage methods;
+* ``maccal`` and ``csm``: one array each, indexed like ``ce``, ``--dependency=aftercorr`` on the
+  CE array (task ``i`` starts once CE task ``i`` succeeded; SLURM makes a task whose CE is not in
+  that array wait for the whole array). MaC-Cal's stage 2 is single-process: its array asks for
+  at most one GPU and runs no ``torchrun``;
+* tuning: ``tune-ce`` (the CE candidate), ``tune-train``, ``tune-maccal``/``tune-csm`` (after
+  ``tune-ce``), then ``tune-select``, one job that selects from the candidate files (after all
+  of them), then, for ``bench --tune``, the bench arrays after the selection.
+
+A run already ``done`` (its result file) or queued/running in ``squeue`` is not submitted again,
+so running the same command after a failure or a cancellation submits exactly what is missing.
+With ``--gpus-per-run N > 1`` a task asks for N GPUs and runs
+``python -m torch.distributed.run --standalone --nproc_per_node N -m calibkit ...``.
+
+Preemption (``--requeue --signal S``): SLURM sends SIGUSR1 to the batch shell S seconds before the
+time limit; the script forwards it to the calibkit processes, which finish the epoch in progress,
+write its checkpoint (:mod:`calibkit.train.preempt`), requeue their own array task with
+``scontrol requeue`` and exit; the requeued task resumes from ``checkpoint.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibkit.bench import results as R
+
+TRAIN_STAGES = ("ce", "train", "maccal", "csm")
+# squeue states of a task that is still to run, and of one that runs.
+QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED",
+          "SPECIAL_EXIT", "STOPPED", "RESIZING"}
+RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The resources and scheduling options every array asks for (``sbatch`` directives)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    gpus_per_run: int = 0
+    cpus_per_run: int = 1
+    mem: str | None = None
+    array_parallelism: int | None = None
+    sbatch_args: tuple[str, ...] = ()
+    requeue: bool = False
+    signal_s: int | None = None
+
+    def validate(self) -> "SlurmOptions":
+        if self.gpus_per_run < 0:
+            raise ValueError(f"--gpus-per-run must be >= 0, got {self.gpus_per_run}")
+        if self.cpus_per_run < 1:
+            raise ValueError(f"--cpus-per-run must be >= 1, got {self.cpus_per_run}")
+        if self.array_parallelism is not None and self.array_parallelism < 1:
+            raise ValueError(f"--array-parallelism must be >= 1, got {self.array_parallelism}")
+        if self.signal_s is not None and self.signal_s < 1:
+            raise ValueError(f"--signal must be >= 1 second, got {self.signal_s}")
+        if self.signal_s is not None and not self.requeue:
+            raise ValueError("--signal makes a task requeue itself; it needs --requeue")
+        return self
+
+    def directives(self, gpus: int) -> list[str]:
+        lines = [f"--cpus-per-task={self.cpus_per_run}"]
+        if gpus:
+            lines.append(f"--gres=gpu:{gpus}")
+        for flag, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos),
+                            ("time", self.time), ("mem", self.mem)):
+            if value:
+                lines.append(f"--{flag}={value}")
+        if self.requeue:
+            lines.append("--requeue")
+        if self.signal_s:
+            lines.append(f"--signal=B:USR1@{self.signal_s}")
+        return lines + list(self.sbatch_args)
+
+
+@dataclass
+class Array:
+    """One array (or, with ``single``, one plain job) of a submission."""
+
+    stage: str
+    command: str                       # "bench" or "tune"
+    tasks: dict[int, str]              # index -> run or candidate key
+    gpus: int = 0
+    torchrun: int = 0                  # processes per task under torch.distributed.run (0: none)
+    after: list[tuple[str, str]] = field(default_factory=list)   # (dependency type, stage of this submission)
+    after_jobs: list[str] = field(default_factory=list)          # afterok on tasks of earlier submissions
+    single: bool = False               # the selection job: no array, no key
+
+
+# -- what is done, queued, running -----------------------------------------------------------------
+def submissions(out) -> list[dict]:
+    """Every array submitted for ``out`` (``OUT/slurm/submissions.jsonl``), oldest first."""
+    path = Path(out) / "slurm" / "submissions.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def squeue_states(job_ids) -> dict[str, str] | None:
+    """``{"JOB_TASK": state}`` of this user's queued and running tasks (None: no squeue here)."""
+    wanted = {str(j) for j in job_ids}
+    if not wanted:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-u", str(os.getuid()), "-o", "%F|%K|%T"], capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    states = {}
+    for line in out.splitlines():
+        job, _, rest = line.strip().partition("|")
+        task, _, state = rest.partition("|")
+        if job in wanted:
+            states[f"{job}_{task if task not in ('N/A', '') else 0}"] = state
+    return states
+
+
+def key_states(out, keys: list[str], table: str = "runs") -> dict[str, tuple[str, str]]:
+    """``{key: (state, detail)}``: done / failed from the result files, queued / running from
+    ``squeue``, ``not submitted``, or ``failed`` for a task that ended without a result."""
+    out = Path(out)
+    subs = submissions(out)
+    latest = {}  # key -> the last task submitted for it
+    for sub in subs:
+        for idx, key in sub.get("tasks", {}).items():
+            latest[key] = (f"{sub['job_id']}_{idx}", sub)
+    queue = squeue_states({s["job_id"] for s in subs if s.get("job_id")})
+    states = {}
+    for key in keys:
+        path = R.result_path(out, key) if table == "runs" else R.candidate_path(out, key)
+        doc = R.read_doc(path, table)
+        status = doc["row"]["status"] if doc else None
+        task, sub = latest.get(key, (None, None))
+        live = (queue or {}).get(task)
+        if status == "done":
+            states[key] = ("done", str(path.parent))
+        elif live in RUNNING:
+            states[key] = ("running", f"task {task}")
+        elif live is not None:
+            states[key] = ("queued", f"task {task} {live.lower()}")
+        elif status == "failed":
+            last = (doc["row"].get("error") or "").strip().splitlines()[-1:] or ["no error recorded"]
+            states[key] = ("failed", f"{path}: {last[0]}")
+        elif task is not None and queue is not None:
+            log = Path(sub["script"]).parent / "logs"
+            states[key] = ("failed", f"task {task} ended without a result; see {log}")
+        else:
+            states[key] = ("not submitted", "")
+    return states
+
+
+# -- writing and submitting ------------------------------------------------------------------------
+def _next_number(slurm_dir: Path) -> int:
+    used = [int(p.name[:3]) for p in slurm_dir.glob("[0-9][0-9][0-9]-*.sh")]
+    return max(used, default=0) + 1
+
+
+def _ranges(indices) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (sbatch's --array syntax)."""
+    idx, parts, i = sorted(indices), [], 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        parts.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def script_text(array: Array, name: str, keys_path: Path, logs: Path, argv: list[str], opts: SlurmOptions) -> str:
+    """The sbatch script of one array: look up the task's key, run calibkit, forward SIGUSR1."""
+    head = ["#!/bin/bash", f"# calibkit {array.command} --executor slurm: stage {array.stage}, "
+            + ("the selection job" if array.single else f"{len(array.tasks)} task(s); index -> key: {keys_path}"),
+            f"#SBATCH --job-name={name}"]
+    if array.single:
+        head.append(f"#SBATCH --output={logs}/%j-{array.stage}.out")
+    else:
+        par = f"%{opts.array_parallelism}" if opts.array_parallelism else ""
+        head += [f"#SBATCH --array={_ranges(array.tasks)}{par}", f"#SBATCH --output={logs}/%A_%a-{array.stage}.out"]
+    head += ["#SBATCH --open-mode=append"] + [f"#SBATCH {d}" for d in opts.directives(array.gpus)]
+    cmd = [sys.executable]
+    if array.torchrun > 1:
+        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={array.torchrun}"]
+    cmd += ["-m", "calibkit", *argv]
+    run = " ".join(shlex.quote(c) for c in cmd)
+    if array.single:
+        body = ['key=""']
+    else:
+        body = [f"keys={shlex.quote(str(keys_path))}",
+                "key=$(awk -v i=\"$SLURM_ARRAY_TASK_ID\" '$1 == i {print $2; exit}' \"$keys\")",
+                "if [ -z \"$key\" ]; then echo \"calibkit: no key for array index $SLURM_ARRAY_TASK_ID in $keys\" >&2;"
+                " exit 2; fi"]
+        run += ' --run-key "$key"'
+    # Under torch.distributed.run the workers are its children; they, not the launcher, take the signal.
+    target = '$(ps -o pid= --ppid "$child")' if array.torchrun > 1 else '"$child"'
+    body += ["echo \"calibkit: ${key:-selection} (job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}) on "
+             "$(hostname) at $(date -u +%FT%TZ), GPUs ${CUDA_VISIBLE_DEVICES:-none}\"",
+             f"cd {shlex.quote(os.getcwd())}",
+             f"{run} &", "child=$!",
+             f"trap 'echo \"calibkit: SIGUSR1: stopping after this epoch\"; kill -USR1 {target} 2>/dev/null' USR1",
+             'while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done',
+             "exit $rc"]
+    return "\n".join(head + ["", *body, ""])
+
+
+def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOptions, dry_run: bool = False,
+           log=print) -> dict[str, str]:
+    """Write every array's script and key map under ``OUT/slurm/`` and submit them in order.
+
+    Args:
+        out: the bench directory.
+        arrays: the arrays, each after the stages it depends on.
+        argv: the calibkit arguments of each command (``"bench"``, ``"tune"``, ``"select"``),
+            without ``--run-key``.
+        opts: the resources and options.
+        dry_run: write the scripts and print the sbatch commands, submit nothing.
+
+    Returns:
+        ``{stage: job id}`` (placeholders in a dry run).
+
+    Raises:
+        RuntimeError: sbatch failed (what was submitted before is recorded).
+    """
+    out = Path(out).resolve()
+    sdir, logs = out / "slurm", out / "slurm" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    number = _next_number(sdir)
+    ids, lines = {}, []
+    for array in arrays:
+        base = f"{number:03d}-{array.stage}"
+        keys_path = sdir / f"{base}.keys"
+        if not array.single:
+            keys_path.write_text("".join(f"{i} {k}\n" for i, k in sorted(array.tasks.items())))
+        script = sdir / f"{base}.sh"
+        name = f"calibkit-{out.name}-{array.stage}"
+        command = "select" if array.single else array.command
+        script.write_text(script_text(array, name, keys_path, logs, argv[command], opts))
+        script.chmod(0o755)
+        deps = [f"{kind}:{ids[stage]}" for kind, stage in array.after if stage in ids]
+        deps += [f"afterok:{job}" for job in array.after_jobs]
+        sbatch = ["sbatch", "--parsable"] + ([f"--dependency={','.join(deps)}"] if deps else []) + [str(script)]
+        var = array.stage.replace("-", "_")
+        lines.append(f"{var}=$({' '.join(shlex.quote(a) if not a.startswith('--dependency') else a for a in sbatch)})")
+        if dry_run:
+            ids[array.stage] = f"${var}"
+            continue
+        proc = subprocess.run(sbatch, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"sbatch {script} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        job = proc.stdout.strip().split(";")[0]
+        ids[array.stage] = job
+        with open(sdir / "submissions.jsonl", "a") as f:
+            f.write(json.dumps({"number": number, "stage": array.stage, "job_id": job, "script": str(script),
+                                "tasks": {str(i): k for i, k in array.tasks.items()}}) + "\n")
+        log(f"submitted {array.stage}: job {job} ({'1 job' if array.single else f'{len(array.tasks)} task(s)'}"
+            + (f", after {','.join(deps)}" if deps else "") + f"); script {script}")
+    (sdir / f"{number:03d}-submit.sh").write_text("#!/bin/sh\nset -e\n" + "".join(line + "\n" for line in lines))
+    if dry_run:
+        log(f"dry run: {len(arrays)} script(s) written to {sdir}; submit them with:")
+        for line in lines:
+            log(f"  {line}")
+    return ids
