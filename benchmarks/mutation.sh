@@ -2,6 +2,7 @@
 # Mutation testing of calibkit's core modules with mutmut (a benchmark, not run in CI).
 #
 #   benchmarks/mutation.sh [MODULE...]      e.g. benchmarks/mutation.sh calibkit/store/base.py
+#   benchmarks/mutation.sh extended         every module of train/, bench/, data/, integrations/
 #
 # Each module is mutated in its own sandbox (a copy of calibkit/ and tests/ under $MUTATION_DIR,
 # default /tmp/calibkit-mutation) whose mutmut configuration names only that module and only the
@@ -20,7 +21,7 @@ WORK=${MUTATION_DIR:-/tmp/calibkit-mutation}
 CHILDREN=${MUTATION_CHILDREN:-$(nproc)}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-# module -> the test files that exercise it (space separated)
+# module -> the test files (or file::test node ids) that exercise it (space separated)
 declare -A TESTS=(
   [calibkit/store/base.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py"
   [calibkit/store/sqlite.py]="tests/test_store.py tests/test_blindspots_store.py tests/store/test_store_backends.py tests/store/test_store_paths.py"
@@ -54,7 +55,7 @@ declare -A TESTS=(
   [calibkit/report/figures.py]="tests/test_report.py tests/test_blindspots_report.py"
   [calibkit/losses/basic.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
   [calibkit/losses/fedlas.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
-  [calibkit/losses/adafocal.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py"
+  [calibkit/losses/adafocal.py]="tests/test_losses.py tests/test_dense_losses.py tests/test_blindspots_losses.py tests/test_adafocal_binning.py"
   [calibkit/bench/twostage.py]="tests/test_blindspots_twostage.py"
   [calibkit/train/steps.py]="tests/test_train.py tests/test_blindspots_training.py tests/test_segmentation_train.py tests/test_blindspots_steps.py"
   [calibkit/distributed.py]="tests/test_blindspots_fedlas_ddp.py tests/test_metrics.py tests/test_losses.py"
@@ -70,6 +71,48 @@ declare -A TESTS=(
   [calibkit/functional/iou.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
   [calibkit/functional/pixels.py]="tests/test_dense_losses.py tests/test_blindspots_functional.py"
   [calibkit/functional/inputs.py]="tests/test_metric_inputs.py tests/test_pixel_metrics.py tests/test_blindspots_functional.py"
+  # train/, bench/, data/ and integrations/ (the EXTENDED list below)
+  [calibkit/train/__init__.py]="tests/test_train.py"
+  [calibkit/train/schedule.py]="tests/test_train.py::test_learning_rate_schedules"
+  [calibkit/train/keep.py]="tests/test_train_keep.py tests/test_train.py"
+  [calibkit/train/dense.py]="tests/test_segmentation_train.py tests/test_blindspots_bench_evaluation.py tests/test_segmentation_e2e.py"
+  [calibkit/train/loop.py]="tests/test_train.py tests/test_blindspots_fedlas_ddp.py tests/test_text_train.py tests/test_errors.py"
+  [calibkit/bench/__init__.py]="tests/test_bench.py"
+  [calibkit/bench/paths.py]="tests/test_blindspots_twostage.py"
+  [calibkit/bench/preflight.py]="tests/test_package.py tests/test_bench.py"
+  [calibkit/bench/space.py]="tests/test_tune.py"
+  [calibkit/bench/progress.py]="tests/test_progress.py"
+  [calibkit/bench/workers.py]="tests/test_bench_workers.py"
+  [calibkit/bench/runner.py]="tests/test_bench.py tests/test_blindspots_bench.py tests/test_tune.py tests/test_bench_workers.py"
+  [calibkit/bench/tune.py]="tests/test_tune.py tests/test_blindspots_report.py"
+  [calibkit/bench/grid.py]="tests/test_bench.py tests/test_tune.py"
+  [calibkit/data/__init__.py]="tests/test_data.py"
+  [calibkit/data/svhn.py]="tests/test_data.py"
+  [calibkit/data/digits.py]="tests/test_data.py"
+  [calibkit/data/ood.py]="tests/test_data.py tests/test_text_train.py tests/test_blindspots_bench_evaluation.py"
+  [calibkit/data/newsgroups.py]="tests/test_text_data.py"
+  [calibkit/data/idx.py]="tests/test_data.py tests/test_segmentation_data.py"
+  [calibkit/data/segmentation.py]="tests/test_segmentation_data.py tests/test_segmentation_train.py"
+  [calibkit/data/cifar.py]="tests/test_data.py"
+  [calibkit/data/textsets.py]="tests/test_text_data.py tests/test_text_train.py"
+  [calibkit/data/tokenizer.py]="tests/test_text_data.py"
+  [calibkit/data/debian.py]="tests/test_text_data.py tests/test_text_train.py"
+  [calibkit/data/voc.py]="tests/test_segmentation_data.py"
+  [calibkit/data/scenes.py]="tests/test_segmentation_data.py"
+  [calibkit/data/inputs.py]="tests/test_train.py tests/test_segmentation_train.py tests/test_text_train.py tests/test_text_data.py tests/test_blindspots_steps.py"
+  [calibkit/data/folders.py]="tests/test_data.py tests/test_cli.py"
+  [calibkit/data/transforms.py]="tests/test_data.py tests/test_segmentation_data.py"
+  [calibkit/data/bundle.py]="tests/test_data.py tests/test_segmentation_data.py"
+  [calibkit/data/corruptions.py]="tests/test_corruptions.py"
+  [calibkit/data/datasets.py]="tests/test_data.py tests/test_text_data.py tests/test_segmentation_data.py tests/test_cli.py"
+  [calibkit/train/preempt.py]="tests/test_train_preempt.py"
+  [calibkit/bench/collect.py]="tests/test_bench_results.py"
+  [calibkit/bench/results.py]="tests/test_bench_results.py"
+  [calibkit/bench/slurm.py]="tests/test_bench_slurm_plan.py tests/test_bench_slurm.py"
+  [calibkit/bench/slurm_plan.py]="tests/test_bench_slurm_plan.py"
+  [calibkit/integrations/__init__.py]="tests/test_integrations.py"
+  [calibkit/integrations/huggingface.py]="tests/test_integrations.py"
+  [calibkit/integrations/torchmetrics.py]="tests/test_integrations.py tests/test_cuda_metrics.py"
 )
 # the issue's core modules (functional/, losses, metrics, calibrators, methods/, bench/evaluation,
 # report, store); the other entries of TESTS are measured on request
@@ -87,8 +130,24 @@ DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/cal
          calibkit/functional/panel_types.py
          calibkit/report/data.py calibkit/report/tables.py calibkit/report/tuning.py
          calibkit/report/build.py calibkit/report/render.py calibkit/report/figures.py)
+# every module of train/, bench/, data/ and integrations/ not in DEFAULT, smallest first
+# (`benchmarks/mutation.sh extended`; docs/mutation.md says which of them have been measured)
+EXTENDED=(calibkit/bench/paths.py calibkit/train/schedule.py calibkit/data/svhn.py calibkit/data/digits.py
+          calibkit/train/keep.py calibkit/data/ood.py calibkit/integrations/huggingface.py
+          calibkit/data/newsgroups.py calibkit/bench/preflight.py calibkit/bench/space.py
+          calibkit/bench/progress.py calibkit/data/idx.py calibkit/integrations/torchmetrics.py
+          calibkit/bench/workers.py calibkit/data/segmentation.py calibkit/data/cifar.py
+          calibkit/data/textsets.py calibkit/data/tokenizer.py calibkit/data/voc.py calibkit/data/scenes.py
+          calibkit/data/inputs.py calibkit/data/folders.py calibkit/data/transforms.py calibkit/train/dense.py
+          calibkit/data/bundle.py calibkit/data/corruptions.py calibkit/data/datasets.py calibkit/bench/runner.py
+          calibkit/bench/tune.py calibkit/data/debian.py calibkit/bench/grid.py calibkit/train/loop.py
+          calibkit/train/preempt.py calibkit/bench/collect.py calibkit/bench/results.py
+          calibkit/bench/slurm_plan.py calibkit/bench/slurm.py
+          calibkit/train/__init__.py calibkit/bench/__init__.py calibkit/data/__init__.py
+          calibkit/integrations/__init__.py)
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
+[ "${MODULES[*]}" = extended ] && MODULES=("${EXTENDED[@]}")
 
 toml_list() { local out="" x; for x in "$@"; do out+="\"$x\", "; done; echo "[${out%, }]"; }
 
@@ -97,14 +156,14 @@ for mod in "${MODULES[@]}"; do
   t0=$SECONDS
   [ -n "${TESTS[$mod]+x}" ] || { echo "mutation.sh: error: no test selection for $mod" >&2; exit 1; }
   tests=()
-  for t in ${TESTS[$mod]}; do [ -f "$ROOT/$t" ] && tests+=("$t"); done
+  for t in ${TESTS[$mod]}; do [ -f "$ROOT/${t%%::*}" ] && tests+=("$t"); done  # a file or file::test
   box="$WORK/$(echo "$mod" | tr / _)"
   rm -rf "$box" && mkdir -p "$box"
-  cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$box/"  # some tests load a benchmarks/ script
+  cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$ROOT/docs" "$box/"  # some tests load a benchmarks/ script or read docs/
   cat > "$box/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["calibkit"]
-also_copy = ["benchmarks"]
+also_copy = ["benchmarks", "docs"]
 only_mutate = ["$mod"]
 pytest_add_cli_args_test_selection = $(toml_list "${tests[@]}")
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not slow"]

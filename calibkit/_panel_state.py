@@ -20,6 +20,7 @@ import torch
 from calibkit._validation import prob_sum_tol, probs_error
 from calibkit.functional.binning import FINE_BINS, BinSums, binned_errors, equal_mass_sums, fine_bin_index
 from calibkit.functional.binning import weighted_equal_mass_bins
+from calibkit.functional.estimators import block_estimators, tie_blocks
 from calibkit.functional.iou import confusion_matrix, iou_from_confusion
 
 __all__ = ["Layout", "batch_vector", "fold_check", "neutral_check", "panel_from_state"]
@@ -89,6 +90,7 @@ def _hist_aece_sums(hist: torch.Tensor, n_bins: int) -> BinSums:
 def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()) -> dict[str, float]:
     """The panel (python floats) from the state; one device-to-host transfer."""
     n_bins, k, device = layout.n_bins, layout.k, sums.device.type
+    c = ok = w = None
     if layout.hist:
         aece = _hist_aece_sums(layout.view(sums, "hist"), n_bins)
     else:
@@ -114,9 +116,21 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     for key in ("mce", "rmsce", "o_ece", "u_ece"):
         out[key] = float(errors[key])
     out["nll"], out["brier"] = float(head[3] / n), float(head[4] / n)
+    out.update(block_estimators(*_blocks(layout, sums, c, ok, w)))
     if layout.confusion and float(head[1]) > 0:
         out["miou"] = float(iou_from_confusion(layout.view(sums, "confusion")))
     return out
+
+
+def _blocks(layout: Layout, host_sums, c, ok, w):
+    """Tie blocks of the top-label confidences for :func:`block_estimators`: from the samples
+    (exact state; moved to the host in a second transfer), or the non-empty fine-histogram bins
+    at their mean confidence (fixed state: exact when no fine bin holds two different values)."""
+    if not layout.hist:
+        return tie_blocks(c, ok, w)
+    count, conf, correct = (t.numpy() for t in layout.view(host_sums, "hist"))
+    keep = count > 0
+    return conf[keep] / count[keep], count[keep], correct[keep]
 
 
 def _raise_for(check: torch.Tensor, k: int, device: str) -> None:

@@ -40,6 +40,7 @@ COMMANDS = {
     "bench": "calibkit.commands.bench",
     "tune": "calibkit.commands.tune",
     "report": "calibkit.commands.report",
+    "compare": "calibkit.commands.compare",
     "csm": "calibkit.commands.csm",
     "maccal": "calibkit.commands.maccal",
     "calibrate": "calibkit.commands.calibrate",

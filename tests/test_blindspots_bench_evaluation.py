@@ -88,6 +88,36 @@ def _one_shot(model, pipe, split, val_logits, val_labels):
             "test_pixels": int((labels != VOID).sum())}
 
 
+def test_evaluate_dense_fits_the_temperature_by_the_objective_it_is_given():
+    from calibkit.calibrators import TemperatureScaling
+    from calibkit.data.inputs import SegmentationInputs
+    from calibkit.metrics import evaluate
+    from calibkit.train.dense import evaluate_dense
+
+    gen = torch.Generator().manual_seed(8)
+    images = torch.randint(0, 256, (3, 1, 16, 16), dtype=torch.uint8, generator=gen)
+    masks = torch.randint(0, K, (3, 16, 16), generator=gen).to(torch.uint8)
+    masks[:, :3] = VOID
+    val_labels = torch.randint(0, K, (120,), generator=gen)
+    val_logits = torch.randn(120, K, generator=gen) * 4
+    val_logits[torch.arange(120), val_labels] += 1.0
+    model, pipe = _unet(1), SegmentationInputs([0.45], [0.2])
+    with torch.no_grad():
+        full = model(pipe.eval_batch(images)).double()
+    labels = masks.long()
+    for objective in ("ece", "nll"):
+        t = float(TemperatureScaling(objective=objective, n_bins=10).fit(val_logits, val_labels).temperature_)
+        res = evaluate_dense(model, Split(images, masks), pipe, val_logits, val_labels, n_bins=10,
+                             objective=objective, batch_size=2)
+        assert res["temperature"] == pytest.approx(t, rel=1e-12), objective
+        want = evaluate((full / t).softmax(1), labels, n_bins=10, ignore_index=VOID)
+        for key in ("ece", "nll", "acc"):
+            assert res["after"][key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (objective, key)
+    t_nll = float(TemperatureScaling().fit(val_logits, val_labels).temperature_)
+    t_ece = float(TemperatureScaling(objective="ece", n_bins=10).fit(val_logits, val_labels).temperature_)
+    assert abs(t_ece - t_nll) > 0.05 * t_nll  # the two objectives pick different temperatures here
+
+
 def _check_dense(out, want, run, n_val):
     assert set(out) == {"metrics", "ood", "robustness", "eval_time_s", "logits_path"}
     assert out["ood"] is None and out["robustness"] is None

@@ -205,13 +205,15 @@ def test_adafocal_initial_edges_are_equal_width_on_the_unit_interval():
     assert AdaFocal(K, n_bins=4).edges.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
-def test_adafocal_a_confidence_on_an_edge_belongs_to_the_upper_bin():
+def test_adafocal_a_confidence_on_an_edge_belongs_to_the_lower_bin():
     loss = AdaFocal(K, n_bins=2)
     loss.edges.copy_(torch.tensor([0.0, 0.5, 1.0]))
     loss.gammas.copy_(torch.tensor([4.0, -1.0]))
-    logits = torch.full((2, K), -1e4)
+    logits = torch.full((3, K), -1e4)
     logits[:, :2] = 0.0  # p = (0.5, 0.5, 0, ...) exactly
-    assert loss.sample_gammas(logits, torch.tensor([0, 2])).tolist() == [-1.0, 4.0]  # p_y = 0.5 and 0
+    logits[2, 0] = 1.0  # p_0 > 0.5
+    # (lo, hi]: p_y = 0.5 is in bin 0 (as adaptive_ece bins it), 0 clamps to bin 0, p_0 > 0.5 in bin 1
+    assert loss.sample_gammas(logits, torch.tensor([0, 2, 0])).tolist() == [4.0, 4.0, -1.0]
 
 
 def test_adafocal_error_names_the_loss_and_targets_may_be_a_list(gen):

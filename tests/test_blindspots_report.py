@@ -174,6 +174,21 @@ def test_paired_delta_uses_only_shared_seeds_and_the_requested_level(tmp_path):
     assert paired_ece_delta(a, [runs["ce", 2]]) is None  # no shared seed
 
 
+def test_paired_delta_is_significant_when_the_interval_lies_wholly_above_zero(tmp_path):
+    # the sharp (over-confident) CE against the soft LS: a method significantly *worse* than the
+    # reference has lo > 0 and is marked significant too, by the interval's own bounds
+    gen = torch.Generator().manual_seed(4)
+    labels, runs = _pair_fixture(tmp_path, gen)
+    worse = paired_ece_delta([runs["ce", 0], runs["ce", 1]], [runs["ls", 0], runs["ls", 1]], n_boot=60)
+    better = paired_ece_delta([runs["ls", 0], runs["ls", 1]], [runs["ce", 0], runs["ce", 1]], n_boot=60)
+    assert worse["lo"] > 0 and worse["significant"]
+    assert better["hi"] < 0 and better["significant"]
+    assert worse["diff"] == pytest.approx(-better["diff"], abs=1e-12)
+    # the table marks the two ways apart
+    assert fmt_delta(worse).endswith(data.WORSE_MARK) and fmt_delta(worse).startswith("+")
+    assert fmt_delta(better).endswith(data.BETTER_MARK) and fmt_delta(better).startswith("-")
+
+
 def test_paired_delta_is_identical_only_when_every_seed_is(tmp_path):
     gen = torch.Generator().manual_seed(5)
     labels, runs = _pair_fixture(tmp_path, gen)
@@ -1007,9 +1022,10 @@ def test_section_texts_define_every_abbreviation_of_their_tables(tmp_path):
     for phrase in ("x100, mean over 2 seed(s); 1 = lowest ECE.", "highest Acc, lowest ECE",
                    "ECE after temperature scaling (`ECE (TS)`), most negative difference from CE.",
                    "O-ECE + U-ECE = ECE", "`dECE vs CE` = paired bootstrap (20 resamples)",
-                   "from CE, 95% basic bootstrap interval; `*` = the interval excludes 0."):
+                   "from CE, 95% basic bootstrap interval; `*` = the 95% interval lies wholly on the better side of 0",
+                   "`!` = wholly on the worse side (significantly worse)"):
         assert phrase in ranking.text, phrase
-    assert ranking.terminal_text.endswith("95% basic interval, * = excludes 0.")
+    assert "95% basic interval, * = significantly better, ! = significantly worse." in ranking.terminal_text
     before = sec["Test set, before temperature scaling (grid order)"]
     for phrase in ("Mean ± std over seeds (`n` = seeds)", "x100, NLL and Brier as they are.", "AECE = equal-mass",
                    "cwECE = classwise ECE", "MCE = maximum calibration error."):

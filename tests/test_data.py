@@ -91,6 +91,20 @@ def test_fmnist_real_files():
     assert sub.split["train_checksum"] != load("fmnist", train_subset=10000, seed=1).split["train_checksum"]
 
 
+def test_train_subset_is_the_second_draw_of_the_seed(tmp_path):
+    # validation = draw 0 of SeedSequence([seed, stream]), training subset = draw 1 (of the images
+    # left after validation): independent draws, so a subset is not the validation split's shadow
+    arrays = fake_fmnist(tmp_path)
+    b = load("fmnist", data_dir=str(tmp_path), val_size=8, seed=3, train_subset=16)
+    rest, _ = stratified_split(arrays["train_labels"], 8, 3, stream=0)
+    left = arrays["train_labels"][rest]
+    _, keep = stratified_split(left, 16, 3, stream=1)
+    _, same_stream = stratified_split(left, 16, 3, stream=0)
+    assert not np.array_equal(keep, same_stream)  # the two streams draw different subsets here
+    assert torch.equal(b.train.images[:, 0], torch.from_numpy(arrays["train_images"][rest][keep].astype(np.uint8)))
+    assert torch.equal(b.train.labels, torch.from_numpy(left[keep]))
+
+
 def test_fmnist_written_files(tmp_path):
     arrays = fake_fmnist(tmp_path)
     b = load("fmnist", data_dir=str(tmp_path), val_size=8, seed=3)
@@ -111,8 +125,52 @@ def test_fmnist_written_files(tmp_path):
 def test_fmnist_missing_says_how_to_get(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
         load("fmnist", data_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"or pass --data-dir / data_dir= pointing to a folder with the four "
+                                                r"idx \.gz files$"):
+        load("fmnist", data_dir=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load("fmnist", data_dir=str(tmp_path / "nowhere"))
+
+
+def test_read_idx_header_rules_and_messages_in_full(tmp_path):
+    from calibkit.data.idx import read_idx
+
+    def plain(name, data):
+        path = os.path.join(tmp_path, name)
+        with open(path, "wb") as f:
+            f.write(bytes(data))
+        return path
+
+    with pytest.raises(FileNotFoundError, match=r"^idx file not found: .*nothing$"):
+        read_idx(os.path.join(tmp_path, "nothing"), 2049)
+    # the shortest valid file: magic and one size of 0 (8 bytes), an empty label file
+    assert read_idx(plain("empty", [0, 0, 8, 1, 0, 0, 0, 0]), 2049).shape == (0,)
+    with pytest.raises(ValueError, match=r"short: only 7 bytes, too short for an idx header$"):
+        read_idx(plain("short", [0, 0, 8, 1, 0, 0, 0]), 2049)
+    for want, kind in ((2049, "label"), (2051, "image")):
+        with pytest.raises(ValueError, match=rf"magic number 2050, expected {want} for an idx {kind} file$"):
+            read_idx(plain("odd", [0, 0, 8, 2, 0, 0, 0, 0, 0, 0, 0, 0]), want)
+    # sizes are big-endian int32: 2 x 300 labels of a 3-dim file read back in order
+    data = [0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 1, 44, 0, 0, 0, 1] + [i % 256 for i in range(600)]
+    arr = read_idx(plain("big", data), 2051)
+    assert arr.shape == (2, 300, 1) and arr.reshape(-1).tolist() == [i % 256 for i in range(600)]
+    wide = read_idx(plain("wide", [0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0] + [7] * 65536), 2051)
+    assert wide.shape == (1, 1, 65536)  # every byte of every size counts
+
+
+def test_fmnist_pair_checks_name_the_split(tmp_path):
+    arrays = fake_fmnist(tmp_path)
+    write_idx(os.path.join(tmp_path, FMNIST_FILES["test_labels"] + ".gz"), arrays["test_labels"][:5], 2049)
+    with pytest.raises(ValueError, match=r"^Fashion-MNIST test: \(12, 28, 28\) images do not match \(5,\) labels in "):
+        load("fmnist", data_dir=str(tmp_path), val_size=4)
+    labels = arrays["test_labels"].copy()
+    labels[3] = 10  # one past the last class
+    write_idx(os.path.join(tmp_path, FMNIST_FILES["test_labels"] + ".gz"), labels, 2049)
+    with pytest.raises(ValueError, match=r"^Fashion-MNIST test: label 10 out of range 0..9 in "):
+        load("fmnist", data_dir=str(tmp_path), val_size=4)
+    labels[3] = 9
+    write_idx(os.path.join(tmp_path, FMNIST_FILES["test_labels"] + ".gz"), labels, 2049)
+    assert load("fmnist", data_dir=str(tmp_path), val_size=4).test.labels.max() == 9
 
 
 def test_fmnist_corrupt_files(tmp_path):
@@ -174,6 +232,33 @@ def test_digits_bundle():
     mean, std = channel_stats(b.train.images)
     ref = b.train.images.double() / 255
     assert mean[0] == pytest.approx(ref.mean().item(), abs=1e-9) and std[0] == pytest.approx(ref.std(unbiased=False).item(), abs=1e-9)
+
+
+def test_digits_file_checks_in_full(tmp_path):
+    from calibkit.data.digits import read_digits_file
+
+    images, labels = read_digits_file()
+    assert images.shape == (1797, 8, 8) and int(images.max()) == 16 and int(labels.max()) == 9
+
+    def npz(name, **arrays):
+        path = tmp_path / name
+        np.savez(path, **arrays)
+        return path
+
+    unreadable = r"unreadable digits file \(.*\); reinstall calibkit$"
+    with pytest.raises(ValueError, match=r"^.*objects.npz: " + unreadable):  # a pickled object array is refused
+        read_digits_file(npz("objects.npz", images=np.array([{"a": 1}], dtype=object), labels=labels))
+    with pytest.raises(ValueError, match=r"^.*nolabels.npz: " + unreadable):
+        read_digits_file(npz("nolabels.npz", images=images))
+    bad = {
+        "bright.npz": (np.where(images == 16, 17, images), labels),  # a grey level above 16
+        "label10.npz": (images, np.where(labels == 9, 10, labels)),  # a label above 9
+        "fewlabels.npz": (images, labels[:-1]),
+        "smallimages.npz": (images[:, :7], labels),
+    }
+    for name, (im, lab) in bad.items():
+        with pytest.raises(ValueError, match=rf"^.*{name}: unexpected arrays \(.*\) / \(.*\); reinstall calibkit$"):
+            read_digits_file(npz(name, images=im, labels=lab))
 
 
 def test_val_size_fraction_and_train_subset_checks():
@@ -255,10 +340,57 @@ def test_svhn_mat(tmp_path):
     b = load("svhn", data_dir=str(tmp_path), val_size=3, seed=0)
     assert b.test.labels.tolist() == [0, 1, 2, 3], "label 10 means digit 0"
     assert torch.equal(b.test.images[2], torch.from_numpy(x[..., 2].transpose(2, 0, 1).copy()))
-    assert len(b.train) == 6 and not b.hflip
+    assert len(b.train) == 6 and not b.hflip and b.class_names == [str(k) for k in range(10)]
     (tmp_path / "test_32x32.mat").write_bytes(b"MATLAB 5.0 MAT-file, garbage")
     with pytest.raises(ValueError, match="test_32x32.mat"):
         load("svhn", data_dir=str(tmp_path), val_size=3)
+
+
+def test_svhn_file_checks_in_full(tmp_path):
+    from scipy.io import savemat
+
+    from calibkit.data.svhn import read_svhn_mat
+
+    x = np.zeros((32, 32, 3, 4), np.uint8)
+    y = np.array([[1], [2], [10], [3]])
+
+    def mat(name, **arrays):
+        path = str(tmp_path / name)
+        savemat(path, arrays)
+        return path
+
+    assert read_svhn_mat(mat("ok.mat", X=x, y=y)).labels.tolist() == [1, 2, 0, 3]
+    import calibkit.extras
+
+    asked = []
+
+    def require(*args):
+        asked.append(args)
+        raise RuntimeError("stop")
+
+    with pytest.MonkeyPatch.context() as mp:  # scipy is an extra: named with what needs it
+        mp.setattr(calibkit.extras, "require", require)
+        with pytest.raises(RuntimeError, match="stop"):
+            read_svhn_mat(str(tmp_path / "ok.mat"))
+    assert asked == [("scipy", "reading SVHN")]
+    with pytest.raises(FileNotFoundError, match=r"^SVHN file not found: .*none.mat; data_dir must contain "
+                                                r"train_32x32.mat and test_32x32.mat$"):
+        read_svhn_mat(str(tmp_path / "none.mat"))
+    (tmp_path / "garbage.mat").write_bytes(b"MATLAB 5.0 MAT-file, garbage")
+    with pytest.raises(ValueError, match=r"garbage.mat: not a readable MATLAB file \([A-Za-z]+Error: "):
+        read_svhn_mat(str(tmp_path / "garbage.mat"))
+    for name, arrays in (("noy.mat", {"X": x, "z": y}), ("nox.mat", {"y": y, "w": x})):
+        found = sorted(arrays)
+        with pytest.raises(ValueError, match=rf"{name}: expected variables X and y, found \{found}$".replace("'", "'")):
+            read_svhn_mat(mat(name, **arrays))
+    for name, bad in (("float.mat", x.astype(np.float32)), ("grey.mat", x[:, :, :1]), ("flat.mat", x[:, :, :, 0])):
+        with pytest.raises(ValueError, match=rf"{name}: X must be uint8 \(H, W, 3, N\), got "):
+            read_svhn_mat(mat(name, X=bad, y=y[:1] if bad.ndim == 3 else y))
+    with pytest.raises(ValueError, match=r"count.mat: 4 images but 3 labels$"):
+        read_svhn_mat(mat("count.mat", X=x, y=y[:3]))
+    for lo_hi, labels in (("0..3", [[1], [0], [2], [3]]), ("1..11", [[1], [11], [2], [3]])):
+        with pytest.raises(ValueError, match=rf"SVHN labels must lie in 1..10, found {lo_hi}$"):
+            read_svhn_mat(mat("labels.mat", X=x, y=np.array(labels)))
 
 
 # ------------------------------------------------------------------------ image files

@@ -207,21 +207,6 @@ def test_adafocal_update_on_pixels_equals_update_on_rows(gen):
         a.update(logits, torch.full_like(targets, 255))
 
 
-def test_adafocal_quantile_subsample_above_the_limit(gen, monkeypatch):
-    # Above QUANTILE_MAX confidences the edges come from an evenly strided subset; bin statistics
-    # still use every pixel. With the limit lowered, the edges are the subset's quantiles.
-    monkeypatch.setattr(AdaFocal, "QUANTILE_MAX", 64)
-    logits, targets, _ = _dense(gen, n=4, h=8, w=8, scale=4.0, void=0.0)
-    loss = AdaFocal(K, n_bins=4)
-    loss.update(logits, targets)
-    rows, _, _ = _loop_rows(logits, targets)
-    conf = torch.softmax(rows.double(), 1).max(1).values
-    sub = conf[torch.linspace(0, conf.numel() - 1, 64).long()]
-    want = torch.quantile(sub, torch.linspace(0, 1, 5, dtype=torch.float64))
-    want[0], want[-1] = 0.0, 1.0
-    torch.testing.assert_close(loss.edges.double(), want.float().double())
-
-
 def test_half_precision_dense(gen):
     logits, targets, _ = _dense(gen)
     for dtype in (torch.float16, torch.bfloat16):

@@ -57,6 +57,30 @@ def test_metric_binary_and_dense():
         md.update(torch.softmax(torch.randn(4, 5, generator=g), 1), torch.zeros(4, dtype=torch.long))
 
 
+def test_metric_leaves_out_ignored_samples_and_pixels():
+    probs, labels = _data(4, n=400)
+    labels = labels.clone()
+    labels[::7] = -1
+    keep = labels != -1
+    m = CalibrationMetric(num_classes=6, ignore_index=-1)
+    for p, y in zip(probs.split(150), labels.split(150)):
+        m.update(p, y)
+    got, ref = m.compute(), evaluate(probs[keep], labels[keep])  # the same as dropping the rows
+    for key in PANEL:
+        assert got[key].item() == pytest.approx(ref[key], abs=1e-12), key
+    g = torch.Generator().manual_seed(5)
+    dense = torch.softmax(torch.randn(3, 4, 6, 6, generator=g, dtype=torch.float64) * 2, 1)
+    masks = torch.randint(0, 4, (3, 6, 6), generator=g)
+    masks[:, :2] = 255
+    md = CalibrationMetric(num_classes=4, dense=True, ignore_index=255)
+    md.update(dense[:2], masks[:2])
+    md.update(dense[2:], masks[2:])
+    rows, ys = dense.movedim(1, -1).reshape(-1, 4), masks.reshape(-1)
+    flat = evaluate(rows[ys != 255], ys[ys != 255])
+    for key in ("acc", "ece", "cece", "mce", "nll", "brier"):
+        assert md.compute()[key].item() == pytest.approx(flat[key], abs=1e-12), key
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,20 +135,45 @@ def test_hf_compute_metrics_layouts():
     logits = torch.randn(200, 4, generator=g, dtype=torch.float64) * 2
     labels = torch.randint(0, 4, (200,), generator=g)
     pred = transformers.EvalPrediction(predictions=logits.numpy(), label_ids=labels.numpy())
-    assert compute_metrics(pred) == evaluate(torch.softmax(logits, 1), labels)
-    # a tuple of outputs (logits, hidden states) and a plain tuple work too
-    assert compute_metrics(((logits.numpy(), logits.numpy()), labels.numpy())) == compute_metrics(pred)
-    # one-logit binary head: sigmoid, scored as binary
+    cm = make_compute_metrics()  # the module's compute_metrics is this, built at import
+    assert compute_metrics(pred) == cm(pred) == evaluate(torch.softmax(logits, 1), labels)
+    # with the inputs kept (a 3-field EvalPrediction), and a tuple of outputs (logits, hidden states)
+    # and of labels: the first of each is used
+    with_inputs = transformers.EvalPrediction(predictions=logits.numpy(), label_ids=labels.numpy(),
+                                              inputs=logits.numpy())
+    assert cm(with_inputs) == cm(pred)
+    hidden = torch.randn(200, 4, generator=g, dtype=torch.float64).numpy()
+    assert cm(((logits.numpy(), hidden), (labels.numpy(), (labels.numpy() + 1) % 4))) == cm(pred)
+    # one-logit binary head, (N, 1) or (N,): sigmoid, scored as binary
     z, yb = logits[:, 0], labels % 2
     ref = evaluate(torch.sigmoid(z), yb)
-    assert compute_metrics(transformers.EvalPrediction(predictions=z[:, None].numpy(), label_ids=yb.numpy())) == ref
+    assert cm(transformers.EvalPrediction(predictions=z[:, None].numpy(), label_ids=yb.numpy())) == ref
+    assert cm((z.numpy(), yb.numpy())) == ref
     # token classification (N, T, K) with -100 on padding
     tok = torch.randn(5, 7, 3, generator=g, dtype=torch.float64)
     tl = torch.randint(0, 3, (5, 7), generator=g)
     tl[:, 5:] = -100
     keep = tl != -100
     ref = evaluate(torch.softmax(tok[keep], 1), tl[keep])
-    got = compute_metrics(transformers.EvalPrediction(predictions=tok.numpy(), label_ids=tl.numpy()))
+    got = cm(transformers.EvalPrediction(predictions=tok.numpy(), label_ids=tl.numpy()))
     for key in PANEL:
         assert got[key] == pytest.approx(ref[key], abs=1e-12)
+    # dense (N, K, H, W): classes at dim 1
+    dense = torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64)
+    masks = torch.randint(0, 3, (2, 4, 4), generator=g)
+    want = evaluate(torch.softmax(dense.movedim(1, -1).reshape(-1, 3), 1), masks.reshape(-1))
+    got = cm((dense.numpy(), masks.numpy()))
+    for key in ("acc", "ece", "nll", "brier"):
+        assert got[key] == pytest.approx(want[key], abs=1e-12), key
     assert "miou" in got and set(make_compute_metrics(n_bins=5)(pred)) == set(PANEL)
+    # n_bins reaches the binned metrics
+    five = make_compute_metrics(n_bins=5)(pred)
+    assert five == evaluate(torch.softmax(logits, 1), labels, n_bins=5)
+    assert five["ece"] != compute_metrics(pred)["ece"] and five["nll"] == compute_metrics(pred)["nll"]
+    # ignore_index=None keeps every label; another ignore label is left out
+    some = labels.clone()
+    some[:30] = 7
+    seven = make_compute_metrics(ignore_index=7)(transformers.EvalPrediction(predictions=logits.numpy(),
+                                                                             label_ids=some.numpy()))
+    assert seven == evaluate(torch.softmax(logits[30:], 1), labels[30:])
+    assert make_compute_metrics(ignore_index=None)(pred) == compute_metrics(pred)

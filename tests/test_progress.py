@@ -28,3 +28,32 @@ def test_lines_elapsed_and_eta():
     assert lines[-1] == "[4/4] b/mbls/0: FAILED: ValueError: x | elapsed 2:10"  # nothing left: no ETA
     assert len(lines) == 4  # one line per run
     p.close()
+
+
+def test_bar_on_a_terminal_and_lines_above_it(capsys, monkeypatch):
+    import sys
+
+    t = [0.0]
+    written = []
+    p = RunProgress(2, write=written.append, bar=True, now=lambda: t[0])
+    p.begin("b/ce/0")
+    assert "b/ce/0" in capsys.readouterr().err  # the bar shows the current run
+    t[0] += 5
+    out = p.end("b/ce/0", "done in 5 s", seconds=5)
+    cap = capsys.readouterr()
+    assert written == [] and cap.out == out + "\n"  # the line goes above the bar, on stdout
+    assert "1/2 runs" in cap.err and "b/ce/0" in cap.err
+    p.end("b/ls/0", "finished earlier; skipped")
+    assert "2/2 runs" in capsys.readouterr().err
+    p.close()
+    assert p._bar is None
+    gone = capsys.readouterr().err  # the bar is cleared, not left on the screen
+    assert "\n" not in gone and gone.strip() == "" and gone
+    p.close()  # twice is harmless
+    # no bar for an empty bench, nor by default when stderr is not a terminal; by default on one
+    assert RunProgress(0, bar=True)._bar is None
+    assert RunProgress(2)._bar is None
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    shown = RunProgress(2)
+    assert shown._bar is not None and shown._bar.total == 2
+    shown.close()

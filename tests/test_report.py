@@ -136,8 +136,9 @@ def test_report_files_hold_database_numbers(tmp_path, cli_env):
     page = (tmp_path / "report" / "index.html").read_text()
     assert cell in md and cell in page
     assert cell.replace("±", "+-") in out.stdout
-    # Self-contained: every figure embedded, none linked; one reliability figure per method + 2 summaries.
-    assert page.count("data:image/png;base64,") == 3 + 2
+    # Self-contained: every figure embedded, none linked; one reliability figure per method + 2 summaries
+    # + the methods x calibrators heatmap.
+    assert page.count("data:image/png;base64,") == 3 + 2 + 1
     assert "src=\"figures/" not in page
     for method in ("ce", "ls", "focal"):
         assert (tmp_path / "report" / "figures" / f"reliability_{method}.png").stat().st_size > 1000
@@ -178,9 +179,10 @@ def _first_table(text):
 def test_ranking_equals_database(tmp_path):
     """The summary ranks by the database's mean ECE, shows its means, and marks each column's best."""
     make_bench(tmp_path, methods=("ce", "ls", "focal", "dfl"))
-    rep = build_report(tmp_path, n_boot=100, figures=False, width=120)
+    rep = build_report(tmp_path, n_boot=100, figures=False, width=0)  # one part: every column
     header, rows = _first_table(rep["text"])
-    assert header[:5] == ["#", "Method", "Acc", "ECE", "O-ECE"]
+    assert header == ["#", "Method", "Acc", "dAcc vs CE", "ECE", "O-ECE [95% CI]", "U-ECE [95% CI]", "ECE (TS)",
+                      "dECE vs CE [95% CI]", "dECE vs CE+TS", "dECE(TS) vs CE+TS"]
     db = Store(tmp_path / "runs.db", readonly=True).runs("t")
     mean = {m: {k: np.mean([r["metrics"][p][k.split(".")[1]] for r in db if r["method"] == m
                             for p in [k.split(".")[0]]]) * 100
@@ -192,9 +194,9 @@ def test_ranking_equals_database(tmp_path):
     for r, m in zip(rows, expected):
         ece = f"{mean[m]['before.ece']:.2f}"
         # the best (lowest) ECE carries the mark; the others do not
-        assert r[3] == (ece + BEST_MARK if round(mean[m]["before.ece"], 2) == best_ece else ece)
+        assert r[4] == (ece + BEST_MARK if round(mean[m]["before.ece"], 2) == best_ece else ece)
         assert r[2].rstrip(BEST_MARK) == f"{mean[m]['before.acc']:.2f}"
-        assert r[6].rstrip(BEST_MARK) == f"{mean[m]['after.ece']:.2f}"
+        assert r[7].rstrip(BEST_MARK) == f"{mean[m]['after.ece']:.2f}"
     # CE and its exact copy (focal) share a rank; the ranks are competition ranks
     ranks = {r[1]: int(r[0]) for r in rows}
     assert ranks["CE"] == ranks["Focal"] and ranks[labels[expected[0]]] == 1
@@ -241,23 +243,24 @@ def test_text_only_tables_wrap_their_last_column_to_the_width():
         assert lines[test_row].split("  ")[-1].strip() == "10000 images"
 
 
-def test_pairwise_script_equals_the_report_against_ce_and_is_antisymmetric(tmp_path):
-    import importlib.util
-
+def test_compare_equals_the_report_against_ce_and_is_antisymmetric(tmp_path):
+    from calibkit.report.calibrated import CalibratedProbs
     from calibkit.report.data import ece_deltas, summarize
+    from calibkit.report.paired import compare_methods
 
     make_bench(tmp_path)
-    spec = importlib.util.spec_from_file_location("pairwise_ece", ROOT_DIR / "benchmarks" / "pairwise_ece.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     summary = summarize(Store(tmp_path / "runs.db", readonly=True).runs("t"))
     ref = ece_deltas(summary, n_boot=200)["ls"]
-    diff, lo, hi = mod.compare(summary, "ls", "ce", n_boot=200)
-    assert (diff, lo, hi) == pytest.approx((ref["diff"], ref["lo"], ref["hi"]), abs=1e-12)
-    back, blo, bhi = mod.compare(summary, "ce", "ls", n_boot=200)
-    # B - A: the same resamples with the sign flipped, so the interval mirrors
-    assert back == pytest.approx(-diff, abs=1e-12) and (blo, bhi) == pytest.approx((-hi, -lo), abs=1e-12)
-
+    probs = CalibratedProbs()
+    rows = {r["metric"]: r for r in compare_methods(summary, "ls", "ce", probs, n_boot=200)["rows"]}
+    d = rows["ece"]["delta"]
+    assert (d["diff"], d["lo"], d["hi"]) == pytest.approx((ref["diff"], ref["lo"], ref["hi"]), abs=1e-12)
+    back = {r["metric"]: r for r in compare_methods(summary, "ce", "ls", probs, n_boot=200)["rows"]}
+    # B - A: the same resamples with the sign flipped, so every interval mirrors
+    for key, row in rows.items():
+        b = back[key]["delta"]
+        assert b["diff"] == pytest.approx(-row["delta"]["diff"], abs=1e-12)
+        assert (b["lo"], b["hi"]) == pytest.approx((-row["delta"]["hi"], -row["delta"]["lo"]), abs=1e-12)
 
 def test_protocol_lines_describe_how_each_data_set_draws_its_training_set():
     from calibkit.report.tuning import _split_text
@@ -274,3 +277,50 @@ def test_protocol_lines_describe_how_each_data_set_draws_its_training_set():
     # scenes are drawn one after another: the first N, never called stratified
     _, train, _ = _split_text({**strat, "train": 48, "train_subset": 48, "train_checksum": None}, "scenes")
     assert train == "48 images: the first 48 of the data set's training split"
+
+
+def test_a_moved_bench_directory_still_reports(tmp_path):
+    """The stored logits paths point into the old place; the report finds them under the new one."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    make_bench(old)
+    want = build_report(old, n_boot=20, figures=False, width=0)
+    old.rename(new)
+    got = build_report(new, n_boot=20, figures=False, width=0)
+    assert got["deltas"]["ls"]["diff"] == want["deltas"]["ls"]["diff"]
+    assert got["grid"]["ls"]["temperature"]["ece"][0] == want["grid"]["ls"]["temperature"]["ece"][0]
+
+
+class _Identity:
+    """A calibrator that changes nothing: its column must equal the uncalibrated one."""
+
+    def fit(self, logits, labels):
+        return self
+
+    def predict_proba(self, logits):
+        return logits.double().softmax(1)
+
+
+class _Broken:
+    def fit(self, logits, labels):
+        raise ValueError("cannot fit this")
+
+
+def test_the_calibrator_table_loops_over_the_registry_and_survives_a_failing_entry(tmp_path, monkeypatch):
+    from calibkit.calibrators import CALIBRATORS
+
+    monkeypatch.setitem(CALIBRATORS, "identity", _Identity)
+    monkeypatch.setitem(CALIBRATORS, "broken", _Broken)
+    make_bench(tmp_path)
+    rep = build_report(tmp_path, n_boot=20, figures=True, width=0)
+    for method in ("ce", "ls", "focal"):
+        assert rep["grid"][method]["identity"] == rep["grid"][method]["none"]
+        assert rep["grid"][method]["broken"] is None
+    lines = rep["text"].splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("Method (ECE)"))
+    header = re.split(r"\s{2,}", lines[head])
+    assert header == ["Method (ECE)", "none", *CALIBRATORS] and header[-2:] == ["identity", "broken"]
+    ce = re.split(r"\s{2,}", lines[head + 2].strip())
+    assert ce[0] == "CE" and ce[-1] == "-" and ce[1].rstrip("<>") == ce[header.index("identity")].rstrip("<>")
+    assert "Failed (shown as -): broken on t/ce/0: cannot fit this" in rep["text"]
+    assert (tmp_path / "report" / "figures" / "calibrators_ece.png").stat().st_size > 1000

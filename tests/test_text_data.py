@@ -267,6 +267,43 @@ def test_bydate_errors(tmp_path):
         load("20newsgroups")
 
 
+def test_bydate_messages_in_numeric_order_and_every_error_in_full(tmp_path):
+    root = write_bydate(tmp_path / "a", n_train=1, n_test=1)
+    group = root / "20news-bydate-train" / "sci.space"
+    for name in ("9", "100", "10"):  # numeric order 9, 10, 100 (by name it would be 10, 100, 9)
+        (group / name).write_bytes(f"Subject: s\n\nmessage {name}".encode("latin-1"))
+    (train_t, train_y), _, _ = read_newsgroup_texts(root)
+    assert train_t[1:] == ["message 9", "message 10", "message 100", "Body sci.space message 0.\n\nSecond paragraph caf\xe9.\n"]
+    # only one of the two folders
+    half = tmp_path / "half"
+    shutil.copytree(root / "20news-bydate-train", half / "20news-bydate-train")
+    with pytest.raises(FileNotFoundError, match=r"^20newsgroups: .*half has no 20news-bydate-train/ and "
+                                                r"20news-bydate-test/ folders; pass --data-dir"):
+        read_newsgroup_texts(half)
+    # no group folders
+    bare = tmp_path / "bare"
+    (bare / "20news-bydate-train").mkdir(parents=True)
+    (bare / "20news-bydate-test").mkdir()
+    with pytest.raises(ValueError, match=r"^20newsgroups: .*bare/20news-bydate-train has no group folders$"):
+        read_newsgroup_texts(bare)
+    # a group in one part only
+    odd = write_bydate(tmp_path / "odd", n_train=1, n_test=1)
+    (odd / "20news-bydate-test" / "talk.extra").mkdir()
+    (odd / "20news-bydate-train" / "talk.more").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"^20newsgroups: train and test groups differ \(talk.extra, talk.more\); "
+                                                r"pass"):
+        read_newsgroup_texts(odd)
+    # a group without messages, in test and then in train
+    for part in ("test", "train"):
+        empty = write_bydate(tmp_path / f"empty_{part}", groups=("alt.atheism", "rec.autos", "sci.space"),
+                             n_train=1, n_test=1)
+        for g in ("alt.atheism", "sci.space"):
+            for f in (empty / f"20news-bydate-{part}" / g).iterdir():
+                f.unlink()
+        with pytest.raises(ValueError, match=rf"^20newsgroups: no {part} messages in alt.atheism, sci.space$"):
+            read_newsgroup_texts(empty)
+
+
 # ------------------------------------------------------------------------------ tokenizer
 
 
@@ -291,3 +328,68 @@ def test_vocabulary_order_min_count_max_size_and_encoding():
         Vocabulary.from_dict({"kind": "other"})
     with pytest.raises(ValueError, match="max_size"):
         Vocabulary.build(texts, length=4, max_size=2)
+
+
+def test_the_vocabulary_is_built_on_the_training_texts_only():
+    from calibkit.data.textsets import TextSettings, encode_splits
+
+    settings = TextSettings(length=3, min_count=1, max_size=None, val_frac=0.1)
+    train = (["apt tool", "tool mail"], [0, 1])
+    val = (["valword tool", "valword valword"], [0, 1])  # words seen only in validation and test
+    test = (["testword apt"], [1])
+    raw = encode_splits(train, val, test, ["a", "b"], settings, {})
+    assert raw.vocab.itos == ["<pad>", "<unk>", "tool", "apt", "mail"]
+    assert raw.in_channels == 5 and raw.record["vocab_size"] == 5
+    assert raw.val.images.tolist() == [[1, 2, 0], [1, 1, 0]]  # validation words are <unk>
+    assert raw.test.images.tolist() == [[1, 3, 0]]
+    assert raw.train.labels.tolist() == [0, 1] and raw.val.labels.tolist() == [0, 1]
+
+
+def test_token_ids_must_lie_below_the_vocabulary_size():
+    from calibkit.data.inputs import TokenInputs
+
+    pipe = TokenInputs(5)
+    x = torch.tensor([[0, 4, 1]])
+    assert pipe.eval_batch(x) is x  # the largest valid id is V - 1
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match=r"values must lie in \[0, 5\) \(the vocabulary size\), got "):
+            pipe.eval_batch(torch.tensor([[0, bad, 1]]))
+    assert pipe.eval_batch(torch.zeros(0, 3, dtype=torch.int64)).shape == (0, 3)
+
+
+def test_vocabulary_rules_record_and_checksum_in_full():
+    import hashlib
+    import json
+
+    from calibkit.data.tokenizer import WORD_PATTERN
+
+    assert Vocabulary(["a"], length=1).length == 1 and Vocabulary(["a"], length=1).min_count == 1  # the shortest encoding; recorded min_count 1
+    with pytest.raises(ValueError, match=r"^length must be >= 1, got 0$"):
+        Vocabulary(["a"], length=0)
+    for tokens in (["a", "a"], ["<pad>", "a"], ["a", "<unk>"]):
+        with pytest.raises(ValueError, match=r"^tokens must be distinct and must not contain <pad> or <unk>$"):
+            Vocabulary(tokens, length=2)
+    # build's defaults: words seen at least twice, at most 20000 entries
+    texts = ["w%d w%d" % (i, i) for i in range(20001)] + ["once"]
+    v = Vocabulary.build(texts, length=2)
+    assert len(v) == 20000 and "once" not in v.stoi and (v.min_count, v.max_size) == (2, 20000)
+    assert len(Vocabulary.build(["a b c a b c"], length=2, max_size=3)) == 3
+    with pytest.raises(ValueError, match=r"^max_size must be >= 3 \(<pad>, <unk> and one word\), got 2$"):
+        Vocabulary.build(["a"], length=2, max_size=2)
+    with pytest.raises(ValueError, match=r"^min_count must be >= 1, got 0$"):
+        Vocabulary.build(["a"], length=2, min_count=0)
+    # the record and its checksum: SHA-256 of the sorted-key JSON, non-ASCII kept as UTF-8, 16 hex digits
+    w = Vocabulary(["café", "b"], length=3, min_count=2, max_size=10)
+    d = w.to_dict()
+    assert d == {"kind": "calibkit-words", "pattern": WORD_PATTERN, "lowercase": True, "length": 3,
+                 "min_count": 2, "max_size": 10, "itos": ["<pad>", "<unk>", "café", "b"]}
+    blob = json.dumps(d, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    assert w.checksum() == hashlib.sha256(blob).hexdigest()[:16]
+    # from_dict: a missing min_count is 1; the kind and the pattern are both checked
+    old = {k: v for k, v in d.items() if k != "min_count"}
+    assert Vocabulary.from_dict(old).min_count == 1 and Vocabulary.from_dict(d) == w
+    with pytest.raises(ValueError, match=r"^vocabulary: not a calibkit word vocabulary \(kind or word pattern differs\)$"):
+        Vocabulary.from_dict({**d, "pattern": r"\w+"})
+    with pytest.raises(ValueError, match=r"^vocabulary: ids 0 and 1 must be <pad> and <unk>$"):
+        Vocabulary.from_dict({**d, "itos": ["<unk>", "<pad>", "a"]})
+    assert w != d and not (w == "café")  # only a Vocabulary equals a Vocabulary

@@ -114,6 +114,10 @@ def test_learning_rate_schedules():
     one = TrainConfig(epochs=10, lr=0.1, schedule="onecycle")
     assert learning_rate(one, 0) == pytest.approx(0.004) and learning_rate(one, 2.5) == pytest.approx(0.1)
     assert learning_rate(one, 9.99) < 1e-4
+    # inside the warm-up (lr (0.04 + 0.96 frac / 0.25)) and inside the decay (half-way: lr / 2)
+    assert learning_rate(one, 1.25) == pytest.approx(0.1 * (0.04 + 0.96 * 0.5), rel=1e-12)
+    assert learning_rate(one, 0.5) == pytest.approx(0.1 * (0.04 + 0.96 * 0.2), rel=1e-12)
+    assert learning_rate(one, 6.25) == pytest.approx(0.05, rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- sharding helpers
@@ -487,3 +491,29 @@ def test_kept_validation_logits_are_reused_and_equal_a_fresh_pass(tmp_path, monk
     assert passes == [n_val, n_val, n_test]
     assert json.loads((resumed / rundir.CONFIG).read_text())["best_epoch"] <= 2
     assert torch.equal(rundir.read_tensors(resumed / rundir.LOGITS)["val_logits"], fresh_val_logits(resumed))
+
+
+def test_each_epoch_draws_from_its_own_augmentation_and_draw_streams(tmp_path, monkeypatch):
+    """Stream 1 (augmentation, mixing) and stream 2 (CSM's companion draws) of SeedSequence([seed,
+    epoch, rank, stream]) are distinct generators, so drawing companions never shifts the augmentation."""
+    import numpy as np
+
+    import calibkit.train.loop as loop
+    from calibkit.train.steps import EpochGenerators
+
+    seen = []
+
+    def record(aug, draw):
+        seen.append((aug.get_state().clone(), draw.get_state().clone()))
+        return EpochGenerators(aug=aug, draw=draw)
+
+    def expected(seed, epoch, stream):
+        state = np.random.SeedSequence([seed, epoch, 0, stream]).generate_state(1, dtype=np.uint64)[0]
+        return torch.Generator().manual_seed(int(state) & (2**63 - 1)).get_state()
+
+    monkeypatch.setattr(loop, "EpochGenerators", record)
+    train(tiny(epochs=2, seed=4), tmp_path / "run", progress=False, verbose=False)
+    assert len(seen) == 2
+    for epoch, (aug, draw) in enumerate(seen):
+        assert torch.equal(aug, expected(4, epoch, 1)) and torch.equal(draw, expected(4, epoch, 2))
+        assert not torch.equal(aug, draw)

@@ -9,8 +9,8 @@ Each file (.npz, .safetensors or .pt) holds 'logits' (N, K) and 'labels' (N,), o
 instead of 'logits' (then logits = log(probs), probabilities below 1e-300 raised to it first;
 softmax(log p) = p). 1-D entries are binary positive-class logits (or probabilities: logit(p)).
 Every calibrator is fitted on VAL only and scored on TEST: ECE x100 with its bootstrap interval,
-the paired bootstrap difference of ECE from temperature scaling (* where the interval excludes 0),
-classwise ECE x100, NLL and accuracy. Writes DIR/report/calibrators.md, DIR/report/results.json
+the paired bootstrap difference of ECE from temperature scaling (* significantly lower,
+! significantly higher), classwise ECE x100, NLL and accuracy. Writes DIR/report/calibrators.md, DIR/report/results.json
 and DIR/report/reliability_<name>.png; --save NAME also writes DIR/NAME.safetensors + DIR/NAME.json
 for `calibkit apply` and calibkit.calibrators.load. Bad files change nothing on disk.
 
@@ -213,8 +213,11 @@ def _table(rows, ref) -> str:
         if d is None:
             delta = "(reference)" if r["calibrator"] == ref else "-"
         else:
-            star = " *" if d.low > 0 or d.high < 0 else ""
-            delta = f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}]{star}"
+            from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
+
+            way = direction(d.low, d.high, "ece")
+            mark = {"better": f" {BETTER_MARK}", "worse": f" {WORSE_MARK}"}.get(way, "")
+            delta = f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}]{mark}"
         lines.append(f"| {i} | {r['calibrator']} | {_fmt_ci(r['ece_ci'])} | {delta} | {100 * r['cece']:.2f} | "
                      f"{r['nll']:.4f} | {100 * r['acc']:.2f} | {r['seconds']:.2f} |")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ __all__ = ["CalibrationMetric"]
 class CalibrationMetric(torchmetrics.Metric):
     """The panel of :func:`calibkit.metrics.evaluate` as a torchmetrics metric.
 
-    ``compute()`` returns ``{acc, ece, aece, cece, mce, rmsce, o_ece, u_ece, nll, brier}`` (plus
+    ``compute()`` returns ``{acc, ece, aece, cece, mce, rmsce, o_ece, u_ece, nll, brier, smece, ece_sweep, ks}`` (plus
     ``miou`` with ``dense=True``) as 0-dim float64 tensors, equal to ``evaluate`` on every batch
     seen by every process. The state is that of
     :class:`calibkit.metrics.CalibrationAccumulator` (:mod:`calibkit._panel_state`): one flat

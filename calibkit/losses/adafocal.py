@@ -8,6 +8,7 @@ from torch import nn
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits, upcast
 
+from calibkit.functional.binning import bin_indices, equal_mass_edges
 from calibkit.functional.pixels import check_ignore_index, dense_rows, flatten_pixels
 
 from .basic import IGNORE_INDEX, _check_classes, _check_num_classes
@@ -17,11 +18,22 @@ class AdaFocal(nn.Module):
     """AdaFocal (Ghosh et al., NeurIPS 2022): focal loss with one gamma per confidence bin.
 
     Bins: ``n_bins`` (15) equal-mass bins of the **validation** confidences (max softmax
-    probability), recomputed by every :meth:`update`; before the first update the edges are
-    equal-width on [0, 1] (all gammas equal ``gamma_init`` then, so the edges do not matter).
-    Each training sample takes the gamma of the bin its detached ``p_y`` falls in (values outside
-    the validation range go to the first/last bin). Loss: :func:`calibkit.functional.adafocal`,
-    i.e. focal for ``g > 0`` and inverse focal ``-(1 + p_y)^|g| log p_y`` for ``g < 0``.
+    probability), recomputed by every :meth:`update` with the rule of the reference code and of
+    :func:`calibkit.metrics.adaptive_ece` (:func:`calibkit.functional.binning.equal_mass_edges`):
+    the sorted confidences interpolated at positions ``j N / B``; membership ``(lo, hi]``
+    (:func:`~calibkit.functional.binning.bin_indices`), edges and confidences compared in float64.
+    Before the first update the edges are equal-width on [0, 1] (all gammas equal ``gamma_init``
+    then, so the edges do not matter). Each training sample takes the gamma of the bin its detached
+    ``p_y`` falls in under the same ``(lo, hi]`` rule (values outside the validation range go to
+    the first/last bin). Loss: :func:`calibkit.functional.adafocal`, i.e. focal for ``g > 0`` and
+    inverse focal ``-(1 + p_y)^|g| log p_y`` for ``g < 0``.
+
+    Decisions where calibkit departs from the reference code (3mcloud/adafocal), both for one rule
+    across calibkit: its first validation bin is open at the smallest confidence, so that sample
+    (and any tied with it) is in no bin; here it is in bin 0, as in ``adaptive_ece``. Its training
+    lookup uses ``[lo, hi)``, the opposite of its validation rule; here both use ``(lo, hi]``, so a
+    training ``p_y`` equal to a validation confidence gets that sample's bin (the two differ only
+    for a ``p_y`` exactly on an edge).
 
     End-of-epoch rule (:meth:`update`), per bin ``b`` with ``gap_b = conf_b - acc_b`` on val::
 
@@ -44,12 +56,11 @@ class AdaFocal(nn.Module):
     Dense prediction: each valid pixel is a sample, in training (its own gamma from its ``p_y``)
     and in :meth:`update`, which takes validation logits ``(M, K)`` -- e.g. a pixel subsample --
     or dense ``(N, K, *S)`` with labels ``(N, *S)``; pixels labelled ``ignore_index`` are left
-    out. The bin statistics use every pixel given; the equal-mass edges are quantiles of at most
-    ``QUANTILE_MAX`` (2^24, the input limit of ``torch.quantile``) confidences, an evenly strided
-    (deterministic) subset when there are more.
-    """
+    out. The bin edges and statistics use every pixel given.
 
-    QUANTILE_MAX = 2**24
+    ``edges`` is float64 (an interpolated edge rounded to float32 could move a sample on it to
+    another bin); the outer edges are stored as 0 and 1 (they never decide a bin).
+    """
 
     needs_features = False
 
@@ -69,12 +80,12 @@ class AdaFocal(nn.Module):
                              f"[{gamma_min}, {gamma_max}], got {gamma_init}")
         self.n_bins, self.lam = n_bins, float(lam)
         self.gamma_min, self.gamma_max, self.flip_threshold = float(gamma_min), float(gamma_max), float(flip_threshold)
-        self.register_buffer("edges", torch.linspace(0.0, 1.0, n_bins + 1))
+        self.register_buffer("edges", torch.arange(n_bins + 1, dtype=torch.float64) / n_bins)
         self.register_buffer("gammas", torch.full((n_bins,), float(gamma_init)))
 
     def _bin_of(self, conf: torch.Tensor) -> torch.Tensor:
-        # Bin b holds edges[b] <= c < edges[b+1]; bucketize on the interior edges clamps to [0, B-1].
-        return torch.bucketize(conf, self.edges[1:-1].to(conf.dtype), right=True)
+        # Bin b holds edges[b] < c <= edges[b+1] (values past the outer edges clamp to [0, B-1]), in float64.
+        return bin_indices(conf.double(), self.edges.double())
 
     def sample_gammas(self, logits, targets) -> torch.Tensor:
         """The gamma of each sample: the gamma of the bin its detached ``p_y`` falls in.
@@ -116,11 +127,8 @@ class AdaFocal(nn.Module):
         probs = torch.softmax(upcast(val_logits).double(), dim=1).to(self.edges.device)
         conf, pred = probs.max(dim=1)
         correct = (pred == val_labels.to(pred.device)).double()
-        # Equal-mass edges: quantiles of the validation confidences; outer edges pinned to 0 and 1.
-        sub = conf
-        if conf.numel() > self.QUANTILE_MAX:
-            sub = conf[torch.linspace(0, conf.numel() - 1, self.QUANTILE_MAX, device=conf.device).long()]
-        edges = torch.quantile(sub, torch.linspace(0, 1, self.n_bins + 1, dtype=conf.dtype, device=conf.device))
+        # Equal-mass edges as adaptive_ece's (float64); the outer ones are stored as 0 and 1.
+        edges = equal_mass_edges(conf, self.n_bins).to(self.edges.device)
         edges[0], edges[-1] = 0.0, 1.0
         self.edges.copy_(edges)
         idx = self._bin_of(conf)

@@ -13,7 +13,15 @@ the same seed; the statistic is the seed-averaged ECE difference, so the interva
 test-set sampling noise (the spread over seeds is in the +- column). The interval is the
 **basic** bootstrap interval (``calibkit.bootstrap.bootstrap_interval``, the default of
 ``paired_bootstrap_diff``), which corrects the bias of the difference of two binned ECEs. A
-difference is marked significant (``*``) when its 95% interval excludes 0.
+difference whose 95% interval excludes 0 is marked by its side: ``*`` significantly better (below 0
+for an error), ``!`` significantly worse.
+
+Every run's saved validation/test logits also go through every post-hoc calibrator of
+``calibkit.calibrators.CALIBRATORS`` at report time (:mod:`~calibkit.report.calibrated`, cached
+under ``DIR/cache/calibrated/``): the methods x calibrators tables and heatmap, and in the ranking
+the paired differences from CE + temperature scaling before and after the method's own TS, the
+accuracy difference from CE and intervals for O-ECE and U-ECE (:mod:`~calibkit.report.paired`,
+which also backs ``calibkit compare``).
 
 Segmentation runs (``test_image`` in their logits file): the tables are over every labelled test
 pixel (the run's streamed evaluation), the ``dECE`` column over the stored test pixel sample with

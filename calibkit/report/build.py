@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
-from calibkit.report.data import ece_deltas, label, summarize, usable_rows
-from calibkit.report.figures import method_figure, summary_figures
+from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
+from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
+from calibkit.report.paired import comparisons
 from calibkit.report.render import Section, to_html, to_markdown, to_text
-from calibkit.report.tables import grid_tables, ranked_table, robustness_table
+from calibkit.report.tables import (BEST_MARK, ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table,
+                                    robustness_table)
 from calibkit.report.tuning import current_runs, protocol_section
 from calibkit.store import describe_store, open_store
 
@@ -37,6 +40,9 @@ class ReportContext:
         figdir: where figures are written (``out_dir/report/figures``).
         figures: whether to draw figures.
         store: the results store (None: ``out_dir/runs.db``; else a ``postgresql://`` URL).
+        probs: the runs' test probabilities after each calibrator (:mod:`calibkit.report.calibrated`).
+        grid: :func:`calibkit.report.calibrated.calibrator_grid` (methods x calibrators).
+        comps: :func:`calibkit.report.paired.comparisons` (the ranking's paired columns).
     """
 
     out_dir: Path
@@ -48,6 +54,9 @@ class ReportContext:
     figdir: Path
     figures: bool = True
     store: str | None = None
+    probs: CalibratedProbs | None = None
+    grid: dict | None = None
+    comps: dict | None = None
 
     @property
     def n_seeds(self) -> int:
@@ -55,17 +64,48 @@ class ReportContext:
 
 
 def summary_section(ctx: ReportContext) -> list[Section]:
+    marks = (f"`{BETTER_MARK}` = the 95% interval lies wholly on the better side of 0 (significantly better), "
+             f"`{WORSE_MARK}` = wholly on the worse side (significantly worse)")
     text = (f"Test set, calibration and accuracy x100, mean over {ctx.n_seeds} seed(s); 1 = lowest ECE. "
             "The best value of each column is in bold: highest Acc, lowest ECE "
             "and ECE after temperature scaling (`ECE (TS)`), most negative difference from CE. "
             "O-ECE + U-ECE = ECE splits it into over- and under-confidence and is not ranked. "
             f"`dECE vs CE` = paired bootstrap ({ctx.n_boot} resamples) of the seed-averaged ECE difference "
-            "from CE, 95% basic bootstrap interval; `*` = the interval excludes 0.")
+            f"from CE, 95% basic bootstrap interval; {marks}.")
     short = (f"x100, mean over {ctx.n_seeds} seed(s). < = best in its column (O-ECE + U-ECE = ECE, not ranked). "
              f"dECE vs CE = paired bootstrap ({ctx.n_boot} resamples) of the ECE difference from CE, 95% "
-             "basic interval, * = excludes 0.")
+             f"basic interval, {BETTER_MARK} = significantly better, {WORSE_MARK} = significantly worse.")
+    if ctx.comps is not None:
+        more = (" `dAcc vs CE` = paired bootstrap of the accuracy difference from CE (higher is better). "
+                "O-ECE and U-ECE carry their own bootstrap intervals. `dECE vs CE+TS` = the method's ECE minus "
+                "the ECE of CE after temperature scaling, `dECE(TS) vs CE+TS` = the same after the method's own "
+                "temperature scaling (T fitted on its validation logits): does the training-time method beat "
+                "the post-hoc baseline, before and after it is itself recalibrated?")
+        text += more
+        short += (" dAcc vs CE: accuracy difference from CE. dECE vs CE+TS: ECE minus CE's after temperature "
+                  "scaling; dECE(TS): after the method's own TS too.")
     return [Section("Ranking by test ECE (before temperature scaling)", text,
-                    [ranked_table(ctx.summary, ctx.deltas)], anchor="ranking", terminal_text=short)]
+                    [ranked_table(ctx.summary, ctx.deltas, ctx.comps)], anchor="ranking", terminal_text=short)]
+
+
+def calibrators_section(ctx: ReportContext) -> list[Section]:
+    """The methods x post-hoc calibrators tables (test ECE, classwise ECE, NLL)."""
+    if not ctx.grid:
+        return []
+    text = ("Every run's saved validation logits fit every post-hoc calibrator of "
+            "`calibkit.calibrators.CALIBRATORS` (default settings; nothing retrained, nothing fitted on the "
+            "test set), applied to its saved test logits; `none` = the uncalibrated softmax. Mean over "
+            f"{ctx.n_seeds} seed(s); ECE and cwECE x100. In bold: the best method for each calibrator (lowest "
+            "of its column); in italics: the best calibrator for each method (lowest of its row).")
+    short = (f"Test metrics after each post-hoc calibrator fitted on the validation logits (none = uncalibrated), "
+             f"mean over {ctx.n_seeds} seed(s), ECE/cwECE x100. {BEST_MARK} = best method for that calibrator "
+             f"(column), {ROW_BEST_MARK} = best calibrator for that method (row).")
+    failed = ctx.probs.failures if ctx.probs is not None else {}
+    if failed:
+        note = " Failed (shown as -): " + "; ".join(f"{name} on {key}: {err}" for (key, name), err in failed.items())
+        text, short = text + note, short + note
+    return [Section("Methods x post-hoc calibrators", text, calibrator_tables(ctx.grid), anchor="calibrators",
+                    terminal_text=short)]
 
 
 def notes_section(ctx: ReportContext) -> list[Section]:
@@ -128,6 +168,8 @@ def figures_section(ctx: ReportContext) -> list[Section]:
     if not ctx.figures:
         return []
     figs = summary_figures(ctx.summary, ctx.figdir)
+    if ctx.grid:
+        figs.append(calibrator_heatmap(ctx.grid, ctx.figdir))
     for method, entry in ctx.summary.items():
         figs.append(method_figure(entry["runs"][0], ctx.figdir / f"reliability_{method}.png"))
     text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
@@ -137,7 +179,8 @@ def figures_section(ctx: ReportContext) -> list[Section]:
 
 
 # The report, in order. Each builder: ReportContext -> list[Section].
-SECTIONS = (summary_section, notes_section, tables_section, robustness_section, protocol_section, figures_section)
+SECTIONS = (summary_section, notes_section, tables_section, calibrators_section, robustness_section, protocol_section,
+            figures_section)
 
 
 def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tuple[str, list]:
@@ -173,7 +216,10 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         store: the results store (None: ``out_dir/runs.db``; else a ``postgresql://`` URL).
 
     Returns:
-        ``{"text": terminal text, "summary", "deltas", "preset", "paths": {...}}``.
+        ``{"text": terminal text, "summary", "deltas", "grid", "comparisons", "preset", "paths": {...}}``
+        (``grid``: methods x calibrators, :func:`calibkit.report.calibrated.calibrator_grid`;
+        ``comparisons``: :func:`calibkit.report.paired.comparisons`). The calibrated test
+        probabilities are cached under ``out_dir/cache/calibrated/``.
     """
     out_dir = Path(out_dir)
     preset, rows = _load(out_dir, preset, store)
@@ -191,8 +237,13 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         n_boot = PRESETS[preset].n_boot if preset in PRESETS else 1000
     summary = summarize(done)
     rep = out_dir / "report"
+    probs = CalibratedProbs(out_dir / "cache" / "calibrated")
+    try:
+        grid, comps = calibrator_grid(summary, probs), comparisons(summary, probs, n_boot=n_boot, seed=seed)
+    except NoValidationLogits:  # logits files without validation logits: the tables without calibrators
+        grid = comps = None
     ctx = ReportContext(out_dir, preset, rows, summary, ece_deltas(summary, n_boot=n_boot, seed=seed), n_boot,
-                        rep / "figures", figures, store)
+                        rep / "figures", figures, store, probs, grid, comps)
     ctx.figdir.mkdir(parents=True, exist_ok=True)
     sections = [s for build in SECTIONS for s in build(ctx)]
 
@@ -215,5 +266,6 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     (rep / "report.md").write_text(to_markdown(title, intro, sections))
     (rep / "index.html").write_text(to_html(title, intro, sections))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
-    return {"text": text, "summary": summary, "deltas": ctx.deltas, "preset": preset, "sections": sections,
+    return {"text": text, "summary": summary, "deltas": ctx.deltas, "grid": ctx.grid, "comparisons": ctx.comps,
+            "preset": preset, "sections": sections,
             "paths": {"report": rep, "md": rep / "report.md", "html": rep / "index.html", "figures": figs}}

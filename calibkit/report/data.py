@@ -142,12 +142,42 @@ def fmt(stat, scale: float, decimals: int, pm: str = "+-") -> str:
     return text
 
 
-def fmt_delta(delta: dict | None) -> str:
-    """``-3.12 [-3.50, -2.70]*`` (x100) for an ECE difference and its interval."""
+#: Marks of a paired difference whose interval excludes 0: significantly better / worse.
+BETTER_MARK, WORSE_MARK = "*", "!"
+#: Metrics where a larger value is better (every other metric is an error: lower is better).
+HIGHER_IS_BETTER = frozenset({"acc"})
+
+
+def direction(lo: float, hi: float, metric: str = "ece") -> str | None:
+    """``"better"`` / ``"worse"`` when the interval ``[lo, hi]`` of a difference ``a - b`` excludes
+    0, else None: wholly below 0 is better for an error and worse for accuracy, wholly above 0 the
+    other way round (an interval touching 0 is not significant)."""
+    if lo <= 0.0 <= hi:
+        return None
+    below = hi < 0.0
+    return "better" if below != (metric in HIGHER_IS_BETTER) else "worse"
+
+
+def fmt_delta(delta: dict | None, metric: str | None = None) -> str:
+    """``-3.12 [-3.50, -2.70]*`` (x100) for a difference ``a - b`` and its interval.
+
+    The mark says which way a significant difference goes: :data:`BETTER_MARK` (``*``) when ``a``
+    is significantly better than ``b``, :data:`WORSE_MARK` (``!``) when significantly worse. For
+    an error (ECE, NLL, ...) better is an interval wholly below 0; for accuracy (``metric="acc"``,
+    or the delta's own ``"metric"``) wholly above 0.
+    """
     if not delta:
         return "-"
-    mark = "*" if delta["significant"] else ""
+    way = direction(delta["lo"], delta["hi"], metric or delta.get("metric") or "ece")
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(way, "")
     return f"{delta['diff'] * 100:+.2f} [{delta['lo'] * 100:+.2f}, {delta['hi'] * 100:+.2f}]{mark}"
+
+
+def fmt_interval(ci: dict | None) -> str:
+    """``3.12 [2.80, 3.50]`` (x100) for a value and its interval."""
+    if not ci:
+        return "-"
+    return f"{ci['value'] * 100:.2f} [{ci['lo'] * 100:.2f}, {ci['hi'] * 100:.2f}]"
 
 
 def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
@@ -192,8 +222,10 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
             function when many pairs share runs).
 
     Returns:
-        ``{"diff", "lo", "hi", "significant", "seeds", "identical"}`` (``identical``: the test
-        probabilities are equal in every shared seed), or None when no seed is shared.
+        ``{"diff", "lo", "hi", "significant", "direction", "seeds", "identical"}``
+        (``direction``: ``"better"`` when the interval lies wholly below 0, ``"worse"`` wholly
+        above, else None; ``identical``: the test probabilities are equal in every shared seed),
+        or None when no seed is shared.
 
     Raises:
         ValueError: two runs of one seed were tested on different test sets.
@@ -228,8 +260,8 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
         estimates.append(res.estimate)
     mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
     lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
-    return {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi), "seeds": len(pairs),
-            "identical": identical}
+    return {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+            "direction": direction(lo, hi, "ece"), "seeds": len(pairs), "identical": identical}
 
 
 def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:

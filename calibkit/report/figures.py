@@ -96,3 +96,29 @@ def _finish(ax, x, names, ylabel: str, title: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+
+
+def calibrator_heatmap(grid: dict, out: Path) -> Figure:
+    """Heatmap of the test ECE (x100, seed mean) of every method (rows) after every calibrator
+    (columns, ``none`` = before any); ``grid``: :func:`calibkit.report.calibrated.calibrator_grid`."""
+    plt = _pyplot()
+    methods = list(grid)
+    names = list(next(iter(grid.values())))
+    values = np.array([[np.nan if grid[m][c] is None else grid[m][c]["ece"][0] * 100 for c in names]
+                       for m in methods])
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(names) + 2.5), max(3.0, 0.38 * len(methods) + 1.2)))
+    im = ax.imshow(values, cmap="viridis_r", aspect="auto")
+    ax.set_xticks(np.arange(len(names)), names, rotation=30, ha="right", fontsize=9)
+    ax.set_yticks(np.arange(len(methods)), [label(m) for m in methods], fontsize=9)
+    mid = np.nanmean(values)
+    for i in range(len(methods)):
+        for j in range(len(names)):
+            text = "-" if np.isnan(values[i, j]) else f"{values[i, j]:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=8,
+                    color="white" if values[i, j] > mid else "black")
+    fig.colorbar(im, ax=ax, label="test ECE x100")
+    ax.set_title("Test ECE: training-time method x post-hoc calibrator", fontsize=10)
+    caption = ("Test ECE (x100, mean over seeds) of every training-time method (rows) after every post-hoc "
+               "calibrator fitted on its validation logits (columns; `none` = the uncalibrated softmax). "
+               "Lighter = lower ECE.")
+    return Figure(_save(fig, out / "calibrators_ece.png"), caption)

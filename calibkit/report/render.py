@@ -88,16 +88,21 @@ def _paragraphs(text: str) -> str:
 
 
 def html_table(table: Table) -> str:
-    """An HTML table; label columns get class ``key``, best cells class ``best``."""
+    """An HTML table; label columns get class ``key``, the best cells of their column class
+    ``best``, of their row class ``rowbest``."""
     def cls(j, extra=""):
         names = " ".join(n for n in ("key" if j < table.key_columns else "", extra) if n)
         return f' class="{names}"' if names else ""
     th = "".join(f"<th{cls(j)}>{html.escape(h)}</th>" for j, h in enumerate(table.header))
     body = "".join(
-        "<tr>" + "".join(f"<td{cls(j, 'best' if (i, j) in table.best else '')}>{html.escape(c)}</td>"
+        "<tr>" + "".join(f"<td{cls(j, _marks(table, i, j))}>{html.escape(c)}</td>"
                          for j, c in enumerate(r)) + "</tr>"
         for i, r in enumerate(table.rows))
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _marks(table: Table, i: int, j: int) -> str:
+    return " ".join(n for n, cells in (("best", table.best), ("rowbest", table.row_best)) if (i, j) in cells)
 
 
 def _img(fig: Figure) -> str:
@@ -112,7 +117,7 @@ STYLE = (
     "table{border-collapse:collapse;font-size:13px;margin:.6em 0}"
     "td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}"
     "th{background:#f3f3f3}th.key,td.key{text-align:left}"
-    "td.best{font-weight:bold;background:#e3f4e1}"
+    "td.best{font-weight:bold;background:#e3f4e1}td.rowbest{font-style:italic;text-decoration:underline}"
     "code{background:#f3f3f3;padding:0 3px;border-radius:3px}"
     "figure{margin:1.2em 0}img{max-width:100%}figcaption{font-size:14px;color:#444;margin-top:.3em}"
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from calibkit.bench.grid import REFERENCE
-from calibkit.report.data import fmt, fmt_delta, label, mean_std, ranking
+from calibkit.report.data import fmt, fmt_delta, fmt_interval, label, mean_std, ranking
 
 # (key, header, scale, decimals) of the grid-order tables; scale 100 = reported x100.
 BEFORE_COLS = (("acc", "Acc", 100, 2), ("ece", "ECE", 100, 2), ("aece", "AECE", 100, 2),
@@ -27,6 +27,10 @@ SUMMARY_COLS = (("before.acc", "Acc", max), ("before.ece", "ECE", min), ("before
                 ("before.u_ece", "U-ECE", None), ("after.ece", "ECE (TS)", min))
 DELTA_HEADER = "dECE vs CE [95% CI]"
 BEST_MARK = "<"  # terminal marker of the best value of a column
+ROW_BEST_MARK = ">"  # terminal marker of the best value of a row (methods x calibrators tables)
+# The ranking's paired columns (calibkit.report.paired.comparisons), when they are computed.
+ACC_DELTA_HEADER = "dAcc vs CE"
+CE_TS_HEADERS = ("dECE vs CE+TS", "dECE(TS) vs CE+TS")
 
 
 @dataclass
@@ -38,33 +42,59 @@ class Table:
     rows: list[list[str]]
     best: set = field(default_factory=set)
     key_columns: int = 1
+    row_best: set = field(default_factory=set)
 
 
-def ranked_table(summary: dict, deltas: dict) -> Table:
+def ranked_table(summary: dict, deltas: dict, comps: dict | None = None) -> Table:
     """Methods ranked by test ECE before TS (x100, mean over seeds), best value per column marked.
 
     Columns: rank, method, accuracy, ECE, O-ECE, U-ECE, ECE after temperature scaling and the
     paired-bootstrap ECE difference from CE. Best = highest accuracy, lowest ECE / ECE after TS,
     most negative difference from CE; values equal at the printed precision are all marked.
+
+    With ``comps`` (:func:`calibkit.report.paired.comparisons`) the table adds the accuracy
+    difference from CE after the accuracy, bootstrap intervals to O-ECE and U-ECE, and the ECE
+    differences from CE + TS of the method before and after its own TS (best: highest accuracy
+    difference, most negative ECE differences).
     """
     order = ranking(summary)
-    header = ["#", "Method"] + [h for _, h, _ in SUMMARY_COLS] + [DELTA_HEADER]
+    cols = [(key, head, choose, None) for key, head, choose in SUMMARY_COLS]
+    if comps is not None:
+        cols.insert(1, ("acc_vs_ce", ACC_DELTA_HEADER, max, "delta"))
+        cols = [(k, f"{h} [95% CI]", None, "interval") if k in ("before.o_ece", "before.u_ece") else (k, h, c, kind)
+                for k, h, c, kind in cols]
+    header = ["#", "Method"] + [h for _, h, _, _ in cols] + [DELTA_HEADER]
+    if comps is not None:
+        header += list(CE_TS_HEADERS)
     rows, numbers = [], []
     for rank, method in order:
         s = summary[method]["stats"]
+        comp = (comps or {}).get(method) or {}
         cells = [str(rank) if rank else "-", label(method)]
         nums = []
-        for key, _, _ in SUMMARY_COLS:
+        for key, _, _, kind in cols:
+            if kind == "delta":
+                d = comp.get(key)
+                cells.append("(reference)" if method == REFERENCE else fmt_delta(d, "acc"))
+                nums.append(round(d["diff"] * 100, 2) if d else None)
+                continue
+            if kind == "interval":
+                ci = comp.get(key.split(".")[1])
+                cells.append(fmt_interval(ci) if ci else fmt(s.get(key) and (s[key][0], float("nan"), 1), 100, 2))
+                nums.append(None)
+                continue
             stat = s.get(key)
             cells.append(fmt(stat and (stat[0], float("nan"), 1), 100, 2))
             nums.append(round(stat[0] * 100, 2) if stat else None)
-        d = deltas.get(method)
-        cells.append("(reference)" if method == REFERENCE else fmt_delta(d))
-        nums.append(round(d["diff"] * 100, 2) if d else None)
+        extra = [deltas.get(method)] + ([comp.get("vs_ce_ts"), comp.get("ts_vs_ce_ts")] if comps is not None else [])
+        for i, d in enumerate(extra):
+            reference = method == REFERENCE and i != 1  # CE before TS against CE + TS is a real comparison
+            cells.append("(reference)" if reference else fmt_delta(d))
+            nums.append(round(d["diff"] * 100, 2) if d and not reference else None)
         rows.append(cells)
         numbers.append(nums)
     best = set()
-    pick = [p for _, _, p in SUMMARY_COLS] + [min]
+    pick = [c for _, _, c, _ in cols] + [min] * (3 if comps is not None else 1)
     for j, choose in enumerate(pick):
         values = [n[j] for n in numbers if n[j] is not None]
         if choose is None or len(values) < 2:
@@ -72,6 +102,36 @@ def ranked_table(summary: dict, deltas: dict) -> Table:
         target = choose(values)
         best |= {(i, j + 2) for i, n in enumerate(numbers) if n[j] == target}
     return Table(header, rows, best, key_columns=2)
+
+
+def calibrator_tables(grid: dict) -> list[Table]:
+    """One methods x calibrators table per metric of :data:`calibkit.report.calibrated.GRID_METRICS`
+    (``grid``: :func:`calibkit.report.calibrated.calibrator_grid`): the seed mean of the test
+    metric after each calibrator (``none`` = before any). ``best`` marks the lowest value of each
+    column (the best method for that calibrator), ``row_best`` the lowest of each row (the best
+    calibrator for that method); values equal at the printed precision are all marked. A
+    calibrator that failed on a method's runs shows ``-``."""
+    from calibkit.report.calibrated import GRID_METRICS
+
+    methods = list(grid)
+    names = list(next(iter(grid.values()))) if grid else []
+    tables = []
+    for key, head, scale, dec in GRID_METRICS:
+        values = [[None if grid[m][c] is None else round(grid[m][c][key][0] * scale, dec) for c in names]
+                  for m in methods]
+        rows = [[label(m)] + ["-" if v is None else f"{v:.{dec}f}" for v in vals] for m, vals in zip(methods, values)]
+
+        def lowest(vals):
+            vals = [v for v in vals if v is not None]
+            return min(vals) if len(vals) > 1 else None
+        cols = [lowest([v[j] for v in values]) for j in range(len(names))]
+        best = {(i, j + 1) for j in range(len(names)) for i in range(len(methods))
+                if cols[j] is not None and values[i][j] == cols[j]}
+        rows_low = [lowest(v) for v in values]
+        row_best = {(i, j + 1) for i in range(len(methods)) for j in range(len(names))
+                    if rows_low[i] is not None and values[i][j] == rows_low[i]}
+        tables.append(Table([f"Method ({head})"] + names, rows, best, row_best=row_best))
+    return tables
 
 
 def grid_tables(summary: dict, deltas: dict, pm: str = "+-") -> tuple[Table, Table]:
@@ -119,8 +179,10 @@ def robustness_table(summary: dict, pm: str = "+-") -> Table | None:
 
 
 def _marked(table: Table) -> list[list[str]]:
-    """Cells for the terminal: ASCII ``+-``, best cells suffixed with :data:`BEST_MARK`."""
-    return [[c.replace("±", "+-") + (BEST_MARK if (i, j) in table.best else "") for j, c in enumerate(r)]
+    """Cells for the terminal: ASCII ``+-``, best cells of their column suffixed with
+    :data:`BEST_MARK`, of their row with :data:`ROW_BEST_MARK`."""
+    return [[c.replace("±", "+-") + (BEST_MARK if (i, j) in table.best else "")
+             + (ROW_BEST_MARK if (i, j) in table.row_best else "") for j, c in enumerate(r)]
             for i, r in enumerate(table.rows)]
 
 
@@ -196,11 +258,15 @@ def _wrapped_text_table(header: list[str], rows: list[list[str]], widths: list[i
 
 
 def md_table(table: Table) -> str:
-    """GitHub Markdown table; best cells in bold."""
+    """GitHub Markdown table; best cells of their column in bold, of their row in italics."""
     def esc(c):
         return c.replace("|", "\\|")
-    rows = [[f"**{esc(c)}**" if (i, j) in table.best else esc(c) for j, c in enumerate(r)]
-            for i, r in enumerate(table.rows)]
+
+    def cell(i, j, c):
+        c = esc(c)
+        c = f"_{c}_" if (i, j) in table.row_best else c
+        return f"**{c}**" if (i, j) in table.best else c
+    rows = [[cell(i, j, c) for j, c in enumerate(r)] for i, r in enumerate(table.rows)]
     align = ["---" if j < table.key_columns else "--:" for j in range(len(table.header))]
     out = ["| " + " | ".join(map(esc, table.header)) + " |", "|" + "|".join(align) + "|"]
     return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])

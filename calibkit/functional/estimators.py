@@ -1,0 +1,265 @@
+"""Calibration-error estimators beyond fixed bins: smooth ECE, the monotonic sweep, KS error.
+
+All three are top-label estimators: they see each sample's top-label confidence ``c_i`` and its
+correctness ``a_i = [argmax_k p_ik = y_i]``, like :func:`calibkit.functional.ece`, and take
+**probabilities** in every layout of the metrics (``(N, K)``, binary ``(N,)``, dense
+``(N, K, *spatial)`` with ``ignore_index``). Tied confidences are always treated as one block
+(a block of ``n`` samples at confidence ``v`` with ``s`` of them correct), so no result depends
+on the order of the rows; :func:`tie_blocks` builds these blocks, and the streaming pixel
+accumulator passes the blocks of its fine confidence histogram instead (``docs/metrics.md``).
+
+* :func:`smooth_ece` (Blasiok & Nakkiran, "Smooth ECE: principled reliability diagrams via
+  kernel smoothing", ICLR 2024). With residuals ``r_i = c_i - a_i`` and the Gaussian kernel
+  reflected at 0 and 1,
+  ``K_s(t, x) = sum_{k in Z} [phi_s(t - x + 2k) + phi_s(t + x + 2k)]`` (``phi_s`` the normal
+  density of standard deviation ``s``; ``int_0^1 K_s(t, x) dt = 1`` for every ``x`` in [0, 1]),
+  ``smECE_s = int_0^1 |(1/N) sum_i K_s(t, c_i) r_i| dt``, i.e. the kernel-smoothed residual
+  ``r_s(t) = sum_i K r_i / sum_i K`` weighted by the kernel density ``(1/N) sum_i K``.
+  ``smECE_s`` does not increase with ``s``; the estimator is ``smECE = smECE_{s*}`` at the
+  fixed point ``smECE_{s*} = s*`` (found by bisection on ``[1e-4, 1]``; below ``1e-4`` the value
+  at ``s = 1e-4`` is returned).
+* :func:`ece_sweep` (Roelofs, Cain, Shlens & Mozer, "Mitigating bias in calibration error
+  estimation", AISTATS 2022): equal-mass bins (the AECE's, :mod:`calibkit.functional.binning`)
+  for ``b = 1, 2, ...``; the sweep stops at the first ``b`` whose bin accuracies (non-empty bins
+  in confidence order) are not non-decreasing and uses ``b* = b - 1`` (or stops when every block
+  of tied confidences is a bin of its own). ``ECE_sweep = (sum_j (n_j/N) |acc_j - conf_j|^p)^(1/p)``
+  over the ``b*`` bins, ``p = 1`` (default) or ``p = 2``.
+* :func:`ks_error` (Gupta, Rahimi, Ajanthan, Mensink, Sminchisescu & Hartley, "Calibration of
+  neural networks using splines", ICLR 2021): with the samples sorted by confidence,
+  ``KS = max_i |(1/N) sum_{j <= i} (a_j - c_j)|``, the largest gap between the cumulative
+  accuracy and the cumulative confidence; the maximum is taken at the end of every block of tied
+  confidences (where the two cumulative curves are defined whatever the order inside a tie).
+
+Streaming: none of the three is a function of per-bin sums of fixed bins (the bandwidth, the
+number of bins and the sort order depend on every sample), so the exact values need every
+sample's confidence and correctness (2 numbers per sample), as AECE does; the fixed-memory
+pixel state evaluates them on the blocks of its fine histogram (exact when no fine bin holds two
+different confidences).
+
+Example:
+    >>> import torch
+    >>> probs = torch.tensor([[0.8, 0.2]] * 5)       # confidence 0.8 everywhere
+    >>> labels = torch.tensor([0, 0, 0, 1, 1])        # accuracy 0.6
+    >>> round(float(smooth_ece(probs, labels)), 6)    # one block: |0.8 - 0.6|
+    0.2
+    >>> round(float(ks_error(probs, labels)), 6)
+    0.2
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["smooth_ece", "ece_sweep", "ks_error", "tie_blocks", "block_estimators", "SMECE_SIGMA_MIN"]
+
+#: Lower end of the bandwidth search of :func:`smooth_ece`.
+SMECE_SIGMA_MIN = 1e-4
+_GRID_MIN, _GRID_MAX = 1024, 1 << 18  # grid intervals of the smoothing (powers of two)
+
+
+def tie_blocks(conf, correct, weight=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of tied confidences: ``(values, count, correct)``, float64 numpy arrays ``(M,)``.
+
+    ``values`` are the distinct confidences, ascending; ``count[m]`` the (weighted) number of
+    samples at ``values[m]``, ``correct[m]`` how many of them are correct. ``weight``: optional
+    ``(N,)`` 0/1 weights (rows with weight 0 are left out). One sort of the confidences.
+    """
+    c = torch.as_tensor(conf).detach().double().cpu().numpy()
+    a = torch.as_tensor(correct).detach().double().cpu().numpy()
+    w = np.ones_like(c) if weight is None else torch.as_tensor(weight).detach().double().cpu().numpy()
+    if weight is not None:
+        keep = w > 0
+        c, a, w = c[keep], a[keep], w[keep]
+    order = np.argsort(c)
+    c, a, w = c[order], a[order], w[order]
+    starts = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1]]))
+    return c[starts], np.add.reduceat(w, starts), np.add.reduceat(a * w, starts)
+
+
+def _grid_size(sigma: float) -> int:
+    """Grid intervals for bandwidth ``sigma``: a power of two with at least 40 steps per ``sigma``."""
+    return min(max(_GRID_MIN, 1 << math.ceil(math.log2(40 / sigma))), _GRID_MAX)
+
+
+def _on_grid(values, resid, g: int) -> np.ndarray:
+    """The residual masses split linearly onto the ``g + 1`` points ``j / g`` (mass and mean kept)."""
+    u = np.clip(values, 0.0, 1.0) * g
+    j = np.minimum(np.floor(u).astype(np.int64), g - 1)
+    frac = u - j
+    return np.bincount(j, resid * (1 - frac), g + 1) + np.bincount(j + 1, resid * frac, g + 1)
+
+
+def _coarser(fine: np.ndarray, g: int) -> np.ndarray:
+    """:func:`_on_grid` with ``g`` intervals from the split onto a finer power-of-two grid: the
+    coarse points are fine points, and the coarse hat functions are linear between them, so the
+    two-step split gives exactly the masses of the direct one."""
+    r = (len(fine) - 1) // g
+    pos = np.arange(len(fine)) / r
+    j = np.minimum(np.floor(pos).astype(np.int64), g - 1)
+    frac = pos - j
+    return np.bincount(j, fine * (1 - frac), g + 1) + np.bincount(j + 1, fine * frac, g + 1)
+
+
+def _smece_at(grid: np.ndarray, n: float, sigma: float) -> float:
+    """``smECE_sigma`` of residual masses ``grid`` on the points ``j / g`` (:func:`_on_grid`).
+
+    The reflected kernel is a circular convolution of the even extension of the grid to [0, 2)
+    with the Gaussian wrapped to period 2 (reflection at 0 and 1 generates exactly these images),
+    done by FFT; the integral over [0, 1] is the trapezoid rule.
+    """
+    g = len(grid) - 1
+    h = 1.0 / g
+    period = 2 * g  # grid points of [0, 2)
+    ext = np.zeros(period)
+    ext[: g + 1] += grid
+    ext[(period - np.arange(g + 1)) % period] += grid  # mirror images; 0 and 1 are their own
+    d = np.minimum(np.arange(period), period - np.arange(period)) * h  # distance on the circle, <= 1
+    shifts = 2.0 * np.arange(-math.ceil(2.5 * sigma) - 1, math.ceil(2.5 * sigma) + 2)
+    ker = np.exp(-0.5 * ((d[:, None] + shifts[None, :]) / sigma) ** 2).sum(1) / (sigma * math.sqrt(2 * math.pi))
+    smooth = np.fft.irfft(np.fft.rfft(ext) * np.fft.rfft(ker), period)[: g + 1]
+    a = np.abs(smooth)
+    return float(h * (a.sum() - 0.5 * (a[0] + a[-1])) / n)
+
+
+def _smece(values, count, correct, tol: float = 1e-7) -> tuple[float, float]:
+    """``(smECE, sigma*)`` of tie blocks (see the module docstring)."""
+    n = float(count.sum())
+    resid = values * count - correct
+    grids: dict[int, np.ndarray] = {}  # the bisection visits few grid sizes: split the masses once per size
+    if len(values) > _GRID_MAX:  # many blocks: split them once onto the finest grid, coarser grids from it
+        grids[_GRID_MAX] = _on_grid(values, resid, _GRID_MAX)
+
+    def at(s):
+        g = _grid_size(s)
+        if g not in grids:
+            grids[g] = _coarser(grids[_GRID_MAX], g) if _GRID_MAX in grids else _on_grid(values, resid, g)
+        return _smece_at(grids[g], n, s)
+
+    def gap(s):
+        return at(s) - s
+
+    lo, hi = SMECE_SIGMA_MIN, 1.0
+    if gap(hi) >= 0:
+        return at(hi), hi
+    # gap is decreasing: its root is the fixed point. Bisection from the top, so the fine grids of
+    # small bandwidths are built only when the fixed point is small; a fixed point below lo ends
+    # the bisection at lo.
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if gap(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    s = 0.5 * (lo + hi)
+    return at(s), s
+
+
+def _mass_cuts(values, cum, n: float, b: int) -> np.ndarray:
+    """Block indices where the ``b`` equal-mass bins start (``(b - 1,)``, non-decreasing).
+
+    Equal to :func:`calibkit.functional.binning.weighted_equal_mass_bins`: the edges interpolate
+    the order statistics at ``linspace(0, n, b + 1)`` and a block goes to bin ``j`` when
+    ``edge_j < value <= edge_{j+1}``.
+    """
+    pos = np.arange(1, b) * n / b
+    last = n - 1
+    lo = np.minimum(np.floor(pos), last)
+    frac = np.where(pos >= last, 0.0, pos - lo)
+    hi = np.minimum(lo + 1, last)
+    m = len(values) - 1
+    v_lo = values[np.minimum(np.searchsorted(cum, lo, side="right"), m)]
+    v_hi = values[np.minimum(np.searchsorted(cum, hi, side="right"), m)]
+    edges = v_lo + frac * (v_hi - v_lo)
+    return np.searchsorted(values, edges, side="right")
+
+
+def _sweep(values, count, correct, p: int = 1) -> tuple[float, int]:
+    """``(ECE_sweep, number of non-empty bins)`` of tie blocks (see the module docstring)."""
+    n = float(count.sum())
+    cum = np.cumsum(count)
+    cum0 = np.concatenate([[0.0], cum])
+    conf0 = np.concatenate([[0.0], np.cumsum(values * count)])
+    hit0 = np.concatenate([[0.0], np.cumsum(correct)])
+    m = len(values)
+
+    def bins(b):
+        cuts = np.concatenate([[0], _mass_cuts(values, cum, n, b), [m]])
+        cuts = np.unique(cuts)  # empty bins dropped
+        cnt = np.diff(cum0[cuts])
+        return cnt, np.diff(conf0[cuts]), np.diff(hit0[cuts])
+
+    best = bins(1)
+    b = 1
+    while True:
+        cand = bins(b + 1)
+        acc = cand[2] / cand[0]
+        if np.any(np.diff(acc) < 0):
+            break
+        best, b = cand, b + 1
+        if len(cand[0]) == m or b >= n:  # every block is its own bin: more bins change nothing
+            break
+    cnt, conf_s, hit_s = best
+    gaps = np.abs(hit_s - conf_s) / cnt
+    err = float(np.sum(cnt / n * gaps ** p) ** (1.0 / p))
+    return err, len(cnt)
+
+
+def _ks(values, count, correct) -> float:
+    n = float(count.sum())
+    return float(np.abs(np.cumsum(correct - values * count)).max() / n)
+
+
+def block_estimators(values, count, correct) -> dict[str, float]:
+    """``{"smece", "ece_sweep", "ks"}`` of tie blocks (``ece_sweep`` with ``p = 1``): the panel's entries."""
+    return {"smece": _smece(values, count, correct)[0], "ece_sweep": _sweep(values, count, correct)[0],
+            "ks": _ks(values, count, correct)}
+
+
+def _blocks(probs, labels, ignore_index):
+    from calibkit.functional.metrics import _sums
+
+    s = _sums(probs, labels, 1, ignore_index=ignore_index)
+    return tie_blocks(s.conf, s.correct, s.weight)
+
+
+def _out(value: float, probs) -> torch.Tensor:
+    dev = probs.device if isinstance(probs, torch.Tensor) else "cpu"
+    return torch.tensor(value, dtype=torch.float64, device=dev)
+
+
+def smooth_ece(probs, labels, ignore_index: int | None = None, return_sigma: bool = False):
+    """Smooth ECE (Blasiok & Nakkiran, ICLR 2024) of the top label, a 0-dim float64 tensor.
+
+    ``smECE_s = int_0^1 |(1/N) sum_i K_s(t, c_i) (c_i - a_i)| dt`` with the Gaussian kernel of
+    width ``s`` reflected at 0 and 1, evaluated at the fixed point ``smECE_s = s`` of the
+    bandwidth (module docstring). Computed on a grid of at least 40 points per ``s`` (relative
+    discretisation error below 1e-3). With ``return_sigma=True``: ``(smECE, s*)``.
+    """
+    value, sigma = _smece(*_blocks(probs, labels, ignore_index))
+    return (_out(value, probs), sigma) if return_sigma else _out(value, probs)
+
+
+def ece_sweep(probs, labels, p: int = 1, ignore_index: int | None = None, return_bins: bool = False):
+    """Monotonic-sweep ECE (Roelofs et al., AISTATS 2022) of the top label, a 0-dim float64 tensor.
+
+    The largest number of equal-mass bins ``b*`` reached by the sweep ``b = 1, 2, ...`` while
+    the bin accuracies stay non-decreasing in confidence; then the ``L_p`` calibration error of
+    those bins, ``p = 1`` (ECE) or ``p = 2`` (RMS). With ``return_bins=True``: ``(ECE_sweep, n)``,
+    ``n`` the number of non-empty bins of ``b*`` (fewer than ``b*`` only under ties).
+    """
+    if p not in (1, 2):
+        raise ValueError(f"p must be 1 or 2, got {p!r}")
+    value, b = _sweep(*_blocks(probs, labels, ignore_index), p=p)
+    return (_out(value, probs), b) if return_bins else _out(value, probs)
+
+
+def ks_error(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
+    """Kolmogorov-Smirnov calibration error (Gupta et al., ICLR 2021) of the top label.
+
+    ``KS = max_i |(1/N) sum_{j <= i} (a_j - c_j)|`` over the samples sorted by confidence,
+    evaluated at the end of each block of tied confidences. A 0-dim float64 tensor.
+    """
+    return _out(_ks(*_blocks(probs, labels, ignore_index)), probs)

@@ -1,0 +1,167 @@
+"""Every run's saved logits through every post-hoc calibrator, at report time.
+
+For each finished run the report fits every entry of :data:`calibkit.calibrators.CALIBRATORS`
+(``Calibrator()``, default hyperparameters) on the run's saved **validation** logits and applies
+it to its saved **test** logits (``logits.safetensors``): no retraining, and nothing fitted on the
+test split. ``"none"`` is the uncalibrated softmax.
+
+Why at report time, from the saved logits, and not at evaluation time into the database row:
+
+* the report then works for every existing bench directory (their rows were written before the
+  calibrators existed), and the table grows with the registry without rerunning a bench;
+* the paired bootstraps against CE + TS need the per-sample test probabilities anyway, which the
+  database rows do not hold;
+* the shipped presets' run configs and the database rows stay as they are.
+
+The price is fitting the calibrators when a report is built. The calibrated test probabilities are
+therefore cached: in memory for one report, and on disk under ``DIR/cache/calibrated/`` keyed by the
+logits file (path, size, modification time), the calibrator's ``repr`` (its hyperparameters) and
+the calibkit version, so a rebuilt report refits nothing. A cache file that cannot be read is
+recomputed, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+NONE = "none"  # the uncalibrated column
+
+
+class NoValidationLogits(ValueError):
+    """A run's logits file holds no validation logits, so no calibrator can be fitted for it."""
+
+
+def calibrator_names() -> list[str]:
+    """``["none", *CALIBRATORS]``: the columns of the methods x calibrators table, in order."""
+    from calibkit.calibrators import CALIBRATORS
+
+    return [NONE] + list(CALIBRATORS)
+
+
+def _check_name(name: str) -> None:
+    names = calibrator_names()
+    if name not in names:
+        raise ValueError(f"unknown calibrator {name!r}; expected one of {', '.join(names)}")
+
+
+class CalibratedProbs:
+    """Test probabilities of runs after each calibrator, fitted on the run's validation logits.
+
+    Args:
+        cache_dir: where calibrated test probabilities are kept between reports (None: memory only).
+    """
+
+    def __init__(self, cache_dir=None):
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self._mem: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._logits: dict[str, dict] = {}
+        self.failures: dict[tuple[str, str], str] = {}  # (run key, calibrator) -> error (calibrator_grid)
+
+    def logits(self, row: dict) -> dict:
+        """The run's saved tensors (``val_logits``, ``val_labels``, ``test_logits``, ``test_labels``, ...)."""
+        from calibkit.rundir import read_tensors
+
+        path = row.get("logits_path")
+        if not path:
+            raise ValueError(f"run {row['run_key']} has no logits_path in the database")
+        if path not in self._logits:
+            tensors = read_tensors(path)
+            missing = {"test_logits", "test_labels"} - set(tensors)
+            if missing:
+                raise ValueError(f"{path}: missing entries {sorted(missing)}")
+            self._logits[path] = tensors
+        return self._logits[path]
+
+    def groups(self, row: dict):
+        """The test image of every stored test pixel (segmentation runs), else None."""
+        t = self.logits(row)
+        return t["test_image"].numpy() if "test_image" in t else None
+
+    def __call__(self, row: dict, name: str = NONE) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(probs, labels)``: float64 ``(N, K)`` test probabilities after ``name``, int64 ``(N,)`` labels."""
+        _check_name(name)
+        key = (row["logits_path"] if row.get("logits_path") else row["run_key"], name)
+        if key not in self._mem:
+            self._mem[key] = self._compute(row, name)
+        return self._mem[key]
+
+    def _compute(self, row: dict, name: str):
+        t = self.logits(row)
+        labels = t["test_labels"].long()
+        if name == NONE:
+            return t["test_logits"].double().softmax(1), labels
+        path = self._cache_path(row, name)
+        if path is not None and path.is_file():
+            from calibkit.rundir import read_tensors
+
+            try:
+                probs = read_tensors(path)["probs"]
+                if probs.shape == t["test_logits"].shape:
+                    return probs.double(), labels
+            except (ValueError, KeyError):
+                pass  # a cache killed mid-write (or from elsewhere) is recomputed
+        if not {"val_logits", "val_labels"} <= set(t):
+            raise NoValidationLogits(f"{row['logits_path']}: no validation logits (val_logits, val_labels) to fit "
+                                     f"calibrator {name!r} on")
+        from calibkit.calibrators import CALIBRATORS
+
+        cal = CALIBRATORS[name]().fit(t["val_logits"], t["val_labels"].long())
+        # float64 test logits, as the bench's own evaluation (evaluate_before_after_ts) applies TS
+        probs = torch.as_tensor(cal.predict_proba(t["test_logits"].double())).double()
+        if path is not None:
+            from calibkit.rundir import write_tensors
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_tensors(path, {"probs": probs})
+        return probs, labels
+
+    def _cache_path(self, row: dict, name: str) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        from calibkit import __version__
+        from calibkit.calibrators import CALIBRATORS
+
+        st = os.stat(row["logits_path"])
+        ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|"
+                 f"{CALIBRATORS[name]()!r}|{__version__}")
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:20]
+        return self.cache_dir / f"{row['run_key'].replace('/', '_')}__{name}__{digest}.safetensors"
+
+
+#: The metrics of the methods x calibrators table: (panel key, header, scale, decimals).
+GRID_METRICS = (("ece", "ECE", 100, 2), ("cece", "cwECE", 100, 2), ("nll", "NLL", 1, 3))
+
+
+def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> dict:
+    """``{method: {calibrator: {metric: (mean, std, n)} or None}}`` over seeds, for :data:`GRID_METRICS`.
+
+    Every metric is :func:`calibkit.metrics.evaluate` on the run's test probabilities after the
+    calibrator (``"none"``: before any). A calibrator that fails on a run (its fit or its output
+    refused with a ``ValueError``/``RuntimeError``) gives ``None`` for that method, and the error
+    is kept in ``probs.failures[(run_key, calibrator)]`` for the report to name; the rest of the
+    report is unaffected.
+    """
+    from calibkit.metrics import evaluate
+    from calibkit.report.data import mean_std
+
+    out = {}
+    for method, entry in summary.items():
+        cells = {}
+        for name in calibrator_names():
+            panels = []
+            for row in entry["runs"]:
+                try:
+                    panels.append(evaluate(*probs(row, name), n_bins=n_bins))
+                except NoValidationLogits:
+                    raise
+                except (ValueError, RuntimeError) as exc:
+                    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    probs.failures[(row["run_key"], name)] = first
+            ok = len(panels) == len(entry["runs"])
+            cells[name] = {key: mean_std([p[key] for p in panels]) for key, _, _, _ in GRID_METRICS} if ok else None
+        out[method] = cells
+    return out

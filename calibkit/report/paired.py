@@ -1,0 +1,206 @@
+"""Paired comparisons of the report: each method against CE and against CE + temperature scaling.
+
+All statistics are seed-averaged and paired by seed, as :func:`calibkit.report.data.paired_ece_delta`:
+every seed's resamples use the same bootstrap seed, so with the same test set they draw the same
+index sets, and averaging the seeds' resampled values gives the resampled seed-averaged value. The
+interval is the **basic** bootstrap interval (``calibkit.bootstrap``).
+
+* :func:`paired_delta`: ``metric(a) - metric(b)`` for any panel metric of the bootstrap's fast
+  path, ``a`` and ``b`` each the test probabilities of a run after a calibrator (or none).
+* :func:`seed_interval`: the interval of one metric of one method (O-ECE, U-ECE).
+* :func:`calibkit.report.data.direction`: ``"better"``, ``"worse"`` or ``None`` from an interval, knowing whether lower
+  is better: an interval wholly below 0 is better for an error and worse for accuracy, and wholly
+  above 0 the other way round.
+
+Segmentation runs (``test_image`` in the logits file) are compared by ECE only, with the
+image-level bootstrap of :mod:`calibkit.grouped_bootstrap`; other metrics give ``None`` for them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from calibkit.bench.grid import REFERENCE
+from calibkit.report.calibrated import NONE, CalibratedProbs
+from calibkit.report.data import direction
+
+def _pairs(runs_a, runs_b):
+    by_seed = {r["seed"]: r for r in runs_b}
+    return [(r, by_seed[r["seed"]]) for r in runs_a if r["seed"] in by_seed]
+
+
+def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs, metric: str = "ece",
+                 after_a: str = NONE, after_b: str = NONE, n_boot: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> dict | None:
+    """Paired bootstrap of the seed-averaged ``metric`` of ``runs_a`` (after ``after_a``) minus
+    that of ``runs_b`` (after ``after_b``).
+
+    Returns:
+        ``{"diff", "lo", "hi", "significant", "direction", "seeds", "identical", "metric"}``, or
+        None when no seed is shared (or a segmentation run is asked for a metric other than ECE).
+
+    Raises:
+        ValueError: two runs of one seed were tested on different test sets.
+    """
+    from calibkit.bootstrap import bootstrap_interval
+    from calibkit.metrics import paired_bootstrap_diff
+
+    pairs = _pairs(runs_a, runs_b)
+    if not pairs:
+        return None
+    diffs, estimates, identical = [], [], True
+    for run, other in pairs:
+        pa, la = probs(run, after_a)
+        pb, lb = probs(other, after_b)
+        if not torch.equal(la, lb):
+            raise ValueError(f"{run['run_key']} and {other['run_key']} were tested on different test sets")
+        identical = identical and torch.equal(pa, pb)
+        groups = probs.groups(run)
+        if groups is not None:
+            if metric != "ece":
+                return None
+            from calibkit.grouped_bootstrap import paired_grouped_ece_diff
+
+            g = paired_grouped_ece_diff(pa, pb, la, groups, n_resamples=n_boot, seed=seed)
+            diffs.append(torch.as_tensor(g["samples"]))
+            estimates.append(g["estimate"])
+            continue
+        res = paired_bootstrap_diff(pa, pb, la, metric, n_resamples=n_boot, seed=seed, level=level)
+        diffs.append(res.samples)
+        estimates.append(res.estimate)
+    diff = float(np.mean(estimates))
+    lo, hi = bootstrap_interval(torch.stack(diffs).mean(0), diff, level, "basic")
+    return {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+            "direction": direction(lo, hi, metric), "seeds": len(pairs), "identical": identical, "metric": metric}
+
+
+def seed_interval(runs: list[dict], probs: CalibratedProbs, metric: str, after: str = NONE, n_boot: int = 1000,
+                  seed: int = 0, level: float = 0.95) -> dict | None:
+    """Bootstrap interval of the seed-averaged ``metric`` of ``runs``: ``{"value", "lo", "hi"}``
+    (basic interval, clipped to the metric's range), or None for segmentation runs."""
+    from calibkit.bootstrap import _RANGE, bootstrap_ci, bootstrap_interval
+
+    samples, estimates = [], []
+    for run in runs:
+        if probs.groups(run) is not None:
+            return None
+        res = bootstrap_ci(metric, *probs(run, after), n_resamples=n_boot, seed=seed, level=level)
+        samples.append(res.samples)
+        estimates.append(res.estimate)
+    if not samples:
+        return None
+    value = float(np.mean(estimates))
+    bounds = _RANGE.get(metric, (-np.inf, np.inf))
+    lo, hi = bootstrap_interval(torch.stack(samples).mean(0), value, level, "basic", bounds)
+    return {"value": value, "lo": lo, "hi": hi}
+
+
+def comparisons(summary: dict, probs: CalibratedProbs, n_boot: int = 1000, seed: int = 0,
+                level: float = 0.95) -> dict:
+    """The ranking's paired columns, per method.
+
+    ``{method: {"acc_vs_ce", "vs_ce_ts", "ts_vs_ce_ts", "o_ece", "u_ece"}}``:
+
+    * ``acc_vs_ce``: accuracy of the method minus CE's (paired);
+    * ``vs_ce_ts``: ECE of the method (no calibrator) minus ECE of CE after temperature scaling;
+    * ``ts_vs_ce_ts``: ECE of the method after its own temperature scaling minus the same;
+    * ``o_ece``, ``u_ece``: seed-averaged intervals of the method's own O-ECE and U-ECE.
+
+    Entries that cannot be computed (no CE runs, no shared seed, no ``"temperature"``
+    calibrator) are None.
+    """
+    from calibkit.calibrators import CALIBRATORS
+
+    ref = summary.get(REFERENCE, {}).get("runs")
+    ts = "temperature" if "temperature" in CALIBRATORS else None
+    out = {}
+    for method, entry in summary.items():
+        runs = entry["runs"]
+        kw = {"n_boot": n_boot, "seed": seed, "level": level}
+        row = {"o_ece": seed_interval(runs, probs, "o_ece", **kw), "u_ece": seed_interval(runs, probs, "u_ece", **kw),
+               "acc_vs_ce": None, "vs_ce_ts": None, "ts_vs_ce_ts": None}
+        if ref and method != REFERENCE:
+            row["acc_vs_ce"] = paired_delta(runs, ref, probs, "acc", **kw)
+        if ref and ts:
+            row["vs_ce_ts"] = paired_delta(runs, ref, probs, "ece", NONE, ts, **kw)
+            if method != REFERENCE:
+                row["ts_vs_ce_ts"] = paired_delta(runs, ref, probs, "ece", ts, ts, **kw)
+        out[method] = row
+    return out
+
+
+#: The metrics ``calibkit compare`` reports: (panel key, printed name, scale).
+COMPARE_METRICS = (("acc", "Acc", 100), ("ece", "ECE", 100), ("aece", "AECE", 100), ("cece", "cwECE", 100),
+                   ("mce", "MCE", 100), ("rmsce", "RMSCE", 100), ("o_ece", "O-ECE", 100), ("u_ece", "U-ECE", 100),
+                   ("nll", "NLL", 1), ("brier", "Brier", 1))
+
+
+def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after: str | None = None,
+                    n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """``a`` against ``b`` on every metric of :data:`COMPARE_METRICS`, both after ``after`` (or none).
+
+    Returns:
+        ``{"a", "b", "after", "seeds", "rows": [{"metric", "name", "scale", "a", "b", "delta"}]}``
+        with ``a``/``b`` the seed means and ``delta`` :func:`paired_delta` (None where not
+        computable: segmentation runs beyond ECE).
+
+    Raises:
+        ValueError: an unknown method or calibrator, or no seed shared by ``a`` and ``b``.
+    """
+    from calibkit.metrics import evaluate
+    from calibkit.report.calibrated import calibrator_names
+
+    for m in (a, b):
+        if m not in summary:
+            raise ValueError(f"no finished runs of method {m!r}; found: {', '.join(summary)}")
+    name = after or NONE
+    if name not in calibrator_names():
+        raise ValueError(f"unknown calibrator {after!r}; expected one of {', '.join(calibrator_names()[1:])}")
+    pairs = _pairs(summary[a]["runs"], summary[b]["runs"])
+    if not pairs:
+        raise ValueError(f"{a} and {b} share no seed ({a}: {summary[a]['seeds']}, {b}: {summary[b]['seeds']})")
+    runs_a, runs_b = [p[0] for p in pairs], [p[1] for p in pairs]
+    panels_a = [evaluate(*probs(r, name)) for r in runs_a]
+    panels_b = [evaluate(*probs(r, name)) for r in runs_b]
+    rows = []
+    for key, printed, scale in COMPARE_METRICS:
+        delta = paired_delta(runs_a, runs_b, probs, key, name, name, n_boot=n_boot, seed=seed, level=level)
+        rows.append({"metric": key, "name": printed, "scale": scale, "delta": delta,
+                     "a": float(np.mean([p[key] for p in panels_a])), "b": float(np.mean([p[key] for p in panels_b]))})
+    return {"a": a, "b": b, "after": name, "seeds": [r["seed"] for r in runs_a], "rows": rows}
+
+
+def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 100) -> str:
+    """The terminal table of :func:`compare_methods` (its explanation wrapped to ``width``)."""
+    import textwrap
+
+    from calibkit.report.data import BETTER_MARK, WORSE_MARK
+    from calibkit.report.tables import Table, text_table
+
+    a, b = label(res["a"]), label(res["b"])
+    after = "" if res["after"] == NONE else f", both after {res['after']}"
+    head = (f"{a} vs {b}{after}: paired bootstrap over the test set ({n_boot} resamples, the same for every seed), "
+            f"seed-averaged over seeds {', '.join(map(str, res['seeds']))}; 95% basic interval of {a} - {b}; "
+            f"{BETTER_MARK} = {a} significantly better, {WORSE_MARK} = significantly worse "
+            "(higher Acc is better, lower is better for the rest). Acc and calibration errors x100.")
+    rows = []
+    for r in res["rows"]:
+        dec = 2 if r["scale"] == 100 else 4
+        d = r["delta"]
+        if d is None:
+            cell = "-"
+        else:
+            from calibkit.report.data import fmt_delta
+
+            cell = fmt_delta(d, r["metric"]) if r["scale"] == 100 else _fmt_raw_delta(d, r["metric"])
+        rows.append([r["name"], f"{r['a'] * r['scale']:.{dec}f}", f"{r['b'] * r['scale']:.{dec}f}", cell])
+    head = textwrap.fill(head, width) if width else head
+    return head + "\n\n" + text_table(Table(["Metric", a, b, f"{a} - {b} [95% CI]"], rows))
+
+
+def _fmt_raw_delta(d: dict, metric: str) -> str:
+    from calibkit.report.data import BETTER_MARK, WORSE_MARK
+
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], metric), "")
+    return f"{d['diff']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]{mark}"
