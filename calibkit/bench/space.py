@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from calibkit.bench.grid import METHODS, TARGETS, Preset
+from calibkit.bench.grid import TARGETS, Preset, space_for
 
 
 def _fmt(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def slug(values: dict) -> str:
+    """``{"loss.margin": 6.0}`` -> ``"margin=6"`` (a candidate's directory and key suffix)."""
+    if not values:
+        return "default"
+    return ",".join(f"{a.partition('.')[2]}={v:g}" for a, v in sorted(values.items()))
 
 
 def loss_params(spec: str) -> tuple[str, dict[str, str]]:
@@ -36,11 +43,12 @@ def with_loss_params(spec: str, values: dict) -> str:
     return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
 
 
-def candidates(method: str) -> list[dict]:
-    """Every point of the method's search space (``[{}]`` for a method with none), in grid order."""
+def candidates(method: str, preset: Preset | None = None, space: dict | None = None) -> list[dict]:
+    """Every point of ``space`` (default: the method's under ``preset``,
+    ``calibkit.bench.grid.space_for``; ``[{}]`` for a method with none), in grid order."""
     import itertools
 
-    space = METHODS[method].space
+    space = space_for(preset, method) if space is None else space
     if not space:
         return [{}]
     names = list(space)
@@ -74,7 +82,7 @@ def current_values(preset: Preset, method: str) -> dict:
     default where the preset sets none)."""
     out = {}
     _, params = loss_params(preset.loss_for(method))
-    for address, axis in METHODS[method].space.items():
+    for address, axis in space_for(preset, method).items():
         target, _, name = address.partition(".")
         source = {"loss": params, "train": preset.train_by_method.get(method, {}),
                   "maccal": preset.maccal, "csm": preset.csm}[target]
