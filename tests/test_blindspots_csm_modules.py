@@ -569,7 +569,7 @@ def test_generate_store_manifest_index_and_progress(tiny, tmp_path, capsys, fake
     assert [c["steps"] for c in fake_heun] == [20, 20] and {c["guidance"] for c in fake_heun} == {1.0}
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "2 shards, rank 0 of 1 has 2 left (device cpu, batch 64, fp32)"
-    assert lines[1].startswith("[rank 0] shard 0: 16 images in ") and lines[1].endswith(" img/s)")
+    assert lines[1].startswith("[rank 0] shard 0: 16 images in ") and " img/s, eta " in lines[1]
     assert lines[2].startswith("[rank 0] shard 1: 24 images in ") and len(lines) == 3
     recs = [json.loads(x) for x in shard_paths(tmp_path / "a" / "s", 1)[1].read_text().splitlines()]
     assert len(recs) == 8 and recs[3] == {"group": 2, "member": 3, "seed": 0, "c1": 1, "c2": 2,
@@ -690,8 +690,9 @@ def test_generate_store_progress_lines_are_timed_and_flushed(tiny, tmp_path, mon
     monkeypatch.setattr(gen_mod, "print", lambda *a, **kw: printed.append((a, kw)), raising=False)
     gen_mod.generate_store(tiny, tmp_path / "s", 3, groups_per_shard=2, distributed=None, device="cpu")
     assert printed == [(("2 shards, rank 0 of 1 has 2 left (device cpu, batch 64, fp32)",), {"flush": True}),
-                       (("[rank 0] shard 0: 16 images in 4 s (4.00 img/s)",), {"flush": True}),
-                       (("[rank 0] shard 1: 24 images in 10 s (2.40 img/s)",), {"flush": True})]
+                       # eta: 4 s per shard so far x 1 shard left = 0.07 min; then none left
+                       (("[rank 0] shard 0: 16 images in 4 s (4.00 img/s, eta 0.1 min)",), {"flush": True}),
+                       (("[rank 0] shard 1: 24 images in 10 s (2.40 img/s, eta 0.0 min)",), {"flush": True})]
 
 
 def test_generate_store_defaults_and_sampler_arguments(tiny, tmp_path, fake_heun):

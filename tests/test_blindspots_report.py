@@ -416,15 +416,15 @@ def test_tuning_rows_selection_exclusions_and_edges(tmp_path):
     assert len(cands) == len(CANDS) and tuning.load_candidates(tmp_path, "other") == []
     assert tuning.load_candidates(tmp_path / "nothing", "p") == []
     header, rows = tuning.tuning_rows(cands)
-    assert header == ["Method", "selected", "val ECE", "val Acc", "candidates", "excluded (acc)", "note"]
-    assert rows == [
+    assert header == ["Method", "selected", "val ECE", "val Acc", "candidates", "excluded (acc)", "extended", "note"]
+    assert rows == [  # no tuning records (extensions) in this database: "-"
         # LS: drop 0.02, best 0.91: 0.889 and 0.85 fall below 0.89; 0.03 is inside its grid
-        ["LS", "alpha=0.03", "4.00", "90.50", "5", "2", ""],
-        ["Focal", "gamma=1", "1.00", "90.00", "4", "0", "on the grid edge (loss.gamma)"],
+        ["LS", "alpha=0.03", "4.00", "90.50", "5", "2", "-", ""],
+        ["Focal", "gamma=1", "1.00", "90.00", "4", "0", "-", "on the grid edge (loss.gamma)"],
         # no selection: the default drop 0.01 excludes 0.885 (below 0.89), keeps 0.89 - 1e-12
-        ["Dual focal", "(no selection yet)", "", "", "4", "1", ""],
-        ["FeDLaS-LS", "alpha=0.1, beta=4", "3.40", "90.40", "5", "0", "on the grid edge (loss.alpha, loss.beta)"],
-        ["MaC-Cal", "(no selection yet)", "", "", "5", "0", ""],
+        ["Dual focal", "(no selection yet)", "", "", "4", "1", "-", ""],
+        ["FeDLaS-LS", "alpha=0.1, beta=4", "3.40", "90.40", "5", "0", "-", "on the grid edge (loss.alpha, loss.beta)"],
+        ["MaC-Cal", "(no selection yet)", "", "", "5", "0", "-", ""],
     ]
 
 
@@ -438,14 +438,14 @@ def test_tuning_text_and_json(tmp_path):
     assert lines[0] == ("selection on the validation split (seed 0; ECE and Acc x100, before temperature scaling; "
                         "CE: val ECE 10.00, val Acc 80.00)")
     assert lines[1].split() == ["Method", "selected", "val", "ECE", "val", "Acc", "candidates", "excluded", "(acc)",
-                                "note"]
-    widths = (10, 18, 7, 7, 10, 14, len("on the grid edge (loss.alpha, loss.beta)"))
-    cells = ("LS", "alpha=0.03", "4.00", "90.50", "5", "2", "")
+                                "extended", "note"]
+    widths = (10, 18, 7, 7, 10, 14, 8, len("on the grid edge (loss.alpha, loss.beta)"))
+    cells = ("LS", "alpha=0.03", "4.00", "90.50", "5", "2", "-", "")
     assert lines[2] == "  ".join(c.ljust(w) for c, w in zip(cells, widths))
     assert len(lines) == 2 + 5
     q = tuning.tuning_text(tmp_path, "q").splitlines()
     assert q[0] == "selection on the validation split (seed 5, 7; ECE and Acc x100, before temperature scaling)"
-    assert q[2].split() == ["LS", "(no", "selection", "yet)", "2", "0"]
+    assert q[2].split() == ["LS", "(no", "selection", "yet)", "2", "0", "-"]
     assert json.loads(tuning.write_tuning_json(tmp_path, "q").read_text())["criterion"] is None
     path = tuning.write_tuning_json(tmp_path, "p")
     assert path == tmp_path / "report" / "tuning.json"
@@ -595,7 +595,9 @@ def test_protocol_section_states_splits_budget_and_values(tmp_path):
         ["seed 1: training", train],
         ["test", "10000 documents: the test split, the same for every seed"],
         ["checkpoint policy", "best-acc (one policy for every run)"],
-        ["hyperparameters", "the preset's recorded values (docs/bench.md gives the tuning run that chose them)"]]
+        # preset "p" is none of the shipped ones: no pointer at docs/bench.md's Fashion-MNIST tuning run
+        ["hyperparameters", "the preset's values (no tuning run in this directory; `calibkit tune` selects them on "
+                            "the validation split)"]]
     assert budget.title == f"Training budget: {differs}" and not budget.terminal
     assert budget.tables[0].header == ["Method", "epochs", "train images", "model", "vs CE", "adds"]
     assert budget.tables[0].rows == [

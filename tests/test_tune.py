@@ -192,6 +192,7 @@ def small_spaces(monkeypatch, one_thread):
 
 
 def _tune(out, **kw):
+    kw.setdefault("max_extensions", 0)  # these tests count the declared grid's candidates
     tuner = Tuner(TINY, out, methods=["ls", "mbls"], num_threads=1, log=lambda *a, **k: None, **kw)
     try:
         counts = tuner.run()
@@ -408,12 +409,16 @@ def test_tune_under_torchrun_two_processes(tmp_path, cli_env):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("tune smoke/acls/100/margin=4: running") == 1, "only rank 0 logs"
     rows = _rows_of(out, "smoke")
-    margins = METHODS["acls"].space["loss.margin"].values
+    from calibkit.bench.extend import extended_space, meta_key
+
+    with Store(out / "runs.db", readonly=True) as s:  # the grid as rank 0 extended it at an edge, if it did
+        space = extended_space(METHODS["acls"].space, json.loads(s.get_meta(meta_key("smoke", 100, "acls"))))
+    margins = space["loss.margin"].values
+    assert set(METHODS["acls"].space["loss.margin"].values) <= set(margins)
     assert sorted(rows) == sorted([f"smoke/acls/100/margin={m:g}" for m in margins] + ["smoke/ce/100/default"])
-    assert all(r["status"] == "done" for r in rows.values())
+    assert all(r["status"] == "done" and r["attempts"] == 1 for r in rows.values())
     acls = [rows[f"smoke/acls/100/margin={m:g}"] for m in margins]
-    assert [r["selected"] for r in acls] == [int(i == select(acls, METHODS["acls"].space))
-                                             for i in range(len(margins))]
+    assert [r["selected"] for r in acls] == [int(i == select(acls, space)) for i in range(len(margins))]
     info = json.loads((out / "tune" / "smoke" / "acls" / "margin=6" / "config.json").read_text())
     assert info["world_size"] == 2 and info["config"]["loss"] == "acls:margin=6"
 

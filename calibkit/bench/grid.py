@@ -56,6 +56,30 @@ class Axis:
     default: float
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The values a searched hyperparameter may take at all (what ``calibkit tune`` never extends
+    a grid past): ``low`` and ``high`` (``None``: unbounded), each excluded when ``*_open``.
+
+    Example: label smoothing's alpha is ``Bound(0.0, 1.0, high_open=True)`` (0 <= alpha < 1).
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        v = float(value)
+        if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+            return False
+        return not (self.high is not None and (v > self.high or (self.high_open and v == self.high)))
+
+    def text(self) -> str:
+        lo = "(-inf" if self.low is None else ("(" if self.low_open else "[") + f"{self.low:g}"
+        hi = "inf)" if self.high is None else f"{self.high:g}" + (")" if self.high_open else "]")
+        return f"{lo}, {hi}"
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -114,6 +138,30 @@ METHODS: dict[str, MethodSpec] = {
                       space={"csm.sharpness": Axis((0.5, 1.0, 2.3, 4.0), 4.0),
                              "train.csm_weight": Axis((1.0, 4.0, 8.0, 16.0), 1.0)}),
 }
+
+# The hard bounds of every searched hyperparameter, by address (beside the grids above): a grid
+# extension (``calibkit.bench.extend``) never leaves them. They are the losses' own domains: a
+# smoothing weight in [0, 1), a margin, a focusing parameter or a loss weight >= 0, a mixing
+# Beta(alpha, alpha) or a step size eta > 0, MaC-Cal's r_min in (0, 1), a sharpness > 0.
+# :func:`bound_for` falls back to "positive" for an address not listed whose grid is all > 0.
+_UNIT = Bound(0.0, 1.0, high_open=True)
+_NONNEG = Bound(0.0)
+_POS = Bound(0.0, low_open=True)
+BOUNDS: dict[str, Bound] = {
+    "loss.alpha": _UNIT, "loss.gamma": _NONNEG, "loss.beta": _POS, "loss.margin": _NONNEG,
+    "loss.lam": _NONNEG, "train.mix_alpha": _POS, "train.csm_weight": _NONNEG, "maccal.eta": _POS,
+    "maccal.r_min": Bound(0.0, 1.0, low_open=True, high_open=True), "csm.sharpness": _POS,
+}
+
+
+def bound_for(address: str, axis: Axis | None = None) -> Bound:
+    """The hard bound of a search-space address (:data:`BOUNDS`); an address not listed is
+    unbounded, except that a grid whose values are all positive stays positive."""
+    if address in BOUNDS:
+        return BOUNDS[address]
+    if axis is not None and axis.values and min(axis.values) > 0:
+        return _POS
+    return Bound()
 
 
 def default_ood(dataset: str) -> str:

@@ -19,3 +19,8 @@ def candidate_dir_for(out: Path, preset: str, method: str, seed: int, slug: str)
     if method == _CE:
         return run_dir_for(out, preset, method, seed)
     return Path(out) / "tune" / preset / method / slug
+
+
+# Marks the key of a run moved aside after a re-tuning (``preset/method/seed~<values>``; its run
+# directory ``seed<k>~<values>``): see ``calibkit.bench.runner.Bench.supersede``.
+RETIRED = "~"

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None) -> None:
+def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None, csm_build=False,
+                device="auto") -> None:
     """Raise a one-line error (``ValueError``, ``FileNotFoundError``, ``FileExistsError``,
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
@@ -32,6 +33,10 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         data_dir: the ``--data-dir`` folder.
         csm_store: the ``--csm-store`` folder.
         store: the ``--store`` URL (None: ``out/runs.db``).
+        csm_build: ``--csm-build``: without a generated set, CSM's is built in ``out``
+            (:mod:`calibkit.bench.csmbuild`), so only what the build needs is checked; without it,
+            the missing set is one line saying what the build would cost on ``device`` (measured).
+        device: the ``--device`` of the cost measurement.
     """
     from calibkit.bench.grid import IMAGE_ONLY, grid_methods
     from calibkit.extras import check_dataset
@@ -81,7 +86,16 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         if preset.ood != NO_OOD:
             load_ood(preset.ood, like=bundle, data_dir=data_dir)
     if "csm" in chosen:
-        _check_csm_store(preset, csm_store)
+        _check_csm_store(preset, csm_store, bundle, seeds, csm_build, device)
+
+
+def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=None, store=None, csm_build=False,
+               device="auto") -> None:
+    """:func:`check_bench` for ``calibkit tune``: the same checks, on the selection seed
+    (``seed``, default ``preset.tune_seed``) and the methods to tune (default: the preset's list,
+    else all). Raises as :func:`check_bench` does; when it raises nothing was written."""
+    check_bench(preset, out, seeds=[preset.tune_seed if seed is None else seed], methods=methods,
+                data_dir=data_dir, csm_store=csm_store, store=store, csm_build=csm_build, device=device)
 
 
 def check_model(name: str, bundle) -> None:
@@ -137,12 +151,21 @@ def csm_source(preset, csm_store=None):
     return csm_store or preset.csm.get("store") or SHIPPED_STORES.get(preset.dataset)
 
 
-def _check_csm_store(preset, csm_store) -> None:
+def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="auto") -> None:
+    from calibkit.bench import csmbuild
     from calibkit.methods.csm.store import read_manifest
 
     src = csm_source(preset, csm_store)
-    if src is None or not Path(src).is_dir():
-        raise FileNotFoundError(
-            f"no CSM generated set for {preset.dataset} ({src or 'none shipped'}); generate one with "
-            "`calibkit csm generate` and pass it with --csm-store, or leave csm out of --methods")
-    read_manifest(src)  # not a generated set: raises naming the folder
+    if src is not None and Path(src).is_dir():
+        read_manifest(src)  # not a generated set: raises naming the folder
+        return
+    if csm_store is not None:
+        raise FileNotFoundError(f"--csm-store {csm_store}: no such folder")
+    if bundle.modality != "image":
+        raise ValueError(f"csm: {preset.dataset} is {bundle.modality}, not images; CSM does not apply: leave csm "
+                         "out of --methods")
+    if not csm_build:
+        raise FileNotFoundError(csmbuild.cost_line(preset, bundle, seeds, device))
+    from calibkit.extras import require
+
+    require("diffusers", "building a CSM generated set (--csm-build)")

@@ -19,7 +19,9 @@ so N processes keep N cores busy on one preset.
 
 One checkpoint policy (``Preset.keep``) and one set of hyperparameters per method hold for a whole
 output directory: a bench refuses to add runs to a directory whose finished runs were made under
-another policy or other hyperparameters, so a table never mixes them.
+another policy or other hyperparameters, so a table never mixes them. The one exception is a
+re-tuning: runs of a method at other values than the directory's recorded selection, when the bench
+runs at that selection, are moved aside (kept, under ``KEY~<values>``) and the method runs again.
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.bench.grid import METHODS, Preset, grid_methods
 from calibkit.bench.space import current_values
-from calibkit.bench.paths import run_dir_for
+from calibkit.bench.paths import RETIRED, run_dir_for
 from calibkit.store import open_store, run_key
 from calibkit.train.preempt import Preempted
 
 # Seconds between two looks at the database while waiting for another bench's run.
 POLL_S = 5.0
+
 
 
 def train_config(preset: Preset, method: str, seed: int, data_dir=None, device="auto", num_threads=None,
@@ -204,7 +207,7 @@ class Bench:
         """Run every pending (seed, method); returns counts of done/skipped/failed runs."""
         from calibkit.bench.progress import RunProgress
 
-        self.check_consistent()
+        self.supersede(self.check_consistent())
         counts = {"done": 0, "skipped": 0, "failed": 0}
         items = [(seed, method) for seed in self.seeds for method in self.methods]
         progress = RunProgress(len(items), write=self.log,
@@ -289,15 +292,25 @@ class Bench:
             progress.end(key, f"FAILED: {type(exc).__name__}: {exc}", seconds=time.time() - t0)
         return True
 
-    def check_consistent(self) -> None:
+    def check_consistent(self) -> list[str]:
         """Refuse to mix checkpoint policies or hyperparameters in one output directory.
+
+        A finished run of a method at other values than this bench's is **stale** when this
+        bench's values are the directory's recorded selection for that method (``calibkit tune``
+        chose other values since the run was made): it is returned, to be moved aside by
+        :meth:`supersede` and run again. Any other difference is refused.
+
+        Returns:
+            the run keys of the stale runs.
 
         Raises:
             ValueError: a finished run of this preset was made under another checkpoint policy, or
-                one of the selected methods with other hyperparameters, than this bench would use.
+                one of the selected methods with other hyperparameters (not a re-tuning), than this
+                bench would use.
         """
-        problem = None
+        problem, stale = None, []
         if self.dd.is_main:
+            selected = self.recorded_selection()
             for row in self.store.runs(self.preset.name):
                 rec = row.get("config") or {}
                 keep = rec.get("keep", (rec.get("train") or {}).get("keep", "best-acc"))
@@ -307,15 +320,59 @@ class Bench:
                                "Choose another --out (one policy per bench)")
                     break
                 method = row["method"]
-                if method in self.methods and rec.get("hparams") is not None:
+                if method in self.methods and rec.get("hparams") is not None and RETIRED not in row["run_key"]:
                     mine = self._config_record(method, int(row["seed"]))["hparams"]
-                    if rec["hparams"] != mine:
-                        problem = (f"{self.out / 'runs.db'}: {row['run_key']} was run with {rec['hparams']}, this "
-                                   f"bench would use {mine}. Choose another --out (one set of values per bench)")
-                        break
-        problem = _broadcast(problem, self.dd)
+                    if rec["hparams"] == mine:
+                        continue
+                    if selected.get(method) == mine:
+                        stale.append(row["run_key"])
+                        continue
+                    problem = (f"{self.out / 'runs.db'}: {row['run_key']} was run with {rec['hparams']}, this "
+                               f"bench would use {mine}. Choose another --out (one set of values per bench)"
+                               + (f"; this directory's tuning selected {selected[method]} (bench --tune runs "
+                                  "at the selection)" if method in selected else ""))
+                    break
+        problem, stale = _broadcast((problem, stale), self.dd)
         if problem:
             raise ValueError(problem)
+        return stale
+
+    def recorded_selection(self) -> dict[str, dict]:
+        """``{method: values}`` selected by ``calibkit tune`` in this directory for this preset
+        (on its selection seed ``Preset.tune_seed``); empty without a tuning run."""
+        rows = self.store.candidates(self.preset.name, seed=self.preset.tune_seed)
+        return {r["method"]: dict(r["hparams"]) for r in rows if r["selected"]}
+
+    def supersede(self, keys: list[str]) -> None:
+        """Move stale runs aside (:meth:`check_consistent`): each keeps its row and results under
+        ``KEY~<values>`` and its run directory as ``seed<k>~<values>``, so that the method runs
+        again at the recorded selection under the usual key; the report shows only the latter."""
+        if not keys or not self.dd.is_main:
+            D.barrier(self.dd)
+            return
+        from calibkit.bench.space import slug
+
+        for key in keys:
+            row = self.store.get(key)
+            if row is None or row["status"] != "done":
+                continue  # another worker of this bench moved it already
+            tag = RETIRED + slug(row["config"]["hparams"])
+            new_key, k = key + tag, 1
+            while self.store.get(new_key) is not None:
+                k += 1
+                new_key = f"{key}{tag}{RETIRED}{k}"
+            old_dir = Path(row["run_dir"]) if row.get("run_dir") else None
+            new_dir = old_dir.with_name(old_dir.name + new_key[len(key):]) if old_dir is not None else None
+            try:
+                self.store.retire(key, new_key, str(new_dir) if new_dir else None,
+                                  str(new_dir / rundir.LOGITS) if new_dir else None)
+            except KeyError:
+                continue  # lost the race to another worker
+            if old_dir is not None and old_dir.exists():
+                old_dir.rename(new_dir)
+            self.log(f"{key}: run at {row['config']['hparams']}, not this directory's selection; kept as "
+                     f"{new_key} and run again")
+        D.barrier(self.dd)
 
     def _config_record(self, method: str, seed: int) -> dict:
         from calibkit.config import TrainConfig, resolve_milestones

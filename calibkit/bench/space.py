@@ -17,6 +17,13 @@ def _fmt(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def slug(values: dict) -> str:
+    """``{"loss.margin": 6.0}`` -> ``"margin=6"`` (a candidate's directory and key suffix)."""
+    if not values:
+        return "default"
+    return ",".join(f"{a.partition('.')[2]}={v:g}" for a, v in sorted(values.items()))
+
+
 def loss_params(spec: str) -> tuple[str, dict[str, str]]:
     """``"mbls:margin=6,lam=0.1"`` -> ``("mbls", {"margin": "6", "lam": "0.1"})`` (values as text)."""
     name, _, rest = spec.partition(":")
@@ -36,12 +43,12 @@ def with_loss_params(spec: str, values: dict) -> str:
     return name + (":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else "")
 
 
-def candidates(method: str, preset: Preset | None = None) -> list[dict]:
-    """Every point of the method's search space under ``preset`` (``calibkit.bench.grid.space_for``;
-    ``[{}]`` for a method with none), in grid order."""
+def candidates(method: str, preset: Preset | None = None, space: dict | None = None) -> list[dict]:
+    """Every point of ``space`` (default: the method's under ``preset``,
+    ``calibkit.bench.grid.space_for``; ``[{}]`` for a method with none), in grid order."""
     import itertools
 
-    space = space_for(preset, method)
+    space = space_for(preset, method) if space is None else space
     if not space:
         return [{}]
     names = list(space)

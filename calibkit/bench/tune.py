@@ -1,7 +1,6 @@
 """``calibkit tune``: select every method's hyperparameters on the validation split.
 
-For each method of the grid with a search space (``Preset.space_for(m)``: the preset's own grid for
-the method, else ``calibkit.bench.grid.METHODS[m].space``), every
+For each method of the grid with a search space (``calibkit.bench.grid.space_for``), every
 candidate of the space is trained on the preset's selection seed (``Preset.tune_seed``), with the
 preset's training budget and checkpoint policy, and scored on the **validation split only**: the
 candidate's validation logits are the only tensors read from its run directory
@@ -16,6 +15,12 @@ on validation; ``docs/bench.md``):
    candidate are excluded, so that calibration is never bought with accuracy;
 3. the lowest ECE wins; candidates within ``tie`` of it are tied and the one nearest the
    published value (``Axis.default``) wins, then the first in grid order.
+
+When a selection lies on the edge of a grid, the tuner extends that axis and tunes on (at most
+twice per axis, never past the axis's hard bound; :mod:`calibkit.bench.extend` gives the step
+rule); an axis whose values all gave bit-identical validation logits is recorded as having no
+effect. Both are recorded per method in the ``meta`` table of ``runs.db`` and shown by
+``calibkit.report.tuning``.
 
 Resume and sharing work are those of the bench: candidates are rows of the ``tuning`` table of
 ``DIR/runs.db``, claimed before they run; a finished candidate is never trained again, and several
@@ -33,10 +38,11 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable
-from calibkit.bench.space import apply_values, at_edge, candidates
+from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, meta_key, no_effect_axes, plan
+from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_for
 from calibkit.bench.paths import candidate_dir_for
-from calibkit.bench.runner import Bench, _broadcast, claim_outcome, work_queue
+from calibkit.bench.runner import POLL_S, Bench, _broadcast, claim_outcome, work_queue
+from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
 from calibkit.store import run_key
 from calibkit.train.preempt import Preempted
 
@@ -63,13 +69,6 @@ class Criterion:
 
 
 DEFAULT_CRITERION = Criterion()
-
-
-def slug(values: dict) -> str:
-    """``{"loss.margin": 6.0}`` -> ``"margin=6"`` (the candidate's directory and key suffix)."""
-    if not values:
-        return "default"
-    return ",".join(f"{a.partition('.')[2]}={v:g}" for a, v in sorted(values.items()))
 
 
 def cand_key(preset: str, method: str, seed: int, values: dict) -> str:
@@ -143,30 +142,35 @@ class Tuner:
             CE is always trained (the reference and the base of MaC-Cal and CSM).
         seed: the selection seed (default ``preset.tune_seed``).
         criterion: the selection rule.
+        max_extensions: extensions per axis of a selection on a grid edge (0: never extend).
         data_dir, device, num_threads, csm_store, log, store: as for :class:`calibkit.bench.runner.Bench`.
     """
 
     def __init__(self, preset: Preset, out, methods=None, seed=None, data_dir=None, device="auto",
                  num_threads=None, csm_store=None, criterion: Criterion = DEFAULT_CRITERION, log=print,
-                 store=None):
+                 max_extensions: int = MAX_EXTENSIONS, store=None):
         names = list(preset.methods or METHODS) if methods is None else list(methods)
         unknown = [m for m in names if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
         names, self.unsupported = applicable(names, preset)
-        self.methods = [m for m in METHODS if m in names and preset.space_for(m)]
-        self.skipped = [m for m in names if m != REFERENCE and not preset.space_for(m)]
+        self.methods = [m for m in METHODS if m in names and space_for(preset, m)]
+        self.skipped = [m for m in names if m != REFERENCE and not space_for(preset, m)]
         self.seed = int(preset.tune_seed if seed is None else seed)
         self.criterion = criterion
+        if max_extensions < 0:
+            raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+        self.max_extensions = int(max_extensions)
         self.bench = Bench(preset, out, seeds=[self.seed], methods=[REFERENCE], data_dir=data_dir,
                            device=device, num_threads=num_threads, csm_store=csm_store, log=log, store=store)
         self.preset, self.out, self.dd, self.log = preset, Path(out), self.bench.dd, self.bench.log
         self.store = self.bench.store
+        self.spaces = {m: space_for(preset, m) for m in self.methods}  # + extensions: refresh()
 
     # -- candidates -----------------------------------------------------------------------------
     def items(self) -> list[tuple[str, dict]]:
         """``(method, values)`` of every candidate, CE first, then the grid order."""
-        return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m, self.preset)]
+        return [(REFERENCE, {})] + [(m, v) for m in self.methods for v in candidates(m, space=self.spaces[m])]
 
     def run_dir(self, method: str, values: dict) -> Path:
         return candidate_dir_for(self.out, self.preset.name, method, self.seed, slug(values))
@@ -215,12 +219,53 @@ class Tuner:
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> dict:
-        """Train and score every unfinished candidate, then select; returns counts."""
+        """Train and score every unfinished candidate, select, extend the grids whose selection
+        lies on an edge (:mod:`calibkit.bench.extend`) and go on until no grid grows; returns counts."""
         self.check_consistent()
         counts = {"done": 0, "skipped": 0, "failed": 0}
-        items = self.items()
-        total = len(items)
-        position = {cand_key(self.preset.name, m, self.seed, v): i + 1 for i, (m, v) in enumerate(items)}
+        self.refresh()
+        seen: set[str] = set()
+        while True:
+            items = [i for i in self.items() if cand_key(self.preset.name, i[0], self.seed, i[1]) not in seen]
+            if not items:  # nothing new since the last selection: the grids stopped growing
+                return counts
+            seen.update(cand_key(self.preset.name, m, self.seed, v) for m, v in items)
+            self._round(items, counts)
+            self.wait_for_others()
+            if self.dd.is_main:
+                self.select_all()  # may extend grids: the next pass trains what they gained
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Read every method's current space (declared grid + recorded extensions) from the database."""
+        self.spaces = _broadcast(self._read_spaces() if self.dd.is_main else None, self.dd)
+
+    def _read_spaces(self) -> dict:
+        return {m: extended_space(space_for(self.preset, m), self.record_of(m)) for m in self.methods}
+
+    def record_of(self, method: str) -> dict | None:
+        """The method's tuning record in ``runs.db`` (extensions, no-effect axes, notes), or ``None``."""
+        if not hasattr(self.store, "get_meta"):  # a scheduler's result files: no records
+            return None
+        text = self.store.get_meta(meta_key(self.preset.name, self.seed, method))
+        return json.loads(text) if text else None
+
+    def wait_for_others(self, poll_s: float = POLL_S) -> None:
+        """Wait while another live process still trains a candidate of this tuning (its result
+        may move a selection onto an edge, and so extend a grid)."""
+        while True:
+            busy = False
+            if self.dd.is_main:
+                busy = any(self.store.busy_elsewhere(r["cand_key"], "tuning") for r in
+                           self.store.candidates(self.preset.name, seed=self.seed, status="running"))
+            if not _broadcast(busy, self.dd):
+                return
+            time.sleep(poll_s)
+
+    def _round(self, items: list, counts: dict) -> None:
+        everything = self.items()
+        total = len(everything)
+        position = {cand_key(self.preset.name, m, self.seed, v): i + 1 for i, (m, v) in enumerate(everything)}
 
         def ready(item) -> bool:
             busy = False
@@ -232,15 +277,13 @@ class Tuner:
         waiting: set = set()
         work_queue(items, ready,
                    lambda item: self._attempt(item, counts, f"[{position[self.key(*item)]}/{total}]", waiting))
-        if self.dd.is_main:
-            self.select_all()
-        return counts
 
     def key(self, method: str, values: dict) -> str:
         return cand_key(self.preset.name, method, self.seed, values)
 
     def run_one(self, key: str) -> dict:
         """Train and score the one candidate ``key`` (what a scheduler's task runs); no selection."""
+        self.refresh()  # the grids as extended in the database
         items = {self.key(m, v): (m, v) for m, v in self.items()}
         if key not in items:
             raise ValueError(f"{key} is not a candidate of this tuning ({len(items)} candidates of "
@@ -307,30 +350,46 @@ class Tuner:
     def finished(self, method: str) -> list[dict]:
         """The method's finished candidates, in grid order (only those of its current space)."""
         rows = {slug(r["hparams"]): r for r in self.store.candidates(self.preset.name, method, self.seed)}
-        return [rows[slug(v)] for v in candidates(method, self.preset) if slug(v) in rows]
+        return [rows[slug(v)] for v in candidates(method, space=self.spaces[method]) if slug(v) in rows]
 
     def select_all(self) -> dict[str, dict]:
-        """Select and flag every method whose candidates all finished; ``{method: values}``."""
+        """Select every method whose candidates all finished, record its no-effect axes and the
+        extension of any grid its selection lies on the edge of (the next pass of :meth:`run`
+        trains what a grid gained); ``{method: selected values}``."""
+        self.spaces = self._read_spaces()  # another process may have extended a grid since this one looked
         chosen = {}
         for method in self.methods:
-            rows = self.finished(method)
-            if len(rows) < len(candidates(method, self.preset)):
-                self.log(f"tune {method}: {len(rows)} of {len(candidates(method, self.preset))} candidates finished; "
-                         "no selection yet (run the same command again)")
-                continue
-            space = self.preset.space_for(method)
+            space = self.spaces[method]
+            rows, n = self.finished(method), len(candidates(method, space=space))
+            if len(rows) < n:
+                wanted = {slug(v) for v in candidates(method, space=space)}
+                if any(slug(r["hparams"]) in wanted
+                       for r in self.store.candidates(self.preset.name, method, self.seed, status="failed")):
+                    self.log(f"tune {method}: {len(rows)} of {n} candidates finished; "
+                             "no selection yet (run the same command again)")
+                continue  # else: values another process added are still to train
             win = rows[select(rows, space, self.criterion)]
             self.store.select_candidate(self.preset.name, method, self.seed, win["cand_key"],
                                         self.criterion.to_dict())
             chosen[method] = dict(win["hparams"])
-            edge = at_edge(win["hparams"], space)
-            if edge:
-                self.log(f"tune {method}: the selected {', '.join(edge)} lies on the edge of its grid; "
-                         "widen the grid")
+            base, old = space_for(self.preset, method), self.record_of(method)
+            new, notes = plan(base, old, win["hparams"], self.max_extensions)
+            fresh = new is None or new.get("base") != base_grids(base)
+            record = {"base": base_grids(base), "added": {}, "steps": {}} if fresh else dict(new)
+            record["no_effect"] = no_effect_axes(space, rows)
+            record["notes"] = notes
+            if record != old and hasattr(self.store, "put_meta"):
+                self.store.put_meta(meta_key(self.preset.name, self.seed, method), json.dumps(record, sort_keys=True))
+            for note in notes:
+                self.log(f"tune {method}: {note}")
+            for address in record["no_effect"]:
+                self.log(f"tune {method}: {address.partition('.')[2]} had no effect (its values gave "
+                         "bit-identical validation logits)")
         return chosen
 
     def selection(self) -> dict[str, dict]:
         """``{method: selected values}`` recorded in the database for this preset and seed."""
+        self.spaces = self._read_spaces()  # the grids as extended in the database
         out = {}
         for method in self.methods:
             rows = [r for r in self.finished(method) if r["selected"]]

@@ -1,4 +1,5 @@
-"""``calibkit bench --workers N``: N processes on one machine share a bench's runs.
+"""``calibkit bench --workers N`` (and ``calibkit tune --workers N``): N processes on one machine
+share a bench's runs (a tuning's candidates).
 
 A bench already lets several processes running the same command share its runs: each claims a
 pending run in ``DIR/runs.db`` before training it, and one that depends on a run still being
@@ -46,18 +47,42 @@ def worker_argv(args) -> list[str]:
     if args.methods is not None:
         argv += ["--methods", *args.methods]
     for flag, value in (("--data-dir", args.data_dir), ("--csm-store", args.csm_store), ("--keep", args.keep),
-                        ("--num-threads", args.num_threads), ("--store", getattr(args, "store", None))):
+                        ("--num-threads", args.num_threads), ("--store", getattr(args, "store", None)),
+                        ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
+    if args.csm_build:
+        argv.append("--csm-build")  # the caller builds before releasing it: the worker finds the set
     if args.tune:
         argv.append("--tune")  # resumes the finished selection: the worker trains at the selected values
     return argv
 
 
-def start_workers(args, n: int) -> list[subprocess.Popen]:
-    """Start ``n`` extra bench processes, waiting to be released (:func:`release_workers`)."""
+def tune_worker_argv(args) -> list[str]:
+    """The ``calibkit tune`` arguments of an extra worker of ``tune --workers N``: the same tuning,
+    one worker, waiting to be released (it prints no table: the calling process does)."""
+    from calibkit.commands.presetargs import preset_argv
+
+    argv = ["tune", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--workers", "1",
+            "--await-start"]
+    if args.methods is not None:
+        argv += ["--methods", *args.methods]
+    for flag, value in (("--seed", args.seed), ("--data-dir", args.data_dir), ("--csm-store", args.csm_store),
+                        ("--keep", args.keep), ("--num-threads", args.num_threads),
+                        ("--store", getattr(args, "store", None)), ("--max-extensions", args.max_extensions)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.csm_build:
+        argv.append("--csm-build")
+    return argv
+
+
+def start_workers(args, n: int, argv: list[str] | None = None) -> list[subprocess.Popen]:
+    """Start ``n`` extra processes (``argv``, default the bench's :func:`worker_argv`), waiting to
+    be released (:func:`release_workers`)."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    return [subprocess.Popen([sys.executable, "-m", "calibkit", *worker_argv(args)], stdin=subprocess.PIPE,
+    argv = worker_argv(args) if argv is None else argv
+    return [subprocess.Popen([sys.executable, "-m", "calibkit", *argv], stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, env=env) for _ in range(n)]
 
 

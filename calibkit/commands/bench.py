@@ -15,6 +15,7 @@ examples:
   calibkit bench --preset default --out runs/default --methods ls mbls --seeds 0
   calibkit bench --preset default --out runs/tuned --tune   # select on validation first (calibkit tune)
   calibkit bench --preset default --out runs/last --keep last
+  calibkit bench --preset mine.toml --out runs/mine --csm-build     # CSM on data without a shipped set
   torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
   calibkit bench --preset cifar10 --data-dir /shared/data --out /shared/c10 --executor slurm \
       --gpus-per-run 4 --time 24:00:00 --requeue --signal 600     # job arrays (docs/cluster.md)
@@ -112,7 +113,11 @@ def _run(args, waiting: list) -> int:
         # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
         # anything is created: a bench that cannot run leaves no trace.
         check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                    csm_store=args.csm_store, store=args.store)
+                    csm_store=args.csm_store, store=args.store, csm_build=args.csm_build, device=args.device)
+    if args.csm_build:  # before the workers are released: they find the finished build
+        from calibkit.bench.csmbuild import ensure
+
+        args.csm_store = ensure(preset, args.out, args.seeds, args.methods, args.data_dir, args.device, args.csm_store)
     if args.tune:
         from calibkit.commands.tune import run_tuning
 

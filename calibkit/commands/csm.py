@@ -134,15 +134,7 @@ def _train_generator(args) -> int:
     if bundle.modality != "image":
         raise ValueError(f"--data {args.data} is {bundle.modality}: CSM's generator is an image diffusion model; "
                          "CSM does not apply to it (calibrate it with a loss, MaC-Cal or temperature scaling)")
-    size = bundle.image_size[0]
-    # The UNet runs on the native size when the downsampling divides it (28 -> 14 -> 7 for three
-    # levels, attention at 7x7); otherwise the images are padded with the background value up to
-    # the next size it divides (e.g. 30 -> 32).
-    factor = 2 ** (len(args.channels) - 1)
-    image_size = -(-(size + 2) // factor) * factor if size % factor else size
-    gen_cfg = GeneratorConfig(num_classes=bundle.num_classes, in_channels=bundle.in_channels,
-                              data_size=size, image_size=image_size, block_out_channels=args.channels,
-                              attention_levels=(False,) * (len(args.channels) - 1) + (True,))
+    gen_cfg = GeneratorConfig.for_images(bundle.num_classes, bundle.in_channels, bundle.image_size[0], args.channels)
     train_cfg = GeneratorTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                                      lr=args.lr, p_uncond=args.p_uncond)
     extra = {"data": args.data, "class_names": bundle.class_names,

@@ -8,14 +8,17 @@ EPILOG = """\
 examples:
   calibkit tune --preset default --out runs/tune-default            # every method with a search space
   calibkit tune --preset default --out runs/tune-default --methods mbls fedlas_mbls
+  calibkit tune --preset default --out runs/tune-default --workers 2   # two processes share the candidates
   calibkit bench --preset default --out runs/tuned --tune           # select, then bench at the selection
   torchrun --nproc_per_node 4 -m calibkit tune --preset cifar10 --data-dir ~/data --out runs/tune-c10
   calibkit tune --preset cifar10 --data-dir /shared/data --out /shared/tune-c10 --executor slurm --gpus-per-run 4
 
 Every candidate is trained on the preset's selection seed and scored on the validation split only
 (ECE of the deployed predictor before temperature scaling; candidates more than 1 accuracy point
-below the method's best are excluded). Running the same command again never retrains a finished
-candidate; two processes on one DIR share the candidates. Search spaces: docs/bench.md.
+below the method's best are excluded). A selection on the edge of its grid extends that axis (at
+most twice, never past its bound) and tuning goes on. Everything is checked before anything is
+written. Running the same command again never retrains a finished candidate; two processes on one
+DIR share the candidates. Search spaces and the extension rule: docs/bench.md.
 """
 
 
@@ -23,6 +26,12 @@ def add_shared(p) -> None:
     """Options shared by ``tune`` and ``bench``."""
     from calibkit.bench.grid import KEEP_POLICIES
 
+    p.add_argument("--csm-build", action="store_true",
+                   help="with csm in the methods and no generated set: build one in DIR first (train the generator "
+                   "on the training images outside every seed's validation split, then generate; resumable)")
+    p.add_argument("--max-extensions", type=int, default=2, metavar="K",
+                   help="times each grid axis may be extended when a selection lands on its edge (default 2; 0: "
+                   "never)")
     p.add_argument("--keep", choices=KEEP_POLICIES,
                    help="checkpoint policy of every run (default: the preset's); one policy per output directory")
     p.add_argument("--store", metavar="URL",
@@ -54,6 +63,10 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_shared(p)
     add_num_threads(p)
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes on this machine sharing the candidates (default 1; one per core is usually fastest)")
+    # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)
+    p.add_argument("--await-start", action="store_true", help=argparse.SUPPRESS)
     from calibkit.commands import add_executor
 
     add_executor(p)
@@ -62,18 +75,20 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run_tuning(args, preset, tuned: bool = False, log=print):
+def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
     """Run the selection for ``args``; returns ``(tuner, counts, tuned preset or None)``.
 
     With ``tuned``, the third item is the preset at the selected values (an error when some
-    candidates failed). The tuner is closed on return.
+    candidates failed). ``on_start()`` is called once the tuner has opened the directory, before
+    the first candidate (``--workers`` releases its waiting workers there). The tuner is closed on
+    return.
     """
     from calibkit.bench.tune import Tuner
     from calibkit.store import describe_store
 
     tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None),
                   data_dir=args.data_dir, device=args.device, num_threads=args.num_threads,
-                  csm_store=args.csm_store, log=log, store=args.store)
+                  csm_store=args.csm_store, log=log, max_extensions=args.max_extensions, store=args.store)
     try:
         if tuner.dd.is_main:
             from calibkit.bench.presetfile import write_effective
@@ -84,6 +99,8 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
                       f"{preset.name} trains on token ids)")
         for m in tuner.skipped:
             tuner.log(f"tune {m}: no search space (nothing to tune); it runs at the preset's values")
+        if on_start is not None:
+            on_start()
         counts = tuner.run()
         if tuned and counts["failed"]:
             raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed; see {describe_store(args.out, args.store)} "
@@ -95,9 +112,33 @@ def run_tuning(args, preset, tuned: bool = False, log=print):
 
 
 def run(args) -> int:
+    import os
+
     from calibkit.commands import check_executor
 
     check_executor(args)
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
+    if args.workers > 1 and args.executor != "local":
+        raise ValueError("--workers shares the candidates between local processes; with --executor slurm use "
+                         "--workers 1")
+    waiting = []
+    if args.workers > 1:  # first thing: they start up while this process imports and checks
+        from calibkit.bench.workers import start_workers, tune_worker_argv
+
+        waiting = start_workers(args, args.workers - 1, tune_worker_argv(args))
+    try:
+        return _run(args, waiting)
+    finally:
+        if waiting:  # still waiting: this process failed before releasing them
+            from calibkit.bench.workers import cancel_workers
+
+            cancel_workers(waiting)
+
+
+def _run(args, waiting: list) -> int:
     from calibkit.bench.preflight import check_out
     from calibkit.commands.presetargs import preset_from_args
     from calibkit.store import describe_store
@@ -113,11 +154,51 @@ def run(args) -> int:
         print(f"collect {args.out}: {counts['imported']} new result(s) imported, {counts['unchanged']} already "
               f"there, {counts['selections']} selection(s)")
         return _print_tuning(args, preset)
-    tuner, counts, _ = run_tuning(args, preset)
-    if not tuner.dd.is_main:
-        return 0
-    print(f"tune {preset.name}: {counts['done']} candidate(s) done, {counts['skipped']} skipped, "
-          f"{counts['failed']} failed; database {describe_store(args.out, args.store)}")
+    if args.await_start:  # an extra worker: the caller has checked everything before releasing it
+        from calibkit.bench.workers import await_start, warm_up
+
+        warm_up(args.device)
+        if await_start() is None:
+            return 0
+    else:  # the bench's checks, before anything is created: a tuning that cannot run leaves no trace
+        from calibkit.bench.preflight import check_tune
+
+        check_tune(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
+                   csm_store=args.csm_store, store=args.store, csm_build=args.csm_build, device=args.device)
+    if args.csm_build:  # before the workers are released: they find the finished build
+        from calibkit.bench.csmbuild import ensure
+
+        seeds = None if args.seed is None else sorted({*preset.seeds, args.seed})  # the bench's, the selection's
+        args.csm_store = ensure(preset, args.out, seeds, args.methods, args.data_dir, args.device, args.csm_store)
+    workers, interrupted = [], True
+
+    def release():
+        if waiting:
+            from calibkit.bench.workers import release_workers
+
+            workers.extend(release_workers(waiting, args.out))
+            waiting.clear()
+            print(f"tune {preset.name}: {args.workers} processes share the candidates (the others log to "
+                  f"{args.out}/logs/worker-K.log)")
+
+    try:
+        tuner, counts, _ = run_tuning(args, preset, on_start=release)
+        interrupted = False
+    finally:
+        problems = []
+        if workers:
+            from calibkit.bench.workers import wait_workers
+
+            problems = wait_workers(workers, interrupted=interrupted)
+    if not tuner.dd.is_main or args.await_start:
+        return 1 if counts["failed"] else 0
+    import sys
+
+    for line in problems:
+        print(line, file=sys.stderr)
+    counts["failed"] += len(problems)
+    print(f"tune {preset.name}: {counts['done']} candidate(s) done here, {counts['skipped']} skipped (finished "
+          f"earlier or by another worker), {counts['failed']} failed; database {describe_store(args.out, args.store)}")
     _print_tuning(args, preset)
     return 1 if counts["failed"] else 0
 

@@ -23,7 +23,7 @@ from calibkit.report.preset import preset_section, recorded_preset
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import (BEST_MARK, ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table,
                                     robustness_table)
-from calibkit.report.tuning import protocol_section
+from calibkit.report.tuning import current_runs, protocol_section
 from calibkit.store import describe_store, open_store
 
 
@@ -205,7 +205,9 @@ def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tup
             preset = presets[-1]
         elif preset not in presets:
             raise ValueError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
-        return preset, store.runs(preset, status=None, tolerant=True)  # a damaged cell: named, row left out
+        # a damaged cell: named, row left out; runs moved aside by a re-tuning or at other values
+        # than the directory's selection: left out (one value per method)
+        return preset, current_runs(store.runs(preset, status=None, tolerant=True), store, preset)[0]
     finally:
         store.close()
 

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibkit.bench.grid import METHODS, REFERENCE
+from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, Axis, space_for
 from calibkit.bench.space import at_edge
 from calibkit.store import open_store
+
+# The tuning run each shipped preset's values come from, for the report's provenance line (a
+# directory without a tuning run of its own; presets not listed run published or declared values).
+PROVENANCE = {"default": "the preset's values, selected by the committed tuning run (docs/bench.md, "
+                         "\"The default preset's values\"; docs/tuning/default.json)"}
 
 # What a method trains on top of the shared budget (same epochs, data and model as CE).
 EXTRA_WORK = {"maccal": "+ stage 2 on the frozen features of CE's run", "csm": "+ 2 generated images per real one",
@@ -62,17 +67,71 @@ def load_candidates(out_dir, preset: str, store: str | None = None) -> list[dict
         store.close()
 
 
-def spaces_of(out_dir, preset: str):
-    """``method -> search space`` under the preset recorded in ``out_dir`` (its own grids where it
-    gives them, ``calibkit.bench.grid.space_for``), else the methods' own spaces."""
-    from calibkit.bench.grid import space_for
+def load_records(out_dir, preset: str, store: str | None = None) -> dict[str, dict]:
+    """``{method: tuning record}`` (extensions, no-effect axes, notes; :mod:`calibkit.bench.extend`)
+    of ``preset``'s tuning in ``out_dir/runs.db`` (or the store at ``store``), for the seeds that
+    have candidates."""
+    import json
+
+    from calibkit.bench.extend import meta_key
+
+    if store is None and not (Path(out_dir) / "runs.db").is_file():
+        return {}
+    store = open_store(out_dir, store, readonly=True)
+    try:
+        out = {}
+        for c in store.candidates(preset):
+            text = store.get_meta(meta_key(preset, c["seed"], c["method"]))
+            if text:
+                out[c["method"]] = json.loads(text)
+        return out
+    finally:
+        store.close()
+
+
+def space_of(method: str, record: dict | None) -> dict:
+    """The space a method was tuned on: the grid its record extends plus what was added (else
+    the declared grid)."""
+    if not record:
+        return METHODS[method].space if method in METHODS else {}
+    return {a: Axis(tuple(sorted({*v, *record.get("added", {}).get(a, [])})), 0.0) for a, v in record["base"].items()}
+
+
+def selection_of(store, preset: str) -> dict[str, dict]:
+    """``{method: selected values}`` recorded in the tuning table (the latest selection seed wins)."""
+    return {c["method"]: dict(c["hparams"]) for c in store.candidates(preset) if c["selected"]}
+
+
+def current_runs(rows: list[dict], store, preset: str) -> tuple[list[dict], list[dict]]:
+    """``(shown, hidden)``: the runs the report shows, and the others: runs moved aside by a
+    re-tuning (``KEY~<values>``, :meth:`calibkit.bench.runner.Bench.supersede`) and runs of a
+    method at other values than the directory's recorded selection. So a report never shows two
+    values for one method."""
+    from calibkit.bench.paths import RETIRED
+
+    selection = selection_of(store, preset)
+    shown, hidden = [], []
+    for r in rows:
+        values = (r.get("config") or {}).get("hparams")
+        stale = r["method"] in selection and values is not None and values != selection[r["method"]]
+        (hidden if RETIRED in r["run_key"] or stale else shown).append(r)
+    return shown, hidden
+
+
+def _extended(record: dict | None) -> str:
+    added = (record or {}).get("added") or {}
+    return "; ".join(f"{a.partition('.')[2]} +{', +'.join(f'{v:g}' for v in vs)}" for a, vs in sorted(added.items())
+                     if vs) or "-"
+
+
+def _recorded_preset(out_dir, preset: str):
+    """The preset recorded in ``out_dir`` (``calibkit.report.preset.recorded_preset``), or None."""
     from calibkit.report.preset import recorded_preset
 
     try:
-        recorded = recorded_preset(out_dir, preset)
+        return recorded_preset(out_dir, preset)
     except (OSError, ValueError):
-        recorded = None
-    return lambda method: space_for(recorded, method)
+        return None
 
 
 def _by_method(cands: list[dict]) -> dict[str, list[dict]]:
@@ -83,29 +142,34 @@ def _by_method(cands: list[dict]) -> dict[str, list[dict]]:
 
 
 # -- text ----------------------------------------------------------------------------------------
-def tuning_rows(cands: list[dict], space=None) -> tuple[list[str], list[list[str]]]:
-    """One row per tuned method: the selection, its validation metrics, candidates, exclusions.
-    ``space``: ``method -> search space`` (default: the methods' own, :func:`spaces_of`)."""
-    space = space or (lambda m: METHODS[m].space)
-    header = ["Method", "selected", "val ECE", "val Acc", "candidates", "excluded (acc)", "note"]
+def tuning_rows(cands: list[dict], records: dict | None = None) -> tuple[list[str], list[list[str]]]:
+    """One row per tuned method: the selection, its validation metrics, candidates, exclusions,
+    the values the tuner added beyond the declared grid, and notes (edges, axes with no effect)."""
+    records = records or {}
+    header = ["Method", "selected", "val ECE", "val Acc", "candidates", "excluded (acc)", "extended", "note"]
     rows = []
     for method, group in _by_method(cands).items():
         if method == REFERENCE or method not in METHODS:
             continue
+        record = records.get(method)
         chosen = [c for c in group if c["selected"]]
         best_acc = max(c["metrics"]["acc"] for c in group)
         crit = (chosen[0].get("criterion") or {}) if chosen else {}
         drop = crit.get("max_acc_drop", 0.01)
         excluded = sum(c["metrics"]["acc"] < best_acc - drop - 1e-12 for c in group)
-        note = ""
+        notes = [f"no effect: {a} (bit-identical validation logits)"
+                 for a in (record or {}).get("no_effect", [])]
         if chosen:
-            edge = at_edge(chosen[0]["hparams"], space(method))
-            note = f"on the grid edge ({', '.join(edge)})" if edge else ""
+            edge = at_edge(chosen[0]["hparams"], space_of(method, record))
+            if edge:
+                notes.insert(0, f"on the grid edge ({', '.join(edge)})")
             c = chosen[0]
             rows.append([_label(method), _values(c["hparams"]), f"{100 * c['metrics']['ece']:.2f}",
-                         f"{100 * c['metrics']['acc']:.2f}", str(len(group)), str(excluded), note])
+                         f"{100 * c['metrics']['acc']:.2f}", str(len(group)), str(excluded), _extended(record),
+                         "; ".join(notes)])
         else:
-            rows.append([_label(method), "(no selection yet)", "", "", str(len(group)), str(excluded), ""])
+            rows.append([_label(method), "(no selection yet)", "", "", str(len(group)), str(excluded),
+                         _extended(record), "; ".join(notes)])
     return header, rows
 
 
@@ -114,7 +178,7 @@ def tuning_text(out_dir, preset: str, store: str | None = None) -> str:
     cands = load_candidates(out_dir, preset, store)
     if not cands:
         return f"no tuning candidates of preset {preset!r} in {out_dir}/runs.db"
-    header, rows = tuning_rows(cands, spaces_of(out_dir, preset))
+    header, rows = tuning_rows(cands, load_records(out_dir, preset, store))
     seeds = sorted({c["seed"] for c in cands})
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
@@ -141,6 +205,7 @@ def write_tuning_json(out_dir, preset: str, path=None, store: str | None = None)
     keep = ("acc", "ece", "aece", "nll", "brier", "o_ece", "u_ece", "n")
     doc = {"preset": preset, "seed": sorted({c["seed"] for c in cands}),
            "criterion": next((c["criterion"] for c in cands if c["selected"]), None),
+           "extensions": load_records(out_dir, preset, store),
            "candidates": [{"method": c["method"], "hparams": c["hparams"], "selected": bool(c["selected"]),
                            "metrics": {k: c["metrics"][k] for k in keep if k in c["metrics"]},
                            "keep": (c.get("config") or {}).get("keep"), "train_time_s": c.get("train_time_s"),
@@ -153,18 +218,18 @@ def write_tuning_json(out_dir, preset: str, path=None, store: str | None = None)
 
 
 # -- figure --------------------------------------------------------------------------------------
-def _panels(cands: list[dict], space=None) -> list[tuple[str, str, list[dict], dict | None]]:
+def _panels(cands: list[dict], records: dict | None = None) -> list[tuple[str, str, list[dict], dict | None]]:
     """``(method, address, candidates along that axis, selected)``: the curve through the selection."""
     space = space or (lambda m: METHODS[m].space)
     panels = []
     for method, group in _by_method(cands).items():
-        if method not in METHODS or not space(method):
+        space = space_of(method, (records or {}).get(method)) if method in METHODS else {}
+        if not space:
             continue
         chosen = next((c for c in group if c["selected"]), None)
-        grid = space(method)
-        for address, axis in grid.items():
-            others = [a for a in grid if a != address]
-            pin = chosen["hparams"] if chosen else {a: grid[a].default for a in others}
+        for address, axis in space.items():
+            others = [a for a in space if a != address]
+            pin = chosen["hparams"] if chosen else {a: METHODS[method].space[a].default for a in others}
             line = [c for c in group if all(float(c["hparams"][a]) == float(pin[a]) for a in others)]
             line.sort(key=lambda c: float(c["hparams"][address]))
             if line:
@@ -182,7 +247,7 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     candidates.
     """
     cands = load_candidates(out_dir, preset, store)
-    panels = _panels(cands, spaces_of(out_dir, preset))
+    panels = _panels(cands, load_records(out_dir, preset, store))
     if not panels:
         return None
     import matplotlib
@@ -233,6 +298,26 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
 
 
 # -- the report's sections -----------------------------------------------------------------------
+def _provenance(preset: str, records) -> str:
+    """Where the values of an untuned directory come from: a shipped preset's committed tuning run
+    only when every run is that preset's (its data set and model), never for a user's own data."""
+    shipped = PRESETS.get(preset)
+    if preset in PROVENANCE and shipped is not None and all(
+            rec.get("dataset") == shipped.dataset and rec.get("model") == shipped.model for rec in records):
+        return PROVENANCE[preset]
+    return "the preset's values (no tuning run in this directory; `calibkit tune` selects them on the validation split)"
+
+
+def _hidden(out_dir, preset: str, store: str | None = None) -> list[dict]:
+    if store is None and not (Path(out_dir) / "runs.db").is_file():
+        return []
+    store = open_store(out_dir, store, readonly=True)
+    try:
+        return current_runs(store.runs(preset), store, preset)[1]
+    finally:
+        store.close()
+
+
 def _split_text(split: dict, dataset: str | None = None) -> tuple[str, str, str]:
     """(validation, training, test) lines of the protocol table from a run's split record."""
     from calibkit.data import DATASETS
@@ -283,8 +368,13 @@ def protocol_section(ctx) -> list:
     proto.append(["hyperparameters", "selected in this directory by `calibkit tune` on the validation split of seed "
                   f"{next(iter(tuned.values()))['seed']}: min ECE (15 bins, before TS), candidates > "
                   f"{100 * crit['max_acc_drop']:g} accuracy point below the best excluded" if tuned else
-                  "the preset's recorded values (docs/bench.md gives the tuning run that chose them)"])
+                  _provenance(preset, records.values())])
+    hidden = _hidden(out_dir, preset, ctx.store)
+    if hidden:
+        proto.append(["runs not shown", f"{len(hidden)} run(s) at values other than this directory's selection "
+                      f"(kept in runs.db): {', '.join(r['run_key'] for r in hidden)}"])
 
+    declared = _recorded_preset(out_dir, preset)  # its own grids, where a preset file gave them
     budget_rows, ce_info = [], next((_info(r) for r in done if r["method"] == REFERENCE), {})
     ce_cfg = ce_info.get("config") or {}
     same = True
@@ -304,7 +394,7 @@ def protocol_section(ctx) -> list:
         budget_rows.append([_label(m), str(cfg.get("epochs", "?")), str(n_train or "?"), str(cfg.get("model", "?")),
                             "same as CE" if not diff else "differs: " + ", ".join(diff), EXTRA_WORK.get(m, "")])
         searched = rec.get("hparams") or {}
-        source = ("no search space" if m not in METHODS or not spaces_of(out_dir, preset)(m) else
+        source = ("no search space" if m not in METHODS or not space_for(declared, m) else
                   "tuned here" if m in tuned and tuned[m]["hparams"] == searched else "preset")
         others = {k: v for k, v in {**(rec.get("train_overrides") or {}), **(rec.get("maccal") or {}),
                                     **(rec.get("csm") or {})}.items() if f"train.{k}" not in searched}
@@ -320,7 +410,7 @@ def protocol_section(ctx) -> list:
         Section("Hyperparameters per method", tables=[Table(
             ["Method", "searched values", "loss spec", "other settings", "source"], hp_rows)], terminal=False)]
     if cands:
-        header, rows = tuning_rows(cands, spaces_of(out_dir, preset))
+        header, rows = tuning_rows(cands, load_records(out_dir, preset, ctx.store))
         sections.append(Section("Selection on the validation split (x100, before TS)",
                                 tables=[Table(header, rows)], terminal=False))
         path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png", store=ctx.store) if ctx.figures else None

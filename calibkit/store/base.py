@@ -262,6 +262,29 @@ class BaseStore:
                       (preset, method, int(seed)))
             self._sql("UPDATE tuning SET selected = 1, criterion = ? WHERE cand_key = ?", (dumps(criterion), key))
 
+    def get_meta(self, key: str) -> str | None:
+        """The ``meta`` value under ``key`` (``None`` when absent)."""
+        row = self._sql("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def put_meta(self, key: str, value: str) -> None:
+        """Set the ``meta`` value under ``key`` (``schema_version`` is not writable)."""
+        if key == "schema_version":
+            raise ValueError("meta key 'schema_version' is the store's own")
+        with self._write():
+            self._sql("DELETE FROM meta WHERE key = ?", (key,))
+            self._sql("INSERT INTO meta (key, value) VALUES (?, ?)", (key, str(value)))
+
+    def retire(self, key: str, new_key: str, run_dir: str | None, logits_path: str | None) -> None:
+        """Move finished run ``key`` (results intact) to ``new_key``, whose run directory is now
+        ``run_dir``: a re-tuned method's old run, kept but out of the way of the new one."""
+        with self._write():
+            row = self._sql(f"SELECT status FROM runs WHERE run_key = ?{self._LOCK}", (key,)).fetchone()
+            if row is None or row[0] != "done":
+                raise KeyError(f"no finished run {key!r} in {self.where}")
+            self._sql("UPDATE runs SET run_key = ?, run_dir = ?, logits_path = ? WHERE run_key = ?",
+                      (new_key, stored_path(run_dir, self.root), stored_path(logits_path, self.root), key))
+
     def _encode(self, fields: dict) -> dict:
         out = {}
         for c, v in fields.items():

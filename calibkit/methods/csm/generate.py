@@ -250,7 +250,7 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
         print(f"{num_shards(manifest)} shards, rank 0 of {world} has {len(todo)} left "
               f"(device {dev}, batch {bs}, {precision})", flush=True)
     n_img, t0 = 0, time.perf_counter()
-    for k in todo:
+    for done_shards, k in enumerate(todo, start=1):
         groups = range(k * groups_per_shard, min((k + 1) * groups_per_shard, num_groups))
         out = sample_groups(model, groups, seed, steps, guidance, batch_size=bs, precision=precision)
         from safetensors.torch import save
@@ -268,7 +268,9 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
         n_img += len(records)
         if progress:
             dt = time.perf_counter() - t0
-            print(f"[rank {rank}] shard {k}: {n_img} images in {dt:.0f} s ({n_img / dt:.2f} img/s)", flush=True)
+            eta = dt / done_shards * (len(todo) - done_shards) / 60
+            print(f"[rank {rank}] shard {k}: {n_img} images in {dt:.0f} s ({n_img / dt:.2f} img/s, "
+                  f"eta {eta:.1f} min)", flush=True)
     if world > 1 and distributed == "env":
         import torch.distributed as dist
 

@@ -73,6 +73,17 @@ class GeneratorConfig:
             raise ValueError(f"image_size {self.image_size} is not divisible by the UNet's downsampling")
 
     @classmethod
+    def for_images(cls, num_classes: int, in_channels: int, size: int, channels=(32, 64, 64)) -> "GeneratorConfig":
+        """The UNet for square images of ``size`` pixels: run on the native size when the
+        downsampling divides it (28 -> 14 -> 7 for three levels, attention at the coarsest level),
+        else padded with the background value up to the next size it divides (30 -> 32)."""
+        channels = tuple(int(c) for c in channels)
+        factor = 2 ** (len(channels) - 1)
+        image_size = -(-(size + 2) // factor) * factor if size % factor else size
+        return cls(num_classes=num_classes, in_channels=in_channels, data_size=size, image_size=image_size,
+                   block_out_channels=channels, attention_levels=(False,) * (len(channels) - 1) + (True,))
+
+    @classmethod
     def from_dict(cls, d: dict) -> "GeneratorConfig":
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
