@@ -220,7 +220,6 @@ def write_tuning_json(out_dir, preset: str, path=None, store: str | None = None)
 # -- figure --------------------------------------------------------------------------------------
 def _panels(cands: list[dict], records: dict | None = None) -> list[tuple[str, str, list[dict], dict | None]]:
     """``(method, address, candidates along that axis, selected)``: the curve through the selection."""
-    space = space or (lambda m: METHODS[m].space)
     panels = []
     for method, group in _by_method(cands).items():
         space = space_of(method, (records or {}).get(method)) if method in METHODS else {}
@@ -229,7 +228,8 @@ def _panels(cands: list[dict], records: dict | None = None) -> list[tuple[str, s
         chosen = next((c for c in group if c["selected"]), None)
         for address, axis in space.items():
             others = [a for a in space if a != address]
-            pin = chosen["hparams"] if chosen else {a: METHODS[method].space[a].default for a in others}
+            own = METHODS[method].space  # a preset file's address may not be among the method's own
+            pin = chosen["hparams"] if chosen else {a: own[a].default if a in own else space[a].values[0] for a in others}
             line = [c for c in group if all(float(c["hparams"][a]) == float(pin[a]) for a in others)]
             line.sort(key=lambda c: float(c["hparams"][address]))
             if line:
