@@ -145,10 +145,10 @@ def _ce_config(preset, seed: int, data_dir):
 
 
 def csm_source(preset, csm_store=None):
-    """The generated set CSM runs use: ``--csm-store``, else the preset's, else the one shipped."""
-    from calibkit.bench.twostage import SHIPPED_STORES
+    """The generated set CSM runs use (:func:`calibkit.bench.twostage.csm_source`)."""
+    from calibkit.bench.twostage import csm_source as source
 
-    return csm_store or preset.csm.get("store") or SHIPPED_STORES.get(preset.dataset)
+    return source(preset, csm_store)
 
 
 def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="auto") -> None:
