@@ -196,7 +196,7 @@ def ensure(preset, out, seeds=None, methods=None, data_dir=None, device="auto", 
     import os
 
     from calibkit.bench.grid import grid_methods
-    from calibkit.bench.preflight import csm_source
+    from calibkit.bench.twostage import csm_source
 
     if "csm" not in grid_methods(preset, methods)[0]:
         return csm_store

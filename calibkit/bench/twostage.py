@@ -24,6 +24,11 @@ from calibkit.bench.paths import run_dir_for
 SHIPPED_STORES = {"fmnist": Path(__file__).resolve().parent.parent / "assets" / "csm" / "fmnist-groups"}
 
 
+def csm_source(preset, csm_store=None):
+    """The generated set CSM runs use: ``--csm-store``, else the preset's, else the one shipped."""
+    return csm_store or preset.csm.get("store") or SHIPPED_STORES.get(preset.dataset)
+
+
 def _ce_run(bench, seed: int) -> Path:
     ce = run_dir_for(bench.out, bench.preset.name, "ce", seed)
     info = rundir.load_info(ce) if (ce / rundir.CONFIG).is_file() else {}
