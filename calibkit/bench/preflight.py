@@ -144,15 +144,9 @@ def _ce_config(preset, seed: int, data_dir):
     return train_config(preset, "ce", seed, data_dir)
 
 
-def csm_source(preset, csm_store=None):
-    """The generated set CSM runs use (:func:`calibkit.bench.twostage.csm_source`)."""
-    from calibkit.bench.twostage import csm_source as source
-
-    return source(preset, csm_store)
-
-
 def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="auto") -> None:
     from calibkit.bench import csmbuild
+    from calibkit.bench.twostage import csm_source
     from calibkit.methods.csm.store import read_manifest
 
     src = csm_source(preset, csm_store)
@@ -160,7 +154,8 @@ def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="
         read_manifest(src)  # not a generated set: raises naming the folder
         return
     if csm_store is not None:
-        raise FileNotFoundError(f"--csm-store {csm_store}: no such folder")
+        raise FileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
+                                "generate`, or leave --csm-store out and pass --csm-build)")
     if bundle.modality != "image":
         raise ValueError(f"csm: {preset.dataset} is {bundle.modality}, not images; CSM does not apply: leave csm "
                          "out of --methods")
