@@ -45,6 +45,7 @@ COMMANDS = {
     "maccal": "calibkit.commands.maccal",
     "calibrate": "calibkit.commands.calibrate",
     "apply": "calibkit.commands.apply",
+    "preset": "calibkit.commands.preset",
 }
 
 

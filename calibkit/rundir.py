@@ -218,14 +218,16 @@ def load_run(run_dir):
         and the full ``config.json`` dict (split, ``num_classes``, ``in_channels``, mean/std, ...).
     """
     from calibkit.config import TrainConfig
-    from calibkit.models import MODELS
+    from calibkit.models import resolve
 
     run_dir = _check_run_dir(run_dir)
     info = load_info(run_dir)
     cfg = TrainConfig.from_dict(info["config"])
-    if cfg.model not in MODELS:
-        raise ValueError(f"{run_dir / CONFIG}: unknown model {cfg.model!r}; valid: {', '.join(MODELS)}")
-    model = MODELS[cfg.model](num_classes=info["num_classes"], in_channels=info["in_channels"])
+    try:
+        builder = resolve(cfg.model)
+    except ValueError as exc:
+        raise ValueError(f"{run_dir / CONFIG}: {exc}") from None
+    model = builder(num_classes=info["num_classes"], in_channels=info["in_channels"])
     path = run_dir / MODEL
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (run status: {info.get('status')})")

@@ -297,9 +297,16 @@ def test_grid_tables_columns_for_classification_and_segmentation():
     assert t1.rows[0] == ["CE", "2", "90.00 ± 1.00", "-", "-", "-", "-", "-", "-", "0.346 ± 0.012", "-",
                           "(reference)"]
     assert t1.rows[1] == ["LS", "1", "80.00"] + ["-"] * 8 + ["+1.00 [-1.00, +2.00]"]
+    # no run measured OOD detection (ood = none): no AUROC columns
+    assert t2.header == ["Method", "T", "Acc (TS)", "ECE (TS)", "AECE (TS)", "NLL (TS)",
+                         "Shift acc", "Shift ECE", "Train s"]
+    assert t2.rows[0] == ["CE", "1.50 ± 0.10", "-", "2.00 ± 0.10", "-", "-", "-", "-", "12.3 ± 1.0"]
+    s["ce"]["stats"]["extra.auroc_entropy"] = (0.875, 0.01, 2)  # one run did: both columns, "-" where missing
+    t2 = tables.grid_tables(s, d, pm="±")[1]
     assert t2.header == ["Method", "T", "Acc (TS)", "ECE (TS)", "AECE (TS)", "NLL (TS)", "AUROC-H", "AUROC-MSP",
                          "Shift acc", "Shift ECE", "Train s"]
-    assert t2.rows[0] == ["CE", "1.50 ± 0.10", "-", "2.00 ± 0.10", "-", "-", "-", "-", "-", "-", "12.3 ± 1.0"]
+    assert t2.rows[0] == ["CE", "1.50 ± 0.10", "-", "2.00 ± 0.10", "-", "-", "87.5 ± 1.0", "-", "-", "-", "12.3 ± 1.0"]
+    del s["ce"]["stats"]["extra.auroc_entropy"]
     assert tables.grid_tables(s, d)[0].rows[0][2] == "90.00 +- 1.00"  # the default spread sign
     # segmentation: mIoU in both tables; only the extra columns some run reports
     s["ce"]["stats"]["before.miou"] = (0.5, 0.0, 2)
@@ -1031,9 +1038,11 @@ def test_section_texts_define_every_abbreviation_of_their_tables(tmp_path):
                    "cwECE = classwise ECE", "MCE = maximum calibration error."):
         assert phrase in before.text, phrase
     after = sec["After temperature scaling, OOD detection, corrupted test sets, training time"]
-    for phrase in ("Temperature T fitted on the validation set by NLL.", "(AUROC-H)", "(AUROC-MSP)",
+    for phrase in ("Temperature T fitted on the validation set by NLL.",
                    "Shift = mean over corruptions and severities.", "Train s = training wall time in seconds."):
         assert phrase in after.text, phrase
+    # these runs recorded no OOD measurement: no AUROC columns, and the text says why
+    assert "AUROC-H" not in after.tables[0].header and "No OOD set (`ood = none`)" in after.text
     assert [h for h in after.tables[0].header if "±" in h] == []
     robust = sec["Corrupted test sets per severity"]
     assert not robust.terminal and robust.text == "Mean over corruptions (x100)."

@@ -88,3 +88,30 @@ def test_csm_own_data_example_quick():
     for name in ("cross-entropy", "CSM"):
         m = res[name]
         assert 0.5 < m["acc"] <= 1 and 0 <= m["ece"] <= 1  # 10 classes: trained, far above chance
+
+
+def test_bench_own_data(cli_env, tmp_path):
+    res = subprocess.run([PYTHON, os.path.join(ROOT, "examples", "bench_own_data.py"), "--quick", "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True, env=cli_env, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    chosen = dict(re.findall(r"^selected: (\w+) (.+)$", out, re.M))
+    assert set(chosen) == {"ls", "mbls", "maccal"}  # MaC-Cal keeps its own grid and is tuned too
+    assert dict(v.split("=") for v in chosen["maccal"].split(", ")).keys() == {"maccal.eta", "maccal.r_min"}
+    from calibkit.store import Store
+
+    store = Store(tmp_path / "out" / "runs.db", readonly=True)
+    tried = {m: sorted(c["hparams"][a] for c in store.candidates("digits-features", m)) for m, a in
+             (("ls", "loss.alpha"), ("mbls", "loss.margin"))}
+    store.close()
+    # the example's own grids were tuned (the tuner may extend a grid past an edge it selected)
+    assert {0.01, 0.05, 0.2} <= set(tried["ls"]) and {2.0, 6.0, 10.0} <= set(tried["mbls"])
+    assert float(chosen["ls"].split("=")[1]) in tried["ls"] and float(chosen["mbls"].split("=")[1]) in tried["mbls"]
+    assert "bench: 4 run(s) done, 0 failed" in out
+    ranking = out.split("Ranking by test ECE", 1)[1].split("\n\n", 1)[0]  # the first table of the report
+    ranked = re.findall(r"^\s*\d+\s+(CE|LS|MbLS|MaC-Cal)\s", ranking, re.M)
+    assert sorted(ranked) == ["CE", "LS", "MaC-Cal", "MbLS"]
+    from calibkit.bench.presetfile import read_effective
+
+    eff = read_effective(tmp_path / "out", "digits-features")  # the tuned preset is recorded
+    assert eff.loss_for("ls") == "ls:" + chosen["ls"].replace("loss.", "") and eff.ood == "noise"

@@ -9,7 +9,9 @@
   corruption of ``calibkit.data.corruptions.CORRUPTIONS`` at every severity of the preset, over a
   fixed subset of the test set (``Preset.robust_n`` images drawn with seed 0, the same for every
   run, so that the numbers of different methods are paired); means per severity and overall.
-  Presets with no severities (the text presets: the corruptions are image transforms) record none.
+  Presets with no severities (the text presets: the corruptions are image transforms) and inputs
+  that are not images (token ids, features of the ``tensors`` data set) record none.
+  A preset with ``ood = "none"`` records no OOD measurement.
 
 The corrupted and OOD image sets depend only on the data, so :class:`EvalData` builds them once
 per bench (for every seed and run), keeps one copy on the evaluation device, and caches the
@@ -182,9 +184,13 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
         norm = info if norm is None else norm
     model = model.to(device).eval()
     predict = lambda images: rundir.predict_logits(model, images, norm, batch_size, device)
-    ood = ood_metrics(logits["test_logits"], predict(data.on("ood", device)), data.preset.ood)
+    from calibkit.data.ood import NO_OOD
+
+    ood = None  # ood "none": no OOD measurement
+    if data.preset.ood != NO_OOD:
+        ood = ood_metrics(logits["test_logits"], predict(data.on("ood", device)), data.preset.ood)
     robust = None  # presets without severities (text: corruptions are image transforms) skip it
-    if data.preset.severities:
+    if data.preset.severities and getattr(data.bundle, "modality", "image") == "image":
         idx = data.robust_index()
         robust = robustness_metrics(predict, data.on("corrupted", device), data.bundle.test.labels[idx],
                                     metrics["temperature"])

@@ -33,7 +33,11 @@ from dataclasses import dataclass, field, replace
 
 from calibkit.config import KEEP_POLICIES  # noqa: F401  (the policies of TrainConfig.keep; config is pure)
 
-REFERENCE = "ce"  # every comparison (the ECE difference column) is against cross-entropy
+REFERENCE = "ce"
+# Data sets holding the user's own data: their default OOD set is none (Preset.ood).
+USER_DATASETS = ("imagefolder", "tensors")
+# Characters of a preset name (it names run directories and database keys).
+NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+=,-"  # every comparison (the ECE difference column) is against cross-entropy
 # Where a search-space address may point (see the module docstring).
 TARGETS = ("loss", "train", "maccal", "csm")
 
@@ -160,10 +164,10 @@ def bound_for(address: str, axis: Axis | None = None) -> Bound:
     return Bound()
 
 
-def space_for(preset: "Preset", method: str) -> dict:
-    """The search space ``{address: Axis}`` of ``method`` under ``preset`` (its grid as
-    declared in :data:`METHODS`); every reader of a space goes through here."""
-    return METHODS[method].space
+def default_ood(dataset: str) -> str:
+    """The OOD set of a preset that names none: ``none`` for the user's own data (digits would be an
+    arbitrary, possibly same-domain choice), else ``digits`` (as before)."""
+    return "none" if dataset in USER_DATASETS else "digits"
 
 
 @dataclass(frozen=True)
@@ -171,16 +175,17 @@ class Preset:
     """A named benchmark configuration.
 
     Attributes:
-        name: the preset's name (first part of every run key).
+        name: the preset's name (first part of every run key and run directory; :data:`NAME_CHARS`).
         dataset: a ``calibkit.data.load`` name.
-        model: a ``calibkit.models.MODELS`` name.
+        model: a ``calibkit.models.MODELS`` name or the user's ``"module:factory"`` (``models.resolve``).
         seeds: the default seeds.
         train: ``calibkit.train.TrainConfig`` fields shared by every run of the preset.
         losses: per-method loss spec overrides (e.g. MbLS margin 6 on CIFAR).
         train_by_method: per-method ``TrainConfig`` overrides (e.g. mixup's alpha).
         maccal: keyword arguments of ``run_maccal`` (stage-2 hyperparameters).
         csm: CSM settings (generated set path, reannotation sharpness, ...).
-        ood: the OOD set for ``calibkit.data.load_ood``.
+        ood: the OOD set of ``calibkit.data.load_ood`` (a built-in set, a data set, the user's folder
+            or tensors file) or ``none``; not given: :func:`default_ood` of the data set.
         robust_n: test images used for the corrupted test sets (a fixed, seeded subset; 0 = all).
         severities: corruption severities evaluated (each over every corruption).
         n_boot: bootstrap resamples for the ECE-difference intervals.
@@ -199,9 +204,11 @@ class Preset:
         methods: the grid methods the preset runs when none are named (None: all of them); the
             segmentation presets run the methods defined per pixel, the text presets
             :data:`TEXT_METHODS`.
-        modality: ``"image"`` or ``"text"``; text presets skip :data:`IMAGE_ONLY` methods.
+        modality: ``"image"``, ``"text"`` or ``"features"``; the last two skip :data:`IMAGE_ONLY` methods.
             Segmentation presets are ``"image"`` (dense images); their per-pixel method list is
             ``methods``.
+        data_dir: the data set's folder (or file, ``tensors``); ``--data-dir`` overrides it.
+        spaces: ``{method: {address: Axis}}`` replacing methods' own spaces (read: :meth:`space_for`).
     """
 
     name: str
@@ -213,7 +220,7 @@ class Preset:
     train_by_method: dict = field(default_factory=dict)
     maccal: dict = field(default_factory=dict)
     csm: dict = field(default_factory=dict)
-    ood: str = "digits"
+    ood: str | None = None
     robust_n: int = 2000
     severities: tuple[int, ...] = (1, 2, 3, 4, 5)
     n_boot: int = 1000
@@ -223,6 +230,17 @@ class Preset:
     note: str = ""
     methods: tuple[str, ...] | None = None
     modality: str = "image"
+    data_dir: str | None = None
+    spaces: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.ood is None:
+            object.__setattr__(self, "ood", default_ood(self.dataset))
+
+    def space_for(self, method: str) -> dict:
+        """The search space of ``method`` under this preset: ``spaces[method]`` where the preset
+        gives one, else the method's own (``METHODS[method].space``)."""
+        return space_for(self, method)
 
     def loss_for(self, method: str) -> str:
         return self.losses.get(method, METHODS[method].loss)
@@ -391,6 +409,14 @@ PRESETS.update({
         note="the MbLS text protocol: 20news-bydate under --data-dir, global-pooling CNN, Adam, 50 epochs, 3 seeds",
     ),
 })
+
+
+def space_for(preset: Preset | None, method: str) -> dict:
+    """The search space of ``method`` under ``preset`` (its ``spaces`` entry, else the method's own;
+    ``preset=None``: the method's own). Every reader of a search space goes through it."""
+    if preset is not None and method in preset.spaces:
+        return preset.spaces[method]
+    return METHODS[method].space
 
 
 def applicable(methods: list[str], preset: Preset) -> tuple[list[str], list[str]]:

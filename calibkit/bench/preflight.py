@@ -18,7 +18,9 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     precondition of ``calibkit bench``.
 
     Checked in order: the output path (absent or a folder, not a training run's: :func:`check_out`)
-    and its results database (absent or a healthy calibkit database), the seeds (integers >= 0, no repeats), the method names, the extra
+    and its results database (absent or a healthy calibkit database), the preset recorded there
+    under the same name (the same data, model, training settings and evaluation), the seeds
+    (integers >= 0, no repeats), the method names, the extra
     packages the data set and the OOD set need, the data set itself (loaded once with the first
     seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
     grid, its generated set.
@@ -36,13 +38,17 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
             the missing set is one line saying what the build would cost on ``device`` (measured).
         device: the ``--device`` of the cost measurement.
     """
-    from calibkit.bench.grid import grid_methods
+    from calibkit.bench.grid import IMAGE_ONLY, grid_methods
     from calibkit.extras import check_dataset
     from calibkit.store import check_store
 
     out = Path(out)
+    data_dir = data_dir if data_dir is not None else preset.data_dir
     check_out(out)
     check_store(out, store)
+    from calibkit.bench.presetfile import check_recorded
+
+    check_recorded(preset, out)  # a changed preset under an old name would mix runs
     seeds = list(preset.seeds if seeds is None else seeds)
     bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or s < 0]
     if bad:
@@ -54,16 +60,31 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     chosen, _ = grid_methods(preset, methods)  # unknown names raise here
 
     from calibkit.data import DATASETS, load
-    from calibkit.data.ood import OOD_SETS, load_ood
+    from calibkit.data.ood import NO_OOD, OOD_SETS, load_ood
 
     check_dataset(preset.dataset)
     if preset.ood in DATASETS:
         check_dataset(preset.ood)
+    if preset.dataset not in DATASETS:
+        from calibkit.bench.presetfile import nearest
+
+        raise ValueError(f"unknown data set {preset.dataset!r}{nearest(preset.dataset, DATASETS)}; "
+                         f"valid: {', '.join(DATASETS)}")
     cfg = _ce_config(preset, seeds[0], data_dir)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
-    if preset.ood not in OOD_SETS:  # the built-in sets need no files
-        load_ood(preset.ood, like=bundle, data_dir=data_dir)
+    if cfg.batch_size > len(bundle.train):  # every run would fail on it
+        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
+                         f"{preset.dataset}; lower it (--batch-size)")
+    mixing = [m for m in chosen if m in IMAGE_ONLY]
+    if bundle.modality in ("text", "features") and preset.modality == "image" and mixing:
+        raise ValueError(f"{preset.dataset} holds {bundle.modality}, not images: {', '.join(mixing)} mix or generate "
+                         f"images; set modality = \"{bundle.modality}\" in the preset (they are skipped then), or "
+                         "leave them out of the methods")
+    check_model(preset.model, bundle)
+    if preset.ood not in OOD_SETS + (NO_OOD,) or bundle.modality != "image":  # built-in image sets need no files
+        if preset.ood != NO_OOD:
+            load_ood(preset.ood, like=bundle, data_dir=data_dir)
     if "csm" in chosen:
         _check_csm_store(preset, csm_store, bundle, seeds, csm_build, device)
 
@@ -75,6 +96,29 @@ def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=No
     else all). Raises as :func:`check_bench` does; when it raises nothing was written."""
     check_bench(preset, out, seeds=[preset.tune_seed if seed is None else seed], methods=methods,
                 data_dir=data_dir, csm_store=csm_store, store=store, csm_build=csm_build, device=device)
+
+
+def check_model(name: str, bundle) -> None:
+    """The model resolves; the user's own (``module:factory``), and any model on the user's own data
+    (``imagefolder``, ``tensors``: a shipped model may not take those inputs), is built once on the
+    data and run on two training inputs, and every part of the contract it misses is named
+    (:func:`calibkit.models.custom.check_contract`)."""
+    from calibkit.bench.grid import USER_DATASETS
+    from calibkit.models import resolve
+
+    builder = resolve(name)
+    if ":" not in name and bundle.name not in USER_DATASETS:
+        return
+    from calibkit.data.inputs import inputs_for
+    from calibkit.models.custom import check_contract
+
+    try:
+        model = builder(num_classes=bundle.num_classes, in_channels=bundle.in_channels)
+    except Exception as exc:
+        raise ValueError(f"model {name!r}: factory(num_classes={bundle.num_classes}, in_channels="
+                         f"{bundle.in_channels}) failed ({type(exc).__name__}: {exc})") from exc
+    x = inputs_for(bundle, augment=False).eval_batch(bundle.train.images[:2])
+    check_contract(model, x, bundle.num_classes, name=f"model {name!r}")
 
 
 def check_out(out) -> None:

@@ -107,7 +107,8 @@ class Bench:
         seeds: seeds to run (default: the preset's).
         methods: grid methods (default: the preset's, else all; CE and the runs they build on are
             always added; a text preset skips the methods that need images).
-        data_dir: where the data set lives (default: its standard location).
+        data_dir: where the data set lives (default: the preset's ``data_dir``, else the data set's
+            standard location).
         device: ``auto``, ``cpu`` or ``cuda[:N]``.
         num_threads: torch CPU threads (None: torch's default).
         csm_store: a CSM generated set (default: the one shipped for the preset's data set).
@@ -123,7 +124,7 @@ class Bench:
         self.out = Path(out)
         self.seeds = [int(s) for s in (seeds if seeds is not None else preset.seeds)]
         self.methods, self.skipped = grid_methods(preset, methods)
-        self.data_dir = data_dir
+        self.data_dir = data_dir if data_dir is not None else preset.data_dir
         self.device = device
         self.num_threads = num_threads if num_threads is not None else preset.num_threads
         if self.num_threads:

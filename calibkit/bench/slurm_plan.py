@@ -17,7 +17,9 @@ _SKIP = ("done", "queued", "running")
 def task_argv(args, command: str) -> list[str]:
     """The calibkit arguments of a task of ``command`` (``bench``, ``tune`` or ``select``), from
     the submitting command's ``args`` (without ``--run-key``, which the script adds)."""
-    argv = ["tune" if command in ("tune", "select") else "bench", "--preset", args.preset, "--out", str(args.out),
+    from calibkit.commands.presetargs import preset_argv
+
+    argv = ["tune" if command in ("tune", "select") else "bench", *preset_argv(args), "--out", str(args.out),
             "--device", args.device]
     if command == "bench":
         argv += ["--no-report", "--workers", "1"] + (["--tune"] if getattr(args, "tune", False) else [])

@@ -38,7 +38,9 @@ from pathlib import Path
 def worker_argv(args) -> list[str]:
     """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report,
     waiting to be released (``--await-start``)."""
-    argv = ["bench", "--preset", args.preset, "--out", str(args.out), "--device", args.device, "--no-report",
+    from calibkit.commands.presetargs import preset_argv
+
+    argv = ["bench", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--no-report",
             "--workers", "1", "--await-start"]
     if args.seeds is not None:
         argv += ["--seeds", *map(str, args.seeds)]
@@ -59,7 +61,9 @@ def worker_argv(args) -> list[str]:
 def tune_worker_argv(args) -> list[str]:
     """The ``calibkit tune`` arguments of an extra worker of ``tune --workers N``: the same tuning,
     one worker, waiting to be released (it prints no table: the calling process does)."""
-    argv = ["tune", "--preset", args.preset, "--out", str(args.out), "--device", args.device, "--workers", "1",
+    from calibkit.commands.presetargs import preset_argv
+
+    argv = ["tune", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--workers", "1",
             "--await-start"]
     if args.methods is not None:
         argv += ["--methods", *args.methods]

@@ -41,7 +41,9 @@ def register(subparsers) -> None:
             for k, v in PRESETS.items()),
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="default", help=f"preset name: {', '.join(PRESETS)} (default: default)")
+    from calibkit.commands.presetargs import add_preset_options
+
+    add_preset_options(p, PRESETS)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, runs/, report/)")
     p.add_argument("--seeds", type=int, nargs="+", metavar="S", help="seeds (default: the preset's)")
     p.add_argument("--methods", nargs="+", metavar="M",
@@ -93,11 +95,12 @@ def run(args) -> int:
 
 
 def _run(args, waiting: list) -> int:
-    from calibkit.bench.grid import get_preset, with_keep
     from calibkit.bench.preflight import check_bench
+    from calibkit.bench.presetfile import write_effective
     from calibkit.bench.runner import Bench
+    from calibkit.commands.presetargs import preset_from_args
 
-    preset = with_keep(get_preset(args.preset), args.keep)
+    preset = preset_from_args(args)
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds: repeated seed in {args.seeds}")
     if args.await_start:  # an extra worker: the caller has checked the bench before releasing it
@@ -121,6 +124,13 @@ def _run(args, waiting: list) -> int:
         _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                   device=args.device, num_threads=args.num_threads, csm_store=args.csm_store, store=args.store)
+    if bench.dd.is_main and not args.await_start:
+        try:
+            bench.check_consistent()  # a refused bench leaves the directory's recorded preset as it was
+        except ValueError:
+            bench.close()
+            raise
+        write_effective(preset, args.out)
     workers = []
     interrupted = True
     try:
@@ -166,9 +176,9 @@ def _run(args, waiting: list) -> int:
 def _elsewhere(args) -> int:
     """The bench's other entry points: one scheduled task (``--run-key``), ``--status``,
     ``--collect``, and submitting to SLURM (``--executor slurm``)."""
-    from calibkit.bench.grid import get_preset, with_keep
+    from calibkit.commands.presetargs import preset_from_args
 
-    preset = with_keep(get_preset(args.preset), args.keep)
+    preset = preset_from_args(args)
     if args.workers != 1:
         raise ValueError("--workers is for --executor local; on SLURM every run is its own task")
     if args.run_key:

@@ -45,14 +45,16 @@ def run(args) -> int:
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
         raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
-    from calibkit.bench.grid import PRESETS
     from calibkit.report.build import _load
     from calibkit.report.calibrated import CalibratedProbs
     from calibkit.report.data import label, summarize, usable_rows
     from calibkit.report.paired import compare_methods, compare_text
 
     preset, rows = _load(out, args.preset, args.store)
-    n_boot = args.n_boot or (PRESETS[preset].n_boot if preset in PRESETS else 1000)
+    from calibkit.report.preset import recorded_preset
+
+    recorded = recorded_preset(out, preset)  # the directory's own preset file, else a shipped one
+    n_boot = args.n_boot or (recorded.n_boot if recorded is not None else 1000)
     rows, _ = usable_rows(rows)  # rows the report leaves out (undecodable fields) are left out here too
     summary = summarize([r for r in rows if r["status"] == "done"])
     res = compare_methods(summary, args.a, args.b, CalibratedProbs(out / "cache" / "calibrated"), args.after,

@@ -11,7 +11,8 @@ def register(subparsers) -> None:
         "of runs executed elsewhere (--executor slurm) are imported into DIR/runs.db first.",
     )
     p.add_argument("dir", metavar="DIR", help="a bench output directory (holding runs.db)")
-    p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
+    p.add_argument("--preset", metavar="NAME|FILE", help="which preset's runs: a preset name or a preset file (its "
+                   "name is used) (default: the most recent in the database)")
     p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
     p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database (default: DIR/runs.db)")
     from calibkit.commands import add_num_threads
@@ -34,7 +35,12 @@ def run(args) -> int:
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
         raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
-    rep = build_report(args.dir, preset=args.preset, n_boot=args.n_boot, store=args.store)
+    name = args.preset
+    if name is not None and (name.endswith(".toml") or Path(name).is_file()):
+        from calibkit.bench.presetfile import read_preset_file
+
+        name = read_preset_file(name).name
+    rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store)
     print(rep["text"])
     print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
     return 0

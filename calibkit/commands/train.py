@@ -54,7 +54,8 @@ def register(subparsers) -> None:
     g = p.add_argument_group("data and model")
     g.add_argument("--data", help="data set name (default fmnist)")
     g.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
-    g.add_argument("--model", help="model name from calibkit.models.MODELS (default resnet20)")
+    g.add_argument("--model", help="model name from calibkit.models.MODELS (default resnet20), or your own "
+                   "'package.module:factory' / 'file.py:factory' (docs/own_data.md)")
     g.add_argument("--val-size", type=_count_or_fraction, metavar="N|F",
                    help="validation split drawn (class-stratified, seeded) from the training set: "
                    "a count (5000) or a fraction (0.1)")

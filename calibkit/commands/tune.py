@@ -50,7 +50,9 @@ def register(subparsers) -> None:
         "of DIR/runs.db.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="default", help=f"one of {', '.join(PRESETS)} (default: default)")
+    from calibkit.commands.presetargs import add_preset_options
+
+    add_preset_options(p, PRESETS)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, tune/, runs/)")
     p.add_argument("--methods", nargs="+", metavar="M",
                    help="methods to tune (default: all with a search space): "
@@ -88,6 +90,10 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
                   data_dir=args.data_dir, device=args.device, num_threads=args.num_threads,
                   csm_store=args.csm_store, log=log, max_extensions=args.max_extensions, store=args.store)
     try:
+        if tuner.dd.is_main:
+            from calibkit.bench.presetfile import write_effective
+
+            write_effective(preset, args.out, overwrite=False)  # a bench's own record is kept
         if tuner.unsupported:
             tuner.log(f"tune {', '.join(tuner.unsupported)}: skipped (they mix or generate images; preset "
                       f"{preset.name} trains on token ids)")
@@ -133,11 +139,11 @@ def run(args) -> int:
 
 
 def _run(args, waiting: list) -> int:
-    from calibkit.bench.grid import get_preset, with_keep
     from calibkit.bench.preflight import check_out
+    from calibkit.commands.presetargs import preset_from_args
     from calibkit.store import describe_store
 
-    preset = with_keep(get_preset(args.preset), args.keep)
+    preset = preset_from_args(args)
     check_out(args.out)  # before the database is created: not into a training run's directory
     if args.run_key or args.select_only or args.status or args.executor != "local":
         return _elsewhere(args, preset)

@@ -21,8 +21,8 @@ class Split:
 
     Attributes:
         images: the inputs. Images: a uint8 tensor (N, C, H, W), values 0..255. Text: an int64
-            tensor (N, L) of token ids (the attribute keeps its name for every modality; ``inputs``
-            is an alias).
+            tensor (N, L) of token ids; features (the ``tensors`` data set): float32 (N, ...) (the
+            attribute keeps its name for every modality; ``inputs`` is an alias).
         labels: class indices in [0, num_classes): int64 (N,) for classification; per pixel for
             segmentation, (N, H, W) int64 or uint8 (uint8 masks take 1/8 of the memory: a PASCAL
             VOC training set is 0.3 GB instead of 2.7 GB); 255 or the data set's ignore index marks
@@ -35,9 +35,11 @@ class Split:
     def __post_init__(self):
         image_like = self.images.dtype == torch.uint8 and self.images.dim() == 4
         tokens = self.images.dtype == torch.int64 and self.images.dim() == 2
-        if not (image_like or tokens):
+        features = self.images.dtype == torch.float32 and self.images.dim() >= 2
+        if not (image_like or tokens or features):
             raise ValueError(
-                "images must be a uint8 tensor (N, C, H, W) (or int64 token ids (N, L)), "
+                "images must be a uint8 tensor (N, C, H, W) (or int64 token ids (N, L), or float32 inputs "
+                "(N, ...) of the features modality), "
                 f"got {self.images.dtype} {tuple(self.images.shape)}"
             )
         masks_u8 = self.labels.dtype == torch.uint8 and self.labels.dim() == 3

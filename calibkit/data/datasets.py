@@ -18,6 +18,7 @@ from .idx import FMNIST_DIR, read_fmnist
 from .scenes import SCENES_VAL, read_scenes
 from .segmentation import load_segmentation
 from .svhn import read_svhn
+from .tensors import read_tensors_file
 from .textsets import read_20newsgroups, read_debian
 from .voc import read_voc
 
@@ -38,7 +39,9 @@ class DatasetSpec:
         crop_pad: padding of the random-crop augmentation.
         how_to_get: hint printed when the files are missing.
         modality: ``"image"``, ``"text"`` (the reader returns token ids and the vocabulary) or
-            ``"segmentation"`` (loaded by :func:`calibkit.data.segmentation.load_segmentation`).
+            ``"segmentation"`` (loaded by :func:`calibkit.data.segmentation.load_segmentation`);
+            the ``tensors`` reader sets its modality from the file (``RawData.modality``).
+        is_file: ``data_dir`` names a file, not a folder (``tensors``).
     """
 
     read: Callable[[str | None], RawData]
@@ -49,6 +52,7 @@ class DatasetSpec:
     crop_pad: int
     how_to_get: str
     modality: str = "image"
+    is_file: bool = False
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -81,6 +85,12 @@ DATASETS: dict[str, DatasetSpec] = {
     "imagefolder": DatasetSpec(
         read=read_imagefolder, default_dir=None, needs_dir=True, val_size=0.1, hflip=False, crop_pad=0,
         how_to_get="pass --data-dir with <class>/*.png|jpg folders (or train/<class> and test/<class>)",
+    ),
+    # the user's own arrays, any modality (calibkit/data/tensors.py): data_dir is the file
+    "tensors": DatasetSpec(
+        read=read_tensors_file, default_dir=None, needs_dir=True, val_size=0.1, hflip=False, crop_pad=0,
+        how_to_get="pass --data-dir with an .npz or .safetensors file holding x_train, y_train, x_test, y_test "
+        "(optionally x_val, y_val): docs/own_data.md", is_file=True,
     ),
     # text (token ids; validation fixed by the data set's definition, see calibkit.data.textsets)
     "debian": DatasetSpec(
@@ -118,6 +128,9 @@ _RAW: dict = {}  # the last data set this process read from disk: {key: RawData}
 def _folder_stamp(folder) -> tuple | None:
     """Names, sizes and modification times of the entries directly in ``folder``."""
     try:
+        if os.path.isfile(folder):  # a data set in one file (tensors)
+            st = os.stat(folder)
+            return (st.st_size, st.st_mtime_ns)
         return tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(folder)))
     except (OSError, TypeError):
         return None
@@ -204,7 +217,9 @@ def load(
     if spec.needs_dir:
         if folder is None:
             raise ValueError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
-        if not os.path.isdir(folder):
+        if spec.is_file and not os.path.isfile(folder):
+            raise FileNotFoundError(f"data set {name!r}: file {folder} does not exist. {spec.how_to_get}")
+        if not spec.is_file and not os.path.isdir(folder):
             raise FileNotFoundError(f"data set {name!r}: folder {folder} does not exist. {spec.how_to_get}")
     if spec.modality == "segmentation":
         return load_segmentation(name, spec, folder, seed, val_size, train_subset)
@@ -239,8 +254,7 @@ def load(
             train = train.subset(keep)
             train_checksum = index_checksum(keep)
 
-    text = raw.modality == "text"
-    mean, std = ((), ()) if text else channel_stats(train.images)
+    mean, std = ((), ()) if raw.modality in ("text", "features") else channel_stats(train.images)
     for split_name, part in (("train", train), ("val", val), ("test", raw.test)):
         if len(part) and int(part.labels.max()) >= num_classes:
             raise ValueError(f"{name} {split_name}: label {int(part.labels.max())} >= {num_classes} classes")

@@ -18,7 +18,8 @@ Every pipeline keeps its constants (e.g. the normalisation mean and std) as tens
 of the data, built once, so a training step does no host-device copy and no host synchronisation.
 
 ``"text"``: int64 token ids ``(N, L)`` (:class:`TokenInputs`), used as stored -- no augmentation,
-no normalisation.
+no normalisation. ``"features"``: float32 inputs ``(N, ...)`` of the ``tensors`` data set
+(:class:`FeatureInputs`), used as stored.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from .segmentation import augment_pair
 from .transforms import augment
 
-__all__ = ["ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
+__all__ = ["FeatureInputs", "ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
 
 
 class ImageInputs:
@@ -145,7 +146,29 @@ class TokenInputs:
         return x, y
 
 
-INPUTS: dict[str, type] = {"image": ImageInputs, "segmentation": SegmentationInputs, "text": TokenInputs}
+class FeatureInputs:
+    """float32 inputs ``(N, ...)`` of the ``features`` modality (the ``tensors`` data set): used as
+    stored -- no augmentation, no normalisation (the user's arrays are the model's inputs)."""
+
+    @classmethod
+    def from_bundle(cls, bundle, augment: bool = True) -> "FeatureInputs":
+        return cls()
+
+    @classmethod
+    def from_info(cls, info: dict) -> "FeatureInputs":
+        return cls()
+
+    def eval_batch(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.dim() < 2:
+            raise ValueError(f"features: expected float32 (N, ...), got {x.dtype} {tuple(x.shape)}")
+        return x
+
+    def train_batch(self, x: torch.Tensor, y: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.eval_batch(x), y
+
+
+INPUTS: dict[str, type] = {"image": ImageInputs, "segmentation": SegmentationInputs, "text": TokenInputs,
+                           "features": FeatureInputs}
 
 
 def _pipeline(modality: str) -> type:

@@ -10,8 +10,19 @@
 * any other ``DATASETS`` name -- that data set's test split, resized and converted (e.g. SVHN as
   the usual OOD set for CIFAR-10, when its files are available).
 
+* ``"none"`` -- no OOD set: the bench measures no OOD detection (:data:`NO_OOD`; the caller
+  checks for it, ``load_ood`` refuses it).
+* a folder of the user's OOD images (any files directly in it or in its sub-folders), read in
+  the bundle's channels and resized to its H x W;
+* a ``.npz`` / ``.safetensors`` file of the user's OOD inputs, one array named ``x`` (or
+  ``x_ood`` or ``x_test``), in the form of the bundle's inputs: images (resized), features of the
+  same shape, or token ids of the same length and vocabulary.
+
 For a text bundle, the OOD sets are texts encoded with its vocabulary
-(:func:`calibkit.data.textsets.load_text_ood`: ``"debian-heldout"``, ``"noise"``).
+(:func:`calibkit.data.textsets.load_text_ood`: ``"debian-heldout"``, ``"noise"``). For inputs
+without a calibkit vocabulary or image form (the ``tensors`` data set's token ids and features),
+``"noise"`` is uniform random ids of the same length, or Gaussian features with the training
+split's per-feature mean and standard deviation.
 """
 
 from __future__ import annotations
@@ -22,8 +33,8 @@ from .bundle import DataBundle
 from .digits import digits_images
 from .transforms import resize
 
-OOD_SETS = ("digits", "noise")  # always available; any DATASETS name works too
-NOISE_SIZE = 2000
+# the names of the sets (defined beside the user's sets, which need them)
+from .ood_user import NO_OOD, NOISE_SIZE, OOD_KEYS, OOD_SETS, is_user_set, load_user_ood  # noqa: E402,F401
 
 
 def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int = 0) -> torch.Tensor:
@@ -40,7 +51,12 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
     """
     from .datasets import DATASETS, load  # late import: datasets imports this package's modules
 
-    if getattr(like, "modality", "image") == "text":  # token ids, not images
+    if name == NO_OOD:
+        raise ValueError("OOD set 'none': there are no OOD inputs to load (the bench skips OOD detection)")
+    modality = getattr(like, "modality", "image")
+    if is_user_set(name) or (modality in ("text", "features") and like.vocab is None):
+        return load_user_ood(name, like, seed)
+    if modality == "text":  # token ids, not images
         from .textsets import load_text_ood
 
         return load_text_ood(name, like, data_dir, seed)

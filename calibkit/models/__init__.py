@@ -51,11 +51,30 @@ MODELS = {
 DENSE_MODELS = frozenset({"unet", "deeplabv3_resnet50"})
 
 
+def resolve(name: str):
+    """The builder of model ``name``: ``MODELS[name]``, or the user's ``factory`` for
+    ``"package.module:factory"`` / ``"file.py:factory"`` (:mod:`calibkit.models.custom`).
+
+    Raises:
+        ValueError: an unknown name, or a factory that cannot be imported.
+    """
+    if name in MODELS:
+        return MODELS[name]
+    if ":" in str(name):
+        from .custom import import_factory
+
+        return import_factory(name)
+    import difflib
+
+    close = difflib.get_close_matches(str(name), list(MODELS), n=1, cutoff=0.5)
+    hint = f" (nearest valid name: {close[0]})" if close else ""
+    raise ValueError(f"unknown model {name!r}{hint}; choose one of {', '.join(MODELS)}, or give your own as "
+                     "'package.module:factory'")
+
+
 def build(name: str, num_classes: int, in_channels: int, **kwargs):
-    """``MODELS[name](num_classes, in_channels, **kwargs)`` with a clear error for unknown names."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    return MODELS[name](num_classes=num_classes, in_channels=in_channels, **kwargs)
+    """``resolve(name)(num_classes=..., in_channels=..., **kwargs)`` with a clear error for unknown names."""
+    return resolve(name)(num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 
 def input_kind(model) -> str:
@@ -69,4 +88,4 @@ def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["DENSE_MODELS", "MODELS", "build", "input_kind", "num_parameters"]
+__all__ = ["DENSE_MODELS", "MODELS", "build", "input_kind", "num_parameters", "resolve"]

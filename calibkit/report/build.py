@@ -19,6 +19,7 @@ from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, cali
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
 from calibkit.report.paired import comparisons
+from calibkit.report.preset import preset_section, recorded_preset
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import (BEST_MARK, ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table,
                                     robustness_table)
@@ -144,6 +145,17 @@ def _margin(ctx: ReportContext, method: str) -> float | None:
         return None
 
 
+def _ood_text(ctx: ReportContext) -> str:
+    """Which OOD set the AUROC columns measure (named from the runs' records)."""
+    measured = [r["ood"] for r in ctx.rows if r["status"] == "done" and r.get("ood")]
+    if not measured:
+        return "No OOD set (`ood = none`): no OOD detection is measured."
+    names = sorted({m.get("dataset") for m in measured} - {None})
+    against = f"the OOD set `{'`, `'.join(names)}`" if names else "the preset's OOD set"
+    return (f"AUROC (x100) of OOD detection against {against} (the OOD inputs are the positives) by predictive "
+            "entropy (AUROC-H) and by maximum probability (AUROC-MSP).")
+
+
 def tables_section(ctx: ReportContext) -> list[Section]:
     before, after = grid_tables(ctx.summary, ctx.deltas, pm="±")
     return [
@@ -151,9 +163,8 @@ def tables_section(ctx: ReportContext) -> list[Section]:
                 "Mean ± std over seeds (`n` = seeds); calibration and accuracy x100, NLL and Brier as they are. "
                 "AECE = equal-mass bins, cwECE = classwise ECE, MCE = maximum calibration error.", [before]),
         Section("After temperature scaling, OOD detection, corrupted test sets, training time",
-                "Temperature T fitted on the validation set by NLL. AUROC (x100) of OOD detection by predictive "
-                "entropy (AUROC-H) and by maximum probability (AUROC-MSP). Shift = mean over corruptions and "
-                "severities. Train s = training wall time in seconds.", [after]),
+                f"Temperature T fitted on the validation set by NLL. {_ood_text(ctx)} Shift = mean over corruptions "
+                "and severities. Train s = training wall time in seconds.", [after]),
     ]
 
 
@@ -180,7 +191,7 @@ def figures_section(ctx: ReportContext) -> list[Section]:
 
 # The report, in order. Each builder: ReportContext -> list[Section].
 SECTIONS = (summary_section, notes_section, tables_section, calibrators_section, robustness_section, protocol_section,
-            figures_section)
+            preset_section, figures_section)
 
 
 def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tuple[str, list]:
@@ -231,10 +242,9 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     if not done:
         unreadable = f" that the report can read ({len(skipped)} left out: {'; '.join(skipped)})" if skipped else ""
         raise ValueError(f"no finished runs of preset {preset!r} in {describe_store(out_dir, store)}{unreadable}")
+    recorded = recorded_preset(out_dir, preset)
     if n_boot is None:
-        from calibkit.bench.grid import PRESETS
-
-        n_boot = PRESETS[preset].n_boot if preset in PRESETS else 1000
+        n_boot = recorded.n_boot if recorded is not None else 1000
     summary = summarize(done)
     rep = out_dir / "report"
     probs = CalibratedProbs(out_dir / "cache" / "calibrated")
@@ -253,6 +263,11 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     text_title = title + (f", {len(pending)} unfinished ({unfinished})" if pending else "")
     if width is None:
         width = shutil.get_terminal_size((100, 24)).columns
+    note = recorded.note if recorded is not None else ""
+    if note:  # the preset's note under the title, wrapped like the rest of the text
+        import textwrap
+
+        text_title += "\n" + (textwrap.fill(note, width) if width else note)
     text = to_text(text_title, sections, width)
 
     first = done[0]
@@ -263,6 +278,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         intro += f"\n\nUnfinished runs: {unfinished}."
     if skipped:
         intro += f"\n\nLeft out (unreadable in the database): {'; '.join(skipped)}."
+    if note:
+        intro += f"\n\n{note}"
     (rep / "report.md").write_text(to_markdown(title, intro, sections))
     (rep / "index.html").write_text(to_html(title, intro, sections))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}

@@ -143,8 +143,13 @@ def grid_tables(summary: dict, deltas: dict, pm: str = "+-") -> tuple[Table, Tab
     dense = any("before.miou" in e["stats"] for e in summary.values())
     before_cols, after_cols = (BEFORE_COLS + (MIOU_COL,), AFTER_COLS + (MIOU_COL,)) if dense \
         else (BEFORE_COLS, AFTER_COLS)
-    extra_cols = EXTRA_COLS if not dense else \
-        tuple(c for c in EXTRA_COLS if any(f"extra.{c[0]}" in e["stats"] for e in summary.values()))
+    def reported(c):
+        return any(f"extra.{c[0]}" in e["stats"] for e in summary.values())
+
+    # dense runs: only the extra columns some run reports; others drop the OOD columns when no run
+    # measured OOD detection (ood = none)
+    ood = any(reported(c) for c in EXTRA_COLS if c[0].startswith("auroc"))
+    extra_cols = tuple(c for c in EXTRA_COLS if reported(c) or (not dense and (ood or not c[0].startswith("auroc"))))
     head1 = ["Method", "n"] + [h for _, h, _, _ in before_cols] + [DELTA_HEADER]
     head2 = ["Method"] + [f"{h} (TS)" if k != "temperature" else h for k, h, _, _ in after_cols] + \
         [h for _, h, _, _ in extra_cols]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, Axis
+from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, Axis, space_for
 from calibkit.bench.space import at_edge
 from calibkit.store import open_store
 
@@ -124,6 +124,16 @@ def _extended(record: dict | None) -> str:
                      if vs) or "-"
 
 
+def _recorded_preset(out_dir, preset: str):
+    """The preset recorded in ``out_dir`` (``calibkit.report.preset.recorded_preset``), or None."""
+    from calibkit.report.preset import recorded_preset
+
+    try:
+        return recorded_preset(out_dir, preset)
+    except (OSError, ValueError):
+        return None
+
+
 def _by_method(cands: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for c in cands:
@@ -218,7 +228,8 @@ def _panels(cands: list[dict], records: dict | None = None) -> list[tuple[str, s
         chosen = next((c for c in group if c["selected"]), None)
         for address, axis in space.items():
             others = [a for a in space if a != address]
-            pin = chosen["hparams"] if chosen else {a: METHODS[method].space[a].default for a in others}
+            own = METHODS[method].space  # a preset file's address may not be among the method's own
+            pin = chosen["hparams"] if chosen else {a: own[a].default if a in own else space[a].values[0] for a in others}
             line = [c for c in group if all(float(c["hparams"][a]) == float(pin[a]) for a in others)]
             line.sort(key=lambda c: float(c["hparams"][address]))
             if line:
@@ -363,6 +374,7 @@ def protocol_section(ctx) -> list:
         proto.append(["runs not shown", f"{len(hidden)} run(s) at values other than this directory's selection "
                       f"(kept in runs.db): {', '.join(r['run_key'] for r in hidden)}"])
 
+    declared = _recorded_preset(out_dir, preset)  # its own grids, where a preset file gave them
     budget_rows, ce_info = [], next((_info(r) for r in done if r["method"] == REFERENCE), {})
     ce_cfg = ce_info.get("config") or {}
     same = True
@@ -382,7 +394,7 @@ def protocol_section(ctx) -> list:
         budget_rows.append([_label(m), str(cfg.get("epochs", "?")), str(n_train or "?"), str(cfg.get("model", "?")),
                             "same as CE" if not diff else "differs: " + ", ".join(diff), EXTRA_WORK.get(m, "")])
         searched = rec.get("hparams") or {}
-        source = ("no search space" if not METHODS.get(m, METHODS[REFERENCE]).space else
+        source = ("no search space" if m not in METHODS or not space_for(declared, m) else
                   "tuned here" if m in tuned and tuned[m]["hparams"] == searched else "preset")
         others = {k: v for k, v in {**(rec.get("train_overrides") or {}), **(rec.get("maccal") or {}),
                                     **(rec.get("csm") or {})}.items() if f"train.{k}" not in searched}

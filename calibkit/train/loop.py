@@ -156,10 +156,12 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     from calibkit import losses
     from calibkit.data import load
     from calibkit.data.inputs import inputs_for
-    from calibkit.models import MODELS, input_kind
+    from calibkit.models import MODELS, input_kind, resolve
 
-    if cfg.model not in MODELS:
-        raise ValueError(f"model: unknown model {cfg.model!r}; valid: {', '.join(MODELS)}")
+    try:
+        builder = resolve(cfg.model)
+    except ValueError as exc:
+        raise ValueError(f"model: {exc}") from None
     _reseed_globals(cfg.seed)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
@@ -168,8 +170,10 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     if (-(-len(bundle.train) // dd.world)) // (cfg.batch_size // dd.world) == 0:
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images")
     K, dev = bundle.num_classes, dd.device
-    _check_modality(cfg, bundle.modality, input_kind(MODELS[cfg.model]))
-    model = MODELS[cfg.model](num_classes=K, in_channels=bundle.in_channels).to(dev)
+    if cfg.model in MODELS:  # known before building (an image model on a vocabulary would be huge)
+        _check_modality(cfg, bundle.modality, input_kind(builder))
+    model = builder(num_classes=K, in_channels=bundle.in_channels).to(dev)
+    _check_modality(cfg, bundle.modality, input_kind(model))
     if cfg.channels_last:  # conv outputs follow the weights' layout; inputs need no conversion
         model = model.to(memory_format=torch.channels_last)
     if bool(getattr(model, "dense", False)) != (bundle.modality == "segmentation"):

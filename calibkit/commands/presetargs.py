@@ -1,0 +1,69 @@
+"""The preset options of ``calibkit bench`` and ``tune``: ``--preset NAME|FILE`` and the flags of
+the common case on top of it (``calibkit.bench.overrides``)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _count_or_fraction(text: str):
+    from calibkit.config import parse_count_or_fraction
+
+    try:
+        return parse_count_or_fraction(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_preset_options(p, names) -> None:
+    """``--preset`` and the flags that change it (wiring only)."""
+    p.add_argument("--preset", default="default", metavar="NAME|FILE",
+                   help=f"a shipped preset ({', '.join(names)}) or a preset TOML file (`calibkit preset show NAME` "
+                   "prints one to start from; docs/own_data.md) (default: default)")
+    g = p.add_argument_group("changes to the preset (the changed preset's name says so, e.g. default+epochs=5)")
+    g.add_argument("--data", metavar="NAME", help="data set: a calibkit.data name, e.g. imagefolder or tensors "
+                   "(with --data-dir the folder or the .npz/.safetensors file)")
+    g.add_argument("--model", metavar="NAME", help="a calibkit.models name or your own 'package.module:factory' "
+                   "(or 'file.py:factory')")
+    g.add_argument("--epochs", type=int, help="training epochs (explicit milestones scale with them)")
+    g.add_argument("--lr", type=float, help="learning rate")
+    g.add_argument("--batch-size", type=int, metavar="N", help="batch size")
+    g.add_argument("--val-size", type=_count_or_fraction, metavar="N|F",
+                   help="validation split: a count (5000) or a fraction (0.1) of the training set")
+    g.add_argument("--train-subset", type=int, metavar="N", help="train on a stratified subset of N images")
+    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                   help="random crop/flip as the data set allows")
+    g.add_argument("--ood", metavar="SET", help="OOD set: digits, noise, none, a data set name, or a folder or "
+                   ".npz/.safetensors file of your OOD inputs (default: the preset's; none for your own data)")
+    g.add_argument("--name", help="name of the changed preset (default: the preset's name + what changed)")
+
+
+def preset_from_args(args):
+    """The preset ``args`` ask for: ``--preset`` (name or file), the flags on top, ``--keep``."""
+    from calibkit.bench.grid import with_keep
+    from calibkit.bench.overrides import with_flags
+    from calibkit.bench.presetfile import load_preset
+
+    preset = with_flags(load_preset(args.preset), name=args.name, dataset=args.data, model=args.model,
+                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, val_size=args.val_size,
+                        train_subset=args.train_subset, augment=args.augment, ood=args.ood)
+    return with_keep(preset, args.keep)
+
+
+def preset_argv(args) -> list[str]:
+    """``--preset`` and the given flags as command-line arguments (for the extra processes of
+    ``--workers`` and the tasks of ``--executor slurm``), so that every process builds the same preset."""
+    import os
+
+    from calibkit.bench.grid import PRESETS
+
+    # a preset file by its absolute path: a task may start in another directory
+    argv = ["--preset", args.preset if args.preset in PRESETS else os.path.abspath(args.preset)]
+    for flag, value in (("--data", args.data), ("--model", args.model), ("--epochs", args.epochs),
+                        ("--lr", args.lr), ("--batch-size", args.batch_size), ("--val-size", args.val_size),
+                        ("--train-subset", args.train_subset), ("--ood", args.ood), ("--name", args.name)):
+        if value is not None:
+            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
+    if args.augment is not None:
+        argv.append("--augment" if args.augment else "--no-augment")
+    return argv
