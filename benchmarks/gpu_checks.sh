@@ -37,7 +37,7 @@ step() {  # step NAME SECONDS CMD...: run CMD with a limit, log to OUT/NAME.log,
 'gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')"
     nproc
 } | tee "$OUT/machine.log"
-step cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_metrics.py tests/test_csm_api.py -k "cuda or Cuda or CUDA or device"
+step cuda_tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_metrics_cuda.py tests/methods/csm/test_api.py -k "cuda or Cuda or CUDA or device"
 BENCH=${BENCH_DIR:-/tmp/calibkit_gpu_bench}
 rm -rf "$BENCH"
 BENCH_T0=$SECONDS

@@ -80,7 +80,7 @@ def readonly_dir(make_readonly):
 
 
 def test_a_report_in_a_read_only_bench_folder(make_readonly, cli_env):
-    from tests.test_report import make_bench
+    from tests.report.test_report import make_bench
 
     bench = make_readonly(make_bench, name="bench")
     res = _cli(["report", str(bench), "--n-boot", "20"], cli_env)

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT
 
 
 def _run_example(name: str, env) -> str:

@@ -9,6 +9,7 @@ import torch.multiprocessing as mp
 
 import calibkit.functional as F
 from calibkit.metrics import PANEL, CalibrationAccumulator, bootstrap_ci, evaluate, paired_bootstrap_diff
+from tests.helpers.ports import free_port as _free_port
 
 FUNCS = {"acc": F.accuracy, "ece": F.ece, "aece": F.adaptive_ece, "cece": F.classwise_ece, "mce": F.mce,
          "rmsce": F.rmsce, "nll": F.nll, "brier": F.brier,
@@ -77,12 +78,6 @@ def test_accumulator_errors(gen):
         acc.update(*_data(gen, n=10, k=4))
     with pytest.raises(ValueError, match="n_bins"):
         acc.merge(CalibrationAccumulator(n_bins=10).update(*_data(gen, n=5, k=3)))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, probs, labels, out):

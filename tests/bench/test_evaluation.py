@@ -326,8 +326,7 @@ def test_eval_sets_are_moved_to_each_device_asked_for():
 
 
 def test_an_ood_set_on_disk_is_read_from_data_dir(tmp_path):
-    from tests.test_data import fake_fmnist
-
+    from tests.helpers.formats import fake_fmnist
     arrays = fake_fmnist(str(tmp_path), n_train=20, n_test=5)
     bundle = SimpleNamespace(test=Split(torch.zeros(2, 1, 28, 28, dtype=torch.uint8), torch.arange(2)),
                              in_channels=1, image_size=(28, 28), name="toy")

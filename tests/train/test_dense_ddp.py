@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 
 from calibkit.data.bundle import Split
 from calibkit.data.inputs import SegmentationInputs
-from tests.test_losses import _free_port
+from tests.helpers.ports import free_port as _free_port
 
 K = 4
 

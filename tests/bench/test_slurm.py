@@ -18,7 +18,7 @@ import pytest
 from calibkit.store import Store
 
 pytestmark = pytest.mark.slurm
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,9 @@ from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.config import CONFIG_DIR, TrainConfig, load_config, read_preset
 from calibkit.train import learning_rate, load_logits, load_run, predict_logits, train
+from tests.helpers.ports import free_port as _free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(**kw) -> TrainConfig:
@@ -367,12 +368,6 @@ def test_augment_switch(tmp_path, monkeypatch, augment, expected):
 
 
 # ----------------------------------------------------------------------------- distributed
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_ddp_matches_single_process_evaluation(tmp_path, cli_env):
     out = tmp_path / "ddp"
     # 360 test and 101 validation images: odd sizes, so the last rank's shard is padded

@@ -12,30 +12,12 @@ import torch
 from calibkit.data import DATASETS, augment, load, mixup, normalize, regmixup, resize
 from calibkit.data.bundle import channel_stats, stratified_quotas, stratified_split
 from calibkit.data.idx import FMNIST_DIR, FMNIST_FILES
+from tests.helpers.formats import fake_fmnist, write_idx
 
 FMNIST_PRESENT = os.path.isfile(os.path.join(FMNIST_DIR, "train-images-idx3-ubyte.gz"))
 
 
 # ------------------------------------------------------------------------------ writers
-
-
-def write_idx(path, array, magic):
-    header = magic.to_bytes(4, "big") + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
-
-
-def fake_fmnist(folder, n_train=40, n_test=12, seed=0):
-    rng = np.random.default_rng(seed)
-    arrays = {
-        "train_images": rng.integers(0, 256, (n_train, 28, 28)),
-        "train_labels": np.arange(n_train) % 10,
-        "test_images": rng.integers(0, 256, (n_test, 28, 28)),
-        "test_labels": (np.arange(n_test) * 3) % 10,
-    }
-    for key, arr in arrays.items():
-        write_idx(os.path.join(folder, FMNIST_FILES[key] + ".gz"), arr, 2051 if "images" in key else 2049)
-    return arrays
 
 
 def cifar_rows(n, offset):

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 import calibkit.functional as F
 from calibkit.losses import LOSSES, AdaFocal, FeDLaS, build
+from tests.helpers.ports import free_port as _free_port
 
 K = 10
 
@@ -315,12 +316,6 @@ def test_fedlas_needs_features_and_checks_them(gen):
     with pytest.raises(ValueError, match="variant"):
         FeDLaS(K, "focal")
     assert {"mu", "sigma", "gate.0.weight", "gate.2.bias"} <= set(loss.state_dict())
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _dist_worker(rank, port, features, out_dir):

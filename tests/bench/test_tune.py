@@ -405,7 +405,7 @@ def test_tune_under_torchrun_two_processes(tmp_path, cli_env):
            "-m", "calibkit", "tune", "--preset", "smoke", "--methods", "acls", "--device", "cpu",
            "--num-threads", "1", "--out", str(out)]
     proc = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=400,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("tune smoke/acls/100/margin=4: running") == 1, "only rank 0 logs"
     rows = _rows_of(out, "smoke")
@@ -454,7 +454,7 @@ def test_default_preset_values_are_the_committed_selection():
     import json
     from pathlib import Path
 
-    doc = json.loads((Path(__file__).resolve().parent.parent / "docs" / "tuning" / "default.json").read_text())
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "tuning" / "default.json").read_text())
     preset = PRESETS["default"]
     assert doc["preset"] == "default" and doc["seed"] == [preset.tune_seed]
     assert Criterion(**doc["criterion"]) == Criterion()

@@ -15,7 +15,7 @@ from calibkit.report import build_report
 from calibkit.report.data import row_problem, usable_rows
 from calibkit.store import Store
 from tests.conftest import PYTHON
-from tests.test_report import _row, make_bench
+from tests.report.test_report import _row, make_bench
 
 # (SQL applied to row t/ls/1, the field named in the warning)
 CORRUPTIONS = {

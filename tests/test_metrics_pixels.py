@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 import calibkit.functional as F
 import calibkit.functional.panel as P
 from calibkit.metrics import PANEL, CalibrationAccumulator, evaluate
+from tests.helpers.ports import free_port as _free_port
 
 EXACT = [k for k in PANEL if k != "aece"] + ["miou"]
 
@@ -125,12 +126,6 @@ def test_accumulator_device_path_defers_checks_to_compute(torch_path):
     acc.update(torch.tensor([[0.7, 0.3]]), torch.tensor([3]))
     with pytest.raises(ValueError, match="labels out of range: found 3"):
         acc.compute()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world, port, batches, out):

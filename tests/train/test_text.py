@@ -13,9 +13,9 @@ from calibkit.config import TrainConfig
 from calibkit.data import load
 from calibkit.train import train
 
-from text_index import write_synthetic_index
+from tests.helpers.text_index import write_synthetic_index
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

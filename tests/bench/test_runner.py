@@ -139,7 +139,7 @@ def test_smoke_preset_end_to_end_with_interruption(tmp_path, cli_env):
 
     # 4. The first printed table is the one the README shows (same columns); the grid-order table
     # holds the database's numbers, and so do report.md and index.html.
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "README.md")).read()
     assert first_table_header(res.stdout[res.stdout.index("calibkit bench: preset"):]) == \
         first_table_header(readme)
     grid_part = res.stdout[res.stdout.index("Test set, before temperature scaling (grid order)"):]

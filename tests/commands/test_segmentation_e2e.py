@@ -11,9 +11,7 @@ import torch
 
 from calibkit.bench.grid import PRESETS
 from calibkit.store import Store
-from tests.test_data import fake_fmnist
-
-
+from tests.helpers.formats import fake_fmnist
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory, one_thread):
     from calibkit.bench.runner import Bench

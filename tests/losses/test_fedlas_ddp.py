@@ -13,6 +13,7 @@ from torch import nn
 
 from calibkit.distributed import Dist, average_grads
 from calibkit.losses import FeDLaS
+from tests.helpers.ports import free_port as _free_port
 
 K, D, N, STEPS = 6, 5, 16, 3
 
@@ -67,12 +68,6 @@ def _worker(rank, port, out_dir):
         gc.collect()
     finally:
         torch.distributed.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_fedlas_ddp_two_processes_equal_one_process_on_the_global_batch(tmp_path):

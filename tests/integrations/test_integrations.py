@@ -14,6 +14,7 @@ from calibkit.metrics import PANEL, evaluate
 
 tm = pytest.importorskip("torchmetrics")
 from calibkit.integrations.torchmetrics import CalibrationMetric  # noqa: E402
+from tests.helpers.ports import free_port as _free_port
 
 
 def _data(seed, n=900, k=6):
@@ -81,12 +82,6 @@ def test_metric_leaves_out_ignored_samples_and_pixels():
         assert md.compute()[key].item() == pytest.approx(flat[key], abs=1e-12), key
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank, world, port, probs, labels, out):
     import torch.distributed as dist
 
@@ -117,7 +112,7 @@ def test_metric_syncs_under_two_gloo_processes():
 def test_missing_torchmetrics_gives_a_clear_import_error(tmp_path):
     blocker = tmp_path / "torchmetrics.py"
     blocker.write_text("raise ImportError('no torchmetrics here')\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
     r = subprocess.run([sys.executable, "-c", "import calibkit.integrations.torchmetrics"], env=env,
                        capture_output=True, text=True)

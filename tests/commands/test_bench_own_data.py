@@ -6,7 +6,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON
+from tests.conftest import PYTHON
 
 from calibkit.bench.grid import MARGINS, PRESETS
 from calibkit.bench.presetfile import read_effective
