@@ -73,7 +73,8 @@ class HistogramBinning(Calibrator):
         n_bins: bins per class (default 15).
 
     Attributes:
-        edges_: ``(K, B - 1)`` inner edges; values_: ``(K, B)`` per-bin frequencies (float64).
+        edges_: ``(K, B - 1)`` inner edges.
+        values_: ``(K, B)`` per-bin frequencies (float64).
     """
 
     _PARAMS = ("n_bins",)
@@ -241,7 +242,9 @@ class ScalingBinning(Calibrator):
         seed: seed of the split (default 0).
 
     Attributes:
-        temperature_: ``T``; edges_: ``(K, B - 1)``; values_: ``(K, B)``.
+        temperature_: ``T``.
+        edges_: ``(K, B - 1)``.
+        values_: ``(K, B)``.
     """
 
     _PARAMS = ("n_bins", "fit_fraction", "seed")

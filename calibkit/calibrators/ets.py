@@ -60,7 +60,8 @@ class EnsembleTemperatureScaling(Calibrator):
         t_min, t_max: search range of ``T`` (default 0.01 to 100).
 
     Attributes:
-        temperature_: ``T`` (python float); weights_: ``(3,)`` float64 tensor ``(w1, w2, w3)``.
+        temperature_: ``T`` (python float).
+        weights_: ``(3,)`` float64 tensor ``(w1, w2, w3)``.
     """
 
     _PARAMS = ("t_min", "t_max")

@@ -79,7 +79,8 @@ class MatrixScaling(Calibrator):
         max_iter: L-BFGS iterations (default 100).
 
     Attributes:
-        weight_: ``(K, K)`` float64 tensor; bias_: ``(K,)``.
+        weight_: ``(K, K)`` float64 tensor.
+        bias_: ``(K,)``.
         n_iter_: L-BFGS iterations run.
     """
 
@@ -173,7 +174,8 @@ class DirichletCalibration(Calibrator):
     ``cv_max_iter = 25``, ``max_iter = 100``, ``seed = 0``.
 
     Attributes:
-        weight_: ``(K, K)``, bias_: ``(K,)`` float64 tensors.
+        weight_: ``(K, K)`` float64 tensor.
+        bias_: ``(K,)`` float64 tensor.
         lam_, mu_: the chosen regularisation strengths.
         cv_nll_: ``{"lam,mu": mean held-out NLL}`` of every candidate (a JSON-ready dict).
         n_iter_: L-BFGS iterations of the final fit.

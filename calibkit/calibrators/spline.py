@@ -62,7 +62,8 @@ class SplineCalibration(Calibrator):
 
     Attributes:
         coef_: ``(n_knots,)`` spline coefficients in :func:`natural_cubic_basis`;
-        knots_x_, knots_y_: ``(1, L)`` table of the recalibration function ``f``; n_knots_: ``(1,)``.
+        knots_x_, knots_y_: ``(1, L)`` table of the recalibration function ``f``.
+        n_knots_: ``(1,)``.
     """
 
     _PARAMS = ("n_knots",)
