@@ -156,9 +156,15 @@ def _task(out) -> str:
 def _restarted(out, task, n: int):
     """Wait for restart ``n`` of ``task``, skipping SLURM's eligibility delay after a requeue
     (``StartTime=now`` while it is pending)."""
+    pending_since = []
+
     def started() -> bool:
+        # A task started again within a second of its requeue can meet the credential the requeue
+        # revoked ("Killing non-startable batch job: Job credential revoked"): let it be pending 5 s first.
         if queue(out).get(task) == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], capture_output=True)
+            pending_since.append(pending_since[0] if pending_since else time.time())
+            if time.time() - pending_since[0] >= 5:
+                subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], capture_output=True)
         return f"restart {n})" in logs(out)
 
     wait_until(started, 300, f"restart {n} of {task}")
