@@ -343,16 +343,19 @@ def effective_path(out, name: str) -> Path:
 
 
 def write_effective(preset: Preset, out, overwrite: bool = True) -> Path:
-    """Write ``OUT/presets/<name>.toml`` (atomically); ``overwrite=False`` keeps an existing one."""
-    import os
+    """Write ``OUT/presets/<name>.toml`` (atomically); ``overwrite=False`` keeps an existing one.
+
+    The temporary file has a unique name: benches on several hosts sharing ``OUT`` write the same
+    record at once (the text is the same, so whichever lands last is right).
+    """
+    from calibkit.rundir import atomic_write
 
     path = effective_path(out, preset.name)
     if path.is_file() and not overwrite:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(dump_preset(preset), encoding="utf-8")
-    os.replace(tmp, path)
+    text = dump_preset(preset)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return path
 
 

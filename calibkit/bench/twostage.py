@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 from calibkit import rundir
@@ -88,15 +89,23 @@ def csm_store(bench, seed: int) -> Path:
         if meta.get("weights_sha256") == enc.identity["weights_sha256"]:
             return dst  # annotated with this very CE run already
     if dst.exists():
-        shutil.rmtree(dst)
-    tmp = dst.with_name(dst.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(ANNOT_META, ANNOT_TENSORS))
-    images, labels = enc.training_split()
-    annotate_store(tmp, enc, images, labels, sharpness=float(bench.preset.csm.get("sharpness", 4.0)),
-                   extra_meta={"source_store": str(src), "bench_preset": bench.preset.name})
-    tmp.rename(dst)  # the store appears only once fully annotated
+        shutil.rmtree(dst, ignore_errors=True)
+    # A unique temporary directory: workers or hosts sharing OUT may annotate the same seed at once.
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the annotated set is read by every worker
+        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(ANNOT_META, ANNOT_TENSORS), dirs_exist_ok=True)
+        images, labels = enc.training_split()
+        annotate_store(tmp, enc, images, labels, sharpness=float(bench.preset.csm.get("sharpness", 4.0)),
+                       extra_meta={"source_store": str(src), "bench_preset": bench.preset.name})
+        try:
+            tmp.rename(dst)  # the store appears only once fully annotated
+        except OSError:  # another worker's copy landed first: it annotates the same CE run alike
+            if not (dst / ANNOT_META).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dst
 
 

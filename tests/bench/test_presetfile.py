@@ -161,6 +161,30 @@ def test_the_effective_preset_is_recorded(tmp_path):
     assert isinstance(load_preset(str(path)), Preset)
 
 
+def test_hosts_recording_the_same_preset_at_once_do_not_collide(tmp_path):
+    # Benches on two hosts sharing OUT write OUT/presets/<name>.toml together; one fixed temporary
+    # name let one writer move the other's file away ("No such file or directory").
+    import threading
+
+    p, errors = PRESETS["smoke"], []
+
+    def write():
+        try:
+            for _ in range(60):
+                write_effective(p, tmp_path)
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and read_effective(tmp_path, "smoke") == p
+    assert [f.name for f in (tmp_path / "presets").iterdir()] == ["smoke.toml"]  # no temporary file left
+    assert (tmp_path / "presets" / "smoke.toml").stat().st_mode & 0o777 == 0o644
+
+
 def test_the_extra_workers_build_the_same_preset():
     from calibkit.bench.workers import worker_argv
     from calibkit.cli import build_parser

@@ -106,7 +106,8 @@ def test_csm_annotation_cache_per_ce_run_and_sharpness(ce_root, monkeypatch):
     torch.testing.assert_close(t["lam_annot"].double(), torch.sigmoid(2.5 * (t["lam_hat"].double() - 0.5)),
                                rtol=0, atol=1e-6)
     assert sorted(p.name for p in SHIPPED.iterdir()) == shipped_files  # the shipped set is untouched
-    assert not dst.with_name(dst.name + ".tmp").exists()
+    assert [f.name for f in dst.parent.iterdir()] == [dst.name]  # no temporary copy left
+    assert dst.stat().st_mode & 0o777 == 0o755  # readable by every worker, not mkdtemp's 0700
     # Cached: the same CE weights are not annotated twice.
     assert twostage.csm_store(_bench(ce_root, sharpness=2.5), 0) == dst and len(calls) == 1
     # Annotated by other weights (a retrained CE run): annotated again.
@@ -119,6 +120,26 @@ def test_csm_annotation_cache_per_ce_run_and_sharpness(ce_root, monkeypatch):
     assert dst4.name == "seed0-s4" and len(calls) == 3 and calls[2][1]["sharpness"] == 4.0
     assert json.loads((dst4 / ANNOT_META).read_text())["sharpness"] == 4.0
     shutil.rmtree(dst4)
+
+
+def test_csm_annotation_landed_first_by_another_worker_is_kept(ce_root, monkeypatch):
+    annotate = importlib.import_module("calibkit.methods.csm.annotate")
+    from calibkit.methods.csm.store import ANNOT_META
+
+    real = annotate.annotate_store
+    bench = _bench(ce_root, sharpness=3.0)
+    dst = twostage._csm_cache(bench, 0)
+
+    def racing(tmp, *args, **kwargs):  # another worker finishes the same annotation meanwhile
+        real(tmp, *args, **kwargs)
+        shutil.copytree(tmp, dst)
+        (dst / "landed-first").write_text("")
+
+    monkeypatch.setattr(annotate, "annotate_store", racing)
+    assert twostage.csm_store(bench, 0) == dst
+    assert (dst / "landed-first").is_file() and (dst / ANNOT_META).is_file()
+    assert not [f.name for f in dst.parent.iterdir() if f.name.endswith(".tmp")]  # ours is removed
+    shutil.rmtree(dst)
 
 
 def test_cli_annotate_passes_its_sharpness(ce_root, tmp_path, capsys):
