@@ -83,7 +83,7 @@ declare -A TESTS=(
   [calibkit/train/dense.py]="tests/train/test_dense.py tests/bench/test_evaluation.py tests/commands/test_segmentation_e2e.py"
   [calibkit/train/loop.py]="tests/train/test_loop.py tests/losses/test_fedlas_ddp.py tests/train/test_text.py tests/commands/test_errors.py"
   [calibkit/bench/__init__.py]="tests/bench/test_runner.py"
-  [calibkit/bench/paths.py]="tests/bench/test_twostage.py"
+  [calibkit/bench/paths.py]="tests/bench/test_paths.py tests/bench/test_twostage.py"
   [calibkit/bench/preflight.py]="tests/test_package.py tests/bench/test_runner.py"
   [calibkit/bench/space.py]="tests/bench/test_tune.py"
   [calibkit/bench/progress.py]="tests/bench/test_progress.py"
@@ -112,6 +112,7 @@ declare -A TESTS=(
   [calibkit/data/datasets.py]="tests/data/test_datasets.py tests/data/test_text.py tests/data/test_segmentation.py tests/test_cli.py"
   [calibkit/train/preempt.py]="tests/train/test_preempt.py"
   [calibkit/bench/collect.py]="tests/bench/test_results.py"
+  [calibkit/bench/attempts.py]="tests/bench/test_attempts.py tests/store/test_store_backends.py"
   [calibkit/bench/results.py]="tests/bench/test_results.py"
   [calibkit/bench/slurm.py]="tests/bench/test_slurm_plan.py tests/bench/test_slurm.py"
   [calibkit/bench/slurm_plan.py]="tests/bench/test_slurm_plan.py"
@@ -147,7 +148,7 @@ EXTENDED=(calibkit/bench/paths.py calibkit/train/schedule.py calibkit/data/svhn.
           calibkit/data/bundle.py calibkit/data/corruptions.py calibkit/data/datasets.py calibkit/bench/runner.py
           calibkit/bench/tune.py calibkit/data/debian.py calibkit/bench/grid.py calibkit/train/loop.py
           calibkit/train/preempt.py calibkit/bench/collect.py calibkit/bench/results.py
-          calibkit/bench/slurm_plan.py calibkit/bench/slurm.py
+          calibkit/bench/slurm_plan.py calibkit/bench/slurm.py calibkit/bench/attempts.py
           calibkit/train/__init__.py calibkit/bench/__init__.py calibkit/data/__init__.py
           calibkit/integrations/__init__.py)
 MODULES=("$@")
@@ -180,6 +181,12 @@ TOML
   ( cd "$box" && "$MUTMUT" run --max-children "$CHILDREN" > run.log 2>&1 || true
     "$MUTMUT" export-cicd-stats >> run.log 2>&1
     "$MUTMUT" results > survivors.txt 2>&1 || true )
+  if [ ! -f "$box/mutants/mutmut-cicd-stats.json" ]; then  # e.g. a package __init__ of imports only
+    meta="$box/mutants/${mod}.meta"
+    n=$("$PY" -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["exit_code_by_key"]))' "$meta" 2>/dev/null || echo "?")
+    echo "$mod: no mutants run ($n generated: mutmut mutates function bodies only; see $box/run.log) in $((SECONDS - t0)) s"
+    continue
+  fi
   read -r k n s nt to < <("$PY" - "$box/mutants/mutmut-cicd-stats.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))

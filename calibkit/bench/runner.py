@@ -29,21 +29,18 @@ from __future__ import annotations
 import copy
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 from calibkit import distributed as D
 from calibkit import rundir
+from calibkit.bench.attempts import broadcast, claim_outcome, run_recorded, work_queue
 from calibkit.bench.grid import METHODS, Preset, grid_methods
 from calibkit.bench.space import current_values
 from calibkit.bench.paths import RETIRED, run_dir_for
 from calibkit.store import open_store, run_key
-from calibkit.train.preempt import Preempted
 
-# Seconds between two looks at the database while waiting for another bench's run.
-POLL_S = 5.0
 
 
 
@@ -61,41 +58,6 @@ def train_config(preset: Preset, method: str, seed: int, data_dir=None, device="
     if spec.kind == "csm":
         values["csm_data"] = str(csm_data) if csm_data else None
     return TrainConfig.from_dict(values).validate()
-
-
-def work_queue(items, ready, attempt, poll_s: float = POLL_S, sleep=time.sleep) -> None:
-    """Call ``attempt(item)`` for every item, postponing those that are not ``ready`` yet.
-
-    ``ready(item)`` is False while an item must wait (a run it builds on is being produced by
-    another process), and ``attempt(item)`` returns False when the item itself is held by another
-    process; postponed items are retried after the others, with a pause of ``poll_s`` when a whole
-    pass makes no progress.
-    """
-    pending = list(items)
-    while pending:
-        later = []
-        for item in pending:
-            if not ready(item) or attempt(item) is False:
-                later.append(item)
-        if later and len(later) == len(pending):
-            sleep(poll_s)
-        pending = later
-
-
-def claim_outcome(store, table: str, key: str, claimed: bool) -> str:
-    """``claimed``, ``done`` (finished, by this or another process) or ``elsewhere`` (held by
-    another live process, or being claimed at this instant): what a claim's True/False meant."""
-    if claimed:
-        return "claimed"
-    return "done" if store.status(key, table) == "done" else "elsewhere"
-
-
-def _broadcast(value, dd):
-    if not dd.enabled:
-        return value
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 class Bench:
@@ -201,7 +163,7 @@ class Bench:
         busy = False
         if self.dd.is_main:
             busy = any(self.store.busy_elsewhere(run_key(self.preset.name, n, seed)) for n in METHODS[method].needs)
-        return not _broadcast(busy, self.dd)
+        return not broadcast(busy, self.dd)
 
     def run(self) -> dict:
         """Run every pending (seed, method); returns counts of done/skipped/failed runs."""
@@ -251,7 +213,7 @@ class Bench:
                 key, preset=self.preset.name, method=method, seed=seed,
                 config=self._config_record(method, seed), git_commit=self._env["git_commit"],
                 versions=self._env["versions"]))
-        outcome = _broadcast(outcome, self.dd)
+        outcome = broadcast(outcome, self.dd)
         if outcome == "elsewhere":
             if key not in self._waiting:
                 self._waiting.add(key)
@@ -263,7 +225,8 @@ class Bench:
             return True
         t0 = time.time()
         progress.begin(key)
-        try:
+
+        def work():
             made = self.produce(method, seed)
             m = None
             if self.dd.is_main:
@@ -279,17 +242,9 @@ class Bench:
             progress.end(key, f"done in {time.time() - t0:.0f} s" + (
                 f" (acc {m['before']['acc']:.2%}, ECE {m['before']['ece'] * 100:.2f} -> "
                 f"{m['after']['ece'] * 100:.2f} after TS)" if m else ""), seconds=time.time() - t0)
-        except Preempted:  # not a failure: the checkpoint is written and the run resumes later
-            raise
-        except KeyboardInterrupt:
-            if self.dd.is_main:
-                self.store.fail(key, "interrupted")
-            raise
-        except Exception as exc:  # one broken run must not stop the grid
-            counts["failed"] += 1
-            if self.dd.is_main:
-                self.store.fail(key, "".join(traceback.format_exception(exc)))
-            progress.end(key, f"FAILED: {type(exc).__name__}: {exc}", seconds=time.time() - t0)
+
+        run_recorded(work, lambda text: self.store.fail(key, text), self.dd.is_main, counts,
+                     lambda line: progress.end(key, line, seconds=time.time() - t0))
         return True
 
     def check_consistent(self) -> list[str]:
@@ -332,7 +287,7 @@ class Bench:
                                + (f"; this directory's tuning selected {selected[method]} (bench --tune runs "
                                   "at the selection)" if method in selected else ""))
                     break
-        problem, stale = _broadcast((problem, stale), self.dd)
+        problem, stale = broadcast((problem, stale), self.dd)
         if problem:
             raise ValueError(problem)
         return stale

@@ -34,17 +34,16 @@ from __future__ import annotations
 
 import json
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, meta_key, no_effect_axes, plan
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_for
 from calibkit.bench.paths import candidate_dir_for
-from calibkit.bench.runner import POLL_S, Bench, _broadcast, claim_outcome, work_queue
+from calibkit.bench.attempts import POLL_S, broadcast, claim_outcome, run_recorded, work_queue
+from calibkit.bench.runner import Bench
 from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
 from calibkit.store import run_key
-from calibkit.train.preempt import Preempted
 
 
 @dataclass(frozen=True)
@@ -200,7 +199,7 @@ class Tuner:
                     problem = (f"{self.out / 'runs.db'}: candidate {row['cand_key']} was trained with other "
                                f"settings ({', '.join(diff)}); choose another --out")
                     break
-        problem = _broadcast(problem, self.dd)
+        problem = broadcast(problem, self.dd)
         if problem:
             raise ValueError(problem)
 
@@ -238,7 +237,7 @@ class Tuner:
 
     def refresh(self) -> None:
         """Read every method's current space (declared grid + recorded extensions) from the database."""
-        self.spaces = _broadcast(self._read_spaces() if self.dd.is_main else None, self.dd)
+        self.spaces = broadcast(self._read_spaces() if self.dd.is_main else None, self.dd)
 
     def _read_spaces(self) -> dict:
         return {m: extended_space(space_for(self.preset, m), self.record_of(m)) for m in self.methods}
@@ -258,7 +257,7 @@ class Tuner:
             if self.dd.is_main:
                 busy = any(self.store.busy_elsewhere(r["cand_key"], "tuning") for r in
                            self.store.candidates(self.preset.name, seed=self.seed, status="running"))
-            if not _broadcast(busy, self.dd):
+            if not broadcast(busy, self.dd):
                 return
             time.sleep(poll_s)
 
@@ -272,7 +271,7 @@ class Tuner:
             if self.dd.is_main and METHODS[item[0]].needs:
                 busy = any(self.store.busy_elsewhere(cand_key(self.preset.name, n, self.seed, {}), "tuning")
                            for n in METHODS[item[0]].needs)
-            return not _broadcast(busy, self.dd)
+            return not broadcast(busy, self.dd)
 
         waiting: set = set()
         work_queue(items, ready,
@@ -308,7 +307,7 @@ class Tuner:
             outcome = claim_outcome(self.store, "tuning", key, self.store.claim_candidate(
                 key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
                 config=self.record(method, values), git_commit=self.bench._env["git_commit"]))
-        outcome = _broadcast(outcome, self.dd)
+        outcome = broadcast(outcome, self.dd)
         if outcome == "elsewhere":
             if waiting is None:  # one scheduled candidate: nothing to wait in
                 counts["skipped"] += 1
@@ -324,7 +323,8 @@ class Tuner:
             return True
         t0 = time.time()
         self.log(f"{tag}: running")
-        try:
+
+        def work():
             made = self._produce(method, values, self.run_dir(method, values))
             if self.dd.is_main:
                 m = val_metrics(made["run_dir"], self.criterion.n_bins)
@@ -333,17 +333,9 @@ class Tuner:
                 self.log(f"{tag}: done in {time.time() - t0:.0f} s (val acc {m['acc']:.2%}, "
                          f"val ECE {m['ece'] * 100:.2f})")
             counts["done"] += 1
-        except Preempted:  # the checkpoint is written; the candidate resumes later
-            raise
-        except KeyboardInterrupt:
-            if self.dd.is_main:
-                self.store.fail_candidate(key, "interrupted")
-            raise
-        except Exception as exc:  # one broken candidate must not stop the others
-            counts["failed"] += 1
-            if self.dd.is_main:
-                self.store.fail_candidate(key, "".join(traceback.format_exception(exc)))
-            self.log(f"{tag}: FAILED: {type(exc).__name__}: {exc}")
+
+        run_recorded(work, lambda text: self.store.fail_candidate(key, text), self.dd.is_main, counts,
+                     lambda line: self.log(f"{tag}: {line}"))
         return True
 
     # -- the selection --------------------------------------------------------------------------
@@ -403,7 +395,7 @@ class Tuner:
         Raises:
             RuntimeError: a method has no selection (some of its candidates failed).
         """
-        chosen = _broadcast(self.selection() if self.dd.is_main else None, self.dd)
+        chosen = broadcast(self.selection() if self.dd.is_main else None, self.dd)
         missing = [m for m in self.methods if m not in chosen]
         if missing:
             raise RuntimeError(f"no selection for {', '.join(missing)} (failed candidates; see {self.out}/runs.db)")

@@ -86,6 +86,26 @@ def start_workers(args, n: int, argv: list[str] | None = None) -> list[subproces
                              stdout=subprocess.DEVNULL, env=env) for _ in range(n)]
 
 
+def run_with_workers(args, body, argv: list[str] | None = None):
+    """Check ``args.workers``, start its extra workers waiting, return ``body(waiting)``.
+
+    ``body`` releases the workers (emptying ``waiting``) once its own checks pass; those still
+    waiting when it returns or raises are told the run will not happen, and exit having written
+    nothing. Shared by ``calibkit bench`` and ``calibkit tune``.
+    """
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
+    # first thing: they start up while this process imports and checks
+    waiting = start_workers(args, args.workers - 1, argv) if args.workers > 1 else []
+    try:
+        return body(waiting)
+    finally:
+        if waiting:  # still waiting: the body failed before releasing them
+            cancel_workers(waiting)
+
+
 def _tell(proc: subprocess.Popen, line: str | None) -> None:
     """Write ``line`` to a waiting worker and keep its input open (None: close it)."""
     try:

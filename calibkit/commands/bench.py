@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 
@@ -76,22 +75,9 @@ def run(args) -> int:
     check_executor(args)
     if args.run_key or args.status or args.collect or args.executor != "local":
         return _elsewhere(args)
-    if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
-    waiting = []
-    if args.workers > 1:  # first thing: they start up while this process imports and checks
-        from calibkit.bench.workers import start_workers
+    from calibkit.bench.workers import run_with_workers
 
-        waiting = start_workers(args, args.workers - 1)
-    try:
-        return _run(args, waiting)
-    finally:
-        if waiting:  # still waiting: this process failed before releasing them
-            from calibkit.bench.workers import cancel_workers
-
-            cancel_workers(waiting)
+    return run_with_workers(args, lambda waiting: _run(args, waiting))
 
 
 def _run(args, waiting: list) -> int:

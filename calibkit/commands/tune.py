@@ -112,30 +112,16 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
 
 
 def run(args) -> int:
-    import os
-
     from calibkit.commands import check_executor
 
     check_executor(args)
-    if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
     if args.workers > 1 and args.executor != "local":
         raise ValueError("--workers shares the candidates between local processes; with --executor slurm use "
                          "--workers 1")
-    waiting = []
-    if args.workers > 1:  # first thing: they start up while this process imports and checks
-        from calibkit.bench.workers import start_workers, tune_worker_argv
+    from calibkit.bench.workers import run_with_workers, tune_worker_argv
 
-        waiting = start_workers(args, args.workers - 1, tune_worker_argv(args))
-    try:
-        return _run(args, waiting)
-    finally:
-        if waiting:  # still waiting: this process failed before releasing them
-            from calibkit.bench.workers import cancel_workers
-
-            cancel_workers(waiting)
+    argv = tune_worker_argv(args) if args.workers > 1 else None
+    return run_with_workers(args, lambda waiting: _run(args, waiting), argv)
 
 
 def _run(args, waiting: list) -> int:

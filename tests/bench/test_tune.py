@@ -323,20 +323,6 @@ def test_tuned_preset_carries_the_selection(tmp_path, small_spaces):
 # ------------------------------------------------------------------------------ bench protocol
 
 
-def test_work_queue_postpones_items_until_ready():
-    from calibkit.bench.runner import work_queue
-
-    done, sleeps, ready_after = [], [], {"b": 2}  # "b" becomes ready on its third look
-
-    def ready(item):
-        left = ready_after.get(item, 0)
-        ready_after[item] = left - 1
-        return left <= 0
-
-    work_queue(["a", "b", "c"], ready, done.append, sleep=sleeps.append)
-    assert done == ["a", "c", "b"] and len(sleeps) == 1  # one pass found nothing ready: one pause
-
-
 def test_bench_waits_for_a_needed_run_held_by_another_bench(tmp_path):
     from calibkit.bench.runner import Bench
 

@@ -58,3 +58,34 @@ def test_a_bench_that_fails_its_checks_leaves_no_trace_and_no_worker(tmp_path, c
     assert res.returncode == 1 and "nosuch" in res.stderr
     assert not out.exists()  # the waiting workers were told to stop before writing anything
     assert "Traceback" not in res.stderr  # they exit quietly
+
+
+def test_run_with_workers_checks_the_count_and_cancels_the_unreleased(monkeypatch):
+    import pytest
+
+    from calibkit.bench import workers
+
+    started, cancelled = [], []
+    monkeypatch.setattr(workers, "start_workers", lambda args, n, argv=None: started.append((n, argv)) or ["w"] * n)
+    monkeypatch.setattr(workers, "cancel_workers", lambda procs: cancelled.append(list(procs)))
+    args = argparse.Namespace(workers=3)
+
+    def fails(waiting):
+        raise ValueError("checks failed")
+
+    with pytest.raises(ValueError, match="checks failed"):
+        workers.run_with_workers(args, fails, ["tune"])
+    assert started == [(2, ["tune"])] and cancelled == [["w", "w"]]
+
+    def releases(waiting):  # a body that released its workers: none left to cancel
+        waiting.clear()
+        return 7
+
+    assert workers.run_with_workers(args, releases) == 7 and len(cancelled) == 1
+    assert workers.run_with_workers(argparse.Namespace(workers=1), lambda w: w) == [] and len(started) == 2
+    with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
+        workers.run_with_workers(argparse.Namespace(workers=0), releases)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="under torchrun use --workers 1"):
+        workers.run_with_workers(args, releases)
+    assert len(started) == 2  # refused before any worker started

@@ -230,7 +230,7 @@ def test_postgres_errors_are_one_line(pg_url, tmp_path):
 
 
 def test_bench_waits_for_runs_held_elsewhere_and_never_counts_them_finished(make):
-    from calibkit.bench.runner import claim_outcome, work_queue
+    from calibkit.bench.attempts import claim_outcome, work_queue
 
     db, other = make(grace_s=100, heartbeat_s=10), make(grace_s=100, heartbeat_s=10)
     assert _claim(other, "p/ce/0") and _claim(other, "p/ls/0")
