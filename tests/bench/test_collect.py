@@ -46,6 +46,28 @@ def test_owner_of_a_plain_job_and_of_a_file_written_outside_slurm(tmp_path, monk
         assert db.get("p/ls/0")["owner"] == outside.owner
 
 
+def test_a_minimal_slurm_record_is_task_0_never_restarted(tmp_path):
+    path = _done(tmp_path, "p/ce/0")
+    doc = json.loads(path.read_text())
+    doc["slurm"] = {"job_id": "5"}  # a file whose record names only the job
+    path.write_text(json.dumps(doc))
+    collect(tmp_path)
+    with Store(tmp_path / "runs.db", readonly=True) as db:
+        assert db.get("p/ce/0")["owner"] == "slurm:5_0:restarts=0"
+
+
+def test_candidates_are_flagged_by_selection_files_only(tmp_path):
+    _candidate(tmp_path, "p/ls/100/alpha=0.1", 0.1)
+    path = R.candidate_path(tmp_path, "p/ls/100/alpha=0.1")
+    doc = json.loads(path.read_text())
+    doc["row"]["selected"], doc["row"]["criterion"] = 1, {"metric": "ece"}  # a flag in the file itself
+    path.write_text(json.dumps(doc))
+    assert collect(tmp_path)["selections"] == 0
+    with Store(tmp_path / "runs.db", readonly=True) as db:
+        (row,) = db.candidates("p", "ls", 100)
+    assert row["selected"] == 0 and row["criterion"] is None
+
+
 def test_paths_are_made_absolute_under_this_hosts_view(tmp_path):
     run_dir = tmp_path / "runs" / "p" / "ce" / "seed0"
     _done(tmp_path, "p/ce/0", run_dir=str(run_dir), logits_path=str(run_dir / "logits.safetensors"))
@@ -79,27 +101,53 @@ def test_the_store_given_is_used_and_left_open(tmp_path):
     assert collect(tmp_path / "empty", store=None)["files"] == 0
 
 
-def test_a_corrupt_file_is_named_and_the_others_are_imported(tmp_path):
-    _done(tmp_path, "p/ce/0")
-    bad = R.result_path(tmp_path, "p/ls/0")
-    bad.parent.mkdir(parents=True)
-    bad.write_text('{"format": ')
-    with pytest.raises(ValueError, match=r"^1 result file\(s\) not imported: .*seed0/result\.json: corrupt result file"):
+def test_corrupt_files_are_named_and_the_others_are_imported(tmp_path):
+    _done(tmp_path, "p/ls/0")
+    bad = [R.result_path(tmp_path, "p/ce/0"), R.result_path(tmp_path, "p/mbls/0")]  # sorted before and after it
+    for path in bad:
+        path.parent.mkdir(parents=True)
+        path.write_text('{"format": ')
+    with pytest.raises(ValueError) as err:
         collect(tmp_path)
+    each = []
+    for path in bad:
+        with pytest.raises(ValueError, match="corrupt result file") as one:
+            R.read_doc(path)
+        each.append(str(one.value))
+    assert str(err.value) == f"2 result file(s) not imported: {each[0]}; {each[1]}"
     with Store(tmp_path / "runs.db", readonly=True) as db:
-        assert [r["run_key"] for r in db.runs(status=None)] == ["p/ce/0"]
+        assert [r["run_key"] for r in db.runs(status=None)] == ["p/ls/0"]
+
+
+def test_a_foreign_file_among_the_selections_is_named(tmp_path):
+    _done(tmp_path, "p/ce/0")
+    path = R.selection_path(tmp_path, "p", "ls", 100)
+    R.write_atomic(path, {"format": R.FORMAT, "version": R.VERSION, "table": "runs", "row": {}})
+    with pytest.raises(ValueError, match=r"ls-seed100\.json: a 'runs' result where a 'selection' one was expected"):
+        collect(tmp_path)
 
 
 def test_a_selection_of_an_unfinished_candidate_is_named(tmp_path):
     files = _candidate(tmp_path, "p/ls/100/alpha=0.1", 0.1)
     files.select_candidate("p", "ls", 100, "p/ls/100/alpha=0.1", {"m": 1})
-    sel = R.selection_path(tmp_path, "p", "ls", 100)
+    _candidate(tmp_path, "p/mbls/100/margin=6", 6.0).select_candidate("p", "mbls", 100, "p/mbls/100/margin=6", {})
+    sel = R.selection_path(tmp_path, "p", "ls", 100)  # sorted before the good one
     doc = json.loads(sel.read_text())
     doc["row"]["cand_key"] = "p/ls/100/alpha=0.3"
     sel.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=r"^1 result file\(s\) not imported: .*ls-seed100\.json: selects "
                                          r"p/ls/100/alpha=0\.3, which is not a finished candidate$"):
         collect(tmp_path)
+    with Store(tmp_path / "runs.db", readonly=True) as db:  # the other selection is made all the same
+        assert [r["selected"] for r in db.candidates("p", "mbls", 100)] == [1]
+    # a finished candidate of another preset, method or seed is not this selection's either
+    _candidate(tmp_path, "q/ls/100/alpha=0.1", 0.1)
+    _candidate(tmp_path, "p/ls/7/alpha=0.2", 0.2)
+    for other in ("q/ls/100/alpha=0.1", "p/mbls/100/margin=6", "p/ls/7/alpha=0.2"):
+        doc["row"]["cand_key"] = other
+        sel.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match=f"selects {other}, which is not a finished candidate$"):
+            collect(tmp_path)
 
 
 def test_a_changed_criterion_selects_again(tmp_path):
@@ -111,3 +159,13 @@ def test_a_changed_criterion_selects_again(tmp_path):
     with Store(tmp_path / "runs.db", readonly=True) as db:
         (row,) = db.candidates("p", "ls", 100)
     assert row["selected"] == 1 and row["criterion"] == {"metric": "nll"}
+    # the same criterion written in another key order is no change
+    files.select_candidate("p", "ls", 100, "p/ls/100/alpha=0.1", {"metric": "nll", "direction": "min"})
+    _candidate(tmp_path, "p/mbls/100/margin=6", 6.0).select_candidate("p", "mbls", 100, "p/mbls/100/margin=6", {})
+    assert collect(tmp_path)["selections"] == 2  # the count adds up
+    path = R.selection_path(tmp_path, "p", "ls", 100)
+    doc = json.loads(path.read_text())
+    assert list(doc["row"]["criterion"]) == ["direction", "metric"]
+    doc["row"]["criterion"] = {"metric": "nll", "direction": "min"}
+    path.write_text(json.dumps(doc))  # unsorted keys
+    assert collect(tmp_path)["selections"] == 0
