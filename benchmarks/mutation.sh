@@ -118,7 +118,7 @@ declare -A TESTS=(
   [calibkit/bench/slurm_plan.py]="tests/bench/test_slurm_plan.py"
   [calibkit/integrations/__init__.py]="tests/integrations/test_integrations.py"
   [calibkit/integrations/huggingface.py]="tests/integrations/test_integrations.py"
-  [calibkit/integrations/torchmetrics.py]="tests/integrations/test_integrations.py tests/test_metrics_cuda.py"
+  [calibkit/integrations/torchmetrics.py]="tests/integrations/test_integrations.py tests/test_metrics_cuda.py tests/integrations/test_torchmetrics.py"
 )
 # the core modules (functional/, losses, metrics, calibrators, methods/, bench/evaluation,
 # report, store); the other entries of TESTS are measured on request
