@@ -307,3 +307,46 @@ def test_submit_tune_plans_the_candidates_of_the_given_seed_then_the_bench(monke
                                                         ("train", [("afterok", "tune-select")])]
     assert arrays[3].tasks == {0: "smoke/ce/3"}
     assert not (tmp_path / "runs.db").exists()  # planned from the result files alone
+
+
+def test_status_of_tuning_reads_candidate_files_only_and_takes_the_presets_seed(tmp_path):
+    from calibkit.bench.grid import PRESETS
+
+    seed = PRESETS["smoke"].tune_seed
+    path = R.candidate_path(tmp_path, f"smoke/ls/{seed}/alpha=0.05")
+    R.write_atomic(path, {"format": R.FORMAT, "version": R.VERSION, "table": "runs", "row": {"status": "done"}})
+    args = Namespace(out=tmp_path, seeds=[0], methods=["ls"], tune=True, data_dir=None)  # bench's: no --seed
+    with pytest.raises(ValueError, match="a 'runs' result where a 'tuning' one was expected"):
+        SP.status_lines(args, PRESETS["smoke"])
+    path.unlink()
+    lines, _ = SP.status_lines(args, PRESETS["smoke"])
+    assert lines[0].split()[0] == f"smoke/ce/{seed}/default"
+
+
+def test_submit_tune_with_everything_tuned_submits_no_selection_and_the_bench_waits_for_none(monkeypatch, tmp_path):
+    from calibkit.bench.grid import PRESETS
+    from calibkit.bench.tune import Tuner
+
+    calls = []
+    monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: calls.append(arrays) or {"j": 1})
+    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=[3], seed=7, data_dir=None,
+                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
+                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
+                     signal=None)
+    files = R.ResultFiles(tmp_path)
+    tuner = Tuner(PRESETS["smoke"], tmp_path, methods=["ls"], seed=7, device="cpu", log=lambda *a: None, store=files)
+    items = [(tuner.key(m, v), m, v) for m, v in tuner.items()]
+    tuner.close()
+    keys = [key for key, _, _ in items]
+    for key, method, values in items:
+        files.claim_candidate(key, preset="smoke", method=method, seed=7, hparams=values)
+        files.finish_candidate(key, metrics={})
+    # every candidate done but none selected: only the selection job, and the bench after it
+    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    assert [(a.stage, a.after) for a in calls[-1]] == [("tune-select", []), ("ce", [("afterok", "tune-select")]),
+                                                       ("train", [("afterok", "tune-select")])]
+    files.select_candidate("smoke", "ls", 7, keys[1], {})
+    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    assert [(a.stage, a.after) for a in calls[-1]] == [("ce", []), ("train", [])]  # nothing to wait for
+    n = len(calls)
+    assert SP.submit_tune(args, PRESETS["smoke"]) == {} and len(calls) == n  # nothing to submit at all
