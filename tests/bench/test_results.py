@@ -291,3 +291,17 @@ def test_rows_filtered_by_preset_status_method_and_seed(tmp_path):
     (row,) = files.candidates("a", "ls", 0)
     assert row["selected"] == 1 and row["criterion"] == {"metric": "ece"}
     assert [r["criterion"] for r in files.candidates("a", "ls", 1)] == [None]
+
+
+def test_write_atomic_keeps_nan_sets_the_mode_and_leaves_nothing_when_it_fails(tmp_path):
+    import math
+    import stat
+
+    path = tmp_path / "d" / "result.json"
+    R.write_atomic(path, {"format": R.FORMAT, "row": {"ece": float("nan")}})
+    assert math.isnan(json.loads(path.read_text())["row"]["ece"])  # a NaN metric is kept, as in runs.db
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # readable by the collecting user on another host
+    before = path.read_bytes()
+    with pytest.raises(TypeError):
+        R.write_atomic(path, {"row": {"bad": {1, 2}}})  # not JSON
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["result.json"]
