@@ -4,6 +4,7 @@ or a run's config, what its batches are against the transforms they stand for, a
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,6 +46,9 @@ def test_image_eval_batch_is_normalize_bit_for_bit_and_checks_the_batch():
                      (images(c=3), "torch.uint8 (4, 3, 5, 6)")):
         with pytest.raises(ValueError, match="^" + re.escape(f"images: expected uint8 (N, 2, H, W), got {got}") + "$"):
             pipe.eval_batch(bad)
+    # float64 statistics (NumPy arrays) still give float32 inputs, bit-identical to normalize
+    wide = ImageInputs(np.array([0.25, 0.5]), np.array([0.5, 0.2])).eval_batch(x)
+    assert wide.dtype == torch.float32 and torch.equal(wide, out)
     on_meta = pipe.eval_batch(torch.zeros(3, 2, 5, 6, dtype=torch.uint8, device=META))  # statistics follow the data
     assert on_meta.device == META and on_meta.shape == (3, 2, 5, 6)
 
