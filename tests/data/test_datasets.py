@@ -4,6 +4,7 @@ import dataclasses
 import gzip
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -647,3 +648,134 @@ def test_a_process_reads_the_files_once_while_they_are_unchanged(tmp_path, monke
     arrays = fake_fmnist(str(tmp_path), n_train=60, n_test=14, seed=1)  # new files: read again
     d = load("fmnist", data_dir=str(tmp_path), seed=0, val_size=10)
     assert len(reads) == 2 and torch.equal(d.test.images[:, 0], torch.from_numpy(arrays["test_images"]).to(torch.uint8))
+
+
+# --------------------------------------------------------------------------- load, in full
+
+
+def fake_spec(raw, **kw):
+    """A registry entry whose reader returns ``raw`` (no files), to drive ``load`` directly."""
+    from calibkit.data.datasets import DatasetSpec
+
+    fields = dict(read=lambda folder: raw, default_dir=None, needs_dir=False, val_size=2, hflip=True, crop_pad=3,
+                  how_to_get="built for the test")
+    return DatasetSpec(**{**fields, **kw})
+
+
+def small_raw(n=8, k=2, val=None, **kw):
+    from calibkit.data.bundle import RawData, Split
+
+    images = torch.arange(n * 4, dtype=torch.int64).reshape(n, 1, 2, 2).to(torch.uint8)
+    split = Split(images, torch.arange(n) % k)
+    return RawData(train=split, test=Split(images[:3].clone(), torch.arange(3) % k), class_names=[f"c{i}" for i in range(k)],
+                   val=val, **kw)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    from calibkit.data import datasets as ds
+
+    def register(raw, **kw):
+        monkeypatch.setitem(ds.DATASETS, "fake", fake_spec(raw, **kw))
+        ds._RAW.clear()
+        return "fake"
+    yield register
+    ds._RAW.clear()
+
+
+def test_load_record_and_fields(fake):
+    b = load(fake(small_raw()), seed=3)
+    assert (b.name, b.num_classes, b.in_channels, b.hflip, b.crop_pad, b.data_dir, b.modality) == (
+        "fake", 2, 1, True, 3, None, "image")
+    assert b.class_names == ["c0", "c1"] and (len(b.train), len(b.val), len(b.test)) == (6, 2, 3)
+    from calibkit.data.bundle import index_checksum
+
+    _, val_idx = stratified_split(np.arange(8) % 2, 2, 3, stream=0)
+    assert b.split == {"seed": 3, "rule": "class-stratified seeded draw from the official training split", "train": 6,
+                       "val": 2, "test": 3, "train_subset": None, "val_checksum": index_checksum(val_idx),
+                       "train_checksum": None}
+    ref = b.train.images.double() / 255
+    assert b.mean == pytest.approx([ref.mean().item()]) and b.std == pytest.approx([ref.std(unbiased=False).item()])
+    whole = load("fake", seed=3, train_subset=6)  # a subset of the whole training split draws nothing
+    assert whole.split["train_checksum"] is None and torch.equal(whole.train.images, b.train.images)
+    text = load(fake(small_raw(modality="text", in_channels=50, vocab="V", record={"vocab_size": 50})))
+    assert (text.mean, text.std, text.in_channels, text.vocab, text.modality) == ((), (), 50, "V", "text")
+    assert text.split["vocab_size"] == 50
+
+
+def test_load_fixed_validation_split(fake):
+    import hashlib
+
+    from calibkit.data.bundle import Split
+
+    val = Split(torch.full((3, 1, 2, 2), 7, dtype=torch.uint8), torch.tensor([0, 1, 1]))
+    name = fake(small_raw(val=val))
+    b = load(name, val_size=3)
+    h = hashlib.sha256(val.images.numpy().tobytes())
+    h.update(np.array([0, 1, 1], dtype="<i8").tobytes())
+    assert b.split["rule"] == "fixed by the protocol" and b.split["val_checksum"] == h.hexdigest()[:16]
+    assert len(b.train) == 8 and torch.equal(b.val.images, val.images)
+    b.train.images.zero_()  # the bundle holds copies: editing it leaves the next load intact
+    assert load(name).train.images.any()
+    with pytest.raises(ValueError, match=r"^fake has a fixed validation split of 3 images; got val_size=2$"):
+        load(name, val_size=2)
+
+
+def test_load_sizes_and_labels_in_full(fake):
+    name = fake(small_raw(n=10))
+    assert len(load(name, val_size=0.2).val) == 2 and len(load(name, val_size=4.0).val) == 4  # 4.0 is a count
+    for bad in (1.5, -0.5):
+        with pytest.raises(ValueError, match=rf"^val_size must be an image count or a fraction in \(0, 1\), got {bad}$"):
+            load(name, val_size=bad)
+    with pytest.raises(ValueError, match=r"^train_subset: 1 images cannot hold one image of each of the 2 classes "
+                                         r"of fake; use at least 2$"):
+        load(name, train_subset=1)
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match=rf"^train_subset must be in \[1, 8\] for fake, got {bad}$"):
+            load(name, train_subset=bad)
+    from calibkit.data.bundle import RawData, Split
+
+    raw = small_raw(n=10)
+    for part in ("train", "test"):
+        labels = getattr(raw, part).labels.clone()
+        labels[0] = 2  # a label of a third class the data set does not name
+        bad_raw = RawData(**{**raw.__dict__, part: Split(getattr(raw, part).images, labels)})
+        with pytest.raises(ValueError, match=rf"^fake {part}: label 2 >= 2 classes$"):
+            load(fake(bad_raw), val_size=0 if part == "train" else None)
+
+
+def test_a_validation_split_missing_classes_warns_at_the_caller(fake):
+    name = fake(small_raw(n=12, k=4))
+    with pytest.warns(UserWarning) as caught:
+        load(name, val_size=2)
+    assert str(caught[0].message) == (
+        "val_size: the validation split of 2 images holds no image of 2 of the 4 classes of fake; model selection "
+        "and calibration see only the others (at least 4 images give every class one)")
+    assert caught[0].filename == __file__
+
+
+def test_load_refusals_in_full(tmp_path):
+    from calibkit.data.datasets import DATASETS as REGISTRY
+
+    with pytest.raises(ValueError, match="^" + re.escape(f"unknown data set 'mnist-fashion'; choose one of {sorted(REGISTRY)}") + "$"):
+        load("mnist-fashion")
+    how = REGISTRY["cifar10"].how_to_get
+    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'cifar10' needs data_dir (--data-dir): {how}") + "$"):
+        load("cifar10")
+    (tmp_path / "f.npz").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'cifar10': folder {tmp_path / 'f.npz'} does not exist. {how}") + "$"):
+        load("cifar10", data_dir=str(tmp_path / "f.npz"))
+    how = REGISTRY["tensors"].how_to_get
+    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'tensors': file {tmp_path} does not exist. {how}") + "$"):
+        load("tensors", data_dir=str(tmp_path))
+
+
+def test_folder_stamp(tmp_path):
+    from calibkit.data.datasets import _folder_stamp
+
+    (tmp_path / "b").write_text("12345")
+    (tmp_path / "a").mkdir()
+    st_a, st_b = os.stat(tmp_path / "a"), os.stat(tmp_path / "b")
+    assert _folder_stamp(str(tmp_path)) == (("a", st_a.st_size, st_a.st_mtime_ns), ("b", 5, st_b.st_mtime_ns))
+    assert _folder_stamp(str(tmp_path / "b")) == (5, st_b.st_mtime_ns)
+    assert _folder_stamp(str(tmp_path / "missing")) is None and _folder_stamp(None) is None
