@@ -102,7 +102,7 @@ def test_void_borders_by_hand():
 def test_load_scenes_bundle(tmp_path):
     fake_fmnist(str(tmp_path), n_train=60, n_test=12)
     b = load("scenes", data_dir=str(tmp_path), seed=0, val_size=7, train_subset=50)
-    assert b.modality == "segmentation" and b.ignore_index == 255 and b.num_classes == 11
+    assert b.name == "scenes" and b.modality == "segmentation" and b.ignore_index == 255 and b.num_classes == 11
     assert b.train.images.shape == (50, 1, 64, 64) and b.train.labels.shape == (50, 64, 64)
     assert len(b.val) == 7 and len(b.test) == 500 and b.class_names[0] == "background"
     assert b.train.labels.dtype == torch.uint8
