@@ -41,8 +41,11 @@ def test_index_files_of_every_compression_read_alike(tmp_path):
     (tmp_path / "p").write_bytes(raw)
     (tmp_path / "p.bz2").write_bytes(bz2.compress(raw))
     (tmp_path / "p.gz").write_bytes(gzip.compress(raw))
-    subprocess.run(["zstd", "-q", str(tmp_path / "p"), "-o", str(tmp_path / "p.zst")], check=True)
-    for name in ("p", "p.bz2", "p.gz", "p.zst"):
+    names = ["p", "p.bz2", "p.gz"]
+    if shutil.which("zstd"):  # the program writes the test file; apt-helper or zstdcat reads it
+        subprocess.run(["zstd", "-q", str(tmp_path / "p"), "-o", str(tmp_path / "p.zst")], check=True)
+        names.append("p.zst")
+    for name in names:
         assert D.read_index_file(tmp_path / name) == want, name
 
 
