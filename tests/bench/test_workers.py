@@ -89,3 +89,26 @@ def test_run_with_workers_checks_the_count_and_cancels_the_unreleased(monkeypatc
     with pytest.raises(ValueError, match="under torchrun use --workers 1"):
         workers.run_with_workers(args, releases)
     assert len(started) == 2  # refused before any worker started
+
+
+def test_every_option_reaches_a_worker_of_bench_and_of_tune():
+    from calibkit.bench.workers import tune_worker_argv
+    from calibkit.commands import tune as tune_cmd
+
+    p = _parser()
+    opts = ["--data-dir", "d", "--csm-store", "c", "--keep", "last", "--num-threads", "2", "--store", "sqlite:///x.db",
+            "--max-extensions", "3", "--csm-build"]
+    args = p.parse_args(["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--workers", "3", *opts])
+    assert worker_argv(args) == ["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--no-report",
+                                 "--workers", "1", "--await-start", *opts]
+    t = argparse.ArgumentParser()
+    tune_cmd.register(t.add_subparsers())
+    args = t.parse_args(["tune", "--preset", "smoke", "--out", "o", "--device", "cpu", "--methods", "ls", "--seed", "0",
+                         "--workers", "3", *opts])
+    assert tune_worker_argv(args) == ["tune", "--preset", "smoke", "--out", "o", "--device", "cpu", "--workers", "1",
+                                      "--await-start", "--methods", "ls", "--seed", "0", *opts]
+    bare = t.parse_args(["tune", "--preset", "smoke", "--out", "o", "--workers", "2"])
+    assert tune_worker_argv(bare) == ["tune", "--preset", "smoke", "--out", "o", "--device", bare.device, "--workers",
+                                      "1", "--await-start", "--max-extensions", str(bare.max_extensions)]
+    child = t.parse_args(tune_worker_argv(args))
+    assert (child.seed, child.methods, child.store, child.max_extensions) == (0, ["ls"], "sqlite:///x.db", 3)
