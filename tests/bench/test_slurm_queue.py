@@ -122,3 +122,102 @@ def test_a_failed_sbatch_names_its_script_and_keeps_what_was_submitted(tmp_path,
     answers = iter([(1, "only stdout said why", "")])
     with pytest.raises(RuntimeError, match="failed: only stdout said why"):
         S.submit(tmp_path, _arrays()[:1], argv, S.SlurmOptions(), log=lambda line: None)
+
+
+# ------------------------------------------------------------------ the scripts, run by bash
+
+
+FAKE_PYTHON = """#!/bin/bash
+# stands in for the interpreter a task runs: prints its arguments, stops on SIGUSR1 with status 7
+echo "args: $*"
+trap 'echo "got USR1"; exit 7' USR1
+touch "$READY"
+if [ -n "$WAIT" ]; then for i in $(seq 400); do sleep 0.05; done; fi
+exit 3
+"""
+
+
+def _script(tmp_path, monkeypatch, array, opts=S.SlurmOptions()):
+    fake = tmp_path / "fakepython"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    monkeypatch.setattr(S.sys, "executable", str(fake))
+    keys = tmp_path / "001-train.keys"
+    keys.write_text("".join(f"{i} {k}\n" for i, k in sorted(array.tasks.items())))
+    text = S.script_text(array, "calibkit-b-train", keys, tmp_path / "logs", ["bench", "--out", "o b"], opts)
+    path = tmp_path / "task.sh"
+    path.write_text(text)
+    return text, path
+
+
+def _run_task(path, tmp_path, index, usr1=False):
+    import signal
+    import time
+
+    ready = tmp_path / f"ready{index}"
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_JOB_ID": "55", "SLURM_RESTART_COUNT": "2",
+           "CUDA_VISIBLE_DEVICES": "0,1", "READY": str(ready), "WAIT": "1" if usr1 else ""}
+    proc = subprocess.Popen(["bash", str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if usr1:
+        deadline = time.time() + 20
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGUSR1)  # what SLURM sends the batch shell before the time limit
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_an_array_task_runs_its_key_and_forwards_sigusr1(tmp_path, monkeypatch):
+    array = S.Array("train", "bench", {0: "p/ls/0", 4: "p/focal/1"})
+    opts = S.SlurmOptions(partition="gpu", account="lab", qos="high", time="1:00:00", mem="8G", cpus_per_run=4,
+                          array_parallelism=2, requeue=True, signal_s=120, sbatch_args=("--constraint=a100",))
+    text, path = _script(tmp_path, monkeypatch, array, opts)
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash" and "#SBATCH --job-name=calibkit-b-train" in lines
+    assert f"#SBATCH --output={tmp_path / 'logs'}/%A_%a-train.out" in lines and "#SBATCH --array=0,4%2" in lines
+    for d in ("--open-mode=append", "--cpus-per-task=4", "--partition=gpu", "--account=lab", "--qos=high",
+              "--time=1:00:00", "--mem=8G", "--requeue", "--signal=B:USR1@120", "--constraint=a100"):
+        assert f"#SBATCH {d}" in lines, d
+    assert "--gres" not in text  # no GPU asked for
+    rc, out, err = _run_task(path, tmp_path, 4)
+    assert rc == 3, err  # the task's status is the command's
+    said = out.splitlines()
+    assert said[0].startswith("calibkit: p/focal/1 (job 55, restart 2) on ") and said[0].endswith(", GPUs 0,1")
+    assert said[1] == "args: -m calibkit bench --out o b --run-key p/focal/1"  # quoted: "o b" is one argument
+    rc, out, err = _run_task(path, tmp_path, 0, usr1=True)
+    assert rc == 7 and "calibkit: SIGUSR1: stopping after this epoch" in out and "got USR1" in out, (out, err)
+    rc, out, err = _run_task(path, tmp_path, 2)  # an index the key map does not hold
+    assert rc == 2 and err.strip() == f"calibkit: no key for array index 2 in {tmp_path / '001-train.keys'}"
+
+
+def test_the_selection_job_has_no_array_and_no_key(tmp_path, monkeypatch):
+    text, path = _script(tmp_path, monkeypatch, S.Array("tune-select", "tune", {}, single=True))
+    assert "#SBATCH --array" not in text and f"#SBATCH --output={tmp_path / 'logs'}/%j-tune-select.out" in text
+    assert "the selection job" in text.splitlines()[1]
+    rc, out, _ = _run_task(path, tmp_path, 0)
+    assert rc == 3 and out.splitlines()[0].startswith("calibkit: selection (job 55")
+    assert out.splitlines()[1] == "args: -m calibkit bench --out o b"  # no --run-key
+
+
+def test_options_refuse_bad_values_with_their_flag():
+    for opts, message in ((S.SlurmOptions(cpus_per_run=0), "--cpus-per-run must be >= 1, got 0"),
+                          (S.SlurmOptions(array_parallelism=0), "--array-parallelism must be >= 1, got 0"),
+                          (S.SlurmOptions(signal_s=0, requeue=True), "--signal must be >= 1 second, got 0"),
+                          (S.SlurmOptions(signal_s=5), "--signal makes a task requeue itself; it needs --requeue")):
+        with pytest.raises(ValueError) as err:
+            opts.validate()
+        assert str(err.value) == message
+    ok = S.SlurmOptions(array_parallelism=1, signal_s=1, requeue=True)
+    assert ok.validate() is ok
+    assert S.SlurmOptions().directives(2) == ["--cpus-per-task=1", "--gres=gpu:2"]
+
+
+def test_a_failed_result_without_an_error_says_so(tmp_path, monkeypatch):
+    out = tmp_path / "b"
+    files = R.ResultFiles(out)
+    files.claim("p/ls/0", preset="p", method="ls", seed=0)
+    files.fail("p/ls/0", "")
+    (out / "slurm").mkdir(parents=True)
+    (out / "slurm" / "submissions.jsonl").write_text(json.dumps({"job_id": "5", "script": "s"}) + "\n")  # no tasks
+    _fake_run(monkeypatch, {"squeue": lambda cmd: ""})
+    assert S.key_states(out, ["p/ls/0"])["p/ls/0"] == ("failed", f"{R.result_path(out, 'p/ls/0')}: no error recorded")
