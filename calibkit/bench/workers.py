@@ -47,7 +47,7 @@ def worker_argv(args) -> list[str]:
     if args.methods is not None:
         argv += ["--methods", *args.methods]
     for flag, value in (("--data-dir", args.data_dir), ("--csm-store", args.csm_store), ("--keep", args.keep),
-                        ("--num-threads", args.num_threads), ("--store", getattr(args, "store", None)),
+                        ("--num-threads", args.num_threads), ("--store", args.store),
                         ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
@@ -69,7 +69,7 @@ def tune_worker_argv(args) -> list[str]:
         argv += ["--methods", *args.methods]
     for flag, value in (("--seed", args.seed), ("--data-dir", args.data_dir), ("--csm-store", args.csm_store),
                         ("--keep", args.keep), ("--num-threads", args.num_threads),
-                        ("--store", getattr(args, "store", None)), ("--max-extensions", args.max_extensions)):
+                        ("--store", args.store), ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
     if args.csm_build:

@@ -244,3 +244,77 @@ def test_await_start_without_a_go_does_nothing(monkeypatch):
     assert workers.await_start() is None
     monkeypatch.setattr(workers.sys, "stdin", io.StringIO("stop\n"))
     assert workers.await_start() is None
+
+
+def test_await_start_sends_this_process_output_to_its_log(monkeypatch, tmp_path):
+    import io
+
+    from calibkit.bench import workers
+
+    calls, watched = [], []
+    monkeypatch.setattr(workers.sys, "stdin", io.StringIO(f"go {tmp_path / 'w 1.log'}\nrest\n"))
+    monkeypatch.setattr(workers, "watch_parent", watched.append)
+    monkeypatch.setattr(workers.os, "open", lambda path, flags: calls.append(("open", path, flags)) or 42)
+    monkeypatch.setattr(workers.os, "dup2", lambda fd, to: calls.append(("dup2", fd, to)))
+    monkeypatch.setattr(workers.os, "close", lambda fd: calls.append(("close", fd)))
+    flushed = []
+    monkeypatch.setattr(workers.sys, "stdout", SimpleFlush("out", flushed))
+    monkeypatch.setattr(workers.sys, "stderr", SimpleFlush("err", flushed))
+    assert workers.await_start() == tmp_path / "w 1.log"  # a path with a space is read whole
+    assert watched == [workers.sys.stdin]  # the pipe is watched from now on
+    assert calls == [("open", tmp_path / "w 1.log", workers.os.O_WRONLY | workers.os.O_APPEND),
+                     ("dup2", 42, 1), ("dup2", 42, 2), ("close", 42)]
+    assert flushed == ["out", "err"]  # what was printed before goes where it was meant to
+
+
+class SimpleFlush:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def flush(self):
+        self.log.append(self.name)
+
+
+def test_warm_up_makes_the_first_optimizer_and_the_cuda_context_only_on_a_gpu(monkeypatch):
+    import torch
+
+    from calibkit.bench import workers
+
+    made, inits = [], []
+    monkeypatch.setattr(torch.optim, "SGD", lambda params, lr: made.append((params, lr)))
+    monkeypatch.setattr(torch.cuda, "init", lambda: inits.append(1))
+    for available in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda a=available: a)
+        for device in ("cpu", "auto", "cuda", "cuda:1", "mps"):
+            workers.warm_up(device)
+    assert len(inits) == 3  # auto, cuda and cuda:1, with a GPU
+    (params, lr), *_ = made
+    assert len(made) == 10 and lr == 0.1 and len(params) == 1 and params[0].requires_grad
+    assert params[0].shape == (1,)
+
+
+def test_run_with_workers_counts_the_extra_processes(monkeypatch):
+    import pytest
+
+    from calibkit.bench import workers
+
+    started = []
+    monkeypatch.setattr(workers, "start_workers", lambda args, n, argv=None: started.append((args, n)) or [])
+    args = argparse.Namespace(workers=2)
+    workers.run_with_workers(args, lambda w: None)
+    assert started == [(args, 1)]  # two workers: this process and one more
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert workers.run_with_workers(argparse.Namespace(workers=1), lambda w: "ran") == "ran"  # one: fine under torchrun
+    with pytest.raises(ValueError) as err:
+        workers.run_with_workers(args, lambda w: None)
+    assert str(err.value) == "--workers starts processes itself; under torchrun use --workers 1"
+
+
+def test_release_twice_into_the_same_log_folder_starts_each_log_afresh(tmp_path):
+    from calibkit.bench import workers
+
+    proc = _Proc()
+    workers.release_workers([proc], tmp_path)
+    (tmp_path / "logs" / "worker-1.log").write_text("the first bench's lines\n")
+    workers.release_workers([_Proc()], tmp_path)  # the folder exists: no error
+    assert (tmp_path / "logs" / "worker-1.log").read_text() == ""
