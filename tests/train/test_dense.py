@@ -233,7 +233,45 @@ def test_validate_dense_records_every_labelled_pixel_and_updates_on_the_sample()
     assert run._val_positions is first and len(run.loss_fn.updates) == 2  # drawn once, reused
 
 
-def test_finish_dense_stores_the_kept_weights_samples_and_all_pixel_metrics(tmp_path):
+def test_validate_dense_streams_on_the_process_device_and_updates_there(monkeypatch):
+    from calibkit import distributed as D
+    from calibkit.train import dense
+
+    val = _scenes(1, 5)
+    model = _PixelModel(0)
+    drawn, calls = [], []
+    real_sample, real_stream = dense.sample_positions, dense.stream
+    monkeypatch.setattr(dense, "sample_positions", lambda *a: drawn.append(a[1:]) or real_sample(*a))
+    result = real_stream(model, val, SegmentationInputs([0.5], [0.25]), 2, "cpu", positions=dense._positions(val, VOID),
+                         num_classes=K_SEG)
+    drawn.clear()
+    monkeypatch.setattr(dense, "stream", lambda *a, **kw: calls.append((a, kw)) or result)
+    # a stand-in for the process's accelerator: the streamed pass (faked) and AdaFocal's update go there
+    dd = D.Dist(device=torch.device("meta"))
+    run = _fake_run(model, val, None, loss_fn=_Updating(), dd=dd)
+    dense.validate_dense(run)
+    assert drawn == [(40_000, VOID)]  # ceil(200,000 / 5) per image, void excluded
+    (args, kw), = calls
+    assert args[3:] == (2, torch.device("meta"), dd) and kw["num_classes"] == K_SEG
+    assert kw["positions"] is run._val_positions
+    (got, got_lab), = run.loss_fn.updates
+    assert got.device.type == "meta" and got_lab.device.type == "meta"
+
+
+def test_positions_spread_the_pixel_budget_over_the_images():
+    from calibkit.data import Split
+    from calibkit.train import dense
+
+    masks = torch.zeros(5, 2, 3, dtype=torch.uint8)
+    masks[:, 0, :] = VOID
+    five = Split(torch.zeros(5, 1, 2, 3), masks)
+    assert dense._positions(five, VOID, total=12).shape == (5, 3)  # ceil(12 / 5)
+    assert dense._positions(five, VOID, total=3).shape == (5, 1)  # at least one per image
+    pos = dense._positions(Split(torch.zeros(1, 1, 2, 3), masks[:1]), VOID, total=3)
+    assert pos.tolist() == [[3, 4, 5]]  # one image takes the whole budget, labelled pixels only
+
+
+def test_finish_dense_stores_the_kept_weights_samples_and_all_pixel_metrics(tmp_path, monkeypatch):
     from calibkit import rundir
     from calibkit.calibrators import TemperatureScaling
     from calibkit.metrics import evaluate
@@ -243,8 +281,13 @@ def test_finish_dense_stores_the_kept_weights_samples_and_all_pixel_metrics(tmp_
     kept = _PixelModel(0)
     run = _fake_run(_PixelModel(7), val, test, kept=kept.state_dict(), keeper=SimpleNamespace(epoch=2),
                     kept_record={"val_acc": 0.4, "val_miou": 0.3}, elapsed=12.3)
-    lines = []
+    lines, drawn, calls = [], [], []
+    real_sample, real_stream = dense.sample_positions, dense.stream
+    monkeypatch.setattr(dense, "sample_positions", lambda *a: drawn.append(a[1:]) or real_sample(*a))
+    monkeypatch.setattr(dense, "stream", lambda *a, **kw: calls.append(a[3:]) or real_stream(*a, **kw))
     summary = dense.finish_dense(run, tmp_path, {"config": "cfg"}, lines.append, lambda info: ("summary", info))
+    assert drawn == [(50_000, VOID), (40_000, VOID)]  # val (4 images), test (5)
+    assert calls == [(2, run.dd.device, run.dd)] * 2
     _, _, vrows, vlab, vimg = _all_pixels(kept, val)
     full, labels, trows, tlab, timg = _all_pixels(kept, test)
     t = float(TemperatureScaling().fit(vrows.float(), vlab).temperature_)
