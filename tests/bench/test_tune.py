@@ -754,3 +754,129 @@ def test_a_candidate_that_builds_on_ce_waits_while_another_process_trains_ce(tmp
     finally:
         other.close()
         tuner.close()
+
+
+def test_a_candidate_held_by_another_process_is_waited_for_or_skipped(tmp_path, no_training):
+    lines = []
+    tuner = _tuner(tmp_path, lines)
+    other = Store(tmp_path / "runs.db")
+    try:
+        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={})
+        item, counts, waiting = ("ls", {"loss.alpha": 0.1}), {"done": 0, "skipped": 0, "failed": 0}, set()
+        assert tuner._attempt(item, counts, "[3/4]", waiting) is False  # the queue retries it later
+        assert tuner._attempt(item, counts, "[3/4]", waiting) is False
+        assert waiting == {"tiny/ls/7/alpha=0.1"} and counts == {"done": 0, "skipped": 0, "failed": 0}
+        assert lines == ["[3/4] tune tiny/ls/7/alpha=0.1: running in another process; waiting for it"]  # said once
+        lines.clear()
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 1, "failed": 0}  # nothing to wait in
+        assert lines == ["[1/1] tune tiny/ls/7/alpha=0.1: running in another process; skipped"]
+        lines.clear()
+        assert tuner.run_one("tiny/ls/7/alpha=0.3") == {"done": 1, "skipped": 0, "failed": 0}
+        assert lines[0] == "[1/1] tune tiny/ls/7/alpha=0.3: running"
+        assert tuner.run_one("tiny/ls/7/alpha=0.3") == {"done": 0, "skipped": 1, "failed": 0}
+        assert lines[-1] == "[1/1] tune tiny/ls/7/alpha=0.3: finished earlier; skipped"
+        row = _rows(tmp_path)["tiny/ls/7/alpha=0.3"]
+        assert row["git_commit"] == tuner.bench._env["git_commit"] and row["train_time_s"] == 1.5
+    finally:
+        other.close()
+        tuner.close()
+
+
+def test_a_failure_is_recorded_with_its_message(tmp_path, no_training):
+    no_training((0.1,))
+    lines = []
+    tuner = _tuner(tmp_path, lines)
+    try:
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 0, "failed": 1}
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 0, "failed": 1}  # retried
+    finally:
+        tuner.close()
+    row = _rows(tmp_path)["tiny/ls/7/alpha=0.1"]
+    assert row["status"] == "failed" and "alpha 0.1 diverged" in row["error"] and row["attempts"] == 2
+    assert any(line.startswith("[1/1] tune tiny/ls/7/alpha=0.1: ") and "alpha 0.1 diverged" in line for line in lines)
+
+
+def test_the_criterion_scores_selects_and_is_recorded(tmp_path, no_training):
+    import json
+
+    from calibkit.bench.extend import meta_key
+
+    crit = Criterion(n_bins=4, tie=1.0)  # every candidate tied: the one nearest the published 0.05 wins
+    tuner = _tuner(tmp_path, criterion=crit)
+    try:
+        tuner.run()
+        assert tuner.selection() == {"ls": {"loss.alpha": 0.01}}
+    finally:
+        tuner.close()
+    rows = _rows(tmp_path)
+    for r in rows.values():
+        assert r["metrics"] == val_metrics(r["run_dir"], n_bins=4)
+    assert rows["tiny/ls/7/alpha=0.01"]["criterion"] == crit.to_dict()
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        text = s.get_meta(meta_key("tiny", 7, "ls"))
+    record = json.loads(text)
+    assert text == json.dumps(record, sort_keys=True)
+    assert (record["added"], record["steps"], record["no_effect"]) == ({}, {}, [])
+
+
+def test_select_all_selects_each_complete_method_on_this_tunings_rows(tmp_path, no_training, monkeypatch):
+    monkeypatch.setitem(METHODS, "focal", dataclasses.replace(METHODS["focal"], space={
+        "loss.gamma": Axis((1.0, 2.0, 3.0), 2.0)}))
+    lines = []
+    tuner = _tuner(tmp_path, lines, methods=["ls", "focal"])
+    other = Store(tmp_path / "runs.db")
+    try:
+        for m, v in [("focal", {"loss.gamma": g}) for g in (1.0, 2.0, 3.0)] + [("ls", {"loss.alpha": 0.01})]:
+            tuner.run_one(tuner.key(m, v))
+        # ls: 0.1 running elsewhere, 0.3 missing; the failures of other tunings and methods are not its own
+        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={"loss.alpha": 0.1})
+        for key, preset, method, seed in (("tinz/ls/7/alpha=0.3", "tinz", "ls", 7), ("tiny/ls/8/alpha=0.3", "tiny", "ls", 8),
+                                          ("tiny/mbls/7/alpha=0.3", "tiny", "mbls", 7)):
+            other.claim_candidate(key, preset=preset, method=method, seed=seed, hparams={"loss.alpha": 0.3})
+            other.fail_candidate(key, "boom")
+            other.claim_candidate(key.replace("0.3", "0.1"), preset=preset, method=method, seed=seed,
+                                  hparams={"loss.alpha": 0.1})
+            other.finish_candidate(key.replace("0.3", "0.1"), metrics={"acc": 1.0, "ece": 0.0})
+        lines.clear()
+        tuner.refresh()
+        assert [r["cand_key"] for r in tuner.finished("ls")] == ["tiny/ls/7/alpha=0.01"]
+        # ls has nothing to select yet (and nothing of its own failed: no message); focal is selected
+        assert tuner.select_all() == {"focal": {"loss.gamma": 2.0}}
+        assert lines == ["tune focal: gamma had no effect (its values gave bit-identical validation logits)"]
+    finally:
+        other.close()
+        tuner.close()
+
+
+def test_a_presets_own_spaces_replace_the_methods(tmp_path, no_training):
+    own = dataclasses.replace(TINY, spaces={"ls": {"loss.alpha": Axis((0.2, 0.4), 0.2)}, "focal": {}})
+    tuner = Tuner(own, tmp_path, methods=["ls", "focal"], max_extensions=0, num_threads=1, log=lambda *a, **k: None)
+    try:
+        assert tuner.methods == ["ls"] and tuner.skipped == ["focal"]
+        assert tuner.items() == [("ce", {}), ("ls", {"loss.alpha": 0.2}), ("ls", {"loss.alpha": 0.4})]
+        assert tuner.run_dir("ce", {}) == tmp_path / "runs" / "tiny" / "ce" / "seed7"
+        tuner.run()
+        assert tuner.selection() == {"ls": {"loss.alpha": 0.4}}
+        assert tuner.tuned_preset().losses["ls"] == "ls:alpha=0.4"
+    finally:
+        tuner.close()
+
+
+def test_select_exact_edges_of_the_accuracy_rule_and_the_tie():
+    space = {"loss.alpha": Axis((0.0, 1.0), 1.0)}
+    edge = 0.9 - Criterion().max_acc_drop - 1e-12  # the rule's own threshold: still eligible
+    assert select([_c({"loss.alpha": 0.0}, 0.9, 0.05), _c({"loss.alpha": 0.5}, edge, 0.01)], space) == 1
+    tie = 0.02 + Criterion().tie  # exactly the tie tolerance above the best: tied, nearer the default wins
+    assert select([_c({"loss.alpha": 0.0}, 0.9, 0.02), _c({"loss.alpha": 1.0}, 0.9, tie)], space) == 1
+    with pytest.raises(ValueError) as err:
+        select([], space)
+    assert str(err.value) == "no finished candidates to select from"
+
+
+def test_the_distance_to_the_published_values_is_in_grid_range_units():
+    # a: range 1 (1..2), b: range 10 (0..10). (a=2, b=0) is 1 range away, (a=1, b=6) 0.6
+    space = {"loss.a": Axis((1.0, 2.0), 1.0), "loss.b": Axis((0.0, 10.0), 0.0)}
+    cands = [_c({"loss.a": 2.0, "loss.b": 0.0}, 0.9, 0.02), _c({"loss.a": 1.0, "loss.b": 6.0}, 0.9, 0.02)]
+    assert select(cands, space) == 1
+    cands[1]["hparams"]["loss.b"] = 10.0  # now 1 range away too: a tie, and grid order decides
+    assert select(cands, space) == 0
