@@ -50,15 +50,16 @@ COMMANDS = {
 
 
 # What an interrupted or failed command keeps and how to continue it: (the file whose presence in
-# its output directory means something was kept, what to say then). {out}: the output directory.
+# its output directory means something was kept, what to say then). {out}: the output directory;
+# {db}: where the records are (OUT/runs.db, or the --store URL without its password).
 KEPT = {
     "train": ("config.json", "every epoch completed up to the last checkpoint is kept; run the same command "
               "again to resume {out}"),
-    "bench": ("runs.db", "finished runs are kept in {out}/runs.db; run the same command again to continue "
+    "bench": ("runs.db", "finished runs are kept in {db}; run the same command again to continue "
               "(it skips them)"),
-    "tune": ("runs.db", "finished candidates are kept in {out}/runs.db; run the same command again to continue "
+    "tune": ("runs.db", "finished candidates are kept in {db}; run the same command again to continue "
              "(it skips them)"),
-    "report": ("runs.db", "the runs and {out}/runs.db are untouched; run the same command again to rebuild the report"),
+    "report": ("runs.db", "the runs and {db} are untouched; run the same command again to rebuild the report"),
 }
 
 
@@ -76,8 +77,13 @@ def _kept(args, interrupted: bool = False) -> str:
     if args.command not in KEPT or not out:
         return "run the same command again once the cause is fixed"
     marker, kept = KEPT[args.command]
+    store = getattr(args, "store", None)
+    if store is not None and marker == "runs.db":  # the records are on a server: OUT need hold none
+        from calibkit.store import describe_store
+
+        return kept.format(out=out, db=describe_store(out, store))
     if os.path.exists(os.path.join(out, marker)):
-        return kept.format(out=out)
+        return kept.format(out=out, db=os.path.join(out, marker))
     if interrupted:
         return f"nothing was written to {out} yet"
     return f"nothing was written to {out}; run the same command again once the cause is fixed"

@@ -166,7 +166,24 @@ def test_interrupts_of_every_command(command, exc, status, word, tmp_path, capsy
     (tmp_path / "runs.db").write_bytes(b"")  # something was kept
     assert main(argv) == status
     err = capsys.readouterr().err.strip()
-    assert err == f"calibkit {command}: error: {word}; {KEPT[command][1].format(out=tmp_path)}"
+    assert err == f"calibkit {command}: error: {word}; {KEPT[command][1].format(out=tmp_path, db=tmp_path / 'runs.db')}"
+    assert f"kept in {tmp_path / 'runs.db'};" in err or f"the runs and {tmp_path / 'runs.db'} are untouched" in err
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_an_interrupt_with_a_server_store_names_the_server_not_runs_db(command, tmp_path, capsys, monkeypatch):
+    import calibkit.commands.bench as bench_cmd
+    import calibkit.commands.tune as tune_cmd
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr({"tune": tune_cmd, "bench": bench_cmd}[command], "run", stopped)
+    assert main([command, "--out", str(tmp_path / "o"), "--store", "postgresql://u:secret@db.lab:5432/calib"]) == 130
+    err = capsys.readouterr().err.strip()
+    word = "runs" if command == "bench" else "candidates"
+    assert err == (f"calibkit {command}: error: interrupted; finished {word} are kept in "
+                   "postgresql://u:***@db.lab:5432/calib; run the same command again to continue (it skips them)")
 
 
 def _wait_for(path: Path, proc, seconds: float) -> None:
@@ -215,7 +232,7 @@ def test_a_terminated_bench_marks_its_run_interrupted(tmp_path, cli_env):
     finally:
         proc.kill()
     assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == f"calibkit bench: error: terminated (SIGTERM); {KEPT['bench'][1].format(out=out)}"
+    assert err.strip().splitlines()[-1] == f"calibkit bench: error: terminated (SIGTERM); {KEPT['bench'][1].format(out=out, db=out / 'runs.db')}"
     rows = Store(str(out / "runs.db"), readonly=True).runs("smoke", status=None)
     assert [r["status"] for r in rows if r["method"] == "ce"] in (["failed"], ["done"])  # interrupted, or just done
     assert not [r for r in rows if r["status"] == "running"]  # nothing left claimed by a dead process

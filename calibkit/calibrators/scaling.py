@@ -33,7 +33,20 @@ def _nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, y)
 
 
-class VectorScaling(Calibrator):
+class _AffineScaling(Calibrator):
+    """What vector and matrix scaling share: one parameter (``max_iter``), a weight and a bias."""
+
+    _PARAMS = ("max_iter",)
+    _STATE = ("weight_", "bias_", "n_iter_")
+
+    def __init__(self, max_iter: int = 100):
+        self.max_iter = max_iter
+
+    def _check_params(self):
+        _check_max_iter(self.max_iter)
+
+
+class VectorScaling(_AffineScaling):
     """Vector scaling: ``q = softmax(w * z + b)`` with one weight ``w_k`` and bias ``b_k`` per class
     (Guo et al., 2017), fitted by mean NLL on the validation logits.
 
@@ -46,15 +59,6 @@ class VectorScaling(Calibrator):
         n_iter_: L-BFGS iterations run.
     """
 
-    _PARAMS = ("max_iter",)
-    _STATE = ("weight_", "bias_", "n_iter_")
-
-    def __init__(self, max_iter: int = 100):
-        self.max_iter = max_iter
-
-    def _check_params(self):
-        _check_max_iter(self.max_iter)
-
     def _fit(self, z, y):
         k = z.shape[1]
         x0 = torch.cat([torch.full((k,), 1 / _temperature(z, y), dtype=z.dtype, device=z.device),
@@ -66,7 +70,7 @@ class VectorScaling(Calibrator):
         return torch.softmax(z * self.weight_ + self.bias_, dim=1)
 
 
-class MatrixScaling(Calibrator):
+class MatrixScaling(_AffineScaling):
     """Matrix scaling: ``q = softmax(W z + b)`` with a full ``(K, K)`` matrix ``W`` (Guo et al., 2017),
     fitted by mean NLL on the validation logits, without regularisation (as defined by Guo et al.).
 
@@ -83,15 +87,6 @@ class MatrixScaling(Calibrator):
         bias_: ``(K,)``.
         n_iter_: L-BFGS iterations run.
     """
-
-    _PARAMS = ("max_iter",)
-    _STATE = ("weight_", "bias_", "n_iter_")
-
-    def __init__(self, max_iter: int = 100):
-        self.max_iter = max_iter
-
-    def _check_params(self):
-        _check_max_iter(self.max_iter)
 
     def _fit(self, z, y):
         w, b, self.n_iter_ = _fit_affine(z, y, 0.0, 0.0, self.max_iter, _identity(z, _temperature(z, y)))

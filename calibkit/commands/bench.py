@@ -190,6 +190,9 @@ def _elsewhere(args) -> int:
         print(f"bench {preset.name}: nothing to submit (every run is done, queued or running; see --status)")
     elif not args.dry_run:
         print(f"bench {preset.name}: submitted; follow it with --status, then --collect for the table")
+    from calibkit.commands.tune import print_no_extension
+
+    print_no_extension(preset.name, ids, "bench")
     return 0
 
 

@@ -200,6 +200,13 @@ def _print_tuning(args, preset) -> int:
     return 0
 
 
+def print_no_extension(name: str, ids: dict, command: str) -> None:
+    """Say, when a selection job was submitted, that it selects within the grids as given."""
+    if "tune-select" in ids:
+        print(f"{command} {name}: on SLURM the grids are not extended: a selection on a grid edge is kept "
+              "(docs/cluster.md, Tuning first)")
+
+
 def _elsewhere(args, preset) -> int:
     """One scheduled candidate (``--run-key``), the selection job (``--select-only``), ``--status``
     and submitting (``--executor slurm``); see :mod:`calibkit.bench.slurm`."""
@@ -217,6 +224,7 @@ def _elsewhere(args, preset) -> int:
         ids = submit_tune(args, preset, dry_run=args.dry_run)
         if not ids:
             print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
+        print_no_extension(preset.name, ids, "tune")
         return 0
     from calibkit.bench.results import ResultFiles
     from calibkit.bench.tune import Tuner

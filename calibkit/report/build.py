@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.rundir import atomic_write
 from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
@@ -280,8 +281,9 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         intro += f"\n\nLeft out (unreadable in the database): {'; '.join(skipped)}."
     if note:
         intro += f"\n\n{note}"
-    (rep / "report.md").write_text(to_markdown(title, intro, sections))
-    (rep / "index.html").write_text(to_html(title, intro, sections))
+    # atomic: benches on several hosts sharing DIR may each build the report at their end
+    for name, doc in (("report.md", to_markdown(title, intro, sections)), ("index.html", to_html(title, intro, sections))):
+        atomic_write(rep / name, lambda tmp, doc=doc: Path(tmp).write_text(doc))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
     return {"text": text, "summary": summary, "deltas": ctx.deltas, "grid": ctx.grid, "comparisons": ctx.comps,
             "preset": preset, "sections": sections,

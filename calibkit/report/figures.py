@@ -34,7 +34,10 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    from calibkit.rundir import atomic_write
+
+    # atomic (a reader never sees half a figure); the format is named, the temporary file has none
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format=Path(path).suffix[1:]))
     _pyplot().close(fig)
     return path
 

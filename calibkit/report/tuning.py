@@ -292,7 +292,9 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / rows / 2.6))
     path = Path(path) if path else Path(out_dir) / "report" / "figures" / "tuning.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    from calibkit.rundir import atomic_write
+
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix[1:]))
     plt.close(fig)
     return path
 

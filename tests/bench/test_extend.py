@@ -292,26 +292,3 @@ def test_provenance_names_the_committed_tuning_only_for_the_shipped_presets_own_
     for preset, recs in (("default", [fmnist, {"dataset": "imagefolder", "model": "mlp"}]), ("mine", [fmnist]),
                          ("smoke", [fmnist])):
         assert "docs/" not in _provenance(preset, recs) and "no tuning run in this directory" in _provenance(preset, recs)
-
-
-def test_store_meta_values_and_retired_runs(tmp_path):
-    from calibkit.store import SCHEMA_VERSION, StoreError
-
-    with Store(tmp_path / "runs.db") as s:
-        assert s.get_meta("tune/p/0/ls") is None
-        s.put_meta("tune/p/0/ls", "{}")
-        s.put_meta("tune/p/0/ls", '{"added": {}}')  # replaced
-        assert s.get_meta("tune/p/0/ls") == '{"added": {}}' and s.get_meta("schema_version") == str(SCHEMA_VERSION)
-        with pytest.raises(ValueError, match="schema_version"):
-            s.put_meta("schema_version", "2")
-        s.claim("p/ls/0", preset="p", method="ls", seed=0, config={"hparams": {"loss.alpha": 0.1}})
-        with pytest.raises(KeyError, match="no finished run"):
-            s.retire("p/ls/0", "p/ls/0~alpha=0.1", None, None)  # only a finished run moves
-        d = tmp_path / "runs" / "seed0"
-        s.finish("p/ls/0", metrics={"before": {"ece": 0.1}}, run_dir=str(d))
-        s.retire("p/ls/0", "p/ls/0~alpha=0.1", f"{d}~alpha=0.1", f"{d}~alpha=0.1/logits.safetensors")
-        assert s.get("p/ls/0") is None
-        moved = s.get("p/ls/0~alpha=0.1")
-        assert moved["metrics"] == {"before": {"ece": 0.1}} and moved["run_dir"] == f"{d}~alpha=0.1"
-        with pytest.raises(StoreError):  # still a done row: never overwritten
-            s.finish("p/ls/0~alpha=0.1", metrics={})

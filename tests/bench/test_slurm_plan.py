@@ -83,6 +83,14 @@ def test_bench_tune_chain_candidates_selection_then_bench(tmp_path, capsys):
     select = read(tmp_path, "001-tune-select.sh")
     assert "--select-only" in select and "--array" not in select and "--run-key" not in select
     assert "bench --preset smoke" in read(tmp_path, "001-ce.sh") and " --tune" in read(tmp_path, "001-ce.sh")
+    note = "bench smoke: on SLURM the grids are not extended: a selection on a grid edge is kept"
+    assert note in said
+
+
+def test_only_a_submission_with_a_selection_job_says_grids_are_not_extended(tmp_path, capsys):
+    said = dry(tmp_path, capsys, "--methods", "ls", command="tune")
+    assert "tune smoke: on SLURM the grids are not extended" in said
+    assert "not extended" not in dry(tmp_path / "b", capsys, "--methods", "ls")  # a plain bench selects nothing
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -141,7 +141,12 @@ def test_report_files_hold_database_numbers(tmp_path, cli_env):
     assert page.count("data:image/png;base64,") == 3 + 2 + 1
     assert "src=\"figures/" not in page
     for method in ("ce", "ls", "focal"):
-        assert (tmp_path / "report" / "figures" / f"reliability_{method}.png").stat().st_size > 1000
+        png = tmp_path / "report" / "figures" / f"reliability_{method}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    # written atomically: no temporary file left, readable by all (a shared bench directory)
+    files = [p for p in (tmp_path / "report").rglob("*") if p.is_file()]
+    assert not [p.name for p in files if p.name.startswith(".")]
+    assert {p.stat().st_mode & 0o777 for p in files} == {0o644}
 
 
 def test_report_errors(tmp_path, cli_env):

@@ -265,3 +265,32 @@ def test_bench_opens_the_store_it_is_given(make):
     by_name = Bench(get_preset("smoke"), make.root, methods=["ce"], store=make.url)
     assert type(by_name.store) is type(given) and by_name.store.root == str(make.root)
     by_name.close()
+
+
+def test_meta_values_and_retired_runs(make):
+    from calibkit.store import SCHEMA_VERSION
+
+    s = make()
+    assert s.get_meta("tune/p/0/ls") is None
+    s.put_meta("tune/p/0/ls", "{}")
+    s.put_meta("tune/p/0/ls", '{"added": {}}')  # replaced
+    assert s.get_meta("tune/p/0/ls") == '{"added": {}}' and s.get_meta("schema_version") == str(SCHEMA_VERSION)
+    with pytest.raises(ValueError, match="schema_version"):
+        s.put_meta("schema_version", "2")
+    assert s.get_meta("schema_version") == str(SCHEMA_VERSION)
+    s.claim("p/ls/0", preset="p", method="ls", seed=0, config={"hparams": {"loss.alpha": 0.1}})
+    with pytest.raises(KeyError, match="no finished run"):
+        s.retire("p/ls/0", "p/ls/0~alpha=0.1", None, None)  # only a finished run moves
+    d = make.root / "runs" / "seed0"
+    s.finish("p/ls/0", metrics={"before": {"ece": 0.1}}, run_dir=str(d))
+    s.retire("p/ls/0", "p/ls/0~alpha=0.1", f"{d}~alpha=0.1", f"{d}~alpha=0.1/logits.safetensors")
+    assert s.get("p/ls/0") is None
+    moved = s.get("p/ls/0~alpha=0.1")
+    assert moved["metrics"] == {"before": {"ece": 0.1}} and moved["run_dir"] == f"{d}~alpha=0.1"
+    assert moved["logits_path"] == f"{d}~alpha=0.1/logits.safetensors"
+    # stored relative to the bench directory, like every path
+    assert _raw(s, "SELECT run_dir FROM runs WHERE run_key = ?", ("p/ls/0~alpha=0.1",)) == [("runs/seed0~alpha=0.1",)]
+    with pytest.raises(StoreError):  # still a done row: never overwritten
+        s.finish("p/ls/0~alpha=0.1", metrics={})
+    # the method's key is free again for its new run
+    assert s.claim("p/ls/0", preset="p", method="ls", seed=0)
