@@ -189,7 +189,7 @@ def stratified_split(labels, size: int, seed: int, stream: int = 0) -> tuple[np.
     classes, counts = np.unique(labels, return_counts=True)
     quotas = stratified_quotas(counts, size)
     drawn = [rng.permutation(np.flatnonzero(labels == c))[:q] for c, q in zip(classes, quotas)]
-    drawn = np.sort(np.concatenate(drawn)).astype(np.int64) if drawn else np.zeros(0, np.int64)
+    drawn = np.sort(np.concatenate(drawn)).astype(np.int64)  # n >= 1, so there is at least one class
     rest = np.setdiff1d(np.arange(n, dtype=np.int64), drawn, assume_unique=True)
     return rest, drawn
 

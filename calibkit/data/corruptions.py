@@ -99,14 +99,16 @@ def _box_matrix(n_in: int, n_out: int, device) -> torch.Tensor:
     """(n_out, n_in) resampling weights of a box filter, the way Pillow's BOX filter computes them.
 
     Output pixel i covers input coordinates centre +- support with centre = (i + 0.5) * n_in / n_out
-    and support = max(n_in / n_out, 1) / 2; it averages the input pixels whose centres fall inside.
+    and support = max(n_in / n_out, 1) / 2; it averages the input pixels whose centres fall inside,
+    an input centre exactly on the lower edge excluded and one on the upper edge included (Pillow's
+    box filter takes ``-1/2 < x <= 1/2``; e.g. 3 -> 2 pixels gives the middle one to the first output).
     Shrinking this way is area averaging; enlarging reduces to nearest neighbour.
     """
     scale = n_in / n_out
     centre = (torch.arange(n_out, dtype=torch.float64) + 0.5) * scale
     pos = torch.arange(n_in, dtype=torch.float64) + 0.5
     d = (pos[None, :] - centre[:, None]) / max(scale, 1.0)
-    w = ((d >= -0.5) & (d < 0.5)).double()
+    w = ((d > -0.5) & (d <= 0.5)).double()
     w[w.sum(1) == 0, (centre[w.sum(1) == 0].floor().long()).clamp(max=n_in - 1)] = 1.0  # never empty
     return (w / w.sum(1, keepdim=True)).float().to(device)
 

@@ -41,7 +41,8 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
     """Images of an OOD set converted to the shape of ``like``'s images.
 
     Args:
-        name: "digits", "noise" or a ``DATASETS`` key.
+        name: "digits", "noise", a ``DATASETS`` key, a folder or tensors file of the user's OOD
+            inputs, or (text bundles) "debian-heldout".
         like: the in-distribution bundle (gives C, H, W).
         data_dir: files of a ``DATASETS`` OOD set, if it needs any.
         seed: seed of the "noise" set.
@@ -53,7 +54,7 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
 
     if name == NO_OOD:
         raise ValueError("OOD set 'none': there are no OOD inputs to load (the bench skips OOD detection)")
-    modality = getattr(like, "modality", "image")
+    modality = getattr(like, "modality", "image")  # a stand-in for a bundle without it holds images
     if is_user_set(name) or (modality in ("text", "features") and like.vocab is None):
         return load_user_ood(name, like, seed)
     if modality == "text":  # token ids, not images
@@ -75,6 +76,7 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
         # only the test split is used: hold nothing out (a protocol-fixed validation split stays)
         fixed_val = DATASETS[name].val_size == 0
         images = load(name, data_dir=data_dir, val_size=None if fixed_val else 0).test.images
-    else:
-        raise ValueError(f"unknown OOD set {name!r}; choose one of {sorted(set(OOD_SETS) | set(DATASETS))}")
+    else:  # the one name left: the text OOD set
+        raise ValueError(f"OOD set {name!r} is made of texts, the {like.name} data are images; choose one of "
+                         f"{sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or a folder or .npz/.safetensors file of OOD inputs")
     return resize(images, (h, w), c)

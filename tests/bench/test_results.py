@@ -156,3 +156,152 @@ def test_run_key_runs_one_run_into_its_result_file_without_runs_db(tmp_path, cap
     before = path.read_bytes()
     assert main(argv) == 0  # done: skipped, the file untouched
     assert path.read_bytes() == before and "skipped" in capsys.readouterr().out
+
+
+# -- the fields of each file, the checks of a document, keys and paths ------------------------------
+def test_every_field_of_a_run_candidate_and_selection_file(tmp_path, monkeypatch):
+    from datetime import datetime
+
+    for k in SLURM_ENV:
+        monkeypatch.delenv(k, raising=False)
+    files = R.ResultFiles(tmp_path)
+    assert files.path == str(tmp_path) and files.owner.endswith(f":{os.getpid()}:files")
+    assert files.busy_elsewhere("p/ce/0") is False and files.busy_elsewhere("p/ls/0/a=1", "tuning") is False
+    assert files.claim("p/ce/0", preset="p", method="ce", seed=0, config={"e": 1}, git_commit="abc", versions={"t": "2"})
+    files.finish("p/ce/0", metrics={})
+    doc = json.loads(R.result_path(tmp_path, "p/ce/0").read_text())
+    row = doc["row"]
+    assert doc["version"] == R.VERSION and doc["slurm"] == {}
+    assert (row["config"], row["git_commit"], row["versions"], row["owner"]) == ({"e": 1}, "abc", {"t": "2"}, files.owner)
+    stamps = [datetime.fromisoformat(row[c]) for c in ("created_at", "started_at", "finished_at")]
+    assert all(s.utcoffset().total_seconds() == 0 for s in stamps) and stamps[0] <= stamps[2]  # UTC
+    assert files.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1}, config={"e": 2},
+                                 git_commit="def")
+    files.finish_candidate("p/ls/0/a=1", metrics={})
+    doc = json.loads(R.candidate_path(tmp_path, "p/ls/0/a=1").read_text())
+    assert (doc["row"]["config"], doc["row"]["git_commit"], doc["row"]["selected"]) == ({"e": 2}, "def", 0)
+    files.select_candidate("p", "ls", 0, "p/ls/0/a=1", {"metric": "ece"})
+    doc = json.loads(R.selection_path(tmp_path, "p", "ls", 0).read_text())
+    assert doc["version"] == R.VERSION and doc["slurm"] == {} and datetime.fromisoformat(doc["row"]["selected_at"])
+
+
+def test_a_retry_keeps_its_creation_time_and_errors_are_cut_at_4000(tmp_path):
+    files = R.ResultFiles(tmp_path)
+    files.claim("p/ce/0", preset="p", method="ce", seed=0)
+    files.fail("p/ce/0", "x" * 5000)
+    first = json.loads(R.result_path(tmp_path, "p/ce/0").read_text())["row"]
+    assert first["error"] == "x" * 4000 and first["status"] == "failed"
+    again = R.ResultFiles(tmp_path)
+    again.claim("p/ce/0", preset="p", method="ce", seed=0)
+    again.finish("p/ce/0", metrics={})
+    row = json.loads(R.result_path(tmp_path, "p/ce/0").read_text())["row"]
+    assert row["created_at"] == first["created_at"] and row["started_at"] >= first["started_at"]
+    files.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1})
+    files.fail_candidate("p/ls/0/a=1", "y" * 5000)
+    doc = json.loads(R.candidate_path(tmp_path, "p/ls/0/a=1").read_text())
+    assert doc["table"] == "tuning" and doc["row"]["status"] == "failed" and doc["row"]["error"] == "y" * 4000
+    assert doc["row"]["cand_key"] == "p/ls/0/a=1"
+    files.finish_candidate("p/ls/0/a=1", metrics={})  # a failed candidate may still finish
+    with pytest.raises(ValueError, match=r"candidate\.json already holds a finished result; not overwriting it$"):
+        files.finish_candidate("p/ls/0/a=1", metrics={})
+
+
+def test_documents_of_another_format_version_or_table_are_refused(tmp_path):
+    path = tmp_path / "x.json"
+    for text in ('[1]', '{"format": "other", "row": {}}', '{"format": "calibkit-result", "row": 3}'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=r"x\.json is not a calibkit result file$"):
+            R.read_doc(path)
+    path.write_text('{"format": "calibkit-result", "version": 2, "row": {}}')
+    with pytest.raises(ValueError, match=r"x\.json: result file version 2 is newer than this calibkit \(1\)$"):
+        R.read_doc(path)
+    path.write_text('{"format": "calibkit-result", "row": {}, "table": "runs"}')  # no version: the first
+    assert R.read_doc(path)["row"] == {}
+    # a document of the wrong table where each reader expects its own
+    files = R.ResultFiles(tmp_path)
+    R.write_atomic(R.result_path(tmp_path, "p/ce/0"), {"format": R.FORMAT, "table": "tuning", "row": {"status": "done"}})
+    for call in (lambda: files.status("p/ce/0"), lambda: files.runs(), lambda: files.claim("p/ce/0", preset="p", method="ce", seed=0)):
+        with pytest.raises(ValueError, match="a 'tuning' result where a 'runs' one was expected"):
+            call()
+    R.write_atomic(R.candidate_path(tmp_path, "p/ls/0/a=1"), {"format": R.FORMAT, "table": "runs", "row": {"status": "done"}})
+    for call in (lambda: files.candidates(), lambda: files.select_candidate("p", "ls", 0, "p/ls/0/a=1", {})):
+        with pytest.raises(ValueError, match="a 'runs' result where a 'tuning' one was expected"):
+            call()
+
+
+def test_selection_file_of_another_table_and_written_over_a_done_claim(tmp_path):
+    files = R.ResultFiles(tmp_path)
+    files.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1})
+    files.finish_candidate("p/ls/0/a=1", metrics={})
+    R.write_atomic(R.selection_path(tmp_path, "p", "ls", 0), {"format": R.FORMAT, "table": "runs", "row": {}})
+    with pytest.raises(ValueError, match="a 'runs' result where a 'selection' one was expected"):
+        files.candidates()
+    # another process finished the run this one had claimed: its result stays
+    a, b = R.ResultFiles(tmp_path), R.ResultFiles(tmp_path)
+    assert a.claim("p/ce/0", preset="p", method="ce", seed=0) and b.claim("p/ce/0", preset="p", method="ce", seed=0)
+    b.finish("p/ce/0", metrics={"m": 1})
+    with pytest.raises(ValueError, match=r"^.*result\.json already holds a finished result; not overwriting it$"):
+        a.fail("p/ce/0", "late")
+    assert R.ResultFiles(tmp_path).runs()[0]["metrics"] == {"m": 1}
+
+
+def test_keys_paths_and_the_slurm_task_of_an_environment(tmp_path, monkeypatch):
+    assert R.split_run_key("p/m/-1") == ("p", "m", -1)
+    for bad in ("p/m/1-", "p/m/X1", "p/m/ 1", "p/m"):
+        with pytest.raises(ValueError, match=f"^run key {bad!r} is not preset/method/seed$"):
+            R.split_run_key(bad)
+    assert R.split_cand_key("p/m/-2/a=1") == ("p", "m", -2, "a=1")
+    for bad in ("p/m/0", "p/m/1-/v", "p/m/X1/v", "p/m/ 1/v"):
+        with pytest.raises(ValueError, match=f"^candidate key {bad!r} is not preset/method/seed/values$"):
+            R.split_cand_key(bad)
+    assert R.candidate_path(tmp_path, "p/ce/7/default") == tmp_path / "runs" / "p" / "ce" / "seed7" / "candidate.json"
+    assert R.relative(tmp_path, "/elsewhere/x") == "/elsewhere/x" and R.relative(tmp_path, None) is None
+    assert R.relative(tmp_path, tmp_path / "runs" / "a") == os.path.join("runs", "a")
+    assert R.absolute(tmp_path, "/abs/x") == "/abs/x" and R.absolute(tmp_path, "r/x") == str(tmp_path.resolve() / "r/x")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert R.slurm_facts({"SLURM_JOB_ID": "9"}) == {"job_id": "9", "restart_count": 0}  # the given environment
+
+
+def test_rows_filtered_by_preset_status_method_and_seed(tmp_path):
+    files = R.ResultFiles(tmp_path)
+    for key in ("a/ce/0", "a/ls/0", "b/ce/0"):
+        p, m, s = R.split_run_key(key)
+        files.claim(key, preset=p, method=m, seed=s)
+    files.fail("a/ce/0", "boom")  # sorted first, and skipped
+    run_dir = tmp_path / "runs" / "a" / "ls" / "seed0"
+    files.finish("a/ls/0", metrics={}, run_dir=str(run_dir))
+    files.finish("b/ce/0", metrics={})
+    assert [r["run_key"] for r in files.runs("a")] == ["a/ls/0"]
+    assert [r["run_key"] for r in files.runs()] == ["a/ls/0", "b/ce/0"]
+    assert [r["run_key"] for r in files.runs("a", status=None)] == ["a/ce/0", "a/ls/0"]
+    row = files.runs("a")[0]
+    assert row["run_dir"] == str(run_dir.resolve()) and row["logits_path"] is None
+    for key in ("a/ls/0/v=1", "a/ls/1/v=2", "a/focal/0/v=1", "b/ls/0/v=1"):
+        p, m, s, _ = R.split_cand_key(key)
+        files.claim_candidate(key, preset=p, method=m, seed=s, hparams={})
+        files.finish_candidate(key, metrics={})
+    files.claim_candidate("a/ls/0/v=3", preset="a", method="ls", seed=0, hparams={})
+    files.fail_candidate("a/ls/0/v=3", "boom")
+    keys = lambda rows: sorted(r["cand_key"] for r in rows)  # noqa: E731
+    assert keys(files.candidates("a", "ls", 0)) == ["a/ls/0/v=1"]
+    assert keys(files.candidates("a", "ls")) == ["a/ls/0/v=1", "a/ls/1/v=2"]
+    assert keys(files.candidates("a", seed=0)) == ["a/focal/0/v=1", "a/ls/0/v=1"]
+    assert keys(files.candidates("a", "ls", 0, status=None)) == ["a/ls/0/v=1", "a/ls/0/v=3"]
+    files.select_candidate("a", "ls", 0, "a/ls/0/v=1", {"metric": "ece"})
+    (row,) = files.candidates("a", "ls", 0)
+    assert row["selected"] == 1 and row["criterion"] == {"metric": "ece"}
+    assert [r["criterion"] for r in files.candidates("a", "ls", 1)] == [None]
+
+
+def test_write_atomic_keeps_nan_sets_the_mode_and_leaves_nothing_when_it_fails(tmp_path):
+    import math
+    import stat
+
+    path = tmp_path / "d" / "result.json"
+    R.write_atomic(path, {"format": R.FORMAT, "row": {"ece": float("nan")}})
+    assert math.isnan(json.loads(path.read_text())["row"]["ece"])  # a NaN metric is kept, as in runs.db
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # readable by the collecting user on another host
+    before = path.read_bytes()
+    with pytest.raises(TypeError):
+        R.write_atomic(path, {"row": {"bad": {1, 2}}})  # not JSON
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["result.json"]

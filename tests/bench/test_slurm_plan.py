@@ -129,3 +129,232 @@ def test_status_from_result_files_without_a_queue(tmp_path, capsys):
     assert lines[0][:2] == ["smoke/ce/0", "done"]
     assert lines[1][:2] == ["smoke/ls/0", "failed"] and lines[1][2].endswith("RuntimeError: CUDA out of memory")
     assert lines[2] == ["bench", "smoke:", "1 done, 1 failed"]
+
+
+# -- the planning functions alone (a stand-in for the result files and the queue) ------------------
+from argparse import Namespace  # noqa: E402
+
+from calibkit.bench import slurm_plan as SP  # noqa: E402
+from calibkit.bench.slurm import Array, SlurmOptions  # noqa: E402
+
+PRESET_FLAGS = dict(preset="smoke", data=None, model=None, epochs=None, lr=None, batch_size=None, val_size=None,
+                    train_subset=None, ood=None, name=None, augment=None)
+
+
+def test_task_argv_of_each_command_forwards_every_option():
+    args = Namespace(**PRESET_FLAGS, out="/o", device="cuda", tune=True, seeds=[0, 1], methods=["ls", "ce"], seed=7,
+                     data_dir="/d", csm_store="/c", keep="logits", num_threads=4)
+    head = ["--preset", "smoke", "--out", "/o", "--device", "cuda"]
+    tail = ["--data-dir", "/d", "--csm-store", "/c", "--keep", "logits", "--num-threads", "4"]
+    assert SP.task_argv(args, "bench") == ["bench", *head, "--no-report", "--workers", "1", "--tune", "--seeds", "0", "1",
+                                           "--methods", "ls", "ce", *tail]
+    assert SP.task_argv(args, "tune") == ["tune", *head, "--methods", "ls", "ce", "--seed", "7", *tail]
+    assert SP.task_argv(args, "select") == ["tune", *head, "--select-only", "--methods", "ls", "ce", "--seed", "7", *tail]
+    # a command without --tune, --seeds or --seed (tune's namespace has no --seeds, bench's no --seed)
+    bare = Namespace(**PRESET_FLAGS, out="/o", device="cpu", methods=None, data_dir=None, csm_store=None, keep=None,
+                     num_threads=None)
+    assert SP.task_argv(bare, "bench") == ["bench", "--preset", "smoke", "--out", "/o", "--device", "cpu", "--no-report",
+                                           "--workers", "1"]
+    assert SP.task_argv(bare, "tune") == ["tune", "--preset", "smoke", "--out", "/o", "--device", "cpu"]
+    bare.seed = 0  # seed 0 is a seed
+    assert SP.task_argv(bare, "tune")[-2:] == ["--seed", "0"] and "--seed" not in SP.task_argv(bare, "bench")
+
+
+def test_options_take_every_flag():
+    args = Namespace(partition="gpu", account="acc", qos="high", time="1:00:00", gpus_per_run=2, cpus_per_run=8,
+                     mem="32G", array_parallelism=3, sbatch_arg=["--constraint=a100"], requeue=True, signal=120)
+    assert SP.options(args) == SlurmOptions("gpu", "acc", "high", "1:00:00", 2, 8, "32G", 3, ("--constraint=a100",),
+                                            True, 120)
+
+
+def test_task_shape_and_the_task_holding_a_key():
+    opts = lambda g: SlurmOptions(gpus_per_run=g)  # noqa: E731
+    assert SP._shape("train", opts(2)) == {"gpus": 2, "torchrun": 2}
+    assert SP._shape("train", opts(1)) == {"gpus": 1, "torchrun": 0}  # one GPU: no torchrun
+    assert SP._shape("train", opts(0)) == {"gpus": 0, "torchrun": 0}
+    assert SP._shape("maccal", opts(4)) == {"gpus": 1, "torchrun": 0} and SP._shape("maccal", opts(0))["gpus"] == 0
+    assert SP._active_task(("queued", "task 40_3 pending")) == "40_3"
+    assert SP._active_task(("running", "task 41_0")) == "41_0"
+    assert SP._active_task(("failed", "task 9_9 failed")) is None and SP._active_task(("done", "/x y")) is None
+
+
+def _states(monkeypatch, given, seen):
+    def fake(out, keys, table="runs"):
+        seen.append(table)
+        return {k: given.get(k, ("not submitted", "")) for k in keys}
+    monkeypatch.setattr(SP, "key_states", fake)
+
+
+def test_bench_arrays_skip_what_is_done_or_held_and_wait_for_a_ce_held_elsewhere(monkeypatch):
+    seen, opts = [], SlurmOptions(gpus_per_run=2)
+    p = Namespace(name="p")
+    _states(monkeypatch, {"p/ce/0": ("done", "/d"), "p/ce/1": ("running", "task 40_1"), "p/ls/0": ("queued", "task 40_2 pending"),
+                          "p/maccal/1": ("done", "/d")}, seen)
+    arrays, _ = SP.bench_arrays("/o", p, [0, 1], ["ce", "maccal", "ls", "csm"], opts, prefix="x-")
+    assert seen == ["runs"]
+    # no CE array (one done, one running elsewhere): the two-stage runs wait for that task, not for a stage
+    assert arrays == [Array("x-train", "bench", {1: "p/ls/1"}, gpus=2, torchrun=2),
+                      Array("x-maccal", "bench", {0: "p/maccal/0"}, gpus=1, after_jobs=[]),
+                      Array("x-csm", "bench", {0: "p/csm/0", 1: "p/csm/1"}, gpus=2, torchrun=2, after_jobs=["40_1"])]
+    # with a pending CE the two-stage arrays depend on its array (aftercorr), after the given stages too
+    seen.clear()
+    _states(monkeypatch, {"p/maccal/0/k": ("done", "/d")}, seen)  # nothing of MaC-Cal to run
+    arrays, _ = SP.bench_arrays("/o", p, [0], ["ce", "maccal", "csm"], opts, after=[("afterok", "sel")],
+                                key_of=lambda m, s, v=None: f"p/{m}/{s}/k", table="tuning")
+    assert seen == ["tuning"]
+    assert arrays == [Array("ce", "bench", {0: "p/ce/0/k"}, gpus=2, torchrun=2, after=[("afterok", "sel")]),
+                      Array("csm", "bench", {0: "p/csm/0/k"}, gpus=2, torchrun=2,
+                            after=[("aftercorr", "ce"), ("afterok", "sel")])]
+
+
+class _Tuner:
+    methods = ["ls", "maccal", "csm"]
+
+    def __init__(self, selected):
+        self._selected = selected
+
+    def items(self):
+        return [("ce", {}), ("ls", {"a": 1}), ("ls", {"a": 2}), ("maccal", {"e": 1}), ("csm", {"s": 1})]
+
+    def key(self, method, values):
+        return f"p/{method}/100/" + (",".join(f"{k}={v}" for k, v in values.items()) or "none")
+
+    def selection(self):
+        return self._selected
+
+
+def test_tune_arrays_per_stage_and_the_selection_job(monkeypatch):
+    seen, opts = [], SlurmOptions(gpus_per_run=2)
+    _states(monkeypatch, {"p/ce/100/none": ("running", "task 7_0"), "p/ls/100/a=1": ("done", "/d"),
+                          "p/ls/100/a=2": ("queued", "task 7_2 pending")}, seen)
+    arrays, _ = SP.tune_arrays("/o", _Tuner({}), opts)
+    assert seen == ["tuning"]
+    assert arrays == [Array("tune-maccal", "tune", {3: "p/maccal/100/e=1"}, gpus=1, after=[("afterok", "tune-ce")],
+                            after_jobs=["7_0"]),
+                      Array("tune-csm", "tune", {4: "p/csm/100/s=1"}, gpus=2, torchrun=2, after=[("afterok", "tune-ce")],
+                            after_jobs=["7_0"]),
+                      Array("tune-select", "tune", {}, after=[("afterok", "tune-maccal"), ("afterok", "tune-csm")],
+                            after_jobs=["7_0", "7_2"], single=True)]
+    _states(monkeypatch, {}, seen)
+    arrays, _ = SP.tune_arrays("/o", _Tuner({}), opts)
+    assert [(a.stage, a.tasks) for a in arrays[:2]] == [("tune-ce", {0: "p/ce/100/none"}),
+                                                        ("tune-train", {1: "p/ls/100/a=1", 2: "p/ls/100/a=2"})]
+    # everything done: a selection job only while some method has no selection
+    done = {k: ("done", "/d") for k in ("p/ce/100/none", "p/ls/100/a=1", "p/ls/100/a=2", "p/maccal/100/e=1", "p/csm/100/s=1")}
+    _states(monkeypatch, done, seen)
+    assert SP.tune_arrays("/o", _Tuner({"ls": {}, "maccal": {}, "csm": {}}), opts)[0] == []
+    assert SP.tune_arrays("/o", _Tuner({"ls": {}, "maccal": {}}), opts)[0] == [
+        Array("tune-select", "tune", {}, single=True)]
+
+
+def test_submit_bench_hands_the_planned_arrays_to_submit(monkeypatch, tmp_path):
+    from calibkit.bench.grid import PRESETS
+
+    calls = []
+    monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {"x": 1})
+    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=None, data_dir=None, csm_store=None,
+                     keep=None, num_threads=None, partition=None, account=None, qos=None, time=None, gpus_per_run=0,
+                     cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False, signal=None)
+    assert SP.submit_bench(args, PRESETS["smoke"]) == {"x": 1}
+    ((arrays, argv, dry_run),) = calls
+    assert dry_run is False and argv == {"bench": SP.task_argv(args, "bench")}
+    seeds = PRESETS["smoke"].seeds
+    assert [(a.stage, sorted(a.tasks.values())) for a in arrays] == [
+        ("ce", [f"smoke/ce/{s}" for s in seeds]), ("train", [f"smoke/ls/{s}" for s in seeds])]
+    for s in seeds:  # every run done: nothing to submit
+        for m in ("ce", "ls"):
+            files = R.ResultFiles(tmp_path)
+            files.claim(f"smoke/{m}/{s}", preset="smoke", method=m, seed=s)
+            files.finish(f"smoke/{m}/{s}", metrics={})
+    assert SP.submit_bench(args, PRESETS["smoke"]) == {} and len(calls) == 1
+
+
+def test_status_lines_of_a_bench_with_its_tuning_candidates(tmp_path):
+    from calibkit.bench.grid import PRESETS
+
+    files = R.ResultFiles(tmp_path)
+    files.claim_candidate("smoke/ls/7/alpha=0.05", preset="smoke", method="ls", seed=7, hparams={"loss.alpha": 0.05})
+    files.finish_candidate("smoke/ls/7/alpha=0.05", metrics={})
+    files.claim("smoke/ls/3", preset="smoke", method="ls", seed=3)
+    files.fail("smoke/ls/3", "ValueError: bad")
+    args = Namespace(out=tmp_path, seeds=[3], methods=["ls"], tune=True, seed=7, data_dir=None)
+    lines, counts = SP.status_lines(args, PRESETS["smoke"])
+    width = len("smoke/ls/7/alpha=0.01")
+    cands = ["smoke/ce/7/default", *(f"smoke/ls/7/alpha={a:g}" for a in METHODS["ls"].space["loss.alpha"].values)]
+    assert [line.split()[0] for line in lines] == [*cands, "smoke/ce/3", "smoke/ls/3"]  # candidates first
+    done = R.candidate_path(tmp_path, "smoke/ls/7/alpha=0.05").parent
+    assert lines[3] == f"{'smoke/ls/7/alpha=0.05':<{width}}  {'done':<13}  {done}"
+    assert lines[0] == f"{'smoke/ce/7/default':<{width}}  not submitted"  # no trailing blanks
+    assert lines[-1] == f"{'smoke/ls/3':<{width}}  {'failed':<13}  {R.result_path(tmp_path, 'smoke/ls/3')}: ValueError: bad"
+    assert counts == {"not submitted": len(cands), "done": 1, "failed": 1}
+    # without --tune: the bench's runs only; no seeds, no lines
+    args = Namespace(out=tmp_path, seeds=[3], methods=["ls"], data_dir=None)
+    assert SP.status_lines(args, PRESETS["smoke"])[0] == [f"smoke/ce/3  {'not submitted'}",
+                                                          f"smoke/ls/3  {'failed':<13}  {lines[-1].split(None, 2)[2]}"]
+    assert SP.status_lines(Namespace(out=tmp_path, seeds=[], methods=["ls"], data_dir=None), PRESETS["smoke"]) == ([], {})
+    assert not (tmp_path / "runs.db").exists()
+
+
+def test_submit_tune_plans_the_candidates_of_the_given_seed_then_the_bench(monkeypatch, tmp_path):
+    from calibkit.bench.grid import PRESETS
+
+    calls = []
+    monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {})
+    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=[3], seed=7, data_dir=None,
+                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
+                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
+                     signal=None)
+    SP.submit_tune(args, PRESETS["smoke"])
+    ((arrays, argv, dry_run),) = calls
+    assert dry_run is False and argv == {c: SP.task_argv(args, c) for c in ("bench", "tune", "select")}
+    assert [a.stage for a in arrays] == ["tune-ce", "tune-train", "tune-select"]
+    assert arrays[0].tasks == {0: "smoke/ce/7/default"} and all("/ls/7/" in k for k in arrays[1].tasks.values())
+    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    arrays = calls[1][0]
+    assert [(a.stage, a.after) for a in arrays[3:]] == [("ce", [("afterok", "tune-select")]),
+                                                        ("train", [("afterok", "tune-select")])]
+    assert arrays[3].tasks == {0: "smoke/ce/3"}
+    assert not (tmp_path / "runs.db").exists()  # planned from the result files alone
+
+
+def test_status_of_tuning_reads_candidate_files_only_and_takes_the_presets_seed(tmp_path):
+    from calibkit.bench.grid import PRESETS
+
+    seed = PRESETS["smoke"].tune_seed
+    path = R.candidate_path(tmp_path, f"smoke/ls/{seed}/alpha=0.05")
+    R.write_atomic(path, {"format": R.FORMAT, "version": R.VERSION, "table": "runs", "row": {"status": "done"}})
+    args = Namespace(out=tmp_path, seeds=[0], methods=["ls"], tune=True, data_dir=None)  # bench's: no --seed
+    with pytest.raises(ValueError, match="a 'runs' result where a 'tuning' one was expected"):
+        SP.status_lines(args, PRESETS["smoke"])
+    path.unlink()
+    lines, _ = SP.status_lines(args, PRESETS["smoke"])
+    assert lines[0].split()[0] == f"smoke/ce/{seed}/default"
+
+
+def test_submit_tune_with_everything_tuned_submits_no_selection_and_the_bench_waits_for_none(monkeypatch, tmp_path):
+    from calibkit.bench.grid import PRESETS
+    from calibkit.bench.tune import Tuner
+
+    calls = []
+    monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: calls.append(arrays) or {"j": 1})
+    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=[3], seed=7, data_dir=None,
+                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
+                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
+                     signal=None)
+    files = R.ResultFiles(tmp_path)
+    tuner = Tuner(PRESETS["smoke"], tmp_path, methods=["ls"], seed=7, device="cpu", log=lambda *a: None, store=files)
+    items = [(tuner.key(m, v), m, v) for m, v in tuner.items()]
+    tuner.close()
+    keys = [key for key, _, _ in items]
+    for key, method, values in items:
+        files.claim_candidate(key, preset="smoke", method=method, seed=7, hparams=values)
+        files.finish_candidate(key, metrics={})
+    # every candidate done but none selected: only the selection job, and the bench after it
+    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    assert [(a.stage, a.after) for a in calls[-1]] == [("tune-select", []), ("ce", [("afterok", "tune-select")]),
+                                                       ("train", [("afterok", "tune-select")])]
+    files.select_candidate("smoke", "ls", 7, keys[1], {})
+    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    assert [(a.stage, a.after) for a in calls[-1]] == [("ce", []), ("train", [])]  # nothing to wait for
+    n = len(calls)
+    assert SP.submit_tune(args, PRESETS["smoke"]) == {} and len(calls) == n  # nothing to submit at all

@@ -89,3 +89,158 @@ def test_run_with_workers_checks_the_count_and_cancels_the_unreleased(monkeypatc
     with pytest.raises(ValueError, match="under torchrun use --workers 1"):
         workers.run_with_workers(args, releases)
     assert len(started) == 2  # refused before any worker started
+
+
+def test_every_option_reaches_a_worker_of_bench_and_of_tune():
+    from calibkit.bench.workers import tune_worker_argv
+    from calibkit.commands import tune as tune_cmd
+
+    p = _parser()
+    opts = ["--data-dir", "d", "--csm-store", "c", "--keep", "last", "--num-threads", "2", "--store", "sqlite:///x.db",
+            "--max-extensions", "3", "--csm-build"]
+    args = p.parse_args(["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--workers", "3", *opts])
+    assert worker_argv(args) == ["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--no-report",
+                                 "--workers", "1", "--await-start", *opts]
+    t = argparse.ArgumentParser()
+    tune_cmd.register(t.add_subparsers())
+    args = t.parse_args(["tune", "--preset", "smoke", "--out", "o", "--device", "cpu", "--methods", "ls", "--seed", "0",
+                         "--workers", "3", *opts])
+    assert tune_worker_argv(args) == ["tune", "--preset", "smoke", "--out", "o", "--device", "cpu", "--workers", "1",
+                                      "--await-start", "--methods", "ls", "--seed", "0", *opts]
+    bare = t.parse_args(["tune", "--preset", "smoke", "--out", "o", "--workers", "2"])
+    assert tune_worker_argv(bare) == ["tune", "--preset", "smoke", "--out", "o", "--device", bare.device, "--workers",
+                                      "1", "--await-start", "--max-extensions", str(bare.max_extensions)]
+    child = t.parse_args(tune_worker_argv(args))
+    assert (child.seed, child.methods, child.store, child.max_extensions) == (0, ["ls"], "sqlite:///x.db", 3)
+
+
+# ---------------------------------------------------------------- the caller's side, in-process
+
+
+class _Pipe:
+    """A worker's stdin as the caller sees it; ``broken``: the worker has ended."""
+
+    def __init__(self, broken=False):
+        self.lines, self.closed, self.broken = [], False, broken
+
+    def write(self, data):
+        if self.broken:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.lines.append(data)
+
+    def flush(self):
+        pass
+
+    def close(self):
+        if self.broken:
+            raise OSError(32, "Broken pipe")
+        self.closed = True
+
+
+class _Proc:
+    def __init__(self, cmd=None, stdin=None, stdout=None, env=None, rc=0, running=False, broken=False):
+        self.cmd, self.stdin_arg, self.stdout_arg, self.env = cmd, stdin, stdout, env
+        self.stdin, self.rc, self.running, self.events = _Pipe(broken), rc, running, []
+
+    def poll(self):
+        return None if self.running else self.rc
+
+    def terminate(self):
+        self.events.append("terminate")
+        self.running = False
+
+    def wait(self):
+        self.events.append("wait" if not self.stdin.closed else "wait after close")
+        return self.rc
+
+
+def test_start_workers_runs_calibkit_without_the_torchrun_rank(monkeypatch):
+    import sys
+
+    from calibkit.bench import workers
+
+    made = []
+    monkeypatch.setattr(workers.subprocess, "Popen", lambda cmd, **kw: made.append(_Proc(cmd, **kw)) or made[-1])
+    for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("CALIBKIT_X", "kept")):
+        monkeypatch.setenv(name, value)
+    procs = workers.start_workers(argparse.Namespace(), 3, ["tune", "--out", "o"])
+    assert procs == made and len(made) == 3
+    for p in made:
+        assert p.cmd == [sys.executable, "-m", "calibkit", "tune", "--out", "o"]
+        assert p.stdin_arg == subprocess.PIPE and p.stdout_arg == subprocess.DEVNULL
+        assert not {"WORLD_SIZE", "RANK", "LOCAL_RANK"} & set(p.env) and p.env["CALIBKIT_X"] == "kept"
+    # the default arguments are the bench's worker_argv
+    args = _parser().parse_args(["bench", "--out", "o", "--workers", "2"])
+    assert workers.start_workers(args, 1)[0].cmd[3:] == worker_argv(args)
+    assert workers.start_workers(args, 0) == []
+
+
+def test_release_cancel_and_wait_speak_to_the_waiting_workers(tmp_path):
+    from calibkit.bench import workers
+
+    procs = [_Proc(), _Proc()]
+    released = workers.release_workers(procs, tmp_path / "out")
+    logs = [tmp_path / "out" / "logs" / f"worker-{k}.log" for k in (1, 2)]
+    assert released == list(zip(procs, logs))
+    for p, log in zip(procs, logs):
+        assert log.read_text() == "" and p.stdin.lines == [f"go {log.resolve()}\n".encode()] and not p.stdin.closed
+    # a worker that failed is reported with its log; the pipe closes only after the wait
+    procs[1].rc = 3
+    assert workers.wait_workers(released) == [f"worker worker-2 exited with status 3; see {logs[1]}"]
+    assert all(p.events == ["wait"] and p.stdin.closed for p in procs)
+    # interrupted: a running worker is terminated first, and nothing is reported as failed
+    live, done = _Proc(running=True, rc=-15), _Proc(rc=1)
+    assert workers.wait_workers([(live, logs[0]), (done, logs[1])], interrupted=True) == []
+    assert live.events == ["terminate", "wait"] and done.events == ["wait"]
+    # cancelled: every input is closed before the caller waits for any of them
+    waiting = [_Proc(), _Proc()]
+    workers.cancel_workers(waiting)
+    assert all(p.stdin.closed and p.events == ["wait after close"] for p in waiting)
+
+
+def test_a_worker_that_already_ended_is_not_an_error(tmp_path):
+    from calibkit.bench import workers
+
+    gone = _Proc(broken=True, rc=1)
+    released = workers.release_workers([gone], tmp_path)  # BrokenPipeError on write: ignored
+    workers.cancel_workers([gone])  # OSError on close: ignored
+    assert workers.wait_workers(released) == [f"worker worker-1 exited with status 1; see {tmp_path / 'logs' / 'worker-1.log'}"]
+
+
+def test_the_watcher_signals_this_process_when_the_caller_goes(monkeypatch):
+    import io
+    import os
+    import signal
+
+    from calibkit.bench import workers
+
+    kills = []
+    monkeypatch.setattr(workers.os, "kill", lambda pid, sig: kills.append((pid, sig)))
+    r, w = os.pipe()
+    with os.fdopen(r, "rb") as stream:
+        thread = workers.watch_parent(stream)
+        assert thread.daemon and thread.name == "calibkit-watch-parent"
+        os.write(w, b"anything the caller says is ignored\n")
+        thread.join(0.2)
+        assert thread.is_alive() and kills == []  # the pipe is open: the caller lives
+        os.close(w)
+        thread.join(10)
+    assert not thread.is_alive() and kills == [(os.getpid(), signal.SIGTERM)]
+
+    class Closed(io.RawIOBase):
+        def read(self, n=-1):
+            raise ValueError("I/O operation on closed file")
+
+    workers.watch_parent(Closed()).join(10)  # a stream closed under it counts as the caller's end
+    assert kills[-1] == (os.getpid(), signal.SIGTERM) and len(kills) == 2
+
+
+def test_await_start_without_a_go_does_nothing(monkeypatch):
+    import io
+
+    from calibkit.bench import workers
+
+    monkeypatch.setattr(workers.sys, "stdin", io.StringIO(""))  # the caller closed the pipe
+    assert workers.await_start() is None
+    monkeypatch.setattr(workers.sys, "stdin", io.StringIO("stop\n"))
+    assert workers.await_start() is None

@@ -152,3 +152,146 @@ def test_corrupt_split_keeps_labels():
     b = load("digits")
     c = corrupt_split(b.test, "gaussian_noise", 2, seed=1)
     assert torch.equal(c.labels, b.test.labels) and c.images.shape == b.test.images.shape
+
+
+# ------------------------------------------------------------- exact values of each step
+
+
+def test_noise_is_the_documented_draw_from_the_seeded_generator():
+    x = torch.randint(0, 256, (3, 2, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(3)
+    noisy = (x.float() / 255.0 + 0.06 * torch.randn(x.shape, generator=g)).clamp(0, 1)
+    assert torch.equal(corrupt(x, "gaussian_noise", 2, seed=3), (noisy * 255.0).round().to(torch.uint8))
+    g = torch.Generator().manual_seed(3)
+    hit = torch.rand(x.shape, generator=g) < 0.07
+    salt = torch.rand(x.shape, generator=g) < 0.5
+    expected = torch.where(hit, salt.to(torch.uint8) * 255, x)
+    got = corrupt(x, "impulse_noise", 5, seed=3)
+    assert torch.equal(got, expected) and (got[hit] == 0).any() and (got[hit] == 255).any()
+    for name in ("gaussian_noise", "impulse_noise"):  # the default seed is 0
+        assert torch.equal(corrupt(x, name, 1), corrupt(x, name, 1, seed=0))
+
+
+def test_contrast_is_per_image_and_channel_over_every_chunk():
+    n = 1100  # more than one chunk of 1024 images
+    x = torch.zeros(n, 2, 1, 2, dtype=torch.uint8)
+    x[:, 0, 0, 0] = torch.arange(n) % 200
+    x[:, 1, 0, 1] = 100 + torch.arange(n) % 150
+    v = x.double() / 255
+    mean = v.mean(dim=(2, 3), keepdim=True)
+    expected = ((v - mean) * 0.75 + mean).clamp(0, 1) * 255
+    assert (corrupt(x, "contrast", 1).double() - expected).abs().max() <= 0.5 + 1e-4  # rounded in float32
+
+
+def test_gaussian_kernel_is_truncated_at_four_sigma():
+    from calibkit.data.corruptions import _gaussian_kernel
+
+    for sigma in (0.2, 0.4, 0.7, 1.0):
+        radius = max(1, int(np.ceil(4 * sigma)))
+        t = np.arange(-radius, radius + 1)
+        k = np.exp(-0.5 * (t / sigma) ** 2)
+        got = _gaussian_kernel(sigma, "cpu")
+        assert got.numel() == 2 * radius + 1 and np.allclose(got.numpy(), k / k.sum(), rtol=1e-6, atol=0)
+
+
+def test_blur_keeps_a_flat_image_flat_to_its_edges():
+    x = torch.full((1, 3, 5, 9), 77, dtype=torch.uint8)
+    for s in range(1, 6):
+        assert torch.equal(corrupt(x, "gaussian_blur", s), x)
+
+
+def test_box_weights_are_pillows():
+    from calibkit.data.corruptions import _box_resize
+
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+    # (3 -> 2, 6 -> 4, 4 -> 6): a pixel centre on the edge of two boxes goes to the first
+    for n_in, n_out in ((3, 2), (6, 4), (2, 3), (4, 6), (7, 3), (5, 8), (32, 24), (24, 32)):
+        x = (rng.random((2, n_in)) * 255).astype(np.float32)
+        ref = np.asarray(Image.fromarray(x).resize((n_out, 2), Image.BOX))
+        got = _box_resize(torch.from_numpy(x)[None, None], 2, n_out)[0, 0].numpy()
+        assert np.abs(got - ref).max() < 1e-3, (n_in, n_out)
+    tiny = torch.tensor([[[[0, 100], [200, 255]]]], dtype=torch.uint8)
+    assert (corrupt(tiny, "pixelate", 5) == 139).all()  # 2 px * 0.65 -> 1 px: the mean 138.75 everywhere
+
+
+def test_quant_table_by_hand():
+    assert quant_table([1] * 64, 1)[0, 0] == 50  # floor((1 * 5000 + 50) / 100)
+    assert quant_table([54] * 64, 11)[0, 0] == 245  # floor((54 * 5000 / 11 + 50) / 100) = floor(245.95)
+    assert torch.equal(quant_table(list(range(64)), 0), quant_table(list(range(64)), 1))
+    assert torch.equal(quant_table(list(range(64)), 150), quant_table(list(range(64)), 100))
+
+
+def dc_only(value, q):
+    """JPEG of a flat plane: only the DC coefficient 8 (v - 128) is non-zero, quantised by q."""
+    return 128 + np.round(8 * (value - 128) / q) * q / 8
+
+
+def test_jpeg_of_flat_images_by_hand():
+    from calibkit.data.corruptions import _CHROMA_Q, _LUMA_Q
+
+    for h, w in ((12, 16), (16, 12)):  # padding to whole blocks in one direction only
+        flat = torch.full((1, 1, h, w), 128, dtype=torch.uint8)
+        assert torch.equal(corrupt(flat, "jpeg", 3), flat)  # edge padding keeps the blocks flat
+    grey = torch.full((1, 1, 8, 8), 200, dtype=torch.uint8)
+    assert (corrupt(grey, "jpeg", 1) == round(dc_only(200, 6))).all()  # quality 80: Q[0, 0] = 6
+    colours = [(200, 100, 50), (30, 160, 220)]
+    x = torch.tensor(colours, dtype=torch.uint8)[:, :, None, None].expand(2, 3, 9, 11).contiguous()  # odd sizes
+    lq, cq = float(quant_table(_LUMA_Q, 80)[0, 0]), float(quant_table(_CHROMA_Q, 80)[0, 0])
+    out = corrupt(x, "jpeg", 1)
+    for i, (r, g, b) in enumerate(colours):
+        y = dc_only(0.299 * r + 0.587 * g + 0.114 * b, lq)
+        cb = dc_only(-0.168736 * r - 0.331264 * g + 0.5 * b + 128, cq) - 128
+        cr = dc_only(0.5 * r - 0.418688 * g - 0.081312 * b + 128, cq) - 128
+        rgb = np.round(np.clip([y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb], 0, 255))
+        assert (out[i].reshape(3, -1) == torch.tensor(rgb, dtype=torch.uint8)[:, None]).all(), (colours[i], rgb)
+
+
+def upsample2(p):
+    """Bilinear doubling with align_corners=False: output i samples the input at i/2 - 1/4 (clamped)."""
+    def axis(a, n):
+        src = np.clip(np.arange(2 * n) / 2 - 0.25, 0, n - 1)
+        lo = np.floor(src).astype(int)
+        hi = np.minimum(lo + 1, n - 1)
+        f = src - lo
+        return lo, hi, f
+
+    (lo, hi, f), (lo2, hi2, f2) = axis(None, p.shape[0]), axis(None, p.shape[1])
+    rows = p[lo] * (1 - f)[:, None] + p[hi] * f[:, None]
+    return rows[:, lo2] * (1 - f2) + rows[:, hi2] * f2
+
+
+def test_jpeg_chroma_is_subsampled_2x2_and_restored_bilinearly():
+    from calibkit.data.corruptions import jpeg
+
+    h, w = 16, 16
+    r = np.tile(np.linspace(20, 230, w), (h, 1))  # smooth colour ramps: chroma changes across the image
+    b = np.tile(np.linspace(200, 40, h)[:, None], (1, w))
+    g = np.full((h, w), 120.0)
+    x = torch.tensor(np.stack([r, g, b]).round() / 255.0, dtype=torch.float32)[None]
+    v = (x[0].double().numpy() * 255).round()
+    ycc = [0.299 * v[0] + 0.587 * v[1] + 0.114 * v[2],
+           -0.168736 * v[0] - 0.331264 * v[1] + 0.5 * v[2], 0.5 * v[0] - 0.418688 * v[1] - 0.081312 * v[2]]
+    cb, cr = (upsample2(c.reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3))) for c in ycc[1:])
+    y = ycc[0]
+    ref = np.stack([y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb])
+    out = jpeg(x, 100)[0].double().numpy() * 255  # quality 100: every quantiser is 1, so only rounding is lost
+    assert np.abs(out - ref).max() < 2.0 and np.abs(out - ref).mean() < 0.5
+
+
+def test_corrupt_messages_and_corrupt_split():
+    x = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"^images must be a uint8 tensor \(N, C, H, W\), got ndarray$"):
+        corrupt(np.zeros((2, 3, 8, 8), np.uint8), "contrast", 1)
+    with pytest.raises(ValueError, match=r"^images must be a uint8 tensor \(N, C, H, W\), got torch.float32 \(2, 3, 8, 8\)$"):
+        corrupt(x.float(), "contrast", 1)
+    for name in ("brightness", "jpeg"):
+        with pytest.raises(ValueError, match=rf"^{name} needs 1 \(grey\) or 3 \(RGB\) channels, got 2$"):
+            corrupt(torch.zeros(2, 2, 8, 8, dtype=torch.uint8), name, 1)
+    from calibkit.data.bundle import Split
+
+    split = Split(torch.randint(0, 256, (3, 1, 4, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(2)),
+                  torch.tensor([0, 1, 2]))
+    assert torch.equal(corrupt_split(split, "gaussian_noise", 2, seed=1).images,
+                       corrupt(split.images, "gaussian_noise", 2, seed=1))
+    assert torch.equal(corrupt_split(split, "gaussian_noise", 2).images, corrupt(split.images, "gaussian_noise", 2, 0))

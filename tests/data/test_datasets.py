@@ -4,6 +4,7 @@ import dataclasses
 import gzip
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -12,36 +13,12 @@ import torch
 from calibkit.data import DATASETS, augment, load, mixup, normalize, regmixup, resize
 from calibkit.data.bundle import channel_stats, stratified_quotas, stratified_split
 from calibkit.data.idx import FMNIST_DIR, FMNIST_FILES
-from tests.helpers.formats import fake_fmnist, write_idx
+from tests.helpers.formats import cifar_rows, fake_cifar10, fake_fmnist, write_idx, write_pickle
 
 FMNIST_PRESENT = os.path.isfile(os.path.join(FMNIST_DIR, "train-images-idx3-ubyte.gz"))
 
 
 # ------------------------------------------------------------------------------ writers
-
-
-def cifar_rows(n, offset):
-    """(N, 3072) rows whose R/G/B planes are distinguishable: value = 10*channel + image + offset."""
-    data = np.zeros((n, 3, 32, 32), np.uint8)
-    for i in range(n):
-        for c in range(3):
-            data[i, c] = 10 * c + i + offset
-        data[i, 0, 1, 2] = 200  # one marked pixel: row 1, column 2 of the red plane
-    return data.reshape(n, 3072)
-
-
-def write_pickle(path, obj):
-    with open(path, "wb") as f:
-        pickle.dump(obj, f, protocol=2)  # protocol 2 as in the distributed files
-
-
-def fake_cifar10(folder, per_batch=4, n_test=6):
-    for b in range(1, 6):
-        labels = [(b + i) % 10 for i in range(per_batch)]
-        write_pickle(os.path.join(folder, f"data_batch_{b}"),
-                     {b"batch_label": b"x", b"data": cifar_rows(per_batch, b), b"labels": labels})  # fmt: skip
-    write_pickle(os.path.join(folder, "test_batch"), {b"data": cifar_rows(n_test, 100), b"labels": list(range(n_test))})
-    write_pickle(os.path.join(folder, "batches.meta"), {b"label_names": [f"c{k}".encode() for k in range(10)]})
 
 
 def save_image(path, array):
@@ -647,3 +624,173 @@ def test_a_process_reads_the_files_once_while_they_are_unchanged(tmp_path, monke
     arrays = fake_fmnist(str(tmp_path), n_train=60, n_test=14, seed=1)  # new files: read again
     d = load("fmnist", data_dir=str(tmp_path), seed=0, val_size=10)
     assert len(reads) == 2 and torch.equal(d.test.images[:, 0], torch.from_numpy(arrays["test_images"]).to(torch.uint8))
+
+
+# --------------------------------------------------------------------------- load, in full
+
+
+def fake_spec(raw, **kw):
+    """A registry entry whose reader returns ``raw`` (no files), to drive ``load`` directly."""
+    from calibkit.data.datasets import DatasetSpec
+
+    fields = dict(read=lambda folder: raw, default_dir=None, needs_dir=False, val_size=2, hflip=True, crop_pad=3,
+                  how_to_get="built for the test")
+    return DatasetSpec(**{**fields, **kw})
+
+
+def small_raw(n=8, k=2, val=None, **kw):
+    from calibkit.data.bundle import RawData, Split
+
+    images = torch.arange(n * 4, dtype=torch.int64).reshape(n, 1, 2, 2).to(torch.uint8)
+    split = Split(images, torch.arange(n) % k)
+    return RawData(train=split, test=Split(images[:3].clone(), torch.arange(3) % k), class_names=[f"c{i}" for i in range(k)],
+                   val=val, **kw)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    from calibkit.data import datasets as ds
+
+    def register(raw, **kw):
+        monkeypatch.setitem(ds.DATASETS, "fake", fake_spec(raw, **kw))
+        ds._RAW.clear()
+        return "fake"
+    yield register
+    ds._RAW.clear()
+
+
+def test_load_record_and_fields(fake):
+    b = load(fake(small_raw()), seed=3)
+    assert (b.name, b.num_classes, b.in_channels, b.hflip, b.crop_pad, b.data_dir, b.modality) == (
+        "fake", 2, 1, True, 3, None, "image")
+    assert b.class_names == ["c0", "c1"] and (len(b.train), len(b.val), len(b.test)) == (6, 2, 3)
+    from calibkit.data.bundle import index_checksum
+
+    _, val_idx = stratified_split(np.arange(8) % 2, 2, 3, stream=0)
+    assert b.split == {"seed": 3, "rule": "class-stratified seeded draw from the official training split", "train": 6,
+                       "val": 2, "test": 3, "train_subset": None, "val_checksum": index_checksum(val_idx),
+                       "train_checksum": None}
+    ref = b.train.images.double() / 255
+    assert b.mean == pytest.approx([ref.mean().item()]) and b.std == pytest.approx([ref.std(unbiased=False).item()])
+    whole = load("fake", seed=3, train_subset=6)  # a subset of the whole training split draws nothing
+    assert whole.split["train_checksum"] is None and torch.equal(whole.train.images, b.train.images)
+    text = load(fake(small_raw(modality="text", in_channels=50, vocab="V", record={"vocab_size": 50})))
+    assert (text.mean, text.std, text.in_channels, text.vocab, text.modality) == ((), (), 50, "V", "text")
+    assert text.split["vocab_size"] == 50
+
+
+def test_load_fixed_validation_split(fake):
+    import hashlib
+
+    from calibkit.data.bundle import Split
+
+    val = Split(torch.full((3, 1, 2, 2), 7, dtype=torch.uint8), torch.tensor([0, 1, 1]))
+    name = fake(small_raw(val=val))
+    b = load(name, val_size=3)
+    h = hashlib.sha256(val.images.numpy().tobytes())
+    h.update(np.array([0, 1, 1], dtype="<i8").tobytes())
+    assert b.split["rule"] == "fixed by the protocol" and b.split["val_checksum"] == h.hexdigest()[:16]
+    assert len(b.train) == 8 and torch.equal(b.val.images, val.images)
+    b.train.images.zero_()  # the bundle holds copies: editing it leaves the next load intact
+    assert load(name).train.images.any()
+    with pytest.raises(ValueError, match=r"^fake has a fixed validation split of 3 images; got val_size=2$"):
+        load(name, val_size=2)
+
+
+def test_load_sizes_and_labels_in_full(fake):
+    name = fake(small_raw(n=10))
+    assert len(load(name, val_size=0.2).val) == 2 and len(load(name, val_size=4.0).val) == 4  # 4.0 is a count
+    for bad in (1.5, -0.5):
+        with pytest.raises(ValueError, match=rf"^val_size must be an image count or a fraction in \(0, 1\), got {bad}$"):
+            load(name, val_size=bad)
+    with pytest.raises(ValueError, match=r"^train_subset: 1 images cannot hold one image of each of the 2 classes "
+                                         r"of fake; use at least 2$"):
+        load(name, train_subset=1)
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match=rf"^train_subset must be in \[1, 8\] for fake, got {bad}$"):
+            load(name, train_subset=bad)
+    from calibkit.data.bundle import RawData, Split
+
+    raw = small_raw(n=10)
+    for part in ("train", "test"):
+        labels = getattr(raw, part).labels.clone()
+        labels[0] = 2  # a label of a third class the data set does not name
+        bad_raw = RawData(**{**raw.__dict__, part: Split(getattr(raw, part).images, labels)})
+        with pytest.raises(ValueError, match=rf"^fake {part}: label 2 >= 2 classes$"):
+            load(fake(bad_raw), val_size=0 if part == "train" else None)
+
+
+def test_a_validation_split_missing_classes_warns(fake):
+    name = fake(small_raw(n=12, k=4))
+    with pytest.warns(UserWarning) as caught:
+        load(name, val_size=2)
+    assert str(caught[0].message) == (
+        "val_size: the validation split of 2 images holds no image of 2 of the 4 classes of fake; model selection "
+        "and calibration see only the others (at least 4 images give every class one)")
+    assert not caught[0].filename.endswith(os.path.join("calibkit", "data", "datasets.py"))  # points at a caller
+    with pytest.warns(UserWarning, match="holds no image of 1 of the 3 classes"):  # one class missing is enough
+        load(fake(small_raw(n=9, k=3)), val_size=2)
+
+
+def test_load_refusals_in_full(tmp_path):
+    from calibkit.data.datasets import DATASETS as REGISTRY
+
+    with pytest.raises(ValueError, match="^" + re.escape(f"unknown data set 'mnist-fashion'; choose one of {sorted(REGISTRY)}") + "$"):
+        load("mnist-fashion")
+    how = REGISTRY["cifar10"].how_to_get
+    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'cifar10' needs data_dir (--data-dir): {how}") + "$"):
+        load("cifar10")
+    (tmp_path / "f.npz").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'cifar10': folder {tmp_path / 'f.npz'} does not exist. {how}") + "$"):
+        load("cifar10", data_dir=str(tmp_path / "f.npz"))
+    how = REGISTRY["tensors"].how_to_get
+    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'tensors': file {tmp_path} does not exist. {how}") + "$"):
+        load("tensors", data_dir=str(tmp_path))
+
+
+def test_folder_stamp(tmp_path):
+    from calibkit.data.datasets import _folder_stamp
+
+    (tmp_path / "b").write_text("12345")
+    (tmp_path / "a").mkdir()
+    st_a, st_b = os.stat(tmp_path / "a"), os.stat(tmp_path / "b")
+    assert _folder_stamp(str(tmp_path)) == (("a", st_a.st_size, st_a.st_mtime_ns), ("b", 5, st_b.st_mtime_ns))
+    assert _folder_stamp(str(tmp_path / "b")) == (5, st_b.st_mtime_ns)
+    assert _folder_stamp(str(tmp_path / "missing")) is None and _folder_stamp(None) is None
+
+
+def test_load_edges_of_the_sizes_and_modalities(fake):
+    assert len(load(fake(small_raw(n=10)), train_subset=2).train) == 2  # as many images as classes
+    assert len(load(fake(small_raw(n=10, k=1)), train_subset=1).train) == 1  # one image of a single class
+    from calibkit.data.bundle import Split
+
+    features = small_raw(n=10, modality="features")
+    features.train = Split(torch.randn(10, 3), features.train.labels)
+    features.test = Split(torch.randn(3, 3), features.test.labels)
+    b = load(fake(features))
+    assert (b.mean, b.std, b.in_channels, b.modality) == ((), (), 3, "features")
+    val = Split(torch.zeros(2, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match=r"^fake val: label 2 >= 2 classes$"):
+        load(fake(small_raw(val=val)))
+
+
+def test_the_cache_is_per_folder_and_hands_out_copies(fake, tmp_path):
+    from calibkit.data.bundle import Split
+
+    reads = []
+    raw = small_raw(val=None)
+    name = fake(raw, read=lambda folder: reads.append(folder) or raw)
+    for d in ("a", "b"):  # two folders whose entries have the same names, sizes and times
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "x").write_text("same")
+        os.utime(tmp_path / d / "x", ns=(1_000_000_000, 1_000_000_000))
+    load(name, data_dir=str(tmp_path / "a"))
+    load(name, data_dir=str(tmp_path / "b"))
+    assert reads == [str(tmp_path / "a"), str(tmp_path / "b")]
+    b = load(name, data_dir=str(tmp_path / "b"))
+    b.test.labels.fill_(1)  # a caller editing its bundle's labels in place does not edit the next load
+    assert load(name, data_dir=str(tmp_path / "b")).test.labels.tolist() == [0, 1, 0] and len(reads) == 2
+    fixed = Split(torch.full((2, 1, 2, 2), 5, dtype=torch.uint8), torch.tensor([0, 1]))
+    name = fake(small_raw(val=fixed))
+    load(name).val.images.zero_()
+    assert (load(name).val.images == 5).all()

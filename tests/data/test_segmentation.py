@@ -102,7 +102,7 @@ def test_void_borders_by_hand():
 def test_load_scenes_bundle(tmp_path):
     fake_fmnist(str(tmp_path), n_train=60, n_test=12)
     b = load("scenes", data_dir=str(tmp_path), seed=0, val_size=7, train_subset=50)
-    assert b.modality == "segmentation" and b.ignore_index == 255 and b.num_classes == 11
+    assert b.name == "scenes" and b.modality == "segmentation" and b.ignore_index == 255 and b.num_classes == 11
     assert b.train.images.shape == (50, 1, 64, 64) and b.train.labels.shape == (50, 64, 64)
     assert len(b.val) == 7 and len(b.test) == 500 and b.class_names[0] == "background"
     assert b.train.labels.dtype == torch.uint8
@@ -218,3 +218,116 @@ def test_augment_pair_moves_masks_with_images(gen):
     assert torch.equal(cm[~pad], (ca[:, 0][~pad] - 1)) and (cm[pad] == 255).all() and pad.any()
     with pytest.raises(ValueError, match="masks"):
         augment_pair(x, m[:, :3], 1, True)
+    with pytest.raises(ValueError, match=r"^masks \(5, 9, 11\) do not match images \(6, 2, 9, 11\)$"):
+        augment_pair(x, m[:5], 1, True)  # one mask short, each of the right size
+    with pytest.raises(ValueError, match=r"^augment_pair expects uint8 images and masks, got torch.uint8, torch.int64$"):
+        augment_pair(x, m.long(), 1, True)
+
+
+# ------------------------------------------------------------------ load_segmentation (any reader)
+def _toy_reader(n_train=10, n_test=3, bad=None):
+    """A registered reader's RawData: image i of the training list has the value 10 + i everywhere;
+    ``bad = (part, index)`` gives that image's mask the value 4 (the classes are 0..3)."""
+    from calibkit.data.bundle import RawData
+
+    def part(n, offset, name):
+        images = (torch.arange(n, dtype=torch.uint8) + offset).view(n, 1, 1, 1).expand(n, 3, 5, 6).contiguous()
+        masks = (torch.arange(n * 30) % 4).to(torch.uint8).view(n, 5, 6)
+        masks[:, 0, 0] = 255
+        if bad is not None and bad[0] == name:
+            masks[bad[1], 2, 3] = 4
+            masks[bad[1], 4, 5] = 9  # a second bad value, later in the mask
+        return Split(images, masks)
+
+    return lambda folder: RawData(train=part(n_train, 10, "train"), test=part(n_test, 100, "test"),
+                                  class_names=["bg", "a", "b", "c"])
+
+
+def _spec(reader, val_size=0.1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(read=reader, val_size=val_size, hflip=True, crop_pad=7)
+
+
+def _drawn(n, size, seed, stream):
+    """The documented draw: the first ``size`` of a permutation seeded by SeedSequence([seed, stream])."""
+    perm = np.random.default_rng(np.random.SeedSequence([seed, stream])).permutation(n)
+    return sorted(perm[:size].tolist())
+
+
+def test_a_registered_segmentation_reader_becomes_a_bundle(tmp_path, monkeypatch):
+    from calibkit.data.bundle import index_checksum
+    from calibkit.data.segmentation import load_segmentation
+
+    monkeypatch.chdir(tmp_path)
+    b = load_segmentation("toy", _spec(_toy_reader()), "files", seed=3, val_size=None, train_subset=None)
+    val = _drawn(10, 1, 3, 0)  # the spec's 10% of 10
+    assert (b.name, b.num_classes, b.in_channels, b.hflip, b.crop_pad) == ("toy", 4, 3, True, 7)
+    assert (b.modality, b.ignore_index, b.data_dir) == ("segmentation", 255, str(tmp_path / "files"))
+    assert (b.val.images[:, 0, 0, 0] - 10).tolist() == val
+    assert (b.train.images[:, 0, 0, 0] - 10).tolist() == [i for i in range(10) if i not in val]
+    values = np.array([10 + i for i in range(10) if i not in val]) / 255  # every pixel of image i is 10 + i
+    assert b.mean == pytest.approx((values.mean(),) * 3) and b.std == pytest.approx((values.std(),) * 3)
+    assert b.split == {"seed": 3, "rule": "seeded random draw from the official training list", "train": 9, "val": 1,
+                       "test": 3, "train_subset": None, "val_checksum": index_checksum(val), "train_checksum": None}
+    assert load_segmentation("toy", _spec(_toy_reader()), None, 3, None, None).data_dir is None
+
+
+def test_the_validation_size_of_a_segmentation_reader(tmp_path):
+    from calibkit.data.segmentation import load_segmentation
+
+    spec = _spec(_toy_reader())
+    assert len(load_segmentation("toy", spec, None, 0, 3, None).val) == 3  # a count given overrides the spec's
+    assert len(load_segmentation("toy", spec, None, 0, 2.0, None).val) == 2  # a whole float is a count
+    assert len(load_segmentation("toy", spec, None, 0, 0.25, None).val) == 2  # a fraction: round(2.5) = 2
+    none = load_segmentation("toy", spec, None, 0, 0, None)
+    assert (len(none.train), len(none.val)) == (10, 0)
+    with pytest.raises(ValueError, match=r"^val_size must be an image count or a fraction in \(0, 1\), got 1.5$"):
+        load_segmentation("toy", spec, None, 0, 1.5, None)
+    with pytest.raises(ValueError, match=r"^val_size must be in \[0, 9\] for a training set of 10 images, got 10$"):
+        load_segmentation("toy", spec, None, 0, 10, None)
+
+
+def test_the_training_subset_of_a_segmentation_reader():
+    from calibkit.data.bundle import index_checksum
+    from calibkit.data.segmentation import load_segmentation
+
+    spec = _spec(_toy_reader())
+    b = load_segmentation("toy", spec, None, 2, 1, 4)
+    pool = [i for i in range(10) if i not in _drawn(10, 1, 2, 0)]
+    keep = _drawn(9, 4, 2, 1)  # stream 1, among the 9 training images
+    assert (b.train.images[:, 0, 0, 0] - 10).tolist() == [pool[i] for i in keep]
+    assert b.split["train_subset"] == 4 and b.split["train_checksum"] == index_checksum(keep)
+    assert len(load_segmentation("toy", spec, None, 2, 1, 1).train) == 1
+    whole = load_segmentation("toy", spec, None, 2, 1, 9)  # all of them: no draw
+    assert (whole.train.images[:, 0, 0, 0] - 10).tolist() == pool and whole.split["train_checksum"] is None
+    for n in (0, 10):
+        with pytest.raises(ValueError, match=rf"^train_subset must be in \[1, 9\] for toy, got {n}$"):
+            load_segmentation("toy", spec, None, 2, 1, n)
+
+
+@pytest.mark.parametrize("where", ["train", "val", "test"])
+def test_a_mask_value_beyond_the_classes_names_its_split(where):
+    from calibkit.data.segmentation import load_segmentation
+
+    val = _drawn(2, 1, 0, 0)[0]  # of two training images, the one drawn for validation
+    bad = ("test", 0) if where == "test" else ("train", val if where == "val" else 1 - val)
+    spec = _spec(_toy_reader(n_train=2, n_test=1, bad=bad))  # splits of one image are checked too
+    with pytest.raises(ValueError, match=rf"^toy {where}: mask value 4 is neither a class < 4 nor 255$"):
+        load_segmentation("toy", spec, None, 0, 1, None)
+
+
+def test_scenes_take_one_validation_scene_and_one_training_scene(tmp_path):
+    import hashlib
+
+    fake_fmnist(str(tmp_path), n_train=60, n_test=12)
+    b = load("scenes", data_dir=str(tmp_path), seed=1, val_size=1, train_subset=1)
+    assert (len(b.train), len(b.val), len(b.test)) == (1, 1, 500)
+    digest = hashlib.sha256(b.val.images.numpy().tobytes() + b.val.labels.numpy().tobytes()).hexdigest()
+    assert b.split == {"seed": 1, "rule": "scenes composed from a seeded held-out part of the Fashion-MNIST training "
+                       "images", "train": 1, "val": 1, "test": 500, "train_subset": 1, "val_checksum": digest[:16],
+                       "train_checksum": None}
+    with pytest.raises(ValueError, match=r"^val_size for scenes is a number of scenes >= 1, got 0$"):
+        load("scenes", data_dir=str(tmp_path), val_size=0)
+    with pytest.raises(ValueError, match=r"^train_subset must be in \[1, 4000\] for scenes, got 0$"):
+        load("scenes", data_dir=str(tmp_path), val_size=1, train_subset=0)
