@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 import torch
@@ -454,3 +455,428 @@ def test_default_preset_values_are_the_committed_selection():
         assert win["selected"], method
         assert current_values(preset, method) == win["hparams"], method
         assert not at_edge(win["hparams"], METHODS[method].space), f"{method}: widen its grid"
+
+
+# ------------------------------------------------------------------------------ the tuner, no training
+
+
+def _fake_train(fail=()):
+    """``Bench._train`` without training: validation logits whose confidence grows with LS's alpha
+    (all correct, so ECE = 1 - mean confidence falls as alpha grows); values in ``fail`` raise."""
+
+    def train(self, method, seed, run_dir, csm_data=None):
+        from calibkit import rundir
+
+        alpha = current_values(self.preset, method).get("loss.alpha", 0.0) if method == "ls" else 0.0
+        if alpha in fail:
+            raise RuntimeError(f"alpha {alpha} diverged")
+        labels = torch.arange(60) % 3
+        logits = torch.nn.functional.one_hot(labels, 3).float() * (1.0 + 4.0 * alpha)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.write_tensors(run_dir / rundir.LOGITS, {"val_logits": logits, "val_labels": labels})
+        return {"run_dir": run_dir, "train_time_s": 1.5}
+
+    return train
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    from calibkit.bench.runner import Bench
+
+    monkeypatch.setattr(Bench, "_train", _fake_train())
+    monkeypatch.setitem(METHODS, "ls", dataclasses.replace(METHODS["ls"], space={
+        "loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
+    return lambda fail: monkeypatch.setattr(Bench, "_train", _fake_train(fail))
+
+
+def _tuner(out, lines=None, **kw):
+    kw.setdefault("methods", ["ls"])
+    kw.setdefault("max_extensions", 0)
+    return Tuner(TINY, out, num_threads=1, log=(lines.append if lines is not None else lambda *a, **k: None), **kw)
+
+
+def test_tuner_arguments_methods_and_seed(tmp_path, no_training):
+    with pytest.raises(ValueError) as err:
+        Tuner(TINY, tmp_path, methods=["ls", "nope", "bad"])
+    assert str(err.value) == f"unknown method(s) nope, bad; valid methods: {', '.join(METHODS)}"
+    with pytest.raises(ValueError) as err:
+        Tuner(TINY, tmp_path, methods=["ls"], max_extensions=-1)
+    assert str(err.value) == "max_extensions must be >= 0, got -1"
+    assert not (tmp_path / "runs.db").exists()  # refused before anything is created
+    tuner = _tuner(tmp_path, methods=["ce", "flsd", "ls", "mixup"], max_extensions=0)
+    try:  # CE is trained but not listed; FLSD has nothing to tune
+        assert (tuner.methods, tuner.skipped, tuner.unsupported) == (["ls", "mixup"], ["flsd"], [])
+        assert tuner.seed == 7 and tuner.max_extensions == 0
+        assert tuner.items() == [("ce", {}), ("ls", {"loss.alpha": 0.01}), ("ls", {"loss.alpha": 0.1}),
+                                 ("ls", {"loss.alpha": 0.3})] + [("mixup", {"train.mix_alpha": a})
+                                                                 for a in METHODS["mixup"].space["train.mix_alpha"].values]
+        assert tuner.key("ls", {"loss.alpha": 0.1}) == cand_key("tiny", "ls", 7, {"loss.alpha": 0.1}) \
+            == "tiny/ls/7/alpha=0.1"
+        assert tuner.run_dir("ls", {"loss.alpha": 0.1}) == tmp_path / "tune" / "tiny" / "ls" / "alpha=0.1"
+    finally:
+        tuner.close()
+    text = dataclasses.replace(TINY, modality="text", methods=("ls", "mixup", "focal"))
+    tuner = Tuner(text, tmp_path / "t", seed=3, max_extensions=2, num_threads=1, log=lambda *a, **k: None)
+    try:  # the preset's own list by default; mixing images is not for text
+        assert (tuner.methods, tuner.unsupported, tuner.seed, tuner.max_extensions) == (["ls", "focal"], ["mixup"], 3, 2)
+    finally:
+        tuner.close()
+
+
+def test_tuner_trains_scores_selects_and_logs_each_candidate(tmp_path, no_training):
+    lines = []
+    tuner = _tuner(tmp_path, lines)
+    try:
+        assert tuner.run() == {"done": 4, "skipped": 0, "failed": 0}
+        assert tuner.selection() == {"ls": {"loss.alpha": 0.3}}  # the most confident: all correct, lowest ECE
+        tuned = tuner.tuned_preset()
+        rec = tuner.record("ls", {"loss.alpha": 0.3})
+    finally:
+        tuner.close()
+    assert tuned.losses["ls"] == "ls:alpha=0.3" and "data_dir" not in rec
+    rows = _rows(tmp_path)
+    assert set(rows) == {"tiny/ce/7/default", "tiny/ls/7/alpha=0.01", "tiny/ls/7/alpha=0.1", "tiny/ls/7/alpha=0.3"}
+    best = rows["tiny/ls/7/alpha=0.3"]
+    assert best["selected"] and best["train_time_s"] == 1.5 and best["run_dir"] == str(tuner.run_dir("ls", {"loss.alpha": 0.3}))
+    assert best["metrics"] == val_metrics(best["run_dir"]) and best["config"] == rec
+    assert best["criterion"] == Criterion().to_dict() == {"metric": "ece", "n_bins": 15, "max_acc_drop": 0.01, "tie": 1e-4}
+    starts = [line for line in lines if line.endswith(": running")]
+    assert starts == ["[1/4] tune tiny/ce/7/default: running", "[2/4] tune tiny/ls/7/alpha=0.01: running",
+                      "[3/4] tune tiny/ls/7/alpha=0.1: running", "[4/4] tune tiny/ls/7/alpha=0.3: running"]
+    m = best["metrics"]
+    assert re.fullmatch(rf"\[4/4\] tune tiny/ls/7/alpha=0\.3: done in \d+ s \(val acc {m['acc']:.2%}, "
+                        rf"val ECE {m['ece'] * 100:.2f}\)", lines[lines.index(starts[3]) + 1])
+    lines.clear()
+    tuner = _tuner(tmp_path, lines)
+    try:
+        assert tuner.run() == {"done": 0, "skipped": 4, "failed": 0}
+    finally:
+        tuner.close()
+    assert lines[0] == "[1/4] tune tiny/ce/7/default: finished earlier; skipped"
+
+
+def test_val_metrics_of_a_missing_run_and_other_bins(tmp_path):
+    from calibkit import rundir
+    from calibkit.metrics import evaluate
+
+    with pytest.raises(FileNotFoundError) as err:
+        val_metrics(tmp_path)
+    assert str(err.value) == f"{tmp_path / rundir.LOGITS} not found: the candidate's run did not finish"
+    g = torch.Generator().manual_seed(1)
+    val, labels = torch.randn(40, 3, generator=g) * 2, torch.randint(0, 3, (40,), generator=g)
+    rundir.write_tensors(tmp_path / rundir.LOGITS, {"val_logits": val, "val_labels": labels})
+    want = evaluate(val.double().softmax(1), labels, n_bins=4)
+    got = val_metrics(tmp_path, n_bins=4)
+    assert got == {**{k: float(v) for k, v in want.items()}, "n": 40}
+    assert got["ece"] != pytest.approx(val_metrics(tmp_path)["ece"], abs=1e-9)  # the bins matter here
+
+
+def test_a_failed_candidate_leaves_no_selection_and_says_so(tmp_path, no_training):
+    no_training((0.1,))
+    lines = []
+    tuner = _tuner(tmp_path, lines)
+    try:
+        assert tuner.run() == {"done": 3, "skipped": 0, "failed": 1}
+        assert "tune ls: 2 of 3 candidates finished; no selection yet (run the same command again)" in lines
+        assert tuner.selection() == {}
+        with pytest.raises(RuntimeError) as err:
+            tuner.tuned_preset()
+        assert str(err.value) == f"no selection for ls (failed candidates; see {tmp_path}/runs.db)"
+    finally:
+        tuner.close()
+    assert _rows(tmp_path)["tiny/ls/7/alpha=0.1"]["status"] == "failed"
+
+
+def test_run_one_trains_one_named_candidate(tmp_path, no_training):
+    tuner = _tuner(tmp_path)
+    try:
+        with pytest.raises(ValueError) as err:
+            tuner.run_one("tiny/ls/7/alpha=0.2")
+        assert str(err.value) == "tiny/ls/7/alpha=0.2 is not a candidate of this tuning (4 candidates of ce, ls)"
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 1, "skipped": 0, "failed": 0}
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 1, "failed": 0}
+    finally:
+        tuner.close()
+    rows = _rows(tmp_path)
+    assert list(rows) == ["tiny/ls/7/alpha=0.1"] and not rows["tiny/ls/7/alpha=0.1"]["selected"]  # no selection
+
+
+def test_check_consistent_names_the_differing_settings(tmp_path, no_training):
+    tuner = _tuner(tmp_path)
+    try:
+        tuner.run_one("tiny/ls/7/alpha=0.1")
+        tuner.check_consistent()  # the same settings: fine
+    finally:
+        tuner.close()
+    other = dataclasses.replace(TINY, train={**TINY.train, "epochs": 2, "lr": 0.1})
+    tuner = Tuner(other, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
+    try:
+        with pytest.raises(ValueError) as err:
+            tuner.check_consistent()
+        assert str(err.value) == (f"{tmp_path / 'runs.db'}: candidate tiny/ls/7/alpha=0.1 was trained with other "
+                                  "settings (train); choose another --out")
+    finally:
+        tuner.close()
+    with Store(tmp_path / "runs.db") as s:  # a method no longer in the grid is ignored
+        s.claim_candidate("tiny/zz/7/x=1", preset="tiny", method="zz", seed=7, hparams={"x.y": 1.0}, config={"a": 1})
+    tuner = _tuner(tmp_path)
+    try:
+        tuner.check_consistent()
+    finally:
+        tuner.close()
+
+
+def test_the_tuners_bench_trains_ce_on_the_selection_seed_with_its_settings(tmp_path, no_training):
+    store = Store(tmp_path / "mine.db")
+    logged = []
+    tuner = Tuner(TINY, tmp_path, methods=["ls"], data_dir="somewhere", device="cpu", num_threads=1,
+                  csm_store="gen", log=logged.append, store=store)
+    try:
+        b = tuner.bench
+        assert (b.seeds, b.methods, b.data_dir, b.device, b.num_threads, b.csm_store) == (
+            [7], ["ce"], "somewhere", "cpu", 1, "gen")
+        assert b.store is store and tuner.store is store and tuner.dd is b.dd and tuner.out == tmp_path
+        b.log("x")
+        assert logged == ["x"]
+        rec = tuner.record("ls", {"loss.alpha": 0.1})
+        assert rec["seed"] == 7 and rec["hparams"] == {"loss.alpha": 0.1} and rec["loss"] == "ls:alpha=0.1"
+        assert "data_dir" not in rec and list(rec) == sorted(rec)  # JSON-normalised: sorted keys
+    finally:
+        tuner.close()
+    store.close()
+
+
+def test_produce_hands_each_kind_its_view_seed_and_directory(tmp_path, no_training, monkeypatch):
+    from calibkit.bench import twostage
+    from calibkit.bench.runner import Bench
+
+    seen = []
+    monkeypatch.setattr(Bench, "_train", lambda self, m, seed, d, csm_data=None: seen.append(
+        ("train", current_values(self.preset, m), seed, d)) or {"run_dir": d})
+    for name in ("maccal", "csm"):
+        monkeypatch.setattr(twostage, f"produce_{name}", lambda view, seed, d, name=name: seen.append(
+            (name, current_values(view.preset, name), seed, d)) or {"run_dir": d})
+    tuner = _tuner(tmp_path, methods=["ls", "maccal", "csm"])
+    try:
+        for method, values in (("ls", {"loss.alpha": 0.1}), ("maccal", {"maccal.eta": 4.0, "maccal.r_min": 0.3}),
+                               ("csm", {"csm.sharpness": 1.0, "train.csm_weight": 4.0})):
+            d = tmp_path / method
+            assert tuner._produce(method, values, d) == {"run_dir": d}
+            assert seen[-1] == ({"ls": "train"}.get(method, method), values, 7, d)
+    finally:
+        tuner.close()
+
+
+def test_wait_for_others_waits_while_another_process_trains_a_candidate_of_this_tuning(tmp_path, no_training,
+                                                                                       monkeypatch):
+    from calibkit.bench import tune
+
+    tuner = _tuner(tmp_path)
+    other = Store(tmp_path / "runs.db")  # another tuner: its own owner, a live process
+    sleeps = []
+    try:
+        # running elsewhere, but of another selection seed or preset, or finished: no wait
+        assert other.claim_candidate("tiny/ls/8/alpha=0.1", preset="tiny", method="ls", seed=8, hparams={})
+        assert other.claim_candidate("tinz/ls/7/alpha=0.1", preset="tinz", method="ls", seed=7, hparams={})
+        assert other.claim_candidate("tiny/ls/7/alpha=0.3", preset="tiny", method="ls", seed=7, hparams={})
+        other.finish_candidate("tiny/ls/7/alpha=0.3", metrics={})
+        def no_wait(s):
+            raise AssertionError("waited for a candidate of another tuning or a finished one")
+
+        monkeypatch.setattr(tune.time, "sleep", no_wait)
+        tuner.wait_for_others()
+        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={})
+
+        def sleep(s):  # the other process finishes while this one waits
+            sleeps.append(s)
+            other.finish_candidate("tiny/ls/7/alpha=0.1", metrics={})
+
+        monkeypatch.setattr(tune.time, "sleep", sleep)
+        tuner.wait_for_others(poll_s=0.25)
+        assert sleeps == [0.25]
+    finally:
+        other.close()
+        tuner.close()
+
+
+def test_check_consistent_reads_this_tunings_rows_only(tmp_path, no_training):
+    tuner = _tuner(tmp_path)
+    a, b = {"loss.alpha": 0.1}, {"loss.alpha": 0.3}
+    try:
+        mine_a, mine_b = tuner.record("ls", a), tuner.record("ls", b)
+    finally:
+        tuner.close()
+    with Store(tmp_path / "runs.db") as s:
+        # another preset's and another seed's candidates, trained otherwise: not this tuning's business
+        for key, preset, seed in (("tinz/ls/7/alpha=0.1", "tinz", 7), ("tiny/ls/8/alpha=0.1", "tiny", 8)):
+            s.claim_candidate(key, preset=preset, method="ls", seed=seed, hparams=a, config={**mine_a, "lr": 9})
+            s.finish_candidate(key, metrics={})
+        # a method no longer in the grid (listed first), and this tuning's candidate with its data elsewhere
+        s.claim_candidate("tiny/zz/7/x=1", preset="tiny", method="zz", seed=7, hparams={"x.y": 1.0}, config={})
+        s.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams=a,
+                          config={**mine_a, "data_dir": "/elsewhere"})
+        for key in ("tiny/zz/7/x=1", "tiny/ls/7/alpha=0.1"):  # only finished candidates are compared
+            s.finish_candidate(key, metrics={})
+    tuner = _tuner(tmp_path)
+    try:
+        tuner.check_consistent()  # the same data under another path is the same candidate
+        with Store(tmp_path / "runs.db") as s:
+            s.claim_candidate("tiny/ls/7/alpha=0.3", preset="tiny", method="ls", seed=7, hparams=b,
+                              config={**mine_b, "extra": 1})
+            s.finish_candidate("tiny/ls/7/alpha=0.3", metrics={})
+        with pytest.raises(ValueError, match=r"alpha=0\.3 was trained with other settings \(extra\)"):
+            tuner.check_consistent()  # a setting only the recorded candidate has is a difference too
+    finally:
+        tuner.close()
+
+
+def test_a_candidate_that_builds_on_ce_waits_while_another_process_trains_ce(tmp_path, no_training, monkeypatch):
+    from calibkit.bench import tune
+
+    captured = []
+    monkeypatch.setattr(tune, "work_queue", lambda items, ready, attempt: captured.append((items, ready)))
+    tuner = _tuner(tmp_path, methods=["ls", "maccal"])
+    other = Store(tmp_path / "runs.db")
+    try:
+        tuner.refresh()
+        tuner._round(tuner.items(), {"done": 0, "skipped": 0, "failed": 0})
+        (items, ready), = captured
+        maccal, ls = ("maccal", {"maccal.eta": 1.0, "maccal.r_min": 0.05}), ("ls", {"loss.alpha": 0.1})
+        assert maccal in items and ready(maccal) is True and ready(ls) is True
+        # CE of another seed or preset held elsewhere: no reason to wait
+        for key, preset, seed in (("tiny/ce/8/default", "tiny", 8), ("tinz/ce/7/default", "tinz", 7)):
+            assert other.claim_candidate(key, preset=preset, method="ce", seed=seed, hparams={})
+        assert ready(maccal) is True
+        assert other.claim_candidate("tiny/ce/7/default", preset="tiny", method="ce", seed=7, hparams={})
+        assert ready(maccal) is False and ready(ls) is True  # only what builds on CE waits
+        other.finish_candidate("tiny/ce/7/default", metrics={})
+        assert ready(maccal) is True
+    finally:
+        other.close()
+        tuner.close()
+
+
+def test_a_candidate_held_by_another_process_is_waited_for_or_skipped(tmp_path, no_training):
+    lines = []
+    tuner = _tuner(tmp_path, lines)
+    other = Store(tmp_path / "runs.db")
+    try:
+        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={})
+        item, counts, waiting = ("ls", {"loss.alpha": 0.1}), {"done": 0, "skipped": 0, "failed": 0}, set()
+        assert tuner._attempt(item, counts, "[3/4]", waiting) is False  # the queue retries it later
+        assert tuner._attempt(item, counts, "[3/4]", waiting) is False
+        assert waiting == {"tiny/ls/7/alpha=0.1"} and counts == {"done": 0, "skipped": 0, "failed": 0}
+        assert lines == ["[3/4] tune tiny/ls/7/alpha=0.1: running in another process; waiting for it"]  # said once
+        lines.clear()
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 1, "failed": 0}  # nothing to wait in
+        assert lines == ["[1/1] tune tiny/ls/7/alpha=0.1: running in another process; skipped"]
+        lines.clear()
+        assert tuner.run_one("tiny/ls/7/alpha=0.3") == {"done": 1, "skipped": 0, "failed": 0}
+        assert lines[0] == "[1/1] tune tiny/ls/7/alpha=0.3: running"
+        assert tuner.run_one("tiny/ls/7/alpha=0.3") == {"done": 0, "skipped": 1, "failed": 0}
+        assert lines[-1] == "[1/1] tune tiny/ls/7/alpha=0.3: finished earlier; skipped"
+        row = _rows(tmp_path)["tiny/ls/7/alpha=0.3"]
+        assert row["git_commit"] == tuner.bench._env["git_commit"] and row["train_time_s"] == 1.5
+    finally:
+        other.close()
+        tuner.close()
+
+
+def test_a_failure_is_recorded_with_its_message(tmp_path, no_training):
+    no_training((0.1,))
+    lines = []
+    tuner = _tuner(tmp_path, lines)
+    try:
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 0, "failed": 1}
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 0, "failed": 1}  # retried
+    finally:
+        tuner.close()
+    row = _rows(tmp_path)["tiny/ls/7/alpha=0.1"]
+    assert row["status"] == "failed" and "alpha 0.1 diverged" in row["error"] and row["attempts"] == 2
+    assert any(line.startswith("[1/1] tune tiny/ls/7/alpha=0.1: ") and "alpha 0.1 diverged" in line for line in lines)
+
+
+def test_the_criterion_scores_selects_and_is_recorded(tmp_path, no_training):
+    import json
+
+    from calibkit.bench.extend import meta_key
+
+    crit = Criterion(n_bins=4, tie=1.0)  # every candidate tied: the one nearest the published 0.05 wins
+    tuner = _tuner(tmp_path, criterion=crit)
+    try:
+        tuner.run()
+        assert tuner.selection() == {"ls": {"loss.alpha": 0.01}}
+    finally:
+        tuner.close()
+    rows = _rows(tmp_path)
+    for r in rows.values():
+        assert r["metrics"] == val_metrics(r["run_dir"], n_bins=4)
+    assert rows["tiny/ls/7/alpha=0.01"]["criterion"] == crit.to_dict()
+    with Store(tmp_path / "runs.db", readonly=True) as s:
+        text = s.get_meta(meta_key("tiny", 7, "ls"))
+    record = json.loads(text)
+    assert text == json.dumps(record, sort_keys=True)
+    assert (record["added"], record["steps"], record["no_effect"]) == ({}, {}, [])
+
+
+def test_select_all_selects_each_complete_method_on_this_tunings_rows(tmp_path, no_training, monkeypatch):
+    monkeypatch.setitem(METHODS, "focal", dataclasses.replace(METHODS["focal"], space={
+        "loss.gamma": Axis((1.0, 2.0, 3.0), 2.0)}))
+    lines = []
+    tuner = _tuner(tmp_path, lines, methods=["ls", "focal"])
+    other = Store(tmp_path / "runs.db")
+    try:
+        for m, v in [("focal", {"loss.gamma": g}) for g in (1.0, 2.0, 3.0)] + [("ls", {"loss.alpha": 0.01})]:
+            tuner.run_one(tuner.key(m, v))
+        # ls: 0.1 running elsewhere, 0.3 missing; the failures of other tunings and methods are not its own
+        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={"loss.alpha": 0.1})
+        for key, preset, method, seed in (("tinz/ls/7/alpha=0.3", "tinz", "ls", 7), ("tiny/ls/8/alpha=0.3", "tiny", "ls", 8),
+                                          ("tiny/mbls/7/alpha=0.3", "tiny", "mbls", 7)):
+            other.claim_candidate(key, preset=preset, method=method, seed=seed, hparams={"loss.alpha": 0.3})
+            other.fail_candidate(key, "boom")
+            other.claim_candidate(key.replace("0.3", "0.1"), preset=preset, method=method, seed=seed,
+                                  hparams={"loss.alpha": 0.1})
+            other.finish_candidate(key.replace("0.3", "0.1"), metrics={"acc": 1.0, "ece": 0.0})
+        lines.clear()
+        tuner.refresh()
+        assert [r["cand_key"] for r in tuner.finished("ls")] == ["tiny/ls/7/alpha=0.01"]
+        # ls has nothing to select yet (and nothing of its own failed: no message); focal is selected
+        assert tuner.select_all() == {"focal": {"loss.gamma": 2.0}}
+        assert lines == ["tune focal: gamma had no effect (its values gave bit-identical validation logits)"]
+    finally:
+        other.close()
+        tuner.close()
+
+
+def test_a_presets_own_spaces_replace_the_methods(tmp_path, no_training):
+    own = dataclasses.replace(TINY, spaces={"ls": {"loss.alpha": Axis((0.2, 0.4), 0.2)}, "focal": {}})
+    tuner = Tuner(own, tmp_path, methods=["ls", "focal"], max_extensions=0, num_threads=1, log=lambda *a, **k: None)
+    try:
+        assert tuner.methods == ["ls"] and tuner.skipped == ["focal"]
+        assert tuner.items() == [("ce", {}), ("ls", {"loss.alpha": 0.2}), ("ls", {"loss.alpha": 0.4})]
+        assert tuner.run_dir("ce", {}) == tmp_path / "runs" / "tiny" / "ce" / "seed7"
+        tuner.run()
+        assert tuner.selection() == {"ls": {"loss.alpha": 0.4}}
+        assert tuner.tuned_preset().losses["ls"] == "ls:alpha=0.4"
+    finally:
+        tuner.close()
+
+
+def test_select_exact_edges_of_the_accuracy_rule_and_the_tie():
+    space = {"loss.alpha": Axis((0.0, 1.0), 1.0)}
+    edge = 0.9 - Criterion().max_acc_drop - 1e-12  # the rule's own threshold: still eligible
+    assert select([_c({"loss.alpha": 0.0}, 0.9, 0.05), _c({"loss.alpha": 0.5}, edge, 0.01)], space) == 1
+    tie = 0.02 + Criterion().tie  # exactly the tie tolerance above the best: tied, nearer the default wins
+    assert select([_c({"loss.alpha": 0.0}, 0.9, 0.02), _c({"loss.alpha": 1.0}, 0.9, tie)], space) == 1
+    with pytest.raises(ValueError) as err:
+        select([], space)
+    assert str(err.value) == "no finished candidates to select from"
+
+
+def test_the_distance_to_the_published_values_is_in_grid_range_units():
+    # a: range 1 (1..2), b: range 10 (0..10). (a=2, b=0) is 1 range away, (a=1, b=6) 0.6
+    space = {"loss.a": Axis((1.0, 2.0), 1.0), "loss.b": Axis((0.0, 10.0), 0.0)}
+    cands = [_c({"loss.a": 2.0, "loss.b": 0.0}, 0.9, 0.02), _c({"loss.a": 1.0, "loss.b": 6.0}, 0.9, 0.02)]
+    assert select(cands, space) == 1
+    cands[1]["hparams"]["loss.b"] = 10.0  # now 1 range away too: a tie, and grid order decides
+    assert select(cands, space) == 0

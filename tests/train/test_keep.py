@@ -35,10 +35,21 @@ def test_keeper_by_hand():
     assert kept[last] == [True] * 4 and last.epoch == 4
     resumed = Keeper("best-nll", nll.state_dict())  # a resumed run continues from the saved state
     assert not resumed.offer(5, {"val_loss": 0.65}) and resumed.offer(6, {"val_loss": 0.5}) and resumed.epoch == 6
-    with pytest.raises(ValueError, match="unknown checkpoint policy 'best'.*best-acc"):
+    with pytest.raises(ValueError) as err:
         Keeper("best")
+    assert str(err.value) == "keep: unknown checkpoint policy 'best'; valid: best-acc, best-nll, best-ece, best-miou, last"
     with pytest.raises(ValueError, match="keep: must be one of"):
         tiny(keep="best").validate()
+
+
+def test_keeper_state_before_and_after_offers():
+    fresh = Keeper("best-acc")  # nothing kept yet: epoch 0 (no epoch's record), any first score wins
+    assert fresh.state_dict() == {"policy": "best-acc", "score": float("-inf"), "epoch": 0}
+    assert fresh.offer(1, {"val_acc": -1e300}) and fresh.epoch == 1
+    nll = Keeper("best-nll")
+    nll.offer(1, {"val_loss": 0.75})
+    assert nll.state_dict() == {"policy": "best-nll", "score": -0.75, "epoch": 1}  # what a checkpoint records
+    assert Keeper("last", {}).epoch == 0  # an empty state is a fresh one
 
 
 @pytest.mark.parametrize("policy", ["best-acc", "best-nll", "best-ece", "last"])

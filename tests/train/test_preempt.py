@@ -78,3 +78,59 @@ def test_sigusr1_requests_a_stop_instead_of_ending_the_process(clean_flag):
         assert preempt.requested()
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_preempted_names_its_epoch_and_run_directory():
+    plain, named = preempt.Preempted(3), preempt.Preempted(2, "runs/ce-0")
+    assert str(plain) == "stopped on request after epoch 3" and plain.epoch == 3 and plain.run_dir is None
+    assert str(named) == "stopped on request after epoch 2 (runs/ce-0)" and named.run_dir == "runs/ce-0"
+    assert isinstance(named, BaseException) and not isinstance(named, Exception)  # failure records let it pass
+
+
+def test_clear_withdraws_a_request(clean_flag):
+    preempt.request()
+    assert preempt.requested() is True
+    preempt.clear()
+    assert preempt.requested() is False
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdv'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_agreed_reduces_the_flag_on_the_cpu_under_gloo(one_process_group, clean_flag):
+    from calibkit.distributed import Dist
+
+    # enabled (world 2 says so); gloo reduces CPU tensors whatever the process's device (a meta
+    # tensor here would reduce, but its value could not be read)
+    dd = Dist(0, 2, torch.device("meta"))
+    assert preempt.agreed(dd) is False
+    preempt.request()
+    assert preempt.agreed(dd) is True
+    assert preempt.agreed(Dist()) is True  # a single process reads its own flag, no group needed
+
+
+def test_agreed_reduces_on_the_process_device_under_nccl(monkeypatch, clean_flag):
+    import torch.distributed as dist
+
+    from calibkit.distributed import Dist
+
+    seen = []
+
+    class Reduced(Exception):
+        pass
+
+    def all_reduce(t, op=dist.ReduceOp.SUM):
+        seen.append(t.device.type)
+        raise Reduced
+
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    with pytest.raises(Reduced):
+        preempt.agreed(Dist(0, 2, torch.device("meta")))  # a stand-in for the process's CUDA device
+    assert seen == ["meta"]
