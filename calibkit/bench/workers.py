@@ -181,7 +181,7 @@ def warm_up(device: str) -> None:
     import torch
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-    if device != "cpu" and torch.cuda.is_available() and (device == "auto" or device.startswith("cuda")):
+    if (device == "auto" or device.startswith("cuda")) and torch.cuda.is_available():
         torch.cuda.init()
 
 

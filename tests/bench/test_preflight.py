@@ -154,7 +154,7 @@ def test_a_missing_generated_set_names_the_fix(monkeypatch):
     import calibkit.bench.csmbuild as csmbuild
     import calibkit.extras
 
-    monkeypatch.setattr(csmbuild, "cost_line", lambda *a: f"cost of {a[1].name} for seeds {a[2]} on {a[3]}")
+    monkeypatch.setattr(csmbuild, "cost_line", lambda *a: f"cost of {a[0].name} on {a[1].name} for seeds {a[2]} on {a[3]}")
     required = []
     monkeypatch.setattr(calibkit.extras, "require", lambda *a: required.append(a))
     with pytest.raises(FileNotFoundError) as err:
@@ -166,6 +166,18 @@ def test_a_missing_generated_set_names_the_fix(monkeypatch):
     assert str(err.value) == "csm: digits is text, not images; CSM does not apply: leave csm out of --methods"
     with pytest.raises(FileNotFoundError) as err:
         P._check_csm_store(SMOKE, None, _bundle(), [3, 4])
-    assert str(err.value) == "cost of digits for seeds [3, 4] on auto" and required == []
+    assert str(err.value) == "cost of smoke on digits for seeds [3, 4] on auto" and required == []
     P._check_csm_store(SMOKE, None, _bundle(), [3], csm_build=True, device="cpu")
     assert required == [("diffusers", "building a CSM generated set (--csm-build)")]
+
+
+def test_the_extra_a_data_set_needs_is_named_before_it_is_read(rec, tmp_path, monkeypatch):
+    import calibkit.extras as extras
+
+    real = extras.available
+    monkeypatch.setattr(extras, "available", lambda m: False if m == "scipy" else real(m))
+    with pytest.raises(extras.MissingExtra, match="scipy"):
+        P.check_bench(dataclasses.replace(SMOKE, dataset="svhn"), tmp_path, methods=["ls"])
+    with pytest.raises(extras.MissingExtra, match="scipy"):  # the OOD set's too
+        P.check_bench(dataclasses.replace(SMOKE, ood="svhn"), tmp_path, methods=["ls"])
+    assert rec["load"] == []

@@ -4,6 +4,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 from types import SimpleNamespace
 
@@ -17,15 +18,20 @@ def _fake_run(monkeypatch, answers):
     """``subprocess.run`` answering each command by its name (``answers[name](cmd) -> stdout``)."""
     calls = []
 
-    def run(cmd, **kwargs):
+    def run(cmd, capture_output=False, text=False, check=False):
+        # as subprocess.run: output only when captured, bytes unless text, an error status raised with check
         calls.append(cmd)
         answer = answers[cmd[0]](cmd)
         if isinstance(answer, BaseException):
             raise answer
-        if isinstance(answer, tuple):  # (returncode, stdout, stderr)
-            rc, out, err = answer
-            return SimpleNamespace(returncode=rc, stdout=out, stderr=err)
-        return SimpleNamespace(returncode=0, stdout=answer, stderr="")
+        rc, out, err = answer if isinstance(answer, tuple) else (0, answer, "")
+        if check and rc != 0:
+            raise subprocess.CalledProcessError(rc, cmd, out, err)
+        if not capture_output:
+            out = err = None
+        elif not text:
+            out, err = out.encode(), err.encode()
+        return SimpleNamespace(returncode=rc, stdout=out, stderr=err)
 
     monkeypatch.setattr(S.subprocess, "run", run)
     return calls
@@ -36,7 +42,7 @@ def test_squeue_states_reads_this_users_tasks_of_the_wanted_jobs(monkeypatch):
     assert S.squeue_states(["12", 13, "14"]) == {"12_3": "RUNNING", "13_0": "PENDING", "14_0": "PENDING"}
     assert calls == [["squeue", "-h", "-r", "-u", str(os.getuid()), "-o", "%F|%K|%T"]]
     assert S.squeue_states([]) == {} and len(calls) == 1  # nothing to ask about: squeue is not run
-    for failure in (OSError(2, "No such file or directory: 'squeue'"), subprocess.CalledProcessError(1, "squeue")):
+    for failure in (OSError(2, "No such file or directory: 'squeue'"), (1, "", "slurm_load_jobs error")):
         _fake_run(monkeypatch, {"squeue": lambda cmd, f=failure: f})
         assert S.squeue_states(["12"]) is None  # no queue to read here
 
@@ -85,6 +91,7 @@ def _arrays():
 
 
 def test_submit_records_each_job_and_chains_the_real_ids(tmp_path, monkeypatch):
+    tmp_path = tmp_path / "my bench"  # a space: every path is quoted in the submit script
     jobs = iter(["101", "102;cluster", "103"])
     calls = _fake_run(monkeypatch, {"sbatch": lambda cmd: next(jobs) + "\n"})
     said = []
@@ -100,15 +107,29 @@ def test_submit_records_each_job_and_chains_the_real_ids(tmp_path, monkeypatch):
         (1, "ce", "101", {"0": "p/ce/0", "1": "p/ce/1"}), (1, "maccal", "102", {"1": "p/maccal/1"}),
         (1, "select", "103", {})]
     assert (sdir / "001-ce.keys").read_text() == "0 p/ce/0\n1 p/ce/1\n" and not (sdir / "001-select.keys").exists()
-    assert os.access(sdir / "001-ce.sh", os.X_OK) and (sdir / "logs").is_dir()
+    assert (sdir / "001-ce.sh").stat().st_mode & 0o777 == 0o755 and (sdir / "logs").is_dir()
+    assert [s["script"] for s in subs] == [str(sdir / f"001-{n}.sh") for n in ("ce", "maccal", "select")]
+    ce = (sdir / "001-ce.sh").read_text()
+    assert f"#SBATCH --job-name=calibkit-my bench-ce" in ce and f"keys={sdir / '001-ce.keys'}" in ce.replace("'", "")
+    assert f"#SBATCH --output={sdir / 'logs'}/%A_%a-ce.out" in ce
     assert said[0] == f"submitted ce: job 101 (2 task(s)); script {sdir / '001-ce.sh'}"
     assert said[1].startswith("submitted maccal: job 102 (1 task(s), after aftercorr:101,afterok:7_1)")
     assert said[2].startswith("submitted select: job 103 (1 job, after afterok:101)")
-    assert (sdir / "001-submit.sh").read_text().startswith("#!/bin/sh\nset -e\nce=$(sbatch --parsable ")
+    q = lambda p: "'" + str(p) + "'"  # noqa: E731  (shlex.quote of a path with a space)
+    assert (sdir / "001-submit.sh").read_text() == (
+        f"#!/bin/sh\nset -e\nce=$(sbatch --parsable {q(sdir / '001-ce.sh')})\n"
+        f"maccal=$(sbatch --parsable --dependency=aftercorr:101,afterok:7_1 {q(sdir / '001-maccal.sh')})\n"
+        f"select=$(sbatch --parsable --dependency=afterok:101 {q(sdir / '001-select.sh')})\n")
     # the next submission is numbered after it
     jobs = iter(["201"])
     S.submit(tmp_path, _arrays()[:1], argv, S.SlurmOptions(), log=said.append)
     assert (sdir / "002-ce.sh").is_file() and S.submissions(tmp_path)[-1]["number"] == 2
+    # a dry run writes the scripts and says how to submit them, submitting nothing
+    said.clear()
+    ids = S.submit(tmp_path, _arrays()[:1], argv, S.SlurmOptions(), dry_run=True, log=said.append)
+    assert ids == {"ce": "$ce"} and len(S.submissions(tmp_path)) == 4
+    assert said == [f"dry run: 1 script(s) written to {sdir}; submit them with:",
+                    f"  ce=$(sbatch --parsable {q(sdir / '003-ce.sh')})"]
 
 
 def test_a_failed_sbatch_names_its_script_and_keeps_what_was_submitted(tmp_path, monkeypatch):
@@ -179,6 +200,9 @@ def test_an_array_task_runs_its_key_and_forwards_sigusr1(tmp_path, monkeypatch):
               "--time=1:00:00", "--mem=8G", "--requeue", "--signal=B:USR1@120", "--constraint=a100"):
         assert f"#SBATCH {d}" in lines, d
     assert "--gres" not in text  # no GPU asked for
+    assert lines[1] == f"# calibkit bench --executor slurm: stage train, 2 task(s); index -> key: {tmp_path / '001-train.keys'}"
+    assert f"cd {shlex.quote(os.getcwd())}" in lines and text.endswith("\nexit $rc\n")
+    assert f"{S.sys.executable} -m calibkit bench" in text and "torch.distributed.run" not in text
     rc, out, err = _run_task(path, tmp_path, 4)
     assert rc == 3, err  # the task's status is the command's
     said = out.splitlines()
@@ -188,6 +212,14 @@ def test_an_array_task_runs_its_key_and_forwards_sigusr1(tmp_path, monkeypatch):
     assert rc == 7 and "calibkit: SIGUSR1: stopping after this epoch" in out and "got USR1" in out, (out, err)
     rc, out, err = _run_task(path, tmp_path, 2)  # an index the key map does not hold
     assert rc == 2 and err.strip() == f"calibkit: no key for array index 2 in {tmp_path / '001-train.keys'}"
+
+
+def test_several_processes_per_task_run_under_torchrun_and_take_the_signal(tmp_path, monkeypatch):
+    one, _ = _script(tmp_path, monkeypatch, S.Array("ce", "bench", {0: "p/ce/0"}, gpus=1, torchrun=1))
+    assert "torch.distributed.run" not in one and 'kill -USR1 "$child"' in one  # one process: no launcher
+    two, _ = _script(tmp_path, monkeypatch, S.Array("ce", "bench", {0: "p/ce/0"}, gpus=2, torchrun=2))
+    assert f"{S.sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 -m calibkit bench" in two
+    assert "kill -USR1 $(ps -o pid= --ppid \"$child\")" in two and "#SBATCH --gres=gpu:2" in two
 
 
 def test_the_selection_job_has_no_array_and_no_key(tmp_path, monkeypatch):

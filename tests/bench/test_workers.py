@@ -240,10 +240,12 @@ def test_await_start_without_a_go_does_nothing(monkeypatch):
 
     from calibkit.bench import workers
 
+    watched = []
+    monkeypatch.setattr(workers, "watch_parent", watched.append)
     monkeypatch.setattr(workers.sys, "stdin", io.StringIO(""))  # the caller closed the pipe
     assert workers.await_start() is None
     monkeypatch.setattr(workers.sys, "stdin", io.StringIO("stop\n"))
-    assert workers.await_start() is None
+    assert workers.await_start() is None and watched == []  # nothing redirected, nothing watched
 
 
 def test_await_start_sends_this_process_output_to_its_log(monkeypatch, tmp_path):
@@ -283,11 +285,15 @@ def test_warm_up_makes_the_first_optimizer_and_the_cuda_context_only_on_a_gpu(mo
     made, inits = [], []
     monkeypatch.setattr(torch.optim, "SGD", lambda params, lr: made.append((params, lr)))
     monkeypatch.setattr(torch.cuda, "init", lambda: inits.append(1))
+    initialised = []
     for available in (False, True):
         monkeypatch.setattr(torch.cuda, "is_available", lambda a=available: a)
         for device in ("cpu", "auto", "cuda", "cuda:1", "mps"):
+            before = len(inits)
             workers.warm_up(device)
-    assert len(inits) == 3  # auto, cuda and cuda:1, with a GPU
+            if len(inits) > before:
+                initialised.append((available, device))
+    assert initialised == [(True, "auto"), (True, "cuda"), (True, "cuda:1")]
     (params, lr), *_ = made
     assert len(made) == 10 and lr == 0.1 and len(params) == 1 and params[0].requires_grad
     assert params[0].shape == (1,)
