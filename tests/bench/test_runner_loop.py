@@ -1,0 +1,763 @@
+"""``calibkit.bench.runner``'s loop with training and evaluation stood in: what each run is handed,
+what is recorded and logged, the directory's one policy and one set of values, stale runs moved aside.
+
+``Bench._train`` is replaced by a writer of fixed logits and ``evaluate_run`` by a function that
+returns fixed measurements, so every test here runs in well under a second; the training and the
+evaluation themselves are tested in ``tests/train`` and ``tests/bench/test_evaluation*.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from calibkit import rundir
+from calibkit.bench import evaluation, runner
+from calibkit.bench.grid import METHODS, Preset
+from calibkit.bench.runner import Bench, train_config
+from calibkit.bench.space import apply_values
+from calibkit.store import Store
+
+TINY = Preset(name="tiny", dataset="digits", model="mlp", seeds=(0, 1), tune_seed=7, num_threads=1,
+              train=dict(epochs=4, batch_size=64, lr=0.05, val_size=200, augment=False, milestones=[0.5, 0.75]))
+METRICS = {"before": {"acc": 0.875, "ece": 0.1234}, "after": {"ece": 0.0456}}
+
+
+def quiet(*a, **k):
+    pass
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """Training writes fixed logits; evaluation returns METRICS. Returns the calls' log."""
+    calls = {"train": [], "eval": [], "fail": set()}
+
+    def fake_train(self, method, seed, run_dir, csm_data=None):
+        calls["train"].append((method, seed, run_dir))
+        if (method, seed) in calls["fail"]:
+            raise RuntimeError(f"{method} diverged")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        labels = torch.arange(12) % 3
+        logits = torch.nn.functional.one_hot(labels, 3).float()
+        rundir.write_tensors(run_dir / rundir.LOGITS, {"val_logits": logits, "val_labels": labels,
+                                                      "test_logits": logits.clone(), "test_labels": labels.clone()})
+        return {"run_dir": run_dir, "train_time_s": 2.5 + seed, "config": {"m": method},
+                "extra": {"from": method}, "model": f"model-{method}", "norm": f"norm-{method}"}
+
+    def fake_eval(run_dir, data, model=None, norm=None, device="cpu"):
+        calls["eval"].append((run_dir, data, model, norm, device))
+        return {"metrics": METRICS, "ood": {"auroc": 0.75}, "robustness": None, "eval_time_s": 0.5,
+                "logits_path": str(run_dir / rundir.LOGITS)}
+
+    monkeypatch.setattr(Bench, "_train", fake_train)
+    monkeypatch.setattr(Bench, "eval_data", lambda self, seed: f"data-{seed}")
+    monkeypatch.setattr(evaluation, "evaluate_run", fake_eval)
+    return calls
+
+
+def _bench(out, lines=None, **kw):
+    kw.setdefault("methods", ["ls"])
+    return Bench(TINY, out, num_threads=1, log=(lines.append if lines is not None else quiet), **kw)
+
+
+def _rows(out):
+    with Store(out / "runs.db", readonly=True) as s:
+        return {r["run_key"]: r for r in s.runs("tiny", status=None)}
+
+
+# ------------------------------------------------------------------------------ train_config
+
+
+def test_train_config_layers_preset_method_and_runtime_values():
+    preset = dataclasses.replace(TINY, train_by_method={"ls": {"lr": 0.2}}, checkpoint_every=3,
+                                 losses={"ls": "ls:alpha=0.1"})
+    cfg = train_config(preset, "ls", "1", data_dir="/d", device="cpu", num_threads=2, csm_data="/x")
+    assert (cfg.data, cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.val_size) == ("digits", "mlp", 4, 64, 0.2, 200)
+    assert (cfg.loss, cfg.method, cfg.seed, cfg.data_dir, cfg.device, cfg.num_threads) == (
+        "ls:alpha=0.1", "standard", 1, "/d", "cpu", 2)
+    assert cfg.checkpoint_every == 3 and cfg.csm_data is None  # csm_data only for CSM
+    assert train_config(preset, "ce", 0).lr == 0.05 and train_config(preset, "ce", 0).device == "auto"
+    csm = train_config(preset, "csm", 0, csm_data=rundir.Path("/g"))
+    assert csm.csm_data == "/g" and csm.method == METHODS["csm"].method
+    with pytest.raises(ValueError, match="csm_data: is required"):  # none given: refused, not "None"
+        train_config(preset, "csm", 0)
+    with pytest.raises(ValueError):  # validated
+        train_config(dataclasses.replace(TINY, train={**TINY.train, "lr": -1.0}), "ce", 0)
+
+
+# ------------------------------------------------------------------------------ the constructor
+
+
+def test_constructor_defaults_and_what_it_opens(tmp_path, monkeypatch):
+    threads = []
+    monkeypatch.setattr(runner.torch, "set_num_threads", threads.append)
+    b = Bench(dataclasses.replace(TINY, data_dir="/pd", num_threads=3), tmp_path, log=quiet)
+    try:
+        assert b.seeds == [0, 1] and b.data_dir == "/pd" and b.num_threads == 3 and threads == [3]
+        assert b.methods == list(METHODS) and b.skipped == [] and b.device == "auto" and b.csm_store is None
+        assert b.out == tmp_path and (tmp_path / "runs.db").is_file() and b.dd.is_main
+    finally:
+        b.close()
+    b = Bench(TINY, str(tmp_path), seeds=("4",), methods=["ls"], data_dir="/mine", device="cpu", num_threads=2,
+              csm_store="gen", log=quiet)
+    try:
+        assert b.seeds == [4] and b.methods == ["ce", "ls"] and b.data_dir == "/mine" and threads == [3, 2]
+        assert (b.device, b.csm_store, b.out) == ("cpu", "gen", tmp_path)
+    finally:
+        b.close()
+    b = Bench(dataclasses.replace(TINY, num_threads=None), tmp_path, log=quiet)
+    b.close()
+    assert threads == [3, 2] and b.num_threads is None  # no thread count: torch's own left alone
+
+
+def test_constructor_takes_a_store_object_or_a_path_and_says_what_it_skips(tmp_path):
+    store = Store(tmp_path / "elsewhere.db")
+    b = Bench(TINY, tmp_path / "b", methods=["ls"], log=quiet, store=store)
+    assert b.store is store and not (tmp_path / "b" / "runs.db").exists()
+    b.close()
+    with pytest.raises(Exception):  # close() closed it
+        store.runs()
+    lines = []
+    text = dataclasses.replace(TINY, modality="text")
+    b = Bench(text, tmp_path / "t", methods=["ls", "mixup", "csm"], log=lines.append)
+    try:
+        assert b.methods == ["ce", "ls"] and b.skipped == ["mixup", "csm"]
+        assert lines == ["mixup, csm: skipped (they mix or generate images; preset tiny trains on token ids)"]
+    finally:
+        b.close()
+    with pytest.raises(ValueError, match="--store: expected a postgresql:// URL"):  # text goes to open_store
+        Bench(TINY, tmp_path / "u", log=quiet, store=str(tmp_path / "u.db"))
+
+
+# ------------------------------------------------------------------------------ produce
+
+
+def test_produce_sends_each_kind_its_directory(tmp_path, monkeypatch):
+    from calibkit.bench import twostage
+
+    seen = []
+    monkeypatch.setattr(Bench, "_train", lambda self, m, seed, d, csm_data=None: seen.append(("train", m, seed, d))
+                        or {"k": "train"})
+    for name in ("maccal", "csm"):
+        monkeypatch.setattr(twostage, f"produce_{name}",
+                            lambda bench, seed, d, name=name: seen.append((name, bench, seed, d)) or {"k": name})
+    b = _bench(tmp_path, methods=None)
+    try:
+        assert b.produce("focal", 1) == {"k": "train"}
+        assert seen[-1] == ("train", "focal", 1, tmp_path / "runs" / "tiny" / "focal" / "seed1")
+        assert b.produce("maccal", 0) == {"k": "maccal"}
+        assert seen[-1] == ("maccal", b, 0, tmp_path / "runs" / "tiny" / "maccal" / "seed0")
+        assert b.produce("csm", 2) == {"k": "csm"}
+        assert seen[-1] == ("csm", b, 2, tmp_path / "runs" / "tiny" / "csm" / "seed2")
+        monkeypatch.setitem(METHODS, "odd", dataclasses.replace(METHODS["ls"], kind="weird"))
+        with pytest.raises(ValueError) as err:
+            b.produce("odd", 0)
+        assert str(err.value) == "unknown method kind 'weird' for odd"
+    finally:
+        b.close()
+
+
+def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeypatch):
+    import calibkit.train
+
+    got = []
+
+    def fake(cfg, out, progress=None, verbose=None):
+        got.append((cfg, out, progress, verbose))
+        return {"status": status, "wall_time_s": 12.5}
+
+    monkeypatch.setattr(calibkit.train, "train", fake)
+    b = _bench(tmp_path, data_dir="/dd", device="cpu")
+    try:
+        status = "done"
+        made = b._train("ls", 1, tmp_path / "r", csm_data="/c")
+        cfg, out, progress, verbose = got[-1]
+        assert cfg == train_config(TINY, "ls", 1, "/dd", "cpu", 1, "/c") and out == tmp_path / "r"
+        assert progress is True and verbose is False
+        assert made == {"run_dir": tmp_path / "r", "train_time_s": 12.5, "config": cfg.to_dict()}
+        status = "stopped"
+        with pytest.raises(RuntimeError) as err:
+            b._train("ls", 1, tmp_path / "r")
+        assert str(err.value) == f"{tmp_path / 'r'}: training ended with status 'stopped'"
+    finally:
+        b.close()
+
+
+# ------------------------------------------------------------------------------ run and run_one
+
+
+def test_run_trains_evaluates_and_records_every_run_in_seed_order(tmp_path, stand_ins):
+    lines = []
+    b = _bench(tmp_path, lines, device="cpu")
+    try:
+        assert b.run() == {"done": 4, "skipped": 0, "failed": 0}
+    finally:
+        b.close()
+    root = tmp_path / "runs" / "tiny"
+    assert [c[:2] for c in stand_ins["train"]] == [("ce", 0), ("ls", 0), ("ce", 1), ("ls", 1)]
+    assert stand_ins["eval"][1] == (root / "ls" / "seed0", "data-0", "model-ls", "norm-ls", b.dd.device)
+    assert stand_ins["eval"][2][1] == "data-1"
+    rows = _rows(tmp_path)
+    assert list(rows) == ["tiny/ce/0", "tiny/ls/0", "tiny/ce/1", "tiny/ls/1"]
+    r = rows["tiny/ls/1"]
+    assert (r["status"], r["metrics"], r["ood"], r["robustness"], r["extra"]) == (
+        "done", METRICS, {"auroc": 0.75}, None, {"from": "ls"})
+    assert (r["train_time_s"], r["eval_time_s"], r["method"], r["seed"]) == (3.5, 0.5, "ls", 1)
+    assert r["run_dir"] == str(root / "ls" / "seed1") and r["logits_path"] == str(root / "ls" / "seed1" / rundir.LOGITS)
+    assert r["config"]["hparams"] == {"loss.alpha": 0.05} and r["config"]["seed"] == 1
+    assert r["git_commit"] == b._env["git_commit"] and r["versions"] == b._env["versions"]
+    assert len(lines) == 4 and lines[0].startswith("[1/4] tiny/ce/0: done in 0 s (acc 87.50%, ECE 12.34 -> 4.56 "
+                                                   "after TS) | elapsed ")
+    assert lines[3].startswith("[4/4] tiny/ls/1: done in ")
+    # again: every run finished earlier, nothing trained
+    lines.clear()
+    b = _bench(tmp_path, lines)
+    try:
+        assert b.run() == {"done": 0, "skipped": 4, "failed": 0}
+    finally:
+        b.close()
+    assert len(stand_ins["train"]) == 4
+    assert [ln.split(" | ")[0] for ln in lines] == [
+        f"[{i}/4] {k}: finished earlier; skipped" for i, k in enumerate(rows, 1)]
+
+
+def test_a_failing_run_is_recorded_and_the_others_go_on(tmp_path, stand_ins):
+    stand_ins["fail"].add(("ls", 0))
+    lines = []
+    b = _bench(tmp_path, lines)
+    try:
+        assert b.run() == {"done": 3, "skipped": 0, "failed": 1}
+    finally:
+        b.close()
+    rows = _rows(tmp_path)
+    assert rows["tiny/ls/0"]["status"] == "failed" and "RuntimeError: ls diverged" in rows["tiny/ls/0"]["error"]
+    assert "Traceback" in rows["tiny/ls/0"]["error"] and rows["tiny/ls/1"]["status"] == "done"
+    assert lines[1].startswith("[2/4] tiny/ls/0: FAILED: RuntimeError: ls diverged | ")
+    stand_ins["fail"].clear()  # the next bench retries it, and only it
+    b = _bench(tmp_path)
+    try:
+        assert b.run() == {"done": 1, "skipped": 3, "failed": 0}
+    finally:
+        b.close()
+    assert stand_ins["train"][-1][:2] == ("ls", 0) and _rows(tmp_path)["tiny/ls/0"]["status"] == "done"
+
+
+def test_a_run_held_by_another_process_is_waited_for_once(tmp_path, stand_ins, monkeypatch):
+    from calibkit.bench import attempts
+
+    other = Store(tmp_path / "runs.db")
+    assert other.claim("tiny/ls/0", preset="tiny", method="ls", seed=0)
+    sleeps = []
+
+    def sleep(s):  # the other process finishes while this bench waits
+        sleeps.append(s)
+        if len(sleeps) == 2:
+            other.finish("tiny/ls/0", metrics={})
+
+    monkeypatch.setattr(runner, "work_queue", lambda items, ready, attempt: attempts.work_queue(
+        items, ready, attempt, sleep=sleep))
+    lines = []
+    b = _bench(tmp_path, lines)
+    try:
+        assert b.run() == {"done": 3, "skipped": 1, "failed": 0}
+    finally:
+        b.close()
+        other.close()
+    assert sleeps == [attempts.POLL_S, attempts.POLL_S]
+    assert lines.count("tiny/ls/0: running in another process; waiting for it") == 1
+    assert ("ls", 0) not in [c[:2] for c in stand_ins["train"]]
+
+
+def test_run_one_runs_exactly_one_run_of_its_grid(tmp_path, stand_ins):
+    b = _bench(tmp_path)
+    try:
+        with pytest.raises(ValueError) as err:
+            b.run_one(0, "focal")
+        assert str(err.value) == "tiny/focal/0 is not a run of this bench (methods ce, ls; seeds [0, 1])"
+        with pytest.raises(ValueError, match="tiny/ls/5 is not a run"):
+            b.run_one(5, "ls")
+        assert b.run_one(1, "ls") == {"done": 1, "skipped": 0, "failed": 0}
+        assert [c[:2] for c in stand_ins["train"]] == [("ls", 1)]
+        assert b.run_one(1, "ls") == {"done": 0, "skipped": 1, "failed": 0}
+        other = Store(tmp_path / "runs.db")
+        assert other.claim("tiny/ce/0", preset="tiny", method="ce", seed=0)
+        assert b.run_one(0, "ce") == {"done": 0, "skipped": 1, "failed": 0}  # held: skipped, not waited for
+        other.close()
+        stand_ins["fail"].add(("ls", 0))
+        assert b.run_one(0, "ls") == {"done": 0, "skipped": 0, "failed": 1}
+    finally:
+        b.close()
+    assert list(_rows(tmp_path)) == ["tiny/ls/1", "tiny/ce/0", "tiny/ls/0"]
+
+
+def test_run_one_refuses_a_directory_of_other_values(tmp_path, stand_ins):
+    b = _bench(tmp_path)
+    try:
+        b.run_one(0, "ls")
+    finally:
+        b.close()
+    b = Bench(apply_values(TINY, "ls", {"loss.alpha": 0.2}), tmp_path, methods=["ls"], log=quiet)
+    try:
+        with pytest.raises(ValueError, match="was run with"):
+            b.run_one(1, "ls")
+    finally:
+        b.close()
+
+
+def test_view_shares_everything_but_the_preset(tmp_path):
+    b = _bench(tmp_path)
+    try:
+        other = dataclasses.replace(TINY, robust_n=5)
+        v = b.view(other)
+        assert v.preset is other and b.preset is TINY
+        assert (v.store, v.out, v.dd, v._data, v.methods) == (b.store, b.out, b.dd, b._data, b.methods)
+    finally:
+        b.close()
+
+
+# ------------------------------------------------------------------------------ one policy, one set of values
+
+
+def _finished(out, method="ls", seed=0, preset=TINY, run_dir=True):
+    """A finished run of ``preset`` recorded by a bench (its directory made)."""
+    b = Bench(preset, out, methods=[method], log=quiet)
+    try:
+        key = f"tiny/{method}/{seed}"
+        d = out / "runs" / "tiny" / method / f"seed{seed}"
+        assert b.store.claim(key, preset="tiny", method=method, seed=seed, config=b._config_record(method, seed))
+        if run_dir:
+            d.mkdir(parents=True)
+            (d / "marker").write_text(key)
+        b.store.finish(key, metrics=METRICS, run_dir=str(d) if run_dir else None,
+                       logits_path=str(d / rundir.LOGITS) if run_dir else None)
+    finally:
+        b.close()
+    return key, d
+
+
+def _select(out, method, values):
+    with Store(out / "runs.db") as s:
+        key = f"tiny/{method}/7/x"
+        s.claim_candidate(key, preset="tiny", method=method, seed=7, hparams=values, config={})
+        s.finish_candidate(key, metrics={})
+        s.select_candidate("tiny", method, 7, key, {"rule": "test"})
+
+
+def test_check_consistent_refuses_another_policy_naming_both(tmp_path):
+    _finished(tmp_path)
+    b = Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": "last"}), tmp_path, methods=["ls"], log=quiet)
+    try:
+        with pytest.raises(ValueError) as err:
+            b.check_consistent()
+        assert str(err.value) == (f"{tmp_path / 'runs.db'} holds runs of preset tiny made under the checkpoint "
+                                  f"policy {TINY.keep!r}; this bench uses 'last'. Choose another --out (one "
+                                  "policy per bench)")
+    finally:
+        b.close()
+    with Store(tmp_path / "runs.db") as s:  # an older record: the policy under "train"
+        s.claim("tiny/focal/0", preset="tiny", method="focal", seed=0, config={"train": {"keep": "last"}})
+        s.finish("tiny/focal/0", metrics={})
+    b = _bench(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="policy 'last'; this bench uses 'best-acc'"):
+            b.check_consistent()
+    finally:
+        b.close()
+
+
+def test_check_consistent_reads_an_old_record_without_a_policy_as_best_acc(tmp_path):
+    with Store(tmp_path / "runs.db") as s:
+        s.claim("tiny/ce/0", preset="tiny", method="ce", seed=0, config={})
+        s.finish("tiny/ce/0", metrics={})
+        s.claim("tiny/ce/1", preset="tiny", method="ce", seed=1, config={"train": {}})
+        s.finish("tiny/ce/1", metrics={})
+    for keep, ok in (("best-acc", True), ("last", False)):
+        b = Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": keep}), tmp_path, methods=["ls"], log=quiet)
+        try:
+            if ok:
+                assert b.check_consistent() == []
+            else:
+                with pytest.raises(ValueError, match="policy 'best-acc'"):
+                    b.check_consistent()
+        finally:
+            b.close()
+
+
+def test_check_consistent_refuses_other_values_and_names_the_selection(tmp_path):
+    key, _ = _finished(tmp_path)
+    other = apply_values(TINY, "ls", {"loss.alpha": 0.2})
+    b = Bench(other, tmp_path, methods=["ls"], log=quiet)
+    try:
+        with pytest.raises(ValueError) as err:
+            b.check_consistent()
+        assert str(err.value) == (f"{tmp_path / 'runs.db'}: {key} was run with {{'loss.alpha': 0.05}}, this bench "
+                                  "would use {'loss.alpha': 0.2}. Choose another --out (one set of values per bench)")
+    finally:
+        b.close()
+    _select(tmp_path, "ls", {"loss.alpha": 0.1})  # a tuning chose a third value
+    b = Bench(other, tmp_path, methods=["ls"], log=quiet)
+    try:
+        with pytest.raises(ValueError) as err:
+            b.check_consistent()
+        assert str(err.value).endswith("(one set of values per bench); this directory's tuning selected "
+                                       "{'loss.alpha': 0.1} (bench --tune runs at the selection)")
+    finally:
+        b.close()
+
+
+def test_check_consistent_ignores_other_methods_old_records_and_retired_runs(tmp_path):
+    _finished(tmp_path, "focal")
+    with Store(tmp_path / "runs.db") as s:
+        rec = {"keep": TINY.keep, "hparams": None}
+        s.claim("tiny/ls/0", preset="tiny", method="ls", seed=0, config=rec)  # a record without values
+        s.finish("tiny/ls/0", metrics={})
+        s.claim("tiny/ls/1~alpha=0.2", preset="tiny", method="ls", seed=1,
+                config={"keep": TINY.keep, "hparams": {"loss.alpha": 0.2}})
+        s.finish("tiny/ls/1~alpha=0.2", metrics={})
+    b = _bench(tmp_path)  # focal is not in this bench, ls/0 has no values, ls/1~... was moved aside
+    try:
+        assert b.check_consistent() == []
+    finally:
+        b.close()
+    other = Bench(apply_values(TINY, "focal", {"loss.gamma": 1.0}), tmp_path, methods=["focal"], log=quiet)
+    try:
+        with pytest.raises(ValueError, match="tiny/focal/0 was run with"):
+            other.check_consistent()
+    finally:
+        other.close()
+
+
+def test_recorded_selection_reads_the_selected_candidates_of_the_tune_seed(tmp_path):
+    b = _bench(tmp_path)
+    try:
+        assert b.recorded_selection() == {}
+        with Store(tmp_path / "runs.db") as s:
+            for key, seed, alpha in (("a", 7, 0.1), ("b", 7, 0.2), ("c", 3, 0.3)):
+                s.claim_candidate(key, preset="tiny", method="ls", seed=seed, hparams={"loss.alpha": alpha},
+                                  config={})
+                s.finish_candidate(key, metrics={})
+            s.select_candidate("tiny", "ls", 7, "b", {})
+            s.select_candidate("tiny", "ls", 3, "c", {})
+        assert b.recorded_selection() == {"ls": {"loss.alpha": 0.2}}
+    finally:
+        b.close()
+
+
+# ------------------------------------------------------------------------------ stale runs moved aside
+
+
+def test_a_stale_run_is_moved_aside_and_run_again(tmp_path, stand_ins):
+    key, d = _finished(tmp_path)
+    _select(tmp_path, "ls", {"loss.alpha": 0.1})
+    tuned = apply_values(TINY, "ls", {"loss.alpha": 0.1})
+    lines = []
+    b = Bench(tuned, tmp_path, methods=["ls"], seeds=[0], log=lines.append)
+    try:
+        assert b.check_consistent() == [key]
+        assert b.run() == {"done": 2, "skipped": 0, "failed": 0}
+    finally:
+        b.close()
+    moved = d.with_name("seed0~alpha=0.05")
+    assert lines[0] == (f"{key}: run at {{'loss.alpha': 0.05}}, not this directory's selection; kept as "
+                        "tiny/ls/0~alpha=0.05 and run again")
+    assert (moved / "marker").read_text() == key and (d / rundir.LOGITS).is_file()
+    rows = _rows(tmp_path)
+    old = rows["tiny/ls/0~alpha=0.05"]
+    assert old["status"] == "done" and old["metrics"] == METRICS and old["run_dir"] == str(moved)
+    assert old["logits_path"] == str(moved / rundir.LOGITS)
+    assert rows[key]["config"]["hparams"] == {"loss.alpha": 0.1} and rows[key]["status"] == "done"
+
+
+def test_supersede_picks_a_free_key_and_skips_what_is_gone(tmp_path):
+    key, d = _finished(tmp_path)
+    with Store(tmp_path / "runs.db") as s:  # two earlier moves of the same values already there
+        for taken in ("tiny/ls/0~alpha=0.05", "tiny/ls/0~alpha=0.05~2"):
+            s.claim(taken, preset="tiny", method="ls", seed=0, config={})
+            s.finish(taken, metrics={})
+    lines = []
+    b = _bench(tmp_path, lines)
+    try:
+        b.supersede(["tiny/ls/9", key])  # a key with no row: nothing to move, the next one is moved
+        assert lines == [f"{key}: run at {{'loss.alpha': 0.05}}, not this directory's selection; kept as "
+                         "tiny/ls/0~alpha=0.05~3 and run again"]
+        assert (d.with_name("seed0~alpha=0.05~3") / "marker").is_file() and not d.exists()
+        b.supersede([key])  # moved already (by another worker): nothing happens
+        assert len(lines) == 1
+        b.supersede([])
+    finally:
+        b.close()
+    assert _rows(tmp_path)["tiny/ls/0~alpha=0.05~3"]["status"] == "done" and key not in _rows(tmp_path)
+
+
+def test_supersede_takes_the_second_key_when_only_the_first_is_taken(tmp_path):
+    key, d = _finished(tmp_path)
+    with Store(tmp_path / "runs.db") as s:
+        s.claim("tiny/ls/0~alpha=0.05", preset="tiny", method="ls", seed=0, config={})
+        s.finish("tiny/ls/0~alpha=0.05", metrics={})
+    b = _bench(tmp_path)
+    try:
+        b.supersede([key])
+    finally:
+        b.close()
+    assert (d.with_name("seed0~alpha=0.05~2") / "marker").is_file() and "tiny/ls/0~alpha=0.05~2" in _rows(tmp_path)
+
+
+def test_supersede_of_a_run_without_a_directory_and_a_lost_race(tmp_path, monkeypatch):
+    key, _ = _finished(tmp_path, run_dir=False)
+    b = _bench(tmp_path)
+    try:
+        b.supersede([key])
+        row = b.store.get("tiny/ls/0~alpha=0.05")
+        assert row["status"] == "done" and row["run_dir"] is None and row["logits_path"] is None
+    finally:
+        b.close()
+    key, d = _finished(tmp_path, seed=1)
+    lines = []
+    b = _bench(tmp_path, lines)
+    try:
+        real = b.store.retire
+
+        def lost(k, *a):
+            if k == key:
+                raise KeyError("taken")
+            return real(k, *a)
+
+        monkeypatch.setattr(b.store, "retire", lost)
+        b.supersede([key])
+        assert lines == [] and (d / "marker").is_file()  # the other worker's move stands; this one does nothing
+        key2, d2 = _finished(tmp_path, seed=2)
+        b.supersede([key, key2])  # a lost race does not stop the next key
+        assert len(lines) == 1 and lines[0].startswith(f"{key2}: run at") and not d2.exists()
+    finally:
+        b.close()
+
+
+def test_supersede_leaves_a_missing_directory_alone(tmp_path):
+    key, d = _finished(tmp_path)
+    (d / "marker").unlink()
+    d.rmdir()
+    b = _bench(tmp_path)
+    try:
+        b.supersede([key])
+    finally:
+        b.close()
+    assert not d.exists() and not d.with_name("seed0~alpha=0.05").exists()
+    assert _rows(tmp_path)["tiny/ls/0~alpha=0.05"]["run_dir"] == str(d.with_name("seed0~alpha=0.05"))
+
+
+# ------------------------------------------------------------------------------ the record of a run
+
+
+def test_config_record_holds_what_a_table_must_not_mix(tmp_path):
+    preset = dataclasses.replace(TINY, train_by_method={"ls": {"lr": 0.1}}, data_dir="/d", ood="none",
+                                 robust_n=30, severities=(1, 3))
+    b = Bench(preset, tmp_path, methods=None, log=quiet)
+    try:
+        rec = b._config_record("ls", 1)
+        assert rec == {"preset": "tiny", "method": "ls", "kind": "train", "seed": 1, "keep": preset.keep,
+                       "hparams": {"loss.alpha": 0.05}, "loss": "ls", "train_method": "standard",
+                       "dataset": "digits", "model": "mlp", "train": {**TINY.train, "milestones": [2, 3]},
+                       "train_overrides": {"lr": 0.1}, "ood": "none", "robust_n": 30, "severities": [1, 3],
+                       "data_dir": "/d"}
+        assert preset.train["milestones"] == [0.5, 0.75]  # the preset itself is unchanged
+        assert b._config_record("maccal", 0)["maccal"] == dict(preset.maccal) and "csm" not in b._config_record(
+            "maccal", 0)
+        assert b._config_record("csm", 0)["csm"] == dict(preset.csm) and "maccal" not in b._config_record("csm", 0)
+        assert "maccal" not in rec and "csm" not in rec
+    finally:
+        b.close()
+    plain = dataclasses.replace(TINY, train={k: v for k, v in TINY.train.items() if k != "milestones"})
+    b = Bench(dataclasses.replace(plain, train={**plain.train, "milestones": None}), tmp_path / "p", log=quiet)
+    try:
+        assert b._config_record("ce", 0)["train"]["milestones"] is None
+    finally:
+        b.close()
+    no_epochs = {k: v for k, v in TINY.train.items() if k != "epochs"}
+    b = Bench(dataclasses.replace(TINY, train={**no_epochs, "milestones": [0.5]}), tmp_path / "q", log=quiet)
+    try:  # epochs not set by the preset: TrainConfig's default
+        from calibkit.config import TrainConfig
+
+        assert b._config_record("ce", 0)["train"]["milestones"] == [int(0.5 * TrainConfig.epochs)]
+    finally:
+        b.close()
+
+
+# ------------------------------------------------------------------------------ what each part is handed
+
+
+def test_eval_data_loads_the_runs_split_and_caches_under_the_bench(tmp_path, monkeypatch):
+    import calibkit.data
+
+    loads, made = [], []
+    monkeypatch.setattr(calibkit.data, "load", lambda name, **kw: loads.append((name, kw)) or f"bundle-{len(loads)}")
+    monkeypatch.setattr(evaluation, "EvalData", lambda *a: made.append(a) or a)
+    preset = dataclasses.replace(TINY, train={**TINY.train, "train_subset": 300})
+    b = Bench(preset, tmp_path, methods=["ls"], data_dir="/dd", log=quiet)
+    try:
+        first = b.eval_data(1)
+        assert loads == [("digits", {"data_dir": "/dd", "seed": 1, "val_size": 200, "train_subset": 300})]
+        assert first == (preset, "bundle-1", tmp_path / "cache", "/dd") and b.eval_data(0) is first
+        b.view(dataclasses.replace(preset, robust_n=7)).eval_data(0)
+        assert len(loads) == 2 and loads[1][1]["seed"] == 0
+    finally:
+        b.close()
+
+
+def test_train_passes_the_generated_set_to_a_csm_run(tmp_path, monkeypatch):
+    import calibkit.train
+
+    got = []
+    monkeypatch.setattr(calibkit.train, "train", lambda cfg, out, **kw: got.append(cfg) or {"status": "done"})
+    b = _bench(tmp_path, methods=["csm"])
+    try:
+        b._train("csm", 0, tmp_path / "r", csm_data=tmp_path / "gen")
+    finally:
+        b.close()
+    assert got[0].csm_data == str(tmp_path / "gen") and got[0].method == METHODS["csm"].method
+
+
+class _Progress:
+    """A stand-in for RunProgress that records how it is made and called."""
+
+    made = []
+
+    def __init__(self, total, write=None, bar=None):
+        self.calls = []
+        _Progress.made.append((total, write, bar, self))
+
+    def begin(self, key):
+        self.calls.append(("begin", key))
+
+    def end(self, key, text, seconds=None):
+        self.calls.append(("end", key, text, seconds))
+        self.write_line = text
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def test_progress_gets_a_bar_only_for_print_on_a_terminal_and_every_runs_duration(tmp_path, stand_ins,
+                                                                               monkeypatch):
+    from calibkit.bench import progress
+
+    monkeypatch.setattr(progress, "RunProgress", _Progress)
+    _Progress.made.clear()
+    stand_ins["fail"].add(("ls", 1))
+    for tty in (True, False):
+        monkeypatch.setattr(runner.sys.stderr, "isatty", lambda: tty)
+        for log in (print, quiet):
+            b = Bench(TINY, tmp_path / f"{tty}{log is print}", methods=["ls"], log=log)
+            try:
+                b.run()
+                b.run_one(0, "ls")
+            finally:
+                b.close()
+    bars = [(total, bar) for total, _, bar, _ in _Progress.made]
+    assert bars == [(4, True), (1, False), (4, False), (1, False), (4, False), (1, False), (4, False), (1, False)]
+    assert all(write is (print if i in (0, 1, 4, 5) else quiet) for i, (_, write, _, _) in enumerate(_Progress.made))
+    calls = _Progress.made[0][3].calls
+    assert [c[:2] for c in calls] == [("begin", "tiny/ce/0"), ("end", "tiny/ce/0"), ("begin", "tiny/ls/0"),
+                                      ("end", "tiny/ls/0"), ("begin", "tiny/ce/1"), ("end", "tiny/ce/1"),
+                                      ("begin", "tiny/ls/1"), ("end", "tiny/ls/1"), ("close",)]
+    seconds = [c[3] for c in calls if c[0] == "end"]
+    assert all(s is not None and 0 <= s < 30 for s in seconds), seconds  # the failed run's too
+    assert calls[7][2] == "FAILED: RuntimeError: ls diverged"
+    again = _Progress.made[1][3].calls
+    assert again == [("end", "tiny/ls/0", "finished earlier; skipped", None), ("close",)]
+
+
+def test_run_asks_whether_each_method_and_seed_is_ready(tmp_path, stand_ins, monkeypatch):
+    asked = []
+    monkeypatch.setattr(Bench, "needs_ready", lambda self, method, seed: asked.append((method, seed)) or True)
+    b = _bench(tmp_path)
+    try:
+        b.run()
+    finally:
+        b.close()
+    assert asked == [("ce", 0), ("ls", 0), ("ce", 1), ("ls", 1)]
+
+
+def test_a_runs_record_names_the_code_it_ran(tmp_path, stand_ins):
+    b = _bench(tmp_path)
+    b._env = {"git_commit": "abc123", "versions": {"torch": "x"}}
+    try:
+        b.run_one(0, "ls")
+    finally:
+        b.close()
+    row = _rows(tmp_path)["tiny/ls/0"]
+    assert row["git_commit"] == "abc123" and row["versions"] == {"torch": "x"}
+
+
+def test_rank_1_of_a_torchrun_bench_trains_but_neither_evaluates_writes_nor_logs(tmp_path, stand_ins, monkeypatch):
+    """Under torchrun every rank runs the loop; rank 0 decides and its decisions are broadcast."""
+    from calibkit import distributed as D
+
+    monkeypatch.setattr(runner.D, "setup", lambda device: D.Dist(rank=1, world=2))
+    monkeypatch.setattr(runner.D, "barrier", lambda dd: None)
+    monkeypatch.setattr(runner.D, "teardown", lambda dd: None)
+    sent = iter([(None, []), "claimed", (None, []), "done"])  # what rank 0 decided, in order
+    monkeypatch.setattr(runner, "broadcast", lambda value, dd: next(sent))
+    lines = []
+    b = _bench(tmp_path, lines)
+    try:
+        assert b.store is None and not (tmp_path / "runs.db").exists()
+        b.log("not shown")
+        assert b.run_one(0, "ls") == {"done": 1, "skipped": 0, "failed": 0}
+        assert b.run_one(1, "ls") == {"done": 0, "skipped": 1, "failed": 0}
+        b.supersede(["tiny/ls/0"])  # rank 0 moves stale runs; this rank only waits for it
+    finally:
+        b.close()
+    assert [c[:2] for c in stand_ins["train"]] == [("ls", 0)] and stand_ins["eval"] == [] and lines == []
+
+
+def test_check_consistent_reads_only_this_presets_rows_and_the_top_level_policy(tmp_path):
+    with Store(tmp_path / "runs.db") as s:
+        s.claim("other/ls/0", preset="other", method="ls", seed=0,
+                config={"keep": "last", "hparams": {"loss.alpha": 0.3}})
+        s.finish("other/ls/0", metrics={})
+    b = _bench(tmp_path)
+    try:
+        assert b.check_consistent() == []
+    finally:
+        b.close()
+    with Store(tmp_path / "runs.db") as s:  # a record's own policy wins over its training settings'
+        s.claim("tiny/ce/0", preset="tiny", method="ce", seed=0, config={"keep": "last", "train": {}})
+        s.finish("tiny/ce/0", metrics={})
+    b = _bench(tmp_path)
+    try:
+        with pytest.raises(ValueError, match="policy 'last'"):
+            b.check_consistent()
+    finally:
+        b.close()
+
+
+def test_every_stale_run_is_returned(tmp_path):
+    keys = [_finished(tmp_path, seed=k)[0] for k in (0, 1)]
+    _select(tmp_path, "ls", {"loss.alpha": 0.1})
+    b = Bench(apply_values(TINY, "ls", {"loss.alpha": 0.1}), tmp_path, methods=["ls"], log=quiet)
+    try:
+        assert b.check_consistent() == keys
+    finally:
+        b.close()
+
+
+def test_recorded_selection_ignores_another_presets_tuning(tmp_path):
+    with Store(tmp_path / "runs.db") as s:
+        s.claim_candidate("other/ls/7/x", preset="other", method="ls", seed=7, hparams={"loss.alpha": 0.3}, config={})
+        s.finish_candidate("other/ls/7/x", metrics={})
+        s.select_candidate("other", "ls", 7, "other/ls/7/x", {})
+    b = _bench(tmp_path)
+    try:
+        assert b.recorded_selection() == {}
+    finally:
+        b.close()
+
+
+def test_config_record_of_a_method_without_overrides(tmp_path):
+    b = _bench(tmp_path)
+    try:
+        assert b._config_record("ce", 0)["train_overrides"] == {}
+    finally:
+        b.close()
