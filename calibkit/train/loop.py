@@ -348,8 +348,9 @@ def _finish(run: _Run, out: Path, info: dict, log) -> dict:
         rundir.write_tensors(out / rundir.LOGITS, {"val_logits": val_logits, "val_labels": run.bundle.val.labels,
                                                   "test_logits": test_logits, "test_labels": test.labels})
         rundir.write_json(out / rundir.CONFIG, info)
+    tested = f"test acc {test_acc:.2%}, test ECE {100 * test_ece:.2f}" if len(test) else "test acc n/a, test ECE n/a"
     log(f"done: kept epoch {run.keeper.epoch} ({run.cfg.keep}; val acc {info['best_val_acc']:.2%}), "
-        f"test acc {test_acc:.2%}, test ECE {100 * test_ece:.2f}, {run.elapsed:.0f}s -> {out}")
+        f"{tested}, {run.elapsed:.0f}s -> {out}")
     return _summary(info)
 
 

@@ -69,6 +69,8 @@ def test_resumed_text_run_equals_uninterrupted(tmp_path, index):
     train(cfg, tmp_path / "b", progress=False, verbose=False)
     a, b = rundir.read_tensors(tmp_path / "a" / rundir.MODEL), rundir.read_tensors(tmp_path / "b" / rundir.MODEL)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    vocab = load("debian", data_dir=str(index), seed=0, train_subset=200).vocab.to_dict()
+    assert rundir.read_json(tmp_path / "b" / rundir.VOCAB) == vocab  # what turns text into this run's ids
 
 
 @pytest.mark.parametrize("change,match", [
