@@ -52,7 +52,6 @@ def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
             shutil.rmtree(run_dir)
         run_maccal(ce, run_dir, **{"seed": seed, **bench.preset.maccal}, data_dir=bench.data_dir,
                    device=bench.device)
-        info = rundir.load_info(run_dir)
     record = json.loads((run_dir / "maccal.json").read_text())
     stage1 = rundir.load_info(ce)
     return {"run_dir": run_dir,
@@ -94,8 +93,10 @@ def csm_store(bench, seed: int) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the annotated set is read by every worker
         shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(ANNOT_META, ANNOT_TENSORS), dirs_exist_ok=True)
+        # After the copy, which gives tmp the source folder's mode: mkdtemp's is private (0700), a
+        # source's may be too; the annotated set is read by every worker.
+        tmp.chmod(0o755)
         images, labels = enc.training_split()
         annotate_store(tmp, enc, images, labels, sharpness=float(bench.preset.csm.get("sharpness", 4.0)),
                        extra_meta={"source_store": str(src), "bench_preset": bench.preset.name})

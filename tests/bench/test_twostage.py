@@ -191,3 +191,118 @@ def test_evaluate_run_on_a_real_run(ce_root):
     other = SimpleNamespace(test=SimpleNamespace(labels=bundle.test.labels.roll(1), images=bundle.test.images))
     with pytest.raises(ValueError, match="test labels differ"):
         evaluate_run(run, EvalData(preset, other))
+
+
+# ------------------------------------------------------------------------------ what each part is handed
+
+
+def test_csm_source_prefers_the_flag_then_the_preset_then_the_shipped_set():
+    preset = SimpleNamespace(csm={"store": "/p"}, dataset="fmnist")
+    assert twostage.csm_source(preset, "/flag") == "/flag"
+    assert twostage.csm_source(preset) == "/p"
+    assert twostage.csm_source(SimpleNamespace(csm={}, dataset="fmnist")) == SHIPPED
+    assert twostage.csm_source(SimpleNamespace(csm={}, dataset="digits")) is None
+
+
+def test_maccal_gets_the_benchs_data_and_device_and_reads_an_older_record(ce_root, monkeypatch):
+    import calibkit.methods.maccal as maccal_pkg
+
+    calls = _counting(monkeypatch, maccal_pkg, "run_maccal")
+    bench = _bench(ce_root)
+    bench.data_dir, run_dir = None, ce_root / "runs" / "p" / "maccal" / "seed1k"
+    first = twostage.produce_maccal(bench, 0, run_dir)
+    assert calls[0][1]["data_dir"] is None and calls[0][1]["device"] == "cpu" and calls[0][1]["seed"] == 0
+    ce = run_dir_for(ce_root, "p", "ce", 0)
+    assert first["run_dir"] == run_dir and first["extra"]["stage1_run"] == str(ce)
+    rec = json.loads((run_dir / "maccal.json").read_text())
+    rec.pop("inference_time_s", None)  # written before the deployed predictor's time was recorded
+    (run_dir / "maccal.json").write_text(json.dumps(rec))
+    again = twostage.produce_maccal(bench, 0, run_dir)
+    assert again["train_time_s"] == pytest.approx(rec["stage2_wall_time_s"] + rec["feature_time_s"], rel=1e-12)
+    shutil.rmtree(run_dir)
+    monkeypatch.setattr(maccal_pkg, "run_maccal", lambda *a, **k: calls.append((a, k)) or (_ for _ in ()).throw(
+        RuntimeError("stop")))
+    bench.data_dir = "/my/data"
+    with pytest.raises(RuntimeError, match="stop"):
+        twostage.produce_maccal(bench, 0, run_dir)
+    assert calls[-1][1]["data_dir"] == "/my/data"
+
+
+def test_csm_cache_and_annotation_default_to_sharpness_4(ce_root, monkeypatch):
+    annotate = importlib.import_module("calibkit.methods.csm.annotate")
+
+    calls = _counting(monkeypatch, annotate, "annotate_store")
+    bench = _bench(ce_root)
+    bench.preset.csm = {}
+    assert twostage._csm_cache(bench, 0) == ce_root / "cache" / "csm" / "p" / "seed0-s4"
+    dst = twostage.csm_store(bench, 0)
+    assert dst.name == "seed0-s4" and calls[0][1]["sharpness"] == 4.0
+    tmp = calls[0][0][0]  # annotated in a private temporary folder beside the cache, then renamed
+    assert tmp.parent == dst.parent and tmp.name.startswith(".seed0-s4.") and tmp.name.endswith(".tmp")
+    shutil.rmtree(dst)
+
+
+def test_csm_store_reads_the_presets_set_and_names_a_missing_one(ce_root, tmp_path, monkeypatch):
+    bench = _bench(ce_root, sharpness=1.25)
+    bench.csm_store, bench.preset.csm["store"] = None, str(SHIPPED)
+    dst = twostage.csm_store(bench, 0)
+    assert json.loads((dst / "annotations.json").read_text())["source_store"] == str(SHIPPED)
+    shutil.rmtree(dst)
+    bench.preset.csm.pop("store")
+    with pytest.raises(FileNotFoundError) as err:
+        twostage.csm_store(bench, 0)
+    assert str(err.value) == ("no CSM generated set for digits (None); generate one with `calibkit csm generate` "
+                              "and pass it with --csm-store")
+    bench.preset.dataset = "fmnist"  # its shipped set
+    monkeypatch.setitem(twostage.SHIPPED_STORES, "fmnist", tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"no CSM generated set for fmnist \(.*nowhere\)"):
+        twostage.csm_store(bench, 0)
+
+
+def test_a_cached_copy_without_its_tensors_is_annotated_again(ce_root, monkeypatch):
+    annotate = importlib.import_module("calibkit.methods.csm.annotate")
+    from calibkit.methods.csm.store import ANNOT_TENSORS
+
+    calls = _counting(monkeypatch, annotate, "annotate_store")
+    removed = _counting(monkeypatch, twostage.shutil, "rmtree")
+    bench = _bench(ce_root, sharpness=1.75)
+    dst = twostage.csm_store(bench, 0)
+    (dst / ANNOT_TENSORS).unlink()
+    assert twostage.csm_store(bench, 0) == dst and len(calls) == 2 and (dst / ANNOT_TENSORS).is_file()
+    assert ((dst,), {"ignore_errors": True}) in removed  # another worker may be removing it too
+    shutil.rmtree(dst)
+
+
+def test_the_annotated_copy_is_readable_by_every_worker_whatever_the_sources_mode(ce_root, tmp_path):
+    private = tmp_path / "private"
+    shutil.copytree(SHIPPED, private)
+    private.chmod(0o700)
+    bench = _bench(ce_root, sharpness=1.5)
+    bench.csm_store = str(private)
+    dst = twostage.csm_store(bench, 0)
+    assert dst.stat().st_mode & 0o777 == 0o755
+    shutil.rmtree(dst)
+
+
+def test_produce_csm_trains_on_the_annotated_copy_and_records_it(ce_root, monkeypatch):
+    from calibkit import distributed as D
+
+    trained = []
+    bench = _bench(ce_root, sharpness=2.25)
+    bench._train = lambda method, seed, run_dir, csm_data=None: trained.append((method, seed, run_dir, csm_data)) or {
+        "run_dir": run_dir}
+    made = twostage.produce_csm(bench, 0, ce_root / "r")
+    dst = twostage._csm_cache(bench, 0)
+    assert trained == [("csm", 0, ce_root / "r", dst)]
+    meta = json.loads((dst / "annotations.json").read_text())
+    assert made == {"run_dir": ce_root / "r", "extra": {
+        "csm_store": str(dst), "encoder": meta["encoder"], "encoder_run": meta["run"],
+        "source_store": str(SHIPPED), "sharpness": 2.25, "generator_hash": meta.get("generator_hash")}}
+    barriers = []
+    monkeypatch.setattr(D, "barrier", barriers.append)
+    other = _bench(ce_root, sharpness=2.25, rank=1)  # rank 1: rank 0 annotated; it only reads the copy
+    other._train = bench._train
+    monkeypatch.setattr(twostage, "csm_store", lambda *a: pytest.fail("rank 1 annotated"))
+    assert twostage.produce_csm(other, 0, ce_root / "r1")["extra"]["csm_store"] == str(dst)
+    assert trained[-1] == ("csm", 0, ce_root / "r1", dst) and barriers == [other.dd]
+    shutil.rmtree(dst)

@@ -145,10 +145,10 @@ def test_prepare_run_dir_of_a_record_without_its_config_compares_with_the_defaul
 
 
 def test_prepare_run_dir_restarts_a_run_of_another_config_that_never_ended_an_epoch(tmp_path, capsys):
-    rundir.write_json(tmp_path / rundir.CONFIG, {"config": tiny(lr=1e9).to_dict(), "status": "running"})
+    rundir.write_json(tmp_path / rundir.CONFIG, {"config": tiny(lr=1e9, seed=4).to_dict(), "status": "running"})
     assert loop._prepare_run_dir(tmp_path, tiny()) == ("fresh", None)
     err = capsys.readouterr().err
-    assert err == (f"{tmp_path}: the run there (config differs in: lr) ended before completing an epoch; "
+    assert err == (f"{tmp_path}: the run there (config differs in: lr, seed) ended before completing an epoch; "
                    "starting it again with this config\n")
     rundir.write_json(tmp_path / rundir.CONFIG, {"config": tiny(lr=1e9, epochs=3).to_dict(), "status": "running"})
     assert loop._prepare_run_dir(tmp_path, tiny(), main=False) == ("fresh", None)
@@ -184,7 +184,11 @@ def _bundle_with(monkeypatch, change):
 
 def test_build_loads_the_configs_split_and_names_its_errors(tmp_path, monkeypatch):
     cfg = tiny(seed=3)
+    made = []
+    real_step = loop.build_step
+    monkeypatch.setattr(loop, "build_step", lambda *a: made.append(a) or real_step(*a))
     run = loop._build(cfg, D.Dist(), None, tmp_path, print)
+    assert made == [(cfg, run.loss_fn, 10, run.inputs, 3)]  # the seed of CSM's companion draws
     want = load("digits", seed=3, val_size=60, train_subset=128)
     assert run.bundle.split == want.split and torch.equal(run.train_x, want.train.images)
     with pytest.raises(ValueError) as err:
@@ -462,11 +466,12 @@ def test_only_kept_weights_are_written_and_the_checkpoint_records_the_kept_epoch
 
 
 def test_finish_records_the_kept_weights_test_accuracy_and_ece(tmp_path, capsys):
-    cfg = tiny(epochs=2, keep="last")
+    cfg = tiny(epochs=2, keep="last", lr=0.5)  # confident enough that 15 and 16 bins differ
     summary = loop.train(cfg, tmp_path, progress=False)
     logits = rundir.load_logits(tmp_path)
     acc = (logits["test_logits"].argmax(1) == logits["test_labels"]).double().mean().item()
     e = float(ece(logits["test_logits"].softmax(1), logits["test_labels"], n_bins=15))
+    assert e != float(ece(logits["test_logits"].softmax(1), logits["test_labels"], n_bins=16))
     info = rundir.load_info(tmp_path)
     assert (summary["test_acc"], summary["test_ece"], info["test_acc"], info["test_ece"]) == (acc, e, acc, e)
     history = rundir.read_json(tmp_path / rundir.HISTORY)
@@ -484,7 +489,7 @@ def test_a_run_without_test_images_finishes_without_test_figures(tmp_path, monke
     _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, test=Split(b.test.images[:0], b.test.labels[:0])))
     summary = loop.train(tiny(epochs=1), tmp_path, progress=False)
     assert summary["status"] == "done" and summary["test_acc"] is None and summary["test_ece"] is None
-    assert "test acc n/a, test ECE n/a" in capsys.readouterr().out.splitlines()[-1]
+    assert ", test acc n/a, test ECE n/a, " in capsys.readouterr().out.splitlines()[-1]
 
 
 # ------------------------------------------------------------------------------ train: records and lines
@@ -568,3 +573,4 @@ def test_stop_after_epoch_returns_the_summary_so_far(tmp_path):
     assert (s["test_acc"], s["test_ece"]) == (None, None)
     assert quiet(tiny(epochs=2), tmp_path / "b", stop_after_epoch=2)["status"] == "done"  # its last epoch: finished
     assert quiet(tiny(epochs=2), tmp_path / "c", stop_after_epoch=5)["status"] == "done"
+
