@@ -9,6 +9,7 @@ evaluation themselves are tested in ``tests/train`` and ``tests/bench/test_evalu
 from __future__ import annotations
 
 import dataclasses
+from contextlib import closing
 
 import pytest
 import torch
@@ -93,20 +94,14 @@ def test_train_config_layers_preset_method_and_runtime_values():
 def test_constructor_defaults_and_what_it_opens(tmp_path, monkeypatch):
     threads = []
     monkeypatch.setattr(runner.torch, "set_num_threads", threads.append)
-    b = Bench(dataclasses.replace(TINY, data_dir="/pd", num_threads=3), tmp_path, log=quiet)
-    try:
+    with closing(Bench(dataclasses.replace(TINY, data_dir="/pd", num_threads=3), tmp_path, log=quiet)) as b:
         assert b.seeds == [0, 1] and b.data_dir == "/pd" and b.num_threads == 3 and threads == [3]
         assert b.methods == list(METHODS) and b.skipped == [] and b.device == "auto" and b.csm_store is None
         assert b.out == tmp_path and (tmp_path / "runs.db").is_file() and b.dd.is_main
-    finally:
-        b.close()
-    b = Bench(TINY, str(tmp_path), seeds=("4",), methods=["ls"], data_dir="/mine", device="cpu", num_threads=2,
-              csm_store="gen", log=quiet)
-    try:
+    with closing(Bench(TINY, str(tmp_path), seeds=("4",), methods=["ls"], data_dir="/mine", device="cpu", num_threads=2,
+              csm_store="gen", log=quiet)) as b:
         assert b.seeds == [4] and b.methods == ["ce", "ls"] and b.data_dir == "/mine" and threads == [3, 2]
         assert (b.device, b.csm_store, b.out) == ("cpu", "gen", tmp_path)
-    finally:
-        b.close()
     b = Bench(dataclasses.replace(TINY, num_threads=None), tmp_path, log=quiet)
     b.close()
     assert threads == [3, 2] and b.num_threads is None  # no thread count: torch's own left alone
@@ -121,12 +116,9 @@ def test_constructor_takes_a_store_object_or_a_path_and_says_what_it_skips(tmp_p
         store.runs()
     lines = []
     text = dataclasses.replace(TINY, modality="text")
-    b = Bench(text, tmp_path / "t", methods=["ls", "mixup", "csm"], log=lines.append)
-    try:
+    with closing(Bench(text, tmp_path / "t", methods=["ls", "mixup", "csm"], log=lines.append)) as b:
         assert b.methods == ["ce", "ls"] and b.skipped == ["mixup", "csm"]
         assert lines == ["mixup, csm: skipped (they mix or generate images; preset tiny trains on token ids)"]
-    finally:
-        b.close()
     with pytest.raises(ValueError, match="--store: expected a postgresql:// URL"):  # text goes to open_store
         Bench(TINY, tmp_path / "u", log=quiet, store=str(tmp_path / "u.db"))
 
@@ -143,8 +135,7 @@ def test_produce_sends_each_kind_its_directory(tmp_path, monkeypatch):
     for name in ("maccal", "csm"):
         monkeypatch.setattr(twostage, f"produce_{name}",
                             lambda bench, seed, d, name=name: seen.append((name, bench, seed, d)) or {"k": name})
-    b = _bench(tmp_path, methods=None)
-    try:
+    with closing(_bench(tmp_path, methods=None)) as b:
         assert b.produce("focal", 1) == {"k": "train"}
         assert seen[-1] == ("train", "focal", 1, tmp_path / "runs" / "tiny" / "focal" / "seed1")
         assert b.produce("maccal", 0) == {"k": "maccal"}
@@ -155,8 +146,6 @@ def test_produce_sends_each_kind_its_directory(tmp_path, monkeypatch):
         with pytest.raises(ValueError) as err:
             b.produce("odd", 0)
         assert str(err.value) == "unknown method kind 'weird' for odd"
-    finally:
-        b.close()
 
 
 def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeypatch):
@@ -169,8 +158,7 @@ def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeyp
         return {"status": status, "wall_time_s": 12.5}
 
     monkeypatch.setattr(calibkit.train, "train", fake)
-    b = _bench(tmp_path, data_dir="/dd", device="cpu")
-    try:
+    with closing(_bench(tmp_path, data_dir="/dd", device="cpu")) as b:
         status = "done"
         made = b._train("ls", 1, tmp_path / "r", csm_data="/c")
         cfg, out, progress, verbose = got[-1]
@@ -181,8 +169,6 @@ def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeyp
         with pytest.raises(RuntimeError) as err:
             b._train("ls", 1, tmp_path / "r")
         assert str(err.value) == f"{tmp_path / 'r'}: training ended with status 'stopped'"
-    finally:
-        b.close()
 
 
 # ------------------------------------------------------------------------------ run and run_one
@@ -190,11 +176,8 @@ def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeyp
 
 def test_run_trains_evaluates_and_records_every_run_in_seed_order(tmp_path, stand_ins):
     lines = []
-    b = _bench(tmp_path, lines, device="cpu")
-    try:
+    with closing(_bench(tmp_path, lines, device="cpu")) as b:
         assert b.run() == {"done": 4, "skipped": 0, "failed": 0}
-    finally:
-        b.close()
     root = tmp_path / "runs" / "tiny"
     assert [c[:2] for c in stand_ins["train"]] == [("ce", 0), ("ls", 0), ("ce", 1), ("ls", 1)]
     assert stand_ins["eval"][1] == (root / "ls" / "seed0", "data-0", "model-ls", "norm-ls", b.dd.device)
@@ -213,11 +196,8 @@ def test_run_trains_evaluates_and_records_every_run_in_seed_order(tmp_path, stan
     assert lines[3].startswith("[4/4] tiny/ls/1: done in ")
     # again: every run finished earlier, nothing trained
     lines.clear()
-    b = _bench(tmp_path, lines)
-    try:
+    with closing(_bench(tmp_path, lines)) as b:
         assert b.run() == {"done": 0, "skipped": 4, "failed": 0}
-    finally:
-        b.close()
     assert len(stand_ins["train"]) == 4
     assert [ln.split(" | ")[0] for ln in lines] == [
         f"[{i}/4] {k}: finished earlier; skipped" for i, k in enumerate(rows, 1)]
@@ -226,21 +206,15 @@ def test_run_trains_evaluates_and_records_every_run_in_seed_order(tmp_path, stan
 def test_a_failing_run_is_recorded_and_the_others_go_on(tmp_path, stand_ins):
     stand_ins["fail"].add(("ls", 0))
     lines = []
-    b = _bench(tmp_path, lines)
-    try:
+    with closing(_bench(tmp_path, lines)) as b:
         assert b.run() == {"done": 3, "skipped": 0, "failed": 1}
-    finally:
-        b.close()
     rows = _rows(tmp_path)
     assert rows["tiny/ls/0"]["status"] == "failed" and "RuntimeError: ls diverged" in rows["tiny/ls/0"]["error"]
     assert "Traceback" in rows["tiny/ls/0"]["error"] and rows["tiny/ls/1"]["status"] == "done"
     assert lines[1].startswith("[2/4] tiny/ls/0: FAILED: RuntimeError: ls diverged | ")
     stand_ins["fail"].clear()  # the next bench retries it, and only it
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         assert b.run() == {"done": 1, "skipped": 3, "failed": 0}
-    finally:
-        b.close()
     assert stand_ins["train"][-1][:2] == ("ls", 0) and _rows(tmp_path)["tiny/ls/0"]["status"] == "done"
 
 
@@ -271,8 +245,7 @@ def test_a_run_held_by_another_process_is_waited_for_once(tmp_path, stand_ins, m
 
 
 def test_run_one_runs_exactly_one_run_of_its_grid(tmp_path, stand_ins):
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         with pytest.raises(ValueError) as err:
             b.run_one(0, "focal")
         assert str(err.value) == "tiny/focal/0 is not a run of this bench (methods ce, ls; seeds [0, 1])"
@@ -287,34 +260,23 @@ def test_run_one_runs_exactly_one_run_of_its_grid(tmp_path, stand_ins):
         other.close()
         stand_ins["fail"].add(("ls", 0))
         assert b.run_one(0, "ls") == {"done": 0, "skipped": 0, "failed": 1}
-    finally:
-        b.close()
     assert list(_rows(tmp_path)) == ["tiny/ls/1", "tiny/ce/0", "tiny/ls/0"]
 
 
 def test_run_one_refuses_a_directory_of_other_values(tmp_path, stand_ins):
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         b.run_one(0, "ls")
-    finally:
-        b.close()
-    b = Bench(apply_values(TINY, "ls", {"loss.alpha": 0.2}), tmp_path, methods=["ls"], log=quiet)
-    try:
+    with closing(Bench(apply_values(TINY, "ls", {"loss.alpha": 0.2}), tmp_path, methods=["ls"], log=quiet)) as b:
         with pytest.raises(ValueError, match="was run with"):
             b.run_one(1, "ls")
-    finally:
-        b.close()
 
 
 def test_view_shares_everything_but_the_preset(tmp_path):
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         other = dataclasses.replace(TINY, robust_n=5)
         v = b.view(other)
         assert v.preset is other and b.preset is TINY
         assert (v.store, v.out, v.dd, v._data, v.methods) == (b.store, b.out, b.dd, b._data, b.methods)
-    finally:
-        b.close()
 
 
 # ------------------------------------------------------------------------------ one policy, one set of values
@@ -322,8 +284,7 @@ def test_view_shares_everything_but_the_preset(tmp_path):
 
 def _finished(out, method="ls", seed=0, preset=TINY, run_dir=True):
     """A finished run of ``preset`` recorded by a bench (its directory made)."""
-    b = Bench(preset, out, methods=[method], log=quiet)
-    try:
+    with closing(Bench(preset, out, methods=[method], log=quiet)) as b:
         key = f"tiny/{method}/{seed}"
         d = out / "runs" / "tiny" / method / f"seed{seed}"
         assert b.store.claim(key, preset="tiny", method=method, seed=seed, config=b._config_record(method, seed))
@@ -332,8 +293,6 @@ def _finished(out, method="ls", seed=0, preset=TINY, run_dir=True):
             (d / "marker").write_text(key)
         b.store.finish(key, metrics=METRICS, run_dir=str(d) if run_dir else None,
                        logits_path=str(d / rundir.LOGITS) if run_dir else None)
-    finally:
-        b.close()
     return key, d
 
 
@@ -347,24 +306,18 @@ def _select(out, method, values):
 
 def test_check_consistent_refuses_another_policy_naming_both(tmp_path):
     _finished(tmp_path)
-    b = Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": "last"}), tmp_path, methods=["ls"], log=quiet)
-    try:
+    with closing(Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": "last"}), tmp_path, methods=["ls"], log=quiet)) as b:
         with pytest.raises(ValueError) as err:
             b.check_consistent()
         assert str(err.value) == (f"{tmp_path / 'runs.db'} holds runs of preset tiny made under the checkpoint "
                                   f"policy {TINY.keep!r}; this bench uses 'last'. Choose another --out (one "
                                   "policy per bench)")
-    finally:
-        b.close()
     with Store(tmp_path / "runs.db") as s:  # an older record: the policy under "train"
         s.claim("tiny/focal/0", preset="tiny", method="focal", seed=0, config={"train": {"keep": "last"}})
         s.finish("tiny/focal/0", metrics={})
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         with pytest.raises(ValueError, match="policy 'last'; this bench uses 'best-acc'"):
             b.check_consistent()
-    finally:
-        b.close()
 
 
 def test_check_consistent_reads_an_old_record_without_a_policy_as_best_acc(tmp_path):
@@ -374,37 +327,28 @@ def test_check_consistent_reads_an_old_record_without_a_policy_as_best_acc(tmp_p
         s.claim("tiny/ce/1", preset="tiny", method="ce", seed=1, config={"train": {}})
         s.finish("tiny/ce/1", metrics={})
     for keep, ok in (("best-acc", True), ("last", False)):
-        b = Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": keep}), tmp_path, methods=["ls"], log=quiet)
-        try:
+        with closing(Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": keep}), tmp_path, methods=["ls"], log=quiet)) as b:
             if ok:
                 assert b.check_consistent() == []
             else:
                 with pytest.raises(ValueError, match="policy 'best-acc'"):
                     b.check_consistent()
-        finally:
-            b.close()
 
 
 def test_check_consistent_refuses_other_values_and_names_the_selection(tmp_path):
     key, _ = _finished(tmp_path)
     other = apply_values(TINY, "ls", {"loss.alpha": 0.2})
-    b = Bench(other, tmp_path, methods=["ls"], log=quiet)
-    try:
+    with closing(Bench(other, tmp_path, methods=["ls"], log=quiet)) as b:
         with pytest.raises(ValueError) as err:
             b.check_consistent()
         assert str(err.value) == (f"{tmp_path / 'runs.db'}: {key} was run with {{'loss.alpha': 0.05}}, this bench "
                                   "would use {'loss.alpha': 0.2}. Choose another --out (one set of values per bench)")
-    finally:
-        b.close()
     _select(tmp_path, "ls", {"loss.alpha": 0.1})  # a tuning chose a third value
-    b = Bench(other, tmp_path, methods=["ls"], log=quiet)
-    try:
+    with closing(Bench(other, tmp_path, methods=["ls"], log=quiet)) as b:
         with pytest.raises(ValueError) as err:
             b.check_consistent()
         assert str(err.value).endswith("(one set of values per bench); this directory's tuning selected "
                                        "{'loss.alpha': 0.1} (bench --tune runs at the selection)")
-    finally:
-        b.close()
 
 
 def test_check_consistent_ignores_other_methods_old_records_and_retired_runs(tmp_path):
@@ -416,22 +360,16 @@ def test_check_consistent_ignores_other_methods_old_records_and_retired_runs(tmp
         s.claim("tiny/ls/1~alpha=0.2", preset="tiny", method="ls", seed=1,
                 config={"keep": TINY.keep, "hparams": {"loss.alpha": 0.2}})
         s.finish("tiny/ls/1~alpha=0.2", metrics={})
-    b = _bench(tmp_path)  # focal is not in this bench, ls/0 has no values, ls/1~... was moved aside
-    try:
+    # focal is not in this bench, ls/0 has no values, ls/1~... was moved aside
+    with closing(_bench(tmp_path)) as b:
         assert b.check_consistent() == []
-    finally:
-        b.close()
-    other = Bench(apply_values(TINY, "focal", {"loss.gamma": 1.0}), tmp_path, methods=["focal"], log=quiet)
-    try:
+    with closing(Bench(apply_values(TINY, "focal", {"loss.gamma": 1.0}), tmp_path, methods=["focal"], log=quiet)) as other:
         with pytest.raises(ValueError, match="tiny/focal/0 was run with"):
             other.check_consistent()
-    finally:
-        other.close()
 
 
 def test_recorded_selection_reads_the_selected_candidates_of_the_tune_seed(tmp_path):
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         assert b.recorded_selection() == {}
         with Store(tmp_path / "runs.db") as s:
             for key, seed, alpha in (("a", 7, 0.1), ("b", 7, 0.2), ("c", 3, 0.3)):
@@ -441,8 +379,6 @@ def test_recorded_selection_reads_the_selected_candidates_of_the_tune_seed(tmp_p
             s.select_candidate("tiny", "ls", 7, "b", {})
             s.select_candidate("tiny", "ls", 3, "c", {})
         assert b.recorded_selection() == {"ls": {"loss.alpha": 0.2}}
-    finally:
-        b.close()
 
 
 # ------------------------------------------------------------------------------ stale runs moved aside
@@ -453,12 +389,9 @@ def test_a_stale_run_is_moved_aside_and_run_again(tmp_path, stand_ins):
     _select(tmp_path, "ls", {"loss.alpha": 0.1})
     tuned = apply_values(TINY, "ls", {"loss.alpha": 0.1})
     lines = []
-    b = Bench(tuned, tmp_path, methods=["ls"], seeds=[0], log=lines.append)
-    try:
+    with closing(Bench(tuned, tmp_path, methods=["ls"], seeds=[0], log=lines.append)) as b:
         assert b.check_consistent() == [key]
         assert b.run() == {"done": 2, "skipped": 0, "failed": 0}
-    finally:
-        b.close()
     moved = d.with_name("seed0~alpha=0.05")
     assert lines[0] == (f"{key}: run at {{'loss.alpha': 0.05}}, not this directory's selection; kept as "
                         "tiny/ls/0~alpha=0.05 and run again")
@@ -477,8 +410,7 @@ def test_supersede_picks_a_free_key_and_skips_what_is_gone(tmp_path):
             s.claim(taken, preset="tiny", method="ls", seed=0, config={})
             s.finish(taken, metrics={})
     lines = []
-    b = _bench(tmp_path, lines)
-    try:
+    with closing(_bench(tmp_path, lines)) as b:
         b.supersede(["tiny/ls/9", key])  # a key with no row: nothing to move, the next one is moved
         assert lines == [f"{key}: run at {{'loss.alpha': 0.05}}, not this directory's selection; kept as "
                          "tiny/ls/0~alpha=0.05~3 and run again"]
@@ -486,8 +418,6 @@ def test_supersede_picks_a_free_key_and_skips_what_is_gone(tmp_path):
         b.supersede([key])  # moved already (by another worker): nothing happens
         assert len(lines) == 1
         b.supersede([])
-    finally:
-        b.close()
     assert _rows(tmp_path)["tiny/ls/0~alpha=0.05~3"]["status"] == "done" and key not in _rows(tmp_path)
 
 
@@ -496,27 +426,20 @@ def test_supersede_takes_the_second_key_when_only_the_first_is_taken(tmp_path):
     with Store(tmp_path / "runs.db") as s:
         s.claim("tiny/ls/0~alpha=0.05", preset="tiny", method="ls", seed=0, config={})
         s.finish("tiny/ls/0~alpha=0.05", metrics={})
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         b.supersede([key])
-    finally:
-        b.close()
     assert (d.with_name("seed0~alpha=0.05~2") / "marker").is_file() and "tiny/ls/0~alpha=0.05~2" in _rows(tmp_path)
 
 
 def test_supersede_of_a_run_without_a_directory_and_a_lost_race(tmp_path, monkeypatch):
     key, _ = _finished(tmp_path, run_dir=False)
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         b.supersede([key])
         row = b.store.get("tiny/ls/0~alpha=0.05")
         assert row["status"] == "done" and row["run_dir"] is None and row["logits_path"] is None
-    finally:
-        b.close()
     key, d = _finished(tmp_path, seed=1)
     lines = []
-    b = _bench(tmp_path, lines)
-    try:
+    with closing(_bench(tmp_path, lines)) as b:
         real = b.store.retire
 
         def lost(k, *a):
@@ -530,19 +453,14 @@ def test_supersede_of_a_run_without_a_directory_and_a_lost_race(tmp_path, monkey
         key2, d2 = _finished(tmp_path, seed=2)
         b.supersede([key, key2])  # a lost race does not stop the next key
         assert len(lines) == 1 and lines[0].startswith(f"{key2}: run at") and not d2.exists()
-    finally:
-        b.close()
 
 
 def test_supersede_leaves_a_missing_directory_alone(tmp_path):
     key, d = _finished(tmp_path)
     (d / "marker").unlink()
     d.rmdir()
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         b.supersede([key])
-    finally:
-        b.close()
     assert not d.exists() and not d.with_name("seed0~alpha=0.05").exists()
     assert _rows(tmp_path)["tiny/ls/0~alpha=0.05"]["run_dir"] == str(d.with_name("seed0~alpha=0.05"))
 
@@ -553,8 +471,7 @@ def test_supersede_leaves_a_missing_directory_alone(tmp_path):
 def test_config_record_holds_what_a_table_must_not_mix(tmp_path):
     preset = dataclasses.replace(TINY, train_by_method={"ls": {"lr": 0.1}}, data_dir="/d", ood="none",
                                  robust_n=30, severities=(1, 3))
-    b = Bench(preset, tmp_path, methods=None, log=quiet)
-    try:
+    with closing(Bench(preset, tmp_path, methods=None, log=quiet)) as b:
         rec = b._config_record("ls", 1)
         assert rec == {"preset": "tiny", "method": "ls", "kind": "train", "seed": 1, "keep": preset.keep,
                        "hparams": {"loss.alpha": 0.05}, "loss": "ls", "train_method": "standard",
@@ -566,14 +483,9 @@ def test_config_record_holds_what_a_table_must_not_mix(tmp_path):
             "maccal", 0)
         assert b._config_record("csm", 0)["csm"] == dict(preset.csm) and "maccal" not in b._config_record("csm", 0)
         assert "maccal" not in rec and "csm" not in rec
-    finally:
-        b.close()
     plain = dataclasses.replace(TINY, train={k: v for k, v in TINY.train.items() if k != "milestones"})
-    b = Bench(dataclasses.replace(plain, train={**plain.train, "milestones": None}), tmp_path / "p", log=quiet)
-    try:
+    with closing(Bench(dataclasses.replace(plain, train={**plain.train, "milestones": None}), tmp_path / "p", log=quiet)) as b:
         assert b._config_record("ce", 0)["train"]["milestones"] is None
-    finally:
-        b.close()
     no_epochs = {k: v for k, v in TINY.train.items() if k != "epochs"}
     b = Bench(dataclasses.replace(TINY, train={**no_epochs, "milestones": [0.5]}), tmp_path / "q", log=quiet)
     try:  # epochs not set by the preset: TrainConfig's default
@@ -594,15 +506,12 @@ def test_eval_data_loads_the_runs_split_and_caches_under_the_bench(tmp_path, mon
     monkeypatch.setattr(calibkit.data, "load", lambda name, **kw: loads.append((name, kw)) or f"bundle-{len(loads)}")
     monkeypatch.setattr(evaluation, "EvalData", lambda *a: made.append(a) or a)
     preset = dataclasses.replace(TINY, train={**TINY.train, "train_subset": 300})
-    b = Bench(preset, tmp_path, methods=["ls"], data_dir="/dd", log=quiet)
-    try:
+    with closing(Bench(preset, tmp_path, methods=["ls"], data_dir="/dd", log=quiet)) as b:
         first = b.eval_data(1)
         assert loads == [("digits", {"data_dir": "/dd", "seed": 1, "val_size": 200, "train_subset": 300})]
         assert first == (preset, "bundle-1", tmp_path / "cache", "/dd") and b.eval_data(0) is first
         b.view(dataclasses.replace(preset, robust_n=7)).eval_data(0)
         assert len(loads) == 2 and loads[1][1]["seed"] == 0
-    finally:
-        b.close()
 
 
 def test_train_passes_the_generated_set_to_a_csm_run(tmp_path, monkeypatch):
@@ -610,11 +519,8 @@ def test_train_passes_the_generated_set_to_a_csm_run(tmp_path, monkeypatch):
 
     got = []
     monkeypatch.setattr(calibkit.train, "train", lambda cfg, out, **kw: got.append(cfg) or {"status": "done"})
-    b = _bench(tmp_path, methods=["csm"])
-    try:
+    with closing(_bench(tmp_path, methods=["csm"])) as b:
         b._train("csm", 0, tmp_path / "r", csm_data=tmp_path / "gen")
-    finally:
-        b.close()
     assert got[0].csm_data == str(tmp_path / "gen") and got[0].method == METHODS["csm"].method
 
 
@@ -648,12 +554,9 @@ def test_progress_gets_a_bar_only_for_print_on_a_terminal_and_every_runs_duratio
     for tty in (True, False):
         monkeypatch.setattr(runner.sys.stderr, "isatty", lambda: tty)
         for log in (print, quiet):
-            b = Bench(TINY, tmp_path / f"{tty}{log is print}", methods=["ls"], log=log)
-            try:
+            with closing(Bench(TINY, tmp_path / f"{tty}{log is print}", methods=["ls"], log=log)) as b:
                 b.run()
                 b.run_one(0, "ls")
-            finally:
-                b.close()
     bars = [(total, bar) for total, _, bar, _ in _Progress.made]
     assert bars == [(4, True), (1, False), (4, False), (1, False), (4, False), (1, False), (4, False), (1, False)]
     assert all(write is (print if i in (0, 1, 4, 5) else quiet) for i, (_, write, _, _) in enumerate(_Progress.made))
@@ -671,21 +574,15 @@ def test_progress_gets_a_bar_only_for_print_on_a_terminal_and_every_runs_duratio
 def test_run_asks_whether_each_method_and_seed_is_ready(tmp_path, stand_ins, monkeypatch):
     asked = []
     monkeypatch.setattr(Bench, "needs_ready", lambda self, method, seed: asked.append((method, seed)) or True)
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         b.run()
-    finally:
-        b.close()
     assert asked == [("ce", 0), ("ls", 0), ("ce", 1), ("ls", 1)]
 
 
 def test_a_runs_record_names_the_code_it_ran(tmp_path, stand_ins):
-    b = _bench(tmp_path)
-    b._env = {"git_commit": "abc123", "versions": {"torch": "x"}}
-    try:
+    with closing(_bench(tmp_path)) as b:
+        b._env = {"git_commit": "abc123", "versions": {"torch": "x"}}
         b.run_one(0, "ls")
-    finally:
-        b.close()
     row = _rows(tmp_path)["tiny/ls/0"]
     assert row["git_commit"] == "abc123" and row["versions"] == {"torch": "x"}
 
@@ -700,15 +597,12 @@ def test_rank_1_of_a_torchrun_bench_trains_but_neither_evaluates_writes_nor_logs
     sent = iter([(None, []), "claimed", (None, []), "done"])  # what rank 0 decided, in order
     monkeypatch.setattr(runner, "broadcast", lambda value, dd: next(sent))
     lines = []
-    b = _bench(tmp_path, lines)
-    try:
+    with closing(_bench(tmp_path, lines)) as b:
         assert b.store is None and not (tmp_path / "runs.db").exists()
         b.log("not shown")
         assert b.run_one(0, "ls") == {"done": 1, "skipped": 0, "failed": 0}
         assert b.run_one(1, "ls") == {"done": 0, "skipped": 1, "failed": 0}
         b.supersede(["tiny/ls/0"])  # rank 0 moves stale runs; this rank only waits for it
-    finally:
-        b.close()
     assert [c[:2] for c in stand_ins["train"]] == [("ls", 0)] and stand_ins["eval"] == [] and lines == []
 
 
@@ -717,30 +611,21 @@ def test_check_consistent_reads_only_this_presets_rows_and_the_top_level_policy(
         s.claim("other/ls/0", preset="other", method="ls", seed=0,
                 config={"keep": "last", "hparams": {"loss.alpha": 0.3}})
         s.finish("other/ls/0", metrics={})
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         assert b.check_consistent() == []
-    finally:
-        b.close()
     with Store(tmp_path / "runs.db") as s:  # a record's own policy wins over its training settings'
         s.claim("tiny/ce/0", preset="tiny", method="ce", seed=0, config={"keep": "last", "train": {}})
         s.finish("tiny/ce/0", metrics={})
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         with pytest.raises(ValueError, match="policy 'last'"):
             b.check_consistent()
-    finally:
-        b.close()
 
 
 def test_every_stale_run_is_returned(tmp_path):
     keys = [_finished(tmp_path, seed=k)[0] for k in (0, 1)]
     _select(tmp_path, "ls", {"loss.alpha": 0.1})
-    b = Bench(apply_values(TINY, "ls", {"loss.alpha": 0.1}), tmp_path, methods=["ls"], log=quiet)
-    try:
+    with closing(Bench(apply_values(TINY, "ls", {"loss.alpha": 0.1}), tmp_path, methods=["ls"], log=quiet)) as b:
         assert b.check_consistent() == keys
-    finally:
-        b.close()
 
 
 def test_recorded_selection_ignores_another_presets_tuning(tmp_path):
@@ -748,16 +633,10 @@ def test_recorded_selection_ignores_another_presets_tuning(tmp_path):
         s.claim_candidate("other/ls/7/x", preset="other", method="ls", seed=7, hparams={"loss.alpha": 0.3}, config={})
         s.finish_candidate("other/ls/7/x", metrics={})
         s.select_candidate("other", "ls", 7, "other/ls/7/x", {})
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         assert b.recorded_selection() == {}
-    finally:
-        b.close()
 
 
 def test_config_record_of_a_method_without_overrides(tmp_path):
-    b = _bench(tmp_path)
-    try:
+    with closing(_bench(tmp_path)) as b:
         assert b._config_record("ce", 0)["train_overrides"] == {}
-    finally:
-        b.close()
