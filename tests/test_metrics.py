@@ -1,15 +1,13 @@
 """evaluate, the streaming/distributed accumulator and the bootstrap."""
 
-import os
 import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import calibkit.functional as F
 from calibkit.metrics import PANEL, CalibrationAccumulator, bootstrap_ci, evaluate, paired_bootstrap_diff
-from tests.helpers.ports import free_port as _free_port
+from tests.helpers.gloo import on_two_processes
 
 FUNCS = {"acc": F.accuracy, "ece": F.ece, "aece": F.adaptive_ece, "cece": F.classwise_ece, "mce": F.mce,
          "rmsce": F.rmsce, "nll": F.nll, "brier": F.brier,
@@ -80,27 +78,17 @@ def test_accumulator_errors(gen):
         acc.merge(CalibrationAccumulator(n_bins=10).update(*_data(gen, n=5, k=3)))
 
 
-def _worker(rank, world, port, probs, labels, out):
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        acc = CalibrationAccumulator(n_bins=15, num_classes=probs.shape[1])
-        # uneven shards, so the all-gather padding of the per-sample arrays is exercised
-        lo, hi = (0, 700) if rank == 0 else (700, len(labels))
-        acc.update(probs[lo:hi], labels[lo:hi])
-        out[rank] = acc.sync().compute()
-    finally:
-        dist.destroy_process_group()
+def _shard(rank, probs, labels):
+    acc = CalibrationAccumulator(n_bins=15, num_classes=probs.shape[1])
+    # uneven shards, so the all-gather padding of the per-sample arrays is exercised
+    lo, hi = (0, 700) if rank == 0 else (700, len(labels))
+    acc.update(probs[lo:hi], labels[lo:hi])
+    return acc.sync().compute()
 
 
 def test_two_process_gloo_sync_equals_evaluate(gen):
     probs, labels = _data(gen, n=1000, k=5)
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), probs, labels, out), nprocs=2, join=True)
-        results = dict(out)
+    results = on_two_processes(_shard, probs, labels)
     ref = evaluate(probs, labels)
     for rank in (0, 1):
         for k in PANEL:

@@ -8,13 +8,12 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from calibkit.metrics import PANEL, evaluate
 
 tm = pytest.importorskip("torchmetrics")
 from calibkit.integrations.torchmetrics import CalibrationMetric  # noqa: E402
-from tests.helpers.ports import free_port as _free_port
+from tests.helpers.gloo import on_two_processes
 
 
 def _data(seed, n=900, k=6):
@@ -82,27 +81,17 @@ def test_metric_leaves_out_ignored_samples_and_pixels():
         assert md.compute()[key].item() == pytest.approx(flat[key], abs=1e-12), key
 
 
-def _worker(rank, world, port, probs, labels, out):
-    import torch.distributed as dist
-
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        m = CalibrationMetric(num_classes=probs.shape[1])
-        lo, hi = (0, 650) if rank == 0 else (650, len(labels))  # uneven shards
-        for p, y in zip(probs[lo:hi].split(200), labels[lo:hi].split(200)):
-            m.update(p, y)
-        out[rank] = {k: v.item() for k, v in m.compute().items()}  # torchmetrics syncs in compute
-    finally:
-        dist.destroy_process_group()
+def _shard(rank, probs, labels):
+    m = CalibrationMetric(num_classes=probs.shape[1])
+    lo, hi = (0, 650) if rank == 0 else (650, len(labels))  # uneven shards
+    for p, y in zip(probs[lo:hi].split(200), labels[lo:hi].split(200)):
+        m.update(p, y)
+    return {k: v.item() for k, v in m.compute().items()}  # torchmetrics syncs in compute
 
 
 def test_metric_syncs_under_two_gloo_processes():
     probs, labels = _data(2)
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), probs, labels, out), nprocs=2, join=True)
-        results = dict(out)
+    results = on_two_processes(_shard, probs, labels)
     ref = evaluate(probs, labels)
     for rank in (0, 1):
         for key in PANEL:
