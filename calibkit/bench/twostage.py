@@ -63,10 +63,14 @@ def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
                       "best_val_ece": record["best_val_ece"]}}
 
 
+def _sharpness(bench) -> float:
+    """The reannotation sharpness of the preset's CSM runs (4 unless the preset says otherwise)."""
+    return float(bench.preset.csm.get("sharpness", 4.0))
+
+
 def _csm_cache(bench, seed: int) -> Path:
     # One annotated copy per seed and sharpness: tuning candidates of different sharpness never share one.
-    sharpness = float(bench.preset.csm.get("sharpness", 4.0))
-    return bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}-s{sharpness:g}"
+    return bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}-s{_sharpness(bench):g}"
 
 
 def csm_store(bench, seed: int) -> Path:
@@ -74,7 +78,7 @@ def csm_store(bench, seed: int) -> Path:
     from calibkit.methods.csm.annotate import ClassifierEncoder, annotate_store
     from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
 
-    src = bench.csm_store or bench.preset.csm.get("store") or SHIPPED_STORES.get(bench.preset.dataset)
+    src = csm_source(bench.preset, bench.csm_store)
     if src is None or not Path(src).is_dir():
         raise FileNotFoundError(
             f"no CSM generated set for {bench.preset.dataset} ({src}); generate one with `calibkit csm generate` "
@@ -98,7 +102,7 @@ def csm_store(bench, seed: int) -> Path:
         # source's may be too; the annotated set is read by every worker.
         tmp.chmod(0o755)
         images, labels = enc.training_split()
-        annotate_store(tmp, enc, images, labels, sharpness=float(bench.preset.csm.get("sharpness", 4.0)),
+        annotate_store(tmp, enc, images, labels, sharpness=_sharpness(bench),
                        extra_meta={"source_store": str(src), "bench_preset": bench.preset.name})
         try:
             tmp.rename(dst)  # the store appears only once fully annotated
