@@ -58,14 +58,23 @@ def stand_ins(monkeypatch):
     return calls
 
 
-def _bench(out, lines=None, **kw):
+def _bench(out, lines=None, preset=TINY, **kw):
     kw.setdefault("methods", ["ls"])
-    return Bench(TINY, out, num_threads=1, log=(lines.append if lines is not None else quiet), **kw)
+    return Bench(preset, out, num_threads=1, log=(lines.append if lines is not None else quiet), **kw)
 
 
 def _rows(out):
     with Store(out / "runs.db", readonly=True) as s:
         return {r["run_key"]: r for r in s.runs("tiny", status=None)}
+
+
+def _recorded(out, key, config):
+    """A finished row ``key`` (``preset/method/seed``, maybe with a ``~`` suffix) holding ``config``
+    and no results, as an earlier bench would have left it."""
+    preset, method, seed = key.split("~")[0].split("/")
+    with Store(out / "runs.db") as s:
+        s.claim(key, preset=preset, method=method, seed=int(seed), config=config)
+        s.finish(key, metrics={})
 
 
 # ------------------------------------------------------------------------------ train_config
@@ -266,7 +275,7 @@ def test_run_one_runs_exactly_one_run_of_its_grid(tmp_path, stand_ins):
 def test_run_one_refuses_a_directory_of_other_values(tmp_path, stand_ins):
     with closing(_bench(tmp_path)) as b:
         b.run_one(0, "ls")
-    with closing(Bench(apply_values(TINY, "ls", {"loss.alpha": 0.2}), tmp_path, methods=["ls"], log=quiet)) as b:
+    with closing(_bench(tmp_path, preset=apply_values(TINY, "ls", {"loss.alpha": 0.2}))) as b:
         with pytest.raises(ValueError, match="was run with"):
             b.run_one(1, "ls")
 
@@ -306,28 +315,23 @@ def _select(out, method, values):
 
 def test_check_consistent_refuses_another_policy_naming_both(tmp_path):
     _finished(tmp_path)
-    with closing(Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": "last"}), tmp_path, methods=["ls"], log=quiet)) as b:
+    with closing(_bench(tmp_path, preset=dataclasses.replace(TINY, train={**TINY.train, "keep": "last"}))) as b:
         with pytest.raises(ValueError) as err:
             b.check_consistent()
         assert str(err.value) == (f"{tmp_path / 'runs.db'} holds runs of preset tiny made under the checkpoint "
                                   f"policy {TINY.keep!r}; this bench uses 'last'. Choose another --out (one "
                                   "policy per bench)")
-    with Store(tmp_path / "runs.db") as s:  # an older record: the policy under "train"
-        s.claim("tiny/focal/0", preset="tiny", method="focal", seed=0, config={"train": {"keep": "last"}})
-        s.finish("tiny/focal/0", metrics={})
+    _recorded(tmp_path, "tiny/focal/0", {"train": {"keep": "last"}})  # an older record: the policy under "train"
     with closing(_bench(tmp_path)) as b:
         with pytest.raises(ValueError, match="policy 'last'; this bench uses 'best-acc'"):
             b.check_consistent()
 
 
 def test_check_consistent_reads_an_old_record_without_a_policy_as_best_acc(tmp_path):
-    with Store(tmp_path / "runs.db") as s:
-        s.claim("tiny/ce/0", preset="tiny", method="ce", seed=0, config={})
-        s.finish("tiny/ce/0", metrics={})
-        s.claim("tiny/ce/1", preset="tiny", method="ce", seed=1, config={"train": {}})
-        s.finish("tiny/ce/1", metrics={})
+    _recorded(tmp_path, "tiny/ce/0", {})
+    _recorded(tmp_path, "tiny/ce/1", {"train": {}})
     for keep, ok in (("best-acc", True), ("last", False)):
-        with closing(Bench(dataclasses.replace(TINY, train={**TINY.train, "keep": keep}), tmp_path, methods=["ls"], log=quiet)) as b:
+        with closing(_bench(tmp_path, preset=dataclasses.replace(TINY, train={**TINY.train, "keep": keep}))) as b:
             if ok:
                 assert b.check_consistent() == []
             else:
@@ -338,13 +342,13 @@ def test_check_consistent_reads_an_old_record_without_a_policy_as_best_acc(tmp_p
 def test_check_consistent_refuses_other_values_and_names_the_selection(tmp_path):
     key, _ = _finished(tmp_path)
     other = apply_values(TINY, "ls", {"loss.alpha": 0.2})
-    with closing(Bench(other, tmp_path, methods=["ls"], log=quiet)) as b:
+    with closing(_bench(tmp_path, preset=other)) as b:
         with pytest.raises(ValueError) as err:
             b.check_consistent()
         assert str(err.value) == (f"{tmp_path / 'runs.db'}: {key} was run with {{'loss.alpha': 0.05}}, this bench "
                                   "would use {'loss.alpha': 0.2}. Choose another --out (one set of values per bench)")
     _select(tmp_path, "ls", {"loss.alpha": 0.1})  # a tuning chose a third value
-    with closing(Bench(other, tmp_path, methods=["ls"], log=quiet)) as b:
+    with closing(_bench(tmp_path, preset=other)) as b:
         with pytest.raises(ValueError) as err:
             b.check_consistent()
         assert str(err.value).endswith("(one set of values per bench); this directory's tuning selected "
@@ -353,17 +357,12 @@ def test_check_consistent_refuses_other_values_and_names_the_selection(tmp_path)
 
 def test_check_consistent_ignores_other_methods_old_records_and_retired_runs(tmp_path):
     _finished(tmp_path, "focal")
-    with Store(tmp_path / "runs.db") as s:
-        rec = {"keep": TINY.keep, "hparams": None}
-        s.claim("tiny/ls/0", preset="tiny", method="ls", seed=0, config=rec)  # a record without values
-        s.finish("tiny/ls/0", metrics={})
-        s.claim("tiny/ls/1~alpha=0.2", preset="tiny", method="ls", seed=1,
-                config={"keep": TINY.keep, "hparams": {"loss.alpha": 0.2}})
-        s.finish("tiny/ls/1~alpha=0.2", metrics={})
+    _recorded(tmp_path, "tiny/ls/0", {"keep": TINY.keep, "hparams": None})  # a record without values
+    _recorded(tmp_path, "tiny/ls/1~alpha=0.2", {"keep": TINY.keep, "hparams": {"loss.alpha": 0.2}})
     # focal is not in this bench, ls/0 has no values, ls/1~... was moved aside
     with closing(_bench(tmp_path)) as b:
         assert b.check_consistent() == []
-    with closing(Bench(apply_values(TINY, "focal", {"loss.gamma": 1.0}), tmp_path, methods=["focal"], log=quiet)) as other:
+    with closing(_bench(tmp_path, preset=apply_values(TINY, "focal", {"loss.gamma": 1.0}), methods=["focal"])) as other:
         with pytest.raises(ValueError, match="tiny/focal/0 was run with"):
             other.check_consistent()
 
@@ -405,10 +404,8 @@ def test_a_stale_run_is_moved_aside_and_run_again(tmp_path, stand_ins):
 
 def test_supersede_picks_a_free_key_and_skips_what_is_gone(tmp_path):
     key, d = _finished(tmp_path)
-    with Store(tmp_path / "runs.db") as s:  # two earlier moves of the same values already there
-        for taken in ("tiny/ls/0~alpha=0.05", "tiny/ls/0~alpha=0.05~2"):
-            s.claim(taken, preset="tiny", method="ls", seed=0, config={})
-            s.finish(taken, metrics={})
+    for taken in ("tiny/ls/0~alpha=0.05", "tiny/ls/0~alpha=0.05~2"):  # two earlier moves of the same values
+        _recorded(tmp_path, taken, {})
     lines = []
     with closing(_bench(tmp_path, lines)) as b:
         b.supersede(["tiny/ls/9", key])  # a key with no row: nothing to move, the next one is moved
@@ -423,9 +420,7 @@ def test_supersede_picks_a_free_key_and_skips_what_is_gone(tmp_path):
 
 def test_supersede_takes_the_second_key_when_only_the_first_is_taken(tmp_path):
     key, d = _finished(tmp_path)
-    with Store(tmp_path / "runs.db") as s:
-        s.claim("tiny/ls/0~alpha=0.05", preset="tiny", method="ls", seed=0, config={})
-        s.finish("tiny/ls/0~alpha=0.05", metrics={})
+    _recorded(tmp_path, "tiny/ls/0~alpha=0.05", {})
     with closing(_bench(tmp_path)) as b:
         b.supersede([key])
     assert (d.with_name("seed0~alpha=0.05~2") / "marker").is_file() and "tiny/ls/0~alpha=0.05~2" in _rows(tmp_path)
@@ -484,16 +479,16 @@ def test_config_record_holds_what_a_table_must_not_mix(tmp_path):
         assert b._config_record("csm", 0)["csm"] == dict(preset.csm) and "maccal" not in b._config_record("csm", 0)
         assert "maccal" not in rec and "csm" not in rec
     plain = dataclasses.replace(TINY, train={k: v for k, v in TINY.train.items() if k != "milestones"})
-    with closing(Bench(dataclasses.replace(plain, train={**plain.train, "milestones": None}), tmp_path / "p", log=quiet)) as b:
+    no_milestones = dataclasses.replace(plain, train={**plain.train, "milestones": None})
+    with closing(Bench(no_milestones, tmp_path / "p", log=quiet)) as b:
         assert b._config_record("ce", 0)["train"]["milestones"] is None
     no_epochs = {k: v for k, v in TINY.train.items() if k != "epochs"}
-    b = Bench(dataclasses.replace(TINY, train={**no_epochs, "milestones": [0.5]}), tmp_path / "q", log=quiet)
-    try:  # epochs not set by the preset: TrainConfig's default
-        from calibkit.config import TrainConfig
+    from calibkit.config import TrainConfig
 
+    # epochs not set by the preset: TrainConfig's default
+    with closing(Bench(dataclasses.replace(TINY, train={**no_epochs, "milestones": [0.5]}), tmp_path / "q",
+                       log=quiet)) as b:
         assert b._config_record("ce", 0)["train"]["milestones"] == [int(0.5 * TrainConfig.epochs)]
-    finally:
-        b.close()
 
 
 # ------------------------------------------------------------------------------ what each part is handed
@@ -607,15 +602,10 @@ def test_rank_1_of_a_torchrun_bench_trains_but_neither_evaluates_writes_nor_logs
 
 
 def test_check_consistent_reads_only_this_presets_rows_and_the_top_level_policy(tmp_path):
-    with Store(tmp_path / "runs.db") as s:
-        s.claim("other/ls/0", preset="other", method="ls", seed=0,
-                config={"keep": "last", "hparams": {"loss.alpha": 0.3}})
-        s.finish("other/ls/0", metrics={})
+    _recorded(tmp_path, "other/ls/0", {"keep": "last", "hparams": {"loss.alpha": 0.3}})
     with closing(_bench(tmp_path)) as b:
         assert b.check_consistent() == []
-    with Store(tmp_path / "runs.db") as s:  # a record's own policy wins over its training settings'
-        s.claim("tiny/ce/0", preset="tiny", method="ce", seed=0, config={"keep": "last", "train": {}})
-        s.finish("tiny/ce/0", metrics={})
+    _recorded(tmp_path, "tiny/ce/0", {"keep": "last", "train": {}})  # its own policy wins over its settings'
     with closing(_bench(tmp_path)) as b:
         with pytest.raises(ValueError, match="policy 'last'"):
             b.check_consistent()
@@ -624,7 +614,7 @@ def test_check_consistent_reads_only_this_presets_rows_and_the_top_level_policy(
 def test_every_stale_run_is_returned(tmp_path):
     keys = [_finished(tmp_path, seed=k)[0] for k in (0, 1)]
     _select(tmp_path, "ls", {"loss.alpha": 0.1})
-    with closing(Bench(apply_values(TINY, "ls", {"loss.alpha": 0.1}), tmp_path, methods=["ls"], log=quiet)) as b:
+    with closing(_bench(tmp_path, preset=apply_values(TINY, "ls", {"loss.alpha": 0.1}))) as b:
         assert b.check_consistent() == keys
 
 

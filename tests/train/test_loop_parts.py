@@ -22,6 +22,7 @@ from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.config import TrainConfig
 from calibkit.data import load
+from calibkit.data.bundle import Split
 from calibkit.functional import ece
 from calibkit.train import loop, preempt
 from calibkit.train.keep import Keeper
@@ -38,6 +39,13 @@ def tiny(**kw) -> TrainConfig:
 
 def quiet(cfg, out, **kw):
     return loop.train(cfg, out, progress=False, verbose=False, **kw)
+
+
+class _FirstOnly(Keeper):
+    """The checkpoint policy, but keeping the first epoch only (later epochs are never kept)."""
+
+    def offer(self, epoch, record):
+        return super().offer(epoch, record) if epoch == 1 else False
 
 
 @pytest.fixture
@@ -127,7 +135,8 @@ def test_prepare_run_dir_states(tmp_path):
     (tmp_path / "other" / "x").write_text("x")
     with pytest.raises(ValueError) as err:
         loop._prepare_run_dir(tmp_path / "other", cfg)
-    assert str(err.value) == f"out: {tmp_path / 'other'} is not empty and holds no calibkit run; choose another directory"
+    assert str(err.value) == (f"out: {tmp_path / 'other'} is not empty and holds no calibkit run; "
+                              "choose another directory")
     run = tmp_path / "run"
     run.mkdir()
     rundir.write_json(run / rundir.CONFIG, {"config": cfg.to_dict(), "status": "done"})
@@ -174,6 +183,11 @@ def test_prepare_run_dir_flushes_its_line(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ _build
 
 
+def _head(split, n):
+    """The first ``n`` samples of a split."""
+    return Split(split.images[:n], split.labels[:n])
+
+
 def _bundle_with(monkeypatch, change):
     """``calibkit.data.load`` returning the real bundle changed by ``change(bundle)``."""
     import calibkit.data
@@ -198,23 +212,20 @@ def test_build_loads_the_configs_split_and_names_its_errors(tmp_path, monkeypatc
         loop._build(tiny(batch_size=129), D.Dist(), None, tmp_path, print)
     assert str(err.value) == "batch_size 129 exceeds the 128 training images"
     assert loop._build(tiny(batch_size=128), D.Dist(), None, tmp_path, print).model is not None  # one batch: fine
-    from calibkit.data.bundle import Split
-
-    _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, val=Split(b.val.images[:1], b.val.labels[:1])))
+    _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, val=_head(b.val, 1)))
     assert len(loop._build(cfg, D.Dist(), None, tmp_path, print).bundle.val) == 1  # one image is enough
-    _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, val=Split(b.val.images[:0], b.val.labels[:0])))
+    _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, val=_head(b.val, 0)))
     with pytest.raises(ValueError) as err:
         loop._build(cfg, D.Dist(), None, tmp_path, print)
     assert str(err.value) == "val_size: the validation split is empty; model selection needs one"
 
 
 def test_build_makes_the_model_for_the_datas_classes_and_channels(tmp_path, monkeypatch):
-    from calibkit.data.bundle import Split
-
     def three(b):
         keep_tr, keep_va = b.train.labels < 3, b.val.labels < 3
         rgb = lambda s, k: Split(s.images[k].repeat(1, 3, 1, 1), s.labels[k])
-        return dataclasses.replace(b, train=rgb(b.train, keep_tr), val=rgb(b.val, keep_va), test=rgb(b.test, b.test.labels < 3),
+        return dataclasses.replace(b, train=rgb(b.train, keep_tr), val=rgb(b.val, keep_va),
+                                   test=rgb(b.test, b.test.labels < 3),
                                    num_classes=3, in_channels=3, mean=[b.mean[0]] * 3, std=[b.std[0]] * 3,
                                    class_names=b.class_names[:3])
 
@@ -248,7 +259,8 @@ def test_build_refuses_a_dense_model_on_class_labels_and_a_classifier_on_masks(t
 def test_build_sets_the_optimizers_values(tmp_path):
     run = loop._build(tiny(lr=0.07, momentum=0.8, weight_decay=3e-4), D.Dist(), None, tmp_path, print)
     g = run.optimizer.param_groups[0]
-    assert isinstance(run.optimizer, torch.optim.SGD) and (g["lr"], g["momentum"], g["weight_decay"]) == (0.07, 0.8, 3e-4)
+    assert isinstance(run.optimizer, torch.optim.SGD)
+    assert (g["lr"], g["momentum"], g["weight_decay"]) == (0.07, 0.8, 3e-4)
     run = loop._build(tiny(optimizer="adam", lr=0.002, weight_decay=1e-5), D.Dist(), None, tmp_path, print)
     g = run.optimizer.param_groups[0]
     assert isinstance(run.optimizer, torch.optim.Adam) and (g["lr"], g["weight_decay"]) == (0.002, 1e-5)
@@ -304,7 +316,8 @@ def test_each_epoch_reseeds_and_draws_from_its_own_streams(tmp_path, monkeypatch
     from calibkit.data.inputs import ImageInputs
 
     real_batch = ImageInputs.train_batch
-    monkeypatch.setattr(ImageInputs, "train_batch", lambda self, x, y, g=None: batches.append(g) or real_batch(self, x, y, g))
+    monkeypatch.setattr(ImageInputs, "train_batch",
+                        lambda self, x, y, g=None: batches.append(g) or real_batch(self, x, y, g))
     quiet(tiny(seed=5), tmp_path)
     assert seeds == [5, 5 * 100_003 + 0 * 101 + 0, 5 * 100_003 + 1 * 101 + 0]
     per_epoch = [[(a, kw) for a, kw, _ in rngs[i:i + 3]] for i in (0, 3)]
@@ -448,11 +461,7 @@ def test_validate_and_finish_hand_a_dense_run_to_the_dense_module(monkeypatch):
 
 
 def test_only_kept_weights_are_written_and_the_checkpoint_records_the_kept_epoch(tmp_path, monkeypatch):
-    class FirstOnly(Keeper):
-        def offer(self, epoch, record):
-            return super().offer(epoch, record) if epoch == 1 else False
-
-    monkeypatch.setattr(loop, "Keeper", FirstOnly)
+    monkeypatch.setattr(loop, "Keeper", _FirstOnly)
     writes = []
     real = rundir.write_tensors
     monkeypatch.setattr(rundir, "write_tensors", lambda path, t: writes.append(path.name) or real(path, t))
@@ -484,9 +493,7 @@ def test_finish_records_the_kept_weights_test_accuracy_and_ece(tmp_path, capsys)
 
 
 def test_a_run_without_test_images_finishes_without_test_figures(tmp_path, monkeypatch, capsys):
-    from calibkit.data.bundle import Split
-
-    _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, test=Split(b.test.images[:0], b.test.labels[:0])))
+    _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, test=_head(b.test, 0)))
     summary = loop.train(tiny(epochs=1), tmp_path, progress=False)
     assert summary["status"] == "done" and summary["test_acc"] is None and summary["test_ece"] is None
     assert ", test acc n/a, test ECE n/a, " in capsys.readouterr().out.splitlines()[-1]
@@ -505,11 +512,7 @@ def test_the_run_record_names_the_data_and_where_it_ran(tmp_path):
 
 
 def test_every_epoch_prints_one_line_of_its_record(tmp_path, monkeypatch, capsys):
-    class FirstOnly(Keeper):
-        def offer(self, epoch, record):
-            return super().offer(epoch, record) if epoch == 1 else False
-
-    monkeypatch.setattr(loop, "Keeper", FirstOnly)
+    monkeypatch.setattr(loop, "Keeper", _FirstOnly)
     loop.train(tiny(epochs=3), tmp_path, progress=False)  # verbose by default
     lines = capsys.readouterr().out.splitlines()
     history = rundir.read_json(tmp_path / rundir.HISTORY)
