@@ -8,11 +8,20 @@ EPILOG = """\
 Each file (.npz, .safetensors or .pt) holds 'logits' (N, K) and 'labels' (N,), or 'probs' (N, K)
 instead of 'logits' (then logits = log(probs), probabilities below 1e-300 raised to it first;
 softmax(log p) = p). 1-D entries are binary positive-class logits (or probabilities: logit(p)).
-Every calibrator is fitted on VAL only and scored on TEST: ECE x100 with its bootstrap interval,
-the paired bootstrap difference of ECE from temperature scaling (* significantly lower,
-! significantly higher), classwise ECE x100, NLL and accuracy. Writes DIR/report/calibrators.md, DIR/report/results.json
-and DIR/report/reliability_<name>.png; --save NAME also writes DIR/NAME.safetensors + DIR/NAME.json
-for `calibkit apply` and calibkit.calibrators.load. Bad files change nothing on disk.
+
+The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
+is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by ece): the lowest
+cross-fitted ECE among the calibrators whose cross-fitted accuracy is at most --acc-tolerance points
+(default 0.5) below the uncalibrated model's and whose cross-fitted NLL is not above it; the
+uncalibrated model is always a candidate. --select-by nll|brier ranks by a proper score instead.
+The output starts with the recommendation (test ECE, NLL, accuracy with bootstrap intervals, the
+paired difference from temperature scaling, the runner-up), then the validation table the choice
+was made on, then every calibrator's test numbers for reference (never a ranking): ECE x100 with
+its interval, the paired difference from TS (* significantly lower, ! higher), classwise ECE, NLL
+(flagged when rows get a zero true-class probability), accuracy, its change and the share of
+predictions the calibrator changed. Writes DIR/report/calibrators.md, results.json, selection.json
+and reliability_<name>.png; --save NAME also writes DIR/NAME.safetensors + DIR/NAME.json for
+`calibkit apply` and calibkit.calibrators.load. Bad files change nothing on disk.
 
 example:
   calibkit calibrate --val val.npz --test test.npz --out calib --save dirichlet
@@ -21,9 +30,10 @@ example:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "calibrate", help="fit every post-hoc calibrator on validation logits and rank them on test logits",
-        description="Fit every post-hoc calibrator on a trained model's validation logits, rank them by test ECE "
-        "with bootstrap intervals and the paired difference from temperature scaling, write DIR/report/.",
+        "calibrate", help="fit every post-hoc calibrator on validation logits, choose one on validation, score on test",
+        description="Fit every post-hoc calibrator on a trained model's validation logits, choose one by "
+        "cross-fitting on the validation split, and report it and every other calibrator on the test logits "
+        "with bootstrap intervals and the paired difference from temperature scaling; write DIR/report/.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--val", required=True, metavar="FILE", help="validation logits/probs + labels (fitting)")
@@ -35,6 +45,13 @@ def register(subparsers) -> None:
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--dpi", type=int, default=120, help="resolution of the reliability diagrams (default 120)")
+    p.add_argument("--select-by", choices=("ece", "nll", "brier"), default="ece",
+                   help="cross-fitted validation metric that chooses the calibrator (default ece, guarded by "
+                        "accuracy and NLL)")
+    p.add_argument("--acc-tolerance", type=float, default=0.5, metavar="POINTS",
+                   help="largest accepted drop of cross-fitted accuracy, in points (default 0.5)")
+    p.add_argument("--folds", type=int, default=5, help="cross-fitting folds of the validation split (default 5)")
+    p.add_argument("--timings", action="store_true", help="print where the time went")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)
@@ -132,103 +149,138 @@ def _choose(spec):
 
 
 def _check_args(args, names):
-    for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10)):
+    for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10),
+                               ("--folds", args.folds, 2)):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if not 0 <= args.acc_tolerance <= 100:  # also refuses NaN
+        raise ValueError(f"--acc-tolerance must be a number of points in [0, 100], got {args.acc_tolerance}")
     if args.save is not None and args.save not in names:
         raise ValueError(f"--save {args.save!r}: not among the calibrators fitted here ({', '.join(names)})")
 
 
-def _fmt_ci(r, scale=100):
-    return f"{scale * r.estimate:.2f} [{scale * r.low:.2f}, {scale * r.high:.2f}]"
-
-
 def run(args) -> int:
     import json
-    import time
     from pathlib import Path
+
+    from calibkit.calibrators.selection import SelectionRule
 
     names = _choose(args.calibrators)
     _check_args(args, names)
+    rule = SelectionRule(select_by=args.select_by, acc_tolerance=args.acc_tolerance / 100, n_folds=args.folds,
+                         n_bins=args.n_bins)
     val_x, val_y, val_src = read_scores(args.val)
     test_x, test_y, test_src = read_scores(args.test)
     if val_x.dim() != test_x.dim() or (val_x.dim() == 2 and val_x.shape[1] != test_x.shape[1]):
         shape = lambda x: "binary (N,)" if x.dim() == 1 else f"K = {x.shape[1]}"  # noqa: E731
         raise ValueError(f"{args.val} has {shape(val_x)} but {args.test} has {shape(test_x)}: "
                          "validation and test must come from the same model")
+    if len(val_y) < args.folds:
+        raise ValueError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
 
-    import torch
+    from calibkit.report import posthoc
 
-    from calibkit.bootstrap import bootstrap_ci, paired_bootstrap_diff
-    from calibkit.calibrators import CALIBRATORS, save
-    from calibkit.metrics import evaluate
-
-    rows, fitted, probs = [], {}, {}
-    base = torch.sigmoid(test_x) if test_x.dim() == 1 else torch.softmax(test_x, 1)
-    for name in ["none"] + names:
-        start = time.perf_counter()
-        if name == "none":
-            p = base
-        else:
-            fitted[name] = CALIBRATORS[name]().fit(val_x, val_y)
-            p = fitted[name].predict_proba(test_x)
-        seconds = time.perf_counter() - start
-        probs[name] = p
-        panel = evaluate(p, test_y, n_bins=args.n_bins)
-        rows.append({"calibrator": name, "seconds": seconds, **{k: panel[k] for k in ("ece", "cece", "nll", "acc")},
-                     "ece_ci": bootstrap_ci("ece", p, test_y, args.n_boot, args.seed, n_bins=args.n_bins)})
-    ref = "temperature" if "temperature" in probs else None
-    for r in rows:
-        r["vs_ts"] = (None if ref is None or r["calibrator"] == ref else
-                      paired_bootstrap_diff(probs[r["calibrator"]], probs[ref], test_y, "ece", args.n_boot,
-                                            args.seed, n_bins=args.n_bins))
-    rows.sort(key=lambda r: (r["ece"], r["calibrator"]))
-    table = _table(rows, ref)
+    timer = _Timer()
+    sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
+    rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
+    text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
+                        posthoc.test_table(rows, sel.chosen)])
     print(f"fitted on {args.val} ({len(val_y)} rows, {val_src}); scored on {args.test} ({len(test_y)} rows, "
           f"{test_src})\n")
-    print(table)
+    print(text)
 
     out = Path(args.out)
     report = out / "report"
     report.mkdir(parents=True, exist_ok=True)
-    _figures(report, probs, test_y, args)
-    (report / "calibrators.md").write_text(f"# Post-hoc calibrators\n\nFitted on `{args.val}` ({len(val_y)} rows), "
-                                           f"scored on `{args.test}` ({len(test_y)} rows); {args.n_boot} bootstrap "
-                                           f"resamples, 95% intervals, ECE with {args.n_bins} bins.\n\n{table}\n\n"
-                                           + "\n".join(f"![{n}](reliability_{n}.png)" for n in probs) + "\n")
-    (report / "results.json").write_text(json.dumps([_jsonable(r) for r in rows], indent=2))
+    with timer("figures"):
+        _figures(report, probs, test_y, args)
+    (report / "calibrators.md").write_text(
+        f"# Post-hoc calibrators\n\nFitted and chosen on `{args.val}` ({len(val_y)} rows), scored on `{args.test}` "
+        f"({len(test_y)} rows); {args.n_boot} bootstrap resamples, 95% intervals, ECE with {args.n_bins} bins.\n\n"
+        f"{text}\n\n" + "\n".join(f"![{n}](reliability_{n}.png)" for n in probs) + "\n")
+    (report / "results.json").write_text(json.dumps(
+        [dict(posthoc.jsonable_row(r), selected=r["calibrator"] == sel.chosen) for r in rows], indent=2))
+    (report / "selection.json").write_text(json.dumps(sel.to_dict(), indent=2))
     if args.save:
-        st, js = save(fitted[args.save], out / args.save)
+        from calibkit.calibrators import save
+
+        st, js = save(sel.fitted[args.save], out / args.save)
         print(f"\nsaved {args.save}: {st} + {js}")
     print(f"\nreport: {report / 'calibrators.md'}")
+    if args.timings:
+        print("\ntime (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timer.spent.items()))
     return 0
 
 
-def _table(rows, ref) -> str:
-    head = ["rank", "calibrator", "ECE x100 [95% CI]", "dECE vs TS x100 [95% CI]", "cwECE x100", "NLL", "acc %",
-            "fit s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for i, r in enumerate(rows, 1):
-        d = r["vs_ts"]
-        if d is None:
-            delta = "(reference)" if r["calibrator"] == ref else "-"
-        else:
-            from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
+class _Timer:
+    """Wall time per phase (``--timings``): ``with timer("phase"): ...`` adds to ``timer.spent[phase]``."""
 
-            way = direction(d.low, d.high, "ece")
-            mark = {"better": f" {BETTER_MARK}", "worse": f" {WORSE_MARK}"}.get(way, "")
-            delta = f"{100 * d.estimate:+.2f} [{100 * d.low:+.2f}, {100 * d.high:+.2f}]{mark}"
-        lines.append(f"| {i} | {r['calibrator']} | {_fmt_ci(r['ece_ci'])} | {delta} | {100 * r['cece']:.2f} | "
-                     f"{r['nll']:.4f} | {100 * r['acc']:.2f} | {r['seconds']:.2f} |")
-    return "\n".join(lines)
+    def __init__(self):
+        self.spent: dict[str, float] = {}
+
+    def __call__(self, phase: str):
+        import contextlib
+        import time
+
+        @contextlib.contextmanager
+        def span():
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - start
+
+        return span()
 
 
-def _jsonable(r) -> dict:
-    out = {k: v for k, v in r.items() if k not in ("ece_ci", "vs_ts")}
-    out["ece_ci"] = [r["ece_ci"].low, r["ece_ci"].high]
-    out["vs_ts"] = None if r["vs_ts"] is None else {"estimate": r["vs_ts"].estimate, "low": r["vs_ts"].low,
-                                                    "high": r["vs_ts"].high}
-    return out
+def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
+    """The cross-fitted selection on the validation rows, then every fitted calibrator on the test rows."""
+    import time
+
+    import torch
+
+    from calibkit.calibrators import CALIBRATORS
+    from calibkit.calibrators.selection import NONE, choose, cross_fit
+
+    fitted, seconds = {}, {}
+    for name in names:  # the full fits first, timed alone (the "fit s" column)
+        start = time.perf_counter()
+        with timer(f"fit {name}"):
+            fitted[name] = CALIBRATORS[name]().fit(val_x, val_y)
+        seconds[name] = time.perf_counter() - start
+    with timer("cross-fitting"):
+        scores, fitted = cross_fit(val_x, val_y, names, rule, fitted=fitted)
+    sel = choose(scores, rule)
+    sel.fitted = fitted
+    probs = {NONE: torch.sigmoid(test_x) if test_x.dim() == 1 else torch.softmax(test_x, 1)}
+    with timer("predict"):
+        for name in names:
+            probs[name] = fitted[name].predict_proba(test_x).double()
+    return sel, probs, seconds
+
+
+def _test_numbers(sel, probs, test_y, seconds, args, timer):
+    """The test rows (panel, guards, intervals) and the recommendation's numbers."""
+    from calibkit.bootstrap import bootstrap_ci, paired_bootstrap_diff
+    from calibkit.metrics import evaluate
+    from calibkit.report import posthoc
+
+    boot = {"n_resamples": args.n_boot, "seed": args.seed, "n_bins": args.n_bins}
+    with timer("test metrics"):
+        panels = {n: evaluate(p, test_y, n_bins=args.n_bins) for n, p in probs.items()}
+    ref = posthoc.REFERENCE if posthoc.REFERENCE in probs else None
+    with timer("bootstrap"):
+        intervals = {n: bootstrap_ci("ece", p, test_y, **boot) for n, p in probs.items()}
+        diffs = {n: paired_bootstrap_diff(p, probs[ref], test_y, "ece", **boot)
+                 for n, p in probs.items() if ref is not None and n != ref}
+        best = probs[sel.chosen]
+        extra = {"nll_ci": bootstrap_ci("nll", best, test_y, **boot), "acc_ci": bootstrap_ci("acc", best, test_y, **boot),
+                 "d_ece": None, "d_nll": None, "d_acc": None}
+        if ref is not None and sel.chosen != ref:
+            extra.update({f"d_{m}": paired_bootstrap_diff(best, probs[ref], test_y, m, **boot)
+                          for m in ("ece", "nll", "acc")})
+    rows = posthoc.test_rows(probs, test_y, intervals, diffs, panels, seconds)
+    return rows, posthoc.recommendation(sel, rows, extra)
 
 
 def _figures(report, probs, labels, args) -> None:

@@ -27,7 +27,7 @@ def files(tmp_path):
     return tmp_path, (zv, yv), (zt, yt)
 
 
-def test_calibrate_ranks_every_calibrator_and_saves_one(files, capsys):
+def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     tmp, (zv, yv), (zt, yt) = files
     out = tmp / "out"
     rc = main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out", str(out),
@@ -36,8 +36,9 @@ def test_calibrate_ranks_every_calibrator_and_saves_one(files, capsys):
     text = capsys.readouterr().out
     rows = json.loads((out / "report" / "results.json").read_text())
     names = [r["calibrator"] for r in rows]
-    assert sorted(names) == sorted(["none"] + list(CALIBRATORS))
-    assert [r["ece"] for r in rows] == sorted(r["ece"] for r in rows)  # ranked by test ECE
+    assert names == ["none"] + list(CALIBRATORS)  # registry order, never ranked by a test number
+    sel = json.loads((out / "report" / "selection.json").read_text())
+    assert [r["calibrator"] for r in rows if r["selected"]] == [sel["chosen"]]
     by = {r["calibrator"]: r for r in rows}
     ts = TemperatureScaling().fit(zv, yv).predict_proba(zt)
     assert by["temperature"]["ece"] == pytest.approx(float(F.ece(ts, yt)), abs=1e-12)
@@ -48,7 +49,9 @@ def test_calibrate_ranks_every_calibrator_and_saves_one(files, capsys):
             p = CALIBRATORS[name]().fit(zv, yv).predict_proba(zt)
             assert by[name]["ece"] == pytest.approx(float(F.ece(p, yt)), abs=1e-12)
             assert by[name]["vs_ts"]["estimate"] == pytest.approx(by[name]["ece"] - by["temperature"]["ece"], abs=1e-12)
-    assert "(reference)" in text and "| 1 |" in text
+    assert "(reference)" in text and "| 1 |" not in text and "| rank |" not in text
+    assert text.index("## Recommendation") < text.index("## Validation") < text.index("## Test split")
+    assert f"**Use: {sel['chosen']}**" in text and f"**{sel['chosen']}** (chosen)" in text
     md = (out / "report" / "calibrators.md").read_text()
     assert "dECE vs TS" in md
     assert all((out / "report" / f"reliability_{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
@@ -151,3 +154,79 @@ def test_binary_scores(tmp_path, capsys):
     rc = main(["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "k2.npz"), "--out",
                str(tmp_path / "never")])
     assert rc == 1 and "binary (N,)" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+def _run_calibrate(tmp, val, test, out, *extra):
+    rc = main(["calibrate", "--val", str(val), "--test", str(test), "--out", str(out), "--n-boot", "20", "--dpi", "20",
+               *extra])
+    assert rc == 0
+    return json.loads((out / "report" / "selection.json").read_text())
+
+
+def test_the_choice_never_reads_the_test_rows(files, capsys):
+    """Poisoned test rows (labels reversed, logits scrambled) leave the choice and its scores unchanged."""
+    tmp, _, (zt, yt) = files
+    k = zt.shape[1]
+    np.savez(tmp / "poison.npz", logits=(-zt[torch.randperm(len(yt))]).numpy(), labels=((k - 1) - yt).numpy())
+    a = _run_calibrate(tmp, tmp / "val.npz", tmp / "test.npz", tmp / "a")
+    b = _run_calibrate(tmp, tmp / "val.npz", tmp / "poison.npz", tmp / "b")
+    for sel in (a, b):  # fit times differ from run to run; every number and decision must not
+        for score in sel["scores"].values():
+            score.pop("seconds")
+    assert a == b
+    assert a["rule"] == {"select_by": "ece", "acc_tolerance": 0.005, "n_folds": 5, "n_bins": 15, "seed": 0}
+
+
+def test_a_calibrator_that_loses_accuracy_is_not_chosen_even_with_the_lowest_test_ece(tmp_path, capsys):
+    """Many classes and few validation rows per class: histogram binning changes predictions and loses
+    accuracy; under the default rule it is excluded, whatever its ECE."""
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(3000, 20, generator=g, dtype=torch.float64) * 1.5
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    z = 2 * z
+    np.savez(tmp_path / "v.npz", logits=z[:1500].numpy(), labels=y[:1500].numpy())
+    np.savez(tmp_path / "t.npz", logits=z[1500:].numpy(), labels=y[1500:].numpy())
+    sel = _run_calibrate(tmp_path, tmp_path / "v.npz", tmp_path / "t.npz", tmp_path / "o",
+                         "--calibrators", "temperature,histogram")
+    hist, base = sel["scores"]["histogram"], sel["scores"]["none"]
+    assert hist["acc"] < base["acc"] - 0.005 and hist["changed"] > 0.05  # the constructed case holds
+    assert sel["chosen"] == "temperature" and "histogram" in sel["excluded"]
+    rows = {r["calibrator"]: r for r in json.loads((tmp_path / "o" / "report" / "results.json").read_text())}
+    base_pred = torch.softmax(z[1500:], 1).argmax(1)
+    hp = CALIBRATORS["histogram"]().fit(z[:1500], y[:1500]).predict_proba(z[1500:])
+    assert rows["histogram"]["changed"] == pytest.approx(float((hp.argmax(1) != base_pred).double().mean()), abs=1e-12)
+    acc = float((hp.argmax(1) == y[1500:]).double().mean())
+    assert rows["histogram"]["d_acc"] == pytest.approx(acc - float((base_pred == y[1500:]).double().mean()), abs=1e-12)
+    assert rows["temperature"]["changed"] == 0.0 and rows["temperature"]["d_acc"] == 0.0
+
+
+def test_zero_probability_rows_flag_the_nll(files, capsys):
+    from calibkit.report.posthoc import NLL_FLAG, guard_stats
+
+    labels = torch.tensor([0, 1, 1, 0])
+    probs = torch.tensor([[0.9, 0.1], [1.0, 0.0], [0.2, 0.8], [0.5, 0.5]], dtype=torch.float64)
+    g = guard_stats(probs, torch.tensor([0, 1, 1, 0]), labels, base_acc=1.0)
+    terms = [-np.log(0.9), -np.log(np.finfo(np.float64).tiny), -np.log(0.8), -np.log(0.5)]
+    assert g["zero_rows"] == 1 and g["zero_share"] == pytest.approx(terms[1] / sum(terms))
+    assert g["changed"] == 0.25 and g["d_acc"] == pytest.approx(-0.25)
+    tmp, _, _ = files
+    _run_calibrate(tmp, tmp / "val.npz", tmp / "test.npz", tmp / "o", "--calibrators", "temperature,histogram")
+    rows = {r["calibrator"]: r for r in json.loads((tmp / "o" / "report" / "results.json").read_text())}
+    text = capsys.readouterr().out
+    if rows["histogram"]["zero_rows"]:
+        assert f"{NLL_FLAG}{rows['histogram']['zero_rows']} (" in text
+    assert rows["temperature"]["zero_rows"] == 0
+
+
+def test_select_by_and_tolerance_options(files, capsys):
+    tmp, _, _ = files
+    sel = _run_calibrate(tmp, tmp / "val.npz", tmp / "test.npz", tmp / "o", "--select-by", "nll", "--folds", "3",
+                         "--acc-tolerance", "2")
+    assert sel["rule"]["select_by"] == "nll" and sel["rule"]["n_folds"] == 3 and sel["rule"]["acc_tolerance"] == 0.02
+    eligible = [n for n in sel["ranking"]]
+    assert sel["chosen"] == min(eligible, key=lambda n: sel["scores"][n]["nll"])
+    for extra, match in ((["--folds", "1"], "--folds must be >= 2"), (["--acc-tolerance", "nan"], "--acc-tolerance"),
+                         (["--acc-tolerance", "-1"], "--acc-tolerance")):
+        rc = main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out",
+                   str(tmp / "never"), *extra])
+        assert rc == 1 and match in capsys.readouterr().err and not (tmp / "never").exists()

@@ -1,0 +1,127 @@
+"""The cross-fitted choice of a calibrator on the validation split (calibkit.calibrators.selection)."""
+
+import pytest
+import torch
+
+import calibkit.functional as F
+from calibkit.calibrators import CALIBRATORS, TemperatureScaling
+from calibkit.calibrators.selection import (NONE, CrossFitScore, SelectionRule, choose, cross_fit, folds, mean_scores,
+                                            select_calibrator)
+
+
+def _overconfident(n=2000, k=5, sharpen=3.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, k, generator=g, dtype=torch.float64) * 2
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    return sharpen * z, y
+
+
+def test_folds_partition_the_rows_near_equally_and_are_seeded():
+    parts = folds(103, 5, seed=3)
+    joined = torch.cat(parts).sort().values
+    assert torch.equal(joined, torch.arange(103))
+    assert sorted(len(p) for p in parts) == [20, 20, 21, 21, 21]
+    assert all(torch.equal(p, p.sort().values) for p in parts)
+    assert all(torch.equal(a, b) for a, b in zip(parts, folds(103, 5, seed=3)))
+    assert not all(torch.equal(a, b) for a, b in zip(parts, folds(103, 5, seed=4)))
+    with pytest.raises(ValueError, match="at least n_folds = 5"):
+        folds(4, 5, 0)
+
+
+def test_cross_fitted_scores_equal_a_direct_out_of_fold_computation():
+    z, y = _overconfident()
+    rule = SelectionRule(n_folds=4, seed=1)
+    scores, fitted = cross_fit(z, y, ["temperature"], rule)
+    # independent: cold fits per fold, held-out predictions pooled
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))
+    oof = torch.empty(len(y), z.shape[1], dtype=torch.float64)
+    for held in perm.tensor_split(4):
+        keep = torch.ones(len(y), dtype=torch.bool)
+        keep[held] = False
+        oof[held] = TemperatureScaling().fit(z[keep], y[keep]).predict_proba(z[held]).double()
+    s = scores["temperature"]
+    assert s.ece == pytest.approx(float(F.ece(oof, y)), abs=1e-7)
+    assert s.nll == pytest.approx(float(F.nll(oof, y)), abs=1e-7)
+    assert s.brier == pytest.approx(float(F.brier(oof, y)), abs=1e-7)
+    assert s.acc == float(F.accuracy(torch.softmax(z, 1), y)) and s.changed == 0.0  # TS keeps every prediction
+    base = scores[NONE]
+    assert base.ece == pytest.approx(float(F.ece(torch.softmax(z, 1), y)), abs=1e-12)
+    assert list(scores) == [NONE, "temperature"]
+    assert fitted["temperature"].temperature_ == pytest.approx(TemperatureScaling().fit(z, y).temperature_)
+
+
+def test_overconfident_logits_choose_a_temperature_and_never_the_uncalibrated_model():
+    z, y = _overconfident()
+    sel = select_calibrator(z, y)
+    assert sel.chosen != NONE and sel.scores[sel.chosen].ece < 0.5 * sel.scores[NONE].ece
+    assert sel.ranking[0] == sel.chosen and sel.runner_up == sel.ranking[1]
+    assert set(sel.fitted) == set(CALIBRATORS)
+    assert set(sel.ranking) | set(sel.excluded) == {NONE, *CALIBRATORS}
+
+
+def _scores(**kw):
+    return {name: CrossFitScore(**vals) for name, vals in kw.items()}
+
+
+BASE = dict(acc=0.92, ece=0.05, nll=0.37, brier=0.12, changed=0.0)
+
+
+def test_a_calibrator_that_buys_ece_with_accuracy_is_never_chosen():
+    # the measured CIFAR-10 DenseNet case: histogram binning had the lowest ECE and lost 5 points
+    scores = _scores(none=BASE, temperature=dict(acc=0.92, ece=0.0095, nll=0.2251, brier=0.11, changed=0.0),
+                     histogram=dict(acc=0.8746, ece=0.0073, nll=0.30, brier=0.13, changed=0.06))
+    sel = choose(scores)
+    assert sel.chosen == "temperature"
+    assert "histogram" in sel.excluded and "4.54 points below" in sel.excluded["histogram"]
+    # within the tolerance the same map is eligible; a larger tolerance lets it win
+    assert choose(scores, SelectionRule(acc_tolerance=0.05)).chosen == "histogram"
+
+
+def test_the_nll_guard_applies_to_the_ece_rule_only():
+    scores = _scores(none=BASE, temperature=dict(acc=0.92, ece=0.012, nll=0.30, brier=0.11, changed=0.0),
+                     spline=dict(acc=0.92, ece=0.008, nll=1.12, brier=0.118, changed=0.0))
+    sel = choose(scores)
+    assert sel.chosen == "temperature" and "NLL 1.1200 is above the uncalibrated 0.3700" in sel.excluded["spline"]
+    assert choose(scores, SelectionRule(select_by="nll")).chosen == "temperature"
+    assert choose(scores, SelectionRule(select_by="brier")).ranking == ["temperature", "spline", NONE]
+
+
+def test_the_uncalibrated_model_wins_when_nothing_helps_and_ties_keep_registry_order():
+    scores = _scores(none=dict(BASE, ece=0.004), temperature=dict(BASE, ece=0.006, nll=0.36),
+                     vector=dict(BASE, ece=0.006, nll=0.36))
+    assert choose(scores).chosen == NONE
+    tied = _scores(none=BASE, temperature=dict(BASE, ece=0.01), vector=dict(BASE, ece=0.01))
+    assert choose(tied).ranking[:2] == ["temperature", "vector"]
+    failed = dict(scores, dirichlet=CrossFitScore(error="needs 3 rows"))
+    assert choose(failed).excluded["dirichlet"] == "fit failed: needs 3 rows"
+    with pytest.raises(ValueError, match="'none'"):
+        choose({"temperature": CrossFitScore(**BASE)})
+
+
+def test_mean_scores_average_name_by_name():
+    a = _scores(none=BASE, temperature=dict(BASE, ece=0.01))
+    b = _scores(none=dict(BASE, acc=0.90), temperature=dict(BASE, ece=0.03), vector=BASE)
+    m = mean_scores([a, b])
+    assert list(m) == [NONE, "temperature"]  # vector is missing from one run
+    assert m[NONE].acc == pytest.approx(0.91) and m["temperature"].ece == pytest.approx(0.02)
+    with pytest.raises(ValueError):
+        mean_scores([])
+
+
+def test_rule_checks_its_values():
+    for kw, match in (({"select_by": "auroc"}, "select_by"), ({"n_folds": 1}, "n_folds"),
+                      ({"acc_tolerance": -0.1}, "acc_tolerance"), ({"acc_tolerance": float("nan")}, "acc_tolerance"),
+                      ({"n_bins": 0}, "n_bins")):
+        with pytest.raises(ValueError, match=match):
+            SelectionRule(**kw)
+    assert "5-fold cross-fitted ECE" in SelectionRule().describe()
+    assert "NLL" not in SelectionRule(select_by="brier").describe()
+
+
+def test_binary_scores_are_cross_fitted():
+    g = torch.Generator().manual_seed(2)
+    s = torch.randn(1500, generator=g, dtype=torch.float64) * 2
+    y = torch.bernoulli(torch.sigmoid(s), generator=g).long()
+    sel = select_calibrator(3 * s, y, names=["temperature", "isotonic"])
+    assert sel.chosen == "temperature"
+    assert sel.scores[NONE].ece == pytest.approx(float(F.ece(torch.sigmoid(3 * s), y)), abs=1e-12)
