@@ -29,7 +29,7 @@ import torch
 from calibkit._validation import as_tensor, check_labels, check_logits, prob_sum_tol, upcast
 
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "check_not_probabilities",
-           "fit_inputs", "lbfgs"]
+           "check_init", "fit_inputs", "lbfgs"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -146,6 +146,22 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
     return x, it
 
 
+def check_init(cal, init, fitted: str = "n_classes_") -> None:
+    """Refuse a warm-start ``init`` that is not ``None`` or a fitted calibrator of ``cal``'s class
+    (fitted: it has the attribute ``fitted``).
+
+    The class must match exactly: a subclass's state need not mean the same thing. ``K`` and the
+    layout are checked by ``fit`` once the logits are read.
+    """
+    if init is None:
+        return
+    name = type(cal).__name__
+    if type(init) is not type(cal):
+        raise ValueError(f"init must be a fitted {name} (a warm start reuses its state), got {type(init).__name__}")
+    if not hasattr(init, fitted):
+        raise ValueError(f"init is an unfitted {name}: fit it first (a warm start reuses its state)")
+
+
 def _plain(v):
     """A hyperparameter as JSON can hold it (tuples -> lists)."""
     return list(v) if isinstance(v, tuple) else v
@@ -162,15 +178,37 @@ class Calibrator:
     _PARAMS: tuple[str, ...] = ()
     _STATE: tuple[str, ...] = ()
 
-    def fit(self, val_logits, val_labels):
-        """Fit on validation ``(N, K)`` logits (or ``(N,)`` binary logits) and labels; returns ``self``."""
+    def fit(self, val_logits, val_labels, init=None):
+        """Fit on validation ``(N, K)`` logits (or ``(N,)`` binary logits) and labels; returns ``self``.
+
+        ``init``: ``None``, or an already fitted calibrator of the same class, the same ``K`` and
+        layout (e.g. fitted on the whole validation set before cross-fitting on its folds): the
+        iterative calibrators start from its state (a warm start, see :meth:`_fit_from`), the
+        others ignore it. Any other ``init`` raises ``ValueError``.
+        """
         name = type(self).__name__
+        check_init(self, init)
         z, y, binary = fit_inputs(val_logits, val_labels, name)
         self._check_params()
-        self._fit(z, y)
+        if init is None:
+            self._fit(z, y)
+        else:
+            if init.n_classes_ != z.shape[1] or init.binary_ != binary:
+                fitted = "(N,) binary logits" if init.binary_ else f"K = {init.n_classes_}"
+                got = "(N,) binary logits" if binary else f"K = {z.shape[1]}"
+                raise ValueError(f"init was fitted on {fitted} but this {name} is fitted on {got}")
+            self._fit_from(z, y, init)
         self.n_classes_ = int(z.shape[1])
         self.binary_ = binary
         return self
+
+    def _fit_from(self, z, y, init) -> None:
+        """``_fit`` started from the fitted ``init`` (checked: same class, ``K`` and layout).
+
+        The default ignores ``init``: a calibrator without an iterative optimiser has no starting
+        point to reuse. Iterative calibrators override it.
+        """
+        self._fit(z, y)
 
     def _check_params(self) -> None:
         """Raise ``ValueError`` for bad hyperparameters (override where there are any to check)."""
