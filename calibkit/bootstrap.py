@@ -17,7 +17,7 @@ every resample is evaluated at once, without copying rows:
 Any other callable ``metric(probs, labels) -> scalar`` is evaluated resample by resample on the
 same indices (slower, general). The paired variant uses the same ``W`` for both models, so the
 interval of the difference reflects only the models' disagreement, not which test samples were
-drawn.
+drawn. :func:`bootstrap_cis` shares one draw among any number of models on the same labels.
 
 Intervals (``q_a`` = the ``a`` quantile of the resampled values, linear interpolation;
 ``estimate`` = the metric on the full data):
@@ -39,6 +39,7 @@ set: every resample would be that sample, and the zero-width interval would read
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -49,8 +50,8 @@ from calibkit.functional.binning import (BinSums, bin_indices, binned_errors, eq
                                          weighted_equal_mass_bins)
 from calibkit.functional.inputs import to_rows
 
-__all__ = ["BootstrapResult", "bootstrap_ci", "paired_bootstrap_diff", "bootstrap_interval", "FAST_METRICS",
-           "INTERVALS"]
+__all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval",
+           "FAST_METRICS", "INTERVALS"]
 
 INTERVALS = ("basic", "percentile")
 # Range of each panel metric, for clipping the basic interval.
@@ -280,3 +281,54 @@ def paired_bootstrap_diff(probs_a, probs_b, labels, metric, n_resamples: int = 1
     sa, sb = _resampled([a, b], metric, a.N, n_resamples, seed)
     diff = sa - sb
     return _result(_full(a, metric) - _full(b, metric), diff, level, method, (-float("inf"), float("inf")))
+
+
+def bootstrap_cis(metric, probs, labels, n_resamples: int = 1000, seed: int = 0, level: float = 0.95,
+                  n_bins: int = 15, method: str = "basic", ignore_index: int | None = None,
+                  reference=None) -> tuple[dict, dict]:
+    """Bootstrap intervals of ``metric`` for many models scored on the same ``labels``, from one
+    draw of resamples shared by all, and optionally each model's paired difference from one of them.
+
+    Args:
+        probs: a mapping ``{key: probs}`` or a sequence of probability tensors (keys ``0, 1, ...``),
+            each of a layout :func:`bootstrap_ci` takes, all scored on ``labels``.
+        reference: ``None`` or a key of ``probs``.
+        metric, n_resamples, seed, level, n_bins, method, ignore_index: as in :func:`bootstrap_ci`.
+
+    Returns:
+        ``(cis, diffs)``, dicts keyed like ``probs``: ``cis[key]`` is
+        ``bootstrap_ci(metric, probs[key], labels, n_resamples, seed, level, n_bins, method,
+        ignore_index)``; ``diffs[key]``, for every key but ``reference``, is
+        ``paired_bootstrap_diff(probs[key], probs[reference], labels, metric, n_resamples, seed,
+        level, n_bins, method, ignore_index)``; ``diffs`` is empty when ``reference`` is ``None``.
+        Equal to those calls bit for bit (tested): the resamples depend only on ``seed``,
+        ``n_resamples`` and ``N``, so every call draws the same ones; drawing them once is the
+        decision that makes this function cheaper, not different.
+
+    Cost, for ``M`` models and a reference: one index draw and one count matrix per chunk of
+    resamples instead of ``2 M - 1`` of each (one per :func:`bootstrap_ci`, one per paired
+    call), and ``M`` evaluations of the metric on the resamples instead of ``3 M - 2`` (each
+    model's resampled values serve its interval and its difference).
+    """
+    _check_args(n_resamples, level, method)
+    check_n_bins(n_bins)
+    metric = _resolve(metric)
+    if isinstance(probs, torch.Tensor) or not isinstance(probs, (Mapping, list, tuple)):
+        raise ValueError(f"probs must be a dict or a list of probability tensors, got {type(probs).__name__}")
+    items = dict(probs) if isinstance(probs, Mapping) else dict(enumerate(probs))
+    if not items:
+        raise ValueError("bootstrap_cis needs at least one probability tensor")
+    if reference is not None and reference not in items:
+        raise ValueError(f"reference {reference!r} is not a key of probs ({', '.join(map(repr, items))})")
+    # every model's rows are checked against the same labels, so all keep the same N rows
+    models = {k: _Prepared(p, labels, n_bins, ignore_index) for k, p in items.items()}
+    n = next(iter(models.values())).N
+    samples = dict(zip(models, _resampled(list(models.values()), metric, n, n_resamples, seed)))
+    full = {k: _full(m, metric) for k, m in models.items()}
+    inf = float("inf")
+    bounds = _RANGE.get(metric, (-inf, inf)) if isinstance(metric, str) else (-inf, inf)
+    cis = {k: _result(full[k], samples[k], level, method, bounds) for k in models}
+    diffs = {} if reference is None else {
+        k: _result(full[k] - full[reference], samples[k] - samples[reference], level, method, (-inf, inf))
+        for k in models if k != reference}
+    return cis, diffs

@@ -1,0 +1,83 @@
+"""bootstrap_cis: one draw of resamples for many models, equal to the per-model calls bit for bit."""
+
+import pytest
+import torch
+
+from calibkit import bootstrap
+from calibkit.bootstrap import bootstrap_ci, bootstrap_cis, paired_bootstrap_diff
+from calibkit.functional import metrics as F
+
+
+def _models(seed=0, n=400, k=6, m=4):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, k, generator=g, dtype=torch.float64) * 2
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    return {f"t{t}": torch.softmax(z * t, 1) for t in (0.5, 1.0, 2.0, 3.0)[:m]}, y
+
+
+def _same(a, b):
+    assert (a.estimate, a.low, a.high, a.level, a.method, a.bias) == (b.estimate, b.low, b.high, b.level, b.method,
+                                                                      b.bias)
+    assert torch.equal(a.samples, b.samples)
+
+
+@pytest.mark.parametrize("metric", ["ece", "aece", "cece", "mce", "nll", "brier", "acc", F.ece])
+@pytest.mark.parametrize("method", ["basic", "percentile"])
+def test_equal_to_the_per_model_calls(metric, method, monkeypatch):
+    monkeypatch.setattr(bootstrap, "_ROW_BUDGET", 400 * 7)  # chunks of 7 resamples: the draw spans chunks
+    probs, y = _models()
+    kw = dict(n_resamples=30, seed=3, level=0.9, n_bins=10, method=method)
+    cis, diffs = bootstrap_cis(metric, probs, y, reference="t1.0", **kw)
+    assert list(cis) == list(probs) and list(diffs) == ["t0.5", "t2.0", "t3.0"]
+    for key, p in probs.items():
+        _same(cis[key], bootstrap_ci(metric, p, y, **kw))
+        if key != "t1.0":
+            _same(diffs[key], paired_bootstrap_diff(p, probs["t1.0"], y, metric, **kw))
+
+
+def test_list_input_callable_metric_and_ignore_index():
+    probs, y = _models(1, n=120, m=3)
+    y = y.clone()
+    y[::7] = -100
+    metric = lambda p, t: float(F.brier(p, t))  # noqa: E731 - the per-resample path
+    cis, diffs = bootstrap_cis(metric, list(probs.values()), y, n_resamples=12, seed=5, ignore_index=-100,
+                               reference=2)
+    assert list(cis) == [0, 1, 2] and list(diffs) == [0, 1]
+    for i, p in enumerate(probs.values()):
+        _same(cis[i], bootstrap_ci(metric, p, y, n_resamples=12, seed=5, ignore_index=-100))
+    _same(diffs[0], paired_bootstrap_diff(probs["t0.5"], probs["t2.0"], y, metric, n_resamples=12, seed=5,
+                                          ignore_index=-100))
+
+
+def test_the_shared_draw_is_the_documented_one():
+    """Resample r's accuracy, recomputed from the seeded index draw by hand."""
+    probs, y = _models(2, n=50, m=2)
+    cis, diffs = bootstrap_cis("acc", probs, y, n_resamples=20, seed=11, reference="t0.5")
+    idx = torch.randint(0, 50, (20, 50), generator=torch.Generator().manual_seed(11))  # one chunk at N = 50
+    for key, p in probs.items():
+        correct = (p.argmax(1) == y).double()
+        want = torch.stack([correct[row].mean() for row in idx])
+        torch.testing.assert_close(cis[key].samples, want, rtol=0, atol=1e-15)
+        assert cis[key].estimate == pytest.approx(float(correct.mean()), abs=1e-15)
+    torch.testing.assert_close(diffs["t1.0"].samples, cis["t1.0"].samples - cis["t0.5"].samples, rtol=0, atol=0)
+    assert diffs == {"t1.0": diffs["t1.0"]}
+
+
+def test_no_reference_no_diffs():
+    probs, y = _models(3, n=60, m=2)
+    cis, diffs = bootstrap_cis("ece", probs, y, n_resamples=5)
+    assert set(cis) == set(probs) and diffs == {}
+
+
+def test_bad_arguments_refused():
+    probs, y = _models(4, n=30, m=2)
+    with pytest.raises(ValueError, match="a dict or a list"):
+        bootstrap_cis("ece", probs["t0.5"], y)
+    with pytest.raises(ValueError, match="at least one"):
+        bootstrap_cis("ece", {}, y)
+    with pytest.raises(ValueError, match="reference 'ts' is not a key"):
+        bootstrap_cis("ece", probs, y, reference="ts")
+    with pytest.raises(ValueError, match="n_resamples"):
+        bootstrap_cis("ece", probs, y, n_resamples=0)
+    with pytest.raises(ValueError, match="unknown metric"):
+        bootstrap_cis("nope", probs, y)
