@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     def error(msg) -> None:
-        print(f"calibkit {args.command}: error: {msg}", file=sys.stderr, flush=True)
+        from calibkit.store.secrets import redact  # no error line shows a password (docs/store.md)
+
+        print(f"calibkit {args.command}: error: {redact(str(msg))}", file=sys.stderr, flush=True)
 
     handlers = _install_handlers(args.command)
     try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -39,17 +40,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibkit.bench import results as R
+from calibkit.bench import slurm_values as V
 
 TRAIN_STAGES = ("ce", "train", "maccal", "csm")
 # squeue states of a task that is still to run, and of one that runs.
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED",
           "SPECIAL_EXIT", "STOPPED", "RESIZING"}
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+# A stage name (a file name, a shell variable of the submit script): see TRAIN_STAGES, tune-*.
+_STAGE = re.compile(r"[a-z][a-z0-9-]*")
+# A job to depend on: a job id, a task of an array (JOB_INDEX), or a dry run's $variable.
+_JOB = re.compile(r"\d+(?:_\d+)?|\$[a-z_][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """The resources and scheduling options every array asks for (``sbatch`` directives)."""
+    """The resources and scheduling options every array asks for (``sbatch`` directives).
+
+    :meth:`validate` checks every field for what SLURM reads there and for control characters
+    (:mod:`calibkit.bench.slurm_values`); :func:`script_text` calls it again before writing.
+    """
 
     partition: str | None = None
     account: str | None = None
@@ -64,21 +74,33 @@ class SlurmOptions:
     signal_s: int | None = None
 
     def validate(self) -> "SlurmOptions":
-        if self.gpus_per_run < 0:
-            raise ValueError(f"--gpus-per-run must be >= 0, got {self.gpus_per_run}")
-        if self.cpus_per_run < 1:
-            raise ValueError(f"--cpus-per-run must be >= 1, got {self.cpus_per_run}")
-        if self.array_parallelism is not None and self.array_parallelism < 1:
-            raise ValueError(f"--array-parallelism must be >= 1, got {self.array_parallelism}")
-        if self.signal_s is not None and self.signal_s < 1:
-            raise ValueError(f"--signal must be >= 1 second, got {self.signal_s}")
+        """Raises ValueError naming the first option that SLURM would not read as meant."""
+        V.check_count("--gpus-per-run", self.gpus_per_run, 0)
+        V.check_count("--cpus-per-run", self.cpus_per_run, 1)
+        if self.array_parallelism is not None:
+            V.check_count("--array-parallelism", self.array_parallelism, 1)
+        if self.signal_s is not None:
+            V.check_count("--signal", self.signal_s, 1, " second")
+        for option, value in (("--partition", self.partition), ("--account", self.account), ("--qos", self.qos)):
+            if value:  # None or "": not asked for (directives() leaves it out)
+                V.check_name(option, value, several=option == "--partition")
+        if self.time:
+            V.check_time(self.time)
+        if self.mem:
+            V.check_mem(self.mem)
+        if isinstance(self.sbatch_args, str):
+            raise ValueError("--sbatch-arg: expected a sequence of options, got one string")
+        for arg in self.sbatch_args:
+            V.check_sbatch_arg(arg)
         if self.signal_s is not None and not self.requeue:
             raise ValueError("--signal makes a task requeue itself; it needs --requeue")
         return self
 
     def directives(self, gpus: int) -> list[str]:
+        """The ``#SBATCH`` words of a task with ``gpus`` GPUs (the options validated first)."""
+        self.validate()
         lines = [f"--cpus-per-task={self.cpus_per_run}"]
-        if gpus:
+        if V.check_count("the GPUs of a task", gpus, 0):
             lines.append(f"--gres=gpu:{gpus}")
         for flag, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos),
                             ("time", self.time), ("mem", self.mem)):
@@ -88,7 +110,7 @@ class SlurmOptions:
             lines.append("--requeue")
         if self.signal_s:
             lines.append(f"--signal=B:USR1@{self.signal_s}")
-        return lines + list(self.sbatch_args)
+        return lines + [V.sbatch_word(arg) for arg in self.sbatch_args]
 
 
 @dataclass
@@ -185,18 +207,41 @@ def _ranges(indices) -> str:
     return ",".join(parts)
 
 
+def _check_array(array: Array) -> None:
+    """The fields of ``array`` that reach a script: a known stage and command, whole numbers."""
+    if not _STAGE.fullmatch(str(array.stage)) or array.command not in ("bench", "tune"):
+        raise ValueError(f"not a stage of a calibkit submission: {array.stage!r} ({array.command!r})")
+    V.check_count("the GPUs of a task", array.gpus, 0)
+    V.check_count("the processes of a task", array.torchrun, 0)
+    for index in array.tasks:
+        V.check_count("an array index", index, 0)
+
+
 def script_text(array: Array, name: str, keys_path: Path, logs: Path, argv: list[str], opts: SlurmOptions) -> str:
-    """The sbatch script of one array: look up the task's key, run calibkit, forward SIGUSR1."""
+    """The sbatch script of one array: look up the task's key, run calibkit, forward SIGUSR1.
+
+    Every value is checked again here (:mod:`calibkit.bench.slurm_values`): the options, the
+    paths (one line each), the calibkit arguments (one line each, no password). The ``#SBATCH``
+    lines carry their values in sbatch's quoting (``%`` of a path doubled: sbatch reads ``%j``
+    and the like in ``--output``); the command lines carry every word through :func:`shlex.quote`.
+    The job name keeps only letters, digits and ``_ . + -`` (others become ``_``).
+    """
+    _check_array(array)
+    keys_path = V.check_text("--out", keys_path)
+    logs = V.check_text("--out", logs).replace("%", "%%")
+    argv = V.check_argv(argv)
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", str(name))
     head = ["#!/bin/bash", f"# calibkit {array.command} --executor slurm: stage {array.stage}, "
             + ("the selection job" if array.single else f"{len(array.tasks)} task(s); index -> key: {keys_path}"),
             f"#SBATCH --job-name={name}"]
     if array.single:
-        head.append(f"#SBATCH --output={logs}/%j-{array.stage}.out")
+        head.append(f"#SBATCH --output={V.sbatch_word(f'{logs}/%j-{array.stage}.out')}")
     else:
         par = f"%{opts.array_parallelism}" if opts.array_parallelism else ""
-        head += [f"#SBATCH --array={_ranges(array.tasks)}{par}", f"#SBATCH --output={logs}/%A_%a-{array.stage}.out"]
+        head += [f"#SBATCH --array={_ranges(array.tasks)}{par}",
+                 f"#SBATCH --output={V.sbatch_word(f'{logs}/%A_%a-{array.stage}.out')}"]
     head += ["#SBATCH --open-mode=append"] + [f"#SBATCH {d}" for d in opts.directives(array.gpus)]
-    cmd = [sys.executable]
+    cmd = [V.check_word("the Python interpreter", sys.executable)]
     if array.torchrun > 1:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={array.torchrun}"]
     cmd += ["-m", "calibkit", *argv]
@@ -213,7 +258,7 @@ def script_text(array: Array, name: str, keys_path: Path, logs: Path, argv: list
     target = '$(ps -o pid= --ppid "$child")' if array.torchrun > 1 else '"$child"'
     body += ["echo \"calibkit: ${key:-selection} (job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}) on "
              "$(hostname) at $(date -u +%FT%TZ), GPUs ${CUDA_VISIBLE_DEVICES:-none}\"",
-             f"cd {shlex.quote(os.getcwd())}",
+             f"cd {shlex.quote(V.check_text('the working directory', os.getcwd()))}",
              f"{run} &", "child=$!",
              f"trap 'echo \"calibkit: SIGUSR1: stopping after this epoch\"; kill -USR1 {target} 2>/dev/null' USR1",
              'while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done',
@@ -239,7 +284,7 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
     Raises:
         RuntimeError: sbatch failed (what was submitted before is recorded).
     """
-    out = Path(out).resolve()
+    out = Path(V.check_text("--out", out)).resolve()
     sdir, logs = out / "slurm", out / "slurm" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     number = _next_number(sdir)
@@ -248,7 +293,7 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
         base = f"{number:03d}-{array.stage}"
         keys_path = sdir / f"{base}.keys"
         if not array.single:
-            keys_path.write_text("".join(f"{i} {k}\n" for i, k in sorted(array.tasks.items())))
+            keys_path.write_text("".join(f"{i} {V.check_key(k)}\n" for i, k in sorted(array.tasks.items())))
         script = sdir / f"{base}.sh"
         name = f"calibkit-{out.name}-{array.stage}"
         command = "select" if array.single else array.command
@@ -256,6 +301,10 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
         script.chmod(0o755)
         deps = [f"{kind}:{ids[stage]}" for kind, stage in array.after if stage in ids]
         deps += [f"afterok:{job}" for job in array.after_jobs]
+        for dep in deps:  # written unquoted (a dry run's $ce must expand): only these forms
+            kind, _, job = dep.partition(":")
+            if kind not in ("afterok", "aftercorr", "afterany") or not _JOB.fullmatch(job):
+                raise ValueError(f"not a job dependency: {dep!r}")
         sbatch = ["sbatch", "--parsable"] + ([f"--dependency={','.join(deps)}"] if deps else []) + [str(script)]
         var = array.stage.replace("-", "_")
         lines.append(f"{var}=$({' '.join(shlex.quote(a) if not a.startswith('--dependency') else a for a in sbatch)})")
@@ -266,6 +315,8 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
         if proc.returncode != 0:
             raise RuntimeError(f"sbatch {script} failed: {proc.stderr.strip() or proc.stdout.strip()}")
         job = proc.stdout.strip().split(";")[0]
+        if not re.fullmatch(r"\d+", job):
+            raise RuntimeError(f"sbatch {script}: expected a job id, got {job!r}")
         ids[array.stage] = job
         with open(sdir / "submissions.jsonl", "a") as f:
             f.write(json.dumps({"number": number, "stage": array.stage, "job_id": job, "script": str(script),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from calibkit.bench.grid import METHODS, REFERENCE
 from calibkit.bench.slurm import Array, SlurmOptions, key_states, submit
+from calibkit.bench.slurm_values import check_argv
 from calibkit.store import run_key
 
 _SKIP = ("done", "queued", "running")
@@ -16,7 +17,12 @@ _SKIP = ("done", "queued", "running")
 
 def task_argv(args, command: str) -> list[str]:
     """The calibkit arguments of a task of ``command`` (``bench``, ``tune`` or ``select``), from
-    the submitting command's ``args`` (without ``--run-key``, which the script adds)."""
+    the submitting command's ``args`` (without ``--run-key``, which the script adds).
+
+    Raises:
+        ValueError: a value that cannot go into a job script (a control character, a password),
+            naming its option (:func:`calibkit.bench.slurm_values.check_argv`).
+    """
     from calibkit.commands.presetargs import preset_argv
 
     argv = ["tune" if command in ("tune", "select") else "bench", *preset_argv(args), "--out", str(args.out),
@@ -36,10 +42,11 @@ def task_argv(args, command: str) -> list[str]:
                         ("--num-threads", args.num_threads)):
         if value is not None:
             argv += [flag, str(value)]
-    return argv
+    return check_argv(argv)
 
 
 def options(args) -> SlurmOptions:
+    """The validated SLURM options of a command line (ValueError naming the first bad one)."""
     return SlurmOptions(partition=args.partition, account=args.account, qos=args.qos, time=args.time,
                         gpus_per_run=args.gpus_per_run, cpus_per_run=args.cpus_per_run, mem=args.mem,
                         array_parallelism=args.array_parallelism, sbatch_args=tuple(args.sbatch_arg or ()),
@@ -123,6 +130,7 @@ def submit_tune(args, preset, bench_after: bool = False, dry_run: bool = False) 
                   store=ResultFiles(args.out))
     try:
         opts = options(args)
+        argv = {command: task_argv(args, command) for command in ("bench", "tune", "select")}
         arrays, _ = tune_arrays(args.out, tuner, opts)
         if bench_after:
             seeds = list(args.seeds if args.seeds is not None else preset.seeds)
@@ -132,7 +140,6 @@ def submit_tune(args, preset, bench_after: bool = False, dry_run: bool = False) 
             sel = [("afterok", "tune-select")] if any(a.stage == "tune-select" for a in arrays) else []
             more, _ = bench_arrays(args.out, preset, seeds, methods, opts, after=sel)
             arrays += more
-        argv = {"bench": task_argv(args, "bench"), "tune": task_argv(args, "tune"), "select": task_argv(args, "select")}
         return submit(args.out, arrays, argv, opts, dry_run=dry_run) if arrays else {}
     finally:
         tuner.close()
@@ -147,8 +154,9 @@ def submit_bench(args, preset, dry_run: bool = False) -> dict:
     seeds = list(args.seeds if args.seeds is not None else preset.seeds)
     methods, _ = grid_methods(preset, args.methods)
     opts = options(args)
+    argv = {"bench": task_argv(args, "bench")}
     arrays, _ = bench_arrays(args.out, preset, seeds, methods, opts)
-    return submit(args.out, arrays, {"bench": task_argv(args, "bench")}, opts, dry_run=dry_run) if arrays else {}
+    return submit(args.out, arrays, argv, opts, dry_run=dry_run) if arrays else {}
 
 
 def status_lines(args, preset) -> tuple[list[str], dict]:

@@ -58,12 +58,23 @@ def add_executor(parser) -> None:
 
 
 def check_executor(args) -> None:
-    """Refuse SLURM options given to the local executor (they would be ignored silently).
+    """Refuse SLURM options given to the local executor (they would be ignored silently), and,
+    with ``--executor slurm``, any value a job script could not hold as given (checked again
+    where the scripts are written; docs/cluster.md): an option of the wrong form for SLURM
+    (``--time garbage``), or a control character in any option (``--partition $'gpu\\nx'``).
 
     Raises:
         ValueError: naming the first such option.
     """
     if args.executor == "slurm":
+        from calibkit.bench.slurm_plan import options
+        from calibkit.bench.slurm_values import check_text
+
+        for name, value in sorted(vars(args).items()):
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(item, str):
+                    check_text("--" + name.replace("_", "-"), item)
+        options(args)
         return
     given = [flag for flag, value in (("--dry-run", args.dry_run), ("--partition", args.partition),
                                       ("--account", args.account), ("--qos", args.qos), ("--time", args.time),

@@ -32,12 +32,13 @@ import os
 from calibkit.store.common import (
     GRACE_ENV, GRACE_S, HEARTBEAT_ENV, HEARTBEAT_S, SCHEMA_VERSION, StoreError, owner_alive, run_key,
 )
-from calibkit.store.postgres import PostgresStore, is_url, redact
+from calibkit.store.postgres import PostgresStore, is_url
+from calibkit.store.secrets import redact
 from calibkit.store.sqlite import BUSY_TIMEOUT_S, SQLITE_HEADER, Store, check_database_file
 
 __all__ = ["Store", "PostgresStore", "StoreError", "run_key", "open_store", "describe_store", "check_store",
            "check_database_file", "SCHEMA_VERSION", "HEARTBEAT_S", "GRACE_S", "HEARTBEAT_ENV", "GRACE_ENV",
-           "BUSY_TIMEOUT_S", "SQLITE_HEADER", "owner_alive", "is_url"]
+           "BUSY_TIMEOUT_S", "SQLITE_HEADER", "owner_alive", "is_url", "redact"]
 
 # The option value that means "runs.db in the bench directory".
 DEFAULT = None
@@ -53,7 +54,8 @@ def open_store(out, store: str | None = DEFAULT, readonly: bool = False, **kwarg
     if store is None:
         return Store(os.path.join(os.fspath(out), "runs.db"), readonly=readonly, **kwargs)
     if not is_url(store):
-        raise ValueError(f"--store: expected a postgresql:// URL, got {store!r} (leave it out for OUT/runs.db)")
+        raise ValueError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
+                         "(leave it out for OUT/runs.db)")
     return PostgresStore(store, root=out, readonly=readonly, **kwargs)
 
 
@@ -73,7 +75,8 @@ def check_store(out, store: str | None = DEFAULT) -> None:
         check_database_file(os.path.join(os.fspath(out), "runs.db"))
         return
     if not is_url(store):
-        raise ValueError(f"--store: expected a postgresql:// URL, got {store!r} (leave it out for OUT/runs.db)")
+        raise ValueError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
+                         "(leave it out for OUT/runs.db)")
     try:
         PostgresStore(store, root=out, readonly=True).close()
     except FileNotFoundError:  # no tables yet: the bench creates them

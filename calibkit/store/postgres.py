@@ -14,11 +14,11 @@ SQLite store, for benches on several hosts that share no filesystem lock.
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 
 from calibkit.store.base import BaseStore
 from calibkit.store.common import KEY_COLUMN, SCHEMA_VERSION, StoreError
+from calibkit.store.secrets import redact, scrub
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,11 +47,6 @@ _SCHEMA_LOCK = 0x63616C69
 def is_url(location) -> bool:
     """Whether ``location`` names a PostgreSQL server rather than a file."""
     return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (for messages)."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
 def _psycopg():
@@ -95,9 +90,10 @@ class PostgresStore(BaseStore):
         psycopg = _psycopg()
         try:
             return psycopg.connect(self.url, autocommit=True, connect_timeout=30)
-        except psycopg.Error as exc:
+        except psycopg.Error as exc:  # its text may quote the connection string: scrubbed
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise StoreError(f"cannot connect to the results database {self.where}: "
-                             f"{str(exc).strip().splitlines()[0]}") from None
+                             f"{scrub(first, self.url)}") from None
 
     def _check_or_create(self) -> None:
         tables = {r[0] for r in self._con.execute(

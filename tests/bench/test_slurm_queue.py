@@ -110,8 +110,9 @@ def test_submit_records_each_job_and_chains_the_real_ids(tmp_path, monkeypatch):
     assert (sdir / "001-ce.sh").stat().st_mode & 0o777 == 0o755 and (sdir / "logs").is_dir()
     assert [s["script"] for s in subs] == [str(sdir / f"001-{n}.sh") for n in ("ce", "maccal", "select")]
     ce = (sdir / "001-ce.sh").read_text()
-    assert f"#SBATCH --job-name=calibkit-my bench-ce" in ce and f"keys={sdir / '001-ce.keys'}" in ce.replace("'", "")
-    assert f"#SBATCH --output={sdir / 'logs'}/%A_%a-ce.out" in ce
+    # the folder's space: '_' in the job name, the log path in sbatch's quotes (one argument)
+    assert "#SBATCH --job-name=calibkit-my_bench-ce" in ce and f"keys={sdir / '001-ce.keys'}" in ce.replace("'", "")
+    assert f'#SBATCH --output="{sdir / "logs"}/%A_%a-ce.out"' in ce
     assert said[0] == f"submitted ce: job 101 (2 task(s)); script {sdir / '001-ce.sh'}"
     assert said[1].startswith("submitted maccal: job 102 (1 task(s), after aftercorr:101,afterok:7_1)")
     assert said[2].startswith("submitted select: job 103 (1 job, after afterok:101)")
