@@ -15,6 +15,7 @@ import torch
 from calibkit._validation import check_n_bins
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.temperature import _fit_nll
+from calibkit.functional.binning import equal_mass_ranks
 
 __all__ = ["HistogramBinning", "IsotonicCalibration", "ScalingBinning", "pav_tables", "interpolate"]
 
@@ -29,18 +30,21 @@ def _normalise(g: torch.Tensor) -> torch.Tensor:
 def fit_bins(values: torch.Tensor, targets: torch.Tensor, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Equal-mass bins of each column of ``values`` ``(N, K)`` and the mean of ``targets`` per bin.
 
-    Edges: with ``s_(1) <= ... <= s_(N)`` a column's sorted values, the inner edges are the order
-    statistics ``e_b = s_(ceil(b N / B))``, ``b = 1..B-1`` (``(K, B - 1)``), and membership is
-    ``(e_b, e_{b+1}]`` as in the metrics (bin 0: ``<= e_1``; the last bin: ``> e_{B-1}``). Without
-    ties bin ``b`` holds the ranks ``ceil(b N / B) + 1 .. ceil((b + 1) N / B)``: sizes differ by at
-    most one. A bin that holds no validation value (ties can leave one empty, and ``B > N`` does)
-    takes the mean of the nearest non-empty bin below it (bin 0 always holds the smallest value).
+    Edges: the equal-mass rule of the metrics (:mod:`calibkit.functional.binning`, shared with
+    AECE, the sweep ECE and AdaFocal): with ``s_(1) <= ... <= s_(N)`` a column's sorted values, the
+    inner edges are the order statistics ``e_b = s_(ceil(b N / B))`` (1-based; rank
+    ``ceil(b N / B) - 1`` of :func:`~calibkit.functional.binning.equal_mass_ranks`),
+    ``b = 1..B-1`` (``(K, B - 1)``), and membership is ``(e_b, e_{b+1}]`` (bin 0: ``<= e_1``; the
+    last bin: ``> e_{B-1}``). Without ties bin ``b`` holds the ranks
+    ``ceil(b N / B) + 1 .. ceil((b + 1) N / B)``: sizes differ by at most one, and are exactly
+    ``N / B`` when ``B`` divides ``N``; a block of ties stays whole in the bin of its lowest rank.
+    A bin that holds no validation value (ties can leave one empty, and ``B > N`` does) takes the
+    mean of the nearest non-empty bin below it (bin 0 always holds the smallest value).
     Returns ``(edges (K, B - 1), means (K, B))``, float64.
     """
     n, k = values.shape
     dev = values.device
-    ranks = (torch.arange(1, n_bins, device=dev) * n + n_bins - 1) // n_bins  # ceil(b N / B), 1-based
-    edges = values.T.sort(dim=1).values[:, (ranks - 1).clamp(min=0)]
+    edges = values.T.sort(dim=1).values[:, equal_mass_ranks(n, n_bins, dev)]
     idx = _bin_of(edges, values.T)  # (K, N)
     flat = (idx + torch.arange(k, device=dev)[:, None] * n_bins).reshape(-1)
     count = torch.zeros(k * n_bins, dtype=torch.float64, device=dev).index_add_(

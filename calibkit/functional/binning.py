@@ -7,11 +7,15 @@ Conventions (see ``docs/metrics.md``):
   Confidences are compared with the edges **represented in the confidence's own dtype**
   (``float64(j / B)`` rounded to that dtype), so a value that equals an edge in its dtype goes
   to the lower bin in float16, bfloat16, float32 and float64 alike.
-* **Equal-mass bins.** Edges are the sorted confidences linearly interpolated at the positions
-  ``linspace(0, N, B + 1)`` (clamped to the last element, as ``numpy.interp`` does); the same
-  ``(lo, hi]`` rule then assigns samples, so tied confidences always share a bin. These edges
-  are computed and compared in float64 (the confidences are upcast exactly): an interpolated edge
-  is generally not representable in float32, and rounding it would move a sample across it.
+* **Equal-mass bins.** Sort the ``N`` confidences; without ties the sample of rank ``r``
+  (0-based) is in bin ``floor(r B / N)``, i.e. bin ``b`` holds the ranks
+  ``[ceil(b N / B), ceil((b + 1) N / B))``: every bin holds ``floor(N / B)`` or ``ceil(N / B)``
+  samples, exactly ``N / B`` when ``B`` divides ``N``. The inner edge ``e_b`` (``b = 1..B-1``) is
+  the order statistic of rank ``ceil(b N / B) - 1`` (the largest value of bin ``b - 1``,
+  :func:`equal_mass_ranks`) and the same ``(lo, hi]`` rule assigns samples, so tied confidences
+  always share a bin: a block of ties goes whole to the bin of its lowest rank (where it straddles
+  an edge it equals that edge), and the bins it would have reached stay empty. One rule for AECE,
+  the sweep ECE, AdaFocal's bins and histogram binning; edges are float64 (exact upcasts).
 * **Sums.** Per-bin count, sum of confidences and sum of correct predictions, all float64.
 
 * **Fine histogram.** A fixed histogram of the top-label confidence (:func:`fine_bin_index`),
@@ -34,6 +38,7 @@ __all__ = [
     "equal_width_edges",
     "bin_indices",
     "equal_width_bins",
+    "equal_mass_ranks",
     "equal_mass_edges",
     "equal_mass_bins",
     "weighted_equal_mass_bins",
@@ -119,23 +124,36 @@ def _order_statistics(values: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor
     return values.sort().values[ranks.to(values.device)].double().cpu()
 
 
+def equal_mass_ranks(n, n_bins: int, device=None) -> torch.Tensor:
+    """Ranks (0-based, in ascending order) of the inner equal-mass edges: ``ceil(b N / B) - 1``.
+
+    ``n``: the number of samples ``N`` (an int), or a tensor ``(R, 1)`` of integer totals (one
+    per weighting). Returns int64 ``(B - 1,)`` or ``(R, B - 1)`` for ``b = 1..B-1``, computed in
+    integers. The edge of rank ``ceil(b N / B) - 1`` is the largest value of bin ``b - 1``, so
+    with ``(lo, hi]`` membership rank ``r`` lands in bin ``floor(r B / N)`` (module docstring).
+    """
+    if isinstance(n, torch.Tensor):
+        total = n.round().long()
+        device = total.device
+    else:
+        total = int(n)
+    b = torch.arange(1, n_bins, dtype=torch.long, device=device)
+    return (b * total + n_bins - 1) // n_bins - 1
+
+
 def equal_mass_edges(values: torch.Tensor, n_bins: int) -> torch.Tensor:
     """Equal-mass edges, float64, shape ``(B + 1,)``.
 
-    ``edges = interp(linspace(0, N, B + 1), arange(N), sort(values))`` with positions past the
-    last index clamped to the largest value (the convention of ``numpy.interp``). Where two
-    neighbouring sorted values are equal the edge equals them exactly, so ties are never split.
+    With ``s`` the sorted values: ``edges[0] = s[0]``, ``edges[B] = s[N - 1]`` (the outer edges
+    decide no bin) and ``edges[b] = s[ceil(b N / B) - 1]`` (:func:`equal_mass_ranks`), the largest
+    value of bin ``b - 1``. ``(lo, hi]`` membership against them gives the bins of the module
+    docstring: exact sizes without ties, and a tie block straddling an edge equals it and stays
+    whole in the lower bin.
     """
     n = values.numel()
-    pos = torch.arange(n_bins + 1, dtype=torch.float64) * n / n_bins
-    lo = pos.floor().clamp(max=n - 1)
-    frac = torch.where(pos >= n - 1, torch.zeros_like(pos), pos - lo)
-    lo = lo.long()
-    hi = (lo + 1).clamp(max=n - 1)
-    stats = _order_statistics(values.reshape(-1), torch.cat([lo, hi]))
-    s_lo, s_hi = stats[: n_bins + 1], stats[n_bins + 1 :]
-    # s_lo + frac * (s_hi - s_lo) returns s_lo exactly when the two are tied or frac == 0.
-    return (s_lo + frac * (s_hi - s_lo)).to(values.device)
+    ranks = torch.cat([torch.zeros(1, dtype=torch.long), equal_mass_ranks(n, n_bins).clamp(min=0),
+                       torch.full((1,), n - 1, dtype=torch.long)])
+    return _order_statistics(values.reshape(-1), ranks).to(values.device)
 
 
 def equal_mass_bins(values: torch.Tensor, n_bins: int) -> torch.Tensor:
@@ -208,11 +226,11 @@ def weighted_equal_mass_bins(values: torch.Tensor, weights: torch.Tensor, n_bins
 
     ``values`` ``(M,)`` float64 ascending; ``weights`` ``(R, M)`` non-negative integer counts
     (float64). For each row ``r`` this gives the bins that :func:`equal_mass_bins` gives on the
-    multiset holding ``values[m]`` ``weights[r, m]`` times: the order statistic of rank ``q`` is
-    the first value whose cumulative weight exceeds ``q``, the edges interpolate between the
-    order statistics at ``linspace(0, N_r, B + 1)`` (``N_r = sum_m weights[r, m]``, clamped to
-    the last rank), and every value is assigned with the ``(lo, hi]`` rule. Values of weight 0
-    never become edges; they get a bin but carry no mass.
+    multiset holding ``values[m]`` ``weights[r, m]`` times (with every weight 1, the bins of
+    ``values`` themselves): the order statistic of rank ``q`` is the first value whose cumulative
+    weight exceeds ``q``, the inner edges are those of ranks ``ceil(b N_r / B) - 1``
+    (:func:`equal_mass_ranks`, ``N_r = sum_m weights[r, m]``), and every value is assigned with the
+    ``(lo, hi]`` rule. Values of weight 0 never become edges; they get a bin but carry no mass.
 
     Uses: the bootstrap (``R`` resamples as count vectors), the device path (a 0/1 weight for
     ignored samples, no host synchronisation) and the fine-histogram AECE (values = fine-bin
@@ -221,17 +239,10 @@ def weighted_equal_mass_bins(values: torch.Tensor, weights: torch.Tensor, n_bins
     r, m = weights.shape
     if n_bins == 1:
         return torch.zeros(r, m, dtype=torch.long, device=values.device)
-    total = weights.sum(1, keepdim=True)
-    last = total - 1
-    pos = torch.arange(n_bins + 1, dtype=torch.float64, device=values.device) * total / n_bins
-    lo = torch.minimum(pos.floor(), last)
-    frac = torch.where(pos >= last, torch.zeros_like(pos), pos - lo)
-    hi = torch.minimum(lo + 1, last)
-    cum = weights.cumsum(1)
-    at = torch.searchsorted(cum, torch.cat([lo, hi], 1), right=True).clamp(max=m - 1)
-    v = values[at]
-    edges = v[:, : n_bins + 1] + frac * (v[:, n_bins + 1 :] - v[:, : n_bins + 1])
-    return torch.searchsorted(edges[:, 1:-1].contiguous(), values.expand(r, m).contiguous(), right=False)
+    ranks = equal_mass_ranks(weights.sum(1, keepdim=True), n_bins).to(weights.dtype)
+    at = torch.searchsorted(weights.cumsum(1), ranks, right=True).clamp(max=m - 1)
+    edges = values[at]
+    return torch.searchsorted(edges.contiguous(), values.expand(r, m).contiguous(), right=False)
 
 
 # Fine histogram of top-label confidences: bins of d = 1 - conf whose width is 1/256 of the

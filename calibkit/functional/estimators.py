@@ -19,10 +19,11 @@ accumulator passes the blocks of its fine confidence histogram instead (``docs/m
   fixed point ``smECE_{s*} = s*`` (found by bisection on ``[1e-4, 1]``; below ``1e-4`` the value
   at ``s = 1e-4`` is returned).
 * :func:`ece_sweep` (Roelofs, Cain, Shlens & Mozer, "Mitigating bias in calibration error
-  estimation", AISTATS 2022): equal-mass bins (the AECE's, :mod:`calibkit.functional.binning`)
-  for ``b = 1, 2, ...``; the sweep stops at the first ``b`` whose bin accuracies (non-empty bins
-  in confidence order) are not non-decreasing and uses ``b* = b - 1`` (or stops when every block
-  of tied confidences is a bin of its own). ``ECE_sweep = (sum_j (n_j/N) |acc_j - conf_j|^p)^(1/p)``
+  estimation", AISTATS 2022): equal-mass bins (the AECE's, :mod:`calibkit.functional.binning`:
+  ``N / b`` samples each when ``b`` divides ``N``, ties never split) for ``b = 1, 2, ...``; the
+  sweep stops at the first ``b`` whose bin accuracies (non-empty bins in confidence order) are
+  not non-decreasing and uses ``b* = b - 1`` (or stops when every block of tied confidences is a
+  bin of its own). ``ECE_sweep = (sum_j (n_j/N) |acc_j - conf_j|^p)^(1/p)``
   over the ``b*`` bins, ``p = 1`` (default) or ``p = 2``.
 * :func:`ks_error` (Gupta, Rahimi, Ajanthan, Mensink, Sminchisescu & Hartley, "Calibration of
   neural networks using splines", ICLR 2021): with the samples sorted by confidence,
@@ -52,6 +53,8 @@ import math
 
 import numpy as np
 import torch
+
+from calibkit.functional.binning import equal_mass_ranks
 
 __all__ = ["smooth_ece", "ece_sweep", "ks_error", "tie_blocks", "block_estimators", "SMECE_SIGMA_MIN"]
 
@@ -160,19 +163,13 @@ def _smece(values, count, correct, tol: float = 1e-7) -> tuple[float, float]:
 def _mass_cuts(values, cum, n: float, b: int) -> np.ndarray:
     """Block indices where the ``b`` equal-mass bins start (``(b - 1,)``, non-decreasing).
 
-    Equal to :func:`calibkit.functional.binning.weighted_equal_mass_bins`: the edges interpolate
-    the order statistics at ``linspace(0, n, b + 1)`` and a block goes to bin ``j`` when
+    The bins of :func:`calibkit.functional.binning.weighted_equal_mass_bins` on the blocks: the
+    inner edges are the order statistics of ranks ``ceil(j n / b) - 1``
+    (:func:`~calibkit.functional.binning.equal_mass_ranks`) and a block goes to bin ``j`` when
     ``edge_j < value <= edge_{j+1}``.
     """
-    pos = np.arange(1, b) * n / b
-    last = n - 1
-    lo = np.minimum(np.floor(pos), last)
-    frac = np.where(pos >= last, 0.0, pos - lo)
-    hi = np.minimum(lo + 1, last)
-    m = len(values) - 1
-    v_lo = values[np.minimum(np.searchsorted(cum, lo, side="right"), m)]
-    v_hi = values[np.minimum(np.searchsorted(cum, hi, side="right"), m)]
-    edges = v_lo + frac * (v_hi - v_lo)
+    ranks = equal_mass_ranks(int(round(n)), b).numpy()
+    edges = values[np.minimum(np.searchsorted(cum, ranks, side="right"), len(values) - 1)]
     return np.searchsorted(values, edges, side="right")
 
 

@@ -18,9 +18,11 @@ class AdaFocal(nn.Module):
     """AdaFocal (Ghosh et al., NeurIPS 2022): focal loss with one gamma per confidence bin.
 
     Bins: ``n_bins`` (15) equal-mass bins of the **validation** confidences (max softmax
-    probability), recomputed by every :meth:`update` with the rule of the reference code and of
+    probability), recomputed by every :meth:`update` with the rule of
     :func:`calibkit.metrics.adaptive_ece` (:func:`calibkit.functional.binning.equal_mass_edges`):
-    the sorted confidences interpolated at positions ``j N / B``; membership ``(lo, hi]``
+    the inner edge ``j`` is the sorted confidence of rank ``ceil(j N / B) - 1`` (0-based), so bin
+    ``b`` holds the ranks ``[ceil(b N / B), ceil((b + 1) N / B))`` (``N / B`` each when ``B``
+    divides ``N``), ties whole in the bin of their lowest rank; membership ``(lo, hi]``
     (:func:`~calibkit.functional.binning.bin_indices`), edges and confidences compared in float64.
     Before the first update the edges are equal-width on [0, 1] (all gammas equal ``gamma_init``
     then, so the edges do not matter). Each training sample takes the gamma of the bin its detached
@@ -28,9 +30,14 @@ class AdaFocal(nn.Module):
     the first/last bin). Loss: :func:`calibkit.functional.adafocal`, i.e. focal for ``g > 0`` and
     inverse focal ``-(1 + p_y)^|g| log p_y`` for ``g < 0``.
 
-    Decisions where calibkit departs from the reference code (3mcloud/adafocal), both for one rule
-    across calibkit: its first validation bin is open at the smallest confidence, so that sample
-    (and any tied with it) is in no bin; here it is in bin 0, as in ``adaptive_ece``. Its training
+    Decisions where calibkit departs from the reference code (3mcloud/adafocal), all for one rule
+    across calibkit: its edges interpolate the sorted confidences at positions ``j N / B``, which
+    puts one sample too many in bin ``j - 1`` whenever ``j N / B`` is an integer (e.g. 2 bins of
+    4 samples hold 3 and 1); here the edges are order statistics and the bins exactly equal-mass
+    (when no ``j N / B`` is an integer the two give the same validation bins, with edges that
+    differ only between two neighbouring confidences). Its first validation bin is open at the
+    smallest confidence, so that sample (and any tied with it) is in no bin; here it is in bin 0,
+    as in ``adaptive_ece``. Its training
     lookup uses ``[lo, hi)``, the opposite of its validation rule; here both use ``(lo, hi]``, so a
     training ``p_y`` equal to a validation confidence gets that sample's bin (the two differ only
     for a ``p_y`` exactly on an edge).
@@ -58,8 +65,9 @@ class AdaFocal(nn.Module):
     or dense ``(N, K, *S)`` with labels ``(N, *S)``; pixels labelled ``ignore_index`` are left
     out. The bin edges and statistics use every pixel given.
 
-    ``edges`` is float64 (an interpolated edge rounded to float32 could move a sample on it to
-    another bin); the outer edges are stored as 0 and 1 (they never decide a bin).
+    ``edges`` is float64 (an edge is a float64 validation confidence; rounded to float32 it could
+    move a sample on it to another bin); the outer edges are stored as 0 and 1 (they never decide
+    a bin).
     """
 
     needs_features = False

@@ -2,7 +2,8 @@
 device placement of the binning helpers.
 
 Bins are checked against hand computations and against an independent numpy reference built
-from the documented definitions (``np.interp`` on the sorted multiset, ``(lo, hi]`` membership).
+from the documented definition (sort; rank ``r`` of ``N`` in bin ``floor(r B / N)``; an edge is
+the largest value of the bins below it; ``(lo, hi]`` membership, so ties stay whole).
 The meta device stands in for an accelerator: every output must stay on the input's device, and
 a helper that builds a tensor on the CPU (or hands a tensor to numpy) fails there.
 """
@@ -63,14 +64,19 @@ def test_fine_bin_index_keeps_the_device():
 
 
 # ---------- weighted_equal_mass_bins ----------
+def rank_bins(n, n_bins):
+    """The definition: the sample of rank ``r`` (0-based) of ``n`` is in bin ``floor(r B / n)``."""
+    return np.array([r * n_bins // n for r in range(n)], dtype=np.int64)
+
+
 def reference_weighted_bins(values, weights, n_bins):
     """(lo, hi] bins of ``values`` under the equal-mass edges of the multiset holding values[m]
-    weights[m] times: edges = interp(i N / B, arange(N), multiset), i = 0..B."""
+    weights[m] times: edge ``b`` = the largest multiset value among the ranks that the definition
+    puts in bins ``0 .. b - 1`` (:func:`rank_bins`)."""
     multiset = np.repeat(values, weights.astype(np.int64))
-    n = len(multiset)
-    pos = np.arange(n_bins + 1) * n / n_bins  # exact where i N / B is an integer
-    edges = np.interp(pos, np.arange(n), multiset)
-    return (values[:, None] > edges[None, 1:-1]).sum(1)
+    ranks = rank_bins(len(multiset), n_bins)
+    edges = np.array([multiset[ranks < b].max() for b in range(1, n_bins)])
+    return (values[:, None] > edges[None, :]).sum(1)
 
 
 @pytest.mark.parametrize("n_bins", [2, 3, 4, 7, 9])
@@ -93,16 +99,76 @@ def test_weighted_equal_mass_bins_equal_the_multiset_reference(gen, n_bins):
 
 def test_weighted_equal_mass_bins_by_hand():
     values = torch.tensor([0.1, 0.2, 0.9], dtype=torch.float64)
-    # Multiset {0.1, 0.2, 0.9 x 10}, N = 12, 3 bins: edges at ranks 0, 4, 8 and 12 (clamped to
-    # the last rank 11) -> 0.1, 0.9, 0.9, 0.9. Every value is at or below the first inner edge 0.9,
-    # so (lo, hi] puts all three in bin 0.
+    # Multiset {0.1, 0.2, 0.9 x 10}, N = 12, 3 bins of 4: {0.1, 0.2, 0.9, 0.9}, {0.9 x 4}, {0.9 x 4}.
+    # The ten tied 0.9 stay together, in the bin of their lowest rank: all three values in bin 0.
     assert weighted_equal_mass_bins(values, torch.tensor([[1.0, 1.0, 10.0]]), 3).tolist() == [[0, 0, 0]]
-    # Multiset {0.1 x 2, 0.2, 0.9}, N = 4, 2 bins: the inner edge is at rank 2 -> 0.2; 0.9 is above it.
-    assert weighted_equal_mass_bins(values, torch.tensor([[2.0, 1.0, 1.0]]), 2).tolist() == [[0, 0, 1]]
-    # Multiset {0.1, 0.2}, 0.9 of weight 0, N = 2, 4 bins: inner ranks 0.5, 1, 1.5 -> edges 0.15,
-    # 0.2, 0.2 (rank 1.5 is past the last rank 1: clamped). 0.1 -> bin 0, 0.2 -> bin 1, and 0.9,
+    # Multiset {0.1 x 2, 0.2, 0.9}, N = 4, 2 bins of exactly 2: {0.1, 0.1} and {0.2, 0.9}
+    # (interpolating the edge at position 2 would put 0.2 below it: 3 and 1).
+    assert weighted_equal_mass_bins(values, torch.tensor([[2.0, 1.0, 1.0]]), 2).tolist() == [[0, 1, 1]]
+    # Multiset {0.1, 0.2}, 0.9 of weight 0, N = 2, 4 bins: rank r in bin floor(4 r / 2) = 2 r, so
+    # 0.1 -> bin 0 and 0.2 -> bin 2 (bins 1 and 3 hold nothing); edges 0.1, 0.1, 0.2, and 0.9,
     # which carries no mass, lies above every edge -> bin 3.
-    assert weighted_equal_mass_bins(values, torch.tensor([[1.0, 1.0, 0.0]]), 4).tolist() == [[0, 1, 3]]
+    assert weighted_equal_mass_bins(values, torch.tensor([[1.0, 1.0, 0.0]]), 4).tolist() == [[0, 2, 3]]
+
+
+@pytest.mark.parametrize("n,n_bins", [(5000, 2), (12, 4), (12, 12), (10, 3), (7, 5), (3, 5), (1, 4), (1001, 15)])
+def test_equal_mass_bins_hold_the_ranks_of_the_definition(gen, n, n_bins):
+    # distinct confidences: bin of every sample = floor(rank B / N); with B | N every bin holds N / B
+    conf = torch.randperm(10 * n, generator=gen)[:n].double() / (10 * n)
+    rank = torch.argsort(torch.argsort(conf))
+    want = torch.from_numpy(rank_bins(n, n_bins))[rank]
+    assert binning.equal_mass_bins(conf, n_bins).tolist() == want.tolist()
+    counts = torch.bincount(binning.equal_mass_bins(conf, n_bins), minlength=n_bins)
+    assert counts.max() - counts.min() <= 1 and int(counts.sum()) == n
+    if n % n_bins == 0:
+        assert counts.tolist() == [n // n_bins] * n_bins
+    # the weighted version with all weights 1 (and with 0/1 weights over padding) gives the same bins
+    s, order = conf.sort()
+    ones = weighted_equal_mass_bins(s, torch.ones(1, n, dtype=torch.float64), n_bins)[0]
+    assert ones.tolist() == want[order].tolist()
+    padded = torch.cat([s, torch.tensor([2.0], dtype=torch.float64)])
+    w = torch.cat([torch.ones(n), torch.zeros(1)]).double()[None]
+    assert weighted_equal_mass_bins(padded, w, n_bins)[0, :n].tolist() == want[order].tolist()
+
+
+def test_equal_mass_bins_of_5000_samples_in_2_bins_are_2500_and_2500(gen):
+    conf = torch.rand(5000, generator=gen, dtype=torch.float64)
+    assert torch.bincount(binning.equal_mass_bins(conf, 2)).tolist() == [2500, 2500]
+    assert torch.bincount(binning.equal_mass_bins(conf.float(), 2)).tolist() == [2500, 2500]
+
+
+def test_equal_mass_ties_stay_whole_in_the_bin_of_their_lowest_rank():
+    # sorted: 0.2 x2 (ranks 0-1), 0.5 x5 (ranks 2-6), 0.7 (7), 0.8 x4 (8-11); N = 12, B = 4:
+    # without ties ranks 0-2, 3-5, 6-8, 9-11. The 0.5 block starts in bin 0 (rank 2) and goes
+    # whole there; 0.7 (rank 7) is in bin 2; the 0.8 block starts at rank 8, in bin 2: bins 1 and 3
+    # stay empty.
+    conf = torch.tensor([0.5, 0.8, 0.2, 0.5, 0.8, 0.7, 0.5, 0.2, 0.8, 0.5, 0.8, 0.5], dtype=torch.float64)
+    want = {0.2: 0, 0.5: 0, 0.7: 2, 0.8: 2}
+    assert binning.equal_mass_bins(conf, 4).tolist() == [want[float(c)] for c in conf]
+    assert binning.equal_mass_edges(conf, 4).tolist() == [0.2, 0.5, 0.5, 0.8, 0.8]
+    vals, counts = conf.unique(return_counts=True)
+    got = weighted_equal_mass_bins(vals, counts.double()[None], 4)[0]
+    assert got.tolist() == [want[float(v)] for v in vals]
+    # sorted 0.2 x2, 0.5 x3, 0.7, 0.8 x2; N = 8, B = 4: ranks 0-1, 2-3, 4-5, 6-7. The 0.5 block
+    # (ranks 2-4) starts in bin 1 and goes whole there: counts 2, 3, 1, 2.
+    conf = torch.tensor([0.8, 0.5, 0.2, 0.7, 0.5, 0.2, 0.8, 0.5], dtype=torch.float64)
+    want = {0.2: 0, 0.5: 1, 0.7: 2, 0.8: 3}
+    assert binning.equal_mass_bins(conf, 4).tolist() == [want[float(c)] for c in conf]
+    assert torch.bincount(binning.equal_mass_bins(conf, 4)).tolist() == [2, 3, 1, 2]
+    vals, counts = conf.unique(return_counts=True)
+    assert weighted_equal_mass_bins(vals, counts.double()[None], 4)[0].tolist() == [0, 1, 2, 3]
+
+
+def test_equal_mass_ranks():
+    # ceil(b N / B) - 1 for b = 1..B-1, checked against the exact fraction
+    from fractions import Fraction
+    import math
+    for n in (1, 2, 5, 12, 5000, 10**12 + 7):
+        for b_count in (1, 2, 3, 7, 15):
+            want = [math.ceil(Fraction(b * n, b_count)) - 1 for b in range(1, b_count)]
+            assert binning.equal_mass_ranks(n, b_count).tolist() == want
+            totals = torch.tensor([[float(n)], [float(n)]], dtype=torch.float64)
+            assert binning.equal_mass_ranks(totals, b_count).tolist() == [want, want]
 
 
 def test_weighted_equal_mass_bins_one_bin():

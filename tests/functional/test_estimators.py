@@ -89,14 +89,25 @@ HAND_CORRECT = [0, 1, 0, 1, 1, 1]
 
 
 def test_sweep_hand_case():
-    # b = 2, 3, 4 keep the bin accuracies non-decreasing; b = 5 puts 0.3 (wrong) alone after
-    # {0.1, 0.2} (accuracy 1/2), so b* = 4: bins {.1,.2} {.3,.4} {.5} {.6} (edges .25, .4, .55)
+    # N = 6; rank r in bin floor(r b / 6). b = 2: {.1,.2,.3} {.4,.5,.6} (accuracies 1/3, 1);
+    # b = 3: {.1,.2} {.3,.4} {.5,.6} (1/2, 1/2, 1); b = 4: {.1,.2} {.3} {.4,.5} {.6} puts 0.3
+    # (wrong) alone after accuracy 1/2, so b* = 3, with gaps 0.35, 0.15 and 0.45.
     p, y = rows(HAND_CONF, HAND_CORRECT)
     value, n = ece_sweep(p, y, return_bins=True)
-    assert n == 4
-    assert float(value) == pytest.approx((2 * 0.35 + 2 * 0.15 + 0.5 + 0.4) / 6, abs=1e-12)
+    assert n == 3
+    assert float(value) == pytest.approx((2 * 0.35 + 2 * 0.15 + 2 * 0.45) / 6, abs=1e-12)
     l2 = ece_sweep(p, y, p=2)
-    assert float(l2) == pytest.approx(math.sqrt((2 * 0.35 ** 2 + 2 * 0.15 ** 2 + 0.5 ** 2 + 0.4 ** 2) / 6), abs=1e-12)
+    assert float(l2) == pytest.approx(math.sqrt((2 * 0.35 ** 2 + 2 * 0.15 ** 2 + 2 * 0.45 ** 2) / 6), abs=1e-12)
+
+
+def test_sweep_splits_four_samples_into_two_bins_of_two():
+    # binary probabilities 0.6 .. 0.9 (predicted 1), labels 1, 0, 1, 0: b = 2 gives {.6,.7} and
+    # {.8,.9}, both of accuracy 1/2 (non-decreasing); b = 3 gives {.6,.7} {.8} {.9} with accuracies
+    # 1/2, 1, 0, so b* = 2. (Three samples below the edge would give accuracies 2/3, 0: b* = 1.)
+    p, y = torch.tensor([0.6, 0.7, 0.8, 0.9], dtype=torch.float64), torch.tensor([1, 0, 1, 0])
+    value, n = ece_sweep(p, y, p=2, return_bins=True)
+    assert n == 2
+    assert float(value) == pytest.approx(math.sqrt((2 * 0.15 ** 2 + 2 * 0.35 ** 2) / 4), abs=1e-12)
 
 
 def sweep_reference(p, y, power=1):

@@ -52,7 +52,7 @@ def test_docstring_example_by_hand():
     # classwise: class 0 (0.9|1, 0.6|0 in bin 1; 0.2|0 in bin 0): (|1-1.5| + |0-0.2|)/3 = 0.7/3,
     # class 1 (0.1|0, 0.4|1 in bin 0; 0.8|1 in bin 1): (|1-0.5| + |1-0.8|)/3 = 0.7/3
     assert F.classwise_ece(probs, labels, n_bins=2).item() == pytest.approx(0.7 / 3, abs=1e-7)
-    # equal mass, sorted conf (0.6, 0.8, 0.9), edges interp at (0, 1.5, 3) = (0.6, 0.85, 0.9):
+    # equal mass, sorted conf (0.6, 0.8, 0.9), 2 bins: rank r in bin floor(2 r / 3):
     # {0.6 wrong, 0.8 right} and {0.9 right}: (2/3)|0.5-0.7| + (1/3)|1-0.9| = 1/6
     assert F.adaptive_ece(probs, labels, n_bins=2).item() == pytest.approx(1 / 6, abs=1e-7)
 
@@ -143,20 +143,67 @@ def test_pitfall4_logits_in_unit_interval_are_rejected_not_guessed(gen):
 
 
 def test_pitfall5_equal_mass_bins_keep_ties_together():
-    # conf 0.6 x4 (2 right, 2 wrong) and 0.9 x2 (right), 3 bins: edges (0.6, 0.6, 0.9, 0.9)
+    # conf 0.6 x4 (2 right, 2 wrong) and 0.9 x2 (right), 3 bins of 2 ranks: the inner edges are
+    # the ranks 1 and 3, both 0.6, so the 0.6 block stays whole in bin 0 and 0.9 is in bin 2
     probs = torch.tensor([[0.6, 0.4]] * 4 + [[0.9, 0.1]] * 2, dtype=torch.float64)
     labels = torch.tensor([0, 0, 1, 1, 0, 0])
-    assert equal_mass_edges(probs.max(1).values, 3).tolist() == [0.6, 0.6, 0.9, 0.9]
+    assert equal_mass_edges(probs.max(1).values, 3).tolist() == [0.6, 0.6, 0.6, 0.9]
     # (4/6)|0.5-0.6| + (2/6)|1-0.9| = 0.1; a split tie would give 0.3667
     assert F.adaptive_ece(probs, labels, n_bins=3).item() == pytest.approx(0.1, abs=1e-12)
 
 
-def test_equal_mass_edges_match_numpy_interp(gen):
-    for n in (1, 2, 7, 100, 1001):
+def test_equal_mass_edges_are_the_largest_values_of_the_bins_below(gen):
+    # edge b = the largest of the sorted values whose rank r has floor(r B / N) < b; outer edges
+    # the smallest and largest value
+    for n in (1, 2, 7, 100, 1000, 1001):
         conf = torch.rand(n, generator=gen, dtype=torch.float64)
-        for b in (1, 3, 15):
-            ref = np.interp(np.linspace(0, n, b + 1), np.arange(n), np.sort(conf.numpy()))
-            np.testing.assert_allclose(equal_mass_edges(conf, b).numpy(), ref, rtol=0, atol=1e-15)
+        s = np.sort(conf.numpy())
+        for b in (1, 2, 3, 15):
+            bins = np.array([r * b // n for r in range(n)])
+            want = [s[0]] + [s[bins < j].max() for j in range(1, b)] + [s[-1]]
+            assert equal_mass_edges(conf, b).tolist() == want
+
+
+def _aece_direct(conf, correct, n_bins):
+    """AECE written from the definition: sort; the sample of rank r goes to bin floor(r B / N);
+    a block of tied confidences joins the bin of its lowest rank; sum_b |correct_b - conf_b| / N."""
+    order = np.argsort(conf, kind="stable")
+    c, a = conf[order], correct[order].astype(np.float64)
+    n = len(c)
+    bins = np.array([r * n_bins // n for r in range(n)])
+    for r in range(1, n):
+        if c[r] == c[r - 1]:
+            bins[r] = bins[r - 1]
+    total = 0.0
+    for b in range(n_bins):
+        inside = bins == b
+        total += abs(a[inside].sum() - c[inside].sum())
+    return total / n
+
+
+@pytest.mark.parametrize("n,n_bins", [(600, 15), (600, 2), (1000, 10), (601, 15), (37, 4)])
+def test_adaptive_ece_equals_a_direct_implementation(gen, n, n_bins):
+    probs, _ = _random(gen, n=n, k=5)
+    labels = torch.multinomial(probs, 1, generator=gen).squeeze(1)  # near-calibrated: gaps of both signs
+    conf, pred = probs.max(1)
+    correct = (pred == labels).numpy()
+    got = float(F.adaptive_ece(probs, labels, n_bins=n_bins))
+    assert got == pytest.approx(_aece_direct(conf.numpy(), correct, n_bins), abs=1e-13)
+    # the same with many ties (confidences rounded to two decimals)
+    tied = torch.cat([probs.max(1, keepdim=True).values.round(decimals=2), probs], 1)
+    tied = tied / tied.sum(1, keepdim=True)
+    conf, pred = tied.max(1)
+    correct = (pred == labels).numpy()
+    got = float(F.adaptive_ece(tied, labels, n_bins=n_bins))
+    assert got == pytest.approx(_aece_direct(conf.numpy(), correct, n_bins), abs=1e-13)
+
+
+def test_adaptive_ece_of_two_bins_of_two_by_hand():
+    # confidences 0.6, 0.7 (right), 0.8, 0.9 (wrong); 2 bins of 2: (|2 - 1.3| + |0 - 1.7|) / 4 = 0.6
+    # (3 and 1 samples would give (|2 - 2.1| + |0 - 0.9|) / 4 = 0.25)
+    probs = torch.tensor([0.6, 0.7, 0.8, 0.9], dtype=torch.float64)
+    labels = torch.tensor([1, 1, 0, 0])
+    assert float(F.adaptive_ece(probs, labels, n_bins=2)) == pytest.approx(0.6, abs=1e-12)
 
 
 def test_k2_all_metrics_by_hand():
@@ -192,7 +239,9 @@ def test_against_bruteforce_reference(gen, n_bins):
     oo, uu = F.over_under_ece(probs, labels, n_bins)
     assert (oo.item(), uu.item()) == pytest.approx((o, u), abs=1e-12)
     assert (oo + uu).item() == pytest.approx(F.ece(probs, labels, n_bins).item(), abs=1e-12)
-    edges = np.interp(np.linspace(0, len(conf), n_bins + 1), np.arange(len(conf)), np.sort(conf))
+    srt, n = np.sort(conf), len(conf)
+    rank_bin = np.array([r * n_bins // n for r in range(n)])  # rank r in bin floor(r B / N)
+    edges = [srt[0]] + [srt[rank_bin < b].max() for b in range(1, n_bins)] + [srt[-1]]
     aece = _ref_errors(conf, correct, _ref_bins(conf, edges), n_bins)[0]
     assert F.adaptive_ece(probs, labels, n_bins).item() == pytest.approx(aece, abs=1e-12)
     assert F.classwise_ece(probs, labels, n_bins).item() == pytest.approx(_ref_classwise(probs, labels, n_bins), abs=1e-12)

@@ -1,11 +1,13 @@
-"""AdaFocal's validation bins and gamma updates against the reference rule, written out here.
+"""AdaFocal's validation bins and gamma updates against the rule, written out here.
 
-The reference rule (the AdaFocal authors' code): edges = the sorted validation confidences
-linearly interpolated at positions ``j N / B`` (``numpy.interp``, clamped to the largest value),
-a sample in bin ``b`` when ``edges[b] < c <= edges[b + 1]``, ``gap_b = conf_b - acc_b`` (0 for an
-empty bin), then the multiplicative gamma rule with the sign flip and the clip. calibkit's one
-documented departure: the smallest confidence (and those tied with it) is in bin 0, where the
-reference's first bin, open at the minimum, leaves it out (``keep_min``).
+The rule (the AdaFocal authors' code, with calibkit's documented departures): edges = the
+largest sorted validation confidence of the ranks that the equal-mass definition puts below
+them (rank ``r`` of ``N`` in bin ``floor(r B / N)``; the authors interpolate at positions
+``j N / B`` instead, one sample too many below an edge at an integer position), a sample in bin
+``b`` when ``edges[b] < c <= edges[b + 1]``, ``gap_b = conf_b - acc_b`` (0 for an empty bin),
+then the multiplicative gamma rule with the sign flip and the clip. The smallest confidence (and
+those tied with it) is in bin 0, where the authors' first bin, open at the minimum, leaves it out
+(``keep_min``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from calibkit.functional.metrics import adaptive_ece
 
 
 def _ref_edges(conf: np.ndarray, n_bins: int) -> np.ndarray:
-    n = len(conf)
-    return np.interp(np.linspace(0, n, n_bins + 1), np.arange(n), np.sort(conf))
+    s = np.sort(conf)
+    n = len(s)
+    below = np.array([r * n_bins // n for r in range(n)])  # bin of each rank, ties aside
+    return np.array([s[0]] + [s[below < j].max() for j in range(1, n_bins)] + [s[-1]])
 
 
 def _ref_bins(values: np.ndarray, edges: np.ndarray, keep_min: bool = True) -> list[np.ndarray]:
@@ -67,8 +71,8 @@ def _counts(loss: AdaFocal, conf: np.ndarray) -> list[int]:
 
 
 def test_sixteen_distinct_samples_fill_every_bin_the_first_with_two():
-    # N = 16, B = 15: edge j interpolates between ranks j and j + 1 (position 16 j / 15), so bin 0
-    # holds ranks 0 and 1 and bin j the rank j + 1 alone.
+    # N = 16, B = 15: rank r in bin floor(15 r / 16), so bin 0 holds ranks 0 and 1 and bin j the
+    # rank j + 1 alone (edge j is the sample of rank ceil(16 j / 15) - 1 = j).
     x = torch.linspace(0.1, 3.0, 16)
     logits = _two_class_logits(x)
     loss = AdaFocal(2)
@@ -79,17 +83,18 @@ def test_sixteen_distinct_samples_fill_every_bin_the_first_with_two():
 
 
 def test_samples_exactly_on_edges_go_to_the_lower_bin():
-    # N = 30, B = 15: every edge is a sample (position 2 j), so 14 samples lie exactly on an interior
-    # edge; each stays in the bin below it. The float64 edges matter: rounded to float32, an edge
-    # below its sample would push that sample up one bin.
+    # N = 30, B = 15: bins of exactly 2; edge j is the sample of rank 2 j - 1, the largest of bin
+    # j - 1, so 14 samples lie exactly on an interior edge; each stays in the bin below it. The
+    # float64 edges matter: rounded to float32, an edge below its sample would push that sample up
+    # one bin.
     x = torch.linspace(0.05, 4.0, 30)
     logits = _two_class_logits(x)
     loss = AdaFocal(2)
     loss.update(logits, logits.argmax(1))
     conf = _conf(logits)
-    np.testing.assert_array_equal(loss.edges[1:-1].numpy(), np.sort(conf)[2:29:2])
+    np.testing.assert_array_equal(loss.edges[1:-1].numpy(), np.sort(conf)[1:28:2])
     assert loss.edges.dtype == torch.float64
-    assert _counts(loss, conf) == [3] + [2] * 13 + [1]
+    assert _counts(loss, conf) == [2] * 15
     # training samples whose p_y equals those confidences take the same bins
     g = torch.arange(15, dtype=torch.float64) + 1.0
     loss.gammas.copy_(g)
@@ -128,8 +133,7 @@ def test_gammas_follow_the_reference_rule_over_epochs():
         gammas = [float(np.float32(g)) for g in gammas]  # the gammas buffer is float32
         # one float32 ulp: the gaps agree to float64 rounding, then both round to float32
         np.testing.assert_allclose(loss.gammas.double().numpy(), gammas, rtol=2.0**-23, atol=0)
-        # numpy.interp rounds an interpolated edge its own way (1 ulp apart); the bins are identical
-        np.testing.assert_allclose(loss.edges[1:-1].numpy(), edges[1:-1], rtol=1e-15, atol=0)
+        np.testing.assert_array_equal(loss.edges[1:-1].numpy(), edges[1:-1])  # edges are samples: exact
         assert _counts(loss, conf) == [int(m.sum()) for m in _ref_bins(conf, edges)]
     assert len(set(gammas)) > 3  # the bins really moved apart
 

@@ -141,9 +141,9 @@ def test_adafocal_bins_are_equal_mass(gen):
     loss.update(logits, labels)
     conf = torch.softmax(logits.double(), 1).max(1).values
     counts = torch.bincount(loss._bin_of(conf), minlength=15)
-    # edges = sorted confidences at positions 10 j (j N / B, N = 150, B = 15), bins (lo, hi]: the
-    # first bin holds ranks 0..10, the others 10 each and the last ranks 141..149
-    assert counts.tolist() == [11] + [10] * 13 + [9]
+    # N = 150, B = 15: every bin holds exactly 10 ranks (edge j = the sorted confidence of rank
+    # 10 j - 1, the largest of bin j - 1; bins (lo, hi])
+    assert counts.tolist() == [10] * 15
     assert loss.edges[0] == 0 and loss.edges[-1] == 1 and (loss.edges.diff() >= 0).all()
 
 
