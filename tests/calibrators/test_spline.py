@@ -40,14 +40,33 @@ def test_top_label_recalibration_matches_a_second_construction():
     pt = torch.softmax(zt, 1)
     top2 = pt.topk(2, 1).values
     ref = _reference(conf.numpy(), (pred == y).double().numpy(), 6, top2[:, 0].numpy())
-    bound = (top2[:, 1] / (1 - top2[:, 0] + top2[:, 1])).numpy() * (1 + 1e-6)
     q = cal.predict_proba(zt)
-    np.testing.assert_allclose(q.max(1).values.numpy(), np.maximum(ref, bound), rtol=0, atol=1e-9)
+    # the top class keeps the spline's estimate, except where it is below the least value that can
+    # stay first (1 / (1 + 7 / (1 + 1e-6)), just above 1 / K)
+    floor = 1 / (1 + 7 / (1 + 1e-6))
+    np.testing.assert_allclose(q.max(1).values.numpy(), np.maximum(ref, floor), rtol=0, atol=1e-9)
     assert torch.equal(q.argmax(1), zt.argmax(1))  # the prediction never changes
-    # the other classes keep their proportions
-    rest = q.scatter(1, pt.argmax(1, keepdim=True), 0.0)
-    prop = pt.scatter(1, pt.argmax(1, keepdim=True), 0.0)
-    torch.testing.assert_close(rest / rest.sum(1, keepdim=True), prop / prop.sum(1, keepdim=True))
+    torch.testing.assert_close(q.sum(1), torch.ones(1000, dtype=torch.float64), rtol=0, atol=1e-12)
+    # the other classes: (1 - q_top) times a mixture of their proportional shares and the uniform
+    # 1/7, the mixing weight the least that keeps every one at or below q_top / (1 + 1e-6)
+    top = pt.argmax(1, keepdim=True)
+    qt = q.gather(1, top)[:, 0]
+    rest = q.scatter(1, top, 0.0) / (1 - qt)[:, None]
+    prop = pt.scatter(1, top, 0.0)
+    prop = prop / prop.sum(1, keepdim=True)
+    runner = prop.scatter(1, top, -1.0).argmax(1, keepdim=True)  # the runner-up, proportionally largest
+    alpha = ((rest - prop).gather(1, runner) / (1 / 7 - prop.gather(1, runner)))[:, 0]
+    mix = (1 - alpha)[:, None] * prop + alpha[:, None] / 7
+    torch.testing.assert_close(rest.scatter(1, top, 0.0), mix.scatter(1, top, 0.0), rtol=0, atol=1e-12)
+    cap = qt / (1 + 1e-6)
+    second = q.scatter(1, top, -1.0).max(1).values
+    assert bool((alpha > -1e-12).all()) and bool((second <= cap * (1 + 1e-12)).all())
+    mixed = alpha > 1e-12
+    torch.testing.assert_close(second[mixed], cap[mixed], rtol=1e-12, atol=0)  # no more mixing than needed
+    assert 0.2 < float(mixed.double().mean()) < 0.8  # the case this guards is common here
+    # the proportional shares alone would have handed the argmax to the runner-up on those rows
+    naive = (1 - qt) * pt.topk(2, 1).values[:, 1] / (1 - pt.max(1).values)
+    assert torch.equal(naive > cap, mixed)
 
 
 def test_recovers_a_known_accuracy_curve():
