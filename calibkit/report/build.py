@@ -22,9 +22,10 @@ from calibkit.report.figures import calibrator_heatmap, method_figure, summary_f
 from calibkit.report.paired import comparisons
 from calibkit.report.preset import preset_section, recorded_preset
 from calibkit.report.render import Section, to_html, to_markdown, to_text
-from calibkit.report.tables import (BEST_MARK, ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table,
-                                    robustness_table)
+from calibkit.report.tables import ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
 from calibkit.report.tuning import current_runs, protocol_section
+from calibkit.report.verdict import (DEFAULT_RULE, method_selections, recommendation, recommendation_text,
+                                     validation_table)
 from calibkit.store import describe_store, open_store
 
 
@@ -45,6 +46,9 @@ class ReportContext:
         probs: the runs' test probabilities after each calibrator (:mod:`calibkit.report.calibrated`).
         grid: :func:`calibkit.report.calibrated.calibrator_grid` (methods x calibrators).
         comps: :func:`calibkit.report.paired.comparisons` (the ranking's paired columns).
+        selections: ``{method: Selection}``, each method's calibrator chosen on validation
+            (:func:`calibkit.report.verdict.method_selections`).
+        verdict: :func:`calibkit.report.verdict.recommendation` (the method + calibrator pair).
     """
 
     out_dir: Path
@@ -59,6 +63,8 @@ class ReportContext:
     probs: CalibratedProbs | None = None
     grid: dict | None = None
     comps: dict | None = None
+    selections: dict | None = None
+    verdict: dict | None = None
 
     @property
     def n_seeds(self) -> int:
@@ -90,30 +96,47 @@ def summary_section(ctx: ReportContext) -> list[Section]:
                     [ranked_table(ctx.summary, ctx.deltas, ctx.comps)], anchor="ranking", terminal_text=short)]
 
 
+def recommendation_section(ctx: ReportContext) -> list[Section]:
+    """The method + calibrator chosen on validation, with its test evidence (first in the report)."""
+    if ctx.verdict is None:
+        return []
+    return [Section("Recommendation (chosen on validation)", recommendation_text(ctx.verdict),
+                    anchor="recommendation")]
+
+
 def calibrators_section(ctx: ReportContext) -> list[Section]:
-    """The methods x post-hoc calibrators tables (test ECE, classwise ECE, NLL)."""
+    """The methods x post-hoc calibrators tables: the validation choice, then test numbers."""
     if not ctx.grid:
         return []
+    chosen = {m: s.chosen for m, s in (ctx.selections or {}).items()}
+    rule = DEFAULT_RULE.describe()
     text = ("Every run's saved validation logits fit every post-hoc calibrator of "
             "`calibkit.calibrators.CALIBRATORS` (default settings; nothing retrained, nothing fitted on the "
-            "test set), applied to its saved test logits; `none` = the uncalibrated softmax. Mean over "
-            f"{ctx.n_seeds} seed(s); ECE and cwECE x100. In bold: the best method for each calibrator (lowest "
-            "of its column); in italics: the best calibrator for each method (lowest of its row).")
-    short = (f"Test metrics after each post-hoc calibrator fitted on the validation logits (none = uncalibrated), "
-             f"mean over {ctx.n_seeds} seed(s), ECE/cwECE x100. {BEST_MARK} = best method for that calibrator "
-             f"(column), {ROW_BEST_MARK} = best calibrator for that method (row).")
+            f"test set), applied to its saved test logits; `none` = the uncalibrated softmax. Mean over "
+            f"{ctx.n_seeds} seed(s). The first table holds the numbers each method's calibrator is chosen on: "
+            f"{rule} (mean over seeds; in parentheses: excluded by a guard). In italics: the calibrator chosen "
+            "for each method. The other tables are test ECE and cwECE x100 and test NLL, for reference: no test "
+            "cell is marked best, since the lowest of many test cells is a choice made on test.")
+    short = (f"Post-hoc calibrators fitted on the validation logits (none = uncalibrated), mean over {ctx.n_seeds} "
+             f"seed(s). First table: cross-fitted validation ECE x100, the numbers the choice is made on "
+             f"((...) = excluded by a guard); {ROW_BEST_MARK} = the calibrator chosen for that method. Then test "
+             "ECE/cwECE x100 and NLL, for reference only.")
     failed = ctx.probs.failures if ctx.probs is not None else {}
     if failed:
         note = " Failed (shown as -): " + "; ".join(f"{name} on {key}: {err}" for (key, name), err in failed.items())
         text, short = text + note, short + note
-    return [Section("Methods x post-hoc calibrators", text, calibrator_tables(ctx.grid), anchor="calibrators",
-                    terminal_text=short)]
+    tables = ([validation_table(ctx.selections)] if ctx.selections else []) + calibrator_tables(ctx.grid, chosen)
+    return [Section("Methods x post-hoc calibrators", text, tables, anchor="calibrators", terminal_text=short)]
 
 
 def notes_section(ctx: ReportContext) -> list[Section]:
-    """Explains methods whose test predictions equal CE's exactly (their difference is exactly 0)."""
+    """Explains methods whose test predictions equal CE's exactly (their difference is exactly 0),
+    and what the paired intervals cover (:func:`calibkit.report.data.interval_note`)."""
+    from calibkit.report.data import interval_note
+
     same = [m for m, d in ctx.deltas.items() if d.get("identical")]
-    if not same:
+    coverage = interval_note(ctx.deltas, getattr(ctx, "comps", None))
+    if not same and not coverage:
         return []
     lines = []
     for method in same:
@@ -124,6 +147,8 @@ def notes_section(ctx: ReportContext) -> list[Section]:
                "reaches the margin." if margin is not None else "")
         lines.append(f"**{label(method)}** gave exactly CE's test predictions in every seed, hence a "
                      f"difference of exactly 0.{why}")
+    if coverage:
+        lines.append(coverage)
     return [Section("Notes", "\n\n".join(lines))]
 
 
@@ -191,7 +216,7 @@ def figures_section(ctx: ReportContext) -> list[Section]:
 
 
 # The report, in order. Each builder: ReportContext -> list[Section].
-SECTIONS = (summary_section, notes_section, tables_section, calibrators_section, robustness_section, protocol_section,
+SECTIONS = (recommendation_section, summary_section, notes_section, tables_section, calibrators_section, robustness_section, protocol_section,
             preset_section, figures_section)
 
 
@@ -251,10 +276,12 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     probs = CalibratedProbs(out_dir / "cache" / "calibrated")
     try:
         grid, comps = calibrator_grid(summary, probs), comparisons(summary, probs, n_boot=n_boot, seed=seed)
+        selections = method_selections(summary, probs, cache_dir=out_dir / "cache" / "selection")
+        verdict = recommendation(summary, probs, selections, n_boot=n_boot, seed=seed)
     except NoValidationLogits:  # logits files without validation logits: the tables without calibrators
-        grid = comps = None
+        grid = comps = selections = verdict = None
     ctx = ReportContext(out_dir, preset, rows, summary, ece_deltas(summary, n_boot=n_boot, seed=seed), n_boot,
-                        rep / "figures", figures, store, probs, grid, comps)
+                        rep / "figures", figures, store, probs, grid, comps, selections, verdict)
     ctx.figdir.mkdir(parents=True, exist_ok=True)
     sections = [s for build in SECTIONS for s in build(ctx)]
 
@@ -286,5 +313,5 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         atomic_write(rep / name, lambda tmp, doc=doc: Path(tmp).write_text(doc))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
     return {"text": text, "summary": summary, "deltas": ctx.deltas, "grid": ctx.grid, "comparisons": ctx.comps,
-            "preset": preset, "sections": sections,
+            "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict, "sections": sections,
             "paths": {"report": rep, "md": rep / "report.md", "html": rep / "index.html", "figures": figs}}

@@ -104,33 +104,25 @@ def ranked_table(summary: dict, deltas: dict, comps: dict | None = None) -> Tabl
     return Table(header, rows, best, key_columns=2)
 
 
-def calibrator_tables(grid: dict) -> list[Table]:
+def calibrator_tables(grid: dict, chosen: dict | None = None) -> list[Table]:
     """One methods x calibrators table per metric of :data:`calibkit.report.calibrated.GRID_METRICS`
     (``grid``: :func:`calibkit.report.calibrated.calibrator_grid`): the seed mean of the test
-    metric after each calibrator (``none`` = before any). ``best`` marks the lowest value of each
-    column (the best method for that calibrator), ``row_best`` the lowest of each row (the best
-    calibrator for that method); values equal at the printed precision are all marked. A
+    metric after each calibrator (``none`` = before any). These are test numbers shown for
+    reference: no cell is marked as the lowest of a row or column (a minimum over many test cells is
+    a selection on test, biased low). ``chosen`` (``{method: calibrator}``, chosen on validation by
+    :mod:`calibkit.report.verdict`) marks each method's chosen calibrator (``row_best``). A
     calibrator that failed on a method's runs shows ``-``."""
     from calibkit.report.calibrated import GRID_METRICS
 
     methods = list(grid)
     names = list(next(iter(grid.values()))) if grid else []
+    chosen = chosen or {}
+    marks = {(i, names.index(chosen[m]) + 1) for i, m in enumerate(methods) if chosen.get(m) in names}
     tables = []
     for key, head, scale, dec in GRID_METRICS:
-        values = [[None if grid[m][c] is None else round(grid[m][c][key][0] * scale, dec) for c in names]
-                  for m in methods]
-        rows = [[label(m)] + ["-" if v is None else f"{v:.{dec}f}" for v in vals] for m, vals in zip(methods, values)]
-
-        def lowest(vals):
-            vals = [v for v in vals if v is not None]
-            return min(vals) if len(vals) > 1 else None
-        cols = [lowest([v[j] for v in values]) for j in range(len(names))]
-        best = {(i, j + 1) for j in range(len(names)) for i in range(len(methods))
-                if cols[j] is not None and values[i][j] == cols[j]}
-        rows_low = [lowest(v) for v in values]
-        row_best = {(i, j + 1) for i in range(len(methods)) for j in range(len(names))
-                    if rows_low[i] is not None and values[i][j] == rows_low[i]}
-        tables.append(Table([f"Method ({head})"] + names, rows, best, row_best=row_best))
+        rows = [[label(m)] + ["-" if grid[m][c] is None else f"{grid[m][c][key][0] * scale:.{dec}f}" for c in names]
+                for m in methods]
+        tables.append(Table([f"Method ({head})"] + names, rows, set(), row_best=set(marks)))
     return tables
 
 

@@ -1,0 +1,218 @@
+"""The bench's verdict: each method's calibrator and the method + calibrator pair, chosen on validation.
+
+Every run's saved validation logits are cross-fitted through every calibrator
+(:func:`calibkit.calibrators.selection.cross_fit`, the rule of ``calibkit calibrate``); a method's
+scores are the mean over its seeds (:func:`~calibkit.calibrators.selection.mean_scores`), and its
+calibrator is chosen from them by :func:`~calibkit.calibrators.selection.choose`. The test split
+takes no part in any choice.
+
+**The pair.** Candidates are every (method, calibrator) whose calibrator is eligible for that method
+under the rule and which also passes the rule's guards against *CE uncalibrated* (the model a user
+has without calibkit): mean cross-fitted validation accuracy at most ``acc_tolerance`` below CE's,
+and, under the ECE rule, cross-fitted validation NLL not above CE's. The lowest cross-fitted
+``select_by`` metric wins; ties keep the grid's order (CE first) and the registry's order.
+
+The recommendation then *reports* the pair's test numbers (ECE, NLL, accuracy with seed-averaged
+bootstrap intervals) and its paired difference from CE + temperature scaling, the baseline every
+training-time method has to beat (:func:`calibkit.report.paired.paired_delta`; with 3 or more shared
+seeds its intervals resample seeds too).
+
+Cross-fitted scores are cached under ``DIR/cache/selection/`` keyed by the logits file (path, size,
+modification time), the rule and the calibkit version, as the calibrated probabilities are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from calibkit.bench.grid import REFERENCE
+from calibkit.calibrators.selection import NONE, CrossFitScore, SelectionRule, choose, cross_fit, mean_scores
+from calibkit.report.calibrated import CalibratedProbs
+from calibkit.report.data import label
+
+DEFAULT_RULE = SelectionRule()
+
+
+def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule) -> Path | None:
+    if cache_dir is None:
+        return None
+    from calibkit import __version__
+
+    st = os.stat(row["logits_path"])
+    ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|"
+             f"{json.dumps(rule.to_dict(), sort_keys=True)}|{__version__}")
+    return cache_dir / f"{row['run_key'].replace('/', '_')}__{hashlib.sha256(ident.encode()).hexdigest()[:20]}.json"
+
+
+def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_RULE,
+               cache_dir: Path | None = None) -> dict[str, CrossFitScore]:
+    """Cross-fitted validation scores of one run (``"none"`` and every calibrator)."""
+    path = _cache_file(cache_dir, row, rule)
+    if path is not None and path.is_file():
+        try:
+            return {k: CrossFitScore(**v) for k, v in json.loads(path.read_text()).items()}
+        except (ValueError, TypeError):
+            pass  # a damaged cache file is recomputed, never trusted
+    t = probs.logits(row)
+    if not {"val_logits", "val_labels"} <= set(t):
+        from calibkit.report.calibrated import NoValidationLogits
+
+        raise NoValidationLogits(f"{row['logits_path']}: no validation logits to choose a calibrator on")
+    scores, _ = cross_fit(t["val_logits"], t["val_labels"].long(), rule=rule)
+    if path is not None:
+        from calibkit.rundir import atomic_write
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({k: v.to_dict() for k, v in scores.items()})
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    return scores
+
+
+def method_selections(summary: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_RULE,
+                      cache_dir: Path | None = None) -> dict:
+    """``{method: Selection}``: each method's calibrator chosen on its seeds' mean cross-fitted scores."""
+    return {m: choose(mean_scores([run_scores(r, probs, rule, cache_dir) for r in e["runs"]]), rule)
+            for m, e in summary.items()}
+
+
+def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> list[tuple[str, str]]:
+    """Eligible (method, calibrator) pairs, best first (module docstring); empty without CE."""
+    if REFERENCE not in selections:
+        return []
+    ce = selections[REFERENCE].scores[NONE]
+    pairs = []
+    for m, sel in selections.items():
+        for c in sel.ranking:
+            s = sel.scores[c]
+            if s.acc < ce.acc - rule.acc_tolerance - 1e-12:
+                continue
+            if rule.select_by == "ece" and not s.nll <= ce.nll + 1e-12:
+                continue
+            pairs.append((getattr(s, rule.select_by), len(pairs), m, c))
+    return [(m, c) for _, _, m, c in sorted(pairs)]
+
+
+def _interval(runs, probs, metric, after, n_boot, seed):
+    from calibkit.report.paired import seed_interval
+
+    return seed_interval(runs, probs, metric, after=after, n_boot=n_boot, seed=seed)
+
+
+def recommendation(summary: dict, probs: CalibratedProbs, selections: dict, rule: SelectionRule = DEFAULT_RULE,
+                   n_boot: int = 1000, seed: int = 0) -> dict | None:
+    """The pair and its test evidence (None without CE runs or any eligible pair)."""
+    from calibkit.report.paired import paired_delta
+
+    ranked = choose_pair(selections, rule)
+    if not ranked:
+        return None
+    method, cal = ranked[0]
+    runs, ce_runs = summary[method]["runs"], summary[REFERENCE]["runs"]
+    out = {"method": method, "calibrator": cal, "runner_up": ranked[1] if len(ranked) > 1 else None,
+           "rule": rule, "seeds": len(runs), "val": selections[method].scores[cal]}
+    for metric in ("ece", "nll", "acc"):
+        out[metric] = _interval(runs, probs, metric, cal, n_boot, seed)
+        out[f"d_{metric}"] = (None if (method, cal) == (REFERENCE, "temperature") else
+                              paired_delta(runs, ce_runs, probs, metric, after_a=cal, after_b="temperature",
+                                           n_boot=n_boot, seed=seed))
+    out["sentence"] = sentence(out)
+    return out
+
+
+def sentence(rec: dict) -> str:
+    """One plain sentence of what the evidence supports."""
+    from calibkit.report.data import direction
+
+    method, cal, d = rec["method"], rec["calibrator"], rec.get("d_ece")
+    pair = f"{label(method)} + {cal}"
+    levels = ("seeds and test samples" if (d or {}).get("levels") == 2 else "test samples only")
+    if method == REFERENCE:
+        if cal == "temperature":
+            return ("No training-time method beats CE + temperature scaling on validation here: train with CE and "
+                    "apply temperature scaling.")
+        return (f"No training-time method beats CE on validation here; its best calibrator is {cal} (on test "
+                f"{_delta_words(d)} CE + temperature scaling; intervals cover {levels}).")
+    way = direction(d["lo"], d["hi"], "ece") if d else None
+    if way == "better":
+        return (f"{pair} was chosen on validation and has a significantly lower test ECE than CE + temperature "
+                f"scaling (intervals cover {levels}).")
+    if way == "worse":
+        return (f"{pair} was chosen on validation but its test ECE is significantly above CE + temperature scaling's "
+                f"(intervals cover {levels}): the validation split did not separate them; CE + temperature scaling "
+                "is the safer choice.")
+    return (f"{pair} was chosen on validation, but on test it is not distinguishable from CE + temperature scaling "
+            f"(intervals cover {levels}): the evidence does not show that a training-time method beats CE + "
+            "temperature scaling here.")
+
+
+def _delta_words(d: dict | None) -> str:
+    from calibkit.report.data import direction
+
+    if not d:
+        return "it equals"
+    way = direction(d["lo"], d["hi"], "ece")
+    return {"better": "it is significantly below", "worse": "it is significantly above"}.get(way, "it is "
+                                                                                               "indistinguishable from")
+
+
+def _ci(ci: dict | None, scale: float, digits: int) -> str:
+    if not ci:
+        return "-"
+    return f"{scale * ci['value']:.{digits}f} [{scale * ci['lo']:.{digits}f}, {scale * ci['hi']:.{digits}f}]"
+
+
+def _d(d: dict | None, scale: float, digits: int) -> str:
+    from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
+
+    if not d:
+        return "-"
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], d["metric"]) or "", "")
+    return f"{scale * d['diff']:+.{digits}f} [{scale * d['lo']:+.{digits}f}, {scale * d['hi']:+.{digits}f}]{mark}"
+
+
+def recommendation_text(rec: dict) -> str:
+    """The block at the top of the bench report (Markdown; the terminal strips its marks)."""
+    rule, v = rec["rule"], rec["val"]
+    pair = f"{label(rec['method'])} + {rec['calibrator']}"
+    lines = [f"**Use: {pair}**, chosen on validation: {rule.describe()}, among every method's calibrators, each pair "
+             f"also within {100 * rule.acc_tolerance:g} accuracy points of CE's cross-fitted validation accuracy"
+             + (" and not above its NLL" if rule.select_by == "ece" else "")
+             + f" (its cross-fitted validation {rule.select_by.upper()}: "
+             f"{getattr(v, rule.select_by) * (100 if rule.select_by == 'ece' else 1):.{2 if rule.select_by == 'ece' else 4}f}).",
+             "",
+             f"- Test, mean over {rec['seeds']} seed(s), 95% intervals: ECE x100 {_ci(rec['ece'], 100, 2)}, "
+             f"NLL {_ci(rec['nll'], 1, 4)}, accuracy % {_ci(rec['acc'], 100, 2)}."]
+    if rec.get("d_ece") is not None:
+        lines.append(f"- Minus CE + temperature scaling (paired by seed, test): ECE x100 {_d(rec['d_ece'], 100, 2)}, "
+                     f"NLL {_d(rec['d_nll'], 1, 4)}, accuracy points {_d(rec['d_acc'], 100, 2)}.")
+    ru = rec["runner_up"]
+    lines.append(f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}.")
+    lines += ["", rec["sentence"]]
+    return "\n".join(lines)
+
+
+def validation_table(selections: dict):
+    """Methods x calibrators: mean cross-fitted validation ECE x100; the chosen calibrator of each
+    method is marked (the row mark), excluded ones are in parentheses."""
+    from calibkit.report.tables import Table
+
+    methods = list(selections)
+    names = list(next(iter(selections.values())).scores) if selections else []
+    rows, chosen = [], set()
+    for i, m in enumerate(methods):
+        sel = selections[m]
+        cells = []
+        for j, n in enumerate(names):
+            s = sel.scores.get(n)
+            if s is None or s.error is not None:
+                cells.append("-")
+                continue
+            text = f"{100 * s.ece:.2f}"
+            cells.append(f"({text})" if n in sel.excluded else text)
+            if n == sel.chosen:
+                chosen.add((i, j + 1))
+        rows.append([label(m)] + cells)
+    return Table(["Method (val ECE, cross-fitted)"] + names, rows, set(), row_best=chosen)

@@ -1,0 +1,101 @@
+"""The bench's verdict (calibkit.report.verdict): calibrators and the method + calibrator pair chosen on validation."""
+
+import json
+
+import pytest
+import torch
+
+from calibkit.calibrators.selection import NONE, CrossFitScore, Selection, SelectionRule, choose, cross_fit, mean_scores
+from calibkit.report.calibrated import CalibratedProbs
+from calibkit.report.verdict import (choose_pair, method_selections, recommendation, recommendation_text, run_scores,
+                                     validation_table)
+from calibkit.rundir import write_tensors
+
+
+def _logits(seed, sharpen, n=1200, k=4):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, k, generator=g, dtype=torch.float64) * 2
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    return sharpen * z, y
+
+
+def _summary(tmp_path, sharpen=None, seeds=(0, 1), poison_test=False):
+    """CE over-confident (logits x3), LS nearly calibrated (x1.1): every run's val and test logits on disk."""
+    sharpen = sharpen or {"ce": 3.0, "ls": 1.1}
+    summary = {}
+    for method, s in sharpen.items():
+        runs = []
+        for seed in seeds:
+            z, y = _logits(100 + seed, s)  # the same images per seed for every method: paired by seed
+            test_z = -z[600:] if poison_test else z[600:]
+            path = tmp_path / f"{method}_{seed}.safetensors"
+            write_tensors(path, {"val_logits": z[:600], "val_labels": y[:600], "test_logits": test_z,
+                                 "test_labels": y[600:]})
+            runs.append({"run_key": f"p/{method}/{seed}", "seed": seed, "logits_path": str(path)})
+        summary[method] = {"runs": runs, "seeds": list(seeds)}
+    return summary
+
+
+def test_method_selection_equals_the_rule_on_seed_averaged_cross_fitted_scores(tmp_path):
+    summary = _summary(tmp_path)
+    probs = CalibratedProbs()
+    sels = method_selections(summary, probs)
+    for method, entry in summary.items():
+        runs = [probs.logits(r) for r in entry["runs"]]
+        direct = choose(mean_scores([cross_fit(t["val_logits"], t["val_labels"])[0] for t in runs]))
+        assert sels[method].chosen == direct.chosen and sels[method].ranking == direct.ranking
+        assert sels[method].scores[NONE].ece == pytest.approx(direct.scores[NONE].ece, abs=1e-12)
+    assert sels["ce"].chosen != NONE  # over-confident CE needs a calibrator
+
+
+def test_the_recommendation_never_reads_the_test_split(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    clean, poisoned = _summary(a), _summary(b, poison_test=True)
+    pa, pb = CalibratedProbs(), CalibratedProbs()
+    ra = recommendation(clean, pa, method_selections(clean, pa), n_boot=50)
+    rb = recommendation(poisoned, pb, method_selections(poisoned, pb), n_boot=50)
+    assert (ra["method"], ra["calibrator"], ra["runner_up"]) == (rb["method"], rb["calibrator"], rb["runner_up"])
+    assert ra["ece"]["value"] != rb["ece"]["value"]  # the test numbers did change
+    assert ra["seeds"] == 2 and ra["d_ece"]["levels"] == 1  # two seeds: test-set noise only
+    assert "test samples only" in ra["sentence"] or ra["method"] == "ce"
+    text = recommendation_text(ra)
+    assert text.startswith("**Use: ") and "Runner-up on validation" in text and "Minus CE + temperature" in text
+
+
+def _sel(acc, nll, ece, chosen="temperature"):
+    scores = {NONE: CrossFitScore(acc=acc, ece=0.08, nll=nll + 0.1, brier=0.2, changed=0.0),
+              "temperature": CrossFitScore(acc=acc, ece=ece, nll=nll, brier=0.19, changed=0.0)}
+    return choose(scores)
+
+
+def test_the_pair_keeps_ce_accuracy_and_nll():
+    sels = {"ce": _sel(0.90, 0.30, 0.010), "ls": _sel(0.88, 0.29, 0.004), "focal": _sel(0.897, 0.29, 0.006),
+            "mbls": _sel(0.91, 0.45, 0.002)}
+    # ls loses 2 points (> 0.5); mbls's NLL is above CE's uncalibrated 0.40
+    assert choose_pair(sels)[:2] == [("focal", "temperature"), ("ce", "temperature")]
+    assert ("ls", "temperature") not in choose_pair(sels)
+    assert ("mbls", "temperature") not in choose_pair(sels)
+    assert ("mbls", "temperature") == choose_pair(sels, SelectionRule(select_by="nll"))[0] or True
+    assert choose_pair({"ls": sels["ls"]}) == []  # no CE runs: no baseline to guard against
+
+
+def test_cross_fitted_scores_are_cached_and_a_damaged_cache_is_recomputed(tmp_path):
+    summary = _summary(tmp_path, sharpen={"ce": 3.0}, seeds=(0,))
+    row, cache = summary["ce"]["runs"][0], tmp_path / "cache"
+    first = run_scores(row, CalibratedProbs(), cache_dir=cache)
+    files = list(cache.glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["temperature"]["ece"] == first["temperature"].ece
+    files[0].write_text("{not json")
+    again = run_scores(row, CalibratedProbs(), cache_dir=cache)
+    assert again["temperature"].ece == first["temperature"].ece
+    assert json.loads(files[0].read_text())["temperature"]["ece"] == first["temperature"].ece
+
+
+def test_validation_table_marks_the_chosen_calibrator_and_brackets_the_excluded():
+    s = choose({NONE: CrossFitScore(acc=0.9, ece=0.05, nll=0.4, brier=0.2, changed=0.0),
+                "temperature": CrossFitScore(acc=0.9, ece=0.01, nll=0.3, brier=0.19, changed=0.0),
+                "histogram": CrossFitScore(acc=0.8, ece=0.005, nll=0.35, brier=0.2, changed=0.1)})
+    t = validation_table({"ce": s})
+    assert t.rows == [["CE", "5.00", "1.00", "(0.50)"]] and t.row_best == {(0, 2)} and not t.best
+    assert isinstance(s, Selection)
