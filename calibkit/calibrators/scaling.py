@@ -10,13 +10,16 @@ map are ``X @ W.T + b``, an ``(N, K)`` matrix: no ``(N, K, K)`` tensor is ever f
 ``O(K^2 + N K)``).
 
 Warm starts: ``fit(z, y, init=fitted)`` (``fitted`` of the same class, ``K`` and layout) starts
-L-BFGS from ``fitted``'s ``(W, b)`` instead of the temperature-scaling solution (Dirichlet
-calibration also reuses its ``(lam, mu)``: see the class). Where the fit converges (the largest
-gradient entry at most ``1e-7``, or a relative step below ``1e-12``, before ``max_iter``) the
-start changes only the number of iterations, not the solution beyond the optimiser's tolerance.
-Where it stops at ``max_iter`` (matrix scaling on real data, most fits at K = 100) the result
-depends on the start: a warm start from a map fitted on all the validation rows, used to score a
-held-out fold, then carries information about that fold into the fit that is scored on it.
+L-BFGS from ``fitted``'s ``(W, b)`` instead of the temperature-scaling solution for vector
+scaling and Dirichlet calibration (which also reuses its ``(lam, mu)``: see the class); matrix
+scaling ignores it (see the class). Where the fit converges (the largest gradient entry at most
+``1e-7``, or a relative decrease below ``1e-12``, before ``max_iter``) the start changes only the
+number of iterations, not the solution beyond the optimiser's tolerance. Where it stops at
+``max_iter`` the result depends on the start, and a start fitted on all the validation rows
+carries each held-out fold of a cross-fitting into the fit scored on it: measured on 5,000 rows
+of real outputs, the 5-fold cross-fitted NLL moves by at most 1e-5 for vector scaling and 5e-4
+(upwards, ``init``'s ``(lam, mu)`` included) for Dirichlet calibration, against 0.69 (downwards)
+for matrix scaling at K = 100.
 
 Binary ``(N,)`` scores are fitted as the two-class logits ``(0, z)``: vector and matrix scaling
 then reduce to Platt scaling ``sigmoid(a z + c)``, Dirichlet calibration to beta calibration
@@ -94,6 +97,13 @@ class MatrixScaling(_AffineScaling):
     the NLL has no minimum and the fit stops after ``max_iter`` iterations; the default of 100
     iterations is a cap on time (one iteration costs ``O(N K^2)``) and acts as early stopping.
 
+    ``fit(..., init=fitted)`` ignores ``fitted``: every fit starts from temperature scaling. On
+    real outputs the fits stop at the cap cold and warm alike (100 of 100 iterations on CIFAR-10
+    and CIFAR-100 WRN-16-4, 5,000 rows), so a warm start saves no time; and since the result then
+    depends on the start, a start fitted on all validation rows leaks each held-out fold into
+    the fit scored on it: the 5-fold cross-fitted NLL on CIFAR-100 drops from 2.13 (cold) to 1.44
+    (warm), an artefact of the start, not a better calibrator.
+
     Args:
         max_iter: L-BFGS iterations (default 100).
 
@@ -106,9 +116,6 @@ class MatrixScaling(_AffineScaling):
     def _fit(self, z, y):
         self.weight_, self.bias_, self.n_iter_ = _fit_affine(z, y, 0.0, 0.0, self.max_iter,
                                                              _identity(z, _temperature(z, y)))
-
-    def _fit_from(self, z, y, init):
-        self.weight_, self.bias_, self.n_iter_ = _fit_affine(z, y, 0.0, 0.0, self.max_iter, _flat(init, z))
 
     def _predict(self, z):
         return torch.softmax(z @ self.weight_.T + self.bias_, dim=1)
