@@ -261,7 +261,7 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
 
 def _test_numbers(sel, probs, test_y, seconds, args, timer):
     """The test rows (panel, guards, intervals) and the recommendation's numbers."""
-    from calibkit.bootstrap import bootstrap_ci, paired_bootstrap_diff
+    from calibkit.bootstrap import bootstrap_cis
     from calibkit.metrics import evaluate
     from calibkit.report import posthoc
 
@@ -269,16 +269,15 @@ def _test_numbers(sel, probs, test_y, seconds, args, timer):
     with timer("test metrics"):
         panels = {n: evaluate(p, test_y, n_bins=args.n_bins) for n, p in probs.items()}
     ref = posthoc.REFERENCE if posthoc.REFERENCE in probs else None
-    with timer("bootstrap"):
-        intervals = {n: bootstrap_ci("ece", p, test_y, **boot) for n, p in probs.items()}
-        diffs = {n: paired_bootstrap_diff(p, probs[ref], test_y, "ece", **boot)
-                 for n, p in probs.items() if ref is not None and n != ref}
-        best = probs[sel.chosen]
-        extra = {"nll_ci": bootstrap_ci("nll", best, test_y, **boot), "acc_ci": bootstrap_ci("acc", best, test_y, **boot),
-                 "d_ece": None, "d_nll": None, "d_acc": None}
+    with timer("bootstrap"):  # one index draw shared by every calibrator (equal to the per-calibrator calls)
+        intervals, diffs = bootstrap_cis("ece", probs, test_y, reference=ref, **boot)
+        pair = {sel.chosen: probs[sel.chosen]}
         if ref is not None and sel.chosen != ref:
-            extra.update({f"d_{m}": paired_bootstrap_diff(best, probs[ref], test_y, m, **boot)
-                          for m in ("ece", "nll", "acc")})
+            pair[ref] = probs[ref]
+        extra = {"d_ece": diffs.get(sel.chosen) if sel.chosen != ref else None, "d_nll": None, "d_acc": None}
+        for m in ("nll", "acc"):
+            cis, d = bootstrap_cis(m, pair, test_y, reference=ref if ref in pair else None, **boot)
+            extra[f"{m}_ci"], extra[f"d_{m}"] = cis[sel.chosen], d.get(sel.chosen) if sel.chosen != ref else None
     rows = posthoc.test_rows(probs, test_y, intervals, diffs, panels, seconds)
     return rows, posthoc.recommendation(sel, rows, extra)
 
