@@ -6,13 +6,15 @@ preset's training budget and checkpoint policy, and scored on the **validation s
 candidate's validation logits are the only tensors read from its run directory
 (:func:`val_metrics`), so the test split takes no part in the selection.
 
-Criterion (:class:`Criterion`, recorded with the selection), as in the literature (the papers tune
-on validation; ``docs/bench.md``):
+The rule (:class:`calibkit.bench.selection_rule.Criterion`, recorded with the selection; that
+module says why), as in the literature (the papers tune on validation; ``docs/bench.md``):
 
 1. every candidate's validation accuracy and ECE (15 bins) of the deployed predictor, before
    temperature scaling;
-2. candidates more than ``max_acc_drop`` (1 accuracy point) below the method's most accurate
-   candidate are excluded, so that calibration is never bought with accuracy;
+2. a candidate is excluded when its validation accuracy lies below the method's most accurate
+   candidate's by more than 1 point **and** by more than 1.96 standard errors of the difference
+   (two binomial proportions on the recorded ``n`` validation images): calibration is never
+   bought with accuracy, and no candidate is excluded for a difference within the split's noise;
 3. the lowest ECE wins; candidates within ``tie`` of it are tied and the one nearest the
    published value (``Axis.default``) wins, then the first in grid order.
 
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, meta_key, no_effect_axes, plan
@@ -42,32 +43,9 @@ from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_fo
 from calibkit.bench.paths import candidate_dir_for
 from calibkit.bench.attempts import POLL_S, broadcast, claim_outcome, run_recorded, work_queue
 from calibkit.bench.runner import Bench
+from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, select  # noqa: F401  (this module's API)
 from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
 from calibkit.store import run_key
-
-
-@dataclass(frozen=True)
-class Criterion:
-    """How a method's candidates are compared (see the module docstring).
-
-    Attributes:
-        metric: the validation metric minimised (a ``calibkit.metrics.evaluate`` key).
-        n_bins: bins of the binned calibration errors.
-        max_acc_drop: candidates whose validation accuracy is more than this below the method's
-            best candidate are excluded (0.01 = 1 point).
-        tie: metric values within this of the best are tied (0.0001 = 0.01 ECE point x100).
-    """
-
-    metric: str = "ece"
-    n_bins: int = 15
-    max_acc_drop: float = 0.01
-    tie: float = 1e-4
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-DEFAULT_CRITERION = Criterion()
 
 
 def cand_key(preset: str, method: str, seed: int, values: dict) -> str:
@@ -98,36 +76,6 @@ def val_metrics(run_dir, n_bins: int = 15) -> dict:
     out = {k: float(v) for k, v in evaluate(logits.double().softmax(1), labels.long(), n_bins=n_bins).items()}
     out["n"] = int(len(labels))
     return out
-
-
-def _distance(values: dict, space: dict) -> float:
-    """Distance of a candidate from the published values, in grid-range units summed over axes."""
-    total = 0.0
-    for address, axis in space.items():
-        span = (max(axis.values) - min(axis.values)) or 1.0
-        total += abs(float(values[address]) - float(axis.default)) / span
-    return total
-
-
-def select(cands: list[dict], space: dict, criterion: Criterion = DEFAULT_CRITERION) -> int:
-    """Index of the winning candidate (see the module docstring for the rule).
-
-    Args:
-        cands: ``[{"hparams": {address: value}, "metrics": {"acc": ..., criterion.metric: ...}}]``
-            in grid order.
-        space: the method's search space (for the published values of the tie-break).
-        criterion: the rule.
-
-    Raises:
-        ValueError: no candidates.
-    """
-    if not cands:
-        raise ValueError("no finished candidates to select from")
-    best_acc = max(c["metrics"]["acc"] for c in cands)
-    eligible = [i for i, c in enumerate(cands) if c["metrics"]["acc"] >= best_acc - criterion.max_acc_drop - 1e-12]
-    best = min(cands[i]["metrics"][criterion.metric] for i in eligible)
-    tied = [i for i in eligible if cands[i]["metrics"][criterion.metric] <= best + criterion.tie]
-    return min(tied, key=lambda i: (_distance(cands[i]["hparams"], space), i))
 
 
 class Tuner:

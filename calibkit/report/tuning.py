@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, Axis, space_for
+from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, eligible
 from calibkit.bench.space import at_edge
 from calibkit.store import open_store
 
@@ -134,6 +135,14 @@ def _recorded_preset(out_dir, preset: str):
         return None
 
 
+def _excluded(group: list[dict]) -> list[dict]:
+    """A method's candidates outside the accuracy window of the criterion recorded with its
+    selection (``Criterion.from_dict``: an old record reads as its own rule), else the default."""
+    chosen = next((c for c in group if c["selected"]), None)
+    inside = set(eligible(group, Criterion.from_dict(chosen.get("criterion")) if chosen else DEFAULT_CRITERION))
+    return [c for i, c in enumerate(group) if i not in inside]
+
+
 def _by_method(cands: list[dict]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for c in cands:
@@ -153,10 +162,7 @@ def tuning_rows(cands: list[dict], records: dict | None = None) -> tuple[list[st
             continue
         record = records.get(method)
         chosen = [c for c in group if c["selected"]]
-        best_acc = max(c["metrics"]["acc"] for c in group)
-        crit = (chosen[0].get("criterion") or {}) if chosen else {}
-        drop = crit.get("max_acc_drop", 0.01)
-        excluded = sum(c["metrics"]["acc"] < best_acc - drop - 1e-12 for c in group)
+        excluded = len(_excluded(group))
         notes = [f"no effect: {a} (bit-identical validation logits)"
                  for a in (record or {}).get("no_effect", [])]
         if chosen:
@@ -256,7 +262,7 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     import matplotlib.pyplot as plt
 
     ce = next((c for c in cands if c["method"] == REFERENCE), None)
-    best_acc = {m: max(c["metrics"]["acc"] for c in g) for m, g in _by_method(cands).items()}
+    out = {c["cand_key"] for g in _by_method(cands).values() for c in _excluded(g)}
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.6 * rows), squeeze=False)
@@ -264,11 +270,9 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
         xs = list(range(len(line)))
         ece = [100 * c["metrics"]["ece"] for c in line]
         acc = [100 * c["metrics"]["acc"] for c in line]
-        drop = (chosen or {}).get("criterion", {}) or {}
-        drop = drop.get("max_acc_drop", 0.01)
         ax.plot(xs, ece, "o-", color="tab:blue", ms=4)
         for x, c, e in zip(xs, line, ece):
-            if c["metrics"]["acc"] < best_acc[method] - drop - 1e-12:
+            if c["cand_key"] in out:
                 ax.plot(x, e, "x", color="tab:red", ms=8)
             if chosen is not None and c["cand_key"] == chosen["cand_key"]:
                 ax.plot(x, e, "*", color="tab:orange", ms=14, zorder=5)
@@ -288,7 +292,7 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle("Validation ECE (solid, blue) and accuracy (dashed, green) against each searched value\n"
-                 "star = selected; x = excluded (> 1 accuracy point below the best); dotted = CE's ECE", fontsize=9)
+                 "star = selected; x = excluded (outside the accuracy window); dotted = CE's ECE", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / rows / 2.6))
     path = Path(path) if path else Path(out_dir) / "report" / "figures" / "tuning.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -366,10 +370,9 @@ def protocol_section(ctx) -> list:
                                                               else " (MIXED: runs are not comparable)")])
     cands = load_candidates(out_dir, preset, ctx.store)
     tuned = {c["method"]: c for c in cands if c["selected"]}
-    crit = next(iter(tuned.values()))["criterion"] if tuned else None
+    crit = Criterion.from_dict(next(iter(tuned.values()))["criterion"]) if tuned else None
     proto.append(["hyperparameters", "selected in this directory by `calibkit tune` on the validation split of seed "
-                  f"{next(iter(tuned.values()))['seed']}: min ECE (15 bins, before TS), candidates > "
-                  f"{100 * crit['max_acc_drop']:g} accuracy point below the best excluded" if tuned else
+                  f"{next(iter(tuned.values()))['seed']}: min ECE (15 bins, before TS), {crit.describe()}" if tuned else
                   _provenance(preset, records.values())])
     hidden = _hidden(out_dir, preset, ctx.store)
     if hidden:

@@ -437,21 +437,24 @@ def test_bench_tune_runs_the_grid_at_the_selected_values(tmp_path, small_spaces,
 
 def test_default_preset_values_are_the_committed_selection():
     """docs/tuning/default.json holds every candidate of the tuning run that chose the default
-    preset's values: the rule applied to it gives back exactly the values the preset records."""
+    preset's values: the rule recorded with it (the fixed 1-point window, made before the noise
+    term existed) applied to it gives back exactly the values the preset records."""
     import json
     from pathlib import Path
 
     doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "tuning" / "default.json").read_text())
     preset = PRESETS["default"]
     assert doc["preset"] == "default" and doc["seed"] == [preset.tune_seed]
-    assert Criterion(**doc["criterion"]) == Criterion()
+    assert doc["criterion"] == {"metric": "ece", "n_bins": 15, "max_acc_drop": 0.01, "tie": 1e-4}
+    recorded = Criterion.from_dict(doc["criterion"])
+    assert recorded == Criterion(acc_z=0.0)
     tuned = sorted({c["method"] for c in doc["candidates"]} - {"ce"})
     assert tuned == sorted(m for m in METHODS if METHODS[m].space)
     for method in tuned:
         by_slug = {slug(c["hparams"]): c for c in doc["candidates"] if c["method"] == method}
         rows = [by_slug[slug(v)] for v in candidates(method)]  # the whole current grid, in grid order
         assert all(c["keep"] == preset.keep for c in rows)
-        win = rows[select(rows, METHODS[method].space)]
+        win = rows[select(rows, METHODS[method].space, recorded)]
         assert win["selected"], method
         assert current_values(preset, method) == win["hparams"], method
         assert not at_edge(win["hparams"], METHODS[method].space), f"{method}: widen its grid"
@@ -539,7 +542,8 @@ def test_tuner_trains_scores_selects_and_logs_each_candidate(tmp_path, no_traini
     best = rows["tiny/ls/7/alpha=0.3"]
     assert best["selected"] and best["train_time_s"] == 1.5 and best["run_dir"] == str(tuner.run_dir("ls", {"loss.alpha": 0.3}))
     assert best["metrics"] == val_metrics(best["run_dir"]) and best["config"] == rec
-    assert best["criterion"] == Criterion().to_dict() == {"metric": "ece", "n_bins": 15, "max_acc_drop": 0.01, "tie": 1e-4}
+    assert best["criterion"] == Criterion().to_dict() == {"metric": "ece", "n_bins": 15, "max_acc_drop": 0.01,
+                                                          "acc_z": 1.96, "tie": 1e-4}
     starts = [line for line in lines if line.endswith(": running")]
     assert starts == ["[1/4] tune tiny/ce/7/default: running", "[2/4] tune tiny/ls/7/alpha=0.01: running",
                       "[3/4] tune tiny/ls/7/alpha=0.1: running", "[4/4] tune tiny/ls/7/alpha=0.3: running"]
