@@ -139,8 +139,14 @@ def validation_table(sel: Selection) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rank = {n: i for i, n in enumerate(sel.ranking, 1)}
     for name, s in sel.scores.items():
-        status = ("**chosen**" if name == sel.chosen else f"eligible, #{rank[name]}" if name in rank
-                  else f"excluded: {sel.excluded.get(name, '')}")
+        if name == sel.chosen:
+            status = "**chosen**" + (" (the default)" if name == sel.default else "")
+        elif name in sel.notes:
+            status = sel.notes[name]
+        elif name in rank:
+            status = f"eligible, #{rank[name]}" + (" (the default)" if name == sel.default else "")
+        else:
+            status = f"excluded: {sel.excluded.get(name, '')}"
         if s.error is not None:
             lines.append(f"| {name} | - | - | - | - | - | {status} |")
             continue

@@ -6,11 +6,15 @@ scores are the mean over its seeds (:func:`~calibkit.calibrators.selection.mean_
 calibrator is chosen from them by :func:`~calibkit.calibrators.selection.choose`. The test split
 takes no part in any choice.
 
-**The pair.** Candidates are every (method, calibrator) whose calibrator is eligible for that method
-under the rule and which also passes the rule's guards against *CE uncalibrated* (the model a user
-has without calibkit): mean cross-fitted validation accuracy at most ``acc_tolerance`` below CE's,
-and, under the ECE rule, cross-fitted validation NLL not above CE's. The lowest cross-fitted
-``select_by`` metric wins; ties keep the grid's order (CE first) and the registry's order.
+**The pair.** The default is CE with its own chosen calibrator (by the rule, usually temperature
+scaling): what a user has without a training-time method. Another (method, calibrator) pair, with
+the calibrator eligible for its method, must pass the rule's guards against CE (mean cross-fitted
+validation accuracy at most ``acc_tolerance`` below CE's uncalibrated accuracy; under the ECE rule,
+cross-fitted NLL not above the default pair's), and replaces the default only when its
+cross-fitted ``select_by`` metric is significantly below the default pair's: the paired bootstrap
+interval of the seed-averaged difference lies wholly below 0 (each run's validation resamples use
+the rule's seed, so runs of one seed on the same validation rows share their draws, and the seed
+mean is taken resample by resample). Among such pairs the lowest metric wins.
 
 The recommendation then *reports* the pair's test numbers (ECE, NLL, accuracy with seed-averaged
 bootstrap intervals) and its paired difference from CE + temperature scaling, the baseline every
@@ -53,7 +57,7 @@ def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_
     path = _cache_file(cache_dir, row, rule)
     if path is not None and path.is_file():
         try:
-            return {k: CrossFitScore(**v) for k, v in json.loads(path.read_text()).items()}
+            return {k: CrossFitScore.from_dict(v) for k, v in json.loads(path.read_text()).items()}
         except (ValueError, TypeError):
             pass  # a damaged cache file is recomputed, never trusted
     t = probs.logits(row)
@@ -78,21 +82,42 @@ def method_selections(summary: dict, probs: CalibratedProbs, rule: SelectionRule
             for m, e in summary.items()}
 
 
-def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> list[tuple[str, str]]:
-    """Eligible (method, calibrator) pairs, best first (module docstring); empty without CE."""
+def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> dict | None:
+    """The method + calibrator pair (module docstring), or None without CE runs.
+
+    Returns:
+        ``{"pair", "default", "ranking", "notes"}``: the chosen ``(method, calibrator)``; the
+        default pair, CE with its own chosen calibrator; every eligible pair, chosen first, then by
+        the cross-fitted metric; ``{pair: text}`` for eligible pairs that did not beat the default
+        significantly.
+    """
+    from calibkit.calibrators.selection import _below
+
     if REFERENCE not in selections:
-        return []
-    ce = selections[REFERENCE].scores[NONE]
-    pairs = []
+        return None
+    ce = selections[REFERENCE]
+    default = (REFERENCE, ce.chosen)
+    base, d_score = ce.scores[NONE], ce.scores[ce.chosen]
+    eligible = []
     for m, sel in selections.items():
         for c in sel.ranking:
             s = sel.scores[c]
-            if s.acc < ce.acc - rule.acc_tolerance - 1e-12:
+            if (m, c) != default and (s.acc < base.acc - rule.acc_tolerance - 1e-12
+                                      or (rule.select_by == "ece" and not s.nll <= d_score.nll + 1e-12)):
                 continue
-            if rule.select_by == "ece" and not s.nll <= ce.nll + 1e-12:
-                continue
-            pairs.append((getattr(s, rule.select_by), len(pairs), m, c))
-    return [(m, c) for _, _, m, c in sorted(pairs)]
+            eligible.append((getattr(s, rule.select_by), len(eligible), m, c))
+    ranked = [(m, c) for _, _, m, c in sorted(eligible)]
+    winners, notes = [], {}
+    for m, c in ranked:
+        if (m, c) == default:
+            continue
+        below, text = _below(selections[m].scores[c], d_score, rule)
+        if below:
+            winners.append((m, c))
+        else:
+            notes[(m, c)] = f"not significantly below {label(REFERENCE)} + {ce.chosen}: difference {text}"
+    pair = winners[0] if winners else default
+    return {"pair": pair, "default": default, "ranking": [pair] + [p for p in ranked if p != pair], "notes": notes}
 
 
 def _interval(runs, probs, metric, after, n_boot, seed):
@@ -106,13 +131,15 @@ def recommendation(summary: dict, probs: CalibratedProbs, selections: dict, rule
     """The pair and its test evidence (None without CE runs or any eligible pair)."""
     from calibkit.report.paired import paired_delta
 
-    ranked = choose_pair(selections, rule)
-    if not ranked:
+    choice = choose_pair(selections, rule)
+    if choice is None:
         return None
-    method, cal = ranked[0]
+    method, cal = choice["pair"]
+    ranked = choice["ranking"]
     runs, ce_runs = summary[method]["runs"], summary[REFERENCE]["runs"]
     out = {"method": method, "calibrator": cal, "runner_up": ranked[1] if len(ranked) > 1 else None,
-           "rule": rule, "seeds": len(runs), "val": selections[method].scores[cal]}
+           "rule": rule, "seeds": len(runs), "val": selections[method].scores[cal], "default": choice["default"],
+           "runner_up_note": choice["notes"].get(ranked[1]) if len(ranked) > 1 else None}
     for metric in ("ece", "nll", "acc"):
         out[metric] = _interval(runs, probs, metric, cal, n_boot, seed)
         out[f"d_{metric}"] = (None if (method, cal) == (REFERENCE, "temperature") else
@@ -177,10 +204,13 @@ def recommendation_text(rec: dict) -> str:
     """The block at the top of the bench report (Markdown; the terminal strips its marks)."""
     rule, v = rec["rule"], rec["val"]
     pair = f"{label(rec['method'])} + {rec['calibrator']}"
-    lines = [f"**Use: {pair}**, chosen on validation: {rule.describe()}, among every method's calibrators, each pair "
-             f"also within {100 * rule.acc_tolerance:g} accuracy points of CE's cross-fitted validation accuracy"
-             + (" and not above its NLL" if rule.select_by == "ece" else "")
-             + f" (its cross-fitted validation {rule.select_by.upper()}: "
+    d_m, d_c = rec["default"]
+    lines = [f"**Use: {pair}**, chosen on validation: each method's calibrator by the rule ({rule.describe()}); "
+             f"then {label(d_m)} + {d_c} unless another pair, within {100 * rule.acc_tolerance:g} accuracy points of "
+             f"CE's cross-fitted validation accuracy"
+             + (" and not above the default's NLL" if rule.select_by == "ece" else "")
+             + f", has a significantly lower cross-fitted {rule.select_by.upper()} (its cross-fitted validation "
+             f"{rule.select_by.upper()}: "
              f"{getattr(v, rule.select_by) * (100 if rule.select_by == 'ece' else 1):.{2 if rule.select_by == 'ece' else 4}f}).",
              "",
              f"- Test, mean over {rec['seeds']} seed(s), 95% intervals: ECE x100 {_ci(rec['ece'], 100, 2)}, "
@@ -189,7 +219,8 @@ def recommendation_text(rec: dict) -> str:
         lines.append(f"- Minus CE + temperature scaling (paired by seed, test): ECE x100 {_d(rec['d_ece'], 100, 2)}, "
                      f"NLL {_d(rec['d_nll'], 1, 4)}, accuracy points {_d(rec['d_acc'], 100, 2)}.")
     ru = rec["runner_up"]
-    lines.append(f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}.")
+    note = f" ({rec['runner_up_note']})" if rec.get("runner_up_note") else ""
+    lines.append(f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}{note}.")
     lines += ["", rec["sentence"]]
     return "\n".join(lines)
 

@@ -44,6 +44,10 @@ def test_cross_fitted_scores_equal_a_direct_out_of_fold_computation():
     assert s.nll == pytest.approx(float(F.nll(oof, y)), abs=1e-7)
     assert s.brier == pytest.approx(float(F.brier(oof, y)), abs=1e-7)
     assert s.acc == float(F.accuracy(torch.softmax(z, 1), y)) and s.changed == 0.0  # TS keeps every prediction
+    from calibkit.bootstrap import bootstrap_ci
+
+    direct = bootstrap_ci("ece", oof, y, n_resamples=1000, seed=1).samples
+    assert torch.allclose(s.samples, direct, atol=1e-7)  # the rule's resamples: shared draws, seeded by rule.seed
     base = scores[NONE]
     assert base.ece == pytest.approx(float(F.ece(torch.softmax(z, 1), y)), abs=1e-12)
     assert list(scores) == [NONE, "temperature"]
@@ -69,7 +73,7 @@ BASE = dict(acc=0.92, ece=0.05, nll=0.37, brier=0.12, changed=0.0)
 def test_a_calibrator_that_buys_ece_with_accuracy_is_never_chosen():
     # the measured CIFAR-10 DenseNet case: histogram binning had the lowest ECE and lost 5 points
     scores = _scores(none=BASE, temperature=dict(acc=0.92, ece=0.0095, nll=0.2251, brier=0.11, changed=0.0),
-                     histogram=dict(acc=0.8746, ece=0.0073, nll=0.30, brier=0.13, changed=0.06))
+                     histogram=dict(acc=0.8746, ece=0.0073, nll=0.22, brier=0.13, changed=0.06))
     sel = choose(scores)
     assert sel.chosen == "temperature"
     assert "histogram" in sel.excluded and "4.54 points below" in sel.excluded["histogram"]
@@ -81,7 +85,7 @@ def test_the_nll_guard_applies_to_the_ece_rule_only():
     scores = _scores(none=BASE, temperature=dict(acc=0.92, ece=0.012, nll=0.30, brier=0.11, changed=0.0),
                      spline=dict(acc=0.92, ece=0.008, nll=1.12, brier=0.118, changed=0.0))
     sel = choose(scores)
-    assert sel.chosen == "temperature" and "NLL 1.1200 is above the uncalibrated 0.3700" in sel.excluded["spline"]
+    assert sel.chosen == "temperature" and "NLL 1.1200 is above 0.3000" in sel.excluded["spline"]
     assert choose(scores, SelectionRule(select_by="nll")).chosen == "temperature"
     assert choose(scores, SelectionRule(select_by="brier")).ranking == ["temperature", "spline", NONE]
 
@@ -98,12 +102,53 @@ def test_the_uncalibrated_model_wins_when_nothing_helps_and_ties_keep_registry_o
         choose({"temperature": CrossFitScore(**BASE)})
 
 
+def _with(score, samples):
+    from dataclasses import replace
+
+    return replace(score, samples=torch.as_tensor(samples, dtype=torch.float64))
+
+
+def test_a_challenger_must_beat_temperature_scaling_significantly():
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(400, generator=g, dtype=torch.float64) * 0.002
+    ts = CrossFitScore(acc=0.92, ece=0.010, nll=0.30, brier=0.11, changed=0.0)
+    close = CrossFitScore(acc=0.92, ece=0.009, nll=0.29, brier=0.11, changed=0.01)
+    far = CrossFitScore(acc=0.92, ece=0.004, nll=0.29, brier=0.11, changed=0.01)
+    base = CrossFitScore(**BASE)
+    # resampled differences: close - ts centred on -0.001 with sd 0.002 (interval holds 0); far - ts on -0.006
+    scores = {NONE: _with(base, 0.05 + noise), "temperature": _with(ts, 0.010 + noise),
+              "vector": _with(close, 0.009 + 2 * noise), "dirichlet": _with(far, 0.004 + 0.5 * noise)}
+    sel = choose({k: scores[k] for k in (NONE, "temperature", "vector")})
+    assert sel.chosen == "temperature" and sel.default == "temperature"
+    assert sel.notes["vector"].startswith("not significantly below temperature: difference -0.0010 [")
+    assert sel.ranking == ["temperature", "vector", NONE]
+    assert choose(scores).chosen == "dirichlet"  # wholly below 0: the challenger wins
+    # the interval is the basic bootstrap interval of the resampled differences
+    from calibkit.bootstrap import bootstrap_interval
+
+    lo, hi = bootstrap_interval(scores["vector"].samples - scores["temperature"].samples, -0.001, 0.95, "basic")
+    assert lo < 0 < hi and f"[{lo:+.4f}, {hi:+.4f}]" in sel.notes["vector"]
+
+
+def test_the_default_falls_back_to_the_uncalibrated_model_when_temperature_fails_a_guard():
+    scores = _scores(none=dict(BASE, nll=0.04, ece=0.003), temperature=dict(BASE, nll=0.041, ece=0.002),
+                     vector=dict(BASE, nll=0.039, ece=0.0025))
+    sel = choose(scores)
+    assert sel.default == NONE and "NLL 0.0410 is above 0.0400" in sel.excluded["temperature"]
+    assert sel.chosen == "vector"  # point estimates (no resamples): below the default's ECE
+    assert choose(scores, SelectionRule(default="matrix")).default == NONE  # not among the candidates
+
+
 def test_mean_scores_average_name_by_name():
     a = _scores(none=BASE, temperature=dict(BASE, ece=0.01))
     b = _scores(none=dict(BASE, acc=0.90), temperature=dict(BASE, ece=0.03), vector=BASE)
     m = mean_scores([a, b])
     assert list(m) == [NONE, "temperature"]  # vector is missing from one run
     assert m[NONE].acc == pytest.approx(0.91) and m["temperature"].ece == pytest.approx(0.02)
+    assert m[NONE].samples is None
+    a2 = {n: _with(v, [1.0, 2.0]) for n, v in a.items()}
+    b2 = {n: _with(v, [3.0, 6.0]) for n, v in b.items()}
+    assert mean_scores([a2, b2])["temperature"].samples.tolist() == [2.0, 4.0]
     with pytest.raises(ValueError):
         mean_scores([])
 
@@ -115,6 +160,10 @@ def test_rule_checks_its_values():
         with pytest.raises(ValueError, match=match):
             SelectionRule(**kw)
     assert "5-fold cross-fitted ECE" in SelectionRule().describe()
+    assert SelectionRule().describe().startswith("temperature unless another calibrator")
+    for kw, match in (({"n_boot": 5}, "n_boot"), ({"level": 1.0}, "level")):
+        with pytest.raises(ValueError, match=match):
+            SelectionRule(**kw)
     assert "NLL" not in SelectionRule(select_by="brier").describe()
 
 
