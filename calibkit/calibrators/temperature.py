@@ -67,7 +67,16 @@ class TemperatureScaling:
     raise a :class:`~calibkit.calibrators.ProbabilitiesAsLogitsWarning` (see
     :func:`calibkit.calibrators._base.check_not_probabilities`).
 
-    ``T`` is one scalar, so a fitted ``TemperatureScaling`` applies to logits of any ``K``.
+    ``fit`` records ``K`` (``n_classes_``; 2 for binary logits) and the layout (``binary_``) like
+    every calibrator, and ``transform``/``predict_proba`` refuse logits of another ``K`` or layout
+    with a ``ValueError`` (the temperature of one classifier applied to another's logits is a
+    silent error; dense ``(N, K, *spatial)`` and ``(N, K)`` logits of the fitted ``K`` are one
+    layout).
+
+    Precision: ``transform`` and ``predict_proba`` compute in float64 (the logits upcast exactly,
+    divided by ``T``, the softmax or sigmoid in float64) and return the logits' dtype
+    (float16/bfloat16 upcast to float32), rounded once from float64, as every calibrator does;
+    float64 logits give float64 results.
 
     Args:
         objective: ``"nll"`` (default) or ``"ece"``.
@@ -77,11 +86,12 @@ class TemperatureScaling:
     Attributes:
         temperature_: the fitted ``T`` (python float).
         n_iter_: solver iterations (NLL) or grid points tried (ECE).
+        n_classes_: ``K`` of the fit (2 for binary logits); binary_: whether they were ``(N,)``.
     """
 
     OBJECTIVES = ("nll", "ece")
     _PARAMS = ("objective", "n_bins", "t_min", "t_max")
-    _STATE = ("temperature_", "n_iter_")
+    _STATE = ("temperature_", "n_iter_", "n_classes_", "binary_")
 
     def __init__(self, objective: str = "nll", n_bins: int = 15, t_min: float = 1e-2, t_max: float = 1e2):
         self.objective = objective
@@ -111,6 +121,7 @@ class TemperatureScaling:
         if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int)
                                        or max_pixels < 1):
             raise ValueError(f"max_pixels must be an integer >= 1 or None, got {max_pixels!r}")
+        binary = as_tensor(logits, "logits").dim() == 1
         logits, labels = _fit_rows(logits, labels, ignore_index, max_pixels, seed)
         z = logits.double()
         if self.objective == "nll":
@@ -118,23 +129,38 @@ class TemperatureScaling:
             self.temperature_, self.n_iter_ = _fit_nll(z, labels, self.t_min, self.t_max, **warm)
         else:
             self.temperature_, self.n_iter_ = _fit_ece_grid(z, labels, check_n_bins(self.n_bins))
+        self.n_classes_, self.binary_ = int(z.shape[1]), binary
         return self
 
     def _check_fitted(self):
-        if not hasattr(self, "temperature_"):
+        if not (hasattr(self, "temperature_") and hasattr(self, "n_classes_")):
             raise NotFittedError("this TemperatureScaling is not fitted yet: call fit(val_logits, val_labels) first")
 
-    def transform(self, logits) -> torch.Tensor:
-        """Scaled logits ``logits / T``, same shape as ``logits`` (any layout), in the logits'
-        dtype (half upcast to float32)."""
+    def _scaled(self, logits) -> tuple[torch.Tensor, torch.dtype]:
+        """``logits / T`` in float64 after the K and layout checks, and the dtype to return."""
         self._check_fitted()
-        return upcast(_check_any_logits(logits)) / self.temperature_
+        x = _check_any_logits(logits)
+        name = type(self).__name__
+        if (x.dim() == 1) != self.binary_:
+            fitted = "(N,) binary logits" if self.binary_ else f"(N, {self.n_classes_}) logits"
+            raise ValueError(f"this {name} was fitted on {fitted}; got shape {tuple(x.shape)}")
+        if x.dim() > 1 and x.shape[1] != self.n_classes_:
+            raise ValueError(f"logits have K = {x.shape[1]} classes but this {name} was fitted on "
+                             f"K = {self.n_classes_}")
+        return x.double() / self.temperature_, upcast(x).dtype
+
+    def transform(self, logits) -> torch.Tensor:
+        """Scaled logits ``logits / T``, same shape as ``logits`` (the fitted ``K`` and layout),
+        computed in float64 and returned in the logits' dtype (half upcast to float32)."""
+        z, dtype = self._scaled(logits)
+        return z.to(dtype)
 
     def predict_proba(self, logits) -> torch.Tensor:
         """Calibrated probabilities: ``softmax(logits / T)`` over dim 1 (``(N, K)`` or
-        ``(N, K, *spatial)``), or ``sigmoid(logits / T)`` for binary ``(N,)`` logits."""
-        z = self.transform(logits)
-        return torch.sigmoid(z) if z.dim() == 1 else torch.softmax(z, dim=1)
+        ``(N, K, *spatial)``), or ``sigmoid(logits / T)`` for binary ``(N,)`` logits; computed in
+        float64, returned in the logits' dtype (half upcast to float32)."""
+        z, dtype = self._scaled(logits)
+        return (torch.sigmoid(z) if z.dim() == 1 else torch.softmax(z, dim=1)).to(dtype)
 
     def __repr__(self) -> str:
         fitted = f", temperature_={self.temperature_:.4g}" if hasattr(self, "temperature_") else ""
@@ -144,14 +170,16 @@ class TemperatureScaling:
         return {k: getattr(self, k) for k in self._PARAMS}
 
     def to_dict(self) -> dict:
-        """``{"params": hyperparameters, "state": {"temperature_": T, "n_iter_": n}}`` (python values)."""
+        """``{"params": hyperparameters, "state": {"temperature_": T, "n_iter_": n, "n_classes_": K,
+        "binary_": bool}}`` (python values)."""
         self._check_fitted()
         return {"params": {k: _plain(v) for k, v in self.get_params().items()},
                 "state": {k: getattr(self, k) for k in self._STATE}}
 
     @classmethod
     def from_dict(cls, d: dict) -> TemperatureScaling:
-        """The calibrator described by :meth:`to_dict`."""
+        """The calibrator described by :meth:`to_dict`; a state without ``n_classes_`` and
+        ``binary_`` (written before they were recorded) is refused: refit and save again."""
         return _from_dict(cls, d, cls._STATE)
 
 

@@ -134,11 +134,22 @@ def test_bad_inputs(name):
     cal.fit(z, y)
     with pytest.raises(ValueError, match="NaN"):
         cal.predict_proba(bad)
-    if name != "temperature":  # one scalar T applies to any K
-        with pytest.raises(ValueError, match="K = 4 classes but this .* was fitted on K = 5"):
-            cal.predict_proba(z[:, :4])
+    with pytest.raises(ValueError, match="K = 4 classes but this .* was fitted on K = 5"):
+        cal.predict_proba(z[:, :4])
+    with pytest.raises(ValueError, match=r"this .* was fitted on \(N, 5\) logits; got shape \(100,\)"):
+        cal.predict_proba(z[:100, 0])
     with pytest.raises(ValueError, match="floating-point"):
         cal.predict_proba(z.long())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float32_logits_give_the_float64_prediction_rounded_once(name):
+    z, y = _data()
+    z32 = z.float()
+    cal = CALIBRATORS[name]().fit(z32, y)
+    q64 = cal.predict_proba(z32.double())
+    assert q64.dtype == torch.float64
+    assert torch.equal(cal.predict_proba(z32), q64.float())
 
 
 def test_numpy_float32_probabilities_refused_for_every_calibrator():

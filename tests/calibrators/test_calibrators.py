@@ -184,7 +184,7 @@ def test_bfloat16_logits(gen):
 
 def test_dense_transform_validates_without_flattening():
     ts = TemperatureScaling()
-    ts.temperature_ = 2.0
+    ts.temperature_, ts.n_classes_, ts.binary_ = 2.0, 3, False
     x = torch.zeros(2, 3, 4, 4)
     torch.testing.assert_close(ts.transform(x + 1.0), x + 0.5)
     x[1, 2, 3, 3] = float("nan")
@@ -192,3 +192,5 @@ def test_dense_transform_validates_without_flattening():
         ts.transform(x)
     with pytest.raises(ValueError, match="K >= 2"):
         ts.transform(torch.zeros(2, 1, 4, 4))
+    with pytest.raises(ValueError, match="logits have K = 4 classes but this TemperatureScaling was fitted on K = 3"):
+        ts.transform(torch.zeros(2, 4, 4, 4))

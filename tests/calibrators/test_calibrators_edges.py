@@ -113,8 +113,9 @@ def test_fit_default_keeps_exactly_one_million_pixels():
 
 def test_transform_every_dense_layout():
     ts = TemperatureScaling()
-    ts.temperature_ = 4.0
+    ts.temperature_, ts.binary_ = 4.0, False
     for shape in ((3, 2, 5), (3, 4, 5), (2, 2, 3, 3), (2, 3, 2, 2, 2)):  # (N, K, *spatial), K >= 2
+        ts.n_classes_ = shape[1]  # as fitted on logits of this K
         x = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
         torch.testing.assert_close(ts.transform(x), x / 4)
         torch.testing.assert_close(ts.predict_proba(x), torch.softmax(x / 4, 1))
@@ -122,7 +123,7 @@ def test_transform_every_dense_layout():
 
 def test_transform_errors_name_the_problem():
     ts = TemperatureScaling()
-    ts.temperature_ = 2.0
+    ts.temperature_, ts.n_classes_, ts.binary_ = 2.0, 3, False
     cases = [
         (torch.zeros(2, 3, 4, dtype=torch.long), r"^logits must be a floating-point tensor, got dtype torch.int64$"),
         (torch.zeros(0, 3, 4, 4), r"^dense logits need N >= 1 and K >= 2 along dim 1, got shape \(0, 3, 4, 4\)$"),
@@ -140,7 +141,7 @@ def test_transform_errors_name_the_problem():
 
 def test_binary_transform_checks_and_keeps_the_logits():
     ts = TemperatureScaling()
-    ts.temperature_ = 2.0
+    ts.temperature_, ts.n_classes_, ts.binary_ = 2.0, 2, True
     z = torch.tensor([-3.0, 0.5, 4.0])
     torch.testing.assert_close(ts.transform(z), z / 2)
     torch.testing.assert_close(ts.predict_proba(z), torch.sigmoid(z / 2))

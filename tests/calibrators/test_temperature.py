@@ -45,11 +45,45 @@ def test_to_dict_and_from_dict():
     ts = TemperatureScaling(objective="ece", n_bins=10).fit(z, y)
     d = ts.to_dict()
     assert d == {"params": {"objective": "ece", "n_bins": 10, "t_min": 0.01, "t_max": 100.0},
-                 "state": {"temperature_": ts.temperature_, "n_iter_": 100}}
+                 "state": {"temperature_": ts.temperature_, "n_iter_": 100, "n_classes_": z.shape[1], "binary_": False}}
     back = TemperatureScaling.from_dict(d)
     assert back.temperature_ == ts.temperature_ and repr(back) == repr(ts)
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         TemperatureScaling.from_dict({"params": {"temp": 1}, "state": {}})
-    with pytest.raises(ValueError, match="saved state lacks n_iter_"):
+    with pytest.raises(ValueError, match="saved state lacks n_iter_, n_classes_, binary_"):
         TemperatureScaling.from_dict({"params": {}, "state": {"temperature_": 2.0}})
+    with pytest.raises(ValueError, match="saved state lacks n_classes_, binary_"):  # written before K was recorded
+        TemperatureScaling.from_dict({"params": {}, "state": {"temperature_": 2.0, "n_iter_": 3}})
     assert np.isclose(back.predict_proba(z).sum(1), 1).all()
+
+
+def test_predictions_are_computed_in_float64_and_rounded_once():
+    z, y = _data()
+    z32 = z.float()
+    ts = TemperatureScaling().fit(z32, y)
+    t = ts.temperature_
+    want = torch.softmax(z32.double() / t, 1)  # the float64 computation on the exact upcast
+    assert torch.equal(ts.predict_proba(z32), want.float())
+    assert torch.equal(ts.predict_proba(z32.double()), want)
+    assert not torch.equal(torch.softmax(z32 / t, 1), want.float())  # float32 arithmetic differs
+    assert torch.equal(ts.transform(z32), (z32.double() / t).float())
+    dense = z32[:12].reshape(3, 4, 10).permute(0, 2, 1)  # (3, K = 10, 4)
+    assert torch.equal(ts.predict_proba(dense), torch.softmax(dense.double() / t, 1).float())
+    zb, yb = 3 * z[:, 0], (y == 0).long()
+    tb = TemperatureScaling().fit(zb.float(), yb)
+    assert torch.equal(tb.predict_proba(zb.float()), torch.sigmoid(zb.float().double() / tb.temperature_).float())
+    assert ts.predict_proba(z32.half()).dtype == torch.float32
+
+
+def test_refuses_another_k_or_layout():
+    z, y = _data()
+    ts = TemperatureScaling().fit(z, y)
+    assert (ts.n_classes_, ts.binary_) == (10, False)
+    with pytest.raises(ValueError, match="logits have K = 7 classes but this TemperatureScaling was fitted on K = 10"):
+        ts.predict_proba(z[:, :7])
+    with pytest.raises(ValueError, match=r"was fitted on \(N, 10\) logits; got shape \(2000,\)"):
+        ts.transform(z[:, 0])
+    tb = TemperatureScaling().fit(z[:, 0], (y == 0).long())
+    assert (tb.n_classes_, tb.binary_) == (2, True)
+    with pytest.raises(ValueError, match=r"was fitted on \(N,\) binary logits; got shape \(2000, 2\)"):
+        tb.predict_proba(z[:, :2])
