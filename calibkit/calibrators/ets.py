@@ -1,6 +1,7 @@
 """Ensemble temperature scaling (Zhang, Kailkhura and Han, 2020, "Mix-n-Match").
 
-``q = w1 softmax(z / T) + w2 softmax(z) + w3 / K`` with ``w`` on the simplex.
+``q = w1 softmax(z / T) + w2 softmax(z) + w3 / K`` with ``w`` on the simplex; ``T`` by NLL (the
+authors' code uses squared error: see :class:`EnsembleTemperatureScaling`), ``w`` by the Brier score.
 """
 
 from __future__ import annotations
@@ -48,10 +49,18 @@ def simplex_qp(gram: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
 class EnsembleTemperatureScaling(Calibrator):
     """Ensemble temperature scaling: ``q = w1 softmax(z / T) + w2 softmax(z) + w3 / K``.
 
-    Fitted in two steps, as Zhang et al. (2020) do: ``T`` by mean NLL (the solver of
-    :class:`~calibkit.calibrators.TemperatureScaling`, range ``t_min`` to ``t_max``), then, with
-    ``T`` fixed, ``w`` by the mean squared error ``mean_i ||q_i - onehot(y_i)||^2`` (the Brier
-    score) over the simplex ``w >= 0, w1 + w2 + w3 = 1``. The second step is a quadratic programme
+    Fitted in two steps, as Zhang et al. (2020) do: ``T`` first, then, with ``T`` fixed, ``w`` by
+    the mean squared error ``mean_i ||q_i - onehot(y_i)||^2`` (the Brier score) over the simplex
+    ``w >= 0, w1 + w2 + w3 = 1``. calibkit fits ``T`` by **mean NLL** (the solver of
+    :class:`~calibkit.calibrators.TemperatureScaling`, range ``t_min`` to ``t_max``). The
+    authors' code (``ets_calibrate`` in ``util_calibration.py`` of
+    zhang64-llnl/Mix-n-Match-Calibration) fits ``T`` by **squared error** instead (the mean over
+    the ``N K`` entries of ``(softmax(z / T) - onehot(y))^2``, L-BFGS-B from 1 with ``T`` bounded
+    to ``[0.05, 5]``) and ``w`` by the same squared error (the Brier score over ``K``: the same
+    minimiser as here). Decision: NLL is kept for ``T``, so that ``w = (1, 0, 0)`` is exactly
+    calibkit's temperature scaling (the fitted mixture's validation Brier score is never worse
+    than TS's) and every temperature in calibkit comes from one solver; results can differ from
+    the authors' code by the choice of ``T``. The second step is a quadratic programme
     in three variables, solved exactly (:func:`simplex_qp`) instead of by a generic constrained
     optimiser. Since ``softmax(z / T)`` and ``softmax(z)`` order the classes alike, the mixture
     keeps the argmax of ``z`` (ties aside; with ``w1 = w2 = 0`` every class ties at ``1 / K``).

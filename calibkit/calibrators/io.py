@@ -5,6 +5,15 @@ The JSON sidecar holds ``{"format": "calibkit-calibrator", "version": 1, "calibr
 non-tensor state (python numbers, exactly as JSON writes them) and the names of the tensors kept
 in the safetensors file (float64/int64, CPU). A round trip reproduces ``predict_proba`` exactly.
 Writes go to a temporary file first, so an existing pair is never left half-written.
+
+:func:`load` validates what it reads before anything can use it: the format and its version
+(only ``VERSION`` is known), the calibrator's name, its hyperparameters (the checks of ``fit``),
+and every field of its state (type, float64/int64 dtype, shape for the recorded ``K``, finite,
+in range: :mod:`calibkit.calibrators._state`). A problem is one ``ValueError`` line naming the
+file and the field. ``TemperatureScaling`` files written before it recorded ``K`` and the layout
+(no ``n_classes_``/``binary_``) are refused with a line that says to fit and save it again: the
+``K`` of such a file is unknown, and applying a temperature to another classifier's logits is
+exactly the silent error the check exists for.
 """
 
 from __future__ import annotations
@@ -67,11 +76,14 @@ def load(path):
 
     Raises:
         FileNotFoundError: a file of the pair is missing.
-        ValueError: the files are not a calibkit calibrator, name an unknown calibrator or lack state.
+        ValueError: the files are not a calibkit calibrator, have an unknown format version, name
+            an unknown calibrator, lack state, or hold an invalid hyperparameter or state field
+            (one line naming the file and the field; module docstring).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from calibkit.calibrators._state import StateError, check_state
     from calibkit.calibrators.registry import CALIBRATORS
 
     st_path, json_path = paths(path)
@@ -87,12 +99,38 @@ def load(path):
     name = meta.get("calibrator")
     if name not in CALIBRATORS:
         raise ValueError(f"{json_path}: unknown calibrator {name!r}; expected one of {', '.join(CALIBRATORS)}")
+    version = meta.get("version")
+    if isinstance(version, bool) or version != VERSION:
+        raise ValueError(f"{json_path}: unknown format version {version!r}; this calibkit reads version {VERSION}")
     try:
         tensors = load_file(str(st_path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise ValueError(f"{st_path}: cannot read the calibrator's tensors ({exc})") from None
-    missing = [k for k in meta.get("tensors", []) if k not in tensors]
+    names, saved, params = meta.get("tensors", []), meta.get("state", {}), meta.get("params", {})
+    for key, value, kind in (("tensors", names, list), ("state", saved, dict), ("params", params, dict)):
+        if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
+            raise ValueError(f"{json_path}: invalid \"{key}\": must be a JSON {'list of names' if kind is list else 'object'}, "
+                             f"got {json.dumps(value)[:60]}")
+    missing = [k for k in names if k not in tensors]
     if missing:
         raise ValueError(f"{st_path}: lacks the tensor(s) {', '.join(missing)}")
-    state = {**meta.get("state", {}), **{k: tensors[k] for k in meta.get("tensors", [])}}
-    return CALIBRATORS[name].from_dict({"params": meta.get("params", {}), "state": state})
+    state = {**saved, **{k: tensors[k] for k in names}}
+    cls = CALIBRATORS[name]
+    required = tuple(dict.fromkeys(cls._STATE + ("n_classes_", "binary_")))
+    lacking = [k for k in required if k not in state]
+    if lacking and lacking == [k for k in ("n_classes_", "binary_") if k in lacking] and name == "temperature":
+        raise ValueError(f"{json_path}: saved state lacks {', '.join(lacking)}: written by an older calibkit that did "
+                         "not record the K it was fitted on; fit it again and save it")
+    if lacking:
+        raise ValueError(f"{json_path}: saved state lacks {', '.join(lacking)}")
+    try:
+        cal = cls.from_dict({"params": params, "state": state})
+        if hasattr(cal, "_check_params"):
+            cal._check_params()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{json_path}: invalid hyperparameters ({exc})") from None
+    try:
+        check_state(name, cal)
+    except StateError as exc:
+        raise ValueError(f"{st_path if exc.field in names else json_path}: {exc}") from None
+    return cal

@@ -8,7 +8,13 @@ EPILOG = """\
 FILE is a calibrator written by `calibkit calibrate --save NAME` or calibkit.calibrators.save
 (FILE may name STEM, STEM.json or STEM.safetensors). F holds 'logits' (or 'probs', then
 logits = log(probs)) and optionally 'labels', as for `calibkit calibrate`. OUT.npz receives
-'probs', the calibrated probabilities (float64), and 'labels' when F has them.
+'probs', the calibrated probabilities (computed and written in float64), and 'labels' when F
+has them.
+
+Refused with one line and exit status 1, nothing written: logits whose K or layout (binary
+(N,) scores vs (N, K) logits) differ from the fit's, a calibrator file that fails load's
+checks (format version, hyperparameters, every state field), and an OUT.npz that is the
+input file itself (also through a symlink or another relative path).
 
 example:
   calibkit apply --calibrator calib/dirichlet --input new.npz --out new_calibrated.npz
@@ -38,12 +44,16 @@ def run(args) -> int:
     out = Path(args.out)
     if out.suffix != ".npz":
         raise ValueError(f"--out must name an .npz file, got {out}")
+    if _same_file(out, Path(args.input)):
+        raise ValueError(f"--out {out} is the input file {args.input}: writing there would overwrite its logits; "
+                         "choose another path")
     from calibkit.calibrators import load
     from calibkit.commands.calibrate import read_scores
 
     cal = load(args.calibrator)
     x, y, source = read_scores(args.input, require_labels=False)
-    probs = cal.predict_proba(x)
+    check_fit_layout(cal, x, args.input, args.calibrator)
+    probs = cal.predict_proba(x.double())  # float64 logits: float64 probabilities, computed in float64
 
     import numpy as np
 
@@ -56,3 +66,28 @@ def run(args) -> int:
     os.replace(tmp, out)
     print(f"{cal!r} applied to {args.input} ({len(probs)} rows, {source}): wrote {out}")
     return 0
+
+
+def _same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: equal after resolving symlinks and ``..``, or
+    (both existing) the same inode, e.g. hard links."""
+    import os
+
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def check_fit_layout(cal, x, input_name, cal_name) -> None:
+    """Refuse logits ``x`` whose layout or ``K`` differ from the fitted calibrator's (any calibrator:
+    all record ``n_classes_`` and ``binary_``), naming both files."""
+    fitted = "binary (N,) scores" if cal.binary_ else f"(N, {cal.n_classes_}) logits"
+    if (x.dim() == 1) != cal.binary_:
+        got = "binary (N,) scores" if x.dim() == 1 else f"(N, {x.shape[1]}) logits"
+        raise ValueError(f"{input_name} holds {got} but the calibrator {cal_name} was fitted on {fitted}")
+    if x.dim() == 2 and x.shape[1] != cal.n_classes_:
+        raise ValueError(f"{input_name} has K = {x.shape[1]} classes but the calibrator {cal_name} was fitted on "
+                         f"K = {cal.n_classes_}")

@@ -139,3 +139,21 @@ def test_scaling_binning_splits_the_validation_set():
         ScalingBinning(fit_fraction=0).fit(z, y)
     with pytest.raises(ValueError, match="leaves a part empty"):
         ScalingBinning(fit_fraction=0.999).fit(z[:10], y[:10])
+
+
+@pytest.mark.parametrize("n,n_bins", [(600, 15), (600, 4), (601, 15), (37, 5), (10, 15)])
+def test_fit_bins_use_the_equal_mass_definition(n, n_bins):
+    # every column: the sample of rank r is in bin floor(r B / N), so each edge is the largest
+    # value of the ranks below it and, with B | N, every bin holds N / B samples
+    g = torch.Generator().manual_seed(n)
+    v = torch.rand(n, 3, generator=g, dtype=torch.float64)
+    edges, means = fit_bins(v, v, n_bins)
+    rank_bin = torch.arange(n) * n_bins // n
+    for k in range(3):
+        s = v[:, k].sort().values
+        want = [float(s[rank_bin < b].max()) for b in range(1, n_bins)]
+        assert edges[k].tolist() == want
+        counts = torch.bincount(torch.searchsorted(edges[k].contiguous(), v[:, k].contiguous()), minlength=n_bins)
+        assert counts.tolist() == torch.bincount(rank_bin, minlength=n_bins).tolist()
+        if n % n_bins == 0:
+            assert counts.tolist() == [n // n_bins] * n_bins

@@ -57,3 +57,90 @@ def test_bad_files(tmp_path):
         load(js)
     with pytest.raises(ValueError, match="not a registered calibrator"):
         save(object(), tmp_path / "x")
+
+
+def _pair(tmp_path, name):
+    from calibkit.calibrators import CALIBRATORS
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 4, generator=g, dtype=torch.float64) * 3
+    y = torch.multinomial(torch.softmax(z / 3, 1), 1, generator=g).squeeze(1)
+    return save(CALIBRATORS[name]().fit(z, y), tmp_path / name)
+
+
+def _tensor_edit(st, field, fn):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(st))
+    tensors[field] = fn(tensors[field])
+    save_file(tensors, str(st))
+
+
+def _nan_at(index):
+    def fn(t):
+        t = t.clone()
+        t[index] = float("nan")
+        return t
+    return fn
+
+
+# (calibrator, field, edit of the saved tensor or JSON value, the message after "invalid <field>: ")
+TENSOR_CASES = [
+    ("matrix", "weight_", _nan_at((0, 1)), "holds 1 NaN or infinite value(s)"),
+    ("dirichlet", "bias_", lambda t: t.float(), "must be a float64 tensor of shape (4,), got float32 of shape (4,)"),
+    ("histogram", "edges_", lambda t: t.flip(1), "must be non-decreasing along each row"),
+    ("histogram", "values_", lambda t: t + 2, "must be in [0.0, 1.0], found"),
+    ("scaling_binning", "edges_", lambda t: t[:, :5].clone(), "must be a float64 tensor of shape (4, 14), got float64 of shape (4, 5)"),
+    ("isotonic", "n_knots_", lambda t: t + 1000, "must be in [1, "),
+    ("isotonic", "knots_y_", lambda t: -t - 1, "must be in [0.0, 1.0], found"),
+    ("spline", "coef_", lambda t: torch.cat([t, t]), "must be a float64 tensor of shape (6,), got float64 of shape (12,)"),
+    ("spline", "knots_x_", _nan_at((0, 3)), "holds 1 NaN or infinite value(s)"),
+]
+
+
+@pytest.mark.parametrize("name,field,edit,message", TENSOR_CASES)
+def test_load_refuses_an_invalid_tensor_naming_the_file_and_the_field(tmp_path, name, field, edit, message):
+    st, js = _pair(tmp_path, name)
+    load(js)  # valid as saved
+    _tensor_edit(st, field, edit)
+    with pytest.raises(ValueError) as info:
+        load(js)
+    assert str(info.value).startswith(f"{st}: invalid {field}: {message}")
+    assert "\n" not in str(info.value)
+
+
+JSON_CASES = [
+    ("dirichlet", ("state", "lam_"), -1.0, "invalid lam_: must be a finite number >= 0, got -1.0"),
+    ("dirichlet", ("state", "cv_nll_"), "x", "invalid cv_nll_: must map each 'lam,mu' to a finite held-out NLL, got 'x'"),
+    ("ets", ("state", "temperature_"), [2.0], "invalid temperature_: must be a finite number > 0, got [2.0]"),
+    ("vector", ("state", "n_iter_"), -3, "invalid n_iter_: must be an integer >= 0, got -3"),
+    ("vector", ("state", "binary_"), "no", "invalid binary_: must be true or false, got 'no'"),
+    ("vector", ("state", "n_classes_"), 1, "invalid n_classes_: must be an integer >= 2, got 1"),
+    ("histogram", ("params", "n_bins"), 0, "invalid hyperparameters (n_bins must be"),
+    ("vector", ("params", "max_iter"), "many", "invalid hyperparameters (max_iter must be an integer >= 1, got 'many')"),
+    ("vector", ("state",), [], 'invalid "state": must be a JSON object, got []'),
+    ("vector", ("tensors",), "weight_", 'invalid "tensors": must be a JSON list of names, got "weight_"'),
+]
+
+
+@pytest.mark.parametrize("name,where,value,message", JSON_CASES)
+def test_load_refuses_an_invalid_json_field_naming_the_file_and_the_field(tmp_path, name, where, value, message):
+    st, js = _pair(tmp_path, name)
+    meta = json.loads(js.read_text())
+    if len(where) == 1:
+        meta[where[0]] = value
+    else:
+        meta[where[0]][where[1]] = value
+    js.write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as info:
+        load(js)
+    assert str(info.value).startswith(f"{js}: {message}")
+
+
+def test_load_refuses_binary_state_with_k_other_than_2(tmp_path):
+    st, js = _pair(tmp_path, "temperature")
+    meta = json.loads(js.read_text())
+    meta["state"]["binary_"] = True
+    js.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"invalid n_classes_: must be 2 for binary logits \(binary_ is true\), got 4"):
+        load(js)
