@@ -1,0 +1,90 @@
+"""Wall time of ``calibkit calibrate`` end to end, selection included, and where it goes.
+
+Runs the installed command (a fresh process each time, as a user does) on 5,000 validation and
+5,000 test rows of K = 10 and K = 100 logits: the real-outputs test bed's WRN-16-4 CIFAR-10 and
+CIFAR-100 files when they are present (rows 0-4999 / 5000-9999), else synthetic over-confident
+logits of the same shape. Prints the wall time against the targets (K = 10: 15 s, K = 100: 60 s on
+a 2-core CPU), the start-up time (``calibkit --version``) and the phases ``--timings`` reports
+(full fits per calibrator, cross-fitting, test metrics, bootstrap, figures).
+
+Usage::
+
+    python benchmarks/calibrate_speed.py [--repeats 1] [--num-threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs"
+FILES = {10: "cifar10_wrn16-4.npz", 100: "cifar100_wrn16-4.npz"}
+TARGET_S = {10: 15.0, 100: 60.0}
+
+
+def _calibkit() -> list[str]:
+    exe = Path(sys.executable).with_name("calibkit")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "calibkit"]
+
+
+def write_split(k: int, folder: Path) -> str:
+    """``val.npz`` and ``test.npz`` of 5,000 rows each in ``folder``; returns where they came from."""
+    path = REAL / FILES[k]
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as f:
+            probs, labels = f["probs"], f["labels"]
+        source = f"{FILES[k]} (real outputs)"
+    else:
+        rng = np.random.default_rng(0)
+        z = rng.normal(size=(10_000, k)) * 2
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        labels = np.array([rng.choice(k, p=row) for row in p])
+        probs = np.exp(3 * z - (3 * z).max(1, keepdims=True))
+        probs /= probs.sum(1, keepdims=True)
+        source = "synthetic over-confident logits"
+    np.savez(folder / "val.npz", probs=probs[:5000], labels=labels[:5000])
+    np.savez(folder / "test.npz", probs=probs[5000:], labels=labels[5000:])
+    return source
+
+
+def run(cmd: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return time.perf_counter() - start, out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--num-threads", type=int, default=None, help="passed to calibkit (default: its own default)")
+    args = ap.parse_args(argv)
+    threads = [] if args.num_threads is None else ["--num-threads", str(args.num_threads)]
+    startup, _ = run(_calibkit() + ["--version"])
+    print(f"start-up (calibkit --version): {startup:.2f} s; load average {os.getloadavg()[0]:.1f}")
+    ok = True
+    for k in (10, 100):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            source = write_split(k, folder)
+            for r in range(args.repeats):
+                wall, out = run(_calibkit() + ["calibrate", "--val", str(folder / "val.npz"), "--test",
+                                               str(folder / "test.npz"), "--out", str(folder / f"o{r}"),
+                                               "--timings", *threads])
+                phases = next((line for line in out.splitlines() if line.startswith("time (s):")), "")
+                verdict = "within" if wall <= TARGET_S[k] else "ABOVE"
+                ok &= wall <= TARGET_S[k]
+                print(f"\n5,000 x {k} ({source}), run {r + 1}: {wall:.1f} s wall, {verdict} the {TARGET_S[k]:g} s "
+                      f"target\n  {phases}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
