@@ -180,6 +180,56 @@ def fmt_interval(ci: dict | None) -> str:
     return f"{ci['value'] * 100:.2f} [{ci['lo'] * 100:.2f}, {ci['hi'] * 100:.2f}]"
 
 
+#: The paired columns of :func:`calibkit.report.paired.comparisons` whose deltas :func:`interval_note` reads.
+_PAIRED_COLUMNS = ("acc_vs_ce", "vs_ce_ts", "ts_vs_ce_ts")
+
+
+def interval_note(deltas: dict, comps: dict | None = None) -> str | None:
+    """What the report's paired intervals cover, from the ``"seeds"`` / ``"levels"`` of its
+    differences (:func:`ece_deltas`, and the paired columns of ``comps``); None when no difference
+    carries them.
+
+    A method comparison over at least 3 shared seeds resampled seeds and test samples (levels 2):
+    its interval covers seed and test-set variation. One over fewer seeds resampled the test set
+    only: it covers test-set noise, and a significant difference speaks about the trained models
+    compared, not the methods. A one-level difference over 3 or more seeds compared a method with
+    itself after a calibrator (the same runs on both sides).
+    """
+    from calibkit.seed_bootstrap import MIN_SEEDS
+
+    found = [(m, d) for m, d in deltas.items() if isinstance(d, dict) and "levels" in d]
+    for method, row in (comps or {}).items():
+        found += [(method, row[c]) for c in _PAIRED_COLUMNS if isinstance(row.get(c), dict) and "levels" in row[c]]
+    if not found:
+        return None
+    two = {m: d["seeds"] for m, d in found if d["levels"] == 2}
+    few = {m: d["seeds"] for m, d in found if d["levels"] == 1 and d["seeds"] < MIN_SEEDS}
+    same = any(d["levels"] == 1 and d["seeds"] >= MIN_SEEDS for _, d in found)
+    names = ", ".join
+    counts = sorted(set(two.values())) or [0]
+    over = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    lines = []
+    if two and not few:
+        lines.append(f"The paired intervals resample the {over} seeds each comparison shares as well as the test "
+                     "samples (a two-level bootstrap), so they cover the variation between training seeds and "
+                     "test-set noise.")
+    elif few and not two:
+        lines.append(f"Fewer than {MIN_SEEDS} seeds are shared, so the paired intervals resample the test set of "
+                     "these trained models only: they cover test-set noise, not the variation between training "
+                     "seeds, and a significant difference is evidence about these models, not about the methods. "
+                     f"With {MIN_SEEDS} or more shared seeds the seeds are resampled too.")
+    elif few and two:
+        lines.append(f"The paired intervals of {names(label(m) for m in two)} ({over} shared seeds) resample the "
+                     "seeds as well as the test samples and cover seed and test-set variation; those of "
+                     f"{names(label(m) for m in few)} (fewer than {MIN_SEEDS} shared seeds) cover test-set noise "
+                     "only, so a significant difference there is evidence about the trained models compared, not "
+                     "about the methods.")
+    if same:
+        lines.append("A method compared with itself after a calibrator (the same runs on both sides) resamples "
+                     "the test set only.")
+    return " ".join(lines) or None
+
+
 def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
     """Test probabilities ``(N, K)``, labels ``(N,)`` and the fitted temperature of a finished run."""
     from calibkit.rundir import read_tensors
@@ -201,6 +251,12 @@ def load_groups(row: dict) -> np.ndarray | None:
     return tensors["test_image"].numpy() if "test_image" in tensors else None
 
 
+def same_runs(pairs) -> bool:
+    """Both sides of every ``(run_a, run_b)`` pair are one run (the same object or run key): a
+    comparison of post-hoc calibrators on the same models, which keeps the one-level bootstrap."""
+    return all(a is b or (a.get("run_key") is not None and a.get("run_key") == b.get("run_key")) for a, b in pairs)
+
+
 def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000, seed: int = 0,
                      level: float = 0.95, probs=None) -> dict | None:
     """Paired bootstrap of the seed-averaged test ECE of ``runs_a`` minus that of ``runs_b``.
@@ -216,22 +272,28 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
     (:func:`calibkit.grouped_bootstrap.paired_grouped_ece_diff`): pixels of one image are not
     independent, so whole images are resampled.
 
+    With at least 3 shared seeds (and different runs on the two sides) every resample also draws
+    the seeds with replacement: the two-level bootstrap of :mod:`calibkit.seed_bootstrap`, whose
+    interval covers the variation between training seeds as well as test-set noise; with fewer
+    seeds the interval covers test-set noise only (a statement about these trained models).
+
     Args:
         runs_a, runs_b: database rows (``Store.runs``) of two methods.
         probs: ``row -> (probs, labels, temperature)`` (default :func:`load_probs`; a caching
             function when many pairs share runs).
 
     Returns:
-        ``{"diff", "lo", "hi", "significant", "direction", "seeds", "identical"}``
+        ``{"diff", "lo", "hi", "significant", "direction", "seeds", "levels", "identical"}``
         (``direction``: ``"better"`` when the interval lies wholly below 0, ``"worse"`` wholly
-        above, else None; ``identical``: the test probabilities are equal in every shared seed),
-        or None when no seed is shared.
+        above, else None; ``seeds``: shared seeds; ``levels``: 2 when seeds were resampled too,
+        else 1; ``identical``: the test probabilities are equal in every shared seed), or None
+        when no seed is shared.
 
     Raises:
         ValueError: two runs of one seed were tested on different test sets.
     """
-    from calibkit.bootstrap import bootstrap_interval
     from calibkit.metrics import paired_bootstrap_diff
+    from calibkit.seed_bootstrap import auto_levels, seed_paired_interval
 
     probs = probs or load_probs
     by_seed = {r["seed"]: r for r in runs_b}
@@ -258,18 +320,19 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
                                     n_resamples=n_boot, seed=seed, level=level)
         diffs.append(res.samples)
         estimates.append(res.estimate)
-    mean_diff, diff = torch.stack(diffs).mean(0), float(np.mean(estimates))
-    lo, hi = bootstrap_interval(mean_diff, diff, level, "basic")
-    return {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
-            "direction": direction(lo, hi, "ece"), "seeds": len(pairs), "identical": identical}
+    res = seed_paired_interval(estimates, torch.stack(diffs), level, seed, auto_levels(len(pairs), same_runs(pairs)))
+    lo, hi = res["lo"], res["hi"]
+    return {"diff": res["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+            "direction": direction(lo, hi, "ece"), "seeds": len(pairs), "levels": res["levels"],
+            "identical": identical}
 
 
 def ece_deltas(summary: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """:func:`paired_ece_delta` of each method against CE (the report's "dECE vs CE" column).
 
     Returns:
-        ``{method: {"diff", "lo", "hi", "significant", "seeds", "identical"}}``. Methods sharing
-        no seed with CE, and CE itself, are left out.
+        ``{method: {"diff", "lo", "hi", "significant", "direction", "seeds", "levels", "identical"}}``.
+        Methods sharing no seed with CE, and CE itself, are left out.
     """
     if REFERENCE not in summary:
         return {}

@@ -3,7 +3,12 @@
 All statistics are seed-averaged and paired by seed, as :func:`calibkit.report.data.paired_ece_delta`:
 every seed's resamples use the same bootstrap seed, so with the same test set they draw the same
 index sets, and averaging the seeds' resampled values gives the resampled seed-averaged value. The
-interval is the **basic** bootstrap interval (``calibkit.bootstrap``).
+interval is the **basic** bootstrap interval (``calibkit.bootstrap``). A comparison of two methods
+sharing at least :data:`calibkit.seed_bootstrap.MIN_SEEDS` (3) seeds also resamples the seeds (the
+two-level bootstrap of :mod:`calibkit.seed_bootstrap`), so its interval covers training randomness
+as well as test-set noise; with fewer seeds, or when both sides are the same runs (post-hoc
+calibrators compared on one model per seed), it resamples test samples only. Every difference
+says which in ``"levels"`` (1 or 2).
 
 * :func:`paired_delta`: ``metric(a) - metric(b)`` for any panel metric of the bootstrap's fast
   path, ``a`` and ``b`` each the test probabilities of a run after a calibrator (or none).
@@ -23,7 +28,9 @@ import torch
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.report.calibrated import NONE, CalibratedProbs
-from calibkit.report.data import direction
+from calibkit.report.data import direction, same_runs
+from calibkit.seed_bootstrap import MIN_SEEDS, auto_levels, seed_paired_interval
+
 
 def _pairs(runs_a, runs_b):
     by_seed = {r["seed"]: r for r in runs_b}
@@ -36,14 +43,18 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
     """Paired bootstrap of the seed-averaged ``metric`` of ``runs_a`` (after ``after_a``) minus
     that of ``runs_b`` (after ``after_b``).
 
+    Two levels (seeds and test samples, :mod:`calibkit.seed_bootstrap`) when the two sides are
+    different runs sharing at least 3 seeds; one level (test samples) otherwise. The outer seed
+    draw uses ``seed`` too (its own child stream).
+
     Returns:
-        ``{"diff", "lo", "hi", "significant", "direction", "seeds", "identical", "metric"}``, or
-        None when no seed is shared (or a segmentation run is asked for a metric other than ECE).
+        ``{"diff", "lo", "hi", "significant", "direction", "seeds", "levels", "identical",
+        "metric"}`` (``seeds``: shared seeds; ``levels``: 1 or 2), or None when no seed is shared
+        (or a segmentation run is asked for a metric other than ECE).
 
     Raises:
         ValueError: two runs of one seed were tested on different test sets.
     """
-    from calibkit.bootstrap import bootstrap_interval
     from calibkit.metrics import paired_bootstrap_diff
 
     pairs = _pairs(runs_a, runs_b)
@@ -69,10 +80,11 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
         res = paired_bootstrap_diff(pa, pb, la, metric, n_resamples=n_boot, seed=seed, level=level)
         diffs.append(res.samples)
         estimates.append(res.estimate)
-    diff = float(np.mean(estimates))
-    lo, hi = bootstrap_interval(torch.stack(diffs).mean(0), diff, level, "basic")
-    return {"diff": diff, "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
-            "direction": direction(lo, hi, metric), "seeds": len(pairs), "identical": identical, "metric": metric}
+    res = seed_paired_interval(estimates, torch.stack(diffs), level, seed, auto_levels(len(pairs), same_runs(pairs)))
+    lo, hi = res["lo"], res["hi"]
+    return {"diff": res["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+            "direction": direction(lo, hi, metric), "seeds": len(pairs), "levels": res["levels"],
+            "identical": identical, "metric": metric}
 
 
 def seed_interval(runs: list[dict], probs: CalibratedProbs, metric: str, after: str = NONE, n_boot: int = 1000,
@@ -141,9 +153,10 @@ def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after
     """``a`` against ``b`` on every metric of :data:`COMPARE_METRICS`, both after ``after`` (or none).
 
     Returns:
-        ``{"a", "b", "after", "seeds", "rows": [{"metric", "name", "scale", "a", "b", "delta"}]}``
-        with ``a``/``b`` the seed means and ``delta`` :func:`paired_delta` (None where not
-        computable: segmentation runs beyond ECE).
+        ``{"a", "b", "after", "seeds", "levels", "rows": [{"metric", "name", "scale", "a", "b", "delta"}]}``
+        with ``a``/``b`` the seed means, ``delta`` :func:`paired_delta` (None where not
+        computable: segmentation runs beyond ECE) and ``levels`` its bootstrap levels (2: seeds
+        and test samples resampled, from 3 shared seeds on; 1: test samples only).
 
     Raises:
         ValueError: an unknown method or calibrator, or no seed shared by ``a`` and ``b``.
@@ -168,7 +181,8 @@ def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after
         delta = paired_delta(runs_a, runs_b, probs, key, name, name, n_boot=n_boot, seed=seed, level=level)
         rows.append({"metric": key, "name": printed, "scale": scale, "delta": delta,
                      "a": float(np.mean([p[key] for p in panels_a])), "b": float(np.mean([p[key] for p in panels_b]))})
-    return {"a": a, "b": b, "after": name, "seeds": [r["seed"] for r in runs_a], "rows": rows}
+    return {"a": a, "b": b, "after": name, "seeds": [r["seed"] for r in runs_a],
+            "levels": auto_levels(len(pairs), same_runs(pairs)), "rows": rows}
 
 
 def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 100) -> str:
@@ -180,8 +194,16 @@ def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 1
 
     a, b = label(res["a"]), label(res["b"])
     after = "" if res["after"] == NONE else f", both after {res['after']}"
-    head = (f"{a} vs {b}{after}: paired bootstrap over the test set ({n_boot} resamples, the same for every seed), "
-            f"seed-averaged over seeds {', '.join(map(str, res['seeds']))}; 95% basic interval of {a} - {b}; "
+    seeds = ", ".join(map(str, res["seeds"]))
+    if res.get("levels") == 2:
+        how = (f"two-level paired bootstrap ({n_boot} resamples): each resample draws {len(res['seeds'])} of the "
+               f"shared seeds {seeds} with replacement and one test-set resample applied to every drawn run, so "
+               "the interval covers seed and test-set variation")
+    else:
+        why = "fewer than 3 shared seeds" if len(res["seeds"]) < MIN_SEEDS else "the same runs on both sides"
+        how = (f"paired bootstrap over the test set ({n_boot} resamples, the same for every seed), seed-averaged "
+               f"over seeds {seeds}; {why}, so the interval covers test-set noise only, not training randomness")
+    head = (f"{a} vs {b}{after}: {how}; 95% basic interval of {a} - {b}; "
             f"{BETTER_MARK} = {a} significantly better, {WORSE_MARK} = significantly worse "
             "(higher Acc is better, lower is better for the rest). Acc and calibration errors x100.")
     rows = []
