@@ -268,11 +268,12 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
     from calibkit.bootstrap import bootstrap_interval
 
     est = getattr(challenger, rule.select_by) - getattr(default, rule.select_by)
+    scale, unit = (100, " x100") if rule.select_by == "ece" else (1, "")
     a, b = challenger.samples, default.samples
     if a is None or b is None or a.shape != b.shape:
-        return est < 0, f"{est:+.4f} (no resamples: point estimates)"
+        return est < 0, f"{scale * est:+.4f}{unit} (no resamples: point estimates)"
     lo, hi = bootstrap_interval(a - b, est, rule.level, "basic")
-    return hi < 0, f"{est:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+    return hi < 0, f"{scale * est:+.4f} [{scale * lo:+.4f}, {scale * hi:+.4f}]{unit}"
 
 
 def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule: SelectionRule) -> str | None:

@@ -205,22 +205,25 @@ def recommendation_text(rec: dict) -> str:
     rule, v = rec["rule"], rec["val"]
     pair = f"{label(rec['method'])} + {rec['calibrator']}"
     d_m, d_c = rec["default"]
-    lines = [f"**Use: {pair}**, chosen on validation: each method's calibrator by the rule ({rule.describe()}); "
-             f"then {label(d_m)} + {d_c} unless another pair, within {100 * rule.acc_tolerance:g} accuracy points of "
-             f"CE's cross-fitted validation accuracy"
-             + (" and not above the default's NLL" if rule.select_by == "ece" else "")
-             + f", has a significantly lower cross-fitted {rule.select_by.upper()} (its cross-fitted validation "
-             f"{rule.select_by.upper()}: "
-             f"{getattr(v, rule.select_by) * (100 if rule.select_by == 'ece' else 1):.{2 if rule.select_by == 'ece' else 4}f}).",
+    metric = rule.select_by.upper()
+    value = getattr(v, rule.select_by) * (100 if rule.select_by == "ece" else 1)
+    nll = " or raising NLL" if rule.select_by == "ece" else ""
+    lines = [f"**Use: {pair}**, chosen on the validation split (cross-fitted {metric} "
+             f"{value:.{2 if rule.select_by == 'ece' else 4}f}{' x100' if rule.select_by == 'ece' else ''}).",
+             "",
+             f"How: each method's calibrator is {rule.default} unless another one has a significantly lower "
+             f"{rule.n_folds}-fold cross-fitted validation {metric} without losing accuracy "
+             f"({100 * rule.acc_tolerance:g} points){nll}; the pair is {label(d_m)} + {d_c} unless another pair is "
+             f"significantly better in the same way.",
              "",
              f"- Test, mean over {rec['seeds']} seed(s), 95% intervals: ECE x100 {_ci(rec['ece'], 100, 2)}, "
              f"NLL {_ci(rec['nll'], 1, 4)}, accuracy % {_ci(rec['acc'], 100, 2)}."]
     if rec.get("d_ece") is not None:
-        lines.append(f"- Minus CE + temperature scaling (paired by seed, test): ECE x100 {_d(rec['d_ece'], 100, 2)}, "
-                     f"NLL {_d(rec['d_nll'], 1, 4)}, accuracy points {_d(rec['d_acc'], 100, 2)}.")
+        lines += ["", f"- Minus CE + temperature scaling (paired by seed, test): ECE x100 {_d(rec['d_ece'], 100, 2)}, "
+                      f"NLL {_d(rec['d_nll'], 1, 4)}, accuracy points {_d(rec['d_acc'], 100, 2)}."]
     ru = rec["runner_up"]
     note = f" ({rec['runner_up_note']})" if rec.get("runner_up_note") else ""
-    lines.append(f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}{note}.")
+    lines += ["", f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}{note}."]
     lines += ["", rec["sentence"]]
     return "\n".join(lines)
 

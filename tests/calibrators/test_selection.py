@@ -120,14 +120,14 @@ def test_a_challenger_must_beat_temperature_scaling_significantly():
               "vector": _with(close, 0.009 + 2 * noise), "dirichlet": _with(far, 0.004 + 0.5 * noise)}
     sel = choose({k: scores[k] for k in (NONE, "temperature", "vector")})
     assert sel.chosen == "temperature" and sel.default == "temperature"
-    assert sel.notes["vector"].startswith("not significantly below temperature: difference -0.0010 [")
+    assert sel.notes["vector"].startswith("not significantly below temperature: difference -0.1000 [")
     assert sel.ranking == ["temperature", "vector", NONE]
     assert choose(scores).chosen == "dirichlet"  # wholly below 0: the challenger wins
     # the interval is the basic bootstrap interval of the resampled differences
     from calibkit.bootstrap import bootstrap_interval
 
     lo, hi = bootstrap_interval(scores["vector"].samples - scores["temperature"].samples, -0.001, 0.95, "basic")
-    assert lo < 0 < hi and f"[{lo:+.4f}, {hi:+.4f}]" in sel.notes["vector"]
+    assert lo < 0 < hi and f"[{100 * lo:+.4f}, {100 * hi:+.4f}] x100" in sel.notes["vector"]
 
 
 def test_the_default_falls_back_to_the_uncalibrated_model_when_temperature_fails_a_guard():
