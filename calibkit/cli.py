@@ -76,6 +76,10 @@ def _kept(args, interrupted: bool = False) -> str:
     out = getattr(args, "out", None) or getattr(args, "dir", None)
     if args.command not in KEPT or not out:
         return "run the same command again once the cause is fixed"
+    if getattr(args, "run_key", None):  # a scheduler's task: what it keeps lies in its own run directory
+        from calibkit.bench.results import task_kept
+
+        return task_kept(out, args.run_key)
     marker, kept = KEPT[args.command]
     store = getattr(args, "store", None)
     if store is not None and marker == "runs.db":  # the records are on a server: OUT need hold none

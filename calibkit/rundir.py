@@ -11,9 +11,11 @@ unreadable file raises ``ValueError`` naming it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -35,6 +37,10 @@ VOCAB = "vocab.json"  # text runs: the vocabulary (calibkit.data.tokenizer.Vocab
 METRICS = "metrics.json"
 BENCH_DB = "runs.db"  # a bench's (and tune's) results database, at the top of its output directory
 
+# TrainConfig fields holding a directory that may lie inside the bench directory a run belongs to
+# (the annotated CSM set under DIR/cache/): config.json records them relative to that directory.
+ROOTED_FIELDS = ("csm_data",)
+
 # Which command a directory belongs to, by the file that command writes first at its top level
 # (docs/design.md, "Who owns a directory"). Commands refuse to write into a directory another owns.
 OWNERS = {CONFIG: "a training run's directory (calibkit train)", BENCH_DB: "a bench directory (calibkit bench/tune)"}
@@ -51,6 +57,68 @@ def directory_owner(path) -> str | None:
     return None
 
 
+def rooted(value, root, recorded: bool = False) -> str | None:
+    """A :data:`ROOTED_FIELDS` value in the form ``config.json`` records it for a run of the bench
+    directory ``root``: relative to ``root`` (``/`` separators) when it lies inside it, else absolute;
+    so a bench directory moved or copied with its runs still holds the same runs.
+
+    Args:
+        value: the path (None passes through).
+        root: the bench directory.
+        recorded: ``value`` was read from a ``config.json``: a relative one is already relative to
+            ``root``; an absolute one (written before these fields were recorded relative) is read
+            as the same place when it lies inside ``root``, or, gone since, when its tail names a
+            path that exists under ``root`` (the directory was moved: :func:`calibkit.store.common.legacy_path`).
+            Without it, ``value`` is a path of this process (relative to the current directory).
+    """
+    from calibkit.store.common import legacy_path, stored_path
+
+    if value is None:
+        return None
+    root = os.path.abspath(os.fspath(root))
+    value = os.fspath(value)
+    if not recorded:
+        return stored_path(value, root)
+    if os.path.isabs(value) and os.path.exists(value) and stored_path(value, root) == os.path.normpath(value):
+        return os.path.normpath(value)  # an existing place outside root: never re-read as one inside it
+    return legacy_path(value, root) or value
+
+
+def rooted_config(config: dict, root, recorded: bool = False) -> dict:
+    """``config`` (``TrainConfig.to_dict()``) with its :data:`ROOTED_FIELDS` :func:`rooted` under ``root``."""
+    return {**config, **{k: rooted(config.get(k), root, recorded) for k in ROOTED_FIELDS if k in config}}
+
+
+def only_records(run_dir) -> bool:
+    """True when ``run_dir`` holds nothing but the records of attempts that did not finish.
+
+    A scheduler's task interrupted (cancelled, requeued) or failed before training wrote anything
+    leaves only its record there (:mod:`calibkit.bench.results`), saying ``failed`` (e.g.
+    "interrupted"). That directory is calibkit's and holds no run: the next attempt starts the run
+    in it (the record stays until the attempt writes its own). A record saying ``done``, an
+    unreadable one or any other file means otherwise. Temporary files of a record's write are ignored.
+    """
+    from calibkit.bench.results import CANDIDATE, FORMAT, RESULT
+
+    records_named = (RESULT, CANDIDATE)
+    run_dir = Path(run_dir)
+    names = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
+    records = [n for n in names if n in records_named]
+    others = [n for n in names if n not in records_named
+              and not any(n.startswith(f".{r}.") and n.endswith(".tmp") for r in records_named)]
+    if not records or others:
+        return False
+    for name in records:
+        try:
+            doc = json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            return False
+        row = doc.get("row") if isinstance(doc, dict) else None
+        if not isinstance(row, dict) or doc.get("format") != FORMAT or row.get("status") == "done":
+            return False
+    return True
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` for a temporary file beside ``path``, then move it onto ``path``."""
     path = Path(path)
@@ -63,10 +131,73 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; run files are meant to be shared and read
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        # Measured before the temporary file goes: a full disk is full with it, not after.
+        full = isinstance(exc, Exception) and (_says_no_space(exc) or _no_space_left(path.parent))
         if os.path.exists(tmp):
             os.remove(tmp)
+        if full and not (isinstance(exc, OSError) and exc.errno == errno.ENOSPC and exc.filename == str(path)):
+            # Named by the file meant: a writer's own error (safetensors, torch) names no file or a temporary one.
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
         raise
+
+
+# How the writers say "no space left": the OS error, Rust's I/O error inside a SafetensorError,
+# SQLite's SQLITE_FULL.
+_NO_SPACE = re.compile(r"no space left on device|os error 28\b|code: 28\b|storagefull|database or disk is full")
+# Below this many free bytes a write that failed for a reason it did not name failed for the full disk
+# (torch.save says only "file write failed" or "unexpected pos").
+_FULL_BYTES = 1 << 20
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _says_no_space(exc: BaseException) -> bool:
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC)
+               or _NO_SPACE.search(str(e).lower()) for e in _chain(exc))
+
+
+def _no_space_left(folder) -> bool:
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):  # no statvfs (Windows) or the folder is gone: say nothing
+        return False
+    return st.f_bavail * st.f_frsize < _FULL_BYTES
+
+
+class DiskFull(RuntimeError):
+    """A write failed because the disk is full. Raised (by the bench and the tuner) at the first
+    such failure: every later run would fail alike, so they stop there, and finished runs are kept."""
+
+    def __init__(self, where: str):
+        self.where = where
+        super().__init__(f"disk full while writing {where}: free space and run the same command again; "
+                         "finished runs are kept")
+
+
+def disk_full(exc: BaseException) -> DiskFull | None:
+    """The :class:`DiskFull` that ``exc`` (or an error it was raised from) stands for, else None.
+
+    An ``OSError`` with ``errno.ENOSPC`` names its file (:func:`atomic_write` raises one naming the
+    file meant); SQLite's "database or disk is full" is the results database; a writer's own error
+    saying "os error 28" or "No space left on device" names no file.
+    """
+    found = None
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return DiskFull(str(e.filename) if e.filename else "a file")
+        text = str(e).lower()
+        if found is None and "database or disk is full" in text:
+            found = DiskFull("the results database")
+        elif found is None and _NO_SPACE.search(text):
+            found = DiskFull("a file")
+    return found
 
 
 def write_json(path, obj: Any) -> None:

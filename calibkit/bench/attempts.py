@@ -49,8 +49,12 @@ def run_recorded(work, fail, is_main: bool, counts: dict, report) -> None:
 
     Ctrl-C is recorded as ``interrupted`` and raised; :class:`~calibkit.train.preempt.Preempted`
     (a ``BaseException``) passes unrecorded: the checkpoint is written and the run resumes later.
-    Shared by the bench and the tuner.
+    A full disk (:func:`calibkit.rundir.disk_full`, also while recording a failure) is recorded
+    where it still can be and raised as :class:`~calibkit.rundir.DiskFull`: every later run would
+    fail alike, so the work stops at the first. Shared by the bench and the tuner.
     """
+    from calibkit.rundir import disk_full
+
     try:
         work()
     except KeyboardInterrupt:
@@ -58,9 +62,23 @@ def run_recorded(work, fail, is_main: bool, counts: dict, report) -> None:
             fail("interrupted")
         raise
     except Exception as exc:
+        full = disk_full(exc)
+        if full is not None:
+            if is_main:
+                try:
+                    fail(str(full))
+                except Exception:  # noqa: BLE001 - the same full disk; the run is taken over next time
+                    pass
+            raise full from exc
         counts["failed"] += 1
         if is_main:
-            fail("".join(traceback.format_exception(exc)))
+            try:
+                fail("".join(traceback.format_exception(exc)))
+            except Exception as again:
+                full = disk_full(again)
+                if full is None:
+                    raise
+                raise full from again
         report(f"FAILED: {type(exc).__name__}: {exc}")
 
 

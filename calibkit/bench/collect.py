@@ -9,6 +9,12 @@ result once. Selection files then flag their candidates (``Store.select_candidat
 The database keeps the run paths under this host's view of the bench directory (the files keep
 them relative to it), and the SLURM task that wrote a row in its ``owner`` column
 (``slurm:<array job>_<task>:restarts=<k>``), a value no live process can hold.
+
+A run whose task died without writing a result (an unwritable run directory, a node lost without
+requeue) leaves nothing to import: :func:`unfinished` names every run of a grid without a
+finished result, with its state (``bench --collect`` prints one line per run and exits 1 when one
+has no live task), and :func:`unrecorded` gives the report the submitted runs that have no
+row at all, so that its title names them.
 """
 
 from __future__ import annotations
@@ -85,3 +91,39 @@ def collect(out, preset: str | None = None, store=None) -> dict:
         if own:
             store.close()
     return counts
+
+
+# States of a run that still has a live task (collect again once it ends); any other unfinished
+# state is a missing run (bench --collect exits 1).
+LIVE = ("queued", "running")
+
+
+def unfinished(out, keys) -> list[tuple[str, str, str]]:
+    """``(key, state, detail)`` of every run key in ``keys`` without a finished result file, in order.
+
+    The state is that of ``--status`` (``failed``, ``queued``, ``running``, ``not submitted``), except
+    that a run submitted but neither finished nor in a queue this host can read (no ``squeue``
+    here: a copy of the folder) is ``no result``: whether it still runs cannot be told from here.
+    """
+    from calibkit.bench.slurm import key_states, submissions
+
+    submitted = {k for sub in submissions(out) for k in sub.get("tasks", {}).values()}
+    rows = []
+    for key, (state, detail) in key_states(out, list(keys)).items():
+        if state == "done":
+            continue
+        if state == "not submitted" and key in submitted:
+            state, detail = "no result", "submitted, no result file; no squeue here to say whether it still runs"
+        rows.append((key, state, detail))
+    return rows
+
+
+def unrecorded(out, preset: str, recorded) -> list[dict]:
+    """``{"run_key", "status"}`` of every run of ``preset`` submitted to SLURM from ``out`` that has
+    no row among ``recorded`` (run keys) and no finished result file; status as :func:`unfinished`."""
+    from calibkit.bench.slurm import submissions
+
+    recorded = set(recorded)
+    keys = [k for k in dict.fromkeys(k for sub in submissions(out) for k in sub.get("tasks", {}).values())
+            if k.count("/") == 2 and k.split("/")[0] == preset and k not in recorded]
+    return [{"run_key": k, "status": state} for k, state, _ in unfinished(out, keys)] if keys else []

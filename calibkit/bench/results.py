@@ -151,6 +151,26 @@ def selection_path(out: Path, preset: str, method: str, seed: int) -> Path:
     return Path(out) / "tune" / preset / "selection" / f"{method}-seed{int(seed)}.json"
 
 
+def task_kept(out: Path, key: str) -> str:
+    """What the scheduler's task of ``key`` (a run or candidate key) kept when it stopped without
+    finishing, read from its run directory, and how the run continues: the command line's last words."""
+    from calibkit import rundir
+
+    again = "a requeued task, or the same submission command run again,"
+    try:
+        path = result_path(out, key) if key.count("/") == 2 else candidate_path(out, key)
+    except ValueError:
+        return f"{again} runs it again"
+    run_dir = path.parent
+    if (run_dir / rundir.CHECKPOINT).is_file():
+        return f"{run_dir} keeps the run up to its last checkpoint; {again} resumes it from there"
+    if (run_dir / rundir.CONFIG).is_file():
+        return f"{run_dir} holds the run, not yet checkpointed; {again} starts it again"
+    if path.is_file():
+        return f"{run_dir} holds only this attempt's record ({path.name}); {again} starts the run there"
+    return f"nothing of {key} was written yet; {again} starts it"
+
+
 def result_files(out: Path, preset: str | None = None) -> list[Path]:
     """Every run and candidate result file under ``out`` (of ``preset``), runs first."""
     out = Path(out)

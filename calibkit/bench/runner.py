@@ -146,7 +146,9 @@ class Bench:
         from calibkit.train import train
 
         cfg = train_config(self.preset, method, seed, self.data_dir, self.device, self.num_threads, csm_data)
-        summary = train(cfg, run_dir, progress=True, verbose=False)
+        # root: config.json records the generated set's path relative to the bench directory, which
+        # may then be moved or copied with its runs (an interrupted run there still resumes).
+        summary = train(cfg, run_dir, progress=True, verbose=False, root=self.out)
         if summary.get("status") != "done":
             raise RuntimeError(f"{run_dir}: training ended with status {summary.get('status')!r}")
         return {"run_dir": run_dir, "train_time_s": summary.get("wall_time_s"), "config": cfg.to_dict()}

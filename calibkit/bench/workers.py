@@ -6,7 +6,9 @@ pending run in ``DIR/runs.db`` before training it, and one that depends on a run
 produced elsewhere waits for it (:mod:`calibkit.bench.runner`). ``--workers N`` starts N - 1 such
 processes itself (``python -m calibkit bench`` with the same options, no report, one worker each),
 runs the bench in the calling process too, waits for the others and writes the report once. Each
-extra worker's output goes to ``DIR/logs/worker-K.log``.
+extra worker's output is appended to ``DIR/logs/worker-K.log``, after a header line naming the date
+and the command: the log of an interrupted bench (its worker's error) is still there after the
+same command is run again to continue it.
 
 The extra workers are started first thing, before the calling process imports torch, and spend the
 seconds of their own start-up (imports, the first optimizer's lazy imports, the CUDA context)
@@ -118,14 +120,25 @@ def _tell(proc: subprocess.Popen, line: str | None) -> None:
         pass
 
 
-def release_workers(procs: list[subprocess.Popen], out) -> list[tuple[subprocess.Popen, Path]]:
-    """Let the waiting workers run, each logging to ``OUT/logs/worker-K.log``."""
+def release_workers(procs: list[subprocess.Popen], out, command: list[str] | None = None
+                    ) -> list[tuple[subprocess.Popen, Path]]:
+    """Let the waiting workers run, each appending to ``OUT/logs/worker-K.log`` after a header line
+    with the date and ``command`` (default: this process's arguments; passwords masked)."""
+    import shlex
+    from datetime import datetime
+
+    from calibkit.store.secrets import redact
+
     logs = Path(out) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    words = sys.argv[1:] if command is None else command
+    stamp = datetime.now().astimezone().isoformat(timespec="seconds")
     released = []
+    line = redact(shlex.join(["calibkit", *words]))
     for k, proc in enumerate(procs, start=1):
         log = logs / f"worker-{k}.log"
-        log.write_text("")
+        with open(log, "a") as f:
+            f.write(f"==== {stamp}: {line} (worker {k}; {len(procs) + 1} processes) ====\n")
         _tell(proc, f"go {log.resolve()}")
         released.append((proc, log))
     return released

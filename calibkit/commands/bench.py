@@ -228,17 +228,30 @@ def _run_key(args, preset) -> int:
 
 
 def _collect(args, preset) -> int:
-    from calibkit.bench.collect import collect
+    """Import the result files, name every run of the grid without a finished result (one line each
+    on stderr), then the table and report; exit 1 when a run is missing (no result and no live task:
+    submit the same command again), 0 when every run is finished or still queued or running."""
+    from calibkit.bench.collect import LIVE, collect, unfinished
+    from calibkit.bench.grid import grid_methods
+    from calibkit.store import run_key
 
     counts = collect(args.out)
     print(f"collect {args.out}: {counts['imported']} new result(s) imported into {args.out}/runs.db, "
           f"{counts['unchanged']} already there, {counts['selections']} selection(s)")
-    if args.no_report or not counts["files"]:
-        return 0
-    from calibkit.report import build_report
+    seeds = list(args.seeds if args.seeds is not None else preset.seeds)
+    methods, _ = grid_methods(preset, args.methods)
+    left = unfinished(args.out, [run_key(preset.name, m, s) for s in seeds for m in methods])
+    missing = [key for key, state, _ in left if state not in LIVE]
+    for key, state, detail in left:
+        print(f"collect {args.out}: {key}: {state}" + (f" ({detail})" if detail else ""), file=sys.stderr)
+    if missing:
+        print(f"collect {args.out}: {len(missing)} run(s) missing ({', '.join(missing)}); run the same submission "
+              "command again to submit them", file=sys.stderr)
+    if not args.no_report and counts["files"]:
+        from calibkit.report import build_report
 
-    rep = build_report(args.out, preset=preset.name)
-    print()
-    print(rep["text"])
-    print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
-    return 0
+        rep = build_report(args.out, preset=preset.name)
+        print()
+        print(rep["text"])
+        print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
+    return 1 if missing else 0

@@ -260,6 +260,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     """
     out_dir = Path(out_dir)
     preset, rows = _load(out_dir, preset, store)
+    recorded_keys = {r["run_key"] for r in rows}
     # A finished row the report cannot read is named, left out with a warning, and the rest reported.
     rows, skipped = usable_rows(rows)
     for line in skipped:
@@ -286,6 +287,10 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     sections = [s for build in SECTIONS for s in build(ctx)]
 
     pending = [r for r in rows if r["status"] != "done"]
+    if store is None:  # runs submitted to SLURM whose task left no result, hence no row: named too
+        from calibkit.bench.collect import unrecorded
+
+        pending += unrecorded(out_dir, preset, recorded_keys)
     unfinished = ", ".join(f"{r['run_key']} ({r['status']})" for r in pending)
     title = f"calibkit bench: preset {preset}, {len(done)} finished runs"
     text_title = title + (f", {len(pending)} unfinished ({unfinished})" if pending else "")

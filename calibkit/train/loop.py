@@ -70,23 +70,35 @@ def _reseed_globals(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True) -> tuple[str, dict | None]:
+def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True, root=None) -> tuple[str, dict | None]:
     """Decide from what is on disk: ``("fresh", None)``, ``("resume", checkpoint)`` or ``("done", info)``.
 
     Refuses (``ValueError``) to touch a non-empty directory that is not a run, or a run made with a
     different config that has completed an epoch, so that results already written are never
     overwritten. A run of another config that ended before its first epoch (no ``history.json``,
     checkpoint or weights: e.g. a learning rate that diverged at once) holds nothing worth keeping
-    and starts again with the new config (it says so).
+    and starts again with the new config (it says so). A directory holding only the record of a
+    scheduler's attempt that ended before training wrote anything (:func:`calibkit.rundir.only_records`)
+    is calibkit's and starts fresh. With ``root`` (the bench directory), the configs' paths are
+    compared in the form recorded under it (:func:`calibkit.rundir.rooted`), so a moved bench
+    directory resumes its runs.
     """
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return "fresh", None
     if not out.is_dir():
         raise ValueError(f"out: {out} exists and is not a directory")
     if not (out / rundir.CONFIG).is_file():
+        if rundir.only_records(out):
+            if main:
+                print(f"{out}: holds only the record of an attempt that ended before training started; "
+                      "starting the run", file=sys.stderr, flush=True)
+            return "fresh", None
         raise ValueError(f"out: {out} is not empty and holds no calibkit run; choose another directory")
     info = rundir.read_json(out / rundir.CONFIG)
     old = TrainConfig.from_dict(info.get("config", {}))
+    if root is not None:
+        old = TrainConfig.from_dict(rundir.rooted_config(old.to_dict(), root, recorded=True))
+        cfg = TrainConfig.from_dict(rundir.rooted_config(cfg.to_dict(), root))
     diff = cfg.differences(old)
     if diff and not any((out / name).exists() for name in (rundir.HISTORY, rundir.CHECKPOINT, rundir.MODEL)):
         if main:  # one line, from one rank
@@ -355,7 +367,7 @@ def _finish(run: _Run, out: Path, info: dict, log) -> dict:
 
 
 def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True,
-          stop_after_epoch: int | None = None) -> dict:
+          stop_after_epoch: int | None = None, root=None) -> dict:
     """Train ``cfg`` into ``out_dir`` (resuming it if it holds an unfinished run of the same config).
 
     Under ``torchrun`` every process calls this; the data are sharded, metrics and logits are
@@ -368,6 +380,9 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         verbose: print one summary line per epoch.
         stop_after_epoch: end this call after that epoch (1-based), leaving a resumable run with
             status ``"running"`` -- what a killed run looks like; the next call continues it.
+        root: the bench directory the run belongs to (None: none): ``config.json`` records the
+            config's paths inside it relative to it (:func:`calibkit.rundir.rooted`), so the
+            directory can be moved or copied and its runs still resume.
 
     Returns:
         A summary: status, epochs_done, best_epoch (the kept epoch), best_val_acc (its validation
@@ -387,7 +402,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if cfg.batch_size % dd.world:
             raise ValueError(f"batch_size {cfg.batch_size} is the global batch; it must divide by the "
                              f"{dd.world} processes")
-        state, found = _prepare_run_dir(out, cfg, dd.is_main)
+        state, found = _prepare_run_dir(out, cfg, dd.is_main, root)
         D.barrier(dd)  # every rank has read the directory before rank 0 writes into it
         if state == "done":
             log(f"{out}: run already finished ({found.get('epochs_done')} epochs); nothing to do")
@@ -396,7 +411,8 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
             print(f"{out}: resuming after epoch {found['epoch']} ({rundir.CHECKPOINT})", flush=True)
         run = _build(cfg, dd, found if state == "resume" else None, out, log)
         bundle, dev = run.bundle, dd.device
-        info = {"config": cfg.to_dict(), "status": "running", "num_classes": bundle.num_classes,
+        record = cfg.to_dict() if root is None else rundir.rooted_config(cfg.to_dict(), root)
+        info = {"config": record, "status": "running", "num_classes": bundle.num_classes,
                 "in_channels": bundle.in_channels, "mean": list(map(float, bundle.mean)),
                 "std": list(map(float, bundle.std)), "class_names": list(bundle.class_names),
                 "split": bundle.split, "modality": bundle.modality, "world_size": dd.world, "device": str(dev),

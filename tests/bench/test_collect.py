@@ -169,3 +169,71 @@ def test_a_changed_criterion_selects_again(tmp_path):
     doc["row"]["criterion"] = {"metric": "nll", "direction": "min"}
     path.write_text(json.dumps(doc))  # unsorted keys
     assert collect(tmp_path)["selections"] == 0
+
+
+# ------------------------------------------------------------------------------ runs that left no result
+
+
+def _submitted(out, job, keys):
+    (out / "slurm").mkdir(parents=True, exist_ok=True)
+    with open(out / "slurm" / "submissions.jsonl", "a") as f:
+        f.write(json.dumps({"number": 1, "stage": "train", "job_id": job, "script": str(out / "slurm" / "001-train.sh"),
+                            "tasks": {str(i): k for i, k in enumerate(keys)}}) + "\n")
+
+
+@pytest.fixture
+def queue(monkeypatch):
+    """``squeue``'s answer (``{"JOB_TASK": state}``; None: no squeue on this host)."""
+    from calibkit.bench import slurm
+
+    answer = {"tasks": {}}
+    monkeypatch.setattr(slurm, "squeue_states", lambda jobs: answer["tasks"])
+    return answer
+
+
+def test_unfinished_names_every_run_without_a_result_and_why(tmp_path, queue):
+    from calibkit.bench.collect import unfinished
+
+    _done(tmp_path, "p/ce/0")
+    _submitted(tmp_path, "40", ["p/ce/0", "p/ls/0", "p/focal/0"])
+    queue["tasks"] = {"40_2": "RUNNING"}
+    keys = ["p/ce/0", "p/ls/0", "p/focal/0", "p/mbls/0"]
+    assert unfinished(tmp_path, keys) == [
+        ("p/ls/0", "failed", f"task 40_1 ended without a result; see {tmp_path / 'slurm' / 'logs'}"),
+        ("p/focal/0", "running", "task 40_2"), ("p/mbls/0", "not submitted", "")]
+    queue["tasks"] = None  # a copy of the folder on a laptop: no queue to ask
+    assert unfinished(tmp_path, keys)[:2] == [
+        ("p/ls/0", "no result", "submitted, no result file; no squeue here to say whether it still runs"),
+        ("p/focal/0", "no result", "submitted, no result file; no squeue here to say whether it still runs")]
+
+
+def test_collect_names_a_run_whose_task_died_without_a_result_and_fails(tmp_path, queue, capsys):
+    from calibkit.cli import main
+
+    out = tmp_path / "b"
+    _done(out, "smoke/ce/0")
+    _submitted(out, "40", ["smoke/ce/0", "smoke/ls/0"])
+    argv = ["bench", "--preset", "smoke", "--methods", "ls", "--seeds", "0", "--out", str(out), "--collect",
+            "--no-report"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"collect {out}: 1 new result(s) imported")
+    assert captured.err.splitlines() == [
+        f"collect {out}: smoke/ls/0: failed (task 40_1 ended without a result; see {out / 'slurm' / 'logs'})",
+        f"collect {out}: 1 run(s) missing (smoke/ls/0); run the same submission command again to submit them"]
+    queue["tasks"] = {"40_1": "PENDING"}  # still queued: named, but nothing is missing yet
+    assert main(argv) == 0
+    assert capsys.readouterr().err == f"collect {out}: smoke/ls/0: queued (task 40_1 pending)\n"
+    _done(out, "smoke/ls/0")
+    assert main(argv) == 0 and capsys.readouterr().err == ""
+
+
+def test_the_report_names_a_submitted_run_that_left_no_result(tmp_path, queue, one_thread):
+    from calibkit.report.build import build_report
+    from tests.report.test_report_edges import make_runs
+
+    make_runs(tmp_path, methods=("ce", "ls"), seeds=(0,))
+    _submitted(tmp_path, "40", ["smoke/ce/0", "smoke/ls/0", "smoke/focal/0", "other/ce/0"])
+    rep = build_report(tmp_path, figures=False, width=0)
+    assert rep["text"].splitlines()[0] == "calibkit bench: preset smoke, 2 finished runs, 1 unfinished (smoke/focal/0 (failed))"
+    assert "\n\nUnfinished runs: smoke/focal/0 (failed).\n" in (tmp_path / "report" / "report.md").read_text()

@@ -183,7 +183,8 @@ def test_release_cancel_and_wait_speak_to_the_waiting_workers(tmp_path):
     logs = [tmp_path / "out" / "logs" / f"worker-{k}.log" for k in (1, 2)]
     assert released == list(zip(procs, logs))
     for p, log in zip(procs, logs):
-        assert log.read_text() == "" and p.stdin.lines == [f"go {log.resolve()}\n".encode()] and not p.stdin.closed
+        assert log.read_text().startswith("==== ") and log.read_text().count("\n") == 1  # its header only
+        assert p.stdin.lines == [f"go {log.resolve()}\n".encode()] and not p.stdin.closed
     # a worker that failed is reported with its log; the pipe closes only after the wait
     procs[1].rc = 3
     assert workers.wait_workers(released) == [f"worker worker-2 exited with status 3; see {logs[1]}"]
@@ -316,11 +317,21 @@ def test_run_with_workers_counts_the_extra_processes(monkeypatch):
     assert str(err.value) == "--workers starts processes itself; under torchrun use --workers 1"
 
 
-def test_release_twice_into_the_same_log_folder_starts_each_log_afresh(tmp_path):
+def test_release_twice_into_the_same_log_folder_keeps_the_first_benchs_lines(tmp_path, monkeypatch):
+    import re
+
     from calibkit.bench import workers
 
-    proc = _Proc()
-    workers.release_workers([proc], tmp_path)
-    (tmp_path / "logs" / "worker-1.log").write_text("the first bench's lines\n")
-    workers.release_workers([_Proc()], tmp_path)  # the folder exists: no error
-    assert (tmp_path / "logs" / "worker-1.log").read_text() == ""
+    monkeypatch.setattr(workers.sys, "argv", ["calibkit", "bench", "--out", "o", "--workers", "2"])
+    workers.release_workers([_Proc()], tmp_path)
+    log = tmp_path / "logs" / "worker-1.log"
+    with open(log, "a") as f:
+        f.write("FAILED: OSError: the first bench's error\n")
+    workers.release_workers([_Proc()], tmp_path, ["bench", "--store", "postgresql://u:secret@db/x"])
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3 and lines[1] == "FAILED: OSError: the first bench's error"
+    head = r"==== \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d: "
+    assert re.fullmatch(head + r"calibkit bench --out o --workers 2 \(worker 1; 2 processes\) ====", lines[0])
+    # each start is one header line with its own command, passwords masked
+    assert re.fullmatch(head + r"calibkit bench --store postgresql://u:\*\*\*@db/x \(worker 1; 2 processes\) ====",
+                        lines[2]), lines[2]
