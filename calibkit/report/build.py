@@ -115,12 +115,16 @@ def calibrators_section(ctx: ReportContext) -> list[Section]:
             f"test set), applied to its saved test logits; `none` = the uncalibrated softmax. Mean over "
             f"{ctx.n_seeds} seed(s). The first table holds the numbers each method's calibrator is chosen on: "
             f"{rule} (mean over seeds; in parentheses: excluded by a guard). In italics: the calibrator chosen "
-            "for each method. The other tables are test ECE and cwECE x100 and test NLL, for reference: no test "
-            "cell is marked best, since the lowest of many test cells is a choice made on test.")
+            "for each method. The other tables are test ECE and cwECE x100, test NLL and the share of test "
+            "predictions the calibrator changed (%), for reference: no test cell is marked best, since the lowest "
+            "of many test cells is a choice made on test. An NLL marked \u2020 has test rows whose true class got "
+            "a probability below 1e-12: each adds about 708 (-log of the smallest float64), so that NLL counts "
+            "them rather than measuring calibration.")
     short = (f"Post-hoc calibrators fitted on the validation logits (none = uncalibrated), mean over {ctx.n_seeds} "
              f"seed(s). First table: cross-fitted validation ECE x100, the numbers the choice is made on "
              f"((...) = excluded by a guard); {ROW_BEST_MARK} = the calibrator chosen for that method. Then test "
-             "ECE/cwECE x100 and NLL, for reference only.")
+             "ECE/cwECE x100, NLL (\u2020 = rows with a zero true-class probability) and changed predictions %, "
+             "for reference only.")
     failed = ctx.probs.failures if ctx.probs is not None else {}
     if failed:
         note = " Failed (shown as -): " + "; ".join(f"{name} on {key}: {err}" for (key, name), err in failed.items())

@@ -132,15 +132,27 @@ class CalibratedProbs:
         return self.cache_dir / f"{row['run_key'].replace('/', '_')}__{name}__{digest}.safetensors"
 
 
-#: The metrics of the methods x calibrators table: (panel key, header, scale, decimals).
-GRID_METRICS = (("ece", "ECE", 100, 2), ("cece", "cwECE", 100, 2), ("nll", "NLL", 1, 3))
+#: The metrics of the methods x calibrators table: (panel key, header, scale, decimals). ``changed``
+#: is the share of test rows whose predicted class the calibrator moved (against ``none``).
+GRID_METRICS = (("ece", "ECE", 100, 2), ("cece", "cwECE", 100, 2), ("nll", "NLL", 1, 3), ("changed", "changed %", 100, 2))
+#: A true-class probability below this counts as zero (the NLL cell is flagged).
+ZERO_P = 1e-12
+
+
+def _guards(p: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor) -> dict:
+    """``changed`` (share of rows whose argmax moved) and ``zero_rows`` (true-class probability < ZERO_P)."""
+    p_y = p.gather(1, labels.view(-1, 1)).squeeze(1)
+    return {"changed": float((p.argmax(1) != base_pred).double().mean()), "zero_rows": int((p_y < ZERO_P).sum())}
 
 
 def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> dict:
-    """``{method: {calibrator: {metric: (mean, std, n)} or None}}`` over seeds, for :data:`GRID_METRICS`.
+    """``{method: {calibrator: {metric: (mean, std, n)} or None}}`` over seeds, for :data:`GRID_METRICS`,
+    plus ``"zero_rows"``: the largest count over seeds of test rows given a true-class probability
+    below :data:`ZERO_P` (their NLL terms dominate the NLL).
 
     Every metric is :func:`calibkit.metrics.evaluate` on the run's test probabilities after the
-    calibrator (``"none"``: before any). A calibrator that fails on a run (its fit or its output
+    calibrator (``"none"``: before any); ``changed`` compares its predicted class with the
+    uncalibrated one. A calibrator that fails on a run (its fit or its output
     refused with a ``ValueError``/``RuntimeError``) gives ``None`` for that method, and the error
     is kept in ``probs.failures[(run_key, calibrator)]`` for the report to name; the rest of the
     report is unaffected.
@@ -155,13 +167,18 @@ def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> 
             panels = []
             for row in entry["runs"]:
                 try:
-                    panels.append(evaluate(*probs(row, name), n_bins=n_bins))
+                    p, labels = probs(row, name)
+                    panel = dict(evaluate(p, labels, n_bins=n_bins))
+                    if p.dim() == 2:  # dense (segmentation) probabilities have no row-level guards here
+                        panel.update(_guards(p, labels, probs(row, NONE)[0].argmax(1)))
+                    panels.append(panel)
                 except NoValidationLogits:
                     raise
                 except (ValueError, RuntimeError) as exc:
                     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     probs.failures[(row["run_key"], name)] = first
             ok = len(panels) == len(entry["runs"])
-            cells[name] = {key: mean_std([p[key] for p in panels]) for key, _, _, _ in GRID_METRICS} if ok else None
+            cells[name] = ({key: mean_std([p[key] for p in panels]) for key, _, _, _ in GRID_METRICS if key in panels[0]}
+                           | {"zero_rows": max(p.get("zero_rows", 0) for p in panels)}) if ok else None
         out[method] = cells
     return out

@@ -26,6 +26,7 @@ EXTRA_COLS = (("auroc_entropy", "AUROC-H", 100, 1), ("auroc_maxconf", "AUROC-MSP
 SUMMARY_COLS = (("before.acc", "Acc", max), ("before.ece", "ECE", min), ("before.o_ece", "O-ECE", None),
                 ("before.u_ece", "U-ECE", None), ("after.ece", "ECE (TS)", min))
 DELTA_HEADER = "dECE vs CE [95% CI]"
+NLL_FLAG = "\u2020"  # an NLL cell some of whose test rows have a (near) zero true-class probability
 BEST_MARK = "<"  # terminal marker of the best value of a column
 ROW_BEST_MARK = ">"  # terminal marker of the best value of a row (methods x calibrators tables)
 # The ranking's paired columns (calibkit.report.paired.comparisons), when they are computed.
@@ -109,7 +110,9 @@ def calibrator_tables(grid: dict, chosen: dict | None = None) -> list[Table]:
     (``grid``: :func:`calibkit.report.calibrated.calibrator_grid`): the seed mean of the test
     metric after each calibrator (``none`` = before any). These are test numbers shown for
     reference: no cell is marked as the lowest of a row or column (a minimum over many test cells is
-    a selection on test, biased low). ``chosen`` (``{method: calibrator}``, chosen on validation by
+    a selection on test, biased low); an NLL cell is flagged :data:`NLL_FLAG` when a run's test rows
+    include true-class probabilities below 1e-12, and ``changed %`` is the share of test predictions
+    the calibrator moved. ``chosen`` (``{method: calibrator}``, chosen on validation by
     :mod:`calibkit.report.verdict`) marks each method's chosen calibrator (``row_best``). A
     calibrator that failed on a method's runs shows ``-``."""
     from calibkit.report.calibrated import GRID_METRICS
@@ -120,9 +123,15 @@ def calibrator_tables(grid: dict, chosen: dict | None = None) -> list[Table]:
     marks = {(i, names.index(chosen[m]) + 1) for i, m in enumerate(methods) if chosen.get(m) in names}
     tables = []
     for key, head, scale, dec in GRID_METRICS:
-        rows = [[label(m)] + ["-" if grid[m][c] is None else f"{grid[m][c][key][0] * scale:.{dec}f}" for c in names]
-                for m in methods]
-        tables.append(Table([f"Method ({head})"] + names, rows, set(), row_best=set(marks)))
+        def cell(m, c):
+            g = grid[m][c]
+            if g is None or key not in g:
+                return "-"
+            flag = f" {NLL_FLAG}" if key == "nll" and g.get("zero_rows") else ""
+            return f"{g[key][0] * scale:.{dec}f}{flag}"
+        rows = [[label(m)] + [cell(m, c) for c in names] for m in methods]
+        if any(r[1:].count("-") < len(names) for r in rows):
+            tables.append(Table([f"Method ({head})"] + names, rows, set(), row_best=set(marks)))
     return tables
 
 
