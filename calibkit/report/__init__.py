@@ -3,8 +3,11 @@
 Everything is rebuilt from the results database (``runs.db``) and the logits files its rows point
 to, so ``calibkit report DIR`` gives the same report as the bench that wrote ``DIR``.
 
-It opens with the methods **ranked by test ECE** (accuracy, ECE after temperature scaling and the
-difference from CE beside it, the best value of each column marked), then the grid-order tables
+It opens with the **recommendation**: the method + post-hoc calibrator pair chosen on the
+validation split (:mod:`~calibkit.report.verdict`), with its test evidence and its difference from
+CE + temperature scaling. Then the methods **ranked by test ECE** (accuracy, ECE after temperature
+scaling and the difference from CE beside it, the best value of each column marked: a table of
+test results, not a choice), then the grid-order tables
 (mean +- std over seeds, std with ``ddof=1``; a single seed shows the mean alone), then figures.
 Calibration numbers (ECE, AECE, classwise ECE, MCE, O-/U-ECE) and accuracies are x100, NLL and
 Brier as they are. The ``dECE vs CE`` column is a **paired bootstrap** over test samples: every
@@ -18,7 +21,8 @@ for an error), ``!`` significantly worse.
 
 Every run's saved validation/test logits also go through every post-hoc calibrator of
 ``calibkit.calibrators.CALIBRATORS`` at report time (:mod:`~calibkit.report.calibrated`, cached
-under ``DIR/cache/calibrated/``): the methods x calibrators tables and heatmap, and in the ranking
+under ``DIR/cache/calibrated/``): each method's calibrator chosen on cross-fitted validation scores
+(cached under ``DIR/cache/selection/``), the methods x calibrators tables and heatmap, and in the ranking
 the paired differences from CE + temperature scaling before and after the method's own TS, the
 accuracy difference from CE and intervals for O-ECE and U-ECE (:mod:`~calibkit.report.paired`,
 which also backs ``calibkit compare``).
