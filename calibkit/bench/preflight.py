@@ -12,18 +12,20 @@ from pathlib import Path
 
 
 def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None, csm_build=False,
-                device="auto") -> None:
+                device="auto", seeds_flag="--seeds") -> None:
     """Raise a one-line error (``ValueError``, ``FileNotFoundError``, ``FileExistsError``,
     ``calibkit.extras.MissingExtra`` or ``calibkit.store.StoreError``) for the first unmet
     precondition of ``calibkit bench``.
 
     Checked in order: the output path (absent or a folder, not a training run's: :func:`check_out`)
     and its results database (absent or a healthy calibkit database), the preset recorded there
-    under the same name (the same data, model, training settings and evaluation), the seeds
-    (integers >= 0, no repeats), the method names, the extra
-    packages the data set and the OOD set need, the data set itself (loaded once with the first
-    seed's split, so missing or damaged files surface here), the OOD set, and, when CSM is in the
-    grid, its generated set.
+    under the same name (the same data, model, training settings and evaluation), every value of
+    the preset and the seeds and methods given, with the code of ``calibkit preset check``
+    (:func:`calibkit.bench.presetcheck.check_values`: types, ranges, paths, search spaces, the
+    modality where the data's is known without loading them, the extra packages the data set and
+    the OOD set need, the model resolving), the data set itself (loaded once with the first
+    seed's split, so missing or damaged files surface here) and the modality of what it holds,
+    the model built on it, the OOD set, and, when CSM is in the grid, its generated set.
 
     Args:
         preset: a :class:`calibkit.bench.grid.Preset`.
@@ -37,50 +39,34 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
             (:mod:`calibkit.bench.csmbuild`), so only what the build needs is checked; without it,
             the missing set is one line saying what the build would cost on ``device`` (measured).
         device: the ``--device`` of the cost measurement.
+        seeds_flag: what names ``seeds`` in a refusal (``--seeds``; ``calibkit tune``: its seed).
     """
-    from calibkit.bench.grid import IMAGE_ONLY, grid_methods
-    from calibkit.extras import check_dataset
     from calibkit.store import check_store
 
     out = Path(out)
-    data_dir = data_dir if data_dir is not None else preset.data_dir
+    given_dir, data_dir = data_dir, data_dir if data_dir is not None else preset.data_dir
     check_out(out)
     check_store(out, store)
     from calibkit.bench.presetfile import check_recorded
 
     check_recorded(preset, out)  # a changed preset under an old name would mix runs
-    seeds = list(preset.seeds if seeds is None else seeds)
-    bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or s < 0]
-    if bad:
-        raise ValueError(f"--seeds: every seed must be an integer >= 0, got {bad[0]!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds: repeated seed in {seeds}")
-    if not seeds:
-        raise ValueError("--seeds: give at least one seed")
-    chosen, _ = grid_methods(preset, methods)  # unknown names raise here
+    from calibkit.bench.presetcheck import check_modality, check_values
 
-    from calibkit.data import DATASETS, load
+    # every value, with the code of `calibkit preset check`
+    chosen = check_values(preset, f"preset {preset.name}: ", seeds=seeds, methods=methods, data_dir=given_dir,
+                          seeds_flag=seeds_flag)
+    seeds = list(preset.seeds if seeds is None else seeds)
+
+    from calibkit.data import load
     from calibkit.data.ood import NO_OOD, OOD_SETS, load_ood
 
-    check_dataset(preset.dataset)
-    if preset.ood in DATASETS:
-        check_dataset(preset.ood)
-    if preset.dataset not in DATASETS:
-        from calibkit.bench.presetfile import nearest
-
-        raise ValueError(f"unknown data set {preset.dataset!r}{nearest(preset.dataset, DATASETS)}; "
-                         f"valid: {', '.join(DATASETS)}")
     cfg = _ce_config(preset, seeds[0], data_dir)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
     if cfg.batch_size > len(bundle.train):  # every run would fail on it
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
                          f"{preset.dataset}; lower it (--batch-size)")
-    mixing = [m for m in chosen if m in IMAGE_ONLY]
-    if bundle.modality in ("text", "features") and preset.modality == "image" and mixing:
-        raise ValueError(f"{preset.dataset} holds {bundle.modality}, not images: {', '.join(mixing)} mix or generate "
-                         f"images; set modality = \"{bundle.modality}\" in the preset (they are skipped then), or "
-                         "leave them out of the methods")
+    check_modality(preset, bundle.modality if bundle.modality in ("image", "text", "features") else None, chosen)
     check_model(preset.model, bundle)
     if preset.ood not in OOD_SETS + (NO_OOD,) or bundle.modality != "image":  # built-in image sets need no files
         if preset.ood != NO_OOD:
@@ -95,7 +81,8 @@ def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=No
     (``seed``, default ``preset.tune_seed``) and the methods to tune (default: the preset's list,
     else all). Raises as :func:`check_bench` does; when it raises nothing was written."""
     check_bench(preset, out, seeds=[preset.tune_seed if seed is None else seed], methods=methods,
-                data_dir=data_dir, csm_store=csm_store, store=store, csm_build=csm_build, device=device)
+                data_dir=data_dir, csm_store=csm_store, store=store, csm_build=csm_build, device=device,
+                seeds_flag="tune_seed" if seed is None else "--seed")
 
 
 def check_model(name: str, bundle) -> None:

@@ -36,8 +36,9 @@ naming it, the place it was found and the nearest valid name. TOML has no null: 
 
 Decisions where the spec is silent: a space axis given as a list takes, as its published value
 (the tie-break of the selection, :class:`~calibkit.bench.grid.Axis`), the method's own default when
-the method's own space has that address, else the middle value of the list (the lower of the two
-middle ones); ``{values = [...], default = v}`` sets it explicitly. Values are sorted ascending;
+the method's own space has that address and the list holds that value, else the middle value of the
+list (the lower of the two middle ones); ``{values = [...], default = v}`` sets it explicitly, to
+one of the values (:mod:`calibkit.bench.presetcheck`). Values are sorted ascending;
 repeats are an error. Relative paths are kept as written (they are read from the working
 directory, as command-line paths are).
 """
@@ -153,7 +154,7 @@ def _axis(method: str, address: str, value, where: str) -> Axis:
         raise ValueError(f"{where}: {address!r} repeats a value: {list(values)}")
     own = METHODS[method].space.get(address)
     if default is None:
-        default = own.default if own is not None else grid[(len(grid) - 1) // 2]
+        default = own.default if own is not None and own.default in grid else grid[(len(grid) - 1) // 2]
     if isinstance(default, bool) or not isinstance(default, (int, float)):
         raise ValueError(f"{where}: {address!r}: default must be a number, got {default!r}")
     return Axis(grid, float(default))

@@ -3,11 +3,21 @@
 A model name that is not a ``MODELS`` key but holds a ``:`` names a callable
 ``factory(num_classes, in_channels)`` returning an ``nn.Module`` with calibkit's contract
 (``calibkit.models``): ``forward_features(x) -> (N, D)``, ``head`` an ``nn.Linear(D, K)``, and
-``model(x) == model.head(model.forward_features(x))``. The module is imported by name (it must be
-on ``sys.path``, e.g. installed or in the working directory), or loaded from the ``.py`` file
-(a relative path is read from the working directory). :func:`check_contract` builds nothing
-itself; the bench's preflight builds the model once on the data and calls it, so a missing piece
-is named before any run starts.
+``model(x) == model.head(model.forward_features(x))``. The module is imported by name, or loaded
+from the ``.py`` file (a relative path is read from the working directory).
+
+Where ``module:factory`` is looked for (calibkit's rule, the same for the ``calibkit`` console
+script, ``python -m calibkit`` and the bench's worker processes): the working directory first,
+then ``sys.path`` (installed packages, ``PYTHONPATH``). A ``mymodels.py`` (or a ``mymodels/``
+package) in the working directory therefore wins over an installed module of the same name, as it
+does for ``python -m``; a module already imported in the process (``torch``, ``numpy``, ...) is
+that module. The working directory is on ``sys.path`` only while the module itself is imported:
+what it imports at its top level is found there too, a module it imports later (inside the
+factory) must be importable from ``sys.path``. A module that raises or calls ``sys.exit`` when
+imported is one ``ValueError`` naming the module (never an exit of calibkit).
+
+:func:`check_contract` builds nothing itself; the bench's preflight builds the model once on the
+data and calls it, so a missing piece is named before any run starts.
 """
 
 from __future__ import annotations
@@ -39,23 +49,55 @@ def import_factory(spec: str):
         if module is None:
             loader_spec = importlib.util.spec_from_file_location(key, path)
             module = importlib.util.module_from_spec(loader_spec)
-            try:
+            with _import_errors(spec, module_name):
                 loader_spec.loader.exec_module(module)
-            except Exception as exc:
-                raise ValueError(f"model {spec!r}: importing {module_name} failed ({type(exc).__name__}: {exc})") from exc
             sys.modules[key] = module
     else:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            raise ValueError(f"model {spec!r}: cannot import {module_name} ({exc}); is it on the Python path "
-                             "(installed, or in the working directory)?") from None
-        except Exception as exc:
-            raise ValueError(f"model {spec!r}: importing {module_name} failed ({type(exc).__name__}: {exc})") from exc
+        module = _import_from_cwd(spec, module_name)
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise ValueError(f"model {spec!r}: {module_name} has no callable {attr!r}")
     return factory
+
+
+def _import_from_cwd(spec: str, module_name: str):
+    """``import module_name`` with the working directory first on ``sys.path`` for this import only."""
+    cwd = os.getcwd()
+    sys.path.insert(0, cwd)
+    importlib.invalidate_caches()  # a module written since the last import is found
+    try:
+        with _import_errors(spec, module_name):
+            return importlib.import_module(module_name)
+    finally:
+        try:
+            sys.path.remove(cwd)  # the first occurrence: the one inserted above
+        except ValueError:
+            pass
+
+
+class _import_errors:
+    """Turn what importing the user's module raises (``SystemExit`` too) into one ``ValueError``."""
+
+    def __init__(self, spec: str, module_name: str):
+        self.spec, self.module_name = spec, module_name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or not isinstance(exc, (Exception, SystemExit)):
+            return False  # KeyboardInterrupt and the like pass through
+        where = f"model {self.spec!r}: "
+        top = self.module_name.split(".")[0]
+        if isinstance(exc, ModuleNotFoundError) and exc.name in (self.module_name, top) or (
+                isinstance(exc, ModuleNotFoundError) and self.module_name.startswith(f"{exc.name}.")):
+            raise ValueError(f"{where}cannot import {self.module_name} ({exc}); it is looked for in the working "
+                             f"directory ({os.getcwd()}) and on the Python path (installed, or PYTHONPATH)") from None
+        if isinstance(exc, SystemExit):
+            raise ValueError(f"{where}importing {self.module_name} called sys.exit({exc.code!r}); a model module must "
+                             "not exit when imported (guard script code with `if __name__ == \"__main__\":`)") from None
+        raise ValueError(f"{where}importing {self.module_name} failed ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())})") from exc
 
 
 def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model") -> None:

@@ -172,12 +172,13 @@ def test_preflight_on_the_users_data(tmp_path):
     xtr, ytr = _features(40)
     path = _write(tmp_path / "f.npz", x_train=xtr, y_train=ytr, x_test=xtr[:9], y_test=ytr[:9])
     preset = with_flags(PRESETS["default"], dataset="tensors")
-    with pytest.raises(ValueError, match="batch_size 128 exceeds the 36 training images of tensors"):
-        check_bench(preset, tmp_path / "out", data_dir=path)
+    # what the file holds is read from its header, before the data are loaded
     with pytest.raises(ValueError, match="tensors holds features, not images: mixup, regmixup, csm mix or generate "
                                          "images; set modality = \"features\""):
         check_bench(with_flags(preset, batch_size=8), tmp_path / "out", data_dir=path)
     preset = dataclasses.replace(preset, modality="features")
+    with pytest.raises(ValueError, match="batch_size 128 exceeds the 36 training images of tensors"):
+        check_bench(preset, tmp_path / "out", data_dir=path)
     small = with_flags(preset, batch_size=8)  # the shipped MLP pools images: it cannot take (N, 5) features
     with pytest.raises(ValueError, match="model 'mlp': a forward pass on inputs torch.float32 \\(2, 5\\) failed"):
         check_bench(small, tmp_path / "out", data_dir=path)

@@ -63,7 +63,7 @@ def test_an_unknown_data_set_lists_the_valid_ones(rec, tmp_path):
 
     with pytest.raises(ValueError) as err:
         P.check_bench(dataclasses.replace(SMOKE, dataset="digitz"), tmp_path)
-    assert str(err.value).startswith("unknown data set 'digitz'") and "(nearest valid name: digits)" in str(err.value)
+    assert str(err.value).startswith("preset smoke: dataset: unknown data set 'digitz' (nearest valid name: digits)")
     assert str(err.value).endswith(f"; valid: {', '.join(DATASETS)}")
 
 
@@ -93,8 +93,10 @@ def test_only_ood_sets_that_need_files_are_loaded(rec, tmp_path):
     for ood in ("none", "digits", "noise"):  # built in (or none): nothing to load for image data
         P.check_bench(dataclasses.replace(SMOKE, ood=ood), tmp_path, methods=["ls"])
     assert rec["ood"] == []
-    P.check_bench(dataclasses.replace(SMOKE, ood="/data/my_ood"), tmp_path, methods=["ls"], data_dir="d")
-    assert rec["ood"] == [("/data/my_ood", rec["bundle"]["value"], "d")]
+    mine = tmp_path / "my_ood"
+    mine.mkdir()
+    P.check_bench(dataclasses.replace(SMOKE, ood=str(mine)), tmp_path, methods=["ls"], data_dir="d")
+    assert rec["ood"] == [(str(mine), rec["bundle"]["value"], "d")]
     rec["bundle"]["value"] = text = _bundle(modality="text")
     P.check_bench(dataclasses.replace(SMOKE, ood="noise"), tmp_path, methods=["ls"])  # text noise: built from data
     assert rec["ood"][-1] == ("noise", text, "pdir")
@@ -116,9 +118,9 @@ def test_tune_checks_the_bench_on_its_selection_seed(monkeypatch):
     P.check_tune(SMOKE, "o", methods=["ls"], seed=9, data_dir="d", csm_store="c", store="u", csm_build=True,
                  device="cpu")
     assert seen == [(SMOKE, "o", {"seeds": [100], "methods": None, "data_dir": None, "csm_store": None, "store": None,
-                                  "csm_build": False, "device": "auto"}),
+                                  "csm_build": False, "device": "auto", "seeds_flag": "tune_seed"}),
                     (SMOKE, "o", {"seeds": [9], "methods": ["ls"], "data_dir": "d", "csm_store": "c", "store": "u",
-                                  "csm_build": True, "device": "cpu"})]
+                                  "csm_build": True, "device": "cpu", "seeds_flag": "--seed"})]
 
 
 def test_out_must_be_a_folder_no_training_run_owns(tmp_path):

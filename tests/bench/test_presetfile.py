@@ -59,7 +59,7 @@ mix_alpha = 0.3
 eta = 3.0
 
 [space.ls]
-"loss.alpha" = [0.1, 0.003, 0.01]
+"loss.alpha" = [0.1, 0.003, 0.05]
 
 [space.maccal]
 "maccal.eta" = {values = [1, 5], default = 5}
@@ -69,10 +69,10 @@ eta = 3.0
     assert p.train == {"epochs": 7, "val_size": None, "milestones": [3, 5]}
     assert p.train_by_method == {"mixup": {"mix_alpha": 0.3}} and p.maccal == {"eta": 3.0}
     # sorted ascending; the published value of an address the method has is the method's own (LS: 0.05)
-    assert p.space_for("ls") == {"loss.alpha": Axis((0.003, 0.01, 0.1), 0.05)}
+    assert p.space_for("ls") == {"loss.alpha": Axis((0.003, 0.05, 0.1), 0.05)}
     assert p.space_for("maccal") == {"maccal.eta": Axis((1.0, 5.0), 5.0)}
     assert p.space_for("mbls") is METHODS["mbls"].space  # no entry: the method's own grid
-    assert [c["loss.alpha"] for c in candidates("ls", p)] == [0.003, 0.01, 0.1]
+    assert [c["loss.alpha"] for c in candidates("ls", p)] == [0.003, 0.05, 0.1]
     assert current_values(p, "ls") == {"loss.alpha": 0.2}
     assert parse_preset(dump_preset(p)) == p
 
@@ -80,6 +80,9 @@ eta = 3.0
 def test_a_new_address_takes_the_middle_value_as_its_published_one():
     p = parse_preset(BASE + '[space.mbls]\n"loss.lam" = [0.4, 0.1, 0.2, 0.3]\n')
     assert p.space_for("mbls") == {"loss.lam": Axis((0.1, 0.2, 0.3, 0.4), 0.2)}  # (len-1)//2 = index 1
+    # the method's own default (LS: 0.05) where the list does not hold it: the middle value too
+    p = parse_preset(BASE + '[space.ls]\n"loss.alpha" = [0.1, 0.003, 0.01]\n')
+    assert p.space_for("ls") == {"loss.alpha": Axis((0.003, 0.01, 0.1), 0.01)}
 
 
 @pytest.mark.parametrize("extra, message", [
