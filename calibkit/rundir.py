@@ -36,6 +36,10 @@ HISTORY = "history.json"
 VOCAB = "vocab.json"  # text runs: the vocabulary (calibkit.data.tokenizer.Vocabulary.to_dict)
 METRICS = "metrics.json"
 BENCH_DB = "runs.db"  # a bench's (and tune's) results database, at the top of its output directory
+# The per-run result records a scheduler's task writes (calibkit.bench.results reads and writes them)
+RECORD_FORMAT = "calibkit-result"
+RESULT = "result.json"
+CANDIDATE = "candidate.json"
 
 # TrainConfig fields holding a directory that may lie inside the bench directory a run belongs to
 # (the annotated CSM set under DIR/cache/): config.json records them relative to that directory.
@@ -98,8 +102,6 @@ def only_records(run_dir) -> bool:
     in it (the record stays until the attempt writes its own). A record saying ``done``, an
     unreadable one or any other file means otherwise. Temporary files of a record's write are ignored.
     """
-    from calibkit.bench.results import CANDIDATE, FORMAT, RESULT
-
     records_named = (RESULT, CANDIDATE)
     run_dir = Path(run_dir)
     names = [p.name for p in run_dir.iterdir()] if run_dir.is_dir() else []
@@ -114,7 +116,7 @@ def only_records(run_dir) -> bool:
         except (OSError, ValueError):
             return False
         row = doc.get("row") if isinstance(doc, dict) else None
-        if not isinstance(row, dict) or doc.get("format") != FORMAT or row.get("status") == "done":
+        if not isinstance(row, dict) or doc.get("format") != RECORD_FORMAT or row.get("status") == "done":
             return False
     return True
 

@@ -33,11 +33,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from calibkit.bench.paths import candidate_dir_for, run_dir_for
+from calibkit.rundir import CANDIDATE, RESULT
+from calibkit.rundir import RECORD_FORMAT as FORMAT
 
-FORMAT = "calibkit-result"
 VERSION = 1
-RESULT = "result.json"
-CANDIDATE = "candidate.json"
 PATH_COLUMNS = ("run_dir", "logits_path")
 
 
