@@ -46,6 +46,7 @@ step unchanged).
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 
@@ -205,10 +206,13 @@ def _score(probs: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor, n
 def _out_of_fold(name: str, x: torch.Tensor, y: torch.Tensor, parts: list[torch.Tensor], full) -> torch.Tensor:
     out = torch.empty((x.shape[0],) + tuple(x.shape[1:]), dtype=torch.float64)
     everything = torch.arange(x.shape[0])
+    cls = CALIBRATORS[name]
+    # the protocol requires fit(logits, labels) only: a registered calibrator without a warm start is fitted cold
+    warm = {"init": full} if "init" in inspect.signature(cls.fit).parameters else {}
     for held in parts:
         keep = torch.ones(x.shape[0], dtype=torch.bool)
         keep[held] = False
-        cal = CALIBRATORS[name]().fit(x[everything[keep]], y[keep], init=full)
+        cal = cls().fit(x[everything[keep]], y[keep], **warm)
         out[held] = cal.predict_proba(x[held]).double()
     return out
 
@@ -225,7 +229,7 @@ def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
 
     Returns:
         ``(scores, fitted)``: ``{name: CrossFitScore}`` with ``"none"`` first, and the calibrators
-        fitted on all rows (a name whose fit raised ``ValueError`` gets a score with ``error`` set and
+        fitted on all rows (a name whose fit raised ``ValueError`` or ``RuntimeError`` gets a score with ``error`` set and
         no fitted entry).
     """
     x = torch.as_tensor(logits).double().cpu()
@@ -245,7 +249,7 @@ def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
             if name not in fitted:
                 fitted[name] = CALIBRATORS[name]().fit(x, y)
             oof[name] = _two_column(_out_of_fold(name, x, y, parts, fitted[name]))
-        except ValueError as exc:
+        except (ValueError, RuntimeError) as exc:  # as the report's calibrated tables: a failing entry is named
             fitted.pop(name, None)
             scores[name] = CrossFitScore(error=(str(exc).splitlines() or [type(exc).__name__])[0])
             continue

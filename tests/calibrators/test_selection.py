@@ -174,3 +174,29 @@ def test_binary_scores_are_cross_fitted():
     sel = select_calibrator(3 * s, y, names=["temperature", "isotonic"])
     assert sel.chosen == "temperature"
     assert sel.scores[NONE].ece == pytest.approx(float(F.ece(torch.sigmoid(3 * s), y)), abs=1e-12)
+
+
+class _Cold:
+    """A registered calibrator that follows the minimal protocol (no warm start)."""
+
+    def fit(self, logits, labels):
+        self.t_ = float(TemperatureScaling().fit(logits, labels).temperature_)
+        return self
+
+    def predict_proba(self, logits):
+        return torch.softmax(logits / self.t_, 1)
+
+
+class _Failing:
+    def fit(self, logits, labels):
+        raise RuntimeError("no convergence")
+
+
+def test_registered_calibrators_without_warm_start_or_failing_are_handled(monkeypatch):
+    monkeypatch.setitem(CALIBRATORS, "cold", _Cold)
+    monkeypatch.setitem(CALIBRATORS, "failing", _Failing)
+    z, y = _overconfident(n=800)
+    scores, fitted = cross_fit(z, y, ["temperature", "cold", "failing"])
+    assert scores["cold"].ece == pytest.approx(scores["temperature"].ece, abs=1e-6)  # the same map, fitted cold
+    assert scores["failing"].error == "no convergence" and "failing" not in fitted
+    assert choose(scores).excluded["failing"] == "fit failed: no convergence"
