@@ -5,8 +5,8 @@ tuner's) preflight runs before anything is written (:func:`calibkit.bench.prefli
 calls it), so a preset that passes the one passes the other's value checks.
 :func:`calibkit.bench.presetfile.parse_preset` has checked every name; here every value is
 checked against the rule of the code that later reads it. Each refusal is one line
-``<file>: <key>: <rule>, got <value>`` (the bench names the preset, ``preset <name>: ``, and a
-command-line flag by itself, ``--seeds: ``).
+``<file>: <key>: <rule>, got <value>`` (the bench names the preset, ``preset <name>:``, and a
+command-line flag by itself, ``--seeds:``).
 
 The rules (calibkit's decisions where the code that reads a value has none):
 

@@ -86,7 +86,8 @@ class TemperatureScaling:
     Attributes:
         temperature_: the fitted ``T`` (python float).
         n_iter_: solver iterations (NLL) or grid points tried (ECE).
-        n_classes_: ``K`` of the fit (2 for binary logits); binary_: whether they were ``(N,)``.
+        n_classes_: ``K`` of the fit (2 for binary logits).
+        binary_: whether the fitted logits were binary ``(N,)`` scores.
     """
 
     OBJECTIVES = ("nll", "ece")
