@@ -21,8 +21,14 @@ bootstrap intervals) and its paired difference from CE + temperature scaling, th
 training-time method has to beat (:func:`calibkit.report.paired.paired_delta`; with 3 or more shared
 seeds its intervals resample seeds too).
 
+**Rows.** A run with more than :data:`MAX_SELECTION_ROWS` validation rows (in practice the pixel
+sample of a segmentation run, up to 200,000 pixels) is cross-fitted on a draw of that many rows,
+which depends only on the row count (the same rows for every run of a seed, so pairs stay paired).
+Cross-fitting ten calibrators five times on every pixel would dominate the report's time, and pixels
+of one image are not independent samples anyway. ``calibkit calibrate`` uses every row.
+
 Cross-fitted scores are cached under ``DIR/cache/selection/`` keyed by the logits file (path, size,
-modification time), the rule and the calibkit version, as the calibrated probabilities are.
+modification time), the rule, the row cap and the calibkit version, as the calibrated probabilities are.
 """
 
 from __future__ import annotations
@@ -32,12 +38,16 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 from calibkit.bench.grid import REFERENCE
 from calibkit.calibrators.selection import NONE, CrossFitScore, SelectionRule, choose, cross_fit, mean_scores
 from calibkit.report.calibrated import CalibratedProbs
 from calibkit.report.data import label
 
 DEFAULT_RULE = SelectionRule()
+#: Validation rows a run is cross-fitted on at most (module docstring, "Rows").
+MAX_SELECTION_ROWS = 10_000
 
 
 def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule) -> Path | None:
@@ -47,8 +57,19 @@ def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule) -> Path 
 
     st = os.stat(row["logits_path"])
     ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|"
-             f"{json.dumps(rule.to_dict(), sort_keys=True)}|{__version__}")
+             f"{json.dumps(rule.to_dict(), sort_keys=True)}|{MAX_SELECTION_ROWS}|{__version__}")
     return cache_dir / f"{row['run_key'].replace('/', '_')}__{hashlib.sha256(ident.encode()).hexdigest()[:20]}.json"
+
+
+def selection_rows(n: int, cap: int | None = None):
+    """Sorted indices of the ``cap`` (default :data:`MAX_SELECTION_ROWS`) rows cross-fitted out of ``n``, or None for all.
+
+    The draw is seeded by the row count alone, so runs on the same validation rows use the same rows.
+    """
+    cap = MAX_SELECTION_ROWS if cap is None else cap
+    if n <= cap:
+        return None
+    return torch.randperm(n, generator=torch.Generator().manual_seed(n)).narrow(0, 0, cap).sort().values
 
 
 def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_RULE,
@@ -65,7 +86,9 @@ def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_
         from calibkit.report.calibrated import NoValidationLogits
 
         raise NoValidationLogits(f"{row['logits_path']}: no validation logits to choose a calibrator on")
-    scores, _ = cross_fit(t["val_logits"], t["val_labels"].long(), rule=rule)
+    x, y = t["val_logits"], t["val_labels"].long()
+    rows = selection_rows(len(y))
+    scores, _ = cross_fit(x if rows is None else x[rows], y if rows is None else y[rows], rule=rule)
     if path is not None:
         from calibkit.rundir import atomic_write
 

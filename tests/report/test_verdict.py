@@ -128,3 +128,21 @@ def test_validation_table_marks_the_chosen_calibrator_and_brackets_the_excluded(
     t = validation_table({"ce": s})
     assert t.rows == [["CE", "5.00", "1.00", "(0.50)"]] and t.row_best == {(0, 2)} and not t.best
     assert isinstance(s, Selection)
+
+
+def test_a_run_above_the_row_cap_is_cross_fitted_on_a_draw_shared_by_every_run_of_that_size(tmp_path, monkeypatch):
+    from calibkit.report import verdict
+
+    assert verdict.selection_rows(600, cap=600) is None
+    rows = verdict.selection_rows(600, cap=250)
+    assert rows.shape == (250,) and torch.equal(rows, rows.unique()) and 0 <= int(rows.min()) and int(rows.max()) < 600
+    assert torch.equal(rows, verdict.selection_rows(600, cap=250))  # a function of the row count: runs stay paired
+    assert not torch.equal(rows, verdict.selection_rows(601, cap=250)[:250])
+    monkeypatch.setattr(verdict, "MAX_SELECTION_ROWS", 250)
+    row = _summary(tmp_path, sharpen={"ce": 3.0}, seeds=(0,))["ce"]["runs"][0]
+    got = run_scores(row, CalibratedProbs())
+    t = CalibratedProbs().logits(row)
+    want, _ = cross_fit(t["val_logits"][rows], t["val_labels"][rows].long())
+    full, _ = cross_fit(t["val_logits"], t["val_labels"].long())
+    for name in ("none", "temperature", "vector"):
+        assert got[name].ece == pytest.approx(want[name].ece, abs=1e-12) and got[name].ece != full[name].ece
