@@ -7,7 +7,9 @@ import argparse
 EPILOG = """\
 Each file (.npz, .safetensors or .pt) holds 'logits' (N, K) and 'labels' (N,), or 'probs' (N, K)
 instead of 'logits' (then logits = log(probs), probabilities below 1e-300 raised to it first;
-softmax(log p) = p). 1-D entries are binary positive-class logits (or probabilities: logit(p)).
+softmax(log p) = p); a file with both is refused. 1-D entries are binary positive-class logits (or
+probabilities: logit(p)). Labels are integers (unsigned ones are read as int64). Nothing is
+unpickled: object arrays in an .npz and anything but tensors in a .pt are refused.
 
 The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
 is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by ece): the lowest
@@ -64,7 +66,8 @@ def read_scores(path, require_labels: bool = True):
     ``logits``: float64 ``(N, K)`` or binary ``(N,)``; from ``probs`` when the file has no
     ``logits`` (``log``, or ``logit`` for 1-D, of the probabilities raised to at least 1e-300);
     ``labels``: int64 ``(N,)`` in ``[0, K)`` (``None`` when absent and not required);
-    ``source``: ``"logits"`` or ``"probs"``. Raises ``ValueError`` / ``FileNotFoundError`` naming the file.
+    ``source``: ``"logits"`` or ``"probs"``. Raises ``ValueError`` / ``FileNotFoundError`` naming the file
+    (a folder, a damaged or pickled file, both ``logits`` and ``probs``, fewer than 2 columns, ...).
     """
     from pathlib import Path
 
@@ -72,11 +75,14 @@ def read_scores(path, require_labels: bool = True):
     import torch
 
     from calibkit._validation import check_labels, check_probs
+    from calibkit.data.tensors import check_is_file
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
+    check_is_file(path)
     data = _read_file(path)
+    if "logits" in data and "probs" in data:
+        raise ValueError(f"{path}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses "
+                         "which one you meant)")
     key = "logits" if "logits" in data else "probs" if "probs" in data else None
     if key is None:
         raise ValueError(f"{path}: no 'logits' or 'probs' entry (found: {', '.join(sorted(data)) or 'nothing'})")
@@ -87,6 +93,10 @@ def read_scores(path, require_labels: bool = True):
     if not x.dtype.is_floating_point or x.dim() not in (1, 2) or x.shape[0] == 0:
         raise ValueError(f"{path}: '{key}' must be a non-empty float array of shape (N, K) or (N,), "
                          f"got {x.dtype} {tuple(x.shape)}")
+    if x.dim() == 2 and x.shape[1] < 2:
+        what = "no classes (0 columns)" if x.shape[1] == 0 else "a single column"
+        raise ValueError(f"{path}: '{key}' has {what}, shape {tuple(x.shape)}; expected (N, K) with K >= 2 classes, "
+                         "or binary positive-class scores as a 1-D (N,) array")
     x = x.double()
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{path}: '{key}' contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
@@ -102,7 +112,7 @@ def read_scores(path, require_labels: bool = True):
         if require_labels:
             raise ValueError(f"{path}: no 'labels' entry")
         return x, None, key
-    y = torch.as_tensor(np.asarray(labels)) if not isinstance(labels, torch.Tensor) else labels
+    y = np.asarray(labels) if not isinstance(labels, torch.Tensor) else labels
     k = 2 if x.dim() == 1 else x.shape[1]
     try:
         y = check_labels(y, k, x.shape[0])
@@ -112,26 +122,21 @@ def read_scores(path, require_labels: bool = True):
 
 
 def _read_file(path):
-    import numpy as np
-    import torch
+    from calibkit.data.tensors import read_npz, read_pt
 
     suffix = path.suffix.lower()
-    try:
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
-        if suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if suffix == ".npz":
+        return read_npz(path)
+    if suffix == ".pt":
+        return read_pt(path)
+    if suffix == ".safetensors":
+        from safetensors.torch import load_file
 
+        try:
             return load_file(str(path))
-        if suffix == ".pt":
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(obj, dict):
-                raise ValueError(f"holds a {type(obj).__name__}, not a dict of tensors")
-            return obj
-    except Exception as exc:  # each reader raises its own types for a corrupt file
-        reason = (str(exc).strip().splitlines() or [""])[0][:120]
-        raise ValueError(f"{path}: cannot read ({type(exc).__name__}: {reason})") from None
+        except Exception as exc:  # the reader raises its own types for a damaged file
+            reason = (str(exc).strip().splitlines() or [""])[0][:120]
+            raise ValueError(f"{path}: not a readable .safetensors file ({type(exc).__name__}: {reason})") from None
     raise ValueError(f"{path}: unsupported file type {suffix or '(none)'}; use .npz, .safetensors or .pt")
 
 
@@ -210,6 +215,19 @@ def run(args) -> int:
     if args.timings:
         print("\ntime (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timer.spent.items()))
     return 0
+
+
+def same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: equal after resolving symlinks and ``..``, or
+    (both existing) the same inode, e.g. hard links."""
+    import os
+
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
 
 
 class _Timer:

@@ -1,6 +1,7 @@
 """``calibkit calibrate`` and ``calibkit apply``: the table against separate computations, files, bad input."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -112,7 +113,7 @@ def test_bad_input_one_line_exit_1_nothing_written(files, capsys):
     (tmp / "x.csv").write_text("1,2")
     cases.append((str(tmp / "x.csv"), "unsupported file type .csv"))
     (tmp / "junk.npz").write_bytes(b"junk")
-    cases.append((str(tmp / "junk.npz"), "cannot read"))
+    cases.append((str(tmp / "junk.npz"), r"junk.npz: not a readable .npz file \(not an intact zip archive"))
     for val, match in cases:
         out = tmp / "never"
         rc = main(["calibrate", "--val", val, "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "5"])
@@ -231,3 +232,62 @@ def test_select_by_and_tolerance_options(files, capsys):
         rc = main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out",
                    str(tmp / "never"), *extra])
         assert rc == 1 and match in capsys.readouterr().err and not (tmp / "never").exists()
+
+
+# ------------------------------------------------------------ damaged, ambiguous and borderline inputs
+
+
+def _rejects(tmp, val, want, capsys):
+    """``calibrate --val VAL`` fails with exactly ``calibkit calibrate: error: <want>``, nothing written."""
+    out = tmp / "never"
+    rc = main(["calibrate", "--val", str(val), "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "5"])
+    assert rc == 1 and capsys.readouterr().err == f"calibkit calibrate: error: {want}\n"
+    assert not out.exists()
+
+
+def test_damaged_files_folders_and_ambiguous_arrays_are_one_line_each(files, capsys):
+    tmp, (zv, yv), _ = files
+    noise = tmp / "noise.npz"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8).tobytes())
+    _rejects(tmp, noise, f"{noise}: not a readable .npz file (not an intact zip archive: truncated, corrupt or "
+                         "another format)", capsys)
+    torch.save({"logits": zv, "labels": yv}, tmp / "whole.pt")
+    data = (tmp / "whole.pt").read_bytes()
+    half = tmp / "half.pt"
+    half.write_bytes(data[: len(data) // 2])
+    _rejects(tmp, half, f"{half}: truncated or corrupt .pt file (its zip archive has no central directory)", capsys)
+    torch.save({"logits": zv.numpy(), "labels": yv}, tmp / "pickled.pt")  # a numpy array is a pickled object
+    out = tmp / "never"
+    rc = main(["calibrate", "--val", str(tmp / "pickled.pt"), "--test", str(tmp / "test.npz"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "pickled.pt: holds pickled Python objects other than tensors" in err and "weights_only" in err
+    folder = tmp / "somedir"
+    folder.mkdir()
+    _rejects(tmp, folder, f"{folder} is a directory, not a file", capsys)
+    k0 = _bad(tmp, "k0.npz", logits=np.zeros((300, 0)), labels=yv.numpy())
+    _rejects(tmp, k0, f"{k0}: 'logits' has no classes (0 columns), shape (300, 0); expected (N, K) with K >= 2 "
+                      "classes, or binary positive-class scores as a 1-D (N,) array", capsys)
+    k1 = _bad(tmp, "k1.npz", probs=np.ones((300, 1)), labels=np.zeros(300, np.int64))
+    _rejects(tmp, k1, f"{k1}: 'probs' has a single column, shape (300, 1); expected (N, K) with K >= 2 "
+                      "classes, or binary positive-class scores as a 1-D (N,) array", capsys)
+    both = _bad(tmp, "both.npz", logits=zv.numpy(), probs=torch.softmax(zv, 1).numpy(), labels=yv.numpy())
+    _rejects(tmp, both, f"{both}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses which "
+                        "one you meant)", capsys)
+    huge = yv.numpy().astype(np.uint64)
+    huge[7] = 2**64 - 1
+    big = _bad(tmp, "big.npz", logits=zv.numpy(), labels=huge)
+    _rejects(tmp, big, f"{big}: labels holds {2**64 - 1}, above the int64 range: not a class index", capsys)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+def test_unsigned_labels_are_read_as_int64(files, dtype):
+    from safetensors.torch import save_file
+
+    from calibkit.commands.calibrate import read_scores
+
+    tmp, (zv, yv), _ = files
+    path = _bad(tmp, "u.npz", logits=zv.numpy(), labels=yv.numpy().astype(dtype))
+    x, y, _ = read_scores(path)
+    assert y.dtype == torch.int64 and torch.equal(y, yv) and torch.equal(x, zv)
+    save_file({"logits": zv, "labels": torch.from_numpy(yv.numpy().astype(dtype))}, str(tmp / "u.safetensors"))
+    assert torch.equal(read_scores(tmp / "u.safetensors")[1], yv)
