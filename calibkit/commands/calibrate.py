@@ -11,6 +11,11 @@ softmax(log p) = p); a file with both is refused. 1-D entries are binary positiv
 probabilities: logit(p)). Labels are integers (unsigned ones are read as int64). Nothing is
 unpickled: object arrays in an .npz and anything but tensors in a .pt are refused.
 
+Warnings (stderr): --val and --test the same file or the same logits and labels (the test numbers
+are then not held out); fewer than 2 validation rows per class (the K and K x K parameter
+calibrators cannot be fitted reliably). With fewer rows than classes, matrix and dirichlet are not
+fitted; the validation table says why.
+
 The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
 is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by ece): the lowest
 cross-fitted ECE among the calibrators whose cross-fitted accuracy is at most --acc-tolerance points
@@ -182,11 +187,15 @@ def run(args) -> int:
                          "validation and test must come from the same model")
     if len(val_y) < args.folds:
         raise ValueError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
+    _check_rows(args, val_x, names)
+    _warn_same_data(args, (val_x, val_y), (test_x, test_y))
 
     from calibkit.report import posthoc
 
     timer = _Timer()
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
+    if args.save and args.save not in sel.fitted:  # its fit failed on a fold: nothing to save
+        raise ValueError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
     text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
                         posthoc.test_table(rows, sel.chosen)])
@@ -215,6 +224,45 @@ def run(args) -> int:
     if args.timings:
         print("\ntime (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timer.spent.items()))
     return 0
+
+
+ROWS_PER_CLASS = 2  # fewer validation rows than this many per class: the warning of _check_rows
+
+
+def _check_rows(args, val_x, names) -> None:
+    """Warn when the validation split has fewer than ``ROWS_PER_CLASS`` rows per class (the K and
+    K x K parameter calibrators cannot be fitted reliably); refuse ``--save`` of a calibrator that
+    :func:`calibkit.calibrators.selection.unfittable` leaves unfitted."""
+    import warnings
+
+    from calibkit.calibrators.selection import unfittable
+
+    n, k = val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1]
+    refused = {name: why for name in names if (why := unfittable(name, n, k)) is not None}
+    if args.save in refused:
+        raise ValueError(f"--save {args.save!r}: {refused[args.save]}")
+    if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only
+        skipped = f"; not fitted: {', '.join(refused)} (fewer rows than classes)" if refused else ""
+        warnings.warn(f"{args.val}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per class): "
+                      "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
+                      f"fitted reliably, and their fits may be slow{skipped}", stacklevel=2)
+
+
+def _warn_same_data(args, val, test) -> None:
+    """Warn when ``--val`` and ``--test`` are one file, or hold the same logits and labels."""
+    import warnings
+    from pathlib import Path
+
+    import torch
+
+    if same_file(Path(args.val), Path(args.test)):
+        what = "are the same file"
+    elif all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(val, test)):
+        what = "hold identical logits and labels"
+    else:
+        return
+    warnings.warn(f"--val {args.val} and --test {args.test} {what}: calibration and evaluation use the same "
+                  "data, so the test numbers are not held out", stacklevel=2)
 
 
 def same_file(a, b) -> bool:
@@ -258,10 +306,13 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     import torch
 
     from calibkit.calibrators import CALIBRATORS
-    from calibkit.calibrators.selection import NONE, choose, cross_fit
+    from calibkit.calibrators.selection import NONE, choose, cross_fit, unfittable
 
     fitted, seconds = {}, {}
+    k = 2 if val_x.dim() == 1 else val_x.shape[1]
     for name in names:  # the full fits first, timed alone (the "fit s" column)
+        if unfittable(name, val_x.shape[0], k) is not None:
+            continue  # cross_fit gives it its reason
         start = time.perf_counter()
         with timer(f"fit {name}"):
             fitted[name] = CALIBRATORS[name]().fit(val_x, val_y)
@@ -273,7 +324,8 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     probs = {NONE: torch.sigmoid(test_x) if test_x.dim() == 1 else torch.softmax(test_x, 1)}
     with timer("predict"):
         for name in names:
-            probs[name] = fitted[name].predict_proba(test_x).double()
+            if name in fitted:  # not those refused or failed in cross-fitting (their reason is in the tables)
+                probs[name] = fitted[name].predict_proba(test_x).double()
     return sel, probs, seconds
 
 

@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -291,3 +292,58 @@ def test_unsigned_labels_are_read_as_int64(files, dtype):
     assert y.dtype == torch.int64 and torch.equal(y, yv) and torch.equal(x, zv)
     save_file({"logits": zv, "labels": torch.from_numpy(yv.numpy().astype(dtype))}, str(tmp / "u.safetensors"))
     assert torch.equal(read_scores(tmp / "u.safetensors")[1], yv)
+
+
+def test_the_same_data_for_val_and_test_is_a_warning(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from calibkit.commands.calibrate import _warn_same_data
+
+    (zv, yv), _ = _split(n=80)
+    np.savez(tmp_path / "val.npz", logits=zv.numpy(), labels=yv.numpy())
+    rc = main(["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "val.npz"), "--out",
+               str(tmp_path / "o"), "--calibrators", "temperature", "--n-boot", "10", "--dpi", "10"])
+    assert rc == 0 and (tmp_path / "o" / "report" / "calibrators.md").exists()  # a warning, not a refusal
+    val = tmp_path / "val.npz"
+    assert capsys.readouterr().err.splitlines() == [
+        f"calibkit calibrate: warning: --val {val} and --test {val} are the same file: calibration and evaluation "
+        "use the same data, so the test numbers are not held out"]
+    (tmp_path / "copy.npz").write_bytes(val.read_bytes())
+    (tmp_path / "link.npz").symlink_to(val)
+    for test, what in (("link.npz", "are the same file"), ("copy.npz", "hold identical logits and labels")):
+        args = SimpleNamespace(val=str(val), test=str(tmp_path / test))
+        with pytest.warns(UserWarning, match=f"^--val {re.escape(str(val))} and --test .*{test} {what}: calibration "
+                                             "and evaluation use the same data, so the test numbers are not held out$"):
+            _warn_same_data(args, (zv, yv), (zv.clone(), yv.clone()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_same_data(SimpleNamespace(val=str(val), test="t.npz"), (zv, yv), (zv, (yv + 1) % 4))  # other labels
+
+
+def test_fewer_rows_than_classes_warns_and_leaves_the_square_maps_unfitted(tmp_path, capsys):
+    g = torch.Generator().manual_seed(0)
+    k = 30
+    for name, n in (("val", 20), ("test", 40)):
+        np.savez(tmp_path / f"{name}.npz", logits=torch.randn(n, k, generator=g, dtype=torch.float64).numpy(),
+                 labels=torch.randint(0, k, (n,), generator=g).numpy())
+    argv = ["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "test.npz"), "--out",
+            str(tmp_path / "o"), "--calibrators", "temperature,matrix,dirichlet", "--n-boot", "10", "--dpi", "10"]
+    assert main(argv + ["--save", "dirichlet"]) == 1
+    assert capsys.readouterr().err == (
+        "calibkit calibrate: error: --save 'dirichlet': not fitted: 20 validation rows for K = 30 classes; its K x K "
+        "map (930 parameters) cannot be fitted from fewer rows than classes\n")
+    assert not (tmp_path / "o").exists()
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0] == (
+        f"calibkit calibrate: warning: {tmp_path / 'val.npz'}: 20 validation rows for K = 30 classes (fewer than 2 "
+        "per class): the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
+        "fitted reliably, and their fits may be slow; not fitted: matrix, dirichlet (fewer rows than classes)")
+    reason = "not fitted: 20 validation rows for K = 30 classes; its K x K map (930 parameters) cannot be fitted " \
+             "from fewer rows than classes"
+    assert f"| matrix | - | - | - | - | - | excluded: {reason} |" in captured.out
+    assert f"| dirichlet | - | - | - | - | - | excluded: {reason} |" in captured.out
+    rows = json.loads((tmp_path / "o" / "report" / "results.json").read_text())
+    assert [r["calibrator"] for r in rows] == ["none", "temperature"]
+    sel = json.loads((tmp_path / "o" / "report" / "selection.json").read_text())
+    assert sel["excluded"]["matrix"] == reason and sel["scores"]["dirichlet"]["error"] == reason
