@@ -79,9 +79,35 @@ def as_tensor(x, name: str) -> torch.Tensor:
                          f"{_expected(name)}") from exc
 
 
+_INT64_MAX = torch.iinfo(torch.int64).max
+# unsigned integer dtypes wider than uint8 (torch >= 2.3 has them; their min/max are not implemented)
+_WIDE_UNSIGNED = tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
+
+
+def _signed_labels(labels, name: str):
+    """Unsigned integer labels (uint16/32/64, numpy or torch) as int64; a value above the int64
+    range is refused. Anything else is returned unchanged."""
+    if isinstance(labels, np.ndarray) and labels.dtype.kind == "u" and labels.dtype.itemsize > 1:
+        if labels.size and int(labels.max()) > _INT64_MAX:
+            raise ValueError(f"{name} holds {int(labels.max())}, above the int64 range: not a class index")
+        return labels.astype(np.int64)
+    if isinstance(labels, torch.Tensor) and labels.dtype in _WIDE_UNSIGNED:
+        if labels.dtype != torch.uint64:
+            return labels.to(torch.int64)
+        wide = labels.view(torch.int64)  # values above the int64 range read as negative
+        if labels.numel() and not trusting() and bool((wide < 0).any()):
+            big = int(labels[wide < 0][0].item())
+            raise ValueError(f"{name} holds {big}, above the int64 range: not a class index")
+        return wide
+    return labels
+
+
 def check_labels(labels, num_classes: int | None, n: int | None, name: str = "labels") -> torch.Tensor:
-    """Integer class labels of shape (N,), each in [0, num_classes)."""
-    labels = as_tensor(labels, name)
+    """Integer class labels of shape (N,), each in [0, num_classes).
+
+    Unsigned integer labels are accepted and returned as int64 (values above the int64 range refused).
+    """
+    labels = as_tensor(_signed_labels(labels, name), name)
     if labels.dim() != 1:
         raise ValueError(f"{name} must have shape (N,), got {tuple(labels.shape)}")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dtype.is_complex:

@@ -53,3 +53,21 @@ def test_string_labels_message_asks_for_integers_only(labels):
 def test_string_probabilities_message_asks_for_floats():
     with pytest.raises(ValueError, match=r"^probs must be numeric \(floating-point numbers\), got a numpy array"):
         ece(np.array([["a", "b"]]), np.array([0]))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+def test_unsigned_labels_are_class_indices(dtype):
+    probs = np.array([[0.6, 0.4], [0.3, 0.7], [0.2, 0.8]])
+    labels = np.array([0, 1, 0])
+    want = float(ece(probs, labels))
+    assert float(ece(probs, labels.astype(dtype))) == want
+    assert float(ece(torch.from_numpy(probs), torch.from_numpy(labels.astype(dtype)))) == want
+    with pytest.raises(ValueError, match="^labels out of range: found 2, expected values in \\[0, 1\\]$"):
+        ece(probs, np.array([0, 2, 0], dtype))
+
+
+def test_uint64_labels_above_the_int64_range_are_refused():
+    probs = np.array([[0.6, 0.4], [0.3, 0.7]])
+    for labels in (np.array([0, 2**63], np.uint64), torch.tensor([0, -1]).view(torch.uint64)):
+        with pytest.raises(ValueError, match=r"^labels holds \d+, above the int64 range: not a class index$"):
+            ece(probs, labels)

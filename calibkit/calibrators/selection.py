@@ -54,11 +54,28 @@ import torch
 
 from calibkit.calibrators.registry import CALIBRATORS
 
-__all__ = ["NONE", "SELECT_BY", "SelectionRule", "CrossFitScore", "Selection", "folds", "cross_fit", "choose",
-           "select_calibrator", "mean_scores"]
+__all__ = ["NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", "Selection", "folds", "cross_fit",
+           "choose", "select_calibrator", "mean_scores", "unfittable"]
 
 NONE = "none"  # the uncalibrated model, always a candidate
 SELECT_BY = ("ece", "nll", "brier")
+NOT_FITTED = "not fitted: "  # the start of the error of a calibrator refused before any fit (:func:`unfittable`)
+
+
+def unfittable(name: str, n_rows: int, k: int) -> str | None:
+    """Why calibrator ``name`` is not fitted on ``n_rows`` validation rows of ``k`` classes, or ``None``.
+
+    A map with a K x K weight (matrix scaling, Dirichlet calibration: K^2 + K parameters) is refused
+    when there are fewer rows than classes: some classes have no validation row, the map has more
+    than K parameters per row, and its fit costs grow with K^2 (Dirichlet calibration at K = 1000
+    takes over a minute whatever the rows).
+    """
+    from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling
+
+    if n_rows < k and issubclass(CALIBRATORS[name], (MatrixScaling, DirichletCalibration)):
+        return (f"{NOT_FITTED}{n_rows} validation rows for K = {k} classes; its K x K map ({k * k + k} parameters) "
+                "cannot be fitted from fewer rows than classes")
+    return None
 
 
 @dataclass(frozen=True)
@@ -229,8 +246,8 @@ def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
 
     Returns:
         ``(scores, fitted)``: ``{name: CrossFitScore}`` with ``"none"`` first, and the calibrators
-        fitted on all rows (a name whose fit raised ``ValueError`` or ``RuntimeError`` gets a score with ``error`` set and
-        no fitted entry).
+        fitted on all rows (a name whose fit raised ``ValueError`` or ``RuntimeError``, or that
+        :func:`unfittable` refuses, gets a score with ``error`` set and no fitted entry).
     """
     x = torch.as_tensor(logits).double().cpu()
     y = torch.as_tensor(labels).long().cpu()
@@ -243,8 +260,14 @@ def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
     base_pred = base.argmax(1)
     scores, oof = {NONE: _score(base, y, base_pred, rule.n_bins, 0.0)}, {NONE: base}
     fitted = dict(fitted or {})
+    k = 2 if x.dim() == 1 else x.shape[1]
     for name in names:
         start = time.perf_counter()
+        refused = unfittable(name, x.shape[0], k)
+        if refused is not None:
+            fitted.pop(name, None)
+            scores[name] = CrossFitScore(error=refused)
+            continue
         try:
             if name not in fitted:
                 fitted[name] = CALIBRATORS[name]().fit(x, y)
@@ -283,7 +306,7 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
 def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule: SelectionRule) -> str | None:
     """Why ``name`` is not eligible (None when it is)."""
     if s.error is not None:
-        return f"fit failed: {s.error}"
+        return s.error if s.error.startswith(NOT_FITTED) else f"fit failed: {s.error}"
     if name == NONE:
         return None
     if s.acc < ref.acc - rule.acc_tolerance - 1e-12:

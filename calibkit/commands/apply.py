@@ -13,8 +13,9 @@ has them.
 
 Refused with one line and exit status 1, nothing written: logits whose K or layout (binary
 (N,) scores vs (N, K) logits) differ from the fit's, a calibrator file that fails load's
-checks (format version, hyperparameters, every state field), and an OUT.npz that is the
-input file itself (also through a symlink or another relative path).
+checks (format version, hyperparameters, every state field), an OUT.npz that is the
+input file itself (also through a symlink or another relative path) or a folder, and an F
+that `calibkit calibrate` would refuse (damaged, pickled, both 'logits' and 'probs', ...).
 
 example:
   calibkit apply --calibrator calib/dirichlet --input new.npz --out new_calibrated.npz
@@ -44,11 +45,14 @@ def run(args) -> int:
     out = Path(args.out)
     if out.suffix != ".npz":
         raise ValueError(f"--out must name an .npz file, got {out}")
-    if _same_file(out, Path(args.input)):
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory, not a file")
+    from calibkit.commands.calibrate import read_scores, same_file
+
+    if same_file(out, Path(args.input)):
         raise ValueError(f"--out {out} is the input file {args.input}: writing there would overwrite its logits; "
                          "choose another path")
     from calibkit.calibrators import load
-    from calibkit.commands.calibrate import read_scores
 
     cal = load(args.calibrator)
     x, y, source = read_scores(args.input, require_labels=False)
@@ -66,19 +70,6 @@ def run(args) -> int:
     os.replace(tmp, out)
     print(f"{cal!r} applied to {args.input} ({len(probs)} rows, {source}): wrote {out}")
     return 0
-
-
-def _same_file(a, b) -> bool:
-    """Whether paths ``a`` and ``b`` name one file: equal after resolving symlinks and ``..``, or
-    (both existing) the same inode, e.g. hard links."""
-    import os
-
-    if a.resolve() == b.resolve():
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return False
 
 
 def check_fit_layout(cal, x, input_name, cal_name) -> None:

@@ -7,7 +7,14 @@ import argparse
 EPILOG = """\
 Each file (.npz, .safetensors or .pt) holds 'logits' (N, K) and 'labels' (N,), or 'probs' (N, K)
 instead of 'logits' (then logits = log(probs), probabilities below 1e-300 raised to it first;
-softmax(log p) = p). 1-D entries are binary positive-class logits (or probabilities: logit(p)).
+softmax(log p) = p); a file with both is refused. 1-D entries are binary positive-class logits (or
+probabilities: logit(p)). Labels are integers (unsigned ones are read as int64). Nothing is
+unpickled: object arrays in an .npz and anything but tensors in a .pt are refused.
+
+Warnings (stderr): --val and --test the same file or the same logits and labels (the test numbers
+are then not held out); fewer than 2 validation rows per class (the K and K x K parameter
+calibrators cannot be fitted reliably). With fewer rows than classes, matrix and dirichlet are not
+fitted; the validation table says why.
 
 The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
 is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by ece): the lowest
@@ -64,7 +71,8 @@ def read_scores(path, require_labels: bool = True):
     ``logits``: float64 ``(N, K)`` or binary ``(N,)``; from ``probs`` when the file has no
     ``logits`` (``log``, or ``logit`` for 1-D, of the probabilities raised to at least 1e-300);
     ``labels``: int64 ``(N,)`` in ``[0, K)`` (``None`` when absent and not required);
-    ``source``: ``"logits"`` or ``"probs"``. Raises ``ValueError`` / ``FileNotFoundError`` naming the file.
+    ``source``: ``"logits"`` or ``"probs"``. Raises ``ValueError`` / ``FileNotFoundError`` naming the file
+    (a folder, a damaged or pickled file, both ``logits`` and ``probs``, fewer than 2 columns, ...).
     """
     from pathlib import Path
 
@@ -72,11 +80,14 @@ def read_scores(path, require_labels: bool = True):
     import torch
 
     from calibkit._validation import check_labels, check_probs
+    from calibkit.data.tensors import check_is_file
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
+    check_is_file(path)
     data = _read_file(path)
+    if "logits" in data and "probs" in data:
+        raise ValueError(f"{path}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses "
+                         "which one you meant)")
     key = "logits" if "logits" in data else "probs" if "probs" in data else None
     if key is None:
         raise ValueError(f"{path}: no 'logits' or 'probs' entry (found: {', '.join(sorted(data)) or 'nothing'})")
@@ -87,6 +98,10 @@ def read_scores(path, require_labels: bool = True):
     if not x.dtype.is_floating_point or x.dim() not in (1, 2) or x.shape[0] == 0:
         raise ValueError(f"{path}: '{key}' must be a non-empty float array of shape (N, K) or (N,), "
                          f"got {x.dtype} {tuple(x.shape)}")
+    if x.dim() == 2 and x.shape[1] < 2:
+        what = "no classes (0 columns)" if x.shape[1] == 0 else "a single column"
+        raise ValueError(f"{path}: '{key}' has {what}, shape {tuple(x.shape)}; expected (N, K) with K >= 2 classes, "
+                         "or binary positive-class scores as a 1-D (N,) array")
     x = x.double()
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{path}: '{key}' contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
@@ -102,7 +117,7 @@ def read_scores(path, require_labels: bool = True):
         if require_labels:
             raise ValueError(f"{path}: no 'labels' entry")
         return x, None, key
-    y = torch.as_tensor(np.asarray(labels)) if not isinstance(labels, torch.Tensor) else labels
+    y = np.asarray(labels) if not isinstance(labels, torch.Tensor) else labels
     k = 2 if x.dim() == 1 else x.shape[1]
     try:
         y = check_labels(y, k, x.shape[0])
@@ -112,26 +127,21 @@ def read_scores(path, require_labels: bool = True):
 
 
 def _read_file(path):
-    import numpy as np
-    import torch
+    from calibkit.data.tensors import read_npz, read_pt
 
     suffix = path.suffix.lower()
-    try:
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
-        if suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if suffix == ".npz":
+        return read_npz(path)
+    if suffix == ".pt":
+        return read_pt(path)
+    if suffix == ".safetensors":
+        from safetensors.torch import load_file
 
+        try:
             return load_file(str(path))
-        if suffix == ".pt":
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(obj, dict):
-                raise ValueError(f"holds a {type(obj).__name__}, not a dict of tensors")
-            return obj
-    except Exception as exc:  # each reader raises its own types for a corrupt file
-        reason = (str(exc).strip().splitlines() or [""])[0][:120]
-        raise ValueError(f"{path}: cannot read ({type(exc).__name__}: {reason})") from None
+        except Exception as exc:  # the reader raises its own types for a damaged file
+            reason = (str(exc).strip().splitlines() or [""])[0][:120]
+            raise ValueError(f"{path}: not a readable .safetensors file ({type(exc).__name__}: {reason})") from None
     raise ValueError(f"{path}: unsupported file type {suffix or '(none)'}; use .npz, .safetensors or .pt")
 
 
@@ -177,11 +187,15 @@ def run(args) -> int:
                          "validation and test must come from the same model")
     if len(val_y) < args.folds:
         raise ValueError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
+    _check_rows(args, val_x, names)
+    _warn_same_data(args, (val_x, val_y), (test_x, test_y))
 
     from calibkit.report import posthoc
 
     timer = _Timer()
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
+    if args.save and args.save not in sel.fitted:  # its fit failed on a fold: nothing to save
+        raise ValueError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
     text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
                         posthoc.test_table(rows, sel.chosen)])
@@ -212,6 +226,58 @@ def run(args) -> int:
     return 0
 
 
+ROWS_PER_CLASS = 2  # fewer validation rows than this many per class: the warning of _check_rows
+
+
+def _check_rows(args, val_x, names) -> None:
+    """Warn when the validation split has fewer than ``ROWS_PER_CLASS`` rows per class (the K and
+    K x K parameter calibrators cannot be fitted reliably); refuse ``--save`` of a calibrator that
+    :func:`calibkit.calibrators.selection.unfittable` leaves unfitted."""
+    import warnings
+
+    from calibkit.calibrators.selection import unfittable
+
+    n, k = val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1]
+    refused = {name: why for name in names if (why := unfittable(name, n, k)) is not None}
+    if args.save in refused:
+        raise ValueError(f"--save {args.save!r}: {refused[args.save]}")
+    if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only
+        skipped = f"; not fitted: {', '.join(refused)} (fewer rows than classes)" if refused else ""
+        warnings.warn(f"{args.val}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per class): "
+                      "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
+                      f"fitted reliably, and their fits may be slow{skipped}", stacklevel=2)
+
+
+def _warn_same_data(args, val, test) -> None:
+    """Warn when ``--val`` and ``--test`` are one file, or hold the same logits and labels."""
+    import warnings
+    from pathlib import Path
+
+    import torch
+
+    if same_file(Path(args.val), Path(args.test)):
+        what = "are the same file"
+    elif all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(val, test)):
+        what = "hold identical logits and labels"
+    else:
+        return
+    warnings.warn(f"--val {args.val} and --test {args.test} {what}: calibration and evaluation use the same "
+                  "data, so the test numbers are not held out", stacklevel=2)
+
+
+def same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: equal after resolving symlinks and ``..``, or
+    (both existing) the same inode, e.g. hard links."""
+    import os
+
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 class _Timer:
     """Wall time per phase (``--timings``): ``with timer("phase"): ...`` adds to ``timer.spent[phase]``."""
 
@@ -240,10 +306,13 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     import torch
 
     from calibkit.calibrators import CALIBRATORS
-    from calibkit.calibrators.selection import NONE, choose, cross_fit
+    from calibkit.calibrators.selection import NONE, choose, cross_fit, unfittable
 
     fitted, seconds = {}, {}
+    k = 2 if val_x.dim() == 1 else val_x.shape[1]
     for name in names:  # the full fits first, timed alone (the "fit s" column)
+        if unfittable(name, val_x.shape[0], k) is not None:
+            continue  # cross_fit gives it its reason
         start = time.perf_counter()
         with timer(f"fit {name}"):
             fitted[name] = CALIBRATORS[name]().fit(val_x, val_y)
@@ -255,7 +324,8 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     probs = {NONE: torch.sigmoid(test_x) if test_x.dim() == 1 else torch.softmax(test_x, 1)}
     with timer("predict"):
         for name in names:
-            probs[name] = fitted[name].predict_proba(test_x).double()
+            if name in fitted:  # not those refused or failed in cross-fitting (their reason is in the tables)
+                probs[name] = fitted[name].predict_proba(test_x).double()
     return sel, probs, seconds
 
 

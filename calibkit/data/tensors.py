@@ -14,14 +14,18 @@ spec is silent):
   float32, used as stored -- no normalisation, no augmentation; ``in_channels`` is ``shape[1]``).
 
 Labels are integers ``(N,)`` in ``[0, K)`` with K = the largest label + 1, and every class must
-occur in ``y_train``. Every violation (a missing or unknown key, NaN or infinite inputs, labels
+occur in ``y_train``; unsigned integer labels are accepted and read as int64 (a value above the
+int64 range is refused). Every violation (a missing or unknown key, NaN or infinite inputs, labels
 that are not integers, out of range or of another length, splits of different shapes or dtypes)
-raises one ``ValueError`` naming the file and the array.
+raises one ``ValueError`` naming the file and the array; so do a folder given as the file, a
+damaged file and an object array (never unpickled). :func:`read_npz` and :func:`read_pt` are the
+readers ``calibkit calibrate`` and ``calibkit apply`` use for their logits files too.
 """
 
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
 
 import numpy as np
@@ -34,18 +38,90 @@ OPTIONAL = ("x_val", "y_val", "class_names")
 SUFFIXES = (".npz", ".safetensors")
 
 
+def check_is_file(path, what: str = "file") -> None:
+    """Raise ``FileNotFoundError`` when ``path`` does not exist, ``ValueError`` when it is a folder."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a {what}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} {path} not found")
+
+
+class _ObjectArray(Exception):
+    """An ``.npz`` member that only unpickling could read (its name is the argument)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()[:25])  # one line, without torch's paragraphs of advice
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _zip_archive(path) -> bool:
+    """Whether ``path`` starts as a zip archive does and ends with its central directory (intact)."""
+    import zipfile
+
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head in (b"PK\x03\x04", b"PK\x05\x06") and zipfile.is_zipfile(path)
+
+
+def read_npz(path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` archive, by name. Nothing is unpickled: an object array is refused.
+
+    A file that is not an intact zip archive (random bytes, a truncated download, a ``.npy`` or a
+    pickle renamed ``.npz``) is "not a readable .npz file".
+    """
+    if not _zip_archive(path):
+        raise ValueError(f"{path}: not a readable .npz file (not an intact zip archive: truncated, corrupt or "
+                         "another format)")
+    out = {}
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            for key in f.files:
+                try:
+                    out[key] = f[key]
+                except ValueError as exc:
+                    if "allow_pickle" not in str(exc):
+                        raise
+                    raise _ObjectArray(key) from None
+    except _ObjectArray as refused:  # an object array: loading it would run pickled code
+        raise ValueError(f"{path}: array {refused.args[0]!r} holds Python objects (dtype object), which calibkit "
+                         "does not unpickle; store numeric arrays") from None
+    except Exception as exc:  # a damaged member: zipfile, zlib and numpy's header parser raise their own types
+        raise ValueError(f"{path}: not a readable .npz file ({_first_line(exc)})") from None
+    return out
+
+
+def read_pt(path) -> dict:
+    """The dict of a ``torch.save`` file, loaded with ``weights_only=True`` (tensors and plain Python
+    values only: any other pickled object is refused, never unpickled)."""
+    import pickle
+
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    if zipped and not _zip_archive(path):
+        raise ValueError(f"{path}: truncated or corrupt .pt file (its zip archive has no central directory)")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        import re
+
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f" ({found.group(1)})" if found else ""
+        damaged = "" if zipped else ", or the file is truncated or corrupt"
+        raise ValueError(f"{path}: holds pickled Python objects other than tensors{what}, which calibkit does not "
+                         f"load (weights_only){damaged}; save a dict of torch tensors") from None
+    except Exception as exc:  # torch raises RuntimeError, EOFError, OSError, ... for a damaged file
+        raise ValueError(f"{path}: truncated or corrupt .pt file ({_first_line(exc)})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: holds a {type(obj).__name__}, not a dict of tensors")
+    return obj
+
+
 def read_arrays(path: str) -> dict[str, np.ndarray]:
     """Every array of an ``.npz`` (no pickles) or ``.safetensors`` file, by name."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"tensors file {path} not found")
+    check_is_file(path, "tensors file")
     if path.endswith(".npz"):
-        try:
-            with np.load(path, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
-        except ValueError as exc:  # object arrays need pickles: refused
-            raise ValueError(f"{path}: cannot read ({exc})") from None
-        except Exception as exc:
-            raise ValueError(f"{path}: not a readable .npz file ({type(exc).__name__}: {exc})") from None
+        return read_npz(path)
     if path.endswith(".safetensors"):
         from safetensors.numpy import load_file
 
@@ -91,6 +167,8 @@ def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
         raise ValueError(f"{where}: expected {n} labels (N,) for {n} inputs, got shape {y.shape}")
     if len(y) and int(y.min()) < 0:
         raise ValueError(f"{where}: labels must be >= 0, got {int(y.min())}")
+    if y.dtype.kind == "u" and len(y) and int(y.max()) > np.iinfo(np.int64).max:  # unsigned: accepted if they fit
+        raise ValueError(f"{where}: label {int(y.max())} is above the int64 range; labels are class indices 0..K-1")
     return y.astype(np.int64)
 
 
@@ -122,7 +200,7 @@ def read_tensors_file(path: str) -> RawData:
         splits[s] = (to_inputs(x, kind, where), _labels(arrays[f"y_{s}"], len(x), f"{path}: y_{s}"))
     k = 1 + max(int(y.max()) for _, y in splits.values() if len(y))
     present = set(np.unique(splits["train"][1]).tolist())
-    absent = [c for c in range(k) if c not in present]
+    absent = list(itertools.islice((c for c in range(k) if c not in present), 5))  # never walks up to a huge label
     if absent:
         raise ValueError(f"{path}: labels run 0..{k - 1}, but class(es) {absent[:5]} have no example in y_train; "
                          "use consecutive class indices 0..K-1")

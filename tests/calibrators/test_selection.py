@@ -200,3 +200,21 @@ def test_registered_calibrators_without_warm_start_or_failing_are_handled(monkey
     assert scores["cold"].ece == pytest.approx(scores["temperature"].ece, abs=1e-6)  # the same map, fitted cold
     assert scores["failing"].error == "no convergence" and "failing" not in fitted
     assert choose(scores).excluded["failing"] == "fit failed: no convergence"
+
+
+@pytest.mark.filterwarnings("ignore:temperature scaling")  # random labels: the temperature runs to its bound
+def test_square_maps_are_not_fitted_on_fewer_rows_than_classes_and_say_why():
+    from calibkit.calibrators.selection import unfittable
+
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(12, 20, generator=g, dtype=torch.float64), torch.randint(0, 20, (12,), generator=g)
+    reason = ("not fitted: 12 validation rows for K = 20 classes; its K x K map (420 parameters) cannot be fitted "
+              "from fewer rows than classes")
+    assert unfittable("matrix", 12, 20) == unfittable("dirichlet", 12, 20) == reason
+    assert unfittable("matrix", 20, 20) is None and unfittable("vector", 12, 20) is None
+    scores, fitted = cross_fit(z, y, ["temperature", "matrix", "dirichlet"], SelectionRule(n_folds=3, n_boot=10))
+    assert sorted(fitted) == ["temperature"]
+    assert scores["matrix"].error == scores["dirichlet"].error == reason
+    sel = choose(scores, SelectionRule(n_folds=3, n_boot=10))
+    assert sel.excluded["matrix"] == reason and sel.excluded["dirichlet"] == reason  # no "fit failed" in front
+    assert "matrix" not in sel.ranking

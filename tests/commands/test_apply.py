@@ -172,3 +172,16 @@ def test_writes_float64_probabilities_computed_in_float64(ts10, capsys):
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-17)
     assert (got.astype(np.float32).astype(np.float64) != got).any()  # not float32 values widened
+
+
+def test_a_folder_as_input_or_out_is_refused(ts10, capsys):
+    tmp, js = ts10
+    inp = _input(tmp, "k10.npz", logits=_logits(10, seed=1)[0])
+    (tmp / "out.npz").mkdir()
+    _refused(capsys, js, inp, tmp / "out.npz", f"--out {tmp / 'out.npz'} is a directory, not a file", same=True)
+    assert not any((tmp / "out.npz").iterdir())
+    (tmp / "in.npz").mkdir()
+    rc = main(["apply", "--calibrator", str(js), "--input", str(tmp / "in.npz"), "--out", str(tmp / "o.npz")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err == f"calibkit apply: error: {tmp / 'in.npz'} is a directory, not a file\n"
+    assert not (tmp / "o.npz").exists()

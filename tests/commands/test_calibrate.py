@@ -1,6 +1,8 @@
 """``calibkit calibrate`` and ``calibkit apply``: the table against separate computations, files, bad input."""
 
 import json
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -112,7 +114,7 @@ def test_bad_input_one_line_exit_1_nothing_written(files, capsys):
     (tmp / "x.csv").write_text("1,2")
     cases.append((str(tmp / "x.csv"), "unsupported file type .csv"))
     (tmp / "junk.npz").write_bytes(b"junk")
-    cases.append((str(tmp / "junk.npz"), "cannot read"))
+    cases.append((str(tmp / "junk.npz"), r"junk.npz: not a readable .npz file \(not an intact zip archive"))
     for val, match in cases:
         out = tmp / "never"
         rc = main(["calibrate", "--val", val, "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "5"])
@@ -231,3 +233,117 @@ def test_select_by_and_tolerance_options(files, capsys):
         rc = main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out",
                    str(tmp / "never"), *extra])
         assert rc == 1 and match in capsys.readouterr().err and not (tmp / "never").exists()
+
+
+# ------------------------------------------------------------ damaged, ambiguous and borderline inputs
+
+
+def _rejects(tmp, val, want, capsys):
+    """``calibrate --val VAL`` fails with exactly ``calibkit calibrate: error: <want>``, nothing written."""
+    out = tmp / "never"
+    rc = main(["calibrate", "--val", str(val), "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "5"])
+    assert rc == 1 and capsys.readouterr().err == f"calibkit calibrate: error: {want}\n"
+    assert not out.exists()
+
+
+def test_damaged_files_folders_and_ambiguous_arrays_are_one_line_each(files, capsys):
+    tmp, (zv, yv), _ = files
+    noise = tmp / "noise.npz"
+    noise.write_bytes(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8).tobytes())
+    _rejects(tmp, noise, f"{noise}: not a readable .npz file (not an intact zip archive: truncated, corrupt or "
+                         "another format)", capsys)
+    torch.save({"logits": zv, "labels": yv}, tmp / "whole.pt")
+    data = (tmp / "whole.pt").read_bytes()
+    half = tmp / "half.pt"
+    half.write_bytes(data[: len(data) // 2])
+    _rejects(tmp, half, f"{half}: truncated or corrupt .pt file (its zip archive has no central directory)", capsys)
+    torch.save({"logits": zv.numpy(), "labels": yv}, tmp / "pickled.pt")  # a numpy array is a pickled object
+    out = tmp / "never"
+    rc = main(["calibrate", "--val", str(tmp / "pickled.pt"), "--test", str(tmp / "test.npz"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "pickled.pt: holds pickled Python objects other than tensors" in err and "weights_only" in err
+    folder = tmp / "somedir"
+    folder.mkdir()
+    _rejects(tmp, folder, f"{folder} is a directory, not a file", capsys)
+    k0 = _bad(tmp, "k0.npz", logits=np.zeros((300, 0)), labels=yv.numpy())
+    _rejects(tmp, k0, f"{k0}: 'logits' has no classes (0 columns), shape (300, 0); expected (N, K) with K >= 2 "
+                      "classes, or binary positive-class scores as a 1-D (N,) array", capsys)
+    k1 = _bad(tmp, "k1.npz", probs=np.ones((300, 1)), labels=np.zeros(300, np.int64))
+    _rejects(tmp, k1, f"{k1}: 'probs' has a single column, shape (300, 1); expected (N, K) with K >= 2 "
+                      "classes, or binary positive-class scores as a 1-D (N,) array", capsys)
+    both = _bad(tmp, "both.npz", logits=zv.numpy(), probs=torch.softmax(zv, 1).numpy(), labels=yv.numpy())
+    _rejects(tmp, both, f"{both}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses which "
+                        "one you meant)", capsys)
+    huge = yv.numpy().astype(np.uint64)
+    huge[7] = 2**64 - 1
+    big = _bad(tmp, "big.npz", logits=zv.numpy(), labels=huge)
+    _rejects(tmp, big, f"{big}: labels holds {2**64 - 1}, above the int64 range: not a class index", capsys)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.uint64])
+def test_unsigned_labels_are_read_as_int64(files, dtype):
+    from safetensors.torch import save_file
+
+    from calibkit.commands.calibrate import read_scores
+
+    tmp, (zv, yv), _ = files
+    path = _bad(tmp, "u.npz", logits=zv.numpy(), labels=yv.numpy().astype(dtype))
+    x, y, _ = read_scores(path)
+    assert y.dtype == torch.int64 and torch.equal(y, yv) and torch.equal(x, zv)
+    save_file({"logits": zv, "labels": torch.from_numpy(yv.numpy().astype(dtype))}, str(tmp / "u.safetensors"))
+    assert torch.equal(read_scores(tmp / "u.safetensors")[1], yv)
+
+
+def test_the_same_data_for_val_and_test_is_a_warning(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from calibkit.commands.calibrate import _warn_same_data
+
+    (zv, yv), _ = _split(n=80)
+    np.savez(tmp_path / "val.npz", logits=zv.numpy(), labels=yv.numpy())
+    rc = main(["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "val.npz"), "--out",
+               str(tmp_path / "o"), "--calibrators", "temperature", "--n-boot", "10", "--dpi", "10"])
+    assert rc == 0 and (tmp_path / "o" / "report" / "calibrators.md").exists()  # a warning, not a refusal
+    val = tmp_path / "val.npz"
+    assert capsys.readouterr().err.splitlines() == [
+        f"calibkit calibrate: warning: --val {val} and --test {val} are the same file: calibration and evaluation "
+        "use the same data, so the test numbers are not held out"]
+    (tmp_path / "copy.npz").write_bytes(val.read_bytes())
+    (tmp_path / "link.npz").symlink_to(val)
+    for test, what in (("link.npz", "are the same file"), ("copy.npz", "hold identical logits and labels")):
+        args = SimpleNamespace(val=str(val), test=str(tmp_path / test))
+        with pytest.warns(UserWarning, match=f"^--val {re.escape(str(val))} and --test .*{test} {what}: calibration "
+                                             "and evaluation use the same data, so the test numbers are not held out$"):
+            _warn_same_data(args, (zv, yv), (zv.clone(), yv.clone()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_same_data(SimpleNamespace(val=str(val), test="t.npz"), (zv, yv), (zv, (yv + 1) % 4))  # other labels
+
+
+def test_fewer_rows_than_classes_warns_and_leaves_the_square_maps_unfitted(tmp_path, capsys):
+    g = torch.Generator().manual_seed(0)
+    k = 30
+    for name, n in (("val", 20), ("test", 40)):
+        np.savez(tmp_path / f"{name}.npz", logits=torch.randn(n, k, generator=g, dtype=torch.float64).numpy(),
+                 labels=torch.randint(0, k, (n,), generator=g).numpy())
+    argv = ["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "test.npz"), "--out",
+            str(tmp_path / "o"), "--calibrators", "temperature,matrix,dirichlet", "--n-boot", "10", "--dpi", "10"]
+    assert main(argv + ["--save", "dirichlet"]) == 1
+    assert capsys.readouterr().err == (
+        "calibkit calibrate: error: --save 'dirichlet': not fitted: 20 validation rows for K = 30 classes; its K x K "
+        "map (930 parameters) cannot be fitted from fewer rows than classes\n")
+    assert not (tmp_path / "o").exists()
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0] == (
+        f"calibkit calibrate: warning: {tmp_path / 'val.npz'}: 20 validation rows for K = 30 classes (fewer than 2 "
+        "per class): the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
+        "fitted reliably, and their fits may be slow; not fitted: matrix, dirichlet (fewer rows than classes)")
+    reason = "not fitted: 20 validation rows for K = 30 classes; its K x K map (930 parameters) cannot be fitted " \
+             "from fewer rows than classes"
+    assert f"| matrix | - | - | - | - | - | excluded: {reason} |" in captured.out
+    assert f"| dirichlet | - | - | - | - | - | excluded: {reason} |" in captured.out
+    rows = json.loads((tmp_path / "o" / "report" / "results.json").read_text())
+    assert [r["calibrator"] for r in rows] == ["none", "temperature"]
+    sel = json.loads((tmp_path / "o" / "report" / "selection.json").read_text())
+    assert sel["excluded"]["matrix"] == reason and sel["scores"]["dirichlet"]["error"] == reason
