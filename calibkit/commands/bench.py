@@ -105,7 +105,10 @@ def _run(args, waiting: list) -> int:
 
         args.csm_store = ensure(preset, args.out, args.seeds, args.methods, args.data_dir, args.device, args.csm_store)
     if args.tune:
+        from calibkit.bench.presetcheck import warn_tune_seed
         from calibkit.commands.tune import run_tuning
+
+        warn_tune_seed(preset, preset.tune_seed, args.seeds if args.seeds is not None else preset.seeds)
 
         _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,

@@ -83,6 +83,7 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
     the first candidate (``--workers`` releases its waiting workers there). The tuner is closed on
     return.
     """
+    from calibkit.bench.grid import REFERENCE
     from calibkit.bench.tune import Tuner
     from calibkit.store import describe_store
 
@@ -97,6 +98,9 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
         if tuner.unsupported:
             tuner.log(f"tune {', '.join(tuner.unsupported)}: skipped (they mix or generate images; preset "
                       f"{preset.name} trains on token ids)")
+        if args.methods and REFERENCE in args.methods:
+            tuner.log(f"tune {REFERENCE}: no search space (nothing to tune); it is trained on the selection seed "
+                      "only as the reference (and the base of MaC-Cal and CSM)")
         for m in tuner.skipped:
             tuner.log(f"tune {m}: no search space (nothing to tune); it runs at the preset's values")
         if on_start is not None:

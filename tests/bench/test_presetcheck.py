@@ -80,6 +80,16 @@ def test_each_bad_value_is_one_line_naming_file_key_and_rule(tmp_path, change, m
     assert _refused(tmp_path, text)[0] == message
 
 
+
+def test_a_tune_seed_among_the_seeds_is_warned_by_preset_check(tmp_path):
+    preset, path = _preset(tmp_path, BASE + "tune_seed = 0\n")
+    with pytest.warns(UserWarning) as seen:
+        assert check_preset(preset, source=path).startswith(f"{path}: preset t is valid")
+    assert [str(w.message) for w in seen] == [
+        f"{path}: tune_seed 0 is also an evaluation seed of preset t (seeds 0): the selection sees the randomness "
+        "of a run whose test numbers are reported; choose a seed outside them (the shipped presets tune on 100)"]
+
+
 def test_paths_must_exist(tmp_path):
     message, _ = _refused(tmp_path, 'ood = "nowhere/ood"\n' + BASE.replace('ood = "none"\n', ""), FileNotFoundError)
     assert message == ("ood: no such folder or file 'nowhere/ood' (an OOD set is none, noise, digits, a data set "
