@@ -152,6 +152,10 @@ def _run(args, waiting: list) -> int:
     else:
         print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
               f"{counts['failed']} failed; database {where}")
+    from calibkit.commands import print_failures
+
+    sys.stdout.flush()  # the summary first, then the lines on stderr
+    print_failures("bench", bench.failures, where)
     if not args.no_report:
         from calibkit.report import build_report
 

@@ -107,8 +107,9 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
             on_start()
         counts = tuner.run()
         if tuned and counts["failed"]:
-            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed; see {describe_store(args.out, args.store)} "
-                               "(run the same command again to retry them)")
+            first = f" (first: {tuner.failures[0]})" if tuner.failures else ""
+            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed{first}; see "
+                               f"{describe_store(args.out, args.store)} (run the same command again to retry them)")
         result = tuner.tuned_preset() if tuned else None
     finally:
         tuner.close()
@@ -190,6 +191,10 @@ def _run(args, waiting: list) -> int:
     print(f"tune {preset.name}: {counts['done']} candidate(s) done here, {counts['skipped']} skipped (finished "
           f"earlier or by another worker), {counts['failed']} failed; database {describe_store(args.out, args.store)}")
     _print_tuning(args, preset)
+    from calibkit.commands import print_failures
+
+    sys.stdout.flush()  # the table first, then the lines on stderr
+    print_failures("tune", tuner.failures, describe_store(args.out, args.store))
     return 1 if counts["failed"] else 0
 
 
