@@ -33,6 +33,9 @@ The rules (calibkit's decisions where the code that reads a value has none):
   ``imagefolder``, the header of a ``tensors`` file's ``x_train``). ``"image"``, the default, on
   text or feature data is refused only where a method that mixes or generates images would run
   (:func:`check_modality`); the bench's preflight checks that rule again on the loaded data.
+  ``augment = true`` (``--augment``) on text or feature data is refused: augmentation moves
+  pixels, and those inputs are used as stored (the run would be the unaugmented one under
+  another name).
 """
 
 from __future__ import annotations
@@ -360,6 +363,9 @@ def check_modality(preset, kind: str | None, methods, where: str = "") -> None:
         hold = "images" if kind == "image" else kind
         raise ValueError(f"{where}modality: {preset.dataset} holds {hold}, so the modality is {kind!r}, got "
                          f"{preset.modality!r}")
+    if kind in ("text", "features") and preset.train.get("augment") is True:
+        raise ValueError(f"{where}augment: random crop and flip apply to images only; {preset.dataset} holds {kind}, "
+                         "which are used as stored: leave --augment out (augment = false)")
     mixing = [m for m in methods if m in IMAGE_ONLY]
     if kind in ("text", "features") and preset.modality == "image" and mixing:
         raise ValueError(f"{where}{preset.dataset} holds {kind}, not images: {', '.join(mixing)} mix or generate "

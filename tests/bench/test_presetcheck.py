@@ -126,6 +126,25 @@ def test_the_modality_of_a_safetensors_file_is_read_from_its_header(tmp_path):
     assert _refused(tmp_path, text)[0] == "modality: tensors holds images, so the modality is 'image', got 'text'"
 
 
+
+def test_augmentation_on_features_is_refused_before_anything_is_written(tmp_path, capsys):
+    import numpy as np
+
+    from calibkit.cli import main
+
+    np.savez(tmp_path / "f.npz", x_train=np.zeros((4, 5), np.float32), y_train=np.arange(4) % 2)
+    text = BASE.replace('"digits"', '"tensors"') + f'data_dir = "{tmp_path / "f.npz"}"\n[train]\naugment = true\n'
+    assert _refused(tmp_path, text)[0] == ("augment: random crop and flip apply to images only; tensors holds "
+                                           "features, which are used as stored: leave --augment out (augment = false)")
+    argv = ["bench", "--preset", "smoke", "--data", "tensors", "--data-dir", str(tmp_path / "f.npz"), "--augment",
+            "--out", str(tmp_path / "out")]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == ("calibkit bench: error: preset smoke+data=tensors,augment=on: augment: random "
+                                       "crop and flip apply to images only; tensors holds features, which are used "
+                                       "as stored: leave --augment out (augment = false)\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_flag_seeds_are_named_as_flags(tmp_path):
     preset, _ = _preset(tmp_path, BASE)
     with pytest.raises(ValueError, match=r"^--seeds: repeated seed in \[1, 1\]$"):
