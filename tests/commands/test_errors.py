@@ -133,6 +133,8 @@ def _bad_data(tmp, case) -> list[str]:
                     Image.fromarray(np.full((8, 8), 40 * i, np.uint8)).save(tmp / "img" / split / c / f"{i}.png")
         (tmp / "img" / "train" / "zz").mkdir()  # counted as a third class, with no image
         return ["--data", "imagefolder", "--data-dir", "{tmp}/img"]
+    if case == "bench_lr_beyond_float32":
+        return ["--preset", "smoke", "--lr", "1e308"]
     raise AssertionError(case)
 
 
@@ -141,6 +143,7 @@ DATA_CASES = {  # data or values that pass every option's own rule and used to f
     "bench_no_training_rows": ["none.npz", "x_train holds 0 rows"],
     "bench_empty_ood_file": ["ood.npz", "x holds 0 rows", "--ood none"],
     "bench_empty_class_folder": ["img/train", "zz", "hold no images"],
+    "bench_lr_beyond_float32": ["method ce: lr: must be at most 3.403e+38", "float32", "got 1e+308"],
 }
 CASES = {  # case -> words the one-line message must contain
     "bench_out_is_file": ["afile", "existing file"],
