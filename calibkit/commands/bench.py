@@ -71,8 +71,10 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from calibkit.commands import check_executor
+    from calibkit.commands.tune import check_shared
 
     check_executor(args)
+    check_shared(args)
     if args.run_key or args.status or args.collect or args.executor != "local":
         return _elsewhere(args)
     from calibkit.bench.workers import run_with_workers

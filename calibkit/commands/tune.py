@@ -39,6 +39,12 @@ def add_shared(p) -> None:
                    "calibkit[postgres]; one database per output directory; docs/store.md); default DIR/runs.db")
 
 
+def check_shared(args) -> None:
+    """The options of :func:`add_shared` that argparse does not check (before anything is read)."""
+    if args.max_extensions < 0:
+        raise ValueError(f"--max-extensions must be >= 0 (0: never extend a grid), got {args.max_extensions}")
+
+
 def register(subparsers) -> None:
     from calibkit.bench.grid import METHODS, PRESETS
     from calibkit.commands import add_num_threads
@@ -120,6 +126,7 @@ def run(args) -> int:
     from calibkit.commands import check_executor
 
     check_executor(args)
+    check_shared(args)
     if args.workers > 1 and args.executor != "local":
         raise ValueError("--workers shares the candidates between local processes; with --executor slurm use "
                          "--workers 1")

@@ -56,6 +56,8 @@ def _setup(tmp, case, finished_run):
         return ["bench", "--preset", "smoke", "--seeds", "0", "-1", "--out", "{tmp}/b"]
     if case == "bench_repeated_seed":
         return ["bench", "--preset", "smoke", "--seeds", "1", "1", "--out", "{tmp}/b"]
+    if case in ("bench_negative_max_extensions", "tune_negative_max_extensions"):
+        return [case.split("_")[0], "--preset", "smoke", "--max-extensions", "-1", "--out", "{tmp}/b"]
     if case == "bench_unknown_method":
         return ["bench", "--preset", "smoke", "--methods", "nosuch", "--out", "{tmp}/b"]
     if case == "bench_csm_store_missing":
@@ -152,6 +154,8 @@ CASES = {  # case -> words the one-line message must contain
     "bench_negative_seed": ["--seeds", ">= 0", "-1"],
     "bench_repeated_seed": ["--seeds", "repeated"],
     "bench_unknown_method": ["nosuch", "valid methods"],
+    "bench_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
+    "tune_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
     "bench_csm_store_missing": ["nowhere", "calibkit csm generate", "--csm-store"],
     "bench_csm_store_not_a_store": ["notastore", "not a CSM store"],
     "bench_corrupt_database": ["runs.db", "not an SQLite database"],
