@@ -98,13 +98,13 @@ def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=No
 def check_tunable(preset, methods=None) -> None:
     """At least one of the methods to tune (default: the preset's list, else all) has a search
     space; names that are not methods are left to :func:`check_bench` (it lists the valid ones)."""
-    from calibkit.bench.grid import METHODS, space_for
+    from calibkit.bench.grid import METHODS, applicable, space_for
 
     names = list(preset.methods or METHODS) if methods is None else list(methods)
     if any(m not in METHODS for m in names) or any(space_for(preset, m) for m in names):
         return
     label = "--methods" if methods is not None else f"preset {preset.name}: methods"
-    tunable = [m for m in METHODS if space_for(preset, m)]
+    tunable = [m for m in applicable(list(METHODS), preset)[0] if space_for(preset, m)]  # those it can run
     raise ValueError(f"{label} {' '.join(names)}: nothing to tune ({', '.join(names)} "
                      f"{'has' if len(names) == 1 else 'have'} no search space); methods with one: {', '.join(tunable)}")
 

@@ -135,6 +135,10 @@ def test_tune_refuses_methods_without_a_search_space_before_loading(rec, tmp_pat
     with pytest.raises(ValueError) as err:  # the preset's own list, named as such
         P.check_tune(dataclasses.replace(SMOKE, methods=("ce",)), tmp_path / "o")
     assert str(err.value).startswith("preset smoke: methods ce: nothing to tune")
+    with pytest.raises(ValueError) as err:  # on token ids, only the methods that can run them are offered
+        P.check_tune(dataclasses.replace(SMOKE, modality="text"), tmp_path / "o", methods=["ce"])
+    offered = str(err.value).rpartition("methods with one: ")[2].split(", ")
+    assert "ls" in offered and not {"mixup", "regmixup", "csm"} & set(offered)
     P.check_tune(SMOKE, tmp_path / "o", methods=["ce", "ls"])  # with a tunable one: CE is its reference
 
 
