@@ -157,8 +157,7 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.name}: must be a finite number, got {value!r}")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > FLOAT32_MAX \
-                    and f.name in FLOAT_VALUED:  # the optimiser and the losses compute in float32
+            if f.name in FLOAT_VALUED and value is not None and abs(value) > FLOAT32_MAX:  # training is float32
                 raise ValueError(f"{f.name}: must be at most {FLOAT32_MAX:.4g} in size (float32, what training "
                                  f"computes in), got {value!r}")
         checks = [

@@ -111,7 +111,6 @@ def _run(args, waiting: list) -> int:
         from calibkit.commands.tune import run_tuning
 
         warn_tune_seed(preset, preset.tune_seed, args.seeds if args.seeds is not None else preset.seeds)
-
         _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                   device=args.device, num_threads=args.num_threads, csm_store=args.csm_store, store=args.store)

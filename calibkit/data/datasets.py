@@ -178,7 +178,7 @@ def _check_raw(name: str, raw: RawData, folder) -> None:
         raise ValueError(f"{where}: {len(raw.class_names)} class ({named}); a classifier to calibrate needs at least "
                          "2 classes")
     present = set(raw.train.labels.tolist())
-    absent = [name for k, name in enumerate(raw.class_names) if k not in present]
+    absent = [c for k, c in enumerate(raw.class_names) if k not in present]
     if absent:
         raise ValueError(f"{where}: class(es) {', '.join(map(repr, absent[:5]))}{' ...' if len(absent) > 5 else ''} "
                          "have no training example")
