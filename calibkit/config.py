@@ -157,6 +157,9 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.name}: must be a finite number, got {value!r}")
+            if f.name in FLOAT_VALUED and value is not None and abs(value) > FLOAT32_MAX:  # training is float32
+                raise ValueError(f"{f.name}: must be at most {FLOAT32_MAX:.4g} in size (float32, what training "
+                                 f"computes in), got {value!r}")
         checks = [
             (self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}"),
             (self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}"),
@@ -194,6 +197,12 @@ class TrainConfig:
         a, b = self.to_dict(), other.to_dict()
         return [k for k in a if k not in RUNTIME_FIELDS and a[k] != b[k]]
 
+
+# The largest float32: a hyperparameter beyond it overflows in the optimiser ("cannot be converted to
+# type float without overflow") after the run directory was made.
+FLOAT32_MAX = 3.4028234663852886e38
+# The fields read as real numbers (an int given for one, lr = 100, is one too).
+FLOAT_VALUED = ("lr", "momentum", "weight_decay", "gamma", "grad_clip", "mix_alpha", "csm_weight")
 
 # The default multistep drops: fractions of the epochs (resolved by resolve_milestones).
 DEFAULT_MILESTONES = (0.5, 0.75)

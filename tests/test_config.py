@@ -77,6 +77,18 @@ def test_every_float_field_must_be_finite(name, value):
             TrainConfig(**{name: value}).validate()
 
 
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+def test_every_float_field_must_fit_in_float32(name):
+    with pytest.raises(ValueError) as err:
+        TrainConfig(**{name: 1e308}).validate()
+    assert str(err.value) == f"{name}: must be at most 3.403e+38 in size (float32, what training computes in), got 1e+308"
+    try:  # below the bound only the field's own rule applies (momentum < 1, ...)
+        TrainConfig(**{name: 3e38}).validate()
+    except ValueError as exc:
+        assert "float32" not in str(exc)
+
+
 def test_lr_inf_on_the_command_line_writes_nothing(tmp_path, cli_env):
     res = subprocess.run([PYTHON, "-m", "calibkit", "train", "--data", "digits", "--model", "mlp", "--lr", "inf",
                           "--out", str(tmp_path / "run")], capture_output=True, text=True, env=cli_env, timeout=120)

@@ -43,9 +43,12 @@ def claim_outcome(store, table: str, key: str, claimed: bool) -> str:
     return "done" if store.status(key, table) == "done" else "elsewhere"
 
 
-def run_recorded(work, fail, is_main: bool, counts: dict, report) -> None:
+def run_recorded(work, fail, is_main: bool, counts: dict, report, failures: list | None = None,
+                 name: str = "") -> None:
     """Call ``work()``; a failure is recorded (``fail(text)``, on the main rank), counted and
-    reported (``report(line)``), not raised, so one broken run does not stop the others.
+    reported (``report(line)``), not raised, so one broken run does not stop the others. With
+    ``failures``, the line ``"<name> failed: <error>: <message>"`` is appended to it too, for the
+    command to repeat on stderr once the work is over (the progress line is on stdout).
 
     Ctrl-C is recorded as ``interrupted`` and raised; :class:`~calibkit.train.preempt.Preempted`
     (a ``BaseException``) passes unrecorded: the checkpoint is written and the run resumes later.
@@ -80,6 +83,8 @@ def run_recorded(work, fail, is_main: bool, counts: dict, report) -> None:
                     raise
                 raise full from again
         report(f"FAILED: {type(exc).__name__}: {exc}")
+        if failures is not None:
+            failures.append(f"{name} failed: {type(exc).__name__}: {' '.join(str(exc).split())}")
 
 
 def broadcast(value, dd):

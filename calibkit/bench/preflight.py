@@ -79,10 +79,34 @@ def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=No
                device="auto") -> None:
     """:func:`check_bench` for ``calibkit tune``: the same checks, on the selection seed
     (``seed``, default ``preset.tune_seed``) and the methods to tune (default: the preset's list,
-    else all). Raises as :func:`check_bench` does; when it raises nothing was written."""
+    else all). Raises as :func:`check_bench` does; when it raises nothing was written.
+
+    Also refused: methods of which none has a search space (CE alone: nothing would be selected).
+    Warned: a selection seed that is one of the preset's evaluation seeds
+    (:func:`calibkit.bench.presetcheck.warn_tune_seed`).
+    """
+    from calibkit.bench.presetcheck import warn_tune_seed
+
+    check_tunable(preset, methods)
     check_bench(preset, out, seeds=[preset.tune_seed if seed is None else seed], methods=methods,
                 data_dir=data_dir, csm_store=csm_store, store=store, csm_build=csm_build, device=device,
                 seeds_flag="tune_seed" if seed is None else "--seed")
+    warn_tune_seed(preset, preset.tune_seed if seed is None else seed, preset.seeds,
+                   "tune_seed" if seed is None else "--seed")
+
+
+def check_tunable(preset, methods=None) -> None:
+    """At least one of the methods to tune (default: the preset's list, else all) has a search
+    space; names that are not methods are left to :func:`check_bench` (it lists the valid ones)."""
+    from calibkit.bench.grid import METHODS, applicable, space_for
+
+    names = list(preset.methods or METHODS) if methods is None else list(methods)
+    if any(m not in METHODS for m in names) or any(space_for(preset, m) for m in names):
+        return
+    label = "--methods" if methods is not None else f"preset {preset.name}: methods"
+    tunable = [m for m in applicable(list(METHODS), preset)[0] if space_for(preset, m)]  # those it can run
+    raise ValueError(f"{label} {' '.join(names)}: nothing to tune ({', '.join(names)} "
+                     f"{'has' if len(names) == 1 else 'have'} no search space); methods with one: {', '.join(tunable)}")
 
 
 def check_model(name: str, bundle) -> None:

@@ -11,7 +11,7 @@ command-line flag by itself, ``--seeds:``).
 The rules (calibkit's decisions where the code that reads a value has none):
 
 * ``seeds``: a non-empty list of distinct integers >= 0 (the preset's, and ``--seeds`` when given);
-  ``tune_seed`` an integer >= 0.
+  ``tune_seed`` an integer >= 0, and a warning when it is one of the ``seeds`` (:func:`warn_tune_seed`).
 * ``n_boot`` >= 1; ``robust_n`` >= 0 (0: every test image); ``severities`` each one of
   :data:`SEVERITY_LEVELS`, none repeated; ``num_threads`` left out or >= 1; ``checkpoint_every`` >= 1.
 * Paths must exist: ``data_dir`` (``--data-dir``) where the data set reads files (a file for
@@ -33,6 +33,9 @@ The rules (calibkit's decisions where the code that reads a value has none):
   ``imagefolder``, the header of a ``tensors`` file's ``x_train``). ``"image"``, the default, on
   text or feature data is refused only where a method that mixes or generates images would run
   (:func:`check_modality`); the bench's preflight checks that rule again on the loaded data.
+  ``augment = true`` (``--augment``) on text or feature data is refused: augmentation moves
+  pixels, and those inputs are used as stored (the run would be the unaugmented one under
+  another name).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def check_preset(preset, source: str | None = None) -> str:
 
     where = f"{source or preset.name}: "
     methods = check_values(preset, where)
+    warn_tune_seed(preset, preset.tune_seed, preset.seeds, f"{where}tune_seed")
     from calibkit.bench.grid import grid_methods
 
     skipped = grid_methods(preset)[1]
@@ -142,6 +146,18 @@ def check_seeds(seeds, label: str) -> None:
         raise ValueError(f"{label}: repeated seed in {seeds}")
     if not seeds:
         raise ValueError(f"{label}: give at least one seed")
+
+
+def warn_tune_seed(preset, seed: int, seeds, label: str = "tune_seed") -> None:
+    """Warn when the selection seed ``seed`` is one of the evaluation seeds ``seeds``: the selection
+    then sees the randomness (initialisation, data order, validation split) of a run whose test
+    numbers the bench reports, so those numbers are no longer free of the selection."""
+    import warnings
+
+    if int(seed) in {int(s) for s in seeds}:
+        warnings.warn(f"{label} {seed} is also an evaluation seed of preset {preset.name} (seeds "
+                      f"{', '.join(map(str, seeds))}): the selection sees the randomness of a run whose test numbers "
+                      f"are reported; choose a seed outside them (the shipped presets tune on 100)", stacklevel=2)
 
 
 def _is_int(v) -> bool:
@@ -347,6 +363,9 @@ def check_modality(preset, kind: str | None, methods, where: str = "") -> None:
         hold = "images" if kind == "image" else kind
         raise ValueError(f"{where}modality: {preset.dataset} holds {hold}, so the modality is {kind!r}, got "
                          f"{preset.modality!r}")
+    if kind in ("text", "features") and preset.train.get("augment") is True:
+        raise ValueError(f"{where}augment: random crop and flip apply to images only; {preset.dataset} holds {kind}, "
+                         "which are used as stored: leave --augment out (augment = false)")
     mixing = [m for m in methods if m in IMAGE_ONLY]
     if kind in ("text", "features") and preset.modality == "image" and mixing:
         raise ValueError(f"{where}{preset.dataset} holds {kind}, not images: {', '.join(mixing)} mix or generate "

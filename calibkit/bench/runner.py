@@ -100,6 +100,7 @@ class Bench:
         self._waiting: set = set()  # keys held by another process, announced once
         self._env = rundir.environment()
         self._data = {}
+        self.failures: list[str] = []  # one line per run that failed here (run_recorded), for stderr
         if self.skipped:
             self.log(f"{', '.join(self.skipped)}: skipped (they mix or generate images; preset {preset.name} "
                      "trains on token ids)")
@@ -246,7 +247,8 @@ class Bench:
                 f"{m['after']['ece'] * 100:.2f} after TS)" if m else ""), seconds=time.time() - t0)
 
         run_recorded(work, lambda text: self.store.fail(key, text), self.dd.is_main, counts,
-                     lambda line: progress.end(key, line, seconds=time.time() - t0))
+                     lambda line: progress.end(key, line, seconds=time.time() - t0), self.failures,
+                     f"run {key} (method {method}, seed {seed})")
         return True
 
     def check_consistent(self) -> list[str]:

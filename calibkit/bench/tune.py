@@ -113,6 +113,7 @@ class Tuner:
         self.preset, self.out, self.dd, self.log = preset, Path(out), self.bench.dd, self.bench.log
         self.store = self.bench.store
         self.spaces = {m: space_for(preset, m) for m in self.methods}  # + extensions: refresh()
+        self.failures: list[str] = []  # one line per candidate that failed here, for stderr
 
     # -- candidates -----------------------------------------------------------------------------
     def items(self) -> list[tuple[str, dict]]:
@@ -283,7 +284,8 @@ class Tuner:
             counts["done"] += 1
 
         run_recorded(work, lambda text: self.store.fail_candidate(key, text), self.dd.is_main, counts,
-                     lambda line: self.log(f"{tag}: {line}"))
+                     lambda line: self.log(f"{tag}: {line}"), self.failures,
+                     f"candidate {key} (method {method}, seed {self.seed})")
         return True
 
     # -- the selection --------------------------------------------------------------------------

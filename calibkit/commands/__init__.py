@@ -112,3 +112,13 @@ def run_scheduled(args, run) -> int:
                 return 1
             print(f"{args.run_key}: {stop}; task {job} requeued", flush=True)
         return 0
+
+
+def print_failures(command: str, failures: list[str], where: str) -> None:
+    """Each run or candidate that failed in this process, one line on stderr with its reason (the
+    progress line on stdout may scroll away or go to a log), and how to retry it."""
+    import sys
+
+    for line in failures:
+        print(f"calibkit {command}: error: {line}; recorded in {where}; run the same command again to retry it",
+              file=sys.stderr)

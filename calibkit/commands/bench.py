@@ -71,8 +71,10 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from calibkit.commands import check_executor
+    from calibkit.commands.tune import check_shared
 
     check_executor(args)
+    check_shared(args)
     if args.run_key or args.status or args.collect or args.executor != "local":
         return _elsewhere(args)
     from calibkit.bench.workers import run_with_workers
@@ -105,8 +107,10 @@ def _run(args, waiting: list) -> int:
 
         args.csm_store = ensure(preset, args.out, args.seeds, args.methods, args.data_dir, args.device, args.csm_store)
     if args.tune:
+        from calibkit.bench.presetcheck import warn_tune_seed
         from calibkit.commands.tune import run_tuning
 
+        warn_tune_seed(preset, preset.tune_seed, args.seeds if args.seeds is not None else preset.seeds)
         _, _, preset = run_tuning(args, preset, tuned=True)
     bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                   device=args.device, num_threads=args.num_threads, csm_store=args.csm_store, store=args.store)
@@ -149,6 +153,10 @@ def _run(args, waiting: list) -> int:
     else:
         print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
               f"{counts['failed']} failed; database {where}")
+    from calibkit.commands import print_failures
+
+    sys.stdout.flush()  # the summary first, then the lines on stderr
+    print_failures("bench", bench.failures, where)
     if not args.no_report:
         from calibkit.report import build_report
 

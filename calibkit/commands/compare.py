@@ -40,6 +40,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    _check_names(args)
     out = Path(args.dir)
     if args.store is None and not (out / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
@@ -61,3 +62,15 @@ def run(args) -> int:
                           n_boot=n_boot)
     print(compare_text(res, label, n_boot))
     return 0
+
+
+def _check_names(args) -> None:
+    """Two different methods, and a calibrator that exists, before anything is read."""
+    if args.a == args.b:
+        raise ValueError(f"A and B are both {args.a!r}: a method compared with itself differs by 0 everywhere; "
+                         "name two different methods (e.g. ls ce)")
+    from calibkit.report.calibrated import calibrator_names
+
+    if args.after is not None and args.after not in calibrator_names():
+        raise ValueError(f"--after: unknown calibrator {args.after!r}; expected one of "
+                         f"{', '.join(calibrator_names()[1:])}")

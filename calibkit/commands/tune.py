@@ -39,6 +39,12 @@ def add_shared(p) -> None:
                    "calibkit[postgres]; one database per output directory; docs/store.md); default DIR/runs.db")
 
 
+def check_shared(args) -> None:
+    """The options of :func:`add_shared` that argparse does not check (before anything is read)."""
+    if args.max_extensions < 0:
+        raise ValueError(f"--max-extensions must be >= 0 (0: never extend a grid), got {args.max_extensions}")
+
+
 def register(subparsers) -> None:
     from calibkit.bench.grid import METHODS, PRESETS
     from calibkit.commands import add_num_threads
@@ -83,6 +89,7 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
     the first candidate (``--workers`` releases its waiting workers there). The tuner is closed on
     return.
     """
+    from calibkit.bench.grid import REFERENCE
     from calibkit.bench.tune import Tuner
     from calibkit.store import describe_store
 
@@ -97,14 +104,18 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
         if tuner.unsupported:
             tuner.log(f"tune {', '.join(tuner.unsupported)}: skipped (they mix or generate images; preset "
                       f"{preset.name} trains on token ids)")
+        if args.methods and REFERENCE in args.methods:
+            tuner.log(f"tune {REFERENCE}: no search space (nothing to tune); it is trained on the selection seed "
+                      "only as the reference (and the base of MaC-Cal and CSM)")
         for m in tuner.skipped:
             tuner.log(f"tune {m}: no search space (nothing to tune); it runs at the preset's values")
         if on_start is not None:
             on_start()
         counts = tuner.run()
         if tuned and counts["failed"]:
-            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed; see {describe_store(args.out, args.store)} "
-                               "(run the same command again to retry them)")
+            first = f" (first: {tuner.failures[0]})" if tuner.failures else ""
+            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed{first}; see "
+                               f"{describe_store(args.out, args.store)} (run the same command again to retry them)")
         result = tuner.tuned_preset() if tuned else None
     finally:
         tuner.close()
@@ -115,6 +126,7 @@ def run(args) -> int:
     from calibkit.commands import check_executor
 
     check_executor(args)
+    check_shared(args)
     if args.workers > 1 and args.executor != "local":
         raise ValueError("--workers shares the candidates between local processes; with --executor slurm use "
                          "--workers 1")
@@ -186,6 +198,10 @@ def _run(args, waiting: list) -> int:
     print(f"tune {preset.name}: {counts['done']} candidate(s) done here, {counts['skipped']} skipped (finished "
           f"earlier or by another worker), {counts['failed']} failed; database {describe_store(args.out, args.store)}")
     _print_tuning(args, preset)
+    from calibkit.commands import print_failures
+
+    sys.stdout.flush()  # the table first, then the lines on stderr
+    print_failures("tune", tuner.failures, describe_store(args.out, args.store))
     return 1 if counts["failed"] else 0
 
 

@@ -161,6 +161,29 @@ def _read_raw(name: str, spec, folder) -> RawData:
                                val=copy(raw.val))
 
 
+def _check_raw(name: str, raw: RawData, folder) -> None:
+    """Data a classifier can be trained and evaluated on: examples in the training and the test
+    split and, for the user's own data (whose classes are read from the data, not fixed by a shipped
+    set's protocol), at least two classes (with one, every prediction is right and there is nothing
+    to calibrate; the logits would have one column), each with a training example (else it counts
+    as a class that the model can never learn)."""
+    where = f"data set {name}" + (f" ({folder})" if folder is not None else "")
+    for split, part, why in (("training", raw.train, "train on"), ("test", raw.test, "evaluate")):
+        if len(part) == 0:
+            raise ValueError(f"{where}: the {split} split holds 0 examples; nothing to {why}")
+    if name not in ("imagefolder", "tensors"):
+        return
+    if len(raw.class_names) < 2:
+        named = ", ".join(map(repr, raw.class_names)) or "none"
+        raise ValueError(f"{where}: {len(raw.class_names)} class ({named}); a classifier to calibrate needs at least "
+                         "2 classes")
+    present = set(raw.train.labels.tolist())
+    absent = [c for k, c in enumerate(raw.class_names) if k not in present]
+    if absent:
+        raise ValueError(f"{where}: class(es) {', '.join(map(repr, absent[:5]))}{' ...' if len(absent) > 5 else ''} "
+                         "have no training example")
+
+
 def _check_split_sizes(name: str, num_classes: int, val, train_subset) -> None:
     """A training subset must hold every class (an error); a validation split that misses a class
     is legitimate for a quick check but selects and calibrates on the other classes only (a warning)."""
@@ -224,6 +247,7 @@ def load(
     if spec.modality == "segmentation":
         return load_segmentation(name, spec, folder, seed, val_size, train_subset)
     raw = _read_raw(name, spec, folder)
+    _check_raw(name, raw, folder if spec.needs_dir else None)
 
     if raw.val is not None:  # validation fixed by the protocol
         if val_size is not None and val_size != len(raw.val):

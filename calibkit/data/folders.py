@@ -142,18 +142,23 @@ def read_tinyimagenet(data_dir: str) -> RawData:
 
 def _scan_classes(folder: str, classes: list[str] | None = None) -> tuple[list[str], list[str], list[int]]:
     found = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+    training = classes is None  # its sub-folders define the classes
     classes = classes if classes is not None else found
     unknown = sorted(set(found) - set(classes))
     if unknown:
         raise ValueError(f"{folder}: class folders {unknown} are not among the training classes {classes}")
-    paths, labels = [], []
+    paths, labels, empty = [], [], []
     for k, c in enumerate(classes):
         sub = os.path.join(folder, c)
         files = _list_images(sub) if os.path.isdir(sub) else []
         paths += files
         labels += [k] * len(files)
+        empty += [] if files else [c]
     if not classes or not paths:
         raise ValueError(f"{folder}: no class folders with images ({', '.join(IMAGE_EXTENSIONS)}) found")
+    if empty and training:  # a class without a training image could never be learnt, yet would count
+        raise ValueError(f"{folder}: class folder(s) {', '.join(empty)} hold no images ({', '.join(IMAGE_EXTENSIONS)}); "
+                         "every sub-folder is a class: add their images or remove them")
     return classes, paths, labels
 
 
@@ -163,7 +168,8 @@ def read_imagefolder(data_dir: str) -> RawData:
     If ``root`` holds ``train/`` and ``test/`` sub-folders (each ``<class>/*``), they are the
     official splits; otherwise a fixed 20% of the images (seeded permutation with seed 0,
     independent of the run seed) is the test split. Images are 1-channel when every file is
-    greyscale, RGB otherwise.
+    greyscale, RGB otherwise. A class folder without images among the training classes is refused
+    (it would count as a class no image teaches); in ``test/`` a class may have none.
     """
     if os.path.isdir(os.path.join(data_dir, "train")) and os.path.isdir(os.path.join(data_dir, "test")):
         classes, tr_paths, tr_labels = _scan_classes(os.path.join(data_dir, "train"))

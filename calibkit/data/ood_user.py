@@ -61,6 +61,8 @@ def _file_inputs(path: str, like) -> torch.Tensor:
     kind = input_kind(x)
     if kind != like.modality:
         raise ValueError(f"{where}: {x.dtype} {x.shape} are {kind} inputs, the data set's are {like.modality}")
+    if len(x) == 0:
+        raise ValueError(f"{where} holds 0 rows; give at least one OOD input, or --ood none")
     inputs = to_inputs(x, kind, where)
     if kind == "image":
         return resize(inputs, like.image_size, like.in_channels)

@@ -198,6 +198,8 @@ def read_tensors_file(path: str) -> RawData:
             raise ValueError(f"{where}: {x.dtype} {x.shape} does not match x_train's {arrays['x_train'].dtype} "
                              f"(N, {', '.join(map(str, shape))})")
         splits[s] = (to_inputs(x, kind, where), _labels(arrays[f"y_{s}"], len(x), f"{path}: y_{s}"))
+    if not len(splits["train"][1]):  # else reported as every class having no example
+        raise ValueError(f"{path}: x_train holds 0 rows; nothing to train on")
     k = 1 + max(int(y.max()) for _, y in splits.values() if len(y))
     present = set(np.unique(splits["train"][1]).tolist())
     absent = list(itertools.islice((c for c in range(k) if c not in present), 5))  # never walks up to a huge label

@@ -105,7 +105,8 @@ def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model"
 
     Checked: an ``nn.Module``; a ``forward_features`` method; a ``head`` that is an
     ``nn.Linear`` with ``out_features == num_classes``; ``forward_features(x)`` of shape
-    ``(N, head.in_features)``; ``model(x)`` of shape ``(N, K)`` equal to ``head(features)``.
+    ``(N, head.in_features)``; ``model(x)`` of shape ``(N, K)``; both finite (NaN or infinite
+    outputs are one line saying so); ``model(x)`` equal to ``head(features)``.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"{name}: the factory returned {type(model).__name__}, not a torch.nn.Module")
@@ -138,7 +139,19 @@ def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model"
     if not isinstance(logits, torch.Tensor) or logits.shape != (n, num_classes):
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         problems.append(f"model(x) must return logits (N, {num_classes}), got {got}")
-    elif not problems and not torch.allclose(logits, head(feats), rtol=1e-4, atol=1e-5):
-        problems.append("model(x) differs from model.head(model.forward_features(x)); forward must be exactly that")
     if problems:
         raise ValueError(f"{name} misses calibkit's model contract: " + "; ".join(problems))
+    _check_finite(name, x, feats, logits)
+    if not torch.allclose(logits, head(feats), rtol=1e-4, atol=1e-5):
+        raise ValueError(f"{name} misses calibkit's model contract: model(x) differs from "
+                         "model.head(model.forward_features(x)); forward must be exactly that")
+
+
+def _check_finite(name: str, x: torch.Tensor, feats: torch.Tensor, logits: torch.Tensor) -> None:
+    """NaN or infinite outputs on (finite) training inputs: every run would train on NaN losses
+    (and NaN never equals NaN, so they would otherwise read as a forward that is not the head's)."""
+    bad = [what for what, t in (("forward_features(x)", feats), ("model(x)", logits)) if not torch.isfinite(t).all()]
+    if bad:
+        raise ValueError(f"{name}: the outputs are not finite: {' and '.join(bad)} hold NaN or infinite values on "
+                         f"{x.shape[0]} training inputs ({x.dtype} {tuple(x.shape)}); check the model's forward and "
+                         "its initialisation")

@@ -167,7 +167,7 @@ def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after
     for m in (a, b):
         if m not in summary:
             raise ValueError(f"no finished runs of method {m!r}; found: {', '.join(summary)}")
-    name = after or NONE
+    name = NONE if after is None else after
     if name not in calibrator_names():
         raise ValueError(f"unknown calibrator {after!r}; expected one of {', '.join(calibrator_names()[1:])}")
     pairs = _pairs(summary[a]["runs"], summary[b]["runs"])

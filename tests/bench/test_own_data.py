@@ -164,6 +164,26 @@ def test_the_model_contract_names_what_is_missing(tmp_path, monkeypatch):
         resolve("mpl")
 
 
+
+@pytest.mark.parametrize("where,bad", [("features", float("nan")), ("features", float("inf")), ("head", float("nan"))])
+def test_a_model_with_nan_or_infinite_outputs_is_named_as_such(where, bad):
+    class Broken(_Good):
+        def forward_features(self, x):
+            h = super().forward_features(x)
+            return h * bad if where == "features" else h
+
+        def forward(self, x):
+            out = super().forward(x)
+            return out * bad if where == "head" else out
+
+    which = "forward_features(x) and model(x)" if where == "features" else "model(x)"
+    with pytest.raises(ValueError) as err:
+        check_contract(Broken(3, 5), torch.ones(2, 5), 3, name="model 'mine:broken'")
+    assert str(err.value) == (f"model 'mine:broken': the outputs are not finite: {which} hold NaN or infinite values "
+                              "on 2 training inputs (torch.float32 (2, 5)); check the model's forward and its "
+                              "initialisation")
+
+
 def test_preflight_on_the_users_data(tmp_path):
     from calibkit.bench.grid import PRESETS
     from calibkit.bench.overrides import with_flags

@@ -123,6 +123,40 @@ def test_tune_checks_the_bench_on_its_selection_seed(monkeypatch):
                                   "csm_build": True, "device": "cpu", "seeds_flag": "--seed"})]
 
 
+
+def test_tune_refuses_methods_without_a_search_space_before_loading(rec, tmp_path):
+    from calibkit.bench.grid import METHODS
+
+    tunable = ", ".join(m for m, spec in METHODS.items() if spec.space)
+    with pytest.raises(ValueError) as err:
+        P.check_tune(SMOKE, tmp_path / "o", methods=["ce"])
+    assert str(err.value) == f"--methods ce: nothing to tune (ce has no search space); methods with one: {tunable}"
+    assert rec["load"] == [] and not (tmp_path / "o").exists()
+    with pytest.raises(ValueError) as err:  # the preset's own list, named as such
+        P.check_tune(dataclasses.replace(SMOKE, methods=("ce",)), tmp_path / "o")
+    assert str(err.value).startswith("preset smoke: methods ce: nothing to tune")
+    with pytest.raises(ValueError) as err:  # on token ids, only the methods that can run them are offered
+        P.check_tune(dataclasses.replace(SMOKE, modality="text"), tmp_path / "o", methods=["ce"])
+    offered = str(err.value).rpartition("methods with one: ")[2].split(", ")
+    assert "ls" in offered and not {"mixup", "regmixup", "csm"} & set(offered)
+    P.check_tune(SMOKE, tmp_path / "o", methods=["ce", "ls"])  # with a tunable one: CE is its reference
+
+
+def test_a_tune_seed_among_the_evaluation_seeds_is_warned(rec, tmp_path):
+    with pytest.warns(UserWarning) as seen:
+        P.check_tune(SMOKE, tmp_path, methods=["ls"], seed=4)
+    assert [str(w.message) for w in seen] == [
+        "--seed 4 is also an evaluation seed of preset smoke (seeds 3, 4): the selection sees the randomness of a "
+        "run whose test numbers are reported; choose a seed outside them (the shipped presets tune on 100)"]
+    with pytest.warns(UserWarning, match=r"^tune_seed 3 is also an evaluation seed of preset smoke"):
+        P.check_tune(dataclasses.replace(SMOKE, tune_seed=3), tmp_path, methods=["ls"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        P.check_tune(SMOKE, tmp_path, methods=["ls"], seed=5)  # outside the evaluation seeds: silent
+
+
 def test_out_must_be_a_folder_no_training_run_owns(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(FileExistsError) as err:

@@ -80,6 +80,16 @@ def test_each_bad_value_is_one_line_naming_file_key_and_rule(tmp_path, change, m
     assert _refused(tmp_path, text)[0] == message
 
 
+
+def test_a_tune_seed_among_the_seeds_is_warned_by_preset_check(tmp_path):
+    preset, path = _preset(tmp_path, BASE + "tune_seed = 0\n")
+    with pytest.warns(UserWarning) as seen:
+        assert check_preset(preset, source=path).startswith(f"{path}: preset t is valid")
+    assert [str(w.message) for w in seen] == [
+        f"{path}: tune_seed 0 is also an evaluation seed of preset t (seeds 0): the selection sees the randomness "
+        "of a run whose test numbers are reported; choose a seed outside them (the shipped presets tune on 100)"]
+
+
 def test_paths_must_exist(tmp_path):
     message, _ = _refused(tmp_path, 'ood = "nowhere/ood"\n' + BASE.replace('ood = "none"\n', ""), FileNotFoundError)
     assert message == ("ood: no such folder or file 'nowhere/ood' (an OOD set is none, noise, digits, a data set "
@@ -114,6 +124,25 @@ def test_the_modality_of_a_safetensors_file_is_read_from_its_header(tmp_path):
     st.save_file({"x_train": np.zeros((4, 8, 8), np.uint8), "y_train": np.zeros(4, np.int64)}, tmp_path / "i.safetensors")
     text = BASE.replace('"digits"', '"tensors"') + f'data_dir = "{tmp_path / "i.safetensors"}"\nmodality = "text"\n'
     assert _refused(tmp_path, text)[0] == "modality: tensors holds images, so the modality is 'image', got 'text'"
+
+
+
+def test_augmentation_on_features_is_refused_before_anything_is_written(tmp_path, capsys):
+    import numpy as np
+
+    from calibkit.cli import main
+
+    np.savez(tmp_path / "f.npz", x_train=np.zeros((4, 5), np.float32), y_train=np.arange(4) % 2)
+    text = BASE.replace('"digits"', '"tensors"') + f'data_dir = "{tmp_path / "f.npz"}"\n[train]\naugment = true\n'
+    assert _refused(tmp_path, text)[0] == ("augment: random crop and flip apply to images only; tensors holds "
+                                           "features, which are used as stored: leave --augment out (augment = false)")
+    argv = ["bench", "--preset", "smoke", "--data", "tensors", "--data-dir", str(tmp_path / "f.npz"), "--augment",
+            "--out", str(tmp_path / "out")]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == ("calibkit bench: error: preset smoke+data=tensors,augment=on: augment: random "
+                                       "crop and flip apply to images only; tensors holds features, which are used "
+                                       "as stored: leave --augment out (augment = false)\n")
+    assert not (tmp_path / "out").exists()
 
 
 def test_flag_seeds_are_named_as_flags(tmp_path):

@@ -131,6 +131,39 @@ def test_the_command_says_one_line_and_builds_no_report(tmp_path, stand_ins, mon
     assert "Traceback" not in captured.out and stand_ins["report"] == [] and len(stand_ins["train"]) == 1
 
 
+def test_a_failed_run_is_named_on_stderr_with_its_reason_and_a_retry_runs_it(tmp_path, stand_ins, monkeypatch,
+                                                                            capsys, one_thread):
+    import calibkit.report
+    from calibkit.cli import main
+
+    monkeypatch.setitem(PRESETS, "tiny", TINY)
+    monkeypatch.setattr(calibkit.report, "build_report", lambda *a, **k: {"text": "", "paths": {"html": "h", "md": "m"}})
+    fake = Bench._train
+
+    def failing(self, method, seed, run_dir, csm_data=None):
+        if method == "ls" and seed == 1:
+            run_dir.mkdir(parents=True)  # what a training that fails mid-way leaves
+            raise RuntimeError("loss is NaN\nat epoch 1")
+        return fake(self, method, seed, run_dir, csm_data)
+
+    monkeypatch.setattr(Bench, "_train", failing)
+    out = tmp_path / "b"
+    argv = ["bench", "--preset", "tiny", "--methods", "ls", "--out", str(out), "--device", "cpu"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "calibkit bench: error: run tiny/ls/1 (method ls, seed 1) failed: RuntimeError: loss is NaN at epoch 1; "
+        f"recorded in {out / 'runs.db'}; run the same command again to retry it"]
+    assert "tiny/ls/1: FAILED: RuntimeError: loss is NaN" in captured.out
+    monkeypatch.setattr(Bench, "_train", fake)  # the cause fixed: the same command runs the failed run only
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "1 run(s) done, 3 skipped (finished earlier), 0 failed" in captured.out
+    with Store(out / "runs.db", readonly=True) as s:
+        assert {r["run_key"]: r["status"] for r in s.runs("tiny", status=None)} == {
+            f"tiny/{m}/{k}": "done" for m in ("ce", "ls") for k in (0, 1)}
+
+
 # ------------------------------------------------------------------------------ a scheduler's task
 
 

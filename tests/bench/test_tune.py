@@ -591,6 +591,50 @@ def test_a_failed_candidate_leaves_no_selection_and_says_so(tmp_path, no_trainin
     assert _rows(tmp_path)["tiny/ls/7/alpha=0.1"]["status"] == "failed"
 
 
+
+def test_the_tune_command_refuses_ce_alone_and_names_a_failed_candidate_on_stderr(tmp_path, no_training,
+                                                                                  monkeypatch, capsys, one_thread):
+    import calibkit.report.tuning
+    from calibkit.cli import main
+
+    monkeypatch.setitem(PRESETS, "tiny", TINY)
+    monkeypatch.setattr(calibkit.report.tuning, "write_tuning_figure", lambda *a, **k: None)  # matplotlib: slow
+    out = tmp_path / "t"
+    argv = ["tune", "--preset", "tiny", "--out", str(out), "--device", "cpu", "--num-threads", "1", "--methods"]
+    assert main([*argv, "ce"]) == 1
+    tunable = ", ".join(m for m, spec in METHODS.items() if spec.space)
+    assert capsys.readouterr().err.splitlines() == [
+        f"calibkit tune: error: --methods ce: nothing to tune (ce has no search space); methods with one: {tunable}"]
+    assert not out.exists()  # refused before anything was trained or written
+    no_training((0.1,))
+    assert main([*argv, "ce", "ls"]) == 1
+    captured = capsys.readouterr()
+    assert ("tune ce: no search space (nothing to tune); it is trained on the selection seed only as the reference "
+            "(and the base of MaC-Cal and CSM)") in captured.out.splitlines()
+    assert captured.err.splitlines() == [
+        "calibkit tune: error: candidate tiny/ls/7/alpha=0.1 (method ls, seed 7) failed: RuntimeError: alpha 0.1 "
+        f"diverged; recorded in {out / 'runs.db'}; run the same command again to retry it"]
+
+
+
+def test_bench_tune_warns_of_a_tune_seed_it_evaluates_and_names_the_first_failed_candidate(
+        tmp_path, no_training, monkeypatch, capsys, one_thread):
+    from calibkit.cli import main
+
+    monkeypatch.setitem(PRESETS, "tiny", TINY)
+    no_training((0.1,))
+    out = tmp_path / "b"
+    assert main(["bench", "--preset", "tiny", "--tune", "--methods", "ls", "--seeds", "0", "7", "--out", str(out),
+                 "--device", "cpu", "--num-threads", "1"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "calibkit bench: warning: tune_seed 7 is also an evaluation seed of preset tiny (seeds 0, 7): the selection "
+        "sees the randomness of a run whose test numbers are reported; choose a seed outside them (the shipped "
+        "presets tune on 100)",
+        "calibkit bench: error: 1 tuning candidate(s) failed (first: candidate tiny/ls/7/alpha=0.1 (method ls, seed "
+        f"7) failed: RuntimeError: alpha 0.1 diverged); see {out / 'runs.db'} (run the same command again to retry "
+        "them)"]
+
+
 def test_run_one_trains_one_named_candidate(tmp_path, no_training):
     tuner = _tuner(tmp_path)
     try:

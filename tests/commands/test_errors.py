@@ -56,6 +56,8 @@ def _setup(tmp, case, finished_run):
         return ["bench", "--preset", "smoke", "--seeds", "0", "-1", "--out", "{tmp}/b"]
     if case == "bench_repeated_seed":
         return ["bench", "--preset", "smoke", "--seeds", "1", "1", "--out", "{tmp}/b"]
+    if case in ("bench_negative_max_extensions", "tune_negative_max_extensions"):
+        return [case.split("_")[0], "--preset", "smoke", "--max-extensions", "-1", "--out", "{tmp}/b"]
     if case == "bench_unknown_method":
         return ["bench", "--preset", "smoke", "--methods", "nosuch", "--out", "{tmp}/b"]
     if case == "bench_csm_store_missing":
@@ -69,6 +71,9 @@ def _setup(tmp, case, finished_run):
         (tmp / "b").mkdir()
         (tmp / "b" / "runs.db").write_bytes(b"not sqlite" * 50)
         return ["bench", "--preset", "smoke", "--methods", "ce", "--out", "{tmp}/b"]
+    if case in DATA_CASES:
+        return ["bench", "--preset", "smoke", "--methods", "ce", "--batch-size", "4", "--out", "{tmp}/b",
+                *_bad_data(tmp, case)]
     if case == "report_corrupt_database":
         (tmp / "b").mkdir()
         (tmp / "b" / "runs.db").write_bytes(b"not sqlite" * 50)
@@ -98,6 +103,50 @@ def _setup(tmp, case, finished_run):
     raise AssertionError(case)
 
 
+def _tensors(path, y_train, n_test=6, x_train=None):
+    import numpy as np
+
+    x = np.zeros((len(y_train), 1, 8, 8), np.uint8) if x_train is None else x_train
+    np.savez(path, x_train=x, y_train=np.asarray(y_train, np.int64), x_test=np.zeros((n_test, 1, 8, 8), np.uint8),
+             y_test=np.arange(n_test) % 2)
+
+
+def _bad_data(tmp, case) -> list[str]:
+    """Data that load but cannot make a bench (the bench's preflight must refuse them): the flags."""
+    import numpy as np
+
+    if case == "bench_one_class":
+        _tensors(tmp / "one.npz", [0] * 8, n_test=1)  # every label 0: one class
+        return ["--data", "tensors", "--data-dir", "{tmp}/one.npz"]
+    if case == "bench_no_training_rows":
+        _tensors(tmp / "none.npz", [], x_train=np.zeros((0, 1, 8, 8), np.uint8))
+        return ["--data", "tensors", "--data-dir", "{tmp}/none.npz"]
+    if case == "bench_empty_ood_file":
+        _tensors(tmp / "ok.npz", [0, 1] * 10)
+        np.savez(tmp / "ood.npz", x=np.zeros((0, 1, 8, 8), np.uint8))
+        return ["--data", "tensors", "--data-dir", "{tmp}/ok.npz", "--ood", "{tmp}/ood.npz"]
+    if case == "bench_empty_class_folder":
+        from PIL import Image
+
+        for split, classes in (("train", "ab"), ("test", "ab")):
+            for c in classes:
+                (tmp / "img" / split / c).mkdir(parents=True)
+                for i in range(4):
+                    Image.fromarray(np.full((8, 8), 40 * i, np.uint8)).save(tmp / "img" / split / c / f"{i}.png")
+        (tmp / "img" / "train" / "zz").mkdir()  # counted as a third class, with no image
+        return ["--data", "imagefolder", "--data-dir", "{tmp}/img"]
+    if case == "bench_lr_beyond_float32":
+        return ["--preset", "smoke", "--lr", "1e308"]
+    raise AssertionError(case)
+
+
+DATA_CASES = {  # data or values that pass every option's own rule and used to fail the runs, after writing
+    "bench_one_class": ["one.npz", "1 class ('0')", "at least 2 classes"],
+    "bench_no_training_rows": ["none.npz", "x_train holds 0 rows"],
+    "bench_empty_ood_file": ["ood.npz", "x holds 0 rows", "--ood none"],
+    "bench_empty_class_folder": ["img/train", "zz", "hold no images"],
+    "bench_lr_beyond_float32": ["method ce: lr: must be at most 3.403e+38", "float32", "got 1e+308"],
+}
 CASES = {  # case -> words the one-line message must contain
     "bench_out_is_file": ["afile", "existing file"],
     "bench_cifar10_without_data": ["cifar10", "--data-dir"],
@@ -105,6 +154,8 @@ CASES = {  # case -> words the one-line message must contain
     "bench_negative_seed": ["--seeds", ">= 0", "-1"],
     "bench_repeated_seed": ["--seeds", "repeated"],
     "bench_unknown_method": ["nosuch", "valid methods"],
+    "bench_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
+    "tune_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
     "bench_csm_store_missing": ["nowhere", "calibkit csm generate", "--csm-store"],
     "bench_csm_store_not_a_store": ["notastore", "not a CSM store"],
     "bench_corrupt_database": ["runs.db", "not an SQLite database"],
@@ -115,6 +166,7 @@ CASES = {  # case -> words the one-line message must contain
     "train_unknown_preset": ["nosuch", "fmnist"],
     "eval_finished_run_without_logits": ["logits.safetensors", "finished", "calibkit train"],
     "eval_not_a_run": ["not a calibkit run"],
+    **DATA_CASES,
 }
 
 

@@ -794,3 +794,26 @@ def test_the_cache_is_per_folder_and_hands_out_copies(fake, tmp_path):
     name = fake(small_raw(val=fixed))
     load(name).val.images.zero_()
     assert (load(name).val.images == 5).all()
+
+
+def test_own_data_without_a_test_example_or_a_second_class_is_refused(tmp_path):
+    from PIL import Image
+
+    def tensors(path, y_train, n_test):
+        np.savez(path, x_train=np.zeros((len(y_train), 3), np.float32), y_train=np.asarray(y_train, np.int64),
+                 x_test=np.zeros((n_test, 3), np.float32), y_test=np.zeros(n_test, np.int64))
+        return str(path)
+
+    path = tensors(tmp_path / "t.npz", [0, 1] * 5, 0)
+    with pytest.raises(ValueError, match="^" + re.escape(f"data set tensors ({path}): the test split holds 0 examples; "
+                                                         "nothing to evaluate") + "$"):
+        load("tensors", data_dir=path)
+    path = tensors(tmp_path / "one.npz", [0] * 10, 2)
+    with pytest.raises(ValueError, match="^" + re.escape(f"data set tensors ({path}): 1 class ('0'); a classifier to "
+                                                         "calibrate needs at least 2 classes") + "$"):
+        load("tensors", data_dir=path)
+    for i in range(5):
+        (tmp_path / "img" / "cats").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((4, 4), i, np.uint8)).save(tmp_path / "img" / "cats" / f"{i}.png")
+    with pytest.raises(ValueError, match=re.escape(": 1 class ('cats'); a classifier to calibrate needs at least 2")):
+        load("imagefolder", data_dir=str(tmp_path / "img"))

@@ -196,6 +196,26 @@ def test_train_test_folders_share_the_training_classes(tmp_path):
         read_imagefolder(str(tmp_path))
 
 
+
+def test_a_training_class_folder_without_images_is_refused(tmp_path):
+    for c in ("a", "b"):
+        flat(tmp_path / "tt" / "train", [c], 3)
+        flat(tmp_path / "tt" / "test", [c], 1)
+    (tmp_path / "tt" / "test" / "b" / "0.png").unlink()  # a test class without images is fine
+    assert read_imagefolder(str(tmp_path / "tt")).class_names == ["a", "b"]
+    (tmp_path / "tt" / "train" / "c").mkdir()
+    (tmp_path / "tt" / "train" / "d").mkdir()
+    train = tmp_path / "tt" / "train"
+    message = (f"{train}: class folder(s) c, d hold no images ({', '.join(IMAGE_EXTENSIONS)}); every sub-folder is "
+               "a class: add their images or remove them")
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        read_imagefolder(str(tmp_path / "tt"))
+    root = flat(tmp_path / "flat", ["a", "b"], 5)
+    (root / "empty").mkdir()  # a flat folder: the same rule
+    with pytest.raises(ValueError, match="^" + re.escape(f"{root}: class folder(s) empty hold no images")):
+        read_imagefolder(str(root))
+
+
 def test_folder_refusals(tmp_path):
     empty = tmp_path / "empty"
     (empty / "a").mkdir(parents=True)  # a class folder without images

@@ -173,3 +173,18 @@ def test_direction_and_marks():
     assert fmt_delta(worse) == "+2.00 [+1.00, +3.00]" + WORSE_MARK
     assert fmt_delta(worse, "acc") == "+2.00 [+1.00, +3.00]" + BETTER_MARK
     assert fmt_delta({**worse, "metric": "acc"}) == "+2.00 [+1.00, +3.00]" + BETTER_MARK
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["ce", "ce"], "A and B are both 'ce': a method compared with itself differs by 0 everywhere; name two "
+     "different methods (e.g. ls ce)"),
+    (["ls", "ce", "--after", ""], "--after: unknown calibrator ''; expected one of " + ", ".join(CALIBRATORS)),
+])
+def test_compare_refuses_a_method_against_itself_and_an_empty_calibrator(argv, line, tmp_path, capsys):
+    from calibkit.cli import main
+
+    (tmp_path / "runs.db").write_bytes(b"")  # refused before the database is opened
+    assert main(["compare", str(tmp_path), *argv]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"calibkit compare: error: {line}"] and captured.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.db"]
