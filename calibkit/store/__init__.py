@@ -78,6 +78,6 @@ def check_store(out, store: str | None = DEFAULT) -> None:
         raise ValueError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
                          "(leave it out for OUT/runs.db)")
     try:
-        PostgresStore(store, root=out, readonly=True).close()
+        PostgresStore(store, root=out, readonly=True, retry_s=0).close()  # no wait: a wrong URL is named at once
     except FileNotFoundError:  # no tables yet: the bench creates them
         pass
