@@ -129,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
     handlers = _install_handlers(args.command)
     try:
+        if getattr(args, "store", None):  # --store env:NAME: the URL from the environment (docs/store.md)
+            from calibkit.store import resolve_store
+
+            args.store = resolve_store(args.store)
         apply_num_threads(args)
         rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here at the latest, not at interpreter exit
