@@ -50,6 +50,8 @@ start-postgres() {
 
 stop-postgres() {
     if [ -z "${PG_PID:-}" ]; then return 0; fi
+    # a test may have restarted the server (tests/helpers/pgserver.py): its current PID, if recorded
+    if [ -s "$PG_DIR/data/postmaster.pid" ]; then PG_PID="$(head -n 1 "$PG_DIR/data/postmaster.pid")"; fi
     kill -TERM "$PG_PID" 2>/dev/null || true    # smart shutdown
     local i
     for i in $(seq 1 60); do

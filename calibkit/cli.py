@@ -100,6 +100,14 @@ def _os_error(exc: OSError) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _driver_line(exc: Exception, store: str | None) -> str:
+    """The first line of a database driver's error, with the store's passwords masked."""
+    from calibkit.store.secrets import scrub
+
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return scrub(line, store) if store else line
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None, command="calibkit"):
     print(f"calibkit {command}: warning: {message}", file=file or sys.stderr)
 
@@ -129,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
 
     handlers = _install_handlers(args.command)
     try:
+        if getattr(args, "store", None):  # --store env:NAME: the URL from the environment (docs/store.md)
+            from calibkit.store import resolve_store
+
+            args.store = resolve_store(args.store)
         apply_num_threads(args)
         rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here at the latest, not at interpreter exit
@@ -151,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as exc:  # permissions, a read-only or full file system, ...
         error(f"{_os_error(exc)}; {_kept(args)}")
+        return 1
+    except Exception as exc:
+        if not type(exc).__module__.startswith("psycopg"):
+            raise
+        # The PostgreSQL driver's own error, past the store's retries (calibkit.store.postgres)
+        error(f"results database: {_driver_line(exc, getattr(args, 'store', None))}; {_kept(args)}")
         return 1
     finally:
         _restore_handlers(handlers)

@@ -149,6 +149,21 @@ def test_sqlite_and_os_errors_from_main(tmp_path, capsys, monkeypatch):
         assert capsys.readouterr().err == f"calibkit report: error: {message}\n"
 
 
+def test_a_database_drivers_error_is_one_line_without_its_password(tmp_path, capsys, monkeypatch):
+    psycopg = pytest.importorskip("psycopg")
+    import calibkit.commands.bench as bench_cmd
+
+    def lost(args):  # what a server store lets through (calibkit.store.postgres retries connection losses)
+        raise psycopg.errors.DiskFull("could not extend file of user u, password s3cretpw: No space left on device"
+                                      "\nHINT: free some space")
+
+    monkeypatch.setattr(bench_cmd, "run", lost)
+    assert main(["bench", "--out", str(tmp_path), "--store", "postgresql://u:s3cretpw@db.lab/calib"]) == 1
+    assert capsys.readouterr().err == ("calibkit bench: error: results database: could not extend file of user u, "
+                                       "password ***: No space left on device; finished runs are kept in postgresql://u:***@db.lab/calib; run the "
+                                       "same command again to continue (it skips them)\n")
+
+
 @pytest.mark.parametrize("command", ["tune", "report", "bench"])
 @pytest.mark.parametrize("exc,status,word", [(KeyboardInterrupt, 130, "interrupted"),
                                              (Terminated, 143, "terminated (SIGTERM)")])

@@ -96,12 +96,81 @@ def collect(out, preset: str | None = None, store=None) -> dict:
 # States of a run that still has a live task (collect again once it ends); any other unfinished
 # state is a missing run (bench --collect exits 1).
 LIVE = ("queued", "running")
+# What a bench folder holds (one of them at least): its database, runs, tuning, SLURM submissions.
+BENCH_MARKS = ("runs.db", "runs", "tune", "slurm")
 
 
-def unfinished(out, keys) -> list[tuple[str, str, str]]:
+def check_bench_folder(out, store: str | None = None) -> None:
+    """Refuse (one line) a ``--out`` that is not a bench's folder, before ``--status`` or
+    ``--collect`` reads it: missing, a file, or (without a ``--store`` server) holding none of
+    :data:`BENCH_MARKS`. Nothing is created.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError, ValueError: naming the folder and what is wrong.
+    """
+    out = Path(out)
+    if not out.exists():
+        raise FileNotFoundError(f"--out {out}: no such folder; give the --out folder of a bench (nothing was read "
+                                "or written)")
+    if not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file, not the folder of a bench (nothing was read or written)")
+    if store is None and not any((out / mark).exists() for mark in BENCH_MARKS):
+        raise ValueError(f"--out {out} is not the folder of a bench: it holds none of {', '.join(BENCH_MARKS)} "
+                         "(nothing was read or written)")
+
+
+def recorded_states(store, keys, table: str = "runs") -> dict[str, tuple[str, str]]:
+    """``{key: (state, detail)}`` of the keys with a row in ``store``, in ``--status``'s words:
+    ``done`` (its run folder), ``running`` (claimed by a live process), ``failed`` (its error's
+    last line, or a claim whose process ended without finishing)."""
+    col = "run_key" if table == "runs" else "cand_key"
+    rows = store.runs(status=None, tolerant=True) if table == "runs" else store.candidates(status=None)
+    rows = {r[col]: r for r in rows}
+    states = {}
+    for key in keys:
+        row = rows.get(key)
+        if row is None:
+            continue
+        if row["status"] == "done":
+            where = f"recorded in {store.where}"
+            states[key] = ("done", f"{row['run_dir']} ({where})" if row.get("run_dir") else where)
+        elif row["status"] == "running" and store.busy_elsewhere(key, table):
+            states[key] = ("running", f"claimed in {store.where} by {row.get('owner')}")
+        elif row["status"] == "running":
+            states[key] = ("failed", f"{store.where}: its process ended before finishing it; run the same command "
+                                     "again to resume it")
+        else:
+            last = (row.get("error") or "").strip().splitlines()[-1:] or ["no error recorded"]
+            states[key] = ("failed", f"{store.where}: {last[0]}")
+    return states
+
+
+def read_recorded(out, keys, table: str = "runs", store: str | None = None) -> dict[str, tuple[str, str]]:
+    """:func:`recorded_states` of the bench's database (``out/runs.db`` or the ``store`` URL),
+    opened read-only; ``{}`` when there is none yet.
+
+    Raises:
+        calibkit.store.StoreError: the database exists but cannot be used (corrupt, unreachable).
+    """
+    from calibkit.store import open_store
+
+    if store is None and not (Path(out) / "runs.db").is_file():
+        return {}
+    try:
+        db = open_store(out, store, readonly=True)
+    except FileNotFoundError:  # a server schema without the tables yet
+        return {}
+    try:
+        return recorded_states(db, keys, table)
+    finally:
+        db.close()
+
+
+def unfinished(out, keys, recorded: dict | None = None) -> list[tuple[str, str, str]]:
     """``(key, state, detail)`` of every run key in ``keys`` without a finished result file, in order.
 
-    The state is that of ``--status`` (``failed``, ``queued``, ``running``, ``not submitted``), except
+    ``recorded``: the states ``runs.db`` holds (:func:`read_recorded`; a run it holds as done is
+    finished). The state is that of ``--status`` (``failed``, ``queued``, ``running``, ``not submitted``), except
     that a run submitted but neither finished nor in a queue this host can read (no ``squeue``
     here: a copy of the folder) is ``no result``: whether it still runs cannot be told from here.
     """
@@ -109,7 +178,7 @@ def unfinished(out, keys) -> list[tuple[str, str, str]]:
 
     submitted = {k for sub in submissions(out) for k in sub.get("tasks", {}).values()}
     rows = []
-    for key, (state, detail) in key_states(out, list(keys)).items():
+    for key, (state, detail) in key_states(out, list(keys), recorded=recorded).items():
         if state == "done":
             continue
         if state == "not submitted" and key in submitted:

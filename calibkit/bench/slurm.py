@@ -155,10 +155,17 @@ def squeue_states(job_ids) -> dict[str, str] | None:
     return states
 
 
-def key_states(out, keys: list[str], table: str = "runs") -> dict[str, tuple[str, str]]:
+def key_states(out, keys: list[str], table: str = "runs", recorded: dict | None = None) -> dict[str, tuple[str, str]]:
     """``{key: (state, detail)}``: done / failed from the result files, queued / running from
-    ``squeue``, ``not submitted``, or ``failed`` for a task that ended without a result."""
-    out = Path(out)
+    ``squeue``, ``not submitted``, or ``failed`` for a task that ended without a result.
+
+    ``recorded``: ``{key: (state, detail)}`` read from the bench's database
+    (:func:`calibkit.bench.collect.recorded_states`): a run it holds as done is done (a local
+    bench's runs, a result collected before its file was moved away), and one it holds otherwise
+    takes that state where neither a result file nor the queue says anything.
+    Paths in the details are under ``out`` as given (a copied folder names its own logs).
+    """
+    out, recorded = Path(out), recorded or {}
     subs = submissions(out)
     latest = {}  # key -> the last task submitted for it
     for sub in subs:
@@ -174,6 +181,8 @@ def key_states(out, keys: list[str], table: str = "runs") -> dict[str, tuple[str
         live = (queue or {}).get(task)
         if status == "done":
             states[key] = ("done", str(path.parent))
+        elif recorded.get(key, ("",))[0] == "done":
+            states[key] = recorded[key]
         elif live in RUNNING:
             states[key] = ("running", f"task {task}")
         elif live is not None:
@@ -182,8 +191,9 @@ def key_states(out, keys: list[str], table: str = "runs") -> dict[str, tuple[str
             last = (doc["row"].get("error") or "").strip().splitlines()[-1:] or ["no error recorded"]
             states[key] = ("failed", f"{path}: {last[0]}")
         elif task is not None and queue is not None:
-            log = Path(sub["script"]).parent / "logs"
-            states[key] = ("failed", f"task {task} ended without a result; see {log}")
+            states[key] = ("failed", f"task {task} ended without a result; see {out / 'slurm' / 'logs'}")
+        elif key in recorded:
+            states[key] = recorded[key]
         else:
             states[key] = ("not submitted", "")
     return states

@@ -160,12 +160,21 @@ def submit_bench(args, preset, dry_run: bool = False) -> dict:
 
 
 def status_lines(args, preset) -> tuple[list[str], dict]:
-    """One line per run key of the bench (and its tuning candidates with ``--tune``), and counts."""
+    """One line per run key of the bench (and its tuning candidates with ``--tune``), and counts:
+    from the result files, ``squeue`` and the bench's database (``OUT/runs.db`` or ``--store``).
+
+    Raises:
+        FileNotFoundError, NotADirectoryError, ValueError: ``--out`` is not a bench's folder.
+    """
+    from calibkit.bench.collect import check_bench_folder, read_recorded
     from calibkit.bench.grid import grid_methods
 
+    store = getattr(args, "store", None)
+    check_bench_folder(args.out, store)
     seeds = list(args.seeds if args.seeds is not None else preset.seeds)
     methods, _ = grid_methods(preset, args.methods)
-    states = key_states(args.out, [run_key(preset.name, m, s) for s in seeds for m in methods])
+    keys = [run_key(preset.name, m, s) for s in seeds for m in methods]
+    states = key_states(args.out, keys, recorded=read_recorded(args.out, keys, store=store))
     if getattr(args, "tune", False):
         from calibkit.bench.results import ResultFiles
         from calibkit.bench.tune import Tuner
@@ -173,7 +182,8 @@ def status_lines(args, preset) -> tuple[list[str], dict]:
         tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
                       device="cpu",
                       log=lambda *a, **k: None, store=ResultFiles(args.out))
-        states = {**key_states(args.out, [tuner.key(m, v) for m, v in tuner.items()], "tuning"), **states}
+        cands = [tuner.key(m, v) for m, v in tuner.items()]
+        states = {**key_states(args.out, cands, "tuning", read_recorded(args.out, cands, "tuning", store)), **states}
         tuner.close()
     width = max(map(len, states), default=0)
     lines = [f"{k:<{width}}  {s:<13}  {d}".rstrip() for k, (s, d) in states.items()]

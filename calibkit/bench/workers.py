@@ -4,7 +4,8 @@ share a bench's runs (a tuning's candidates).
 A bench already lets several processes running the same command share its runs: each claims a
 pending run in ``DIR/runs.db`` before training it, and one that depends on a run still being
 produced elsewhere waits for it (:mod:`calibkit.bench.runner`). ``--workers N`` starts N - 1 such
-processes itself (``python -m calibkit bench`` with the same options, no report, one worker each),
+processes itself (``python -m calibkit bench`` with the same options, no report, one worker each;
+``--store``'s URL, which may hold a password, in their environment rather than on their command lines),
 runs the bench in the calling process too, waits for the others and writes the report once. Each
 extra worker's output is appended to ``DIR/logs/worker-K.log``, after a header line naming the date
 and the command: the log of an interrupted bench (its worker's error) is still there after the
@@ -36,6 +37,11 @@ import sys
 import threading
 from pathlib import Path
 
+# Carries ``--store``'s URL to the extra workers, whose command lines say ``--store env:NAME``: a
+# command line (``ps``) is visible to every user of the machine, a process's environment only to
+# its owner, and the URL may hold a password.
+STORE_ENV = "CALIBKIT_WORKER_STORE"
+
 
 def worker_argv(args) -> list[str]:
     """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report,
@@ -49,7 +55,7 @@ def worker_argv(args) -> list[str]:
     if args.methods is not None:
         argv += ["--methods", *args.methods]
     for flag, value in (("--data-dir", args.data_dir), ("--csm-store", args.csm_store), ("--keep", args.keep),
-                        ("--num-threads", args.num_threads), ("--store", args.store),
+                        ("--num-threads", args.num_threads), ("--store", _store_word(args)),
                         ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
@@ -71,7 +77,7 @@ def tune_worker_argv(args) -> list[str]:
         argv += ["--methods", *args.methods]
     for flag, value in (("--seed", args.seed), ("--data-dir", args.data_dir), ("--csm-store", args.csm_store),
                         ("--keep", args.keep), ("--num-threads", args.num_threads),
-                        ("--store", args.store), ("--max-extensions", args.max_extensions)):
+                        ("--store", _store_word(args)), ("--max-extensions", args.max_extensions)):
         if value is not None:
             argv += [flag, str(value)]
     if args.csm_build:
@@ -79,10 +85,17 @@ def tune_worker_argv(args) -> list[str]:
     return argv
 
 
+def _store_word(args) -> str | None:
+    """``--store``'s value on a worker's command line: the name of the variable holding the URL."""
+    return None if args.store is None else f"env:{STORE_ENV}"
+
+
 def start_workers(args, n: int, argv: list[str] | None = None) -> list[subprocess.Popen]:
     """Start ``n`` extra processes (``argv``, default the bench's :func:`worker_argv`), waiting to
-    be released (:func:`release_workers`)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    be released (:func:`release_workers`); ``--store``'s URL reaches them in :data:`STORE_ENV`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", STORE_ENV)}
+    if getattr(args, "store", None) is not None:
+        env[STORE_ENV] = args.store
     argv = worker_argv(args) if argv is None else argv
     return [subprocess.Popen([sys.executable, "-m", "calibkit", *argv], stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, env=env) for _ in range(n)]

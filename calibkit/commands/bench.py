@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from pathlib import Path
 
 EPILOG = """\
 examples:
@@ -179,6 +180,9 @@ def _elsewhere(args) -> int:
         from calibkit.commands import run_scheduled
 
         return run_scheduled(args, lambda: _run_key(args, preset))
+    if args.status and args.collect:
+        raise ValueError("--status and --collect: give one of them (--status shows each run's state and changes "
+                         "nothing; --collect imports the result files into runs.db, then reports)")
     if args.status:
         from calibkit.bench.slurm_plan import status_lines
 
@@ -239,16 +243,22 @@ def _collect(args, preset) -> int:
     """Import the result files, name every run of the grid without a finished result (one line each
     on stderr), then the table and report; exit 1 when a run is missing (no result and no live task:
     submit the same command again), 0 when every run is finished or still queued or running."""
-    from calibkit.bench.collect import LIVE, collect, unfinished
+    from calibkit.bench.collect import LIVE, check_bench_folder, collect, read_recorded, unfinished
     from calibkit.bench.grid import grid_methods
     from calibkit.store import run_key
 
+    check_bench_folder(args.out)
     counts = collect(args.out)
-    print(f"collect {args.out}: {counts['imported']} new result(s) imported into {args.out}/runs.db, "
-          f"{counts['unchanged']} already there, {counts['selections']} selection(s)")
+    if counts["files"]:
+        print(f"collect {args.out}: {counts['imported']} new result(s) imported into {args.out}/runs.db, "
+              f"{counts['unchanged']} already there, {counts['selections']} selection(s)")
+    else:
+        print(f"collect {args.out}: no result files to import; {args.out}/runs.db "
+              + ("unchanged" if (Path(args.out) / "runs.db").is_file() else "not created"))
     seeds = list(args.seeds if args.seeds is not None else preset.seeds)
     methods, _ = grid_methods(preset, args.methods)
-    left = unfinished(args.out, [run_key(preset.name, m, s) for s in seeds for m in methods])
+    keys = [run_key(preset.name, m, s) for s in seeds for m in methods]
+    left = unfinished(args.out, keys, read_recorded(args.out, keys))
     missing = [key for key, state, _ in left if state not in LIVE]
     for key, state, detail in left:
         print(f"collect {args.out}: {key}: {state}" + (f" ({detail})" if detail else ""), file=sys.stderr)

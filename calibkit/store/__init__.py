@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 
 from calibkit.store.common import (
     GRACE_ENV, GRACE_S, HEARTBEAT_ENV, HEARTBEAT_S, SCHEMA_VERSION, StoreError, owner_alive, run_key,
@@ -38,10 +39,29 @@ from calibkit.store.sqlite import BUSY_TIMEOUT_S, SQLITE_HEADER, Store, check_da
 
 __all__ = ["Store", "PostgresStore", "StoreError", "run_key", "open_store", "describe_store", "check_store",
            "check_database_file", "SCHEMA_VERSION", "HEARTBEAT_S", "GRACE_S", "HEARTBEAT_ENV", "GRACE_ENV",
-           "BUSY_TIMEOUT_S", "SQLITE_HEADER", "owner_alive", "is_url", "redact"]
+           "BUSY_TIMEOUT_S", "SQLITE_HEADER", "owner_alive", "is_url", "redact", "resolve_store"]
 
 # The option value that means "runs.db in the bench directory".
 DEFAULT = None
+
+
+def resolve_store(value: str | None) -> str | None:
+    """The ``--store`` value to use: ``env:NAME`` is the URL held by environment variable ``NAME``
+    (a command line is visible to every user of the machine, a process's environment only to its
+    owner); anything else is returned as given.
+
+    Raises:
+        ValueError: ``NAME`` is not a variable name, or the variable is unset or empty.
+    """
+    if not isinstance(value, str) or not value.startswith("env:"):
+        return value
+    name = value[4:]
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"--store {value}: expected env:NAME with NAME an environment variable's name")
+    if not os.environ.get(name):
+        raise ValueError(f"--store {value}: the environment variable {name} is not set (it should hold the "
+                         "postgresql:// URL)")
+    return os.environ[name]
 
 
 def open_store(out, store: str | None = DEFAULT, readonly: bool = False, **kwargs):
@@ -78,6 +98,6 @@ def check_store(out, store: str | None = DEFAULT) -> None:
         raise ValueError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
                          "(leave it out for OUT/runs.db)")
     try:
-        PostgresStore(store, root=out, readonly=True).close()
+        PostgresStore(store, root=out, readonly=True, retry_s=0).close()  # no wait: a wrong URL is named at once
     except FileNotFoundError:  # no tables yet: the bench creates them
         pass

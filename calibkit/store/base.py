@@ -13,11 +13,23 @@ import socket
 import threading
 import uuid
 from contextlib import contextmanager
+from functools import wraps
 
 from calibkit.store.common import (
     COLUMNS, FIELDS, JSON_COLUMNS, KEY_COLUMN, PATH_COLUMNS, STATUSES, StoreError, dumps, lease_settings,
     loaded_path, now_iso, owner_alive, stored_path,
 )
+
+
+def retried(method):
+    """A store operation the backend may run again as a whole (:meth:`BaseStore._retry`): after a
+    lost connection, or a commit whose outcome is unknown. Each is idempotent: run twice, it
+    leaves the database as running it once would, and ``self._replay`` tells the second run."""
+    @wraps(method)
+    def call(self, *args, **kwargs):
+        return self._retry(lambda: method(self, *args, **kwargs))
+
+    return call
 
 
 class BaseStore:
@@ -29,6 +41,8 @@ class BaseStore:
     where = "?"
     # The heartbeat column in claim queries ("NULL" for a read-only view of a schema-1 database).
     _BEAT = "heartbeat_at"
+    # True while an operation runs again after a lost connection (its first try may have committed).
+    _replay = False
 
     def _setup_lease(self, root, heartbeat_s, grace_s) -> None:
         self.root = os.path.abspath(os.fspath(root))
@@ -57,6 +71,10 @@ class BaseStore:
 
     def _clock(self) -> float:
         raise NotImplementedError
+
+    def _retry(self, op):
+        """Run ``op`` (one whole operation); a backend whose connection can be lost runs it again."""
+        return op()
 
     def _has_table(self, name: str) -> bool:
         return True
@@ -131,11 +149,13 @@ class BaseStore:
         return owner != self.owner and owner_alive(owner, heartbeat_at, now, self.grace_s)
 
     # -- queries ----------------------------------------------------------------------------
+    @retried
     def get(self, key: str) -> dict | None:
         """The row of run ``key`` as a dict (JSON decoded, paths absolute), or ``None``."""
         rows = self._select("SELECT * FROM runs WHERE run_key = ?", (key,))
         return rows[0] if rows else None
 
+    @retried
     def runs(self, preset: str | None = None, status: str | None = "done", tolerant: bool = False) -> list[dict]:
         """Rows, optionally filtered by preset and status, ordered by id (insertion order).
         ``tolerant``: a JSON cell that cannot be decoded is None and named in ``row["corrupt"]``
@@ -147,21 +167,25 @@ class BaseStore:
                 args.append(value)
         return self._select(sql + " ORDER BY id", args, tolerant)
 
+    @retried
     def presets(self) -> list[str]:
         """The presets that have rows, in order of first appearance."""
         return [r[0] for r in self._sql("SELECT preset FROM runs GROUP BY preset ORDER BY MIN(id)").fetchall()]
 
+    @retried
     def status(self, key: str, table: str = "runs") -> str | None:
         """The status of run (or candidate) ``key``: ``running``, ``done``, ``failed``, or None."""
         row = self._sql(f"SELECT status FROM {table} WHERE {KEY_COLUMN[table]} = ?", (key,)).fetchone()
         return row[0] if row else None
 
+    @retried
     def busy_elsewhere(self, key: str, table: str = "runs") -> bool:
         """Whether run (or candidate) ``key`` is held right now by another live process."""
         col = KEY_COLUMN[table]
         row = self._sql(f"SELECT status, owner, {self._BEAT} FROM {table} WHERE {col} = ?", (key,)).fetchone()
         return bool(row) and row[0] == "running" and self._alive(row[1], row[2], self._clock())
 
+    @retried
     def candidates(self, preset: str | None = None, method: str | None = None, seed: int | None = None,
                    status: str | None = "done") -> list[dict]:
         """Rows of the ``tuning`` table (JSON decoded), filtered, in insertion order."""
@@ -192,6 +216,7 @@ class BaseStore:
         return self._claim("tuning", key, {"preset": preset, "method": method, "seed": int(seed), "hparams": hparams},
                            {"config": config, "git_commit": git_commit})
 
+    @retried
     def _claim(self, table: str, key: str, fixed: dict, update: dict) -> bool:
         col = KEY_COLUMN[table]
         enc = {k: dumps(v) if k in JSON_COLUMNS else v for k, v in {**fixed, **update}.items()}
@@ -211,6 +236,9 @@ class BaseStore:
                 status, owner, beat = row
                 if status == "done" or (status == "running" and self._alive(owner, beat, now)):
                     return False
+                if self._replay and status == "running" and owner == self.owner:
+                    self._start_heartbeat()  # the first try committed: the claim is this process's
+                    return True
                 sets = "".join(f", {c} = ?" for c in update)
                 self._sql(f"UPDATE {table} SET status='running', owner=?{sets}, error=NULL, started_at=?,"
                           f" heartbeat_at=?, attempts=attempts+1 WHERE {col}=?",
@@ -248,6 +276,7 @@ class BaseStore:
         """:meth:`fail` for a tuning candidate."""
         self._update("tuning", key, "failed", {"error": str(error)[:4000]})
 
+    @retried
     def select_candidate(self, preset: str, method: str, seed: int, key: str, criterion: dict) -> None:
         """Flag candidate ``key`` as the selection of ``(preset, method, seed)`` (the others unflagged).
 
@@ -262,11 +291,13 @@ class BaseStore:
                       (preset, method, int(seed)))
             self._sql("UPDATE tuning SET selected = 1, criterion = ? WHERE cand_key = ?", (dumps(criterion), key))
 
+    @retried
     def get_meta(self, key: str) -> str | None:
         """The ``meta`` value under ``key`` (``None`` when absent)."""
         row = self._sql("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else row[0]
 
+    @retried
     def put_meta(self, key: str, value: str) -> None:
         """Set the ``meta`` value under ``key`` (``schema_version`` is not writable)."""
         if key == "schema_version":
@@ -275,11 +306,14 @@ class BaseStore:
             self._sql("DELETE FROM meta WHERE key = ?", (key,))
             self._sql("INSERT INTO meta (key, value) VALUES (?, ?)", (key, str(value)))
 
+    @retried
     def retire(self, key: str, new_key: str, run_dir: str | None, logits_path: str | None) -> None:
         """Move finished run ``key`` (results intact) to ``new_key``, whose run directory is now
         ``run_dir``: a re-tuned method's old run, kept but out of the way of the new one."""
         with self._write():
             row = self._sql(f"SELECT status FROM runs WHERE run_key = ?{self._LOCK}", (key,)).fetchone()
+            if row is None and self._replay and self._sql("SELECT 1 FROM runs WHERE run_key = ?", (new_key,)).fetchone():
+                return  # moved by the first try, committed before the connection was lost
             if row is None or row[0] != "done":
                 raise KeyError(f"no finished run {key!r} in {self.where}")
             self._sql("UPDATE runs SET run_key = ?, run_dir = ?, logits_path = ? WHERE run_key = ?",
@@ -291,6 +325,7 @@ class BaseStore:
             out[c] = dumps(v) if c in JSON_COLUMNS else stored_path(v, self.root) if c in PATH_COLUMNS else v
         return out
 
+    @retried
     def _update(self, table: str, key: str, status: str, fields: dict) -> None:
         what = "run" if table == "runs" else "candidate"
         unknown = set(fields) - FIELDS[table]
@@ -306,12 +341,15 @@ class BaseStore:
                 raise KeyError(f"{what} {key!r} was never claimed in {self.where}")
             if status == "failed" and (row[0] == "done" or (row[0] == "running" and row[1] != self.owner)):
                 return
+            if row[0] == "done" and self._replay and row[1] == self.owner:
+                return  # this very finish, committed before the connection was lost
             if row[0] == "done":
                 # Results already written are never replaced.
                 raise StoreError(f"{what} {key!r} is already done in {self.where}; not overwriting it")
             self._sql(f"UPDATE {table} SET status = ?, finished_at = ?{sets} WHERE {col} = ?",
                       [status, now_iso(), *(enc[c] for c in cols), key])
 
+    @retried
     def import_row(self, table: str, row: dict) -> bool:
         """Write a whole row (e.g. read from a run's ``result.json``) unless a ``done`` one exists.
 

@@ -105,10 +105,7 @@ def check_database_file(path: str) -> None:
     with open(path, "rb") as fh:
         header = fh.read(len(SQLITE_HEADER))
     if header != SQLITE_HEADER:
-        raise StoreError(
-            f"{path} is not an SQLite database (bad header {header[:16]!r}); "
-            "refusing to use or overwrite it: move it away, or use another folder"
-        )
+        raise StoreError(f"{path} is not an SQLite database (bad header {header[:16]!r}); {_move_away(path)}")
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
         try:
@@ -121,9 +118,10 @@ def check_database_file(path: str) -> None:
         raise StoreError(f"{path} cannot be opened ({exc}); SQLite also writes beside it ({os.path.basename(path)}"
                          f"-wal, -shm): check that you may write to {os.path.dirname(os.path.abspath(path))}") from exc
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path} is a corrupt SQLite database ({exc}); refusing to use or overwrite it") from exc
-    if verdict != "ok":
-        raise StoreError(f"{path} failed the SQLite integrity check ({verdict}); refusing to use or overwrite it")
+        raise StoreError(f"{path} is a corrupt SQLite database ({exc}); {_move_away(path)}") from exc
+    if verdict != "ok":  # one line: SQLite lists its findings under a "*** in database main ***" banner
+        found = "; ".join(line.strip() for line in verdict.splitlines() if line.strip() and not line.startswith("***"))
+        raise StoreError(f"{path} failed the SQLite integrity check ({found}); {_move_away(path)}")
     if tables and not {"runs", "meta"} <= tables:
         raise StoreError(
             f"{path} is an SQLite database but not a calibkit results database "
@@ -131,6 +129,15 @@ def check_database_file(path: str) -> None:
         )
     if version is not None and version > SCHEMA_VERSION:
         raise StoreError(f"{path} has schema version {version}, newer than this calibkit ({SCHEMA_VERSION})")
+
+
+def _move_away(path: str) -> str:
+    """What to do with a database file calibkit will not touch, and what survives without it."""
+    return (f"refusing to use or overwrite it: move it away with its -wal and -shm files, if any (e.g. to "
+            f"{path}.bad), or use another folder; the run "
+            "folders keep their training, so running the same bench or tune command again rebuilds the database "
+            "from them (finished training is reused, only the evaluation is redone), and a SLURM bench's result "
+            "files are imported again by --collect")
 
 
 def _tables(con) -> set[str]:

@@ -3,6 +3,8 @@
 import argparse
 import subprocess
 
+import pytest
+
 from calibkit.bench.workers import worker_argv
 from calibkit.commands import bench as bench_cmd
 from calibkit.store import Store
@@ -99,6 +101,7 @@ def test_every_option_reaches_a_worker_of_bench_and_of_tune():
     opts = ["--data-dir", "d", "--csm-store", "c", "--keep", "last", "--num-threads", "2", "--store", "sqlite:///x.db",
             "--max-extensions", "3", "--csm-build"]
     args = p.parse_args(["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--workers", "3", *opts])
+    opts[opts.index("sqlite:///x.db")] = "env:CALIBKIT_WORKER_STORE"  # the URL itself goes in the environment
     assert worker_argv(args) == ["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--no-report",
                                  "--workers", "1", "--await-start", *opts]
     t = argparse.ArgumentParser()
@@ -111,7 +114,46 @@ def test_every_option_reaches_a_worker_of_bench_and_of_tune():
     assert tune_worker_argv(bare) == ["tune", "--preset", "smoke", "--out", "o", "--device", bare.device, "--workers",
                                       "1", "--await-start", "--max-extensions", str(bare.max_extensions)]
     child = t.parse_args(tune_worker_argv(args))
-    assert (child.seed, child.methods, child.store, child.max_extensions) == (0, ["ls"], "sqlite:///x.db", 3)
+    assert (child.seed, child.methods, child.store, child.max_extensions) == (0, ["ls"], "env:CALIBKIT_WORKER_STORE", 3)
+
+
+def test_a_store_password_reaches_the_workers_in_their_environment_not_their_command_line(monkeypatch):
+    from calibkit.bench import workers
+    from calibkit.bench.workers import tune_worker_argv
+    from calibkit.commands import tune as tune_cmd
+
+    url = "postgresql://calib:s3cretpw@db/c10?sslpassword=k3ypass"
+    made = []
+    monkeypatch.setattr(workers.subprocess, "Popen", lambda cmd, **kw: made.append(_Proc(cmd, **kw)) or made[-1])
+    monkeypatch.setenv(workers.STORE_ENV, "postgresql://left@over/x")  # the caller's own: replaced
+    t = argparse.ArgumentParser()
+    tune_cmd.register(t.add_subparsers())
+    for args, argv in ((_parser().parse_args(["bench", "--out", "o", "--workers", "2", "--store", url]), None),
+                       (t.parse_args(["tune", "--out", "o", "--workers", "2", "--store", url]), tune_worker_argv)):
+        (proc,) = workers.start_workers(args, 1, argv(args) if argv else None)
+        words = " ".join(proc.cmd)
+        assert "s3cretpw" not in words and "k3ypass" not in words and "--store env:CALIBKIT_WORKER_STORE" in words
+        assert proc.env[workers.STORE_ENV] == url
+    # no --store: nothing put in the environment, none inherited either
+    monkeypatch.setenv(workers.STORE_ENV, "postgresql://left@over/x")
+    (proc,) = workers.start_workers(_parser().parse_args(["bench", "--out", "o", "--workers", "2"]), 1)
+    assert workers.STORE_ENV not in proc.env and "--store" not in proc.cmd
+
+
+def test_store_env_name_is_read_by_the_command_line_and_an_unset_one_is_one_line(monkeypatch, tmp_path, capsys):
+    from calibkit.cli import main
+    from calibkit.store import resolve_store
+
+    monkeypatch.setenv("CALIBKIT_WORKER_STORE", "postgresql://calib:s3cretpw@db/c10")
+    assert resolve_store("env:CALIBKIT_WORKER_STORE") == "postgresql://calib:s3cretpw@db/c10"
+    assert resolve_store("postgresql://db/x") == "postgresql://db/x" and resolve_store(None) is None
+    with pytest.raises(ValueError, match=r"^--store env:1x: expected env:NAME"):
+        resolve_store("env:1x")
+    monkeypatch.delenv("CALIBKIT_NO_SUCH_STORE", raising=False)
+    assert main(["report", str(tmp_path), "--store", "env:CALIBKIT_NO_SUCH_STORE"]) == 1
+    assert capsys.readouterr().err == ("calibkit report: error: --store env:CALIBKIT_NO_SUCH_STORE: the environment "
+                                       "variable CALIBKIT_NO_SUCH_STORE is not set (it should hold the postgresql:// "
+                                       "URL)\n")
 
 
 # ---------------------------------------------------------------- the caller's side, in-process

@@ -1,6 +1,7 @@
 """Edge cases of the results database: claims held on another host, schema versions, folders."""
 
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -246,8 +247,35 @@ def test_errors_name_the_problem(tmp_path):
     bad = tmp_path / "bad.db"
     bad.write_bytes(b"0123456789abcdefXYZ" * 10)
     with pytest.raises(StoreError, match=r"bad header b'0123456789abcdef'\); refusing to use or overwrite it: "
-                                         r"move it away, or use another folder"):
+                                         r"move it away with its -wal and -shm files, if any"):
         Store(bad)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad middle page"])
+def test_a_damaged_database_is_refused_with_what_to_move_and_what_rebuilds_it(tmp_path, damage):
+    path = tmp_path / "runs.db"
+    db = Store(path)
+    for seed in range(30):  # some 40 pages of 4 KiB
+        db.claim(f"p/ce/{seed}", preset="p", method="ce", seed=seed, config={"pad": "x" * 4000})
+    db.close()
+    size = path.stat().st_size
+    if damage == "truncated":
+        os.truncate(path, size // 2)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(4096 * (size // 8192))
+            f.write(b"\xa5" * 4096)
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as err:
+        Store(path)
+    what = (r"is a corrupt SQLite database \(database disk image is malformed\)" if damage == "truncated" else
+            r"failed the SQLite integrity check \(On tree page \d+ cell \d+: [^\n]+\)")  # one line of SQLite's list
+    advice = (f"refusing to use or overwrite it: move it away with its -wal and -shm files, if any (e.g. to {path}.bad), "
+              "or use another folder; the run folders keep their training, so running the same bench or tune command "
+              "again rebuilds the database from them (finished training is reused, only the evaluation is redone), "
+              "and a SLURM bench's result files are imported again by --collect")
+    assert re.fullmatch(f"{re.escape(str(path))} {what}; {re.escape(advice)}", str(err.value)), str(err.value)
+    assert path.read_bytes() == before
 
 
 def test_sqlite_file_without_tables_or_version_opens(tmp_path):
