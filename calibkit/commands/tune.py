@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 EPILOG = """\
 examples:
@@ -143,12 +144,20 @@ def _run(args, waiting: list) -> int:
 
     preset = preset_from_args(args)
     check_out(args.out)  # before the database is created: not into a training run's directory
+    if args.status and args.collect:
+        raise ValueError("--status and --collect: give one of them (--status shows each candidate's state and "
+                         "changes nothing; --collect imports the result files into runs.db, then prints the tuning)")
     if args.run_key or args.select_only or args.status or args.executor != "local":
         return _elsewhere(args, preset)
     if args.collect:
-        from calibkit.bench.collect import collect
+        from calibkit.bench.collect import check_bench_folder, collect
 
+        check_bench_folder(args.out)
         counts = collect(args.out)
+        if not counts["files"]:
+            print(f"collect {args.out}: no result files to import; {args.out}/runs.db "
+                  + ("unchanged" if (Path(args.out) / "runs.db").is_file() else "not created"))
+            return _print_tuning(args, preset)
         print(f"collect {args.out}: {counts['imported']} new result(s) imported, {counts['unchanged']} already "
               f"there, {counts['selections']} selection(s)")
         return _print_tuning(args, preset)

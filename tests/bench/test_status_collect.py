@@ -39,6 +39,19 @@ def test_a_folder_that_is_not_a_bench_is_refused_and_left_alone(tmp_path, capsys
                                        "of a bench (nothing was read or written)\n")
 
 
+def test_tune_refuses_status_with_collect_and_a_folder_that_is_not_a_bench(tmp_path, capsys):
+    tune = ["tune", "--preset", "smoke", "--methods", "ls"]
+    missing = tmp_path / "nope"
+    assert main([*tune, "--out", str(missing), "--collect"]) == 1
+    assert capsys.readouterr().err == (f"calibkit tune: error: --out {missing}: no such folder; give the --out "
+                                       "folder of a bench (nothing was read or written)\n")
+    assert not missing.exists()
+    _done(tmp_path, "smoke/ce/0")
+    assert main([*tune, "--out", str(tmp_path), "--status", "--collect"]) == 1
+    assert capsys.readouterr().err.startswith("calibkit tune: error: --status and --collect: give one of them")
+    assert not (tmp_path / "runs.db").exists()
+
+
 def test_collect_with_no_result_file_does_not_claim_an_import(tmp_path, capsys, queue):
     out = tmp_path / "b"
     _submitted(out, "40", ["smoke/ce/0"])
