@@ -30,7 +30,8 @@ def register(subparsers) -> None:
                    "first (e.g. temperature)")
     p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
     p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
-    p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database (default: DIR/runs.db)")
+    p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database, or env:NAME to "
+                   "read it from that environment variable (default: DIR/runs.db)")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)

@@ -37,7 +37,8 @@ def add_shared(p) -> None:
                    help="checkpoint policy of every run (default: the preset's); one policy per output directory")
     p.add_argument("--store", metavar="URL",
                    help="results database: a postgresql:// URL shared by benches on several hosts (needs "
-                   "calibkit[postgres]; one database per output directory; docs/store.md); default DIR/runs.db")
+                   "calibkit[postgres]; one database per output directory; docs/store.md), or env:NAME to read "
+                   "it from that environment variable (no password on the command line); default DIR/runs.db")
 
 
 def check_shared(args) -> None:
