@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import re
 import io
 import json
 import os
@@ -423,6 +424,43 @@ def calibrate_cases():
         return cal_argv("val.npz", "test.npz", "--save", "../escape")
     add(S, "--save with a path (../escape)", "refuse", ["--save"], save_path)
 
+    add(S, "--seed -1 (bootstrap seed)", "refuse", ["--seed"], opt("--seed", "-1"))
+    add(S, "--out ''", "refuse", ["--out"], lambda d: (good_pair(d), cal_argv()[:6] + [""] + cal_argv()[7:])[1])
+    add(S, "--calibrators with spaces", "accept", [], opt("--calibrators", "temperature, vector", calibrators=False))
+    add(S, "K = 2 (N, 2) logits", "accept", [], lambda d: (good_pair(d, k=2), cal_argv())[1])
+
+    def upper_suffix(d):
+        good_pair(d)
+        shutil.copy(d / "val.npz", d / "VAL.NPZ")
+        return cal_argv("VAL.NPZ")
+    add(S, "upper-case suffix .NPZ", "accept", [], upper_suffix)
+
+    def odd_name(d):
+        good_pair(d)
+        shutil.copy(d / "val.npz", d / "val data é.npz")
+        return cal_argv("val data é.npz")
+    add(S, "file name with a space and an accent", "accept", [], odd_name)
+
+    def dangling(d):
+        good_pair(d)
+        os.symlink("gone.npz", d / "link.npz")
+        return cal_argv("link.npz")
+    add(S, "dangling symlink", "refuse", ["link.npz"], dangling)
+    add(S, "constant logits (every row equal)", "accept", [], cal_val(logits=np.ones((40, 3), np.float32), labels=y))
+    # Every validation label is class 0 of K = 3: calibrators can still be fitted, but the choice means little;
+    # a demanding user wants to be told (a warning naming the file).
+    add(S, "validation labels all one class", "warn", ["bad.npz"], cal_val(logits=x, labels=np.zeros(40, np.int64)))
+
+    def two_rows(d):
+        good_pair(d)
+        xs, _ = logits_labels(2, 3, 9)
+        npz(d, "two.npz", logits=xs, labels=np.array([0, 1]))
+        return cal_argv("two.npz", "test.npz", "--folds", "2")
+    add(S, "2 validation rows, --folds 2", "warn", ["two.npz", "rows"], two_rows)
+    add(S, "labels 0-d", "refuse", ["bad.npz", "labels"], cal_val(logits=x, labels=np.int64(1)))
+    add(S, "bool labels with K=3", "refuse", ["bad.npz", "labels"], cal_val(logits=x, labels=(y > 0)))
+    add(S, "complex logits", "refuse", ["bad.npz", "logits"], cal_val(logits=x.astype(np.complex64), labels=y))
+
 
 # ---------------------------------------------------------------- apply
 
@@ -435,7 +473,7 @@ def build_calibrators(root: Path):
     from calibkit.calibrators import CALIBRATORS, save
 
     x, y = logits_labels(60, 3, 7)
-    for name in ("temperature", "dirichlet"):
+    for name in ("temperature", "dirichlet", "isotonic", "histogram"):
         cal = CALIBRATORS[name]().fit(torch.tensor(x, dtype=torch.float64), torch.tensor(y))
         save(cal, root / f"{name}")
     xb, yb = logits_labels(60, 2, 7)
@@ -622,6 +660,52 @@ def apply_cases():
         return argv
     add(S, "--out under a file", "refuse", ["afile"], out_under_file)
 
+    def by_json(d):
+        argv = base(d)
+        argv[2] = "cal.json"
+        return argv
+    add(S, "--calibrator STEM.json", "accept", [], by_json)
+
+    def cal_folder(d):
+        argv = base(d)
+        (d / "cdir").mkdir()
+        argv[2] = "cdir"
+        return argv
+    add(S, "--calibrator a folder", "refuse", ["cdir"], cal_folder)
+    add(S, "input probs not summing to 1", "refuse", ["in.npz", "probs"], lambda d: base(d, probs=softmax(x) * 0.5))
+    add(S, "input labels out of range", "refuse", ["in.npz", "labels"],
+        lambda d: base(d, logits=x, labels=np.r_[5, y[1:]]))
+    add(S, "input labels of the wrong length", "refuse", ["in.npz", "labels"],
+        lambda d: base(d, logits=x, labels=y[:10]))
+
+    def st_edit(name, edit):
+        def prep(d):
+            from safetensors.torch import load_file, save_file
+            argv = base(d, name)
+            t = load_file(str(d / "cal.safetensors"))
+            edit(t)
+            save_file({k: v.contiguous() for k, v in t.items()}, str(d / "cal.safetensors"))
+            return argv
+        return prep
+
+    def flip(key):
+        def edit(t):
+            t[key] = t[key].flip(-1)
+        return edit
+
+    def scale(key, factor):
+        def edit(t):
+            t[key] = t[key] * factor
+        return edit
+    add(S, "isotonic knots_x_ in decreasing order", "refuse", ["cal", "knots_x_"], st_edit("isotonic", flip("knots_x_")))
+    add(S, "isotonic knots_y_ above 1", "refuse", ["cal", "knots_y_"], st_edit("isotonic", scale("knots_y_", 5.0)))
+    add(S, "histogram edges_ decreasing", "refuse", ["cal", "edges_"], st_edit("histogram", flip("edges_")))
+    add(S, "histogram values_ negative", "refuse", ["cal", "values_"], st_edit("histogram", scale("values_", -1.0)))
+    add(S, "histogram values_ tensor missing", "refuse", ["cal", "values_"],
+        st_edit("histogram", lambda t: t.pop("values_")))
+    add(S, "histogram extra tensor", "refuse", ["cal", "extra_"],
+        st_edit("histogram", lambda t: t.update(extra_=t["values_"].clone())))
+
 
 # ---------------------------------------------------------------- compare / report
 
@@ -661,7 +745,7 @@ def compare_report_cases():
     add(S, "a method with itself", "refuse", ["ce"], cmp("ce", "ce"))
     add(S, "unknown method", "refuse", ["zzz"], cmp("zzz", "ce"))
     add(S, "method not run in this bench", "refuse", ["focal"], cmp("focal", "ce"))
-    add(S, "empty method name", "refuse", ["A"], cmp("", "ce"))
+    add(S, "empty method name", "refuse", ["''|empty"], cmp("", "ce"))
     add(S, "--after ''", "refuse", ["--after"], cmp("ls", "ce", "--after", ""))
     add(S, "--after unknown", "refuse", ["bogus"], cmp("ls", "ce", "--after", "bogus"))
     # 'none' is listed among calibrator names (the uncalibrated model): comparing after "none" is the plain
@@ -693,6 +777,39 @@ def compare_report_cases():
         return bench_copy(d)
     add(S, "--preset malformed .toml", "refuse", ["broken.toml"], rep("--preset", "broken.toml", setup=bad_toml))
     add(S, "--store env:UNSET", "refuse", [UNSET_ENV], rep("--store", f"env:{UNSET_ENV}"))
+
+    def damaged(action, what="logits.safetensors"):
+        def setup(d):
+            name = bench_copy(d)
+            target = sorted((d / name / "runs").rglob(what))[-1]  # the ls run (sorted after ce)
+            if action == "delete":
+                target.unlink()
+            else:
+                data = target.read_bytes()
+                target.write_bytes(data[: len(data) // 2])
+            return name
+        return setup
+
+    def report_out_is_file(d):
+        name = bench_copy(d)
+        shutil.rmtree(d / name / "report", ignore_errors=True)
+        write(d, f"{name}/report", "a file where the report folder goes\n")
+        return name
+    # A run's logits file gone or damaged: a report built from the remaining runs would silently differ; a
+    # demanding user wants the file named and nothing rewritten.
+    add(S, "a run's logits file deleted", "refuse", ["logits.safetensors"], rep(setup=damaged("delete")))
+    add(S, "a run's logits file truncated", "refuse", ["logits.safetensors"], rep(setup=damaged("truncate")))
+    add(S, "report/ is a file", "refuse", ["report"], rep(setup=report_out_is_file))
+    S = "compare"
+
+    def cmp2(*args, setup):
+        def prep(d):
+            return ["compare", setup(d), *args]
+        return prep
+    add(S, "a run's logits file deleted", "refuse", ["logits.safetensors"],
+        cmp2("ls", "ce", "--n-boot", "50", setup=damaged("delete")))
+    add(S, "a run's logits file truncated", "refuse", ["logits.safetensors"],
+        cmp2("ls", "ce", "--n-boot", "50", setup=damaged("truncate")))
 
 
 # ---------------------------------------------------------------- preset files
@@ -869,6 +986,45 @@ def preset_cases():
     add(S, "model string without factory", "refuse", ["mine.toml", "model"],
         feat(('model = "fm:tiny"', 'model = "fm:"')))
 
+    add(S, "empty file", "refuse", ["mine.toml"], lambda d: (write(d, "mine.toml", ""), ["preset", "check", "mine.toml"])[1])
+    add(S, "binary garbage file", "refuse", ["mine.toml"],
+        lambda d: (write(d, "mine.toml", random_bytes(500)), ["preset", "check", "mine.toml"])[1])
+    add(S, "a folder as the preset", "refuse", ["mine.toml"],
+        lambda d: ((d / "mine.toml").mkdir(), ["preset", "check", "mine.toml"])[1])
+    add(S, "show a malformed file", "refuse", ["mine.toml"],
+        lambda d: (write(d, "mine.toml", "name = [\n"), ["preset", "show", "mine.toml"])[1])
+    add(S, "name an integer", "refuse", ["mine.toml", "name"], chk(('name = "smoke"', "name = 5")))
+    add(S, "note an integer", "refuse", ["mine.toml", "note"], chk(("note = ", "note = 5\nxnote = ")))
+    add(S, "robust_n 1.5", "refuse", ["mine.toml", "robust_n"], chk(("robust_n = 200", "robust_n = 1.5")))
+    add(S, "[train_by_method.bogus]", "refuse", ["mine.toml", "bogus"],
+        chk(append="\n[train_by_method.bogus]\nlr = 0.1\n"))
+    add(S, "[train_by_method.ls] lr -1", "refuse", ["mine.toml", "lr"],
+        chk(append="\n[train_by_method.ls]\nlr = -1.0\n"))
+    add(S, "[train] schedule bogus", "refuse", ["mine.toml", "schedule"],
+        chk(('schedule = "multistep"', 'schedule = "bogus"')))
+    add(S, "[train] weight_decay -1", "refuse", ["mine.toml", "weight_decay"],
+        chk(("weight_decay = 0.0005", "weight_decay = -1.0")))
+    add(S, "[train] grad_clip -1", "refuse", ["mine.toml", "grad_clip"], chk(("grad_clip = 2.0", "grad_clip = -1.0")))
+    add(S, "[train] epochs 2.5", "refuse", ["mine.toml", "epochs"], chk(("epochs = 2\ntrain", "epochs = 2.5\ntrain")))
+    add(S, "[train] val_size -1", "refuse", ["mine.toml", "val_size"], chk(("val_size = 500", "val_size = -1")))
+    add(S, "[csm] sharpness inf", "refuse", ["mine.toml", "sharpness"], chk(append="\n[csm]\nsharpness = inf\n"))
+    add(S, "[maccal] r_min 0", "refuse", ["mine.toml", "r_min"], chk(("[maccal]\n", "[maccal]\nr_min = 0.0\n")))
+    add(S, "[maccal] epochs 0", "refuse", ["mine.toml", "epochs"], chk(("[maccal]\nepochs = 2", "[maccal]\nepochs = 0")))
+    add(S, "[space.ls] duplicate values", "refuse", ["mine.toml", "loss.alpha"],
+        chk(append='\n[space.ls]\n"loss.alpha" = [0.1, 0.1]\n'))
+    add(S, "[space.ls] string values", "refuse", ["mine.toml", "loss.alpha"],
+        chk(append='\n[space.ls]\n"loss.alpha" = ["a", "b"]\n'))
+    add(S, "[space.ls] extra key next to values", "refuse", ["mine.toml", "extra"],
+        chk(append='\n[space.ls]\n"loss.alpha" = {values = [0.1], default = 0.1, extra = 1}\n'))
+    add(S, "[space.ls] train.mix_alpha (Mixup only)", "refuse", ["mine.toml", "mix_alpha"],
+        chk(append='\n[space.ls]\n"train.mix_alpha" = [0.2, 0.4]\n'))
+    add(S, "[space.maccal] maccal.eta valid", "accept", [], chk(append='\n[space.maccal]\n"maccal.eta" = [1.0, 2.0]\n'))
+    add(S, "[space.mixup] train.mix_alpha valid", "accept", [],
+        chk(append='\n[space.mixup]\n"train.mix_alpha" = [0.2, 0.4]\n'))
+    add(S, "[space.ls] unknown method table [space.bogus]", "refuse", ["mine.toml", "bogus"],
+        chk(append='\n[space.bogus]\n"loss.alpha" = [0.1]\n'))
+    add(S, "tune_seed distinct from seeds", "accept", [], chk(("seeds = [0]", "seeds = [0, 1]\ntune_seed = 3")))
+
 
 # ---------------------------------------------------------------- bench / tune flags
 
@@ -906,13 +1062,13 @@ def bench_cases():
         add(S, f"--lr {v}", "refuse", ["lr"], b("--lr", v))
     add(S, "--epochs 0", "refuse", ["epochs"], b("--epochs", "0"))
     add(S, "--epochs -2", "refuse", ["epochs"], b("--epochs", "-2"))
-    add(S, "--batch-size 0", "refuse", ["batch"], b("--batch-size", "0"))
-    add(S, "--batch-size 1000 (more than the rows)", "refuse", ["batch"], b("--batch-size", "1000"))
+    add(S, "--batch-size 0", "refuse", ["--batch-size|batch_size"], b("--batch-size", "0"))
+    add(S, "--batch-size 1000 (more than the rows)", "refuse", ["--batch-size|batch_size"], b("--batch-size", "1000"))
     add(S, "--seeds -1", "refuse", ["seeds"], b(seeds=("-1",)))
     add(S, "--seeds 0 0", "refuse", ["seeds"], b(seeds=("0", "0")))
-    add(S, "--val-size 0", "refuse", ["val"], b("--val-size", "0"))
-    add(S, "--val-size 1.5", "refuse", ["val"], b("--val-size", "1.5"))
-    add(S, "--val-size 500 (more than the rows)", "refuse", ["val"], b("--val-size", "500"))
+    add(S, "--val-size 0", "refuse", ["--val-size|val_size"], b("--val-size", "0"))
+    add(S, "--val-size 1.5", "refuse", ["--val-size|val_size"], b("--val-size", "1.5"))
+    add(S, "--val-size 500 (more than the rows)", "refuse", ["--val-size|val_size"], b("--val-size", "500"))
     add(S, "--train-subset 0", "refuse", ["train-subset|train_subset"], b("--train-subset", "0"))
     add(S, "--train-subset -5", "refuse", ["train-subset|train_subset"], b("--train-subset", "-5"))
     add(S, "--workers 0", "refuse", ["--workers"], b("--workers", "0"))
@@ -929,14 +1085,14 @@ def bench_cases():
     add(S, "--model nosuch module", "refuse", ["nomod_bench"], b("--model", "nomod_bench:f"))
     add(S, "--data nosuchdata", "refuse", ["nosuchdata"], b("--data", "nosuchdata"))
     add(S, "--ood missing file", "refuse", ["nood.npz"], b("--ood", "nood.npz"))
-    add(S, "--status on a missing folder", "refuse", ["out"], b("--status"))
-    add(S, "--collect on a missing folder", "refuse", ["out"], b("--collect"))
+    add(S, "--status on a missing folder", "refuse", ["--out"], b("--status"))
+    add(S, "--collect on a missing folder", "refuse", ["--out"], b("--collect"))
 
     def nonbench(d):
         (d / "out").mkdir()
         write(d, "out/notes.txt", "mine\n")
-    add(S, "--collect on a non-bench folder", "refuse", ["out"], b("--collect", setup=nonbench))
-    add(S, "--status on a non-bench folder", "refuse", ["out"], b("--status", setup=nonbench))
+    add(S, "--collect on a non-bench folder", "refuse", ["--out"], b("--collect", setup=nonbench))
+    add(S, "--status on a non-bench folder", "refuse", ["--out"], b("--status", setup=nonbench))
     add(S, "--status with --collect", "refuse", ["--status", "--collect"], b("--status", "--collect"))
 
     def in_run(d, level="run"):
@@ -990,6 +1146,43 @@ def bench_cases():
     add(S, "--partition without --executor slurm", "refuse", ["--partition"], b("--partition", "gpu"))
     add(S, "--dry-run without --executor slurm", "refuse", ["--dry-run"], b("--dry-run"))
 
+    add(S, "--name with a slash", "refuse", ["--name|name", "a/b"], b("--name", "a/b"))
+    add(S, "--name ''", "refuse", ["--name|name"], b("--name", ""))
+    add(S, "--val-size 0.0001 (0 rows)", "refuse", ["--val-size|val_size"], b("--val-size", "0.0001"))
+    add(S, "--train-subset 2 (fewer than the classes)", "refuse", ["train-subset|train_subset"],
+        b("--train-subset", "2"))
+    add(S, "--ood digits on feature data", "refuse", ["ood"], b("--ood", "digits"))
+    # --csm-store is only read by csm; a missing folder given by hand is still most likely a typo.
+    add(S, "--csm-store missing (ce only)", "refuse", ["nostore"], b("--csm-store", "nostore"))
+    add(S, "--methods csm on features", "refuse", ["csm"], b(methods=("csm",)))
+    add(S, "--seeds 4294967296 (above 32 bits)", "accept", [], b(seeds=("4294967296",)))
+
+    def out_file(d):
+        write(d, "outfile", "keep\n")
+    def with_out(name, setup):
+        def prep(d):
+            feature_setup(d)
+            setup(d)
+            argv = bench_argv()
+            argv[argv.index("out")] = name
+            return argv
+        return prep
+    add(S, "--out an existing file", "refuse", ["outfile"], with_out("outfile", out_file))
+    add(S, "--out under a file", "refuse", ["outfile"], with_out("outfile/sub", out_file))
+
+    def rerun(*extra):
+        def prep(d):
+            feature_setup(d)
+            bench_copy(d, "done")
+            argv = bench_argv(*extra)
+            argv[argv.index("out")] = "done"
+            return argv
+        return prep
+    add(S, "same out, changed preset (--lr 0.01)", "refuse", ["lr"], rerun("--lr", "0.01", "--name",
+                                                                          "smoke+data=tensors,model=fm-tiny,batch_size=32"))
+    add(S, "same out, another --keep policy", "refuse", ["keep"], rerun("--keep", "last"))
+    add(S, "same out, same command again (skips)", "accept", [], rerun())
+
     S = "tune"
 
     def t(*extra, **kw):
@@ -1024,9 +1217,9 @@ def bench_cases():
     add(S, "tune --workers 0", "refuse", ["--workers"], t("--workers", "0"))
     add(S, "tune --workers 2 --executor slurm", "refuse", ["--workers"], t("--workers", "2", "--executor", "slurm"))
     add(S, "tune --max-extensions -1", "refuse", ["--max-extensions"], t("--max-extensions", "-1"))
-    add(S, "tune --status on a missing folder", "refuse", ["out"], t("--status"))
-    add(S, "tune --collect on a missing folder", "refuse", ["out"], t("--collect"))
-    add(S, "tune --collect on a non-bench folder", "refuse", ["out"], t("--collect", setup=nonbench))
+    add(S, "tune --status on a missing folder", "refuse", ["--out"], t("--status"))
+    add(S, "tune --collect on a missing folder", "refuse", ["--out"], t("--collect"))
+    add(S, "tune --collect on a non-bench folder", "refuse", ["--out"], t("--collect", setup=nonbench))
     add(S, "tune --status with --collect", "refuse", ["--status", "--collect"], t("--status", "--collect"))
 
     def tune_in_run(d):
@@ -1039,6 +1232,9 @@ def bench_cases():
     add(S, "tune --store env:UNSET", "refuse", [UNSET_ENV], t("--store", f"env:{UNSET_ENV}"), proc=True)
     add(S, "tune slurm --time garbage", "refuse", ["--time"], t("--executor", "slurm", "--dry-run", "--time", "garbage"))
     add(S, "tune --augment on features", "refuse", ["augment"], t("--augment"))
+
+    add(S, "tune --methods ls ls (repeated)", "accept", [], tp("--methods", "ls", "ls"))
+    add(S, "tune --seed 5 (not an evaluation seed)", "accept", [], tp("--seed", "5"))
 
 
 # ---------------------------------------------------------------- own data for the bench
@@ -1141,7 +1337,7 @@ def own_data_cases():
         imgcase({"train/a": 6, "train/b": 6, "train/empty_cls": 0, "test/a": 2, "test/b": 2}))
     add(S, "image folder with no images at all", "refuse", ["imgs"], imgcase({"train/a": 0, "test/a": 0}))
     add(S, "image folder with one class", "refuse", ["class"], imgcase({"train/a": 8, "test/a": 2}))
-    add(S, "image folder, images of different sizes", "refuse", ["size"],
+    add(S, "image folder, images of different sizes", "refuse", ["imgs/train"],
         imgcase({"train/a": 6, "train/b": 6, "test/a": 2, "test/b": 2}, sizes=[(8, 8), (10, 12)]))
 
     def notimg(d):
@@ -1230,8 +1426,9 @@ def message_lines(err: str) -> list[str]:
 
 
 def named(key: str, text: str) -> bool:
-    """Whether ``text`` (lower case) names ``key``: any of its ``|``-separated spellings, any case."""
-    return any(k.lower() in text for k in key.split("|"))
+    """Whether ``text`` (lower case) names ``key``: any of its ``|``-separated spellings, any case, as a whole
+    word (``ce`` is not found in ``once``; ``val`` is not found in ``val_size``)."""
+    return any(re.search(r"(?<![a-z0-9_])" + re.escape(k.lower()) + r"(?![a-z0-9_])", text) for k in key.split("|"))
 
 
 def classify(c: Case, rc, out: str, err: str, changed: list[str]):
