@@ -697,7 +697,8 @@ def apply_cases():
         def edit(t):
             t[key] = t[key] * factor
         return edit
-    add(S, "isotonic knots_x_ in decreasing order", "refuse", ["cal", "knots_x_"], st_edit("isotonic", flip("knots_x_")))
+    add(S, "isotonic knots_x_ in decreasing order", "refuse", ["cal", "knots_x_"],
+        st_edit("isotonic", flip("knots_x_")))
     add(S, "isotonic knots_y_ above 1", "refuse", ["cal", "knots_y_"], st_edit("isotonic", scale("knots_y_", 5.0)))
     add(S, "histogram edges_ decreasing", "refuse", ["cal", "edges_"], st_edit("histogram", flip("edges_")))
     add(S, "histogram values_ negative", "refuse", ["cal", "values_"], st_edit("histogram", scale("values_", -1.0)))
@@ -928,8 +929,10 @@ def preset_cases():
     add(S, "[train] epochs 0", "refuse", ["mine.toml", "epochs"], chk(("epochs = 2\ntrain", "epochs = 0\ntrain")))
     add(S, "[train] batch_size 0", "refuse", ["mine.toml", "batch_size"], chk(("batch_size = 128", "batch_size = 0")))
     add(S, "[train] keep bogus", "refuse", ["mine.toml", "keep"], chk(('keep = "best-acc"', 'keep = "bogus"')))
-    add(S, "unknown dataset", "refuse", ["mine.toml", "nosuchdata"], chk(('dataset = "fmnist"', 'dataset = "nosuchdata"')))
-    add(S, "methods [bogus]", "refuse", ["mine.toml", "bogus"], chk(("seeds = [0]", 'seeds = [0]\nmethods = ["bogus"]')))
+    add(S, "unknown dataset", "refuse", ["mine.toml", "nosuchdata"],
+        chk(('dataset = "fmnist"', 'dataset = "nosuchdata"')))
+    add(S, "methods [bogus]", "refuse", ["mine.toml", "bogus"],
+        chk(("seeds = [0]", 'seeds = [0]\nmethods = ["bogus"]')))
     add(S, "modality text on fmnist", "refuse", ["mine.toml", "modality"],
         chk(("seeds = [0]", 'seeds = [0]\nmodality = "text"')))
     add(S, "modality banana", "refuse", ["mine.toml", "modality"],
@@ -986,7 +989,8 @@ def preset_cases():
     add(S, "model string without factory", "refuse", ["mine.toml", "model"],
         feat(('model = "fm:tiny"', 'model = "fm:"')))
 
-    add(S, "empty file", "refuse", ["mine.toml"], lambda d: (write(d, "mine.toml", ""), ["preset", "check", "mine.toml"])[1])
+    add(S, "empty file", "refuse", ["mine.toml"],
+        lambda d: (write(d, "mine.toml", ""), ["preset", "check", "mine.toml"])[1])
     add(S, "binary garbage file", "refuse", ["mine.toml"],
         lambda d: (write(d, "mine.toml", random_bytes(500)), ["preset", "check", "mine.toml"])[1])
     add(S, "a folder as the preset", "refuse", ["mine.toml"],
@@ -1009,7 +1013,8 @@ def preset_cases():
     add(S, "[train] val_size -1", "refuse", ["mine.toml", "val_size"], chk(("val_size = 500", "val_size = -1")))
     add(S, "[csm] sharpness inf", "refuse", ["mine.toml", "sharpness"], chk(append="\n[csm]\nsharpness = inf\n"))
     add(S, "[maccal] r_min 0", "refuse", ["mine.toml", "r_min"], chk(("[maccal]\n", "[maccal]\nr_min = 0.0\n")))
-    add(S, "[maccal] epochs 0", "refuse", ["mine.toml", "epochs"], chk(("[maccal]\nepochs = 2", "[maccal]\nepochs = 0")))
+    add(S, "[maccal] epochs 0", "refuse", ["mine.toml", "epochs"],
+        chk(("[maccal]\nepochs = 2", "[maccal]\nepochs = 0")))
     add(S, "[space.ls] duplicate values", "refuse", ["mine.toml", "loss.alpha"],
         chk(append='\n[space.ls]\n"loss.alpha" = [0.1, 0.1]\n'))
     add(S, "[space.ls] string values", "refuse", ["mine.toml", "loss.alpha"],
@@ -1178,8 +1183,9 @@ def bench_cases():
             argv[argv.index("out")] = "done"
             return argv
         return prep
-    add(S, "same out, changed preset (--lr 0.01)", "refuse", ["lr"], rerun("--lr", "0.01", "--name",
-                                                                          "smoke+data=tensors,model=fm-tiny,batch_size=32"))
+    # --name keeps the recorded preset's name, so the directory holds a changed version of it
+    add(S, "same out, changed preset (--lr 0.01)", "refuse", ["lr"],
+        rerun("--lr", "0.01", "--name", "smoke+data=tensors,model=fm-tiny,batch_size=32"))
     add(S, "same out, another --keep policy", "refuse", ["keep"], rerun("--keep", "last"))
     add(S, "same out, same command again (skips)", "accept", [], rerun())
 
@@ -1230,7 +1236,8 @@ def bench_cases():
         return argv
     add(S, "tune --out inside a run folder", "refuse", ["--out", "done/runs"], tune_in_run)
     add(S, "tune --store env:UNSET", "refuse", [UNSET_ENV], t("--store", f"env:{UNSET_ENV}"), proc=True)
-    add(S, "tune slurm --time garbage", "refuse", ["--time"], t("--executor", "slurm", "--dry-run", "--time", "garbage"))
+    add(S, "tune slurm --time garbage", "refuse", ["--time"],
+        t("--executor", "slurm", "--dry-run", "--time", "garbage"))
     add(S, "tune --augment on features", "refuse", ["augment"], t("--augment"))
 
     add(S, "tune --methods ls ls (repeated)", "accept", [], tp("--methods", "ls", "ls"))
@@ -1298,7 +1305,8 @@ def own_data_cases():
 
     def folder_as_file(d):
         (d / "dir.npz").mkdir()
-    add(S, "a folder given as the .npz", "refuse", ["dir.npz", "folder|directory"], own(data="dir.npz", setup=folder_as_file))
+    add(S, "a folder given as the .npz", "refuse", ["dir.npz", "folder|directory"],
+        own(data="dir.npz", setup=folder_as_file))
     add(S, "missing data file", "refuse", ["gone.npz"], own(data="gone.npz"))
     add(S, "uint16 labels with a fixed x_val/y_val", "accept", [],
         own(with_(y_train=f["y_train"].astype(np.uint16), y_test=f["y_test"].astype(np.uint16),
@@ -1489,7 +1497,8 @@ def run_case(c: Case, root: Path, index: int) -> dict:
     else:
         rc, out, err = run_inprocess(argv, d)
     after = snapshot(d)
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k) and not sqlite_side(k, before))
+    changed = sorted(k for k in set(before) | set(after)
+                     if before.get(k) != after.get(k) and not sqlite_side(k, before))
     cls, why = classify(c, rc, out, err, changed)
     lines = message_lines(err)
     first = lines[0] if lines else ""
