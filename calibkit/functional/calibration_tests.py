@@ -35,6 +35,14 @@ p = 1) or contradict it with certainty (a wrong prediction at confidence 1: p = 
 
 Streaming: Z needs two running sums (numerator and variance) and streams in O(1) memory; the
 KS test sorts every confidence (2 numbers per sample, as AECE).
+
+Example:
+    >>> import torch
+    >>> probs = torch.tensor([[0.8, 0.2], [0.8, 0.2], [0.6, 0.4], [0.9, 0.1]])
+    >>> labels = torch.tensor([0, 1, 0, 0])
+    >>> z, p = spiegelhalter_z(probs, labels)       # 0.2 / sqrt(0.1824)
+    >>> round(float(z), 4), round(float(p), 4)
+    (0.4683, 0.6396)
 """
 
 from __future__ import annotations

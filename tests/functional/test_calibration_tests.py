@@ -150,10 +150,10 @@ def test_level_on_calibrated_data():
     assert lo <= rate_ks <= hi, (rate_ks, lo, hi)
 
 
-def _binary_null():
+def _binary_null(reps=REPS):
     g = torch.Generator().manual_seed(11)
-    p = torch.rand(REPS, 300, generator=g, dtype=torch.float64)
-    return p, (torch.rand(REPS, 300, generator=g, dtype=torch.float64) < p).long()  # labels drawn from p
+    p = torch.rand(reps, 300, generator=g, dtype=torch.float64)
+    return p, (torch.rand(reps, 300, generator=g, dtype=torch.float64) < p).long()  # labels drawn from p
 
 
 def test_level_on_calibrated_binary_data():
@@ -163,10 +163,10 @@ def test_level_on_calibrated_binary_data():
     assert lo <= rate_ks <= hi, (rate_ks, lo, hi)
 
 
-def _tied_null():
+def _tied_null(reps=REPS):
     g = torch.Generator().manual_seed(12)
-    c = torch.tensor([0.6, 0.7, 0.8, 0.9], dtype=torch.float64)[torch.randint(0, 4, (REPS, 300), generator=g)]
-    correct = torch.rand(REPS, 300, generator=g, dtype=torch.float64) < c
+    c = torch.tensor([0.6, 0.7, 0.8, 0.9], dtype=torch.float64)[torch.randint(0, 4, (reps, 300), generator=g)]
+    correct = torch.rand(reps, 300, generator=g, dtype=torch.float64) < c
     probs = torch.stack([c, 1 - c], -1)  # top label 0 at confidence c
     return probs, torch.where(correct, 0, 1)
 
@@ -185,8 +185,9 @@ def test_power_on_over_confident_data():
     assert rate_z >= 0.95 and rate_ks >= 0.95, (rate_z, rate_ks)
 
 
-def _print_rates():  # pragma: no cover - for the report: python -c "import ...; _print_rates()"
-    print("calibrated K=10", rejection_rates(*datasets(300, 10)))
-    print("calibrated binary", rejection_rates(*_binary_null()))
-    print("calibrated, 4 tied confidences", rejection_rates(*_tied_null()))
-    print("over-confident", rejection_rates(*datasets(300, 13, temperature=0.7)))
+def _print_rates(reps=REPS):  # pragma: no cover - the figures of docs/metrics.md
+    """python -c "import sys; sys.path.insert(0, 'tests/functional'); import test_calibration_tests as t; t._print_rates(4000)" """
+    print("calibrated K=10", rejection_rates(*datasets(300, 10, reps=reps)))
+    print("calibrated binary", rejection_rates(*_binary_null(reps)))
+    print("calibrated, 4 tied confidences", rejection_rates(*_tied_null(reps)))
+    print("over-confident", rejection_rates(*datasets(300, 13, temperature=0.7, reps=reps)))
