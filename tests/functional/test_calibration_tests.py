@@ -186,7 +186,8 @@ def test_power_on_over_confident_data():
 
 
 def _print_rates(reps=REPS):  # pragma: no cover - the figures of docs/metrics.md
-    """python -c "import sys; sys.path.insert(0, 'tests/functional'); import test_calibration_tests as t; t._print_rates(4000)" """
+    """From the repository root, with PYTHONPATH=.:tests/functional:
+    python -c "import test_calibration_tests as t; t._print_rates(4000)" """
     print("calibrated K=10", rejection_rates(*datasets(300, 10, reps=reps)))
     print("calibrated binary", rejection_rates(*_binary_null(reps)))
     print("calibrated, 4 tied confidences", rejection_rates(*_tied_null(reps)))
