@@ -29,8 +29,11 @@ data:
 		echo "Fashion-MNIST not found at $(FMNIST): install the Debian package dataset-fashion-mnist or pass --data-dir to calibkit"; \
 	fi
 
+# One test process per core (pytest-xdist); each file stays in one process, so a module's
+# fixtures are built once. TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # One single-threaded process per core share the runs (WORKERS=1: one process).
 WORKERS ?= $(shell nproc 2>/dev/null || echo 1)

@@ -45,9 +45,15 @@ def pg_url():
     if not base:
         pytest.skip("no PostgreSQL server: set CALIBKIT_TEST_POSTGRES (source .ci/services.sh; start-postgres)")
     psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'calibkit[postgres]')")
+    from tests.helpers import pglock
+
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as con:
-        con.execute(f"CREATE SCHEMA {schema}")
-    yield base + ("&" if "?" in base else "?") + f"options=-csearch_path%3D{schema}"
-    with psycopg.connect(base, autocommit=True) as con:
-        con.execute(f"DROP SCHEMA {schema} CASCADE")
+    pglock.shared()  # no other test process restarts the server meanwhile (tests/helpers/pglock.py)
+    try:
+        with psycopg.connect(base, autocommit=True) as con:
+            con.execute(f"CREATE SCHEMA {schema}")
+        yield base + ("&" if "?" in base else "?") + f"options=-csearch_path%3D{schema}"
+        with psycopg.connect(base, autocommit=True) as con:
+            con.execute(f"DROP SCHEMA {schema} CASCADE")
+    finally:
+        pglock.release()

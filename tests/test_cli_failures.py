@@ -214,7 +214,10 @@ def _wait_for(path: Path, proc, seconds: float) -> None:
 def test_a_signalled_training_says_how_to_resume_and_resumes(sig, status, word, tmp_path, cli_env):
     out = tmp_path / "run"
     cmd = [PYTHON, "-m", "calibkit", *TRAIN, "--batch-size", "32", "--epochs", "200", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env)
+    # As from a terminal: SIGINT at its default. A test run started in the background by a
+    # non-interactive shell ignores SIGINT, and a child inherits that (it would never see Ctrl-C).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for(out / "checkpoint.pt", proc, 120)  # one epoch is on disk
         proc.send_signal(sig)

@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+from tests.helpers import pglock
+
 
 class PgServer:
     """The server behind ``url`` (a superuser's libpq URL): :meth:`stop` and :meth:`start`."""
@@ -37,11 +39,14 @@ class PgServer:
                        check=True, capture_output=True)
 
     def stop(self) -> None:
-        """A fast shutdown: every connection is cut, open transactions are rolled back."""
+        """A fast shutdown: every connection is cut, open transactions are rolled back. Waits
+        for the other test processes' server tests to end first (tests/helpers/pglock.py)."""
+        pglock.exclusive()
         self._run("stop", "-m", "fast")
 
     def start(self) -> None:
         self._run("start", "-o", self.options, "-l", os.path.join(self.data, "restarts.log"))
+        pglock.shared()
 
     def running(self) -> bool:
         return subprocess.run([*self.prefix, self.pg_ctl, "-D", self.data, "status"],

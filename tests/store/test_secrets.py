@@ -67,8 +67,9 @@ URLS = ["postgresql://127.0.0.1:1/db?password=s3cret&user=u",
 
 @pytest.mark.parametrize("url", URLS)
 @pytest.mark.parametrize("command", ["bench", "tune", "report"])
-def test_error_lines_of_an_unreachable_server_show_no_password(tmp_path, capsys, url, command):
+def test_error_lines_of_an_unreachable_server_show_no_password(tmp_path, capsys, monkeypatch, url, command):
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install 'calibkit[postgres]')")
+    monkeypatch.setenv("CALIBKIT_STORE_RETRY_S", "0.5")  # the wait for a restarting server, kept short here
     out = tmp_path / "out"
     out.mkdir()
     argv = {"bench": ["bench", "--preset", "smoke", "--out", str(out), "--no-report"],
