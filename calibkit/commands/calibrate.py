@@ -50,7 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("--save", metavar="NAME", help="store this fitted calibrator as DIR/NAME.safetensors + .json")
     p.add_argument("--n-bins", type=int, default=15, help="bins of the binned errors (default 15)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed, an integer >= 0 (default 0)")
     p.add_argument("--dpi", type=int, default=120, help="resolution of the reliability diagrams (default 120)")
     p.add_argument("--select-by", choices=("ece", "nll", "brier"), default="ece",
                    help="cross-fitted validation metric that chooses the calibrator (default ece, guarded by "
@@ -159,10 +159,15 @@ def _choose(spec):
 
 
 def _check_args(args, names):
+    from calibkit.commands import check_paths_given
+
+    check_paths_given(val=args.val, test=args.test, out=args.out)
     for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10),
                                ("--folds", args.folds, 2)):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if args.seed < 0:  # one rule with bench --seeds and tune --seed
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     if not 0 <= args.acc_tolerance <= 100:  # also refuses NaN
         raise ValueError(f"--acc-tolerance must be a number of points in [0, 100], got {args.acc_tolerance}")
     if args.save is not None and args.save not in names:

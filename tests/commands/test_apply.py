@@ -185,3 +185,16 @@ def test_a_folder_as_input_or_out_is_refused(ts10, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and err == f"calibkit apply: error: {tmp / 'in.npz'} is a directory, not a file\n"
     assert not (tmp / "o.npz").exists()
+
+
+def test_empty_path_options_are_refused(ts10, capsys, monkeypatch):
+    tmp, js = ts10
+    inp = _input(tmp, "k10.npz", logits=_logits(10, seed=1)[0])
+    monkeypatch.chdir(tmp)
+    before = sorted(p.name for p in tmp.iterdir())
+    for flag in ("--calibrator", "--input", "--out"):
+        argv = {"--calibrator": str(js), "--input": str(inp), "--out": "o.npz", flag: ""}
+        rc = main(["apply", *[a for kv in argv.items() for a in kv]])
+        assert rc == 1
+        assert capsys.readouterr().err == f"calibkit apply: error: {flag}: empty path ''; give a file or folder name\n"
+        assert sorted(p.name for p in tmp.iterdir()) == before

@@ -235,6 +235,21 @@ def test_select_by_and_tolerance_options(files, capsys):
         assert rc == 1 and match in capsys.readouterr().err and not (tmp / "never").exists()
 
 
+def test_empty_paths_and_a_negative_seed_are_refused_before_anything_is_written(files, capsys, monkeypatch):
+    tmp, _, _ = files
+    monkeypatch.chdir(tmp)  # an empty --out used to write report/ here
+    before = sorted(p.name for p in tmp.iterdir())
+    for extra, want in (([["--out", ""]], "--out: empty path ''; give a file or folder name"),
+                        ([["--val", " "]], "--val: empty path ' '; give a file or folder name"),
+                        ([["--test", ""]], "--test: empty path ''; give a file or folder name"),
+                        ([["--seed", "-1"]], "--seed must be an integer >= 0, got -1")):
+        argv = {"--val": "val.npz", "--test": "test.npz", "--out": "o"}
+        argv.update(dict(extra))
+        rc = main(["calibrate", *[a for kv in argv.items() for a in kv], "--n-boot", "5"])
+        assert rc == 1 and capsys.readouterr().err == f"calibkit calibrate: error: {want}\n"
+        assert sorted(p.name for p in tmp.iterdir()) == before
+
+
 # ------------------------------------------------------------ damaged, ambiguous and borderline inputs
 
 
