@@ -62,6 +62,8 @@ def _setup(tmp, case, finished_run):
         return ["bench", "--preset", "smoke", "--methods", "nosuch", "--out", "{tmp}/b"]
     if case == "bench_csm_store_missing":
         return ["bench", "--preset", "smoke", "--methods", "csm", "--csm-store", "{tmp}/nowhere", "--out", "{tmp}/b"]
+    if case == "bench_csm_store_missing_ce_only":  # read by csm only, but a missing folder is likely a typo
+        return ["bench", "--preset", "smoke", "--methods", "ce", "--csm-store", "{tmp}/nostore", "--out", "{tmp}/b"]
     if case == "bench_csm_store_not_a_store":
         (tmp / "notastore").mkdir()
         (tmp / "notastore" / "x.txt").write_text("x")
@@ -157,6 +159,7 @@ CASES = {  # case -> words the one-line message must contain
     "bench_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
     "tune_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
     "bench_csm_store_missing": ["nowhere", "calibkit csm generate", "--csm-store"],
+    "bench_csm_store_missing_ce_only": ["nostore: no such folder", "--csm-store"],
     "bench_csm_store_not_a_store": ["notastore", "not a CSM store"],
     "bench_corrupt_database": ["runs.db", "not an SQLite database"],
     "report_corrupt_database": ["runs.db", "not an SQLite database"],
