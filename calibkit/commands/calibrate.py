@@ -12,7 +12,7 @@ probabilities: logit(p)). Labels are integers (unsigned ones are read as int64).
 unpickled: object arrays in an .npz and anything but tensors in a .pt are refused.
 
 Warnings (stderr): --val and --test the same file or the same logits and labels (the test numbers
-are then not held out); fewer than 2 validation rows per class (the K and K x K parameter
+are then not held out); validation labels of one class only; fewer than 2 validation rows per class (the K and K x K parameter
 calibrators cannot be fitted reliably). With fewer rows than classes, matrix and dirichlet are not
 fitted; the validation table says why.
 
@@ -193,6 +193,7 @@ def run(args) -> int:
     if len(val_y) < args.folds:
         raise ValueError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
     _check_rows(args, val_x, names)
+    _warn_one_class(args, val_y, 2 if val_x.dim() == 1 else val_x.shape[1])
     _warn_same_data(args, (val_x, val_y), (test_x, test_y))
 
     from calibkit.report import posthoc
@@ -251,6 +252,19 @@ def _check_rows(args, val_x, names) -> None:
         warnings.warn(f"{args.val}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per class): "
                       "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
                       f"fitted reliably, and their fits may be slow{skipped}", stacklevel=2)
+
+
+def _warn_one_class(args, val_y, k: int) -> None:
+    """Warn when every validation label is one class: the calibrators can be fitted (temperature
+    scaling then only reaches its bound), but neither the fits nor the choice learn anything about
+    the other classes."""
+    import warnings
+
+    classes = val_y.unique()
+    if len(classes) == 1:
+        warnings.warn(f"{args.val}: validation labels hold one class ({int(classes[0])}) only: every calibrator is "
+                      f"fitted and chosen without an example of the other {k - 1} class(es), so the fits and the "
+                      "choice say little; use a validation split with every class", stacklevel=2)
 
 
 def _warn_same_data(args, val, test) -> None:

@@ -309,6 +309,23 @@ def test_unsigned_labels_are_read_as_int64(files, dtype):
     assert torch.equal(read_scores(tmp / "u.safetensors")[1], yv)
 
 
+def test_validation_labels_of_one_class_are_a_warning_naming_the_file():
+    from types import SimpleNamespace
+
+    from calibkit.commands.calibrate import _warn_one_class
+
+    args = SimpleNamespace(val="dir/val.npz")
+    with pytest.warns(UserWarning) as seen:  # a warning, not a refusal: every calibrator can still be fitted
+        _warn_one_class(args, torch.full((40,), 2), 4)
+    assert [str(w.message) for w in seen] == [
+        "dir/val.npz: validation labels hold one class (2) only: every calibrator is fitted and chosen without an "
+        "example of the other 3 class(es), so the fits and the choice say little; use a validation split with "
+        "every class"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_one_class(args, torch.tensor([0, 1, 1]), 4)  # two classes: quiet
+
+
 def test_the_same_data_for_val_and_test_is_a_warning(tmp_path, capsys):
     from types import SimpleNamespace
 
