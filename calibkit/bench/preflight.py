@@ -64,6 +64,11 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     cfg = _ce_config(preset, seeds[0], data_dir)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
+    val = getattr(bundle, "val", None)
+    if val is not None and len(val) == 0:  # every run would fail on it (calibkit.train.loop), after out/ exists
+        raise ValueError(f"val_size {cfg.val_size!r}: the validation split of {preset.dataset} holds 0 of its "
+                         f"{len(bundle.train)} training images; model selection needs at least one: raise it "
+                         "(--val-size)")
     if cfg.batch_size > len(bundle.train):  # every run would fail on it
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
                          f"{preset.dataset}; lower it (--batch-size)")

@@ -76,6 +76,18 @@ def test_a_batch_larger_than_the_training_split_is_refused(rec, tmp_path):
     P.check_bench(SMOKE, tmp_path, methods=["ls"])  # exactly one batch is enough
 
 
+def test_a_validation_split_that_rounds_to_no_row_is_refused(rec, tmp_path):
+    rec["bundle"]["value"] = SimpleNamespace(**vars(_bundle(n=999)), val=[])
+    with pytest.raises(ValueError) as err:
+        P.check_bench(dataclasses.replace(SMOKE, train={**SMOKE.train, "val_size": 0.0001}), tmp_path / "out",
+                      methods=["ls"])
+    assert str(err.value) == ("val_size 0.0001: the validation split of digits holds 0 of its 999 training images; "
+                              "model selection needs at least one: raise it (--val-size)")
+    assert not (tmp_path / "out").exists()
+    rec["bundle"]["value"] = SimpleNamespace(**vars(_bundle(n=999)), val=[0])
+    P.check_bench(SMOKE, tmp_path / "out", methods=["ls"])  # one row is enough
+
+
 def test_image_mixing_methods_on_text_or_features_are_refused(rec, tmp_path):
     for modality in ("text", "features"):
         rec["bundle"]["value"] = _bundle(modality=modality)
