@@ -809,8 +809,7 @@ def test_own_data_without_a_test_example_or_a_second_class_is_refused(tmp_path):
         return str(path)
 
     path = tensors(tmp_path / "t.npz", [0, 1] * 5, 0)
-    with pytest.raises(ValueError, match="^" + re.escape(f"data set tensors ({path}): the test split holds 0 examples; "
-                                                         "nothing to evaluate") + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: x_test holds 0 rows; nothing to evaluate") + "$"):
         load("tensors", data_dir=path)
     path = tensors(tmp_path / "one.npz", [0] * 10, 2)
     with pytest.raises(ValueError, match="^" + re.escape(f"data set tensors ({path}): 1 class ('0'); a classifier to "
