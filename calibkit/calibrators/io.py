@@ -8,8 +8,9 @@ Writes go to a temporary file first, so an existing pair is never left half-writ
 
 :func:`load` validates what it reads before anything can use it: the format and its version
 (only ``VERSION`` is known), the calibrator's name, its hyperparameters (the checks of ``fit``),
-and every field of its state (no unknown field or tensor; type, float64/int64 dtype, shape for the recorded ``K``, finite,
-in range: :mod:`calibkit.calibrators._state`). A problem is one ``ValueError`` line naming the
+and every field of its state (no unknown field, no tensor the JSON does not list; type,
+float64/int64 dtype, shape for the recorded ``K``, finite, in range:
+:mod:`calibkit.calibrators._state`). A problem is one ``ValueError`` line naming the
 file and the field. ``TemperatureScaling`` files written before it recorded ``K`` and the layout
 (no ``n_classes_``/``binary_``) are refused with a line that says to fit and save it again: the
 ``K`` of such a file is unknown, and applying a temperature to another classifier's logits is

@@ -12,9 +12,9 @@ probabilities: logit(p)). Labels are integers (unsigned ones are read as int64).
 unpickled: object arrays in an .npz and anything but tensors in a .pt are refused.
 
 Warnings (stderr): --val and --test the same file or the same logits and labels (the test numbers
-are then not held out); validation labels of one class only; fewer than 2 validation rows per class (the K and K x K parameter
-calibrators cannot be fitted reliably). With fewer rows than classes, matrix and dirichlet are not
-fitted; the validation table says why.
+are then not held out); validation labels of one class only; fewer than 2 validation rows per
+class (the K and K x K parameter calibrators cannot be fitted reliably). With fewer rows than
+classes, matrix and dirichlet are not fitted; the validation table says why.
 
 The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
 is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by ece): the lowest
