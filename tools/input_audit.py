@@ -798,7 +798,11 @@ def compare_report_cases():
         return name
     # A run's logits file gone or damaged: a report built from the remaining runs would silently differ; a
     # demanding user wants the file named and nothing rewritten.
-    add(S, "a run's logits file deleted", "refuse", ["logits.safetensors"], rep(setup=damaged("delete")))
+    # Deleted: "warn", not "refuse". Deliberate and documented (docs/bench.md, the calibrated-probabilities
+    # paragraph; calibkit.report.build and row_problem; tests/report/test_data_rows.py): a finished run the
+    # report cannot use is named in one warning line and left out, and the other runs are reported, so one
+    # lost file does not block the report of a long bench. Not silent: the warning names the logits file.
+    add(S, "a run's logits file deleted", "warn", ["logits.safetensors"], rep(setup=damaged("delete")))
     add(S, "a run's logits file truncated", "refuse", ["logits.safetensors"], rep(setup=damaged("truncate")))
     add(S, "report/ is a file", "refuse", ["report"], rep(setup=report_out_is_file))
     S = "compare"
@@ -1117,8 +1121,11 @@ def bench_cases():
     add(S, "--out a training run's folder", "refuse", ["--out", "done/runs"], out_in_run)
     # Not promised by the docs (they name a training run's folder only), so unsure; a demanding user would not
     # want a second bench written into another bench's runs/ tree.
-    add(S, "--out another bench's runs/<preset> folder", "refuse", ["--out", "done/runs"],
-        lambda d: out_in_run(d, "preset"))
+    # "accept": deliberate. check_out (calibkit/bench/preflight.py) refuses only a folder a training run owns
+    # (its config.json), whose files a bench would overwrite; runs/<preset> of another bench is a plain folder
+    # that no run owns, and a bench written there touches none of the other bench's files (its own runs.db,
+    # runs/, report/ go under the new --out), so nothing is lost.
+    add(S, "--out another bench's runs/<preset> folder", "accept", [], lambda d: out_in_run(d, "preset"))
 
     url = f"postgresql://calib:{SECRET}@127.0.0.1:1/calib?connect_timeout=2&sslpassword={SECRET}"
     add(S, "--store with passwords (unreachable)", "refuse", ["127.0.0.1"], b("--store", url), forbid=(SECRET,))

@@ -56,6 +56,7 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     chosen = check_values(preset, f"preset {preset.name}: ", seeds=seeds, methods=methods, data_dir=given_dir,
                           seeds_flag=seeds_flag)
     seeds = list(preset.seeds if seeds is None else seeds)
+    check_csm_store_given(csm_store, csm="csm" in chosen)
 
     from calibkit.data import load
     from calibkit.data.ood import NO_OOD, OOD_SETS, load_ood
@@ -63,6 +64,11 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     cfg = _ce_config(preset, seeds[0], data_dir)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
+    val = getattr(bundle, "val", None)
+    if val is not None and len(val) == 0:  # every run would fail on it (calibkit.train.loop), after out/ exists
+        raise ValueError(f"val_size {cfg.val_size!r}: the validation split of {preset.dataset} holds 0 of its "
+                         f"{len(bundle.train)} training images; model selection needs at least one: raise it "
+                         "(--val-size)")
     if cfg.batch_size > len(bundle.train):  # every run would fail on it
         raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
                          f"{preset.dataset}; lower it (--batch-size)")
@@ -93,6 +99,29 @@ def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=No
                 seeds_flag="tune_seed" if seed is None else "--seed")
     warn_tune_seed(preset, preset.tune_seed if seed is None else seed, preset.seeds,
                    "tune_seed" if seed is None else "--seed")
+
+
+def check_csm_store_given(csm_store, csm: bool = False) -> None:
+    """A ``--csm-store`` given by hand names an existing folder, whatever the methods: it is read by
+    CSM only, but a path that does not exist is most likely a typo, and ignoring it silently would
+    hide that (the generated set itself is checked when CSM is in the grid; ``csm``: it is, so the
+    message also offers ``--csm-build``).
+
+    Raises:
+        FileNotFoundError: no such path.
+        ValueError: an empty path, or a path that is not a folder.
+    """
+    if csm_store is None:
+        return
+    if not str(csm_store).strip():
+        raise ValueError(f"--csm-store: empty path {csm_store!r}; give the generated set's folder")
+    path = Path(csm_store)
+    if not path.exists():
+        build = " and pass --csm-build" if csm else ""
+        raise FileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
+                                f"generate`, or leave --csm-store out{build})")
+    if not path.is_dir():
+        raise ValueError(f"--csm-store {csm_store}: is a file, not a folder (a generated set is a folder)")
 
 
 def check_tunable(preset, methods=None) -> None:

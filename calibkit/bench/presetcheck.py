@@ -192,9 +192,14 @@ def _check_paths(preset, where: str, data_dir) -> None:
     label = "--data-dir" if data_dir is not None else f"{where}data_dir"
     if folder is not None and spec.needs_dir:
         path = Path(folder)
+        if spec.is_file and path.is_dir():  # "no such file" would mislead: it exists, as a folder
+            raise ValueError(f"{label}: {str(folder)!r} is a folder, not a file ({preset.dataset} reads one .npz or "
+                             ".safetensors file)")
         if spec.is_file and not path.is_file():
             raise FileNotFoundError(f"{label}: no such file {str(folder)!r} ({preset.dataset} reads one .npz or "
                                     ".safetensors file)")
+        if not spec.is_file and path.exists() and not path.is_dir():
+            raise ValueError(f"{label}: {str(folder)!r} is a file, not a folder ({preset.dataset} reads a folder)")
         if not spec.is_file and not path.is_dir():
             raise FileNotFoundError(f"{label}: no such folder {str(folder)!r}")
     if preset.ood == preset.dataset and preset.ood not in OOD_SETS + (NO_OOD,):  # as load_ood refuses it

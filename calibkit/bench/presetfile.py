@@ -177,10 +177,11 @@ def _space(method: str, table, loss_spec: str, where: str) -> dict:
     return out
 
 
-def check_name(name) -> str:
-    """A preset name that can name run directories and database keys (``ValueError`` otherwise)."""
+def check_name(name, where: str = "") -> str:
+    """A preset name that can name run directories and database keys (``ValueError`` otherwise,
+    starting with ``where``: the preset file's ``"FILE: "`` when it comes from one)."""
     if not isinstance(name, str) or not name or any(c not in NAME_CHARS for c in name) or name.startswith("."):
-        raise ValueError(f"preset name {name!r}: use letters, digits and {NAME_CHARS[62:]} only "
+        raise ValueError(f"{where}preset name {name!r}: use letters, digits and {NAME_CHARS[62:]} only "
                          "(it names the run directories)")
     return name
 
@@ -201,7 +202,7 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
     for key in TOP_KEYS:
         if key in doc:
             top[key] = _typed(key, kinds[key], doc[key], where)
-    check_name(top["name"])
+    check_name(top["name"], where)
     if top.get("modality", "image") not in MODALITIES:
         raise _unknown("modality", top["modality"], MODALITIES, where)
     for m in top.get("methods") or ():

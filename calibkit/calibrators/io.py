@@ -8,8 +8,9 @@ Writes go to a temporary file first, so an existing pair is never left half-writ
 
 :func:`load` validates what it reads before anything can use it: the format and its version
 (only ``VERSION`` is known), the calibrator's name, its hyperparameters (the checks of ``fit``),
-and every field of its state (type, float64/int64 dtype, shape for the recorded ``K``, finite,
-in range: :mod:`calibkit.calibrators._state`). A problem is one ``ValueError`` line naming the
+and every field of its state (no unknown field, no tensor the JSON does not list; type,
+float64/int64 dtype, shape for the recorded ``K``, finite, in range:
+:mod:`calibkit.calibrators._state`). A problem is one ``ValueError`` line naming the
 file and the field. ``TemperatureScaling`` files written before it recorded ``K`` and the layout
 (no ``n_classes_``/``binary_``) are refused with a line that says to fit and save it again: the
 ``K`` of such a file is unknown, and applying a temperature to another classifier's logits is
@@ -114,9 +115,17 @@ def load(path):
     missing = [k for k in names if k not in tensors]
     if missing:
         raise ValueError(f"{st_path}: lacks the tensor(s) {', '.join(missing)}")
-    state = {**saved, **{k: tensors[k] for k in names}}
     cls = CALIBRATORS[name]
     required = tuple(dict.fromkeys(cls._STATE + ("n_classes_", "binary_")))
+    stray = sorted(set(tensors) - set(names))  # in the file, but not listed by the JSON
+    if stray:
+        raise ValueError(f"{st_path}: unknown tensor(s) {', '.join(stray)}: {json_path.name} lists "
+                         f"{', '.join(names) or 'none'}")
+    unknown = sorted((set(saved) | set(names)) - set(required))
+    if unknown:
+        raise ValueError(f"{json_path}: unknown state field(s) {', '.join(unknown)} (a {name} calibrator has "
+                         f"{', '.join(required)})")
+    state = {**saved, **{k: tensors[k] for k in names}}
     lacking = [k for k in required if k not in state]
     if lacking and lacking == [k for k in ("n_classes_", "binary_") if k in lacking] and name == "temperature":
         raise ValueError(f"{json_path}: saved state lacks {', '.join(lacking)}: written by an older calibkit that did "
@@ -125,8 +134,7 @@ def load(path):
         raise ValueError(f"{json_path}: saved state lacks {', '.join(lacking)}")
     try:
         cal = cls.from_dict({"params": params, "state": state})
-        if hasattr(cal, "_check_params"):
-            cal._check_params()
+        cal._check_params()  # the hyperparameter checks of fit, for every calibrator
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{json_path}: invalid hyperparameters ({exc})") from None
     try:

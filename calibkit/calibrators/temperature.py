@@ -115,10 +115,7 @@ class TemperatureScaling:
                 tolerance, in fewer iterations); the ECE grid ignores it.
         """
         check_init(self, init, "temperature_")
-        if self.objective not in self.OBJECTIVES:
-            raise ValueError(f"unknown objective {self.objective!r}; expected one of {', '.join(self.OBJECTIVES)}")
-        if not 0 < self.t_min < self.t_max:
-            raise ValueError(f"need 0 < t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
+        self._check_params()
         if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int)
                                        or max_pixels < 1):
             raise ValueError(f"max_pixels must be an integer >= 1 or None, got {max_pixels!r}")
@@ -132,6 +129,18 @@ class TemperatureScaling:
             self.temperature_, self.n_iter_ = _fit_ece_grid(z, labels, check_n_bins(self.n_bins))
         self.n_classes_, self.binary_ = int(z.shape[1]), binary
         return self
+
+    def _check_params(self) -> None:
+        """Raise ``ValueError`` for a bad hyperparameter (what ``fit`` checks first; also run on
+        :func:`calibkit.calibrators.load`): ``objective``, ``0 < t_min < t_max``, and ``n_bins``
+        where the ECE objective uses it."""
+        if self.objective not in self.OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; expected one of {', '.join(self.OBJECTIVES)}")
+        if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (self.t_min, self.t_max)) \
+                or not 0 < self.t_min < self.t_max:
+            raise ValueError(f"need 0 < t_min < t_max, got t_min={self.t_min!r}, t_max={self.t_max!r}")
+        if self.objective == "ece":
+            check_n_bins(self.n_bins)
 
     def _check_fitted(self):
         if not (hasattr(self, "temperature_") and hasattr(self, "n_classes_")):

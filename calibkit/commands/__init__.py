@@ -9,6 +9,22 @@ def add_num_threads(parser) -> None:
                         help="torch CPU threads (default: torch's; one is often fastest on a shared machine)")
 
 
+def check_paths_given(**paths) -> None:
+    """Refuse an empty (or all-blank) path option: ``Path("")`` is ``.``, so an empty ``--out`` would
+    write into the working directory and an empty input would read it as a folder.
+
+    ``paths`` maps an option's flag, written with underscores (``out``, ``val``), to its value;
+    ``None`` (an option not given) passes.
+
+    Raises:
+        ValueError: naming the first empty option, e.g. ``--out: empty path``.
+    """
+    for name, value in paths.items():
+        if value is not None and not str(value).strip():
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag}: empty path {value!r}; give a file or folder name")
+
+
 def apply_num_threads(args) -> None:
     """``torch.set_num_threads(args.num_threads)`` when the command declared and was given it.
 

@@ -42,6 +42,9 @@ def run(args) -> int:
     import os
     from pathlib import Path
 
+    from calibkit.commands import check_paths_given
+
+    check_paths_given(calibrator=args.calibrator, input=args.input, out=args.out)
     out = Path(args.out)
     if out.suffix != ".npz":
         raise ValueError(f"--out must name an .npz file, got {out}")

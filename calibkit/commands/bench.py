@@ -50,7 +50,8 @@ def register(subparsers) -> None:
                    help=f"methods to run (default: the preset's list, else all): {', '.join(METHODS)}; CE is "
                         "always included; text presets skip mixup, regmixup and csm")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
-    p.add_argument("--csm-store", metavar="DIR", help="CSM generated set (default: the one shipped for "
+    p.add_argument("--csm-store", metavar="DIR", help="CSM generated set, an existing folder even without csm "
+                   "in --methods (default: the one shipped for "
                    "Fashion-MNIST; other data sets: make one with `calibkit csm generate`)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     p.add_argument("--tune", action="store_true",

@@ -12,9 +12,9 @@ probabilities: logit(p)). Labels are integers (unsigned ones are read as int64).
 unpickled: object arrays in an .npz and anything but tensors in a .pt are refused.
 
 Warnings (stderr): --val and --test the same file or the same logits and labels (the test numbers
-are then not held out); fewer than 2 validation rows per class (the K and K x K parameter
-calibrators cannot be fitted reliably). With fewer rows than classes, matrix and dirichlet are not
-fitted; the validation table says why.
+are then not held out); validation labels of one class only; fewer than 2 validation rows per
+class (the K and K x K parameter calibrators cannot be fitted reliably). With fewer rows than
+classes, matrix and dirichlet are not fitted; the validation table says why.
 
 The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
 is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by ece): the lowest
@@ -50,7 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("--save", metavar="NAME", help="store this fitted calibrator as DIR/NAME.safetensors + .json")
     p.add_argument("--n-bins", type=int, default=15, help="bins of the binned errors (default 15)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed, an integer >= 0 (default 0)")
     p.add_argument("--dpi", type=int, default=120, help="resolution of the reliability diagrams (default 120)")
     p.add_argument("--select-by", choices=("ece", "nll", "brier"), default="ece",
                    help="cross-fitted validation metric that chooses the calibrator (default ece, guarded by "
@@ -159,10 +159,15 @@ def _choose(spec):
 
 
 def _check_args(args, names):
+    from calibkit.commands import check_paths_given
+
+    check_paths_given(val=args.val, test=args.test, out=args.out)
     for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10),
                                ("--folds", args.folds, 2)):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if args.seed < 0:  # one rule with bench --seeds and tune --seed
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     if not 0 <= args.acc_tolerance <= 100:  # also refuses NaN
         raise ValueError(f"--acc-tolerance must be a number of points in [0, 100], got {args.acc_tolerance}")
     if args.save is not None and args.save not in names:
@@ -188,6 +193,7 @@ def run(args) -> int:
     if len(val_y) < args.folds:
         raise ValueError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
     _check_rows(args, val_x, names)
+    _warn_one_class(args, val_y, 2 if val_x.dim() == 1 else val_x.shape[1])
     _warn_same_data(args, (val_x, val_y), (test_x, test_y))
 
     from calibkit.report import posthoc
@@ -246,6 +252,19 @@ def _check_rows(args, val_x, names) -> None:
         warnings.warn(f"{args.val}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per class): "
                       "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
                       f"fitted reliably, and their fits may be slow{skipped}", stacklevel=2)
+
+
+def _warn_one_class(args, val_y, k: int) -> None:
+    """Warn when every validation label is one class: the calibrators can be fitted (temperature
+    scaling then only reaches its bound), but neither the fits nor the choice learn anything about
+    the other classes."""
+    import warnings
+
+    classes = val_y.unique()
+    if len(classes) == 1:
+        warnings.warn(f"{args.val}: validation labels hold one class ({int(classes[0])}) only: every calibrator is "
+                      f"fitted and chosen without an example of the other {k - 1} class(es), so the fits and the "
+                      "choice say little; use a validation split with every class", stacklevel=2)
 
 
 def _warn_same_data(args, val, test) -> None:

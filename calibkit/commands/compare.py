@@ -8,6 +8,9 @@ EPILOG = """\
 Both methods' saved test predictions are compared seed by seed (the seeds they share), on the same
 bootstrap resamples of the test set; every panel metric gets A - B with its 95% basic interval.
 --after fits a post-hoc calibrator on each run's validation logits first (both A and B).
+A finished run of A or B that cannot be used (its logits file missing, a damaged field) is named in
+a warning and left out, as `calibkit report` does; when none of a method's runs is left, the error
+names them.
 
 examples:
   calibkit compare runs/default ls ce
@@ -57,12 +60,40 @@ def run(args) -> int:
 
     recorded = recorded_preset(out, preset)  # the directory's own preset file, else a shipped one
     n_boot = args.n_boot or (recorded.n_boot if recorded is not None else 1000)
+    _left_out(rows, (args.a, args.b))
     rows, _ = usable_rows(rows)  # rows the report leaves out (undecodable fields) are left out here too
     summary = summarize([r for r in rows if r["status"] == "done"])
     res = compare_methods(summary, args.a, args.b, CalibratedProbs(out / "cache" / "calibrated"), args.after,
                           n_boot=n_boot)
     print(compare_text(res, label, n_boot))
     return 0
+
+
+def _left_out(rows, methods) -> None:
+    """Name the finished runs of ``methods`` that cannot be used (a missing logits file, a damaged
+    field: :func:`calibkit.report.data.row_problem`): refused when none of a method's runs is left,
+    else one warning per run, as ``calibkit report`` does; without this a method whose logits
+    files are gone read as a method that never ran."""
+    import warnings
+
+    from calibkit.report.data import row_problem
+
+    lines: dict = {}
+    usable: set = set()
+    for row in rows:
+        if row.get("status") != "done" or row.get("method") not in methods:
+            continue
+        problem = row_problem(row)
+        if problem:
+            lines.setdefault(row["method"], []).append(f"{row.get('run_key')}: {problem}")
+        else:
+            usable.add(row["method"])
+    for method in methods:
+        if method in lines and method not in usable:
+            raise ValueError(f"no usable finished runs of method {method!r}: {'; '.join(lines[method])}")
+    for method in methods:
+        for line in lines.get(method, []):
+            warnings.warn(f"{line}; left out of the comparison", stacklevel=2)
 
 
 def _check_names(args) -> None:

@@ -240,8 +240,12 @@ def load(
     if spec.needs_dir:
         if folder is None:
             raise ValueError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
+        if spec.is_file and os.path.isdir(folder):
+            raise ValueError(f"data set {name!r}: {folder} is a folder, not a file. {spec.how_to_get}")
         if spec.is_file and not os.path.isfile(folder):
             raise FileNotFoundError(f"data set {name!r}: file {folder} does not exist. {spec.how_to_get}")
+        if not spec.is_file and os.path.exists(folder) and not os.path.isdir(folder):
+            raise ValueError(f"data set {name!r}: {folder} is a file, not a folder. {spec.how_to_get}")
         if not spec.is_file and not os.path.isdir(folder):
             raise FileNotFoundError(f"data set {name!r}: folder {folder} does not exist. {spec.how_to_get}")
     if spec.modality == "segmentation":

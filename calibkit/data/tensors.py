@@ -200,6 +200,17 @@ def read_tensors_file(path: str) -> RawData:
         splits[s] = (to_inputs(x, kind, where), _labels(arrays[f"y_{s}"], len(x), f"{path}: y_{s}"))
     if not len(splits["train"][1]):  # else reported as every class having no example
         raise ValueError(f"{path}: x_train holds 0 rows; nothing to train on")
+    if not len(splits["test"][1]):  # the array, not only "the test split"
+        raise ValueError(f"{path}: x_test holds 0 rows; nothing to evaluate")
+    if "val" in splits and not len(splits["val"][1]):
+        raise ValueError(f"{path}: x_val holds 0 rows; give validation rows, or leave x_val and y_val out (a "
+                         "validation split is then held out of x_train)")
+    k_train = 1 + int(splits["train"][1].max())
+    for s in names[1:]:  # a label beyond y_train's classes: name the array that holds it
+        top = int(splits[s][1].max())
+        if top >= k_train:
+            raise ValueError(f"{path}: y_{s} holds label {top}, but y_train's classes run 0..{k_train - 1}; every "
+                             f"label of y_{s} must be a class with examples in y_train")
     k = 1 + max(int(y.max()) for _, y in splits.values() if len(y))
     present = set(np.unique(splits["train"][1]).tolist())
     absent = list(itertools.islice((c for c in range(k) if c not in present), 5))  # never walks up to a huge label

@@ -68,7 +68,14 @@ def test_images_tokens_and_a_fixed_validation_split(tmp_path):
     ({"y_train": np.arange(30) % 3 + 0.0}, "y_train: labels must be integers"),
     ({"y_train": np.arange(29) % 3}, "y_train: expected 30 labels"),
     ({"y_test": -np.ones(9, np.int64)}, "y_test: labels must be >= 0"),
-    ({"y_test": np.full(9, 7)}, "labels run 0..7, but class(es) [3, 4, 5, 6, 7] have no example in y_train"),
+    ({"y_test": np.full(9, 7)}, "y_test holds label 7, but y_train's classes run 0..2; every label of y_test must be "
+                                "a class with examples in y_train"),
+    ({"x_val": np.zeros((4, 5), np.float32), "y_val": np.array([0, 1, 2, 3])},
+     "y_val holds label 3, but y_train's classes run 0..2"),
+    ({"x_test": np.zeros((0, 5), np.float32), "y_test": np.zeros(0, np.int64)}, "x_test holds 0 rows; nothing to "
+                                                                               "evaluate"),
+    ({"x_val": np.zeros((0, 5), np.float32), "y_val": np.zeros(0, np.int64)}, "x_val holds 0 rows; give validation "
+                                                                             "rows, or leave x_val and y_val out"),
     ({"x_test": np.zeros((9, 4), np.float32)}, "x_test: float32 (9, 4) does not match x_train's float32 (N, 5)"),
     ({"x_train": np.full((30, 5), np.nan, np.float32)}, "x_train: 30 example(s) hold NaN or infinite values"),
 ])

@@ -76,6 +76,18 @@ def test_a_batch_larger_than_the_training_split_is_refused(rec, tmp_path):
     P.check_bench(SMOKE, tmp_path, methods=["ls"])  # exactly one batch is enough
 
 
+def test_a_validation_split_that_rounds_to_no_row_is_refused(rec, tmp_path):
+    rec["bundle"]["value"] = SimpleNamespace(**vars(_bundle(n=999)), val=[])
+    with pytest.raises(ValueError) as err:
+        P.check_bench(dataclasses.replace(SMOKE, train={**SMOKE.train, "val_size": 0.0001}), tmp_path / "out",
+                      methods=["ls"])
+    assert str(err.value) == ("val_size 0.0001: the validation split of digits holds 0 of its 999 training images; "
+                              "model selection needs at least one: raise it (--val-size)")
+    assert not (tmp_path / "out").exists()
+    rec["bundle"]["value"] = SimpleNamespace(**vars(_bundle(n=999)), val=[0])
+    P.check_bench(SMOKE, tmp_path / "out", methods=["ls"])  # one row is enough
+
+
 def test_image_mixing_methods_on_text_or_features_are_refused(rec, tmp_path):
     for modality in ("text", "features"):
         rec["bundle"]["value"] = _bundle(modality=modality)
@@ -107,8 +119,26 @@ def test_only_ood_sets_that_need_files_are_loaded(rec, tmp_path):
 def test_the_csm_check_gets_the_bench_arguments(rec, tmp_path):
     P.check_bench(SMOKE, tmp_path, methods=["csm"])
     assert rec["csm"] == [(SMOKE, None, rec["bundle"]["value"], [3, 4], False, "auto")]
-    P.check_bench(SMOKE, tmp_path, seeds=[5], methods=["csm"], csm_store="s", csm_build=True, device="cuda:1")
-    assert rec["csm"][1] == (SMOKE, "s", rec["bundle"]["value"], [5], True, "cuda:1")
+    (tmp_path / "s").mkdir()
+    store = str(tmp_path / "s")
+    P.check_bench(SMOKE, tmp_path, seeds=[5], methods=["csm"], csm_store=store, csm_build=True, device="cuda:1")
+    assert rec["csm"][1] == (SMOKE, store, rec["bundle"]["value"], [5], True, "cuda:1")
+
+
+def test_a_csm_store_given_by_hand_must_exist_whatever_the_methods(rec, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for store, kind, message in (
+            (str(tmp_path / "nostore"), FileNotFoundError, f"--csm-store {tmp_path / 'nostore'}: no such folder (make a "
+             "generated set with `calibkit csm generate`, or leave --csm-store out)"),
+            (str(tmp_path / "afile"), ValueError, f"--csm-store {tmp_path / 'afile'}: is a file, not a folder (a "
+             "generated set is a folder)"),
+            ("", ValueError, "--csm-store: empty path ''; give the generated set's folder")):
+        with pytest.raises(kind) as err:
+            P.check_bench(SMOKE, tmp_path / "out", methods=["ce"], csm_store=store)
+        assert str(err.value) == message
+    assert rec["load"] == [] and rec["csm"] == [] and not (tmp_path / "out").exists()
+    with pytest.raises(FileNotFoundError, match=r"or leave --csm-store out and pass --csm-build\)$"):
+        P.check_bench(SMOKE, tmp_path / "out", methods=["csm"], csm_store=str(tmp_path / "nostore"))
 
 
 def test_tune_checks_the_bench_on_its_selection_seed(monkeypatch):

@@ -100,11 +100,21 @@ def test_paths_must_exist(tmp_path):
     arrays = BASE.replace('"digits"', '"tensors"') + 'data_dir = "nowhere.npz"\n'
     message, _ = _refused(tmp_path, arrays, FileNotFoundError)
     assert message == "data_dir: no such file 'nowhere.npz' (tensors reads one .npz or .safetensors file)"
+    (tmp_path / "dir.npz").mkdir()  # it exists, as a folder: "no such file" would mislead
+    message, _ = _refused(tmp_path, BASE.replace('"digits"', '"tensors"') + f'data_dir = "{tmp_path / "dir.npz"}"\n')
+    assert message == f"data_dir: '{tmp_path / 'dir.npz'}' is a folder, not a file (tensors reads one .npz or " \
+                      ".safetensors file)"
+    (tmp_path / "afile").write_text("x")
+    message, _ = _refused(tmp_path, folder.replace("nowhere/data", str(tmp_path / "afile")))
+    assert message == f"data_dir: '{tmp_path / 'afile'}' is a file, not a folder (imagefolder reads a folder)"
     message, _ = _refused(tmp_path, BASE + '[csm]\nstore = "nowhere/set"\n', FileNotFoundError)
     assert message == "[csm] store: no such folder 'nowhere/set' (a generated set of `calibkit csm generate`)"
     preset, _ = _preset(tmp_path, BASE.replace('"digits"', '"imagefolder"'))
     with pytest.raises(FileNotFoundError, match="^--data-dir: no such folder 'gone'$"):  # the flag names itself
         check_bench(preset, tmp_path / "out", data_dir="gone")
+    preset, _ = _preset(tmp_path, BASE.replace('"digits"', '"tensors"'))
+    with pytest.raises(ValueError, match="^--data-dir: '.*dir.npz' is a folder, not a file \\(tensors reads one"):
+        check_bench(preset, tmp_path / "out", data_dir=str(tmp_path / "dir.npz"))
     assert not (tmp_path / "out").exists()
 
 

@@ -107,11 +107,14 @@ def test_words_of_the_command_line_stay_words(tmp_path, capsys, option, hostile)
     run_in.mkdir()
     if option == "--out":
         base_out, out, extra, base_extra = tmp_path / "b" / BENIGN, tmp_path / "h" / hostile, [], []
-    elif option == "--data-dir":  # a folder of that name holding the data set's files
-        values = [tmp_path / "b" / BENIGN, tmp_path / "h" / hostile]
+    elif option in ("--data-dir", "--csm-store"):  # a folder of that name (the data set's files; a --csm-store
+        values = [tmp_path / "b" / BENIGN, tmp_path / "h" / hostile]  # must exist even when csm does not run)
         for folder in values if not any(c in hostile for c in CONTROL) else values[:1]:
             folder.parent.mkdir(parents=True, exist_ok=True)
-            folder.symlink_to(FMNIST)
+            if option == "--data-dir":
+                folder.symlink_to(FMNIST)
+            else:
+                folder.mkdir()
         base_out, out, extra, base_extra = tmp_path / "b" / "o", tmp_path / "h" / "o", [option, str(values[1])], [
             option, str(values[0])]
     else:

@@ -118,6 +118,9 @@ JSON_CASES = [
     ("vector", ("state", "n_classes_"), 1, "invalid n_classes_: must be an integer >= 2, got 1"),
     ("histogram", ("params", "n_bins"), 0, "invalid hyperparameters (n_bins must be"),
     ("vector", ("params", "max_iter"), "many", "invalid hyperparameters (max_iter must be an integer >= 1, got 'many')"),
+    ("temperature", ("params", "t_min"), -1.0, "invalid hyperparameters (need 0 < t_min < t_max, got t_min=-1.0, "),
+    ("temperature", ("params", "objective"), "mse", "invalid hyperparameters (unknown objective 'mse'"),
+    ("temperature", ("state", "extra_"), 1, "unknown state field(s) extra_ (a temperature calibrator has "),
     ("vector", ("state",), [], 'invalid "state": must be a JSON object, got []'),
     ("vector", ("tensors",), "weight_", 'invalid "tensors": must be a JSON list of names, got "weight_"'),
 ]
@@ -135,6 +138,17 @@ def test_load_refuses_an_invalid_json_field_naming_the_file_and_the_field(tmp_pa
     with pytest.raises(ValueError) as info:
         load(js)
     assert str(info.value).startswith(f"{js}: {message}")
+
+
+def test_load_refuses_a_tensor_the_json_does_not_list(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    st, js = _pair(tmp_path, "histogram")
+    tensors = load_file(str(st))
+    save_file({**tensors, "extra_": tensors["values_"].clone()}, str(st))
+    with pytest.raises(ValueError) as info:
+        load(js)
+    assert str(info.value) == f"{st}: unknown tensor(s) extra_: histogram.json lists edges_, values_"
 
 
 def test_load_refuses_binary_state_with_k_other_than_2(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from calibkit.calibrators import EnsembleTemperatureScaling, TemperatureScaling, VectorScaling, save
+from calibkit.calibrators import EnsembleTemperatureScaling, HistogramBinning, TemperatureScaling, VectorScaling, save
 from calibkit.cli import main
 
 
@@ -185,3 +185,34 @@ def test_a_folder_as_input_or_out_is_refused(ts10, capsys):
     err = capsys.readouterr().err
     assert rc == 1 and err == f"calibkit apply: error: {tmp / 'in.npz'} is a directory, not a file\n"
     assert not (tmp / "o.npz").exists()
+
+
+def test_empty_path_options_are_refused(ts10, capsys, monkeypatch):
+    tmp, js = ts10
+    inp = _input(tmp, "k10.npz", logits=_logits(10, seed=1)[0])
+    monkeypatch.chdir(tmp)
+    before = sorted(p.name for p in tmp.iterdir())
+    for flag in ("--calibrator", "--input", "--out"):
+        argv = {"--calibrator": str(js), "--input": str(inp), "--out": "o.npz", flag: ""}
+        rc = main(["apply", *[a for kv in argv.items() for a in kv]])
+        assert rc == 1
+        assert capsys.readouterr().err == f"calibkit apply: error: {flag}: empty path ''; give a file or folder name\n"
+        assert sorted(p.name for p in tmp.iterdir()) == before
+
+
+def test_unknown_state_field_tensor_and_bad_hyperparameter_are_refused(ts10, tmp_path, capsys):
+    tmp, js = ts10
+    inp = _input(tmp, "k10.npz", logits=_logits(10, seed=1)[0])
+    meta = json.loads(js.read_text())
+    _edit_json(js, extra_=1)
+    _refused(capsys, js, inp, tmp / "o.npz", f"{js}: unknown state field(s) extra_ (a temperature calibrator has "
+             "temperature_, n_iter_, n_classes_, binary_)")
+    meta["params"]["t_min"] = -1.0
+    js.write_text(json.dumps(meta))
+    _refused(capsys, js, inp, tmp / "o.npz", f"{js}: invalid hyperparameters (need 0 < t_min < t_max, got "
+             "t_min=-1.0, t_max=100.0)")
+    z, y = _logits(10)
+    st, hjs = save(HistogramBinning().fit(z, y), tmp / "hist")
+    tensors = load_file(str(st))
+    save_file({**tensors, "extra_": tensors["values_"].clone()}, str(st))
+    _refused(capsys, hjs, inp, tmp / "o.npz", f"{st}: unknown tensor(s) extra_: hist.json lists edges_, values_")

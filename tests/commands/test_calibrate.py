@@ -235,6 +235,21 @@ def test_select_by_and_tolerance_options(files, capsys):
         assert rc == 1 and match in capsys.readouterr().err and not (tmp / "never").exists()
 
 
+def test_empty_paths_and_a_negative_seed_are_refused_before_anything_is_written(files, capsys, monkeypatch):
+    tmp, _, _ = files
+    monkeypatch.chdir(tmp)  # an empty --out used to write report/ here
+    before = sorted(p.name for p in tmp.iterdir())
+    for extra, want in (([["--out", ""]], "--out: empty path ''; give a file or folder name"),
+                        ([["--val", " "]], "--val: empty path ' '; give a file or folder name"),
+                        ([["--test", ""]], "--test: empty path ''; give a file or folder name"),
+                        ([["--seed", "-1"]], "--seed must be an integer >= 0, got -1")):
+        argv = {"--val": "val.npz", "--test": "test.npz", "--out": "o"}
+        argv.update(dict(extra))
+        rc = main(["calibrate", *[a for kv in argv.items() for a in kv], "--n-boot", "5"])
+        assert rc == 1 and capsys.readouterr().err == f"calibkit calibrate: error: {want}\n"
+        assert sorted(p.name for p in tmp.iterdir()) == before
+
+
 # ------------------------------------------------------------ damaged, ambiguous and borderline inputs
 
 
@@ -292,6 +307,23 @@ def test_unsigned_labels_are_read_as_int64(files, dtype):
     assert y.dtype == torch.int64 and torch.equal(y, yv) and torch.equal(x, zv)
     save_file({"logits": zv, "labels": torch.from_numpy(yv.numpy().astype(dtype))}, str(tmp / "u.safetensors"))
     assert torch.equal(read_scores(tmp / "u.safetensors")[1], yv)
+
+
+def test_validation_labels_of_one_class_are_a_warning_naming_the_file():
+    from types import SimpleNamespace
+
+    from calibkit.commands.calibrate import _warn_one_class
+
+    args = SimpleNamespace(val="dir/val.npz")
+    with pytest.warns(UserWarning) as seen:  # a warning, not a refusal: every calibrator can still be fitted
+        _warn_one_class(args, torch.full((40,), 2), 4)
+    assert [str(w.message) for w in seen] == [
+        "dir/val.npz: validation labels hold one class (2) only: every calibrator is fitted and chosen without an "
+        "example of the other 3 class(es), so the fits and the choice say little; use a validation split with "
+        "every class"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_one_class(args, torch.tensor([0, 1, 1]), 4)  # two classes: quiet
 
 
 def test_the_same_data_for_val_and_test_is_a_warning(tmp_path, capsys):

@@ -62,6 +62,8 @@ def _setup(tmp, case, finished_run):
         return ["bench", "--preset", "smoke", "--methods", "nosuch", "--out", "{tmp}/b"]
     if case == "bench_csm_store_missing":
         return ["bench", "--preset", "smoke", "--methods", "csm", "--csm-store", "{tmp}/nowhere", "--out", "{tmp}/b"]
+    if case == "bench_csm_store_missing_ce_only":  # read by csm only, but a missing folder is likely a typo
+        return ["bench", "--preset", "smoke", "--methods", "ce", "--csm-store", "{tmp}/nostore", "--out", "{tmp}/b"]
     if case == "bench_csm_store_not_a_store":
         (tmp / "notastore").mkdir()
         (tmp / "notastore" / "x.txt").write_text("x")
@@ -135,6 +137,9 @@ def _bad_data(tmp, case) -> list[str]:
                     Image.fromarray(np.full((8, 8), 40 * i, np.uint8)).save(tmp / "img" / split / c / f"{i}.png")
         (tmp / "img" / "train" / "zz").mkdir()  # counted as a third class, with no image
         return ["--data", "imagefolder", "--data-dir", "{tmp}/img"]
+    if case == "bench_val_size_rounds_to_zero":  # a fraction of 20 rows that rounds to no validation row
+        _tensors(tmp / "ok.npz", [0, 1] * 10)
+        return ["--data", "tensors", "--data-dir", "{tmp}/ok.npz", "--val-size", "0.0001"]
     if case == "bench_lr_beyond_float32":
         return ["--preset", "smoke", "--lr", "1e308"]
     raise AssertionError(case)
@@ -145,6 +150,7 @@ DATA_CASES = {  # data or values that pass every option's own rule and used to f
     "bench_no_training_rows": ["none.npz", "x_train holds 0 rows"],
     "bench_empty_ood_file": ["ood.npz", "x holds 0 rows", "--ood none"],
     "bench_empty_class_folder": ["img/train", "zz", "hold no images"],
+    "bench_val_size_rounds_to_zero": ["val_size 0.0001", "holds 0 of its", "--val-size"],
     "bench_lr_beyond_float32": ["method ce: lr: must be at most 3.403e+38", "float32", "got 1e+308"],
 }
 CASES = {  # case -> words the one-line message must contain
@@ -157,6 +163,7 @@ CASES = {  # case -> words the one-line message must contain
     "bench_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
     "tune_negative_max_extensions": ["--max-extensions must be >= 0 (0: never extend a grid), got -1"],
     "bench_csm_store_missing": ["nowhere", "calibkit csm generate", "--csm-store"],
+    "bench_csm_store_missing_ce_only": ["nostore: no such folder", "--csm-store"],
     "bench_csm_store_not_a_store": ["notastore", "not a CSM store"],
     "bench_corrupt_database": ["runs.db", "not an SQLite database"],
     "report_corrupt_database": ["runs.db", "not an SQLite database"],

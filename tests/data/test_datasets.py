@@ -740,12 +740,16 @@ def test_load_refusals_in_full(tmp_path):
     how = REGISTRY["cifar10"].how_to_get
     with pytest.raises(ValueError, match="^" + re.escape(f"data set 'cifar10' needs data_dir (--data-dir): {how}") + "$"):
         load("cifar10")
-    (tmp_path / "f.npz").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'cifar10': folder {tmp_path / 'f.npz'} does not exist. {how}") + "$"):
+    (tmp_path / "f.npz").write_bytes(b"")  # a path that exists, but of the other kind, is said to be one
+    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'cifar10': {tmp_path / 'f.npz'} is a file, not a folder. {how}") + "$"):
         load("cifar10", data_dir=str(tmp_path / "f.npz"))
+    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'cifar10': folder {tmp_path / 'gone'} does not exist. {how}") + "$"):
+        load("cifar10", data_dir=str(tmp_path / "gone"))
     how = REGISTRY["tensors"].how_to_get
-    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'tensors': file {tmp_path} does not exist. {how}") + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'tensors': {tmp_path} is a folder, not a file. {how}") + "$"):
         load("tensors", data_dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'tensors': file {tmp_path / 'gone.npz'} does not exist. {how}") + "$"):
+        load("tensors", data_dir=str(tmp_path / "gone.npz"))
 
 
 def test_folder_stamp(tmp_path):
@@ -805,8 +809,7 @@ def test_own_data_without_a_test_example_or_a_second_class_is_refused(tmp_path):
         return str(path)
 
     path = tensors(tmp_path / "t.npz", [0, 1] * 5, 0)
-    with pytest.raises(ValueError, match="^" + re.escape(f"data set tensors ({path}): the test split holds 0 examples; "
-                                                         "nothing to evaluate") + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: x_test holds 0 rows; nothing to evaluate") + "$"):
         load("tensors", data_dir=path)
     path = tensors(tmp_path / "one.npz", [0] * 10, 2)
     with pytest.raises(ValueError, match="^" + re.escape(f"data set tensors ({path}): 1 class ('0'); a classifier to "

@@ -107,3 +107,30 @@ def test_the_cli_warns_in_one_line_and_builds_the_rest(tmp_path, cli_env):
     assert res.stderr.splitlines() == ["calibkit report: warning: t/ls/1: metrics.before.ece: expected a finite "
                                        "number, got 'abc'; left out of the report"]
     assert "report:" in res.stdout and np.isfinite(float(_row(res.stdout, "LS")[2]))
+
+
+def test_compare_names_a_missing_logits_file_instead_of_calling_the_method_absent(tmp_path, capsys):
+    from calibkit.cli import main
+
+    make_bench(tmp_path, methods=("ce", "ls"), seeds=(0,))
+    gone = tmp_path / "runs" / "ls" / "seed0" / "logits.safetensors"
+    gone.unlink()
+    def files():  # (reading a WAL database touches its -wal / -shm files)
+        return sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if not p.name.endswith(("-wal", "-shm")))
+    before = files()
+    assert main(["compare", str(tmp_path), "ls", "ce", "--n-boot", "20"]) == 1
+    assert capsys.readouterr().err == (f"calibkit compare: error: no usable finished runs of method 'ls': t/ls/0: "
+                                       f"logits_path: {gone} not found\n")
+    assert files() == before
+
+
+def test_compare_warns_about_a_run_it_leaves_out(tmp_path):
+    from calibkit.commands.compare import _left_out
+
+    rows = [{"status": "done", "method": "ls", "run_key": "t/ls/0", "logits_path": str(tmp_path / "gone")},
+            {"status": "done", "method": "ls", "run_key": "t/ls/1"},
+            {"status": "done", "method": "focal", "run_key": "t/focal/0", "logits_path": str(tmp_path / "gone")}]
+    with pytest.warns(UserWarning) as seen:
+        _left_out(rows, ("ls", "ce"))  # focal is not compared: not named
+    assert [str(w.message) for w in seen] == [f"t/ls/0: logits_path: {tmp_path / 'gone'} not found; left out of the "
+                                              "comparison"]
