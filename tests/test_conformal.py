@@ -206,6 +206,25 @@ def test_coverage_many_splits(score, randomized, kw):
         assert float(mean_set_size(cp.predict_set(p[test]))) == pytest.approx(float(size[0]), abs=1e-12)
 
 
+def test_coverage_tuned_raps():
+    # k_reg and lam chosen on a part of each calibration split, qhat on the rest (n_calib_ rows):
+    # the guarantee holds with n = n_calib_; 100 splits, one fit each
+    p, y = _data(N_POOL, 10, scale=2.0, seed=6)
+    g = torch.Generator().manual_seed(8)
+    covs, sizes = [], []
+    for _ in range(100):
+        perm = torch.randperm(N_POOL, generator=g)
+        cal, test = perm[:199], perm[199:]
+        cp = SplitConformal("raps", alpha=ALPHA).fit(p[cal], y[cal])
+        sets = cp.predict_set(p[test])
+        covs.append(float(coverage(sets, y[test])))
+        sizes.append(float(mean_set_size(sets)))
+    cov = torch.tensor(covs, dtype=torch.float64)
+    mean, se = float(cov.mean()), float(cov.std() / math.sqrt(len(covs)))
+    MEASURED[("raps tuned", True)] = (mean, se, float(np.mean(sizes)))
+    assert cp.n_calib_ == 160 and 1 - ALPHA - 4 * se <= mean <= 1 - ALPHA + 1 / 161 + 4 * se, (mean, se)
+
+
 def test_coverage_lower_bound_under_ties():
     # quantised probabilities: many tied LAC scores; only 1 - alpha is guaranteed (the sets include
     # every tie at qhat, so coverage can exceed 1 - alpha + 1/(n + 1))
