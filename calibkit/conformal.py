@@ -143,9 +143,9 @@ class SplitConformal:
         seed: seeds ``u`` and the RAPS tuning split (module docstring).
 
     Attributes (after ``fit``):
-        qhat_: the threshold (a float, ``+inf`` possible). n_classes_: ``K``.
-        n_calib_: the rows ``qhat_`` was fitted on. n_tune_: the RAPS tuning rows (0 otherwise).
-        k_reg_, lam_: the RAPS parameters used (``None`` for LAC/APS).
+        ``qhat_``: the threshold (a float, ``+inf`` possible). ``n_classes_``: ``K``.
+        ``n_calib_``: the rows ``qhat_`` was fitted on. ``n_tune_``: the RAPS tuning rows (0
+        otherwise). ``k_reg_``, ``lam_``: the RAPS parameters used (``None`` for LAC/APS).
     """
 
     def __init__(self, score: str = "aps", alpha: float = 0.1, randomized: bool = True,
