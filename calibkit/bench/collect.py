@@ -100,6 +100,15 @@ LIVE = ("queued", "running")
 BENCH_MARKS = ("runs.db", "runs", "tune", "slurm")
 
 
+
+def collect_line(out, counts: dict) -> str:
+    """The line ``bench --collect`` and ``tune --collect`` print for :func:`collect`'s ``counts``."""
+    if counts["files"]:
+        return (f"collect {out}: {counts['imported']} new result(s) imported into {out}/runs.db, "
+                f"{counts['unchanged']} already there, {counts['selections']} selection(s)")
+    return (f"collect {out}: no result files to import; {out}/runs.db "
+            + ("unchanged" if (Path(out) / "runs.db").is_file() else "not created"))
+
 def check_bench_folder(out, store: str | None = None) -> None:
     """Refuse (one line) a ``--out`` that is not a bench's folder, before ``--status`` or
     ``--collect`` reads it: missing, a file, or (without a ``--store`` server) holding none of

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from pathlib import Path
 
 EPILOG = """\
 examples:
@@ -244,18 +243,13 @@ def _collect(args, preset) -> int:
     """Import the result files, name every run of the grid without a finished result (one line each
     on stderr), then the table and report; exit 1 when a run is missing (no result and no live task:
     submit the same command again), 0 when every run is finished or still queued or running."""
-    from calibkit.bench.collect import LIVE, check_bench_folder, collect, read_recorded, unfinished
+    from calibkit.bench.collect import LIVE, check_bench_folder, collect, collect_line, read_recorded, unfinished
     from calibkit.bench.grid import grid_methods
     from calibkit.store import run_key
 
     check_bench_folder(args.out)
     counts = collect(args.out)
-    if counts["files"]:
-        print(f"collect {args.out}: {counts['imported']} new result(s) imported into {args.out}/runs.db, "
-              f"{counts['unchanged']} already there, {counts['selections']} selection(s)")
-    else:
-        print(f"collect {args.out}: no result files to import; {args.out}/runs.db "
-              + ("unchanged" if (Path(args.out) / "runs.db").is_file() else "not created"))
+    print(collect_line(args.out, counts))
     seeds = list(args.seeds if args.seeds is not None else preset.seeds)
     methods, _ = grid_methods(preset, args.methods)
     keys = [run_key(preset.name, m, s) for s in seeds for m in methods]

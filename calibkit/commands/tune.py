@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 EPILOG = """\
 examples:
@@ -151,16 +150,10 @@ def _run(args, waiting: list) -> int:
     if args.run_key or args.select_only or args.status or args.executor != "local":
         return _elsewhere(args, preset)
     if args.collect:
-        from calibkit.bench.collect import check_bench_folder, collect
+        from calibkit.bench.collect import check_bench_folder, collect, collect_line
 
         check_bench_folder(args.out)
-        counts = collect(args.out)
-        if not counts["files"]:
-            print(f"collect {args.out}: no result files to import; {args.out}/runs.db "
-                  + ("unchanged" if (Path(args.out) / "runs.db").is_file() else "not created"))
-            return _print_tuning(args, preset)
-        print(f"collect {args.out}: {counts['imported']} new result(s) imported, {counts['unchanged']} already "
-              f"there, {counts['selections']} selection(s)")
+        print(collect_line(args.out, collect(args.out)))
         return _print_tuning(args, preset)
     if args.await_start:  # an extra worker: the caller has checked everything before releasing it
         from calibkit.bench.workers import await_start, warm_up
