@@ -138,6 +138,15 @@ def cal_val(**arrays):
     return prep
 
 
+def cal_val_file(name, make):
+    """A case whose validation file is ``name``, made by ``make(d)`` (the test file is a good one)."""
+    def prep(d):
+        good_pair(d)
+        make(d)
+        return cal_argv(name)
+    return prep
+
+
 # ---------------------------------------------------------------- calibrate
 
 def calibrate_cases():
@@ -150,29 +159,17 @@ def calibrate_cases():
         return cal_argv("missing.npz")
     add(S, "missing val file", "refuse", ["missing.npz"], missing)
 
-    def folder(d):
-        good_pair(d)
-        (d / "valdir.npz").mkdir()
-        return cal_argv("valdir.npz")
-    add(S, "val is a folder", "refuse", ["valdir.npz", "folder|directory"], folder)
+    add(S, "val is a folder", "refuse", ["valdir.npz", "folder|directory"],
+        cal_val_file("valdir.npz", lambda d: (d / "valdir.npz").mkdir()))
 
-    def rnd(d):
-        good_pair(d)
-        write(d, "rand.npz", random_bytes())
-        return cal_argv("rand.npz")
-    add(S, "random bytes .npz", "refuse", ["rand.npz"], rnd)
+    add(S, "random bytes .npz", "refuse", ["rand.npz"],
+        cal_val_file("rand.npz", lambda d: write(d, "rand.npz", random_bytes())))
 
-    def trunc(d):
-        good_pair(d)
-        truncated_npz(d, "trunc.npz", logits=x, labels=y)
-        return cal_argv("trunc.npz")
-    add(S, "truncated .npz", "refuse", ["trunc.npz"], trunc)
+    add(S, "truncated .npz", "refuse", ["trunc.npz"],
+        cal_val_file("trunc.npz", lambda d: truncated_npz(d, "trunc.npz", logits=x, labels=y)))
 
-    def empty_file(d):
-        good_pair(d)
-        write(d, "zero.npz", b"")
-        return cal_argv("zero.npz")
-    add(S, "empty (0-byte) .npz", "refuse", ["zero.npz"], empty_file)
+    add(S, "empty (0-byte) .npz", "refuse", ["zero.npz"],
+        cal_val_file("zero.npz", lambda d: write(d, "zero.npz", b"")))
 
     obj = np.empty(40, dtype=object)
     for i in range(40):
@@ -229,11 +226,8 @@ def calibrate_cases():
         return cal_argv("ok.safetensors")
     add(S, ".safetensors of tensors", "accept", [], st_ok)
 
-    def st_rnd(d):
-        good_pair(d)
-        write(d, "rand.safetensors", random_bytes())
-        return cal_argv("rand.safetensors")
-    add(S, "random bytes .safetensors", "refuse", ["rand.safetensors"], st_rnd)
+    add(S, "random bytes .safetensors", "refuse", ["rand.safetensors"],
+        cal_val_file("rand.safetensors", lambda d: write(d, "rand.safetensors", random_bytes())))
 
     def st_trunc(d):
         import torch
@@ -246,17 +240,11 @@ def calibrate_cases():
         return cal_argv("trunc.safetensors")
     add(S, "truncated .safetensors", "refuse", ["trunc.safetensors"], st_trunc)
 
-    def csv(d):
-        good_pair(d)
-        write(d, "val.csv", "0.1,0.9,1\n")
-        return cal_argv("val.csv")
-    add(S, "unsupported suffix .csv", "refuse", ["val.csv"], csv)
+    add(S, "unsupported suffix .csv", "refuse", ["val.csv"],
+        cal_val_file("val.csv", lambda d: write(d, "val.csv", "0.1,0.9,1\n")))
 
-    def nosuffix(d):
-        good_pair(d)
-        shutil.copy(d / "val.npz", d / "valfile")
-        return cal_argv("valfile")
-    add(S, "file without a suffix", "refuse", ["valfile"], nosuffix)
+    add(S, "file without a suffix", "refuse", ["valfile"],
+        cal_val_file("valfile", lambda d: shutil.copy(d / "val.npz", d / "valfile")))
 
     add(S, "wrong keys (x, y)", "refuse", ["bad.npz", "logits"], cal_val(x=x, y=y))
     add(S, "both logits and probs", "refuse", ["bad.npz", "logits", "probs"], cal_val(logits=x, probs=p, labels=y))
@@ -429,23 +417,14 @@ def calibrate_cases():
     add(S, "--calibrators with spaces", "accept", [], opt("--calibrators", "temperature, vector", calibrators=False))
     add(S, "K = 2 (N, 2) logits", "accept", [], lambda d: (good_pair(d, k=2), cal_argv())[1])
 
-    def upper_suffix(d):
-        good_pair(d)
-        shutil.copy(d / "val.npz", d / "VAL.NPZ")
-        return cal_argv("VAL.NPZ")
-    add(S, "upper-case suffix .NPZ", "accept", [], upper_suffix)
+    add(S, "upper-case suffix .NPZ", "accept", [],
+        cal_val_file("VAL.NPZ", lambda d: shutil.copy(d / "val.npz", d / "VAL.NPZ")))
 
-    def odd_name(d):
-        good_pair(d)
-        shutil.copy(d / "val.npz", d / "val data é.npz")
-        return cal_argv("val data é.npz")
-    add(S, "file name with a space and an accent", "accept", [], odd_name)
+    add(S, "file name with a space and an accent", "accept", [],
+        cal_val_file("val data é.npz", lambda d: shutil.copy(d / "val.npz", d / "val data é.npz")))
 
-    def dangling(d):
-        good_pair(d)
-        os.symlink("gone.npz", d / "link.npz")
-        return cal_argv("link.npz")
-    add(S, "dangling symlink", "refuse", ["link.npz"], dangling)
+    add(S, "dangling symlink", "refuse", ["link.npz"],
+        cal_val_file("link.npz", lambda d: os.symlink("gone.npz", d / "link.npz")))
     add(S, "constant logits (every row equal)", "accept", [], cal_val(logits=np.ones((40, 3), np.float32), labels=y))
     # Every validation label is class 0 of K = 3: calibrators can still be fitted, but the choice means little;
     # a demanding user wants to be told (a warning naming the file).
