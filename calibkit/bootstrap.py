@@ -50,7 +50,7 @@ from calibkit.functional.binning import (BinSums, bin_indices, binned_errors, eq
                                          weighted_equal_mass_bins)
 from calibkit.functional.inputs import to_rows
 
-__all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval",
+__all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval", "count_draws",
            "FAST_METRICS", "INTERVALS"]
 
 INTERVALS = ("basic", "percentile")
@@ -183,25 +183,35 @@ def _check_args(n_resamples, level, method):
         raise ValueError(f"level must be in (0, 1), got {level!r}")
 
 
-def _resampled(models, metric, n, n_resamples, seed):
-    """``(len(models), R)`` resampled values; every model sees the same resamples."""
+def count_draws(n: int, n_resamples: int, seed: int = 0):
+    """The resamples of ``n`` rows as count matrices, chunk by chunk: yields ``(idx, W)`` with ``idx``
+    the ``(r, n)`` drawn indices and ``W`` their float64 ``(r, n)`` counts (``W[j, i]`` = how often
+    row ``i`` is in resample ``j``), ``r`` rows per chunk so that ``W`` holds at most about
+    ``_ROW_BUDGET`` entries. One seeded ``torch.Generator``: every caller with the same ``n``,
+    ``n_resamples`` and ``seed`` gets the same resamples, so any statistic computed from them is
+    paired with the panel metrics' intervals."""
     gen = torch.Generator().manual_seed(seed)
     chunk = max(1, _ROW_BUDGET // n)
-    out = [[] for _ in models]
     done = 0
     while done < n_resamples:
         r = min(chunk, n_resamples - done)
         idx = torch.randint(0, n, (r, n), generator=gen)
+        flat = (idx + torch.arange(r).view(-1, 1) * n).reshape(-1)
+        yield idx, torch.bincount(flat, minlength=r * n).view(r, n).double()
+        done += r
+
+
+def _resampled(models, metric, n, n_resamples, seed):
+    """``(len(models), R)`` resampled values; every model sees the same resamples."""
+    out = [[] for _ in models]
+    for idx, W in count_draws(n, n_resamples, seed):
         if isinstance(metric, str):
-            flat = (idx + torch.arange(r).view(-1, 1) * n).reshape(-1)
-            W = torch.bincount(flat, minlength=r * n).view(r, n).double()
             for i, m in enumerate(models):
                 out[i].append(m.stats(metric, W))
         else:
             for i, m in enumerate(models):
                 vals = [float(metric(m.probs[row], m.labels[row])) for row in idx]
                 out[i].append(torch.tensor(vals, dtype=torch.float64))
-        done += r
     return [torch.cat(o) for o in out]
 
 

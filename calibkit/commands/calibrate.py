@@ -26,7 +26,10 @@ paired difference from temperature scaling, the runner-up), then the validation 
 was made on, then every calibrator's test numbers for reference (never a ranking): ECE x100 with
 its interval, the paired difference from TS (* significantly lower, ! higher), classwise ECE, NLL
 (flagged when rows get a zero true-class probability), accuracy, its change and the share of
-predictions the calibrator changed. Writes DIR/report/calibrators.md, results.json, selection.json
+predictions the calibrator changed. Then, for reference, each calibrator's selective prediction
+(AURC, AUGRC) and APS conformal sets at --alpha (default 0.1): the calibrator refitted on one half of
+the validation rows, the set threshold on the other half, coverage and mean set size on test, with
+paired intervals against TS. Writes DIR/report/calibrators.md, results.json, selection.json, sets.json
 and reliability_<name>.png; --save NAME also writes DIR/NAME.safetensors + DIR/NAME.json for
 `calibkit apply` and calibkit.calibrators.load. Bad files change nothing on disk.
 
@@ -58,6 +61,8 @@ def register(subparsers) -> None:
     p.add_argument("--acc-tolerance", type=float, default=0.5, metavar="POINTS",
                    help="largest accepted drop of cross-fitted accuracy, in points (default 0.5)")
     p.add_argument("--folds", type=int, default=5, help="cross-fitting folds of the validation split (default 5)")
+    p.add_argument("--alpha", type=float, default=0.1,
+                   help="miscoverage of the conformal prediction sets, in (0, 1) (default 0.1: 90%% coverage)")
     p.add_argument("--timings", action="store_true", help="print where the time went")
     from calibkit.commands import add_num_threads
 
@@ -168,6 +173,8 @@ def _check_args(args, names):
             raise ValueError(f"{flag} must be >= {least}, got {value}")
     if args.seed < 0:  # one rule with bench --seeds and tune --seed
         raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
+    if not 0 < args.alpha < 1:  # also refuses NaN
+        raise ValueError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
     if not 0 <= args.acc_tolerance <= 100:  # also refuses NaN
         raise ValueError(f"--acc-tolerance must be a number of points in [0, 100], got {args.acc_tolerance}")
     if args.save is not None and args.save not in names:
@@ -203,8 +210,13 @@ def run(args) -> int:
     if args.save and args.save not in sel.fitted:  # its fit failed on a fold: nothing to save
         raise ValueError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
+    from calibkit.report import sets
+
+    with timer("sets"):
+        set_res = sets.calibrator_sets((val_x, val_y), (test_x, test_y), probs, alpha=args.alpha,
+                                       n_boot=args.n_boot, seed=args.seed)
     text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
-                        posthoc.test_table(rows, sel.chosen)])
+                        posthoc.test_table(rows, sel.chosen), sets.calibrator_sets_table(set_res, args.alpha)])
     print(f"fitted on {args.val} ({len(val_y)} rows, {val_src}); scored on {args.test} ({len(test_y)} rows, "
           f"{test_src})\n")
     print(text)
@@ -221,6 +233,8 @@ def run(args) -> int:
     (report / "results.json").write_text(json.dumps(
         [dict(posthoc.jsonable_row(r), selected=r["calibrator"] == sel.chosen) for r in rows], indent=2))
     (report / "selection.json").write_text(json.dumps(sel.to_dict(), indent=2))
+    (report / "sets.json").write_text(json.dumps({"alpha": args.alpha, "score": sets.SCORE, "calibrators": set_res},
+                                                 indent=2))
     if args.save:
         from calibkit.calibrators import save
 

@@ -16,6 +16,8 @@ def register(subparsers) -> None:
     p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
     p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database, or env:NAME to "
                    "read it from that environment variable (default: DIR/runs.db)")
+    p.add_argument("--alpha", type=float, default=0.1,
+                   help="miscoverage of the conformal prediction sets, in (0, 1) (default 0.1: 90%% coverage)")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)
@@ -36,12 +38,14 @@ def run(args) -> int:
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
         raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
+    if not 0 < args.alpha < 1:  # also refuses NaN
+        raise ValueError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
     name = args.preset
     if name is not None and (name.endswith(".toml") or Path(name).is_file()):
         from calibkit.bench.presetfile import read_preset_file
 
         name = read_preset_file(name).name
-    rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store)
+    rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha)
     print(rep["text"])
     print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
     return 0

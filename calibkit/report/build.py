@@ -49,6 +49,8 @@ class ReportContext:
         selections: ``{method: Selection}``, each method's calibrator chosen on validation
             (:func:`calibkit.report.verdict.method_selections`).
         verdict: :func:`calibkit.report.verdict.recommendation` (the method + calibrator pair).
+        alpha: miscoverage of the conformal sets (:mod:`calibkit.report.sets`).
+        sets: :func:`calibkit.report.sets.method_sets`, set by its section builder.
     """
 
     out_dir: Path
@@ -65,6 +67,8 @@ class ReportContext:
     comps: dict | None = None
     selections: dict | None = None
     verdict: dict | None = None
+    alpha: float = 0.1
+    sets: dict | None = None
 
     @property
     def n_seeds(self) -> int:
@@ -220,8 +224,25 @@ def figures_section(ctx: ReportContext) -> list[Section]:
 
 
 # The report, in order. Each builder: ReportContext -> list[Section].
-SECTIONS = (recommendation_section, summary_section, notes_section, tables_section, calibrators_section, robustness_section, protocol_section,
-            preset_section, figures_section)
+def sets_section(ctx: ReportContext) -> list[Section]:
+    """Selective prediction (AURC, AUGRC) and conformal sets (coverage, set size) per method
+    (:mod:`calibkit.report.sets`)."""
+    if ctx.probs is None or ctx.grid is None:
+        return []
+    from calibkit.report import sets
+
+    rows = sets.SetRows(ctx.probs, ctx.alpha, ctx.out_dir / "cache" / "sets")
+    cells = ctx.sets = sets.method_sets(ctx.summary, rows, ctx.selections, n_boot=ctx.n_boot)
+    if not cells:
+        return []
+    text, short = sets.section_text(ctx.n_seeds, ctx.n_boot, ctx.alpha)
+    return [Section("Selective prediction and conformal sets", text,
+                    [sets.selective_table(cells), sets.sets_table(cells, ctx.alpha)], anchor="sets",
+                    terminal_text=short)]
+
+
+SECTIONS = (recommendation_section, summary_section, notes_section, tables_section, calibrators_section, sets_section,
+            robustness_section, protocol_section, preset_section, figures_section)
 
 
 def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tuple[str, list]:
@@ -243,7 +264,8 @@ def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tup
 
 
 def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
-                 figures: bool = True, width: int | None = None, store: str | None = None) -> dict:
+                 figures: bool = True, width: int | None = None, store: str | None = None,
+                 alpha: float = 0.1) -> dict:
     """Write ``out_dir/report/`` (report.md, index.html, figures/) from ``out_dir/runs.db``.
 
     Args:
@@ -255,6 +277,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         width: terminal width the text tables must fit (default: the terminal's, else ``COLUMNS``,
             else 100); wider tables are split into parts. 0: never split.
         store: the results store (None: ``out_dir/runs.db``; else a ``postgresql://`` URL).
+        alpha: miscoverage of the conformal sets of the selective-prediction section, in (0, 1).
 
     Returns:
         ``{"text": terminal text, "summary", "deltas", "grid", "comparisons", "preset", "paths": {...}}``
@@ -262,6 +285,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         ``comparisons``: :func:`calibkit.report.paired.comparisons`). The calibrated test
         probabilities are cached under ``out_dir/cache/calibrated/``.
     """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), got {alpha!r}")
     out_dir = Path(out_dir)
     preset, rows = _load(out_dir, preset, store)
     recorded_keys = {r["run_key"] for r in rows}
@@ -286,7 +311,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     except NoValidationLogits:  # logits files without validation logits: the tables without calibrators
         grid = comps = selections = verdict = None
     ctx = ReportContext(out_dir, preset, rows, summary, ece_deltas(summary, n_boot=n_boot, seed=seed), n_boot,
-                        rep / "figures", figures, store, probs, grid, comps, selections, verdict)
+                        rep / "figures", figures, store, probs, grid, comps, selections, verdict, alpha)
     ctx.figdir.mkdir(parents=True, exist_ok=True)
     sections = [s for build in SECTIONS for s in build(ctx)]
 
@@ -322,5 +347,5 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         atomic_write(rep / name, lambda tmp, doc=doc: Path(tmp).write_text(doc))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
     return {"text": text, "summary": summary, "deltas": ctx.deltas, "grid": ctx.grid, "comparisons": ctx.comps,
-            "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict, "sections": sections,
+            "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict, "sections": sections, "sets": ctx.sets,
             "paths": {"report": rep, "md": rep / "report.md", "html": rep / "index.html", "figures": figs}}

@@ -58,6 +58,15 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     assert "dECE vs TS" in md
     assert all((out / "report" / f"reliability_{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
     assert all(f"![{n}](reliability_{n}.png)" in md for n in names)
+    # selective prediction and APS sets, every calibrator, against a direct computation for TS
+    from calibkit.report.sets import conformal_rows
+
+    sets = json.loads((out / "report" / "sets.json").read_text())
+    assert sets["alpha"] == 0.1 and list(sets["calibrators"]) == names
+    direct = conformal_rows(zv, yv, zt, yt, "temperature", alpha=0.1, seed=0)
+    assert sets["calibrators"]["temperature"]["size"] == pytest.approx(float(direct["size"].double().mean()))
+    assert sets["calibrators"]["temperature"]["aurc"] == pytest.approx(float(F.aurc(ts, yt)))
+    assert "Selective prediction and conformal sets" in text and "dsize vs TS" in md
     # --save isotonic, then apply it
     saved = load(out / "isotonic")
     assert torch.equal(saved.predict_proba(zt), CALIBRATORS["isotonic"]().fit(zv, yv).predict_proba(zt))
@@ -229,7 +238,8 @@ def test_select_by_and_tolerance_options(files, capsys):
     eligible = [n for n in sel["ranking"]]
     assert sel["chosen"] == min(eligible, key=lambda n: sel["scores"][n]["nll"])
     for extra, match in ((["--folds", "1"], "--folds must be >= 2"), (["--acc-tolerance", "nan"], "--acc-tolerance"),
-                         (["--acc-tolerance", "-1"], "--acc-tolerance")):
+                         (["--acc-tolerance", "-1"], "--acc-tolerance"), (["--alpha", "1"], "--alpha"),
+                         (["--alpha", "nan"], "--alpha"), (["--alpha", "0"], "--alpha")):
         rc = main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out",
                    str(tmp / "never"), *extra])
         assert rc == 1 and match in capsys.readouterr().err and not (tmp / "never").exists()

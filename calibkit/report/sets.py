@@ -1,0 +1,350 @@
+"""The report's selective-prediction and conformal-set numbers: does a method (or a calibrator)
+help a user who abstains, or who predicts sets?
+
+**Selective prediction.** AURC, AUGRC (:mod:`calibkit.functional.selective`, confidence = the
+top-label probability) of every method's test probabilities before any calibrator (``none``) and
+after temperature scaling, fitted on the run's validation logits as everywhere in the report.
+
+**Conformal sets.** Split conformal APS sets (:class:`calibkit.conformal.SplitConformal`,
+randomised, at ``alpha``, default 0.1) need a calibration split that neither trained the model nor
+fitted the calibrator, and that is not the test split. The report therefore splits each run's
+validation rows in two halves by one seeded permutation (:func:`split_validation`; the same for every
+method and calibrator of a run with that many rows): the calibrator is fitted on the first half,
+the conformal quantile on the second half (after that calibrator), and the sets are scored on the
+test rows. So the coverage guarantee holds exactly (given the first half, the second half and the
+test rows are exchangeable), at the price of a calibrator fitted on half the rows: these
+calibrators differ slightly from those of the other tables, fitted on every validation row.
+Columns: ``none``, temperature scaling, and each method's own calibrator chosen on validation
+(:mod:`calibkit.report.verdict`), when it is neither.
+
+**Intervals.** Each method after temperature scaling against CE after temperature scaling
+(CE + TS), paired by seed: AURC and the mean set size, from the same test resamples as the other
+intervals of the report (:func:`calibkit.bootstrap.count_draws`), seed-averaged, two levels from 3
+shared seeds on (:mod:`calibkit.seed_bootstrap`), basic interval.
+
+Segmentation runs are left out of this section (their rows are pixels of a few images: the
+per-row resampling would not be the image-level bootstrap their other intervals use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from calibkit.bench.grid import REFERENCE
+from calibkit.report.calibrated import NONE, CalibratedProbs
+
+ALPHA = 0.1  # the default miscoverage of the conformal sets
+SCORE = "aps"  # the conformal score of the report's sets
+TS = "temperature"
+
+
+def split_validation(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(fit_rows, conformal_rows)``: a seeded permutation of ``range(n)`` cut in two halves (the
+    second gets the odd row). The permutation is ``numpy.random.default_rng([seed, n])``'s."""
+    if n < 4:
+        raise ValueError(f"{n} validation rows: too few to split between a calibrator and a conformal quantile")
+    perm = np.random.default_rng([seed, n]).permutation(n)
+    return np.sort(perm[: n // 2]), np.sort(perm[n // 2:])
+
+
+def two_columns(p: torch.Tensor) -> torch.Tensor:
+    """``(N, K)`` probabilities as they are; binary ``(N,)`` positive-class probabilities as ``(1 - p, p)``."""
+    return torch.stack([1 - p, p], 1) if p.dim() == 1 else p
+
+
+def _rows_of(logits: torch.Tensor) -> torch.Tensor:
+    """Uncalibrated probabilities: the softmax of ``(N, K)`` logits, the sigmoid of binary ``(N,)`` ones."""
+    return two_columns(torch.sigmoid(logits)) if logits.dim() == 1 else logits.softmax(1)
+
+
+def conformal_rows(val_logits, val_labels, test_logits, test_labels, calibrator: str = NONE,
+                   alpha: float = ALPHA, seed: int = 0) -> dict:
+    """``{"covered": (N,) bool, "size": (N,) int64}`` on the test rows: APS sets at ``alpha``, the
+    calibrator (``none``: the softmax) fitted on the first half of the validation rows and the
+    conformal quantile on the second (module docstring). Logits ``(N, K)``, or binary ``(N,)``
+    positive-class logits (sets of the two classes)."""
+    from calibkit.calibrators import CALIBRATORS
+    from calibkit.conformal import SplitConformal
+
+    val_logits, test_logits = torch.as_tensor(val_logits).double(), torch.as_tensor(test_logits).double()
+    val_labels, test_labels = torch.as_tensor(val_labels).long(), torch.as_tensor(test_labels).long()
+    fit_rows, cal_rows = (torch.as_tensor(i) for i in split_validation(len(val_labels), seed))
+    if calibrator == NONE:
+        val_p, test_p = (_rows_of(x) for x in (val_logits[cal_rows], test_logits))
+    else:
+        cal = CALIBRATORS[calibrator]().fit(val_logits[fit_rows], val_labels[fit_rows])
+        val_p, test_p = (two_columns(torch.as_tensor(cal.predict_proba(x)).double())
+                         for x in (val_logits[cal_rows], test_logits))
+    sets = SplitConformal(SCORE, alpha=alpha, seed=seed).fit(val_p, val_labels[cal_rows]).predict_set(test_p)
+    return {"covered": sets[torch.arange(len(test_labels)), test_labels], "size": sets.sum(1)}
+
+
+@dataclass
+class SetRows:
+    """Per-row test quantities of runs, computed once per report and cached on disk.
+
+    Args:
+        probs: the report's calibrated probabilities (its saved logits and the ``none`` / TS test probabilities).
+        alpha: miscoverage of the conformal sets.
+        cache_dir: where conformal rows are kept between reports (None: memory only).
+    """
+
+    probs: CalibratedProbs
+    alpha: float = ALPHA
+    cache_dir: Path | None = None
+    _mem: dict = field(default_factory=dict)
+
+    def conformal(self, row: dict, calibrator: str) -> dict:
+        key = ("sets", row["run_key"], calibrator)
+        if key not in self._mem:
+            self._mem[key] = self._cached(row, calibrator)
+        return self._mem[key]
+
+    def _cached(self, row: dict, calibrator: str) -> dict:
+        from calibkit.rundir import read_tensors, write_tensors
+
+        path = self._cache_path(row, calibrator)
+        if path is not None and path.is_file():
+            try:
+                t = read_tensors(path)
+                return {"covered": t["covered"].bool(), "size": t["size"].long()}
+            except (ValueError, KeyError):
+                pass  # damaged: recomputed
+        t = self.probs.logits(row)
+        out = conformal_rows(t["val_logits"], t["val_labels"], t["test_logits"], t["test_labels"], calibrator,
+                             self.alpha)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_tensors(path, {"covered": out["covered"].to(torch.uint8), "size": out["size"]})
+        return out
+
+    def _cache_path(self, row: dict, calibrator: str) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        from calibkit import __version__
+        from calibkit.calibrators import CALIBRATORS
+
+        st = os.stat(row["logits_path"])
+        what = repr(CALIBRATORS[calibrator]()) if calibrator != NONE else NONE
+        ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|{what}|{SCORE}|"
+                 f"{self.alpha!r}|{__version__}")
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:20]
+        return self.cache_dir / f"{row['run_key'].replace('/', '_')}__{calibrator}__{digest}.safetensors"
+
+    def selective(self, row: dict, calibrator: str):
+        """:class:`calibkit.selective_bootstrap.SelectiveRows` of the run's test probabilities after ``calibrator``."""
+        from calibkit.selective_bootstrap import SelectiveRows
+
+        key = ("sel", row["run_key"], calibrator)
+        if key not in self._mem:
+            p, labels = self.probs(row, calibrator)
+            self._mem[key] = SelectiveRows(p.max(1).values, (p.argmax(1) != labels).double())
+        return self._mem[key]
+
+    def aurc_samples(self, row: dict, calibrator: str, n_boot: int, seed: int) -> torch.Tensor:
+        """``(n_boot,)`` AURC of the run's test rows after ``calibrator`` on the report's resamples."""
+        from calibkit.selective_bootstrap import resampled_selective
+
+        key = ("aurc*", row["run_key"], calibrator, n_boot, seed)
+        if key not in self._mem:
+            self._mem[key] = resampled_selective([self.selective(row, calibrator)], n_boot, seed, ("aurc",))["aurc"][0]
+        return self._mem[key]
+
+
+def _mean(values) -> float:
+    return float(np.mean([float(v) for v in values]))
+
+
+def _paired(pairs, estimate, samples, n_boot, seed, level) -> dict:
+    """Seed-averaged paired interval of ``estimate(a) - estimate(b)`` over the ``(a, b)`` run pairs."""
+    from calibkit.report.data import same_runs
+    from calibkit.seed_bootstrap import auto_levels, seed_paired_interval
+
+    est = [estimate(a) - estimate(b) for a, b in pairs]
+    res = seed_paired_interval(est, torch.stack([samples(a) - samples(b) for a, b in pairs]), level, seed,
+                               auto_levels(len(pairs), same_runs(pairs)))
+    return {"diff": res["estimate"], "lo": res["lo"], "hi": res["hi"], "levels": res["levels"], "seeds": len(pairs)}
+
+
+def _size_samples(sets: SetRows, row: dict, calibrator: str, n_boot: int, seed: int) -> torch.Tensor:
+    from calibkit.bootstrap import count_draws
+
+    size = sets.conformal(row, calibrator)["size"].double()
+    return torch.cat([W @ size / len(size) for _, W in count_draws(len(size), n_boot, seed)])
+
+
+def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_boot: int = 1000, seed: int = 0,
+                level: float = 0.95) -> dict:
+    """Per method (segmentation methods left out): ``{"chosen", "aurc", "augrc", "coverage", "size",
+    "d_aurc", "d_size"}``. ``aurc`` ... ``size``: ``{calibrator: seed mean}`` for ``none``, TS and
+    the method's chosen calibrator (coverage and size only); ``d_aurc``, ``d_size``: the method
+    after TS minus CE + TS, ``{"diff", "lo", "hi", "levels", "seeds"}`` (None for CE itself, or
+    without CE runs sharing a seed)."""
+    from calibkit.functional.selective import augrc, aurc
+
+    ref = summary.get(REFERENCE, {}).get("runs") or []
+    out = {}
+    for method, entry in summary.items():
+        runs = entry["runs"]
+        if any(sets.probs.groups(r) is not None for r in runs):
+            continue
+        chosen = selections[method].chosen if selections and method in selections else None
+        cols = [NONE, TS] + ([chosen] if chosen not in (None, NONE, TS) else [])
+        cell = {"chosen": chosen, "aurc": {}, "augrc": {}, "coverage": {}, "size": {}, "d_aurc": None, "d_size": None}
+        for c in (NONE, TS):
+            cell["aurc"][c] = _mean(aurc(*sets.probs(r, c)) for r in runs)
+            cell["augrc"][c] = _mean(augrc(*sets.probs(r, c)) for r in runs)
+        for c in cols:
+            rows = [sets.conformal(r, c) for r in runs]
+            cell["coverage"][c] = _mean(r["covered"].double().mean() for r in rows)
+            cell["size"][c] = _mean(r["size"].double().mean() for r in rows)
+        by_seed = {r["seed"]: r for r in ref}
+        pairs = [(r, by_seed[r["seed"]]) for r in runs if r["seed"] in by_seed]
+        if method != REFERENCE and pairs:
+            for a, b in pairs:
+                if not torch.equal(sets.probs(a, NONE)[1], sets.probs(b, NONE)[1]):
+                    raise ValueError(f"{a['run_key']} and {b['run_key']} were tested on different test sets")
+            cell["d_aurc"] = _paired(pairs, lambda r: float(aurc(*sets.probs(r, TS))),
+                                     lambda r: sets.aurc_samples(r, TS, n_boot, seed), n_boot, seed, level)
+            cell["d_size"] = _paired(pairs, lambda r: float(sets.conformal(r, TS)["size"].double().mean()),
+                                     lambda r: _size_samples(sets, r, TS, n_boot, seed), n_boot, seed, level)
+        out[method] = cell
+    return out
+
+
+def _fmt_d(d: dict | None, scale: float, digits: int) -> str:
+    from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
+
+    if not d:
+        return "-"
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], "ece"), "")
+    return f"{d['diff'] * scale:+.{digits}f} [{d['lo'] * scale:+.{digits}f}, {d['hi'] * scale:+.{digits}f}]{mark}"
+
+
+def selective_table(cells: dict):
+    """Methods x (AURC, AURC after TS, its difference from CE + TS, AUGRC after TS), x100."""
+    from calibkit.report.data import label
+    from calibkit.report.tables import Table
+
+    rows = [[label(m), f"{c['aurc'][NONE] * 100:.2f}", f"{c['aurc'][TS] * 100:.2f}", _fmt_d(c["d_aurc"], 100, 2),
+             f"{c['augrc'][TS] * 100:.2f}"] for m, c in cells.items()]
+    return Table(["Method", "AURC", "AURC (TS)", "dAURC (TS) vs CE+TS", "AUGRC (TS)"], rows)
+
+
+def sets_table(cells: dict, alpha: float):
+    """Methods x (coverage %, mean set size) before and after TS and the method's own calibrator."""
+    from calibkit.report.data import label
+    from calibkit.report.tables import Table
+
+    rows = []
+    for m, c in cells.items():
+        own = c["chosen"]
+        own_cells = (["= TS" if own == TS else own or "-", "", ""] if own in (None, NONE, TS) else
+                     [own, f"{c['coverage'][own] * 100:.1f}", f"{c['size'][own]:.2f}"])
+        if own == NONE:
+            own_cells = [NONE, "", ""]
+        rows.append([label(m), f"{c['coverage'][NONE] * 100:.1f}", f"{c['size'][NONE]:.2f}",
+                     f"{c['coverage'][TS] * 100:.1f}", f"{c['size'][TS]:.2f}", _fmt_d(c["d_size"], 1, 2), *own_cells])
+    target = f"{(1 - alpha) * 100:g}"
+    return Table(["Method", f"cov % ({target})", "size", "cov % (TS)", "size (TS)", "dsize (TS) vs CE+TS",
+                  "own calibrator", "cov %", "size"], rows)
+
+
+def section_text(n_seeds: int, n_boot: int, alpha: float) -> tuple[str, str]:
+    """The section's explanation (report) and its short form (terminal)."""
+    from calibkit.report.data import BETTER_MARK, WORSE_MARK
+
+    target = f"{(1 - alpha) * 100:g}%"
+    text = (f"Test set, mean over {n_seeds} seed(s). **Selective prediction**: answer on the most confident "
+            "rows, abstain on the rest (confidence = the top-label probability). AURC = the mean error rate among "
+            "the accepted rows over all coverage levels, AUGRC = the same for the share of rows accepted and "
+            "wrong (Traub et al. 2024); x100, lower is better; ties averaged over their orderings. "
+            f"**Conformal sets**: split conformal APS sets (randomised) at alpha = {alpha:g}, which contain the "
+            f"true class with probability at least {target}. Each run's validation rows are cut in two halves by "
+            "one seeded permutation: the calibrator is fitted on the first, the conformal threshold on the second "
+            "(after the calibrator), and the sets are scored on the test rows, so the guarantee holds exactly; "
+            "`cov %` = the share of test rows whose set holds the true class, `size` = the mean number of classes "
+            "per set (smaller sets at the same coverage are more useful). `own calibrator` = the method's "
+            "calibrator chosen on validation (Methods x post-hoc calibrators). "
+            f"`d... (TS) vs CE+TS` = the method after temperature scaling minus CE after temperature scaling, paired "
+            f"bootstrap ({n_boot} resamples), 95% basic interval, seeds resampled too from 3 shared seeds on; "
+            f"`{BETTER_MARK}` = significantly lower (better), `{WORSE_MARK}` = significantly higher. Segmentation "
+            "runs are not in this section.")
+    short = (f"Test, mean over {n_seeds} seed(s). AURC/AUGRC x100 (selective prediction, lower is better). "
+             f"APS conformal sets at alpha = {alpha:g} (calibrator on one half of validation, threshold on the "
+             f"other): coverage % (target {target}) and mean set size. d... vs CE+TS: paired bootstrap, 95% "
+             f"interval, {BETTER_MARK} = significantly lower, {WORSE_MARK} = higher.")
+    return text, short
+
+
+def calibrator_sets(val, test, test_probs: dict, alpha: float = ALPHA, n_boot: int = 1000, seed: int = 0,
+                    level: float = 0.95) -> dict:
+    """``calibkit calibrate``'s numbers: for each calibrator of ``test_probs`` (``{name: test
+    probabilities after it}``, ``none`` included), AURC and AUGRC of those probabilities, and the
+    coverage and mean size of APS sets (the calibrator refitted on half the validation rows, the
+    threshold on the other half, :func:`conformal_rows`), with paired intervals of AURC and set size
+    against temperature scaling (one level: one model). ``val``, ``test``: ``(logits, labels)``.
+
+    Returns ``{name: {"aurc", "augrc", "coverage", "size", "d_aurc", "d_size"}}`` (the differences
+    None for TS itself, or when TS is not among ``test_probs``)."""
+    from calibkit.bootstrap import count_draws
+    from calibkit.functional.selective import augrc, aurc
+    from calibkit.selective_bootstrap import SelectiveRows
+    from calibkit.seed_bootstrap import seed_paired_interval
+
+    labels = torch.as_tensor(test[1]).long()
+    stats = {}
+    for name, p in test_probs.items():
+        p = two_columns(torch.as_tensor(p).double())
+        st = {"aurc": float(aurc(p, labels)), "augrc": float(augrc(p, labels)), "coverage": None, "size": None,
+              "sets_error": None, "_sel": SelectiveRows(p.max(1).values, (p.argmax(1) != labels).double())}
+        try:  # a calibrator that cannot be fitted on half the rows has no sets; the rest is reported
+            sets = conformal_rows(*val, *test, name, alpha, seed)
+            st |= {"coverage": float(sets["covered"].double().mean()), "size": float(sets["size"].double().mean()),
+                   "_size": sets["size"].double()}
+        except (ValueError, RuntimeError) as exc:
+            st["sets_error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        stats[name] = st
+    samples: dict = {name: {"aurc": [], "size": []} for name in stats}
+    for _, W in count_draws(len(labels), n_boot, seed):
+        for name, st in stats.items():
+            samples[name]["aurc"].append(st["_sel"].aurc(W))
+            if "_size" in st:
+                samples[name]["size"].append(W @ st["_size"] / len(labels))
+    out = {}
+    for name, st in stats.items():
+        out[name] = {k: st[k] for k in ("aurc", "augrc", "coverage", "size", "sets_error")} | {"d_aurc": None,
+                                                                                               "d_size": None}
+        if TS in stats and name != TS:
+            for m in ("aurc", "size"):
+                if not samples[name][m] or not samples[TS][m]:
+                    continue
+                d = torch.cat(samples[name][m]) - torch.cat(samples[TS][m])
+                res = seed_paired_interval([st[m] - stats[TS][m]], d.view(1, -1), level, seed, levels=1)
+                out[name][f"d_{m}"] = {"diff": res["estimate"], "lo": res["lo"], "hi": res["hi"]}
+    return out
+
+
+def calibrator_sets_table(res: dict, alpha: float) -> str:
+    """The terminal table of :func:`calibrator_sets`."""
+    from calibkit.report.tables import Table, text_table
+
+    target = f"{(1 - alpha) * 100:g}"
+    rows = [[name, f"{r['aurc'] * 100:.2f}", _fmt_d(r["d_aurc"], 100, 2), f"{r['augrc'] * 100:.2f}",
+             "-" if r["coverage"] is None else f"{r['coverage'] * 100:.1f}",
+             "-" if r["size"] is None else f"{r['size']:.2f}", _fmt_d(r["d_size"], 1, 2)] for name, r in res.items()]
+    failed = "; ".join(f"{name}: {r['sets_error']}" for name, r in res.items() if r.get("sets_error"))
+    head = (f"Selective prediction and conformal sets (test, for reference): AURC/AUGRC x100 (lower is better); "
+            f"APS sets at alpha = {alpha:g}, each calibrator refitted on one half of the validation rows and the "
+            f"threshold on the other: coverage % (target {target}) and mean set size; d... vs TS = paired "
+            "bootstrap, 95% interval, * = significantly lower, ! = higher.")
+    if failed:
+        head += f" No sets (shown as -): {failed}."
+    return head + "\n\n" + text_table(Table(["calibrator", "AURC", "dAURC vs TS", "AUGRC", "cov %", "size",
+                                               "dsize vs TS"], rows))
