@@ -56,7 +56,6 @@ from calibkit.bench.grid import METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Pre
 
 TABLES = ("train", "losses", "train_by_method", "maccal", "csm", "space")
 TOP_KEYS = tuple(f.name for f in dataclasses.fields(Preset) if f.name not in TABLES + ("spaces",))
-TUPLE_FIELDS = ("seeds", "severities", "methods")
 # TrainConfig fields the bench sets per run (from the top-level keys, the method, the seed, the
 # command line): they are not [train] keys.
 PER_RUN = {"data": "dataset", "data_dir": "data_dir", "model": "model", "loss": "[losses]", "method": "the method",

@@ -42,12 +42,9 @@ from pathlib import Path
 from calibkit.bench import results as R
 from calibkit.bench import slurm_values as V
 
-TRAIN_STAGES = ("ce", "train", "maccal", "csm")
-# squeue states of a task that is still to run, and of one that runs.
-QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED",
-          "SPECIAL_EXIT", "STOPPED", "RESIZING"}
+# squeue states of a task that runs; every other state squeue lists counts as queued.
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
-# A stage name (a file name, a shell variable of the submit script): see TRAIN_STAGES, tune-*.
+# A stage name (a file name, a shell variable of the submit script): ce, train, maccal, csm, tune-*.
 _STAGE = re.compile(r"[a-z][a-z0-9-]*")
 # A job to depend on: a job id, a task of an array (JOB_INDEX), or a dry run's $variable.
 _JOB = re.compile(r"\d+(?:_\d+)?|\$[a-z_][a-z0-9_]*")
