@@ -41,6 +41,7 @@ from pathlib import Path
 
 from calibkit.bench import results as R
 from calibkit.bench import slurm_values as V
+from calibkit.errors import UserError, UserRuntimeError
 
 # squeue states of a task that runs; every other state squeue lists counts as queued.
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
@@ -86,11 +87,11 @@ class SlurmOptions:
         if self.mem:
             V.check_mem(self.mem)
         if isinstance(self.sbatch_args, str):
-            raise ValueError("--sbatch-arg: expected a sequence of options, got one string")
+            raise UserError("--sbatch-arg: expected a sequence of options, got one string")
         for arg in self.sbatch_args:
             V.check_sbatch_arg(arg)
         if self.signal_s is not None and not self.requeue:
-            raise ValueError("--signal makes a task requeue itself; it needs --requeue")
+            raise UserError("--signal makes a task requeue itself; it needs --requeue")
         return self
 
     def directives(self, gpus: int) -> list[str]:
@@ -217,7 +218,7 @@ def _ranges(indices) -> str:
 def _check_array(array: Array) -> None:
     """The fields of ``array`` that reach a script: a known stage and command, whole numbers."""
     if not _STAGE.fullmatch(str(array.stage)) or array.command not in ("bench", "tune"):
-        raise ValueError(f"not a stage of a calibkit submission: {array.stage!r} ({array.command!r})")
+        raise UserError(f"not a stage of a calibkit submission: {array.stage!r} ({array.command!r})")
     V.check_count("the GPUs of a task", array.gpus, 0)
     V.check_count("the processes of a task", array.torchrun, 0)
     for index in array.tasks:
@@ -311,7 +312,7 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
         for dep in deps:  # written unquoted (a dry run's $ce must expand): only these forms
             kind, _, job = dep.partition(":")
             if kind not in ("afterok", "aftercorr", "afterany") or not _JOB.fullmatch(job):
-                raise ValueError(f"not a job dependency: {dep!r}")
+                raise UserError(f"not a job dependency: {dep!r}")
         sbatch = ["sbatch", "--parsable"] + ([f"--dependency={','.join(deps)}"] if deps else []) + [str(script)]
         var = array.stage.replace("-", "_")
         lines.append(f"{var}=$({' '.join(shlex.quote(a) if not a.startswith('--dependency') else a for a in sbatch)})")
@@ -320,10 +321,10 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
             continue
         proc = subprocess.run(sbatch, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"sbatch {script} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise UserRuntimeError(f"sbatch {script} failed: {proc.stderr.strip() or proc.stdout.strip()}")
         job = proc.stdout.strip().split(";")[0]
         if not re.fullmatch(r"\d+", job):
-            raise RuntimeError(f"sbatch {script}: expected a job id, got {job!r}")
+            raise UserRuntimeError(f"sbatch {script}: expected a job id, got {job!r}")
         ids[array.stage] = job
         with open(sdir / "submissions.jsonl", "a") as f:
             f.write(json.dumps({"number": number, "stage": array.stage, "job_id": job, "script": str(script),
