@@ -218,7 +218,7 @@ def _ranges(indices) -> str:
 def _check_array(array: Array) -> None:
     """The fields of ``array`` that reach a script: a known stage and command, whole numbers."""
     if not _STAGE.fullmatch(str(array.stage)) or array.command not in ("bench", "tune"):
-        raise UserError(f"not a stage of a calibkit submission: {array.stage!r} ({array.command!r})")
+        raise ValueError(f"not a stage of a calibkit submission: {array.stage!r} ({array.command!r})")
     V.check_count("the GPUs of a task", array.gpus, 0)
     V.check_count("the processes of a task", array.torchrun, 0)
     for index in array.tasks:

@@ -302,7 +302,7 @@ class BaseStore:
     def put_meta(self, key: str, value: str) -> None:
         """Set the ``meta`` value under ``key`` (``schema_version`` is not writable)."""
         if key == "schema_version":
-            raise UserError("meta key 'schema_version' is the store's own")
+            raise ValueError("meta key 'schema_version' is the store's own")
         with self._write():
             self._sql("DELETE FROM meta WHERE key = ?", (key,))
             self._sql("INSERT INTO meta (key, value) VALUES (?, ?)", (key, str(value)))
@@ -331,7 +331,7 @@ class BaseStore:
         what = "run" if table == "runs" else "candidate"
         unknown = set(fields) - FIELDS[table]
         if unknown:
-            raise UserError(f"unknown {what} fields {sorted(unknown)}; expected some of {sorted(FIELDS[table])}")
+            raise ValueError(f"unknown {what} fields {sorted(unknown)}; expected some of {sorted(FIELDS[table])}")
         enc = self._encode(fields)
         cols = sorted(enc)
         sets = "".join(f", {c} = ?" for c in cols)
