@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from calibkit._validation import prob_sum_tol, probs_error
+from calibkit.errors import UserError
 from calibkit.functional.binning import FINE_BINS, BinSums, binned_errors, equal_mass_sums, fine_bin_index
 from calibkit.functional.binning import weighted_equal_mass_bins
 from calibkit.functional.estimators import block_estimators, tie_blocks
@@ -107,7 +108,7 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     head = layout.view(sums, "head")
     n = float(head[0])
     if n == 0:
-        raise ValueError("no samples accumulated (N = 0): call update() with data first")
+        raise UserError("no samples accumulated (N = 0): call update() with data first")
     errors = binned_errors(BinSums(*layout.view(sums, "bins")))
     cw = layout.view(sums, "classwise")
     out = {"acc": float(head[2] / n), "ece": float(errors["ece"]),
@@ -140,11 +141,11 @@ def _raise_for(check: torch.Tensor, k: int, device: str) -> None:
     lo, y_lo = -neg_lo, -neg_y_lo
     err = probs_error("probs", lo, hi, 0.0, torch.float64)
     if err is None and not ratio <= 1:
-        err = ValueError(f"probs rows must sum to 1 (largest deviation {ratio:.3g} times the tolerance of their "
+        err = UserError(f"probs rows must sum to 1 (largest deviation {ratio:.3g} times the tolerance of their "
                          "dtype); if these are logits, pass softmax(logits) instead")
     if err is None and (y_lo < 0 or y_hi >= k):
         bad = int(y_lo) if y_lo < 0 else int(y_hi)
-        err = ValueError(f"labels out of range: found {bad}, expected values in [0, {k - 1}]")
+        err = UserError(f"labels out of range: found {bad}, expected values in [0, {k - 1}]")
     if err is not None:
-        raise ValueError(f"{err} [checked on the {device} device when computing; the state holds the bad batch: "
+        raise UserError(f"{err} [checked on the {device} device when computing; the state holds the bad batch: "
                          "reset it]")

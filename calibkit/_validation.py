@@ -12,6 +12,8 @@ import threading
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
+
 # Rows of a probability matrix must sum to 1 within ``prob_sum_tol(dtype)``: this base
 # tolerance, widened to 2 machine epsilons for half-precision types (see prob_sum_tol).
 PROB_SUM_TOL = 1e-3
@@ -70,12 +72,12 @@ def as_tensor(x, name: str) -> torch.Tensor:
         return x
     if isinstance(x, np.ndarray):
         if x.dtype.kind in "USOa":  # strings, bytes, objects: no tensor dtype
-            raise ValueError(f"{name} must be numeric ({_expected(name)}), got a numpy array of dtype {x.dtype}")
+            raise UserError(f"{name} must be numeric ({_expected(name)}), got a numpy array of dtype {x.dtype}")
         return torch.from_numpy(x)
     try:
         return torch.as_tensor(x)
     except Exception as exc:
-        raise ValueError(f"{name}: cannot convert {type(x).__name__} to a numeric tensor ({exc}); it must hold "
+        raise UserError(f"{name}: cannot convert {type(x).__name__} to a numeric tensor ({exc}); it must hold "
                          f"{_expected(name)}") from exc
 
 
@@ -89,7 +91,7 @@ def _signed_labels(labels, name: str):
     range is refused. Anything else is returned unchanged."""
     if isinstance(labels, np.ndarray) and labels.dtype.kind == "u" and labels.dtype.itemsize > 1:
         if labels.size and int(labels.max()) > _INT64_MAX:
-            raise ValueError(f"{name} holds {int(labels.max())}, above the int64 range: not a class index")
+            raise UserError(f"{name} holds {int(labels.max())}, above the int64 range: not a class index")
         return labels.astype(np.int64)
     if isinstance(labels, torch.Tensor) and labels.dtype in _WIDE_UNSIGNED:
         if labels.dtype != torch.uint64:
@@ -97,7 +99,7 @@ def _signed_labels(labels, name: str):
         wide = labels.view(torch.int64)  # values above the int64 range read as negative
         if labels.numel() and not trusting() and bool((wide < 0).any()):
             big = int(labels[wide < 0][0].item())
-            raise ValueError(f"{name} holds {big}, above the int64 range: not a class index")
+            raise UserError(f"{name} holds {big}, above the int64 range: not a class index")
         return wide
     return labels
 
@@ -109,16 +111,16 @@ def check_labels(labels, num_classes: int | None, n: int | None, name: str = "la
     """
     labels = as_tensor(_signed_labels(labels, name), name)
     if labels.dim() != 1:
-        raise ValueError(f"{name} must have shape (N,), got {tuple(labels.shape)}")
+        raise UserError(f"{name} must have shape (N,), got {tuple(labels.shape)}")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dtype.is_complex:
-        raise ValueError(f"{name} must hold integer class indices, got dtype {labels.dtype}")
+        raise UserError(f"{name} must hold integer class indices, got dtype {labels.dtype}")
     if n is not None and labels.shape[0] != n:
-        raise ValueError(f"{name} has {labels.shape[0]} entries but the predictions have {n} rows")
+        raise UserError(f"{name} has {labels.shape[0]} entries but the predictions have {n} rows")
     if labels.numel() and num_classes is not None and not trusting():
         lo, hi = int(labels.min()), int(labels.max())
         if lo < 0 or hi >= num_classes:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"{name} out of range: found {bad}, expected values in [0, {num_classes - 1}]")
+            raise UserError(f"{name} out of range: found {bad}, expected values in [0, {num_classes - 1}]")
     return labels.long()
 
 
@@ -126,13 +128,13 @@ def _check_layout(x, name: str) -> torch.Tensor:
     """The checks of a (N, K) matrix that do not read its values: type, shape, dtype, N and K."""
     x = as_tensor(x, name)
     if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, K), got {tuple(x.shape)}")
+        raise UserError(f"{name} must have shape (N, K), got {tuple(x.shape)}")
     if not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        raise UserError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.shape[0] == 0:
-        raise ValueError(f"{name} is empty (N = 0): no samples to evaluate")
+        raise UserError(f"{name} is empty (N = 0): no samples to evaluate")
     if x.shape[1] < 2:
-        raise ValueError(f"{name} must have at least 2 classes (K >= 2), got K = {x.shape[1]}")
+        raise UserError(f"{name} must have at least 2 classes (K >= 2), got K = {x.shape[1]}")
     return x
 
 
@@ -140,7 +142,7 @@ def _check_finite(x, lo, hi, name: str) -> None:
     """Raise if the minimum ``lo`` or maximum ``hi`` of ``x`` shows a NaN (propagated) or +-inf."""
     if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
         n_bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} contains {n_bad} NaN or infinite value(s)")
+        raise UserError(f"{name} contains {n_bad} NaN or infinite value(s)")
 
 
 def _check_matrix(x, name: str) -> torch.Tensor:
@@ -167,13 +169,13 @@ def probs_error(name: str, lo: float, hi: float, worst: float, dtype: torch.dtyp
 
     if not (math.isfinite(lo) and math.isfinite(hi)):
         count = "" if n_bad is None else f"{n_bad} "
-        return ValueError(f"{name} contains {count}NaN or infinite value(s)")
+        return UserError(f"{name} contains {count}NaN or infinite value(s)")
     if lo < 0 or hi > 1:
-        return ValueError(f"{name} has entries outside [0, 1]: these look like logits; pass softmax(logits) "
+        return UserError(f"{name} has entries outside [0, 1]: these look like logits; pass softmax(logits) "
                           "instead (sigmoid(logits) for 1-D binary input)")
     tol = prob_sum_tol(dtype)
     if not worst <= tol:
-        return ValueError(f"{name} rows must sum to 1 (largest deviation {worst:.3g} > {tol:.3g} for {dtype}); "
+        return UserError(f"{name} rows must sum to 1 (largest deviation {worst:.3g} > {tol:.3g} for {dtype}); "
                           "if these are logits, pass softmax(logits) instead")
     return None
 
@@ -235,7 +237,7 @@ def check_logits(logits, targets=None, name: str = "logits"):
 
 def check_n_bins(n_bins) -> int:
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
+        raise UserError(f"n_bins must be an integer >= 1, got {n_bins!r}")
     return int(n_bins)
 
 

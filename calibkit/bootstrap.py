@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from calibkit._validation import check_n_bins, check_probs, upcast
+from calibkit.errors import UserError
 from calibkit.functional import metrics as F
 from calibkit.functional.binning import (BinSums, bin_indices, binned_errors, equal_width_edges, top_label,
                                          weighted_equal_mass_bins)
@@ -102,7 +103,7 @@ class _Prepared:
         self.probs, self.labels, self.B = probs, labels, n_bins
         self.N, self.K = probs.shape
         if self.N == 1:  # refused rather than warned: a zero-width interval reads as certainty
-            raise ValueError("bootstrap needs at least 2 samples: with N = 1 every resample is that one sample, "
+            raise UserError("bootstrap needs at least 2 samples: with N = 1 every resample is that one sample, "
                              "so the interval would have zero width")
         conf, pred = top_label(probs)
         self.conf_native = conf
@@ -165,22 +166,22 @@ class _Prepared:
 def _resolve(metric):
     if isinstance(metric, str):
         if metric not in FAST_METRICS:
-            raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(FAST_METRICS)} or a callable")
+            raise UserError(f"unknown metric {metric!r}; expected one of {', '.join(FAST_METRICS)} or a callable")
         return metric
     if metric in _BY_FUNCTION:
         return _BY_FUNCTION[metric]
     if callable(metric):
         return metric
-    raise ValueError(f"metric must be a name or a callable, got {type(metric).__name__}")
+    raise UserError(f"metric must be a name or a callable, got {type(metric).__name__}")
 
 
 def _check_args(n_resamples, level, method):
     if method not in INTERVALS:
-        raise ValueError(f"unknown interval method {method!r}; expected one of {', '.join(INTERVALS)}")
+        raise UserError(f"unknown interval method {method!r}; expected one of {', '.join(INTERVALS)}")
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
-        raise ValueError(f"n_resamples must be an integer >= 1, got {n_resamples!r}")
+        raise UserError(f"n_resamples must be an integer >= 1, got {n_resamples!r}")
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
+        raise UserError(f"level must be in (0, 1), got {level!r}")
 
 
 def count_draws(n: int, n_resamples: int, seed: int = 0):
@@ -229,7 +230,7 @@ def bootstrap_interval(samples, estimate: float, level: float = 0.95, method: st
     or ``"percentile"`` (``[q_lo, q_hi]``).
     """
     if method not in INTERVALS:
-        raise ValueError(f"unknown interval method {method!r}; expected one of {', '.join(INTERVALS)}")
+        raise UserError(f"unknown interval method {method!r}; expected one of {', '.join(INTERVALS)}")
     q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
     lo, hi = (float(v) for v in torch.quantile(samples.double(), q))
     if method == "percentile":
@@ -324,12 +325,12 @@ def bootstrap_cis(metric, probs, labels, n_resamples: int = 1000, seed: int = 0,
     check_n_bins(n_bins)
     metric = _resolve(metric)
     if isinstance(probs, torch.Tensor) or not isinstance(probs, (Mapping, list, tuple)):
-        raise ValueError(f"probs must be a dict or a list of probability tensors, got {type(probs).__name__}")
+        raise UserError(f"probs must be a dict or a list of probability tensors, got {type(probs).__name__}")
     items = dict(probs) if isinstance(probs, Mapping) else dict(enumerate(probs))
     if not items:
-        raise ValueError("bootstrap_cis needs at least one probability tensor")
+        raise UserError("bootstrap_cis needs at least one probability tensor")
     if reference is not None and reference not in items:
-        raise ValueError(f"reference {reference!r} is not a key of probs ({', '.join(map(repr, items))})")
+        raise UserError(f"reference {reference!r} is not a key of probs ({', '.join(map(repr, items))})")
     # every model's rows are checked against the same labels, so all keep the same N rows
     models = {k: _Prepared(p, labels, n_bins, ignore_index) for k, p in items.items()}
     n = next(iter(models.values())).N

@@ -8,10 +8,12 @@ Every command that computes takes ``--num-threads N``; :func:`main` applies it
 (``torch.set_num_threads``) before the command runs, so a command only declares the option
 (``calibkit.commands.add_num_threads``). On a shared machine one thread per process is often the fastest.
 
-Failures a user can meet (bad input, missing files, a read-only or full disk, a database that
-cannot be opened, Ctrl-C, ``kill``) end in one line on stderr, ``calibkit CMD: error: ...``, never a
-traceback; the ones that can strike mid-way also say what was kept and how to continue
-(:data:`KEPT`). Exit status: 1 for an error, 130 for Ctrl-C (SIGINT) and 143 for SIGTERM (128 +
+Failures a user can meet (bad input, i.e. a :class:`calibkit.errors.UserError`, missing files, a
+missing extra, a read-only or full disk, a database that cannot be opened, Ctrl-C, ``kill``) end in
+one line on stderr, ``calibkit CMD: error: ...``, never a traceback; the ones that can strike
+mid-way also say what was kept and how to continue (:data:`KEPT`); so does a GPU that ran out of
+memory. Any other exception is a bug in calibkit: its full traceback is printed (passwords masked),
+then one line asking for a report (:data:`BUG`), and the exit status is 1. Exit status: 1 for an error, 130 for Ctrl-C (SIGINT) and 143 for SIGTERM (128 +
 the signal number, as a shell reports a process that a signal ended). SIGTERM is turned into
 :class:`Terminated`, a ``KeyboardInterrupt``, so every clean-up written for Ctrl-C (a run marked
 interrupted in ``runs.db``, the extra bench workers stopped, temporary files removed) runs for it too.
@@ -26,11 +28,15 @@ import os
 import signal
 import sqlite3
 import sys
+import traceback
 import warnings
 
 from calibkit import __version__
 from calibkit.commands import apply_num_threads
+from calibkit.errors import UserError
 from calibkit.extras import MissingExtra
+
+BUG = "this is a bug in calibkit: please report it with the traceback above"
 
 # name -> module; one literal table, so the list of subcommands is visible at a glance.
 COMMANDS = {
@@ -153,10 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         print(file=sys.stderr)  # after the ^C the terminal echoed
         error(f"interrupted; {_kept(args, interrupted=True)}")
         return 130
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, KeyError, RuntimeError,
-            MissingExtra) as exc:
-        # Expected user-facing failures (bad input, missing files or extras): one line, no traceback.
-        error(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    except (UserError, FileNotFoundError, FileExistsError, NotADirectoryError, MissingExtra) as exc:
+        # What the user can fix (bad input, missing files or extras): one line, no traceback.
+        error(exc)
         return 1
     except sqlite3.Error as exc:  # a database that cannot be opened, written (read-only) or read
         error(f"results database: {exc}; {_kept(args)}")
@@ -165,14 +170,32 @@ def main(argv: list[str] | None = None) -> int:
         error(f"{_os_error(exc)}; {_kept(args)}")
         return 1
     except Exception as exc:
-        if not type(exc).__module__.startswith("psycopg"):
-            raise
-        # The PostgreSQL driver's own error, past the store's retries (calibkit.store.postgres)
-        error(f"results database: {_driver_line(exc, getattr(args, 'store', None))}; {_kept(args)}")
+        if type(exc).__module__.startswith("psycopg"):
+            # The PostgreSQL driver's own error, past the store's retries (calibkit.store.postgres)
+            error(f"results database: {_driver_line(exc, getattr(args, 'store', None))}; {_kept(args)}")
+        elif _out_of_memory(exc):  # the GPU's memory, not a bug: a smaller batch or model fits
+            error(exc)
+        else:  # anything else is a bug in calibkit (calibkit.errors): show where it happened
+            _print_bug(exc)
+            error(BUG)
         return 1
     finally:
         _restore_handlers(handlers)
     return int(rc or 0)
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    """torch's ``OutOfMemoryError`` (the GPU ran out of memory), told by name so that the
+    command line need not import torch."""
+    return type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch")
+
+
+def _print_bug(exc: BaseException) -> None:
+    """The full traceback of an unexpected exception on stderr, with any password masked."""
+    from calibkit.store.secrets import redact
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    print(redact(text).rstrip("\n"), file=sys.stderr, flush=True)
 
 
 def _install_handlers(command: str):

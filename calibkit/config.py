@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from calibkit.errors import UserError
+
 METHODS = ("standard", "mixup", "regmixup", "csm")
 SCHEDULES = ("multistep", "cosine", "onecycle")
 # Fields that change how a run executes but not what it computes: a run may resume with new values.
@@ -142,7 +144,7 @@ class TrainConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(names))
         if unknown:
-            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
+            raise UserError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
         kinds = {f.name: f.type for f in dataclasses.fields(cls)}
         return cls(**{k: _coerce(k, kinds[k], v) for k, v in values.items()})
 
@@ -156,9 +158,9 @@ class TrainConfig:
         for f in dataclasses.fields(self):  # inf passes "> 0" and fails at the second step of training
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{f.name}: must be a finite number, got {value!r}")
+                raise UserError(f"{f.name}: must be a finite number, got {value!r}")
             if f.name in FLOAT_VALUED and value is not None and abs(value) > FLOAT32_MAX:  # training is float32
-                raise ValueError(f"{f.name}: must be at most {FLOAT32_MAX:.4g} in size (float32, what training "
+                raise UserError(f"{f.name}: must be at most {FLOAT32_MAX:.4g} in size (float32, what training "
                                  f"computes in), got {value!r}")
         checks = [
             (self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}"),
@@ -189,7 +191,7 @@ class TrainConfig:
         ]
         for ok, name, why in checks:
             if not ok:
-                raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
+                raise UserError(f"{name}: {why}, got {getattr(self, name)!r}")
         return self
 
     def differences(self, other: "TrainConfig") -> list[str]:
@@ -223,15 +225,15 @@ def resolve_milestones(milestones, epochs: int) -> list[int]:
     """
     values = list(milestones)
     if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
-        raise ValueError(f"milestones: expected epochs (integers) or fractions of the epochs, got {values!r}")
+        raise UserError(f"milestones: expected epochs (integers) or fractions of the epochs, got {values!r}")
     fractions = [v for v in values if isinstance(v, float)]
     if not fractions:
         return values
     if len(fractions) != len(values):
-        raise ValueError(f"milestones: give epochs (integers) or fractions of the epochs (numbers in (0, 1)), "
+        raise UserError(f"milestones: give epochs (integers) or fractions of the epochs (numbers in (0, 1)), "
                          f"not both, got {values!r}")
     if not all(0 < f < 1 for f in fractions):
-        raise ValueError(f"milestones: fractions of the epochs must lie strictly between 0 and 1, got {values!r}")
+        raise UserError(f"milestones: fractions of the epochs must lie strictly between 0 and 1, got {values!r}")
     return sorted({m for m in (math.floor(Fraction(repr(f)) * epochs) for f in fractions) if m > 0})
 
 
@@ -240,11 +242,11 @@ def _coerce(name: str, kind: str, value):
     if value is None:
         if "None" in kind:
             return None
-        raise ValueError(f"{name}: a value is required")
+        raise UserError(f"{name}: a value is required")
     base = kind.replace(" | None", "")
     if base == "int | float":  # a count or a fraction: integral floats (5000.0 from JSON) become counts
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name}: expected a number, got {value!r}")
+            raise UserError(f"{name}: expected a number, got {value!r}")
         return int(value) if float(value).is_integer() else float(value)
     ok = {
         "str": isinstance(value, str),
@@ -257,7 +259,7 @@ def _coerce(name: str, kind: str, value):
                 for v in value),
     }[base]
     if not ok:
-        raise ValueError(f"{name}: expected {base}, got {value!r}")
+        raise UserError(f"{name}: expected {base}, got {value!r}")
     return float(value) if base == "float" else list(value) if base == "list[int]" else value
 
 
@@ -284,7 +286,7 @@ def parse_count_or_fraction(text: str) -> int | float:
         except ValueError:
             value = None
     if value is None or not _count_or_fraction(value):
-        raise ValueError(f"expected an image count (e.g. 5000) or a fraction in (0, 1) (e.g. 0.1), got {text!r}")
+        raise UserError(f"expected an image count (e.g. 5000) or a fraction in (0, 1) (e.g. 0.1), got {text!r}")
     return value
 
 
@@ -300,7 +302,7 @@ def read_preset(path_or_name: str) -> dict:
         with open(path, "rb") as f:
             values = tomllib.load(f)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: invalid TOML ({exc})") from exc
+        raise UserError(f"{path}: invalid TOML ({exc})") from exc
     return {k: v for k, v in values.items() if not isinstance(v, dict)}
 
 

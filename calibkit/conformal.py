@@ -53,6 +53,7 @@ import torch
 
 from calibkit._validation import as_tensor, check_labels, check_probs
 from calibkit.calibrators._base import NotFittedError
+from calibkit.errors import UserError
 
 __all__ = ["SplitConformal", "class_scores", "conformal_quantile", "coverage", "mean_set_size",
            "size_stratified_coverage", "class_conditional_coverage", "RAPS_LAMBDAS", "RAPS_TUNE_FRACTION"]
@@ -65,7 +66,7 @@ RAPS_TUNE_FRACTION = 0.2  # the part of the calibration rows that chooses k_reg 
 def _check_alpha(alpha) -> Fraction:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
             or not 0 < float(alpha) < 1:
-        raise ValueError(f"alpha must be a number in (0, 1) (the allowed miscoverage), got {alpha!r}")
+        raise UserError(f"alpha must be a number in (0, 1) (the allowed miscoverage), got {alpha!r}")
     return Fraction(str(float(alpha)))
 
 
@@ -76,9 +77,9 @@ def conformal_quantile(scores, alpha: float) -> float:
     s = as_tensor(scores, "scores").detach().reshape(-1).double().cpu()
     n = s.numel()
     if n == 0:
-        raise ValueError("scores is empty: no calibration rows")
+        raise UserError("scores is empty: no calibration rows")
     if not bool(torch.isfinite(s).all()):
-        raise ValueError("scores contains NaN or infinite values")
+        raise UserError("scores contains NaN or infinite values")
     m = math.ceil((n + 1) * (1 - a))
     return math.inf if m > n else float(torch.sort(s).values[m - 1])
 
@@ -90,7 +91,7 @@ def class_scores(probs, score: str = "aps", u=None, k_reg: int = 0, lam: float =
     ``None`` = 1, the non-randomised score); ignored by ``"lac"``. ``k_reg``, ``lam``: RAPS only.
     """
     if score not in _SCORES:
-        raise ValueError(f"score must be one of {', '.join(map(repr, _SCORES))}, got {score!r}")
+        raise UserError(f"score must be one of {', '.join(map(repr, _SCORES))}, got {score!r}")
     p = check_probs(probs).detach().double()
     if score == "lac":
         return 1 - p
@@ -100,9 +101,9 @@ def class_scores(probs, score: str = "aps", u=None, k_reg: int = 0, lam: float =
     else:
         uu = as_tensor(u, "u").detach().double().to(p.device)
         if tuple(uu.shape) != (n,):
-            raise ValueError(f"u must have shape ({n},) (one number per row), got {tuple(uu.shape)}")
+            raise UserError(f"u must have shape ({n},) (one number per row), got {tuple(uu.shape)}")
         if not bool(((uu >= 0) & (uu <= 1)).all()):
-            raise ValueError("u must hold numbers in [0, 1]")
+            raise UserError("u must hold numbers in [0, 1]")
     ps, idx = torch.sort(p, dim=1, descending=True, stable=True)  # ties: lower class index first
     above = torch.cumsum(ps, 1)
     above = torch.cat([torch.zeros_like(above[:, :1]), above[:, :-1]], 1)  # c(k): strictly above
@@ -164,21 +165,21 @@ class SplitConformal:
 
     def _check_params(self) -> None:
         if self.score not in _SCORES:
-            raise ValueError(f"score must be one of {', '.join(map(repr, _SCORES))}, got {self.score!r}")
+            raise UserError(f"score must be one of {', '.join(map(repr, _SCORES))}, got {self.score!r}")
         _check_alpha(self.alpha)
         if not isinstance(self.randomized, bool):
-            raise ValueError(f"randomized must be True or False, got {self.randomized!r}")
+            raise UserError(f"randomized must be True or False, got {self.randomized!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+            raise UserError(f"seed must be an integer >= 0, got {self.seed!r}")
         if self.score != "raps" and (self.k_reg is not None or self.lam is not None):
-            raise ValueError(f"k_reg and lam apply to score='raps' only (score={self.score!r})")
+            raise UserError(f"k_reg and lam apply to score='raps' only (score={self.score!r})")
         if self.k_reg is not None and (isinstance(self.k_reg, bool) or not isinstance(self.k_reg, (int, np.integer))
                                        or self.k_reg < 0):
-            raise ValueError(f"k_reg must be an integer >= 0 or None, got {self.k_reg!r}")
+            raise UserError(f"k_reg must be an integer >= 0 or None, got {self.k_reg!r}")
         if self.lam is not None and (isinstance(self.lam, bool) or not isinstance(self.lam, (int, float, np.integer,
                                                                                               np.floating))
                                      or not 0 <= float(self.lam) < math.inf):
-            raise ValueError(f"lam must be a finite number >= 0 or None, got {self.lam!r}")
+            raise UserError(f"lam must be a finite number >= 0 or None, got {self.lam!r}")
 
     def _u(self, n: int, stream: int) -> torch.Tensor | None:
         if self.score == "lac" or not self.randomized:
@@ -200,7 +201,7 @@ class SplitConformal:
             if k_reg is None or lam is None:
                 n_t = max(1, math.floor(RAPS_TUNE_FRACTION * n))
                 if n - n_t < 1:
-                    raise ValueError(f"RAPS with k_reg or lam None needs >= 2 calibration rows (a tuning part "
+                    raise UserError(f"RAPS with k_reg or lam None needs >= 2 calibration rows (a tuning part "
                                      f"and the rest), got {n}; or pass k_reg and lam")
                 perm = torch.from_numpy(np.random.default_rng([int(self.seed), 2]).permutation(n)).to(p.device)
                 tune, rest = perm[:n_t], perm[n_t:]
@@ -237,10 +238,10 @@ class SplitConformal:
                                  "split first")
         p = check_probs(probs)
         if p.shape[1] != self.n_classes_:
-            raise ValueError(f"probs have K = {p.shape[1]} classes but this SplitConformal was fitted on "
+            raise UserError(f"probs have K = {p.shape[1]} classes but this SplitConformal was fitted on "
                              f"K = {self.n_classes_}")
         if u is not None and (self.score == "lac" or not self.randomized):
-            raise ValueError("u is for the randomised APS/RAPS scores only (score='aps'/'raps', randomized=True)")
+            raise UserError("u is for the randomised APS/RAPS scores only (score='aps'/'raps', randomized=True)")
         if u is None:
             u = self._u(p.shape[0], 1)
         return class_scores(p, self.score, u, self.k_reg_ or 0, self.lam_ or 0.0) <= self.qhat_
@@ -249,9 +250,9 @@ class SplitConformal:
 def _sets(sets, labels=None):
     s = as_tensor(sets, "sets")
     if s.dim() != 2 or s.dtype != torch.bool:
-        raise ValueError(f"sets must be an (N, K) boolean mask, got shape {tuple(s.shape)} and dtype {s.dtype}")
+        raise UserError(f"sets must be an (N, K) boolean mask, got shape {tuple(s.shape)} and dtype {s.dtype}")
     if s.shape[0] == 0:
-        raise ValueError("sets is empty (N = 0)")
+        raise UserError("sets is empty (N = 0)")
     if labels is None:
         return s
     return s, check_labels(labels, s.shape[1], s.shape[0]).to(s.device)
@@ -295,14 +296,14 @@ def size_stratified_coverage(sets, labels, alpha: float, bins=None) -> dict:
         try:
             bins = [(int(lo), int(hi)) for lo, hi in bins]
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"bins must be a sequence of (lo, hi) integer pairs, got {bins!r}") from exc
+            raise UserError(f"bins must be a sequence of (lo, hi) integer pairs, got {bins!r}") from exc
         ordered = sorted(bins)
         if not bins or any(lo > hi for lo, hi in bins) or any(b[0] <= a_[1] for a_, b in zip(ordered, ordered[1:])):
-            raise ValueError(f"bins must be non-empty, disjoint (lo, hi) ranges with lo <= hi, got {bins!r}")
+            raise UserError(f"bins must be non-empty, disjoint (lo, hi) ranges with lo <= hi, got {bins!r}")
     member = torch.stack([(size >= lo) & (size <= hi) for lo, hi in bins], 1)  # (N, B)
     if not bool(member.any(1).all()):
         missing = sorted(set(size[~member.any(1)].tolist()))
-        raise ValueError(f"set sizes {missing} fall in no bin of {bins}")
+        raise UserError(f"set sizes {missing} fall in no bin of {bins}")
     count = member.sum(0)
     cov = (member.double() * hit[:, None]).sum(0) / count.double()  # NaN where count = 0
     worst = (cov[count > 0] - (1 - a)).abs().max()
@@ -314,7 +315,7 @@ def class_conditional_coverage(sets, labels, n_classes: int) -> torch.Tensor:
     row). ``n_classes`` must equal the sets' ``K``."""
     s, y = _sets(sets, labels)
     if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes != s.shape[1]:
-        raise ValueError(f"n_classes must be the sets' number of columns K = {s.shape[1]}, got {n_classes!r}")
+        raise UserError(f"n_classes must be the sets' number of columns K = {s.shape[1]}, got {n_classes!r}")
     hit = s.gather(1, y[:, None]).squeeze(1).double()
     num = torch.zeros(n_classes, dtype=torch.float64, device=s.device).index_add_(0, y, hit)
     den = torch.zeros(n_classes, dtype=torch.float64, device=s.device).index_add_(0, y, torch.ones_like(hit))

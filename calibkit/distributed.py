@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from calibkit.errors import UserError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -51,9 +53,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ValueError(f"device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from exc
+        raise UserError(f"device: unknown device {name!r} (use auto, cpu, cuda or cuda:N)") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {name!r} requested but CUDA is not available")
+        raise UserError(f"device: {name!r} requested but CUDA is not available")
     return device
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
+
 
 def _image_bin_sums(probs: torch.Tensor, labels: torch.Tensor, group_index: np.ndarray, n_groups: int,
                     n_bins: int) -> np.ndarray:
@@ -53,10 +55,10 @@ def paired_grouped_ece_diff(probs_a, probs_b, labels, groups, n_bins: int = 15, 
     groups = np.asarray(torch.as_tensor(groups).cpu().numpy())
     if not (probs_a.shape == probs_b.shape and probs_a.dim() == 2 and labels.shape == (probs_a.shape[0],)
             and groups.shape == (probs_a.shape[0],)):
-        raise ValueError(f"need probs (P, K) twice, labels (P,) and groups (P,), got {tuple(probs_a.shape)}, "
+        raise UserError(f"need probs (P, K) twice, labels (P,) and groups (P,), got {tuple(probs_a.shape)}, "
                          f"{tuple(probs_b.shape)}, {tuple(labels.shape)}, {groups.shape}")
     if probs_a.shape[0] == 0:
-        raise ValueError("no pixels to compare")
+        raise UserError("no pixels to compare")
     uniq, gi = np.unique(groups, return_inverse=True)
     g = len(uniq)
     sa = _image_bin_sums(probs_a, labels, gi, g, n_bins)

@@ -24,6 +24,7 @@ import torch
 from calibkit._panel_state import Layout, batch_vector, fold_check, neutral_check, panel_from_state
 from calibkit._validation import check_n_bins
 from calibkit.bootstrap import BootstrapResult, bootstrap_ci, paired_bootstrap_diff
+from calibkit.errors import UserError
 from calibkit.functional.panel import panel_sums
 
 __all__ = [
@@ -100,7 +101,7 @@ class CalibrationAccumulator:
     def __init__(self, n_bins: int = 15, num_classes: int | None = None, ignore_index: int | None = None,
                  state: str = "auto"):
         if state not in _STATES:
-            raise ValueError(f"state must be one of {', '.join(_STATES)}, got {state!r}")
+            raise UserError(f"state must be one of {', '.join(_STATES)}, got {state!r}")
         self.n_bins = check_n_bins(n_bins)
         self.num_classes = num_classes
         self.ignore_index = ignore_index
@@ -146,11 +147,11 @@ class CalibrationAccumulator:
         if self.num_classes is None:
             self.num_classes = s.k
         if s.k != self.num_classes:
-            raise ValueError(f"probs has K = {s.k} classes but this accumulator holds K = {self.num_classes}")
+            raise UserError(f"probs has K = {s.k} classes but this accumulator holds K = {self.num_classes}")
         if self._sums is None:
             self._allocate(s.k, s.dense, s.conf.device)
         elif s.dense and self.state == "auto" and not self._layout.confusion:
-            raise ValueError("this accumulator was set up for (N, K) inputs by its first batch and keeps 2 numbers "
+            raise UserError("this accumulator was set up for (N, K) inputs by its first batch and keeps 2 numbers "
                              "per sample; for pixels (dense inputs) use a new one, or state='fixed'")
         dev = self._sums.device
         self._sums += batch_vector(self._layout, s).to(dev)
@@ -165,17 +166,17 @@ class CalibrationAccumulator:
     def merge(self, other: CalibrationAccumulator) -> CalibrationAccumulator:
         """Add the state of ``other`` (same ``n_bins``, ``K`` and state kind) into ``self``; returns ``self``."""
         if other.n_bins != self.n_bins:
-            raise ValueError(f"cannot merge accumulators with n_bins {self.n_bins} and {other.n_bins}")
+            raise UserError(f"cannot merge accumulators with n_bins {self.n_bins} and {other.n_bins}")
         if other._sums is None:
             return self
         if self.num_classes is not None and other.num_classes != self.num_classes:
-            raise ValueError(f"cannot merge accumulators with K = {self.num_classes} and K = {other.num_classes}")
+            raise UserError(f"cannot merge accumulators with K = {self.num_classes} and K = {other.num_classes}")
         if self._sums is None:
             self.num_classes, self.state = other.num_classes, other.state
             self._layout = other._layout
             self._sums, self._check = torch.zeros_like(other._sums), other._check.clone()
         elif (self._layout.hist, self._layout.confusion) != (other._layout.hist, other._layout.confusion):
-            raise ValueError("cannot merge an exact-state accumulator with a fixed-state (pixel) one")
+            raise UserError("cannot merge an exact-state accumulator with a fixed-state (pixel) one")
         dev = self._sums.device
         self._sums += other._sums.to(dev)
         self._check = torch.maximum(self._check, other._check.to(dev))
@@ -199,7 +200,7 @@ class CalibrationAccumulator:
             return self
         if self._sums is None:
             if self.num_classes is None or self.state == "auto":
-                raise ValueError("sync() on a rank without data needs num_classes and state='exact' or 'fixed' "
+                raise UserError("sync() on a rank without data needs num_classes and state='exact' or 'fixed' "
                                  "in the constructor")
             self._allocate(self.num_classes, False, "cpu")
         dist.all_reduce(self._sums, group=group)
@@ -231,7 +232,7 @@ class CalibrationAccumulator:
         """The panel of :func:`evaluate` on everything accumulated, as python floats
         (``miou`` added when dense batches were seen)."""
         if self._sums is None:
-            raise ValueError("no samples accumulated (N = 0): call update() with data first")
+            raise UserError("no samples accumulated (N = 0): call update() with data first")
         return panel_from_state(self._layout, self._sums, self._check, self._conf, self._correct, self._weight)
 
     def state_bytes(self) -> int:

@@ -27,6 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from calibkit.distributed import eval_batch_size
+from calibkit.errors import UserError, UserRuntimeError
 
 CONFIG = "config.json"
 MODEL = "model.safetensors"
@@ -173,7 +174,7 @@ def _no_space_left(folder) -> bool:
     return st.f_bavail * st.f_frsize < _FULL_BYTES
 
 
-class DiskFull(RuntimeError):
+class DiskFull(UserRuntimeError):
     """A write failed because the disk is full. Raised (by the bench and the tuner) at the first
     such failure: every later run would fail alike, so they stop there, and finished runs are kept."""
 
@@ -219,7 +220,7 @@ def read_json(path) -> Any:
         with open(path) as f:
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        raise UserError(f"{path}: not valid JSON ({exc})") from exc
 
 
 def write_tensors(path, tensors: dict[str, torch.Tensor]) -> None:
@@ -235,7 +236,7 @@ def read_tensors(path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ValueError(f"{path}: corrupt or truncated safetensors file ({exc})") from exc
+        raise UserError(f"{path}: corrupt or truncated safetensors file ({exc})") from exc
 
 
 def write_checkpoint(path, state: dict) -> None:
@@ -252,9 +253,9 @@ def read_checkpoint(path) -> dict:
     except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for bad files
         # torch's own text runs to several lines of advice about unpickling; one short reason is enough.
         reason = (str(exc).strip().splitlines() or [""])[0][:80]
-        raise ValueError(f"{path} is corrupt or truncated ({type(exc).__name__}: {reason}); {_RECOVER}") from exc
+        raise UserError(f"{path} is corrupt or truncated ({type(exc).__name__}: {reason}); {_RECOVER}") from exc
     if not isinstance(state, dict) or "epoch" not in state:
-        raise ValueError(f"{path} is not a calibkit checkpoint (no 'epoch' entry); {_RECOVER}")
+        raise UserError(f"{path} is not a calibkit checkpoint (no 'epoch' entry); {_RECOVER}")
     return state
 
 
@@ -321,7 +322,7 @@ def load_vocab(run_dir):
     try:
         return Vocabulary.from_dict(read_json(path))
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: not a valid vocabulary ({exc})") from exc
+        raise UserError(f"{path}: not a valid vocabulary ({exc})") from exc
 
 
 def load_logits(run_dir) -> dict[str, torch.Tensor]:
@@ -339,7 +340,7 @@ def load_logits(run_dir) -> dict[str, torch.Tensor]:
     out = read_tensors(path)
     missing = {"val_logits", "val_labels", "test_logits", "test_labels"} - set(out)
     if missing:
-        raise ValueError(f"{path}: missing entries {sorted(missing)}")
+        raise UserError(f"{path}: missing entries {sorted(missing)}")
     return out
 
 
@@ -359,7 +360,7 @@ def load_run(run_dir):
     try:
         builder = resolve(cfg.model)
     except ValueError as exc:
-        raise ValueError(f"{run_dir / CONFIG}: {exc}") from None
+        raise UserError(f"{run_dir / CONFIG}: {exc}") from None
     model = builder(num_classes=info["num_classes"], in_channels=info["in_channels"])
     path = run_dir / MODEL
     if not path.is_file():
@@ -367,7 +368,7 @@ def load_run(run_dir):
     try:
         model.load_state_dict(read_tensors(path))
     except RuntimeError as exc:
-        raise ValueError(f"{path}: weights do not match model {cfg.model!r} ({exc})") from exc
+        raise UserError(f"{path}: weights do not match model {cfg.model!r} ({exc})") from exc
     return model.eval(), cfg, info
 
 

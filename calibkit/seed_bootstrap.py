@@ -65,6 +65,8 @@ import math
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
+
 __all__ = ["MIN_SEEDS", "seed_draws", "resampled_means", "seed_paired_interval", "auto_levels"]
 
 #: Fewest shared seeds for which the report resamples seeds (the two-level bootstrap).
@@ -73,7 +75,7 @@ MIN_SEEDS = 3
 
 def _check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        raise UserError(f"seed must be an integer >= 0, got {seed!r}")
     return int(seed)
 
 
@@ -99,7 +101,7 @@ def resampled_means(samples: torch.Tensor, draws: torch.Tensor | None = None) ->
     if draws is None:
         draws = torch.arange(n_seeds).expand(n_res, n_seeds)
     if draws.shape != (n_res, n_seeds):
-        raise ValueError(f"draws must be (R, S) = {(n_res, n_seeds)}, got {tuple(draws.shape)}")
+        raise UserError(f"draws must be (R, S) = {(n_res, n_seeds)}, got {tuple(draws.shape)}")
     return samples.T.gather(1, draws).mean(1)
 
 
@@ -135,14 +137,14 @@ def seed_paired_interval(estimates, samples, level: float = 0.95, seed: int = 0,
     estimates = np.asarray(estimates, dtype=np.float64)
     samples = torch.as_tensor(samples, dtype=torch.float64)
     if samples.dim() != 2 or estimates.shape != (samples.shape[0],) or samples.shape[0] < 1 or samples.shape[1] < 1:
-        raise ValueError(f"need estimates (S,) and samples (S, R) with S, R >= 1, got {estimates.shape} and "
+        raise UserError(f"need estimates (S,) and samples (S, R) with S, R >= 1, got {estimates.shape} and "
                          f"{tuple(samples.shape)}")
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
+        raise UserError(f"level must be in (0, 1), got {level!r}")
     n_seeds, n_res = samples.shape
     levels = auto_levels(n_seeds) if levels is None else levels
     if levels not in (1, 2):
-        raise ValueError(f"levels must be 1 or 2, got {levels!r}")
+        raise UserError(f"levels must be 1 or 2, got {levels!r}")
     draws = seed_draws(n_seeds, n_res, seed) if levels == 2 else None
     thetas = resampled_means(samples, draws)
     estimate = float(np.mean(estimates))

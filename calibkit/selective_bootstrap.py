@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from calibkit.errors import UserError
+
 __all__ = ["SelectiveRows", "resampled_selective"]
 
 
@@ -42,7 +44,7 @@ class SelectiveRows:
         conf = torch.as_tensor(conf).detach().cpu().double().reshape(-1)
         err = torch.as_tensor(err).detach().cpu().double().reshape(-1)
         if conf.shape != err.shape or conf.numel() == 0:
-            raise ValueError(f"conf and err must be non-empty and of one shape, got {tuple(conf.shape)} and "
+            raise UserError(f"conf and err must be non-empty and of one shape, got {tuple(conf.shape)} and "
                              f"{tuple(err.shape)}")
         self.order = torch.argsort(-conf, stable=True)
         c = conf[self.order]
@@ -86,10 +88,10 @@ def resampled_selective(rows: list[SelectiveRows], n_resamples: int = 1000, seed
     from calibkit.bootstrap import count_draws
 
     if not rows or len({r.n for r in rows}) != 1:
-        raise ValueError("resampled_selective needs at least one model, all with the same number of test rows")
+        raise UserError("resampled_selective needs at least one model, all with the same number of test rows")
     unknown = set(metrics) - {"aurc", "augrc"}
     if unknown:
-        raise ValueError(f"unknown metric(s) {sorted(unknown)}; expected aurc, augrc")
+        raise UserError(f"unknown metric(s) {sorted(unknown)}; expected aurc, augrc")
     out: dict[str, list[list[torch.Tensor]]] = {m: [[] for _ in rows] for m in metrics}
     for _, W in count_draws(rows[0].n, n_resamples, seed):
         for i, r in enumerate(rows):

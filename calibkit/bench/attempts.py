@@ -56,6 +56,7 @@ def run_recorded(work, fail, is_main: bool, counts: dict, report, failures: list
     where it still can be and raised as :class:`~calibkit.rundir.DiskFull`: every later run would
     fail alike, so the work stops at the first. Shared by the bench and the tuner.
     """
+    from calibkit.errors import shown_name
     from calibkit.rundir import disk_full
 
     try:
@@ -82,9 +83,9 @@ def run_recorded(work, fail, is_main: bool, counts: dict, report, failures: list
                 if full is None:
                     raise
                 raise full from again
-        report(f"FAILED: {type(exc).__name__}: {exc}")
+        report(f"FAILED: {shown_name(exc)}: {exc}")
         if failures is not None:
-            failures.append(f"{name} failed: {type(exc).__name__}: {' '.join(str(exc).split())}")
+            failures.append(f"{name} failed: {shown_name(exc)}: {' '.join(str(exc).split())}")
 
 
 def broadcast(value, dd):

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from calibkit.bench import results as R
+from calibkit.errors import UserError
 from calibkit.store.common import COLUMNS
 
 
@@ -86,7 +87,7 @@ def collect(out, preset: str | None = None, store=None) -> dict:
                 store.select_candidate(sel["preset"], sel["method"], sel["seed"], sel["cand_key"], sel["criterion"])
                 counts["selections"] += 1
         if bad:
-            raise ValueError(f"{len(bad)} result file(s) not imported: " + "; ".join(bad))
+            raise UserError(f"{len(bad)} result file(s) not imported: " + "; ".join(bad))
     finally:
         if own:
             store.close()
@@ -124,7 +125,7 @@ def check_bench_folder(out, store: str | None = None) -> None:
     if not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file, not the folder of a bench (nothing was read or written)")
     if store is None and not any((out / mark).exists() for mark in BENCH_MARKS):
-        raise ValueError(f"--out {out} is not the folder of a bench: it holds none of {', '.join(BENCH_MARKS)} "
+        raise UserError(f"--out {out} is not the folder of a bench: it holds none of {', '.join(BENCH_MARKS)} "
                          "(nothing was read or written)")
 
 

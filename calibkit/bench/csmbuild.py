@@ -31,6 +31,8 @@ import math
 import time
 from pathlib import Path
 
+from calibkit.errors import UserError
+
 # The build's settings (keys of Preset.csm); the values of the shipped Fashion-MNIST set.
 BUILD_DEFAULTS = {"build_steps": 4000, "build_batch_size": 64, "build_lr": 1e-3, "build_channels": (32, 64, 64),
                   "build_sampler_steps": 10, "build_guidance": 3.0, "build_precision": "bf16",
@@ -147,7 +149,7 @@ def build(preset, out, seeds=None, data_dir=None, device="auto", log=print) -> P
     images, labels, bundle, record = training_images_outside_validation(
         preset.dataset, excl, preset.train.get("val_size"), data_dir)
     if bundle.modality != "image":
-        raise ValueError(f"csm: {preset.dataset} is {bundle.modality}, not images; CSM does not apply to it")
+        raise UserError(f"csm: {preset.dataset} is {bundle.modality}, not images; CSM does not apply to it")
     gen_cfg = GeneratorConfig.for_images(bundle.num_classes, bundle.in_channels, bundle.image_size[0],
                                          cfg["build_channels"])
     steps = int(cfg["build_steps"])
@@ -204,6 +206,6 @@ def ensure(preset, out, seeds=None, methods=None, data_dir=None, device="auto", 
     if src is not None and Path(src).is_dir():
         return csm_store
     if not is_built(out, preset, seeds) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--csm-build builds in one process: run it once without torchrun (e.g. with --methods csm "
+        raise UserError("--csm-build builds in one process: run it once without torchrun (e.g. with --methods csm "
                          "--seeds ...), then again under torchrun")
     return str(build(preset, out, seeds, data_dir, device, log))

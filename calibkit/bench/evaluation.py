@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from calibkit import rundir
+from calibkit.errors import UserError
 
 
 class EvalData:
@@ -177,7 +178,7 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
     if getattr(data.bundle, "modality", "image") == "segmentation":
         return _evaluate_dense_run(run_dir, logits, data, model, norm, device, t0)
     if not torch.equal(logits["test_labels"].long(), data.bundle.test.labels.long()):
-        raise ValueError(f"{run_dir}: its test labels differ from the preset's test set")
+        raise UserError(f"{run_dir}: its test labels differ from the preset's test set")
     metrics = test_metrics(logits)
     if model is None:
         model, _, info = rundir.load_run(run_dir)

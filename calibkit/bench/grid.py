@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from calibkit.config import KEEP_POLICIES  # noqa: F401  (the policies of TrainConfig.keep; config is pure)
+from calibkit.errors import UserError
 
 REFERENCE = "ce"
 # Data sets holding the user's own data: their default OOD set is none (Preset.ood).
@@ -440,7 +441,7 @@ def grid_methods(preset: Preset, names=None) -> tuple[list[str], list[str]]:
 def get_preset(name: str) -> Preset:
     """The preset called ``name``; an unknown name lists the valid ones."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        raise UserError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     return PRESETS[name]
 
 
@@ -454,7 +455,7 @@ def select_methods(names) -> list[str]:
         return list(METHODS)
     unknown = [n for n in names if n not in METHODS]
     if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
+        raise UserError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
     wanted = {REFERENCE, *names}
     for n in names:
         wanted.update(METHODS[n].needs)
@@ -466,10 +467,10 @@ def with_keep(preset: Preset, keep: str | None) -> Preset:
     if keep is None:
         return preset
     if keep not in KEEP_POLICIES:
-        raise ValueError(f"unknown checkpoint policy {keep!r}; choose one of {', '.join(KEEP_POLICIES)}")
+        raise UserError(f"unknown checkpoint policy {keep!r}; choose one of {', '.join(KEEP_POLICIES)}")
     overridden = sorted(m for m, t in preset.train_by_method.items() if "keep" in t)
     if overridden:
-        raise ValueError(f"preset {preset.name}: {', '.join(overridden)} override the checkpoint policy; "
+        raise UserError(f"preset {preset.name}: {', '.join(overridden)} override the checkpoint policy; "
                          "one policy must hold for every method")
     return replace(preset, train={**preset.train, "keep": keep})
 

@@ -26,6 +26,7 @@ import os
 from dataclasses import replace
 
 from calibkit.bench.grid import NAME_CHARS, USER_DATASETS, Preset
+from calibkit.errors import UserError
 
 # flag -> where it goes: a top-level Preset field or a [train] key
 TOP = ("dataset", "model", "ood")
@@ -66,7 +67,7 @@ def with_flags(preset: Preset, name: str | None = None, **flags) -> Preset:
     """
     unknown = sorted(set(flags) - set(ORDER))
     if unknown:
-        raise ValueError(f"unknown preset flag(s) {', '.join(unknown)}; valid: {', '.join(ORDER)}")
+        raise UserError(f"unknown preset flag(s) {', '.join(unknown)}; valid: {', '.join(ORDER)}")
     given = {k: flags[k] for k in ORDER if flags.get(k) is not None}
     if not given and name is None:
         return preset
@@ -89,7 +90,7 @@ def with_flags(preset: Preset, name: str | None = None, **flags) -> Preset:
             return preset
         name = preset.name + "+" + ",".join(f"{SHORT.get(k, k)}={_fmt(given[k])}" for k in changed)
         if len(name) > MAX_NAME:
-            raise ValueError(f"the changed preset's name would be {len(name)} characters long; give one with --name")
+            raise UserError(f"the changed preset's name would be {len(name)} characters long; give one with --name")
     from calibkit.bench.presetfile import check_name
 
     return replace(preset, name=check_name(name), train=train, **top)

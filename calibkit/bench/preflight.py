@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from calibkit.errors import UserError
+
 
 def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None, csm_build=False,
                 device="auto", seeds_flag="--seeds") -> None:
@@ -66,11 +68,11 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
                   train_subset=cfg.train_subset)
     val = getattr(bundle, "val", None)
     if val is not None and len(val) == 0:  # every run would fail on it (calibkit.train.loop), after out/ exists
-        raise ValueError(f"val_size {cfg.val_size!r}: the validation split of {preset.dataset} holds 0 of its "
+        raise UserError(f"val_size {cfg.val_size!r}: the validation split of {preset.dataset} holds 0 of its "
                          f"{len(bundle.train)} training images; model selection needs at least one: raise it "
                          "(--val-size)")
     if cfg.batch_size > len(bundle.train):  # every run would fail on it
-        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
+        raise UserError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images of "
                          f"{preset.dataset}; lower it (--batch-size)")
     check_modality(preset, bundle.modality if bundle.modality in ("image", "text", "features") else None, chosen)
     check_model(preset.model, bundle)
@@ -114,14 +116,14 @@ def check_csm_store_given(csm_store, csm: bool = False) -> None:
     if csm_store is None:
         return
     if not str(csm_store).strip():
-        raise ValueError(f"--csm-store: empty path {csm_store!r}; give the generated set's folder")
+        raise UserError(f"--csm-store: empty path {csm_store!r}; give the generated set's folder")
     path = Path(csm_store)
     if not path.exists():
         build = " and pass --csm-build" if csm else ""
         raise FileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
                                 f"generate`, or leave --csm-store out{build})")
     if not path.is_dir():
-        raise ValueError(f"--csm-store {csm_store}: is a file, not a folder (a generated set is a folder)")
+        raise UserError(f"--csm-store {csm_store}: is a file, not a folder (a generated set is a folder)")
 
 
 def check_tunable(preset, methods=None) -> None:
@@ -134,7 +136,7 @@ def check_tunable(preset, methods=None) -> None:
         return
     label = "--methods" if methods is not None else f"preset {preset.name}: methods"
     tunable = [m for m in applicable(list(METHODS), preset)[0] if space_for(preset, m)]  # those it can run
-    raise ValueError(f"{label} {' '.join(names)}: nothing to tune ({', '.join(names)} "
+    raise UserError(f"{label} {' '.join(names)}: nothing to tune ({', '.join(names)} "
                      f"{'has' if len(names) == 1 else 'have'} no search space); methods with one: {', '.join(tunable)}")
 
 
@@ -155,7 +157,7 @@ def check_model(name: str, bundle) -> None:
     try:
         model = builder(num_classes=bundle.num_classes, in_channels=bundle.in_channels)
     except Exception as exc:
-        raise ValueError(f"model {name!r}: factory(num_classes={bundle.num_classes}, in_channels="
+        raise UserError(f"model {name!r}: factory(num_classes={bundle.num_classes}, in_channels="
                          f"{bundle.in_channels}) failed ({type(exc).__name__}: {exc})") from exc
     x = inputs_for(bundle, augment=False).eval_batch(bundle.train.images[:2])
     check_contract(model, x, bundle.num_classes, name=f"model {name!r}")
@@ -174,7 +176,7 @@ def check_out(out) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
     if (out / CONFIG).exists():
-        raise ValueError(f"--out {out} is {directory_owner(out)}; a bench writes runs.db, runs/ and report/ into "
+        raise UserError(f"--out {out} is {directory_owner(out)}; a bench writes runs.db, runs/ and report/ into "
                          "its own directory: choose another path")
 
 
@@ -197,7 +199,7 @@ def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="
         raise FileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
                                 "generate`, or leave --csm-store out and pass --csm-build)")
     if bundle.modality != "image":
-        raise ValueError(f"csm: {preset.dataset} is {bundle.modality}, not images; CSM does not apply: leave csm "
+        raise UserError(f"csm: {preset.dataset} is {bundle.modality}, not images; CSM does not apply: leave csm "
                          "out of --methods")
     if not csm_build:
         raise FileNotFoundError(csmbuild.cost_line(preset, bundle, seeds, device))

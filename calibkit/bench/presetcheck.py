@@ -44,6 +44,8 @@ import math
 import os
 from pathlib import Path
 
+from calibkit.errors import UserError
+
 # The severities calibkit.data.corruptions.corrupt accepts.
 SEVERITY_LEVELS = (1, 2, 3, 4, 5)
 # TrainConfig fields read only by some trainers (TrainConfig.method): elsewhere they change nothing.
@@ -108,7 +110,7 @@ def check_values(preset, where: str = "", seeds=None, methods=None, data_dir=Non
     if preset.dataset not in DATASETS:
         from calibkit.bench.presetfile import nearest
 
-        raise ValueError(f"{where}dataset: unknown data set {preset.dataset!r}{nearest(preset.dataset, DATASETS)}; "
+        raise UserError(f"{where}dataset: unknown data set {preset.dataset!r}{nearest(preset.dataset, DATASETS)}; "
                          f"valid: {', '.join(DATASETS)}")
     check_dataset(preset.dataset)
     if preset.ood in DATASETS:
@@ -124,7 +126,7 @@ def check_values(preset, where: str = "", seeds=None, methods=None, data_dir=Non
     try:
         resolve(preset.model)
     except (ValueError, ImportError) as exc:
-        raise ValueError(f"{where}{exc}") from None
+        raise UserError(f"{where}{exc}") from None
     check_csm(preset.csm, f"{where}[csm] ")
     check_maccal(preset.maccal, f"{where}[maccal] ")
     for m in chosen:
@@ -141,11 +143,11 @@ def check_seeds(seeds, label: str) -> None:
     seeds = list(seeds)
     bad = [s for s in seeds if not _is_int(s) or s < 0]
     if bad:
-        raise ValueError(f"{label}: every seed must be an integer >= 0, got {bad[0]!r}")
+        raise UserError(f"{label}: every seed must be an integer >= 0, got {bad[0]!r}")
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"{label}: repeated seed in {seeds}")
+        raise UserError(f"{label}: repeated seed in {seeds}")
     if not seeds:
-        raise ValueError(f"{label}: give at least one seed")
+        raise UserError(f"{label}: give at least one seed")
 
 
 def warn_tune_seed(preset, seed: int, seeds, label: str = "tune_seed") -> None:
@@ -169,17 +171,17 @@ def _check_numbers(preset, where: str) -> None:
                           ("robust_n", 0, " (test images corrupted; 0: all)"), ("checkpoint_every", 1, "")):
         value = getattr(preset, key)
         if not _is_int(value) or value < low:
-            raise ValueError(f"{where}{key}: must be an integer >= {low}{why}, got {value!r}")
+            raise UserError(f"{where}{key}: must be an integer >= {low}{why}, got {value!r}")
     if preset.num_threads is not None and (not _is_int(preset.num_threads) or preset.num_threads < 1):
-        raise ValueError(f"{where}num_threads: must be an integer >= 1 (leave it out for torch's default), "
+        raise UserError(f"{where}num_threads: must be an integer >= 1 (leave it out for torch's default), "
                          f"got {preset.num_threads!r}")
     levels = list(preset.severities)
     bad = [s for s in levels if not _is_int(s) or s not in SEVERITY_LEVELS]
     if bad:
-        raise ValueError(f"{where}severities: every severity must be one of "
+        raise UserError(f"{where}severities: every severity must be one of "
                          f"{', '.join(map(str, SEVERITY_LEVELS))}, got {bad[0]!r}")
     if len(set(levels)) != len(levels):
-        raise ValueError(f"{where}severities: repeated severity in {levels}")
+        raise UserError(f"{where}severities: repeated severity in {levels}")
 
 
 def _check_paths(preset, where: str, data_dir) -> None:
@@ -193,17 +195,17 @@ def _check_paths(preset, where: str, data_dir) -> None:
     if folder is not None and spec.needs_dir:
         path = Path(folder)
         if spec.is_file and path.is_dir():  # "no such file" would mislead: it exists, as a folder
-            raise ValueError(f"{label}: {str(folder)!r} is a folder, not a file ({preset.dataset} reads one .npz or "
+            raise UserError(f"{label}: {str(folder)!r} is a folder, not a file ({preset.dataset} reads one .npz or "
                              ".safetensors file)")
         if spec.is_file and not path.is_file():
             raise FileNotFoundError(f"{label}: no such file {str(folder)!r} ({preset.dataset} reads one .npz or "
                                     ".safetensors file)")
         if not spec.is_file and path.exists() and not path.is_dir():
-            raise ValueError(f"{label}: {str(folder)!r} is a file, not a folder ({preset.dataset} reads a folder)")
+            raise UserError(f"{label}: {str(folder)!r} is a file, not a folder ({preset.dataset} reads a folder)")
         if not spec.is_file and not path.is_dir():
             raise FileNotFoundError(f"{label}: no such folder {str(folder)!r}")
     if preset.ood == preset.dataset and preset.ood not in OOD_SETS + (NO_OOD,):  # as load_ood refuses it
-        raise ValueError(f"{where}ood: the OOD set must differ from the data set, got {preset.ood!r}")
+        raise UserError(f"{where}ood: the OOD set must differ from the data set, got {preset.ood!r}")
     if is_user_set(preset.ood) and not os.path.exists(preset.ood):
         raise FileNotFoundError(f"{where}ood: no such folder or file {preset.ood!r} (an OOD set is none, noise, "
                                 "digits, a data set name, a folder of images or an .npz/.safetensors file)")
@@ -230,7 +232,7 @@ def check_maccal(values: dict, where: str) -> None:
         kind, low, low_open, high, high_open = MACCAL_RULES[key]
         if kind == "int":
             if not _is_int(value) or value < low:
-                raise ValueError(f"{where}{key}: must be an integer >= {low}, got {value!r}")
+                raise UserError(f"{where}{key}: must be an integer >= {low}, got {value!r}")
         else:
             _number(value, f"{where}{key}", low, low_open, high, high_open)
 
@@ -241,7 +243,7 @@ def _number(value, label: str, low, low_open: bool, high, high_open: bool) -> No
     bound = Bound(low, high, low_open, high_open)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not bound.admits(value):
-        raise ValueError(f"{label}: must be a finite number in {bound.text()}, got {value!r}")
+        raise UserError(f"{label}: must be a finite number in {bound.text()}, got {value!r}")
 
 
 def _loss(spec, label: str) -> None:
@@ -250,7 +252,7 @@ def _loss(spec, label: str) -> None:
     try:
         losses.build(spec, num_classes=10)
     except (ValueError, TypeError, KeyError) as exc:
-        raise ValueError(f"{label}: {exc.args[0] if exc.args else exc}") from None
+        raise UserError(f"{label}: {exc.args[0] if exc.args else exc}") from None
 
 
 def _check_method(preset, method: str, where: str) -> None:
@@ -260,7 +262,7 @@ def _check_method(preset, method: str, where: str) -> None:
     try:
         train_config(preset, method, preset.seeds[0] if preset.seeds else 0, csm_data="-")
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{where}{exc}") from None
+        raise UserError(f"{where}{exc}") from None
     _loss(preset.loss_for(method), f"{where}loss {preset.loss_for(method)!r}")
 
 
@@ -290,13 +292,13 @@ def _check_space(preset, method: str, space: dict, where: str) -> None:
         label = f"{where}{address!r}"
         why = unused_reason(method, address)
         if why:
-            raise ValueError(f"{label}: {why}; every candidate would train the same")
+            raise UserError(f"{label}: {why}; every candidate would train the same")
         bound = bound_for(address, axis)
         for v in axis.values:
             if not math.isfinite(v) or not bound.admits(v):
-                raise ValueError(f"{label}: every value must be a finite number in {bound.text()}, got {v!r}")
+                raise UserError(f"{label}: every value must be a finite number in {bound.text()}, got {v!r}")
         if axis.default not in axis.values:
-            raise ValueError(f"{label}: the default must be one of the values {list(axis.values)}, "
+            raise UserError(f"{label}: the default must be one of the values {list(axis.values)}, "
                              f"got {axis.default!r}")
         for v in axis.values:
             run = apply_values(preset, method, {address: v})
@@ -309,7 +311,7 @@ def _check_space(preset, method: str, space: dict, where: str) -> None:
                 else:
                     _check_method(run, method, "")
             except ValueError as exc:
-                raise ValueError(f"{label}: value {v!r}: {exc}") from None
+                raise UserError(f"{label}: value {v!r}: {exc}") from None
 
 
 def data_modality_of(dataset: str, data_dir) -> str | None:
@@ -366,13 +368,13 @@ def check_modality(preset, kind: str | None, methods, where: str = "") -> None:
         return
     if preset.modality != "image" and preset.modality != kind:
         hold = "images" if kind == "image" else kind
-        raise ValueError(f"{where}modality: {preset.dataset} holds {hold}, so the modality is {kind!r}, got "
+        raise UserError(f"{where}modality: {preset.dataset} holds {hold}, so the modality is {kind!r}, got "
                          f"{preset.modality!r}")
     if kind in ("text", "features") and preset.train.get("augment") is True:
-        raise ValueError(f"{where}augment: random crop and flip apply to images only; {preset.dataset} holds {kind}, "
+        raise UserError(f"{where}augment: random crop and flip apply to images only; {preset.dataset} holds {kind}, "
                          "which are used as stored: leave --augment out (augment = false)")
     mixing = [m for m in methods if m in IMAGE_ONLY]
     if kind in ("text", "features") and preset.modality == "image" and mixing:
-        raise ValueError(f"{where}{preset.dataset} holds {kind}, not images: {', '.join(mixing)} mix or generate "
+        raise UserError(f"{where}{preset.dataset} holds {kind}, not images: {', '.join(mixing)} mix or generate "
                          f"images; set modality = \"{kind}\" in the preset (they are skipped then), or "
                          "leave them out of the methods")

@@ -53,10 +53,10 @@ import tomllib
 from pathlib import Path
 
 from calibkit.bench.grid import METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
+from calibkit.errors import UserError
 
 TABLES = ("train", "losses", "train_by_method", "maccal", "csm", "space")
 TOP_KEYS = tuple(f.name for f in dataclasses.fields(Preset) if f.name not in TABLES + ("spaces",))
-TUPLE_FIELDS = ("seeds", "severities", "methods")
 # TrainConfig fields the bench sets per run (from the top-level keys, the method, the seed, the
 # command line): they are not [train] keys.
 PER_RUN = {"data": "dataset", "data_dir": "data_dir", "model": "model", "loss": "[losses]", "method": "the method",
@@ -75,7 +75,7 @@ def nearest(name: str, valid) -> str:
 
 
 def _unknown(what: str, name, valid, where: str = "") -> ValueError:
-    return ValueError(f"{where}unknown {what} {name!r}{nearest(name, valid)}; valid: {', '.join(map(str, valid))}")
+    return UserError(f"{where}unknown {what} {name!r}{nearest(name, valid)}; valid: {', '.join(map(str, valid))}")
 
 
 def _train_fields() -> dict:
@@ -112,12 +112,12 @@ def _loss_params(spec: str, where: str) -> list[str]:
 
 def _train_table(values, where: str, per_run_ok: bool = False) -> dict:
     if not isinstance(values, dict):
-        raise ValueError(f"{where}: expected a table of TrainConfig fields, got {values!r}")
+        raise UserError(f"{where}: expected a table of TrainConfig fields, got {values!r}")
     fields = _train_fields()
     out = {}
     for k, v in values.items():
         if k in PER_RUN and not per_run_ok:
-            raise ValueError(f"{where}: {k!r} is set per run; use {PER_RUN[k]} instead")
+            raise UserError(f"{where}: {k!r} is set per run; use {PER_RUN[k]} instead")
         if k not in fields:
             raise _unknown("TrainConfig field", k, list(fields), f"{where}: ")
         if v == NONE and "None" in fields[k] and not fields[k].startswith("str"):
@@ -128,7 +128,7 @@ def _train_table(values, where: str, per_run_ok: bool = False) -> dict:
     try:
         TrainConfig.from_dict(out)  # the types of the values
     except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        raise UserError(f"{where}: {exc}") from None
     return out
 
 
@@ -142,32 +142,32 @@ def _axis(method: str, address: str, value, where: str) -> Axis:
     if isinstance(value, dict):
         extra = sorted(set(value) - {"values", "default"})
         if extra or "values" not in value:
-            raise ValueError(f"{where}: an axis is a list of values or {{values = [...], default = v}}, got {value!r}")
+            raise UserError(f"{where}: an axis is a list of values or {{values = [...], default = v}}, got {value!r}")
         values, default = value["values"], value.get("default")
     else:
         values, default = value, None
     if not isinstance(values, list) or not values or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"{where}: {address!r} must be a non-empty list of numbers, got {values!r}")
+        raise UserError(f"{where}: {address!r} must be a non-empty list of numbers, got {values!r}")
     grid = tuple(sorted(float(v) for v in values))
     if len(set(grid)) != len(grid):
-        raise ValueError(f"{where}: {address!r} repeats a value: {list(values)}")
+        raise UserError(f"{where}: {address!r} repeats a value: {list(values)}")
     own = METHODS[method].space.get(address)
     if default is None:
         default = own.default if own is not None and own.default in grid else grid[(len(grid) - 1) // 2]
     if isinstance(default, bool) or not isinstance(default, (int, float)):
-        raise ValueError(f"{where}: {address!r}: default must be a number, got {default!r}")
+        raise UserError(f"{where}: {address!r}: default must be a number, got {default!r}")
     return Axis(grid, float(default))
 
 
 def _space(method: str, table, loss_spec: str, where: str) -> dict:
     if not isinstance(table, dict) or not table:
-        raise ValueError(f"{where}: expected a table of search-space addresses, got {table!r}")
+        raise UserError(f"{where}: expected a table of search-space addresses, got {table!r}")
     out = {}
     for address, value in table.items():
         target, dot, name = address.partition(".")
         if target not in TARGETS or not dot or not name:
-            raise ValueError(f"{where}: bad search-space address {address!r}; expected <{'|'.join(TARGETS)}>.<name>"
+            raise UserError(f"{where}: bad search-space address {address!r}; expected <{'|'.join(TARGETS)}>.<name>"
                              + nearest(address, list(METHODS[method].space)))
         valid = {"loss": lambda: _loss_params(loss_spec, f"{where}: "), "train": lambda: list(_train_fields()),
                  "maccal": _maccal_keys, "csm": lambda: ["sharpness"]}[target]()
@@ -181,7 +181,7 @@ def check_name(name, where: str = "") -> str:
     """A preset name that can name run directories and database keys (``ValueError`` otherwise,
     starting with ``where``: the preset file's ``"FILE: "`` when it comes from one)."""
     if not isinstance(name, str) or not name or any(c not in NAME_CHARS for c in name) or name.startswith("."):
-        raise ValueError(f"{where}preset name {name!r}: use letters, digits and {NAME_CHARS[62:]} only "
+        raise UserError(f"{where}preset name {name!r}: use letters, digits and {NAME_CHARS[62:]} only "
                          "(it names the run directories)")
     return name
 
@@ -196,7 +196,7 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
             raise _unknown("key", key, list(TOP_KEYS), where)
     missing = [k for k in ("name", "dataset", "model", "seeds") if k not in doc]
     if missing:
-        raise ValueError(f"{where}missing key(s) {', '.join(missing)}")
+        raise UserError(f"{where}missing key(s) {', '.join(missing)}")
     kinds = {f.name: f.type for f in dataclasses.fields(Preset)}
     top = {}
     for key in TOP_KEYS:
@@ -211,7 +211,7 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
     for m, spec in losses.items():
         _method(m, where + "[losses]: ")
         if not isinstance(spec, str):
-            raise ValueError(f"{where}[losses] {m}: expected a loss spec string, got {spec!r}")
+            raise UserError(f"{where}[losses] {m}: expected a loss spec string, got {spec!r}")
         _loss_params(spec, f"{where}[losses] {m}: ")
     by_method = {}
     for m, table in doc.get("train_by_method", {}).items():
@@ -236,7 +236,7 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
 def _typed(key: str, kind: str, value, where: str):
     """A top-level value checked against the Preset field's annotation."""
     def bad(expected):
-        return ValueError(f"{where}{key}: expected {expected}, got {value!r}")
+        return UserError(f"{where}{key}: expected {expected}, got {value!r}")
 
     if kind.startswith("tuple"):
         if not isinstance(value, list) or not all(isinstance(v, str if key == "methods" else int)
@@ -257,7 +257,7 @@ def parse_preset(text: str, source: str = "preset") -> Preset:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{source}: invalid TOML ({exc})") from None
+        raise UserError(f"{source}: invalid TOML ({exc})") from None
     return from_dict(doc, source)
 
 
@@ -268,7 +268,7 @@ def read_preset_file(path) -> Preset:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not a UTF-8 text file ({exc})") from None
+        raise UserError(f"{path}: not a UTF-8 text file ({exc})") from None
     return parse_preset(text, str(path))
 
 
@@ -278,7 +278,7 @@ def load_preset(name_or_path: str) -> Preset:
         return PRESETS[name_or_path]
     if name_or_path.endswith(".toml") or Path(name_or_path).is_file() or "/" in name_or_path:
         return read_preset_file(name_or_path)
-    raise ValueError(f"unknown preset {name_or_path!r}{nearest(name_or_path, PRESETS)}; a preset is a TOML file "
+    raise UserError(f"unknown preset {name_or_path!r}{nearest(name_or_path, PRESETS)}; a preset is a TOML file "
                      f"or one of: {', '.join(PRESETS)}")
 
 
@@ -303,7 +303,7 @@ def _value(v) -> str:
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if v is None:
         return json.dumps(NONE)
-    raise ValueError(f"cannot write {v!r} ({type(v).__name__}) to a preset file")
+    raise UserError(f"cannot write {v!r} ({type(v).__name__}) to a preset file")
 
 
 def _table(header: str, values: dict) -> list[str]:
@@ -392,5 +392,5 @@ def check_recorded(preset: Preset, out) -> None:
         elif a != b:
             diff.append(f"{key} {a!r} -> {b!r}")
     if diff:
-        raise ValueError(f"{effective_path(out, preset.name)}: the runs of preset {preset.name} here were made with "
+        raise UserError(f"{effective_path(out, preset.name)}: the runs of preset {preset.name} here were made with "
                          f"other settings ({'; '.join(diff)}); choose another --out, or another name (--name)")

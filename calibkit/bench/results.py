@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from calibkit.bench.paths import candidate_dir_for, run_dir_for
+from calibkit.errors import UserError, UserKeyError
 from calibkit.rundir import CANDIDATE, RESULT
 from calibkit.rundir import RECORD_FORMAT as FORMAT
 
@@ -91,13 +92,13 @@ def read_doc(path: Path, table: str | None = None) -> dict | None:
     try:
         doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: corrupt result file ({exc}); move it away to run that run again") from exc
+        raise UserError(f"{path}: corrupt result file ({exc}); move it away to run that run again") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("row"), dict):
-        raise ValueError(f"{path} is not a calibkit result file")
+        raise UserError(f"{path} is not a calibkit result file")
     if int(doc.get("version", 0)) > VERSION:
-        raise ValueError(f"{path}: result file version {doc['version']} is newer than this calibkit ({VERSION})")
+        raise UserError(f"{path}: result file version {doc['version']} is newer than this calibkit ({VERSION})")
     if table is not None and doc.get("table") != table:
-        raise ValueError(f"{path}: a {doc.get('table')!r} result where a {table!r} one was expected")
+        raise UserError(f"{path}: a {doc.get('table')!r} result where a {table!r} one was expected")
     return doc
 
 
@@ -124,7 +125,7 @@ def split_run_key(key: str) -> tuple[str, str, int]:
     """``"preset/method/seed"`` -> ``(preset, method, seed)``."""
     parts = key.split("/")
     if len(parts) != 3 or not parts[2].lstrip("-").isdigit():
-        raise ValueError(f"run key {key!r} is not preset/method/seed")
+        raise UserError(f"run key {key!r} is not preset/method/seed")
     return parts[0], parts[1], int(parts[2])
 
 
@@ -132,7 +133,7 @@ def split_cand_key(key: str) -> tuple[str, str, int, str]:
     """``"preset/method/seed/values"`` -> ``(preset, method, seed, values)``."""
     parts = key.split("/")
     if len(parts) != 4 or not parts[2].lstrip("-").isdigit():
-        raise ValueError(f"candidate key {key!r} is not preset/method/seed/values")
+        raise UserError(f"candidate key {key!r} is not preset/method/seed/values")
     return parts[0], parts[1], int(parts[2]), parts[3]
 
 
@@ -248,7 +249,7 @@ class ResultFiles:
         """Record ``key`` as the selection of ``(preset, method, seed)`` in a selection file."""
         doc = read_doc(candidate_path(self.out, key), "tuning")
         if doc is None or doc["row"]["status"] != "done":
-            raise KeyError(f"no finished candidate {key!r} of {preset}/{method}/{seed} under {self.out}")
+            raise UserKeyError(f"no finished candidate {key!r} of {preset}/{method}/{seed} under {self.out}")
         write_atomic(selection_path(self.out, preset, method, seed), {
             "format": FORMAT, "version": VERSION, "table": "selection", "slurm": slurm_facts(),
             "row": {"preset": preset, "method": method, "seed": int(seed), "cand_key": key,
@@ -276,7 +277,7 @@ class ResultFiles:
         path = self._file(table, key)
         old = read_doc(path, table)
         if old is not None and old["row"].get("status") == "done":
-            raise ValueError(f"{path} already holds a finished result; not overwriting it")
+            raise UserError(f"{path} already holds a finished result; not overwriting it")
         row = {**claim, **fields, "status": status, "finished_at": _now()}
         for col in PATH_COLUMNS:
             if row.get(col) is not None:

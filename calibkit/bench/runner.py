@@ -39,6 +39,7 @@ from calibkit.bench.attempts import broadcast, claim_outcome, run_recorded, work
 from calibkit.bench.grid import METHODS, Preset, grid_methods
 from calibkit.bench.space import current_values
 from calibkit.bench.paths import RETIRED, run_dir_for
+from calibkit.errors import UserError
 from calibkit.store import open_store, run_key
 
 
@@ -190,7 +191,7 @@ class Bench:
         from calibkit.bench.progress import RunProgress
 
         if method not in self.methods or seed not in self.seeds:
-            raise ValueError(f"{self.preset.name}/{method}/{seed} is not a run of this bench "
+            raise UserError(f"{self.preset.name}/{method}/{seed} is not a run of this bench "
                              f"(methods {', '.join(self.methods)}; seeds {self.seeds})")
         self.check_consistent()
         counts = {"done": 0, "skipped": 0, "failed": 0}
@@ -293,7 +294,7 @@ class Bench:
                     break
         problem, stale = broadcast((problem, stale), self.dd)
         if problem:
-            raise ValueError(problem)
+            raise UserError(problem)
         return stale
 
     def recorded_selection(self) -> dict[str, dict]:

@@ -52,6 +52,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from calibkit.errors import UserError
+
 # Below the window's threshold by no more than this: still inside (float rounding of the numbers).
 _EPS = 1e-12
 
@@ -152,7 +154,7 @@ def select(cands: list[dict], space: dict, criterion: Criterion = DEFAULT_CRITER
         ValueError: no candidates.
     """
     if not cands:
-        raise ValueError("no finished candidates to select from")
+        raise UserError("no finished candidates to select from")
     inside = eligible(cands, criterion)
     best = min(cands[i]["metrics"][criterion.metric] for i in inside)
     tied = [i for i in inside if cands[i]["metrics"][criterion.metric] <= best + criterion.tie]

@@ -41,13 +41,11 @@ from pathlib import Path
 
 from calibkit.bench import results as R
 from calibkit.bench import slurm_values as V
+from calibkit.errors import UserError, UserRuntimeError
 
-TRAIN_STAGES = ("ce", "train", "maccal", "csm")
-# squeue states of a task that is still to run, and of one that runs.
-QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD", "SUSPENDED",
-          "SPECIAL_EXIT", "STOPPED", "RESIZING"}
+# squeue states of a task that runs; every other state squeue lists counts as queued.
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
-# A stage name (a file name, a shell variable of the submit script): see TRAIN_STAGES, tune-*.
+# A stage name (a file name, a shell variable of the submit script): ce, train, maccal, csm, tune-*.
 _STAGE = re.compile(r"[a-z][a-z0-9-]*")
 # A job to depend on: a job id, a task of an array (JOB_INDEX), or a dry run's $variable.
 _JOB = re.compile(r"\d+(?:_\d+)?|\$[a-z_][a-z0-9_]*")
@@ -89,11 +87,11 @@ class SlurmOptions:
         if self.mem:
             V.check_mem(self.mem)
         if isinstance(self.sbatch_args, str):
-            raise ValueError("--sbatch-arg: expected a sequence of options, got one string")
+            raise UserError("--sbatch-arg: expected a sequence of options, got one string")
         for arg in self.sbatch_args:
             V.check_sbatch_arg(arg)
         if self.signal_s is not None and not self.requeue:
-            raise ValueError("--signal makes a task requeue itself; it needs --requeue")
+            raise UserError("--signal makes a task requeue itself; it needs --requeue")
         return self
 
     def directives(self, gpus: int) -> list[str]:
@@ -314,7 +312,7 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
         for dep in deps:  # written unquoted (a dry run's $ce must expand): only these forms
             kind, _, job = dep.partition(":")
             if kind not in ("afterok", "aftercorr", "afterany") or not _JOB.fullmatch(job):
-                raise ValueError(f"not a job dependency: {dep!r}")
+                raise UserError(f"not a job dependency: {dep!r}")
         sbatch = ["sbatch", "--parsable"] + ([f"--dependency={','.join(deps)}"] if deps else []) + [str(script)]
         var = array.stage.replace("-", "_")
         lines.append(f"{var}=$({' '.join(shlex.quote(a) if not a.startswith('--dependency') else a for a in sbatch)})")
@@ -323,10 +321,10 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
             continue
         proc = subprocess.run(sbatch, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"sbatch {script} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise UserRuntimeError(f"sbatch {script} failed: {proc.stderr.strip() or proc.stdout.strip()}")
         job = proc.stdout.strip().split(";")[0]
         if not re.fullmatch(r"\d+", job):
-            raise RuntimeError(f"sbatch {script}: expected a job id, got {job!r}")
+            raise UserRuntimeError(f"sbatch {script}: expected a job id, got {job!r}")
         ids[array.stage] = job
         with open(sdir / "submissions.jsonl", "a") as f:
             f.write(json.dumps({"number": number, "stage": array.stage, "job_id": job, "script": str(script),

@@ -23,7 +23,7 @@ def task_argv(args, command: str) -> list[str]:
         ValueError: a value that cannot go into a job script (a control character, a password),
             naming its option (:func:`calibkit.bench.slurm_values.check_argv`).
     """
-    from calibkit.commands.presetargs import preset_argv
+    from calibkit.bench.presetargv import preset_argv
 
     argv = ["tune" if command in ("tune", "select") else "bench", *preset_argv(args), "--out", str(args.out),
             "--device", args.device]

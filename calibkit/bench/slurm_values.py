@@ -33,6 +33,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from calibkit.errors import UserError
+
 _NAME = r"[A-Za-z0-9_][A-Za-z0-9_.:+-]*"
 _NAMES = {False: re.compile(_NAME), True: re.compile(rf"{_NAME}(?:,{_NAME})*")}
 _TIME = re.compile(r"\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}")
@@ -61,7 +63,7 @@ def check_text(option: str, value) -> str:
     text = str(value)
     bad = control_char(text)
     if bad:
-        raise ValueError(f"{option}: contains {bad}; a value written into a SLURM job script must be one line "
+        raise UserError(f"{option}: contains {bad}; a value written into a SLURM job script must be one line "
                          "of printable characters")
     return text
 
@@ -71,7 +73,7 @@ def check_name(option: str, value: str, several: bool = False) -> str:
     text = check_text(option, value)
     if not _NAMES[several].fullmatch(text):
         what = "names separated by commas" if several else "a name"
-        raise ValueError(f"{option}: {text!r} is not {what} of letters, digits and _ . + - : "
+        raise UserError(f"{option}: {text!r} is not {what} of letters, digits and _ . + - : "
                          "(starting with a letter, a digit or _)")
     return text
 
@@ -80,7 +82,7 @@ def check_time(value: str, option: str = "--time") -> str:
     """A SLURM time limit."""
     text = check_text(option, value)
     if not (_TIME.fullmatch(text) or text.upper() in _UNLIMITED):
-        raise ValueError(f"{option}: {text!r} is not a SLURM time: minutes, minutes:seconds, hours:minutes:seconds, "
+        raise UserError(f"{option}: {text!r} is not a SLURM time: minutes, minutes:seconds, hours:minutes:seconds, "
                          "days-hours, days-hours:minutes, days-hours:minutes:seconds (whole numbers), or UNLIMITED")
     return text
 
@@ -89,7 +91,7 @@ def check_mem(value: str, option: str = "--mem") -> str:
     """A SLURM memory size."""
     text = check_text(option, value)
     if not _MEM.fullmatch(text):
-        raise ValueError(f"{option}: {text!r} is not a memory size: a whole number with an optional unit "
+        raise UserError(f"{option}: {text!r} is not a memory size: a whole number with an optional unit "
                          "K, M, G or T (e.g. 64G; without a unit, megabytes)")
     return text
 
@@ -97,9 +99,9 @@ def check_mem(value: str, option: str = "--mem") -> str:
 def check_count(option: str, value, minimum: int, unit: str = "") -> int:
     """An integer count of at least ``minimum`` (``unit``, e.g. ``" second"``, for the message)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{option}: expected a whole number, got {value!r}")
+        raise UserError(f"{option}: expected a whole number, got {value!r}")
     if value < minimum:
-        raise ValueError(f"{option} must be >= {minimum}{unit}, got {value}")
+        raise UserError(f"{option} must be >= {minimum}{unit}, got {value}")
     return value
 
 
@@ -107,7 +109,7 @@ def check_sbatch_arg(value: str, option: str = "--sbatch-arg") -> str:
     """One more sbatch option: it starts with ``-``."""
     text = check_text(option, value)
     if not text.startswith("-"):
-        raise ValueError(f"{option}: {text!r} is not an sbatch option (e.g. --constraint=a100); it is written as "
+        raise UserError(f"{option}: {text!r} is not an sbatch option (e.g. --constraint=a100); it is written as "
                          "an #SBATCH line and nowhere else")
     return text
 
@@ -128,7 +130,7 @@ def check_word(option: str, value) -> str:
 
     text = check_text(option, value)
     if redact(text) != text:
-        raise ValueError(f"{option}: holds a password, which is never written into a job script (other users "
+        raise UserError(f"{option}: holds a password, which is never written into a job script (other users "
                          "may read it); give it through PGPASSWORD, ~/.pgpass or a passfile")
     return text
 
@@ -147,6 +149,6 @@ def check_key(key: str) -> str:
     """A run or candidate key of an index -> key map: one word of one line."""
     text = check_text("a run key", key)
     if not text or any(c.isspace() for c in text):
-        raise ValueError(f"run key {text!r}: holds white space, which the script's index -> key map cannot hold "
+        raise UserError(f"run key {text!r}: holds white space, which the script's index -> key map cannot hold "
                          "(a preset or method name with a space?)")
     return text

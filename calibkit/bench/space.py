@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from calibkit.bench.grid import TARGETS, Preset, space_for
+from calibkit.errors import UserError
 
 
 def _fmt(value) -> str:
@@ -31,7 +32,7 @@ def loss_params(spec: str) -> tuple[str, dict[str, str]]:
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"loss spec {spec!r}: expected key=value, got {item!r}")
+            raise UserError(f"loss spec {spec!r}: expected key=value, got {item!r}")
         params[key.strip()] = value.strip()
     return name.strip(), params
 
@@ -63,7 +64,7 @@ def apply_values(preset: Preset, method: str, values: dict) -> Preset:
     for address, value in values.items():
         target, _, name = address.partition(".")
         if target not in TARGETS or not name:
-            raise ValueError(f"{method}: bad search-space address {address!r}; expected <{'|'.join(TARGETS)}>.<name>")
+            raise UserError(f"{method}: bad search-space address {address!r}; expected <{'|'.join(TARGETS)}>.<name>")
         if target == "loss":
             loss_values[name] = value
         elif target == "train":

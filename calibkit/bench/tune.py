@@ -45,6 +45,7 @@ from calibkit.bench.attempts import POLL_S, broadcast, claim_outcome, run_record
 from calibkit.bench.runner import Bench
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, select  # noqa: F401  (this module's API)
 from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
+from calibkit.errors import UserError, UserRuntimeError
 from calibkit.store import run_key
 
 
@@ -99,14 +100,14 @@ class Tuner:
         names = list(preset.methods or METHODS) if methods is None else list(methods)
         unknown = [m for m in names if m not in METHODS]
         if unknown:
-            raise ValueError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
+            raise UserError(f"unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(METHODS)}")
         names, self.unsupported = applicable(names, preset)
         self.methods = [m for m in METHODS if m in names and space_for(preset, m)]
         self.skipped = [m for m in names if m != REFERENCE and not space_for(preset, m)]
         self.seed = int(preset.tune_seed if seed is None else seed)
         self.criterion = criterion
         if max_extensions < 0:
-            raise ValueError(f"max_extensions must be >= 0, got {max_extensions}")
+            raise UserError(f"max_extensions must be >= 0, got {max_extensions}")
         self.max_extensions = int(max_extensions)
         self.bench = Bench(preset, out, seeds=[self.seed], methods=[REFERENCE], data_dir=data_dir,
                            device=device, num_threads=num_threads, csm_store=csm_store, log=log, store=store)
@@ -150,7 +151,7 @@ class Tuner:
                     break
         problem = broadcast(problem, self.dd)
         if problem:
-            raise ValueError(problem)
+            raise UserError(problem)
 
     def _produce(self, method: str, values: dict, run_dir: Path) -> dict:
         view = self.bench.view(apply_values(self.preset, method, values))
@@ -234,7 +235,7 @@ class Tuner:
         self.refresh()  # the grids as extended in the database
         items = {self.key(m, v): (m, v) for m, v in self.items()}
         if key not in items:
-            raise ValueError(f"{key} is not a candidate of this tuning ({len(items)} candidates of "
+            raise UserError(f"{key} is not a candidate of this tuning ({len(items)} candidates of "
                              f"{', '.join([REFERENCE, *self.methods])})")
         self.check_consistent()
         counts = {"done": 0, "skipped": 0, "failed": 0}
@@ -348,7 +349,7 @@ class Tuner:
         chosen = broadcast(self.selection() if self.dd.is_main else None, self.dd)
         missing = [m for m in self.methods if m not in chosen]
         if missing:
-            raise RuntimeError(f"no selection for {', '.join(missing)} (failed candidates; see {self.out}/runs.db)")
+            raise UserRuntimeError(f"no selection for {', '.join(missing)} (failed candidates; see {self.out}/runs.db)")
         preset = self.preset
         for method, values in chosen.items():
             preset = apply_values(preset, method, values)

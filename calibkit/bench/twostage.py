@@ -21,6 +21,7 @@ from pathlib import Path
 
 from calibkit import rundir
 from calibkit.bench.paths import run_dir_for
+from calibkit.errors import UserRuntimeError
 
 SHIPPED_STORES = {"fmnist": Path(__file__).resolve().parent.parent / "assets" / "csm" / "fmnist-groups"}
 
@@ -34,7 +35,7 @@ def _ce_run(bench, seed: int) -> Path:
     ce = run_dir_for(bench.out, bench.preset.name, "ce", seed)
     info = rundir.load_info(ce) if (ce / rundir.CONFIG).is_file() else {}
     if info.get("status") != "done":
-        raise RuntimeError(f"the CE run of seed {seed} ({ce}) is not finished; MaC-Cal and CSM build on it")
+        raise UserRuntimeError(f"the CE run of seed {seed} ({ce}) is not finished; MaC-Cal and CSM build on it")
     return ce
 
 

@@ -37,6 +37,8 @@ import sys
 import threading
 from pathlib import Path
 
+from calibkit.errors import UserError
+
 # Carries ``--store``'s URL to the extra workers, whose command lines say ``--store env:NAME``: a
 # command line (``ps``) is visible to every user of the machine, a process's environment only to
 # its owner, and the URL may hold a password.
@@ -46,7 +48,7 @@ STORE_ENV = "CALIBKIT_WORKER_STORE"
 def worker_argv(args) -> list[str]:
     """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report,
     waiting to be released (``--await-start``)."""
-    from calibkit.commands.presetargs import preset_argv
+    from calibkit.bench.presetargv import preset_argv
 
     argv = ["bench", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--no-report",
             "--workers", "1", "--await-start"]
@@ -69,7 +71,7 @@ def worker_argv(args) -> list[str]:
 def tune_worker_argv(args) -> list[str]:
     """The ``calibkit tune`` arguments of an extra worker of ``tune --workers N``: the same tuning,
     one worker, waiting to be released (it prints no table: the calling process does)."""
-    from calibkit.commands.presetargs import preset_argv
+    from calibkit.bench.presetargv import preset_argv
 
     argv = ["tune", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--workers", "1",
             "--await-start"]
@@ -109,9 +111,9 @@ def run_with_workers(args, body, argv: list[str] | None = None):
     nothing. Shared by ``calibkit bench`` and ``calibkit tune``.
     """
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
     if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("--workers starts processes itself; under torchrun use --workers 1")
+        raise UserError("--workers starts processes itself; under torchrun use --workers 1")
     # first thing: they start up while this process imports and checks
     waiting = start_workers(args, args.workers - 1, argv) if args.workers > 1 else []
     try:

@@ -27,6 +27,7 @@ import warnings
 import torch
 
 from calibkit._validation import as_tensor, check_labels, check_logits, prob_sum_tol, upcast
+from calibkit.errors import UserError
 
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "check_not_probabilities",
            "check_init", "fit_inputs", "lbfgs"]
@@ -51,7 +52,7 @@ def check_not_probabilities(x: torch.Tensor, owner: str) -> None:
     if x.dim() == 2:
         worst = float((upcast(x).double().sum(1) - 1).abs().max())
         if worst <= prob_sum_tol(x.dtype):
-            raise ValueError(f"{owner}: the logits look like probabilities (every entry in [0, 1] and every row "
+            raise UserError(f"{owner}: the logits look like probabilities (every entry in [0, 1] and every row "
                              "sums to 1); calibrators take logits: pass log(probs) instead (softmax(log p) = p)")
         hint = "pass log(probs)"
     else:
@@ -65,10 +66,10 @@ def _rows(logits, owner: str) -> tuple[torch.Tensor, bool]:
     x = as_tensor(logits, "logits")
     if x.dim() == 1:
         if not x.dtype.is_floating_point:
-            raise ValueError(f"logits must be a floating-point tensor, got dtype {x.dtype}")
+            raise UserError(f"logits must be a floating-point tensor, got dtype {x.dtype}")
         return check_logits(torch.stack([torch.zeros_like(x), x], 1)), True
     if x.dim() != 2:
-        raise ValueError(f"{owner} takes (N, K) logits or (N,) binary positive-class logits, got shape "
+        raise UserError(f"{owner} takes (N, K) logits or (N,) binary positive-class logits, got shape "
                          f"{tuple(x.shape)} (dense layouts: use TemperatureScaling)")
     return check_logits(x), False
 
@@ -157,9 +158,9 @@ def check_init(cal, init, fitted: str = "n_classes_") -> None:
         return
     name = type(cal).__name__
     if type(init) is not type(cal):
-        raise ValueError(f"init must be a fitted {name} (a warm start reuses its state), got {type(init).__name__}")
+        raise UserError(f"init must be a fitted {name} (a warm start reuses its state), got {type(init).__name__}")
     if not hasattr(init, fitted):
-        raise ValueError(f"init is an unfitted {name}: fit it first (a warm start reuses its state)")
+        raise UserError(f"init is an unfitted {name}: fit it first (a warm start reuses its state)")
 
 
 def _plain(v):
@@ -196,7 +197,7 @@ class Calibrator:
             if init.n_classes_ != z.shape[1] or init.binary_ != binary:
                 fitted = "(N,) binary logits" if init.binary_ else f"K = {init.n_classes_}"
                 got = "(N,) binary logits" if binary else f"K = {z.shape[1]}"
-                raise ValueError(f"init was fitted on {fitted} but this {name} is fitted on {got}")
+                raise UserError(f"init was fitted on {fitted} but this {name} is fitted on {got}")
             self._fit_from(z, y, init)
         self.n_classes_ = int(z.shape[1])
         self.binary_ = binary
@@ -225,9 +226,9 @@ class Calibrator:
         x, binary = _rows(logits, name)
         if binary != self.binary_:
             fitted = "(N,) binary logits" if self.binary_ else f"(N, {self.n_classes_}) logits"
-            raise ValueError(f"this {name} was fitted on {fitted}; got shape {tuple(as_tensor(logits, 'logits').shape)}")
+            raise UserError(f"this {name} was fitted on {fitted}; got shape {tuple(as_tensor(logits, 'logits').shape)}")
         if x.shape[1] != self.n_classes_:
-            raise ValueError(f"logits have K = {x.shape[1]} classes but this {name} was fitted on K = {self.n_classes_}")
+            raise UserError(f"logits have K = {x.shape[1]} classes but this {name} was fitted on K = {self.n_classes_}")
         self._state_on(x.device)
         q = self._predict(upcast(x).double())
         q = q.to(dtype=upcast(x).dtype, device=x.device)
@@ -266,16 +267,16 @@ class Calibrator:
 
 def _from_dict(cls, d: dict, state_names: tuple[str, ...]):
     if not isinstance(d, dict) or "params" not in d:
-        raise ValueError(f"{cls.__name__}.from_dict needs a dict with 'params' (and 'state'), got {type(d).__name__}")
+        raise UserError(f"{cls.__name__}.from_dict needs a dict with 'params' (and 'state'), got {type(d).__name__}")
     params = dict(d["params"])
     unknown = sorted(set(params) - set(getattr(cls, "_PARAMS", params)))
     if unknown:
-        raise ValueError(f"{cls.__name__}: unknown hyperparameter(s) {', '.join(unknown)}")
+        raise UserError(f"{cls.__name__}: unknown hyperparameter(s) {', '.join(unknown)}")
     obj = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
     state = d.get("state") or {}
     missing = [k for k in state_names if k not in state]
     if state and missing:
-        raise ValueError(f"{cls.__name__}: saved state lacks {', '.join(missing)}")
+        raise UserError(f"{cls.__name__}: saved state lacks {', '.join(missing)}")
     for k in state_names if state else ():
         setattr(obj, k, state[k])
     return obj

@@ -15,6 +15,7 @@ import torch
 from calibkit._validation import check_n_bins
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.temperature import _fit_nll
+from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
 
 __all__ = ["HistogramBinning", "IsotonicCalibration", "ScalingBinning", "pav_tables", "interpolate"]
@@ -204,7 +205,7 @@ class IsotonicCalibration(Calibrator):
 
     def _check_params(self):
         if not isinstance(self.irm, bool):
-            raise ValueError(f"irm must be True or False, got {self.irm!r}")
+            raise UserError(f"irm must be True or False, got {self.irm!r}")
 
     def _fit(self, z, y):
         p = torch.softmax(z, 1)
@@ -262,7 +263,7 @@ class ScalingBinning(Calibrator):
     def _check_params(self):
         check_n_bins(self.n_bins)
         if not 0 < self.fit_fraction <= 1:
-            raise ValueError(f"fit_fraction must be in (0, 1], got {self.fit_fraction!r}")
+            raise UserError(f"fit_fraction must be in (0, 1], got {self.fit_fraction!r}")
 
     def _fit(self, z, y):
         n = z.shape[0]
@@ -271,7 +272,7 @@ class ScalingBinning(Calibrator):
         else:
             n1 = int(round(self.fit_fraction * n))
             if not 1 <= n1 < n:
-                raise ValueError(f"ScalingBinning: fit_fraction={self.fit_fraction} of {n} validation rows leaves a "
+                raise UserError(f"ScalingBinning: fit_fraction={self.fit_fraction} of {n} validation rows leaves a "
                                  "part empty; use more rows or fit_fraction=1")
             perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed)).to(z.device)
             first, second = perm[:n1].sort().values, perm[n1:].sort().values

@@ -12,6 +12,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.temperature import _fit_nll
+from calibkit.errors import UserError
 
 __all__ = ["EnsembleTemperatureScaling", "simplex_qp"]
 
@@ -82,7 +83,7 @@ class EnsembleTemperatureScaling(Calibrator):
 
     def _check_params(self):
         if not 0 < self.t_min < self.t_max:
-            raise ValueError(f"need 0 < t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
+            raise UserError(f"need 0 < t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
 
     def _components(self, z, t):
         k = z.shape[1]

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from calibkit.errors import UserError
+
 __all__ = ["save", "load", "paths"]
 
 FORMAT = "calibkit-calibrator"
@@ -45,7 +47,7 @@ def _registry_name(cal) -> str:
     for name, cls in CALIBRATORS.items():
         if type(cal) is cls:
             return name
-    raise ValueError(f"cannot save a {type(cal).__name__}: not a registered calibrator "
+    raise UserError(f"cannot save a {type(cal).__name__}: not a registered calibrator "
                      f"({', '.join(CALIBRATORS)})")
 
 
@@ -94,51 +96,51 @@ def load(path):
     try:
         meta = json.loads(json_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{json_path}: not a calibrator description (invalid JSON: {exc})") from None
+        raise UserError(f"{json_path}: not a calibrator description (invalid JSON: {exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{json_path}: not a calibkit calibrator file (no \"format\": \"{FORMAT}\")")
+        raise UserError(f"{json_path}: not a calibkit calibrator file (no \"format\": \"{FORMAT}\")")
     name = meta.get("calibrator")
     if name not in CALIBRATORS:
-        raise ValueError(f"{json_path}: unknown calibrator {name!r}; expected one of {', '.join(CALIBRATORS)}")
+        raise UserError(f"{json_path}: unknown calibrator {name!r}; expected one of {', '.join(CALIBRATORS)}")
     version = meta.get("version")
     if isinstance(version, bool) or version != VERSION:
-        raise ValueError(f"{json_path}: unknown format version {version!r}; this calibkit reads version {VERSION}")
+        raise UserError(f"{json_path}: unknown format version {version!r}; this calibkit reads version {VERSION}")
     try:
         tensors = load_file(str(st_path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise ValueError(f"{st_path}: cannot read the calibrator's tensors ({exc})") from None
+        raise UserError(f"{st_path}: cannot read the calibrator's tensors ({exc})") from None
     names, saved, params = meta.get("tensors", []), meta.get("state", {}), meta.get("params", {})
     for key, value, kind in (("tensors", names, list), ("state", saved, dict), ("params", params, dict)):
         if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
-            raise ValueError(f"{json_path}: invalid \"{key}\": must be a JSON {'list of names' if kind is list else 'object'}, "
+            raise UserError(f"{json_path}: invalid \"{key}\": must be a JSON {'list of names' if kind is list else 'object'}, "
                              f"got {json.dumps(value)[:60]}")
     missing = [k for k in names if k not in tensors]
     if missing:
-        raise ValueError(f"{st_path}: lacks the tensor(s) {', '.join(missing)}")
+        raise UserError(f"{st_path}: lacks the tensor(s) {', '.join(missing)}")
     cls = CALIBRATORS[name]
     required = tuple(dict.fromkeys(cls._STATE + ("n_classes_", "binary_")))
     stray = sorted(set(tensors) - set(names))  # in the file, but not listed by the JSON
     if stray:
-        raise ValueError(f"{st_path}: unknown tensor(s) {', '.join(stray)}: {json_path.name} lists "
+        raise UserError(f"{st_path}: unknown tensor(s) {', '.join(stray)}: {json_path.name} lists "
                          f"{', '.join(names) or 'none'}")
     unknown = sorted((set(saved) | set(names)) - set(required))
     if unknown:
-        raise ValueError(f"{json_path}: unknown state field(s) {', '.join(unknown)} (a {name} calibrator has "
+        raise UserError(f"{json_path}: unknown state field(s) {', '.join(unknown)} (a {name} calibrator has "
                          f"{', '.join(required)})")
     state = {**saved, **{k: tensors[k] for k in names}}
     lacking = [k for k in required if k not in state]
     if lacking and lacking == [k for k in ("n_classes_", "binary_") if k in lacking] and name == "temperature":
-        raise ValueError(f"{json_path}: saved state lacks {', '.join(lacking)}: written by an older calibkit that did "
+        raise UserError(f"{json_path}: saved state lacks {', '.join(lacking)}: written by an older calibkit that did "
                          "not record the K it was fitted on; fit it again and save it")
     if lacking:
-        raise ValueError(f"{json_path}: saved state lacks {', '.join(lacking)}")
+        raise UserError(f"{json_path}: saved state lacks {', '.join(lacking)}")
     try:
         cal = cls.from_dict({"params": params, "state": state})
         cal._check_params()  # the hyperparameter checks of fit, for every calibrator
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{json_path}: invalid hyperparameters ({exc})") from None
+        raise UserError(f"{json_path}: invalid hyperparameters ({exc})") from None
     try:
         check_state(name, cal)
     except StateError as exc:
-        raise ValueError(f"{st_path if exc.field in names else json_path}: {exc}") from None
+        raise UserError(f"{st_path if exc.field in names else json_path}: {exc}") from None
     return cal

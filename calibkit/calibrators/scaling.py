@@ -32,13 +32,14 @@ import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs
 from calibkit.calibrators.temperature import _fit_nll
+from calibkit.errors import UserError
 
 __all__ = ["VectorScaling", "MatrixScaling", "DirichletCalibration", "odir_objective"]
 
 
 def _check_max_iter(max_iter, name: str = "max_iter") -> None:
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {max_iter!r}")
+        raise UserError(f"{name} must be an integer >= 1, got {max_iter!r}")
 
 
 def _nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -234,9 +235,9 @@ class DirichletCalibration(Calibrator):
             v = getattr(self, name)
             if not isinstance(v, (tuple, list)) or not v or any(isinstance(a, bool) or not isinstance(a, (int, float))
                                                                 or not a >= 0 for a in v):
-                raise ValueError(f"{name} must be a non-empty tuple of numbers >= 0, got {v!r}")
+                raise UserError(f"{name} must be a non-empty tuple of numbers >= 0, got {v!r}")
         if isinstance(self.n_folds, bool) or not isinstance(self.n_folds, int) or self.n_folds < 2:
-            raise ValueError(f"n_folds must be an integer >= 2, got {self.n_folds!r}")
+            raise UserError(f"n_folds must be an integer >= 2, got {self.n_folds!r}")
 
     def _grid(self) -> list[tuple[float, float]]:
         if self.mus is None:
@@ -247,7 +248,7 @@ class DirichletCalibration(Calibrator):
         x = torch.log_softmax(z, dim=1)
         n = x.shape[0]
         if n < self.n_folds:
-            raise ValueError(f"DirichletCalibration needs at least n_folds = {self.n_folds} validation samples, got {n}")
+            raise UserError(f"DirichletCalibration needs at least n_folds = {self.n_folds} validation samples, got {n}")
         grid = self._grid()
         held = torch.zeros(len(grid), dtype=torch.float64)
         folds = _folds(n, self.n_folds, self.seed, x.device)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import torch
 
 from calibkit.calibrators.registry import CALIBRATORS
+from calibkit.errors import UserError
 
 __all__ = ["NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", "Selection", "folds", "cross_fit",
            "choose", "select_calibrator", "mean_scores", "unfittable"]
@@ -106,17 +107,17 @@ class SelectionRule:
 
     def __post_init__(self):
         if self.select_by not in SELECT_BY:
-            raise ValueError(f"select_by must be one of {', '.join(SELECT_BY)}, got {self.select_by!r}")
+            raise UserError(f"select_by must be one of {', '.join(SELECT_BY)}, got {self.select_by!r}")
         if isinstance(self.n_folds, bool) or not isinstance(self.n_folds, int) or self.n_folds < 2:
-            raise ValueError(f"n_folds must be an integer >= 2, got {self.n_folds!r}")
+            raise UserError(f"n_folds must be an integer >= 2, got {self.n_folds!r}")
         if not (isinstance(self.acc_tolerance, (int, float)) and 0 <= self.acc_tolerance <= 1):
-            raise ValueError(f"acc_tolerance must be a number in [0, 1], got {self.acc_tolerance!r}")
+            raise UserError(f"acc_tolerance must be a number in [0, 1], got {self.acc_tolerance!r}")
         if isinstance(self.n_bins, bool) or not isinstance(self.n_bins, int) or self.n_bins < 1:
-            raise ValueError(f"n_bins must be an integer >= 1, got {self.n_bins!r}")
+            raise UserError(f"n_bins must be an integer >= 1, got {self.n_bins!r}")
         if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, int) or self.n_boot < 10:
-            raise ValueError(f"n_boot must be an integer >= 10, got {self.n_boot!r}")
+            raise UserError(f"n_boot must be an integer >= 10, got {self.n_boot!r}")
         if not (isinstance(self.level, float) and 0.5 <= self.level < 1):
-            raise ValueError(f"level must be a float in [0.5, 1), got {self.level!r}")
+            raise UserError(f"level must be a float in [0.5, 1), got {self.level!r}")
 
     def describe(self) -> str:
         """The rule in one sentence."""
@@ -196,7 +197,7 @@ class Selection:
 def folds(n: int, n_folds: int, seed: int) -> list[torch.Tensor]:
     """``n_folds`` disjoint sorted index sets covering ``range(n)`` (a seeded permutation cut into near-equal parts)."""
     if n < n_folds:
-        raise ValueError(f"cross-fitting needs at least n_folds = {n_folds} validation rows, got {n}")
+        raise UserError(f"cross-fitting needs at least n_folds = {n_folds} validation rows, got {n}")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return [part.sort().values for part in perm.tensor_split(n_folds)]
 
@@ -254,7 +255,7 @@ def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
     names = list(CALIBRATORS) if names is None else list(names)
     unknown = [n for n in names if n not in CALIBRATORS]
     if unknown:
-        raise ValueError(f"unknown calibrator {', '.join(map(repr, unknown))}; expected one of {', '.join(CALIBRATORS)}")
+        raise UserError(f"unknown calibrator {', '.join(map(repr, unknown))}; expected one of {', '.join(CALIBRATORS)}")
     parts = folds(x.shape[0], rule.n_folds, rule.seed)
     base = _two_column(_uncalibrated(x))
     base_pred = base.argmax(1)
@@ -325,7 +326,7 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = SelectionRule
     an eligible challenger failed to beat the default.
     """
     if NONE not in scores:
-        raise ValueError("the scores must include the uncalibrated model ('none')")
+        raise UserError("the scores must include the uncalibrated model ('none')")
     ref = scores[NONE]
     default = rule.default if rule.default in scores else NONE
     excluded = {}
@@ -387,7 +388,7 @@ def mean_scores(runs: list[dict[str, CrossFitScore]]) -> dict[str, CrossFitScore
     names missing from some run are dropped.
     """
     if not runs:
-        raise ValueError("no runs to average")
+        raise UserError("no runs to average")
     names = [n for n in runs[0] if all(n in r for r in runs)]
     out = {}
     for n in names:

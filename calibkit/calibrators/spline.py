@@ -50,6 +50,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.binning import interpolate
+from calibkit.errors import UserError
 
 __all__ = ["SplineCalibration", "natural_cubic_basis"]
 
@@ -89,7 +90,7 @@ class SplineCalibration(Calibrator):
 
     def _check_params(self):
         if isinstance(self.n_knots, bool) or not isinstance(self.n_knots, int) or self.n_knots < 2:
-            raise ValueError(f"n_knots must be an integer >= 2, got {self.n_knots!r}")
+            raise UserError(f"n_knots must be an integer >= 2, got {self.n_knots!r}")
 
     def _fit(self, z, y):
         conf, pred = torch.softmax(z, 1).max(1)

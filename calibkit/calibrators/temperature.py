@@ -24,6 +24,7 @@ import torch
 
 from calibkit._validation import as_tensor, check_labels, check_logits, check_n_bins, upcast
 from calibkit.calibrators._base import NotFittedError, _from_dict, _plain, check_init, check_not_probabilities
+from calibkit.errors import UserError
 from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
 from calibkit.metrics import evaluate
 
@@ -118,7 +119,7 @@ class TemperatureScaling:
         self._check_params()
         if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int)
                                        or max_pixels < 1):
-            raise ValueError(f"max_pixels must be an integer >= 1 or None, got {max_pixels!r}")
+            raise UserError(f"max_pixels must be an integer >= 1 or None, got {max_pixels!r}")
         binary = as_tensor(logits, "logits").dim() == 1
         logits, labels = _fit_rows(logits, labels, ignore_index, max_pixels, seed)
         z = logits.double()
@@ -135,10 +136,10 @@ class TemperatureScaling:
         :func:`calibkit.calibrators.load`): ``objective``, ``0 < t_min < t_max``, and ``n_bins``
         where the ECE objective uses it."""
         if self.objective not in self.OBJECTIVES:
-            raise ValueError(f"unknown objective {self.objective!r}; expected one of {', '.join(self.OBJECTIVES)}")
+            raise UserError(f"unknown objective {self.objective!r}; expected one of {', '.join(self.OBJECTIVES)}")
         if not all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (self.t_min, self.t_max)) \
                 or not 0 < self.t_min < self.t_max:
-            raise ValueError(f"need 0 < t_min < t_max, got t_min={self.t_min!r}, t_max={self.t_max!r}")
+            raise UserError(f"need 0 < t_min < t_max, got t_min={self.t_min!r}, t_max={self.t_max!r}")
         if self.objective == "ece":
             check_n_bins(self.n_bins)
 
@@ -153,9 +154,9 @@ class TemperatureScaling:
         name = type(self).__name__
         if (x.dim() == 1) != self.binary_:
             fitted = "(N,) binary logits" if self.binary_ else f"(N, {self.n_classes_}) logits"
-            raise ValueError(f"this {name} was fitted on {fitted}; got shape {tuple(x.shape)}")
+            raise UserError(f"this {name} was fitted on {fitted}; got shape {tuple(x.shape)}")
         if x.dim() > 1 and x.shape[1] != self.n_classes_:
-            raise ValueError(f"logits have K = {x.shape[1]} classes but this {name} was fitted on "
+            raise UserError(f"logits have K = {x.shape[1]} classes but this {name} was fitted on "
                              f"K = {self.n_classes_}")
         return x.double() / self.temperature_, upcast(x).dtype
 
@@ -199,12 +200,12 @@ def _check_any_logits(logits) -> torch.Tensor:
         return check_logits(x[:, None].expand(-1, 2))[:, 0]  # same checks (dtype, N, finiteness)
     if x.dim() >= 3:  # the checks of check_logits, without a (pixels, K) copy
         if not x.dtype.is_floating_point:
-            raise ValueError(f"logits must be a floating-point tensor, got dtype {x.dtype}")
+            raise UserError(f"logits must be a floating-point tensor, got dtype {x.dtype}")
         if x.numel() == 0 or x.shape[1] < 2:
-            raise ValueError(f"dense logits need N >= 1 and K >= 2 along dim 1, got shape {tuple(x.shape)}")
+            raise UserError(f"dense logits need N >= 1 and K >= 2 along dim 1, got shape {tuple(x.shape)}")
         lo, hi = torch.aminmax(x)
         if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
-            raise ValueError("logits contains NaN or infinite value(s)")
+            raise UserError("logits contains NaN or infinite value(s)")
         return x
     return check_logits(x)
 
@@ -215,7 +216,7 @@ def _fit_rows(logits, labels, ignore_index, max_pixels, seed):
     if x.dim() >= 3:
         expected = x.shape[:1] + x.shape[2:]
         if tuple(y.shape) != tuple(expected):
-            raise ValueError(f"dense logits of shape {tuple(x.shape)} (N, K, *spatial) need labels of shape "
+            raise UserError(f"dense logits of shape {tuple(x.shape)} (N, K, *spatial) need labels of shape "
                              f"{tuple(expected)}, got {tuple(y.shape)}")
         flat_y = check_labels(y.reshape(-1), None, None)
         keep = torch.ones_like(flat_y, dtype=torch.bool) if ignore_index is None else flat_y != ignore_index
@@ -323,7 +324,7 @@ def evaluate_before_after_ts(val_logits, val_labels, test_logits, test_labels, n
     test = upcast(check_logits(test_logits)).double()
     k_val = check_logits(val_logits, name="val_logits").shape[1]
     if test.shape[1] != k_val:  # the temperature of one classifier applied to another's logits
-        raise ValueError(f"val_logits have {k_val} classes but test_logits have {test.shape[1]}: both must come "
+        raise UserError(f"val_logits have {k_val} classes but test_logits have {test.shape[1]}: both must come "
                          "from the same classifier")
     ts = TemperatureScaling(objective=objective, n_bins=n_bins).fit(val_logits, val_labels)
     return {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from calibkit.errors import UserError
+
 
 def add_num_threads(parser) -> None:
     """Declare ``--num-threads N`` on a subcommand's parser (``calibkit.cli.main`` applies it)."""
@@ -22,7 +24,7 @@ def check_paths_given(**paths) -> None:
     for name, value in paths.items():
         if value is not None and not str(value).strip():
             flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag}: empty path {value!r}; give a file or folder name")
+            raise UserError(f"{flag}: empty path {value!r}; give a file or folder name")
 
 
 def apply_num_threads(args) -> None:
@@ -35,7 +37,7 @@ def apply_num_threads(args) -> None:
     if threads is None:
         return
     if threads < 1:
-        raise ValueError(f"--num-threads must be >= 1, got {threads}")
+        raise UserError(f"--num-threads must be >= 1, got {threads}")
     import torch
 
     torch.set_num_threads(threads)
@@ -99,7 +101,7 @@ def check_executor(args) -> None:
                                       ("--sbatch-arg", args.sbatch_arg), ("--requeue", args.requeue),
                                       ("--signal", args.signal)) if value]
     if given:
-        raise ValueError(f"{given[0]} is an option of --executor slurm")
+        raise UserError(f"{given[0]} is an option of --executor slurm")
 
 
 def run_scheduled(args, run) -> int:

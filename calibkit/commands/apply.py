@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.errors import UserError
+
 EPILOG = """\
 FILE is a calibrator written by `calibkit calibrate --save NAME` or calibkit.calibrators.save
 (FILE may name STEM, STEM.json or STEM.safetensors). F holds 'logits' (or 'probs', then
@@ -47,13 +49,13 @@ def run(args) -> int:
     check_paths_given(calibrator=args.calibrator, input=args.input, out=args.out)
     out = Path(args.out)
     if out.suffix != ".npz":
-        raise ValueError(f"--out must name an .npz file, got {out}")
+        raise UserError(f"--out must name an .npz file, got {out}")
     if out.is_dir():
-        raise ValueError(f"--out {out} is a directory, not a file")
+        raise UserError(f"--out {out} is a directory, not a file")
     from calibkit.commands.calibrate import read_scores, same_file
 
     if same_file(out, Path(args.input)):
-        raise ValueError(f"--out {out} is the input file {args.input}: writing there would overwrite its logits; "
+        raise UserError(f"--out {out} is the input file {args.input}: writing there would overwrite its logits; "
                          "choose another path")
     from calibkit.calibrators import load
 
@@ -81,7 +83,7 @@ def check_fit_layout(cal, x, input_name, cal_name) -> None:
     fitted = "binary (N,) scores" if cal.binary_ else f"(N, {cal.n_classes_}) logits"
     if (x.dim() == 1) != cal.binary_:
         got = "binary (N,) scores" if x.dim() == 1 else f"(N, {x.shape[1]}) logits"
-        raise ValueError(f"{input_name} holds {got} but the calibrator {cal_name} was fitted on {fitted}")
+        raise UserError(f"{input_name} holds {got} but the calibrator {cal_name} was fitted on {fitted}")
     if x.dim() == 2 and x.shape[1] != cal.n_classes_:
-        raise ValueError(f"{input_name} has K = {x.shape[1]} classes but the calibrator {cal_name} was fitted on "
+        raise UserError(f"{input_name} has K = {x.shape[1]} classes but the calibrator {cal_name} was fitted on "
                          f"K = {cal.n_classes_}")

@@ -6,6 +6,8 @@ import argparse
 import sys
 import textwrap
 
+from calibkit.errors import UserError
+
 EPILOG = """\
 examples:
   calibkit bench --preset smoke --out runs/smoke            # every method in ~30 s: checks the set-up
@@ -91,7 +93,7 @@ def _run(args, waiting: list) -> int:
 
     preset = preset_from_args(args)
     if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-        raise ValueError(f"--seeds: repeated seed in {args.seeds}")
+        raise UserError(f"--seeds: repeated seed in {args.seeds}")
     if args.await_start:  # an extra worker: the caller has checked the bench before releasing it
         from calibkit.bench.workers import await_start, warm_up
 
@@ -175,13 +177,13 @@ def _elsewhere(args) -> int:
 
     preset = preset_from_args(args)
     if args.workers != 1:
-        raise ValueError("--workers is for --executor local; on SLURM every run is its own task")
+        raise UserError("--workers is for --executor local; on SLURM every run is its own task")
     if args.run_key:
         from calibkit.commands import run_scheduled
 
         return run_scheduled(args, lambda: _run_key(args, preset))
     if args.status and args.collect:
-        raise ValueError("--status and --collect: give one of them (--status shows each run's state and changes "
+        raise UserError("--status and --collect: give one of them (--status shows each run's state and changes "
                          "nothing; --collect imports the result files into runs.db, then reports)")
     if args.status:
         from calibkit.bench.slurm_plan import status_lines
@@ -216,7 +218,7 @@ def _run_key(args, preset) -> int:
 
     name, method, seed = split_run_key(args.run_key)
     if name != preset.name:
-        raise ValueError(f"--run-key {args.run_key} is not a run of preset {preset.name}")
+        raise UserError(f"--run-key {args.run_key} is not a run of preset {preset.name}")
     group = D.setup(args.device)  # one process group for the tuner's and the bench's views
     try:
         if args.tune:

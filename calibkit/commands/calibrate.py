@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.errors import UserError
+
 EPILOG = """\
 Each file (.npz, .safetensors or .pt) holds 'logits' (N, K) and 'labels' (N,), or 'probs' (N, K)
 instead of 'logits' (then logits = log(probs), probabilities below 1e-300 raised to it first;
@@ -91,43 +93,43 @@ def read_scores(path, require_labels: bool = True):
     check_is_file(path)
     data = _read_file(path)
     if "logits" in data and "probs" in data:
-        raise ValueError(f"{path}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses "
+        raise UserError(f"{path}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses "
                          "which one you meant)")
     key = "logits" if "logits" in data else "probs" if "probs" in data else None
     if key is None:
-        raise ValueError(f"{path}: no 'logits' or 'probs' entry (found: {', '.join(sorted(data)) or 'nothing'})")
+        raise UserError(f"{path}: no 'logits' or 'probs' entry (found: {', '.join(sorted(data)) or 'nothing'})")
     try:
         x = torch.as_tensor(np.asarray(data[key])) if not isinstance(data[key], torch.Tensor) else data[key]
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: '{key}' is not a numeric array ({exc})") from None
+        raise UserError(f"{path}: '{key}' is not a numeric array ({exc})") from None
     if not x.dtype.is_floating_point or x.dim() not in (1, 2) or x.shape[0] == 0:
-        raise ValueError(f"{path}: '{key}' must be a non-empty float array of shape (N, K) or (N,), "
+        raise UserError(f"{path}: '{key}' must be a non-empty float array of shape (N, K) or (N,), "
                          f"got {x.dtype} {tuple(x.shape)}")
     if x.dim() == 2 and x.shape[1] < 2:
         what = "no classes (0 columns)" if x.shape[1] == 0 else "a single column"
-        raise ValueError(f"{path}: '{key}' has {what}, shape {tuple(x.shape)}; expected (N, K) with K >= 2 classes, "
+        raise UserError(f"{path}: '{key}' has {what}, shape {tuple(x.shape)}; expected (N, K) with K >= 2 classes, "
                          "or binary positive-class scores as a 1-D (N,) array")
     x = x.double()
     if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{path}: '{key}' contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
+        raise UserError(f"{path}: '{key}' contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
     if key == "probs":
         try:
             check_probs(torch.stack([1 - x, x], 1) if x.dim() == 1 else x, name=f"{path}: 'probs'")
         except ValueError as exc:
-            raise ValueError(str(exc)) from None
+            raise UserError(str(exc)) from None
         p = x.clamp(min=1e-300)
         x = torch.log(p) - torch.log((1 - x).clamp(min=1e-300)) if x.dim() == 1 else torch.log(p)
     labels = data.get("labels")
     if labels is None:
         if require_labels:
-            raise ValueError(f"{path}: no 'labels' entry")
+            raise UserError(f"{path}: no 'labels' entry")
         return x, None, key
     y = np.asarray(labels) if not isinstance(labels, torch.Tensor) else labels
     k = 2 if x.dim() == 1 else x.shape[1]
     try:
         y = check_labels(y, k, x.shape[0])
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise UserError(f"{path}: {exc}") from None
     return x, y, key
 
 
@@ -146,8 +148,8 @@ def _read_file(path):
             return load_file(str(path))
         except Exception as exc:  # the reader raises its own types for a damaged file
             reason = (str(exc).strip().splitlines() or [""])[0][:120]
-            raise ValueError(f"{path}: not a readable .safetensors file ({type(exc).__name__}: {reason})") from None
-    raise ValueError(f"{path}: unsupported file type {suffix or '(none)'}; use .npz, .safetensors or .pt")
+            raise UserError(f"{path}: not a readable .safetensors file ({type(exc).__name__}: {reason})") from None
+    raise UserError(f"{path}: unsupported file type {suffix or '(none)'}; use .npz, .safetensors or .pt")
 
 
 def _choose(spec):
@@ -158,7 +160,7 @@ def _choose(spec):
     names = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [n for n in names if n not in CALIBRATORS]
     if bad or not names:
-        raise ValueError(f"unknown calibrator {', '.join(map(repr, bad)) or '(none given)'}; expected one of "
+        raise UserError(f"unknown calibrator {', '.join(map(repr, bad)) or '(none given)'}; expected one of "
                          f"{', '.join(CALIBRATORS)}")
     return list(dict.fromkeys(names))
 
@@ -170,15 +172,15 @@ def _check_args(args, names):
     for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10),
                                ("--folds", args.folds, 2)):
         if value < least:
-            raise ValueError(f"{flag} must be >= {least}, got {value}")
+            raise UserError(f"{flag} must be >= {least}, got {value}")
     if args.seed < 0:  # one rule with bench --seeds and tune --seed
-        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
+        raise UserError(f"--seed must be an integer >= 0, got {args.seed}")
     if not 0 < args.alpha < 1:  # also refuses NaN
-        raise ValueError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
+        raise UserError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
     if not 0 <= args.acc_tolerance <= 100:  # also refuses NaN
-        raise ValueError(f"--acc-tolerance must be a number of points in [0, 100], got {args.acc_tolerance}")
+        raise UserError(f"--acc-tolerance must be a number of points in [0, 100], got {args.acc_tolerance}")
     if args.save is not None and args.save not in names:
-        raise ValueError(f"--save {args.save!r}: not among the calibrators fitted here ({', '.join(names)})")
+        raise UserError(f"--save {args.save!r}: not among the calibrators fitted here ({', '.join(names)})")
 
 
 def run(args) -> int:
@@ -195,10 +197,10 @@ def run(args) -> int:
     test_x, test_y, test_src = read_scores(args.test)
     if val_x.dim() != test_x.dim() or (val_x.dim() == 2 and val_x.shape[1] != test_x.shape[1]):
         shape = lambda x: "binary (N,)" if x.dim() == 1 else f"K = {x.shape[1]}"  # noqa: E731
-        raise ValueError(f"{args.val} has {shape(val_x)} but {args.test} has {shape(test_x)}: "
+        raise UserError(f"{args.val} has {shape(val_x)} but {args.test} has {shape(test_x)}: "
                          "validation and test must come from the same model")
     if len(val_y) < args.folds:
-        raise ValueError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
+        raise UserError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
     _check_rows(args, val_x, names)
     _warn_one_class(args, val_y, 2 if val_x.dim() == 1 else val_x.shape[1])
     _warn_same_data(args, (val_x, val_y), (test_x, test_y))
@@ -208,7 +210,7 @@ def run(args) -> int:
     timer = _Timer()
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
     if args.save and args.save not in sel.fitted:  # its fit failed on a fold: nothing to save
-        raise ValueError(f"--save {args.save!r}: {sel.scores[args.save].error}")
+        raise UserError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
     from calibkit.report import sets
 
@@ -260,7 +262,7 @@ def _check_rows(args, val_x, names) -> None:
     n, k = val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1]
     refused = {name: why for name in names if (why := unfittable(name, n, k)) is not None}
     if args.save in refused:
-        raise ValueError(f"--save {args.save!r}: {refused[args.save]}")
+        raise UserError(f"--save {args.save!r}: {refused[args.save]}")
     if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only
         skipped = f"; not fitted: {', '.join(refused)} (fewer rows than classes)" if refused else ""
         warnings.warn(f"{args.val}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per class): "

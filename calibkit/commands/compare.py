@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.errors import UserError
+
 EPILOG = """\
 Both methods' saved test predictions are compared seed by seed (the seeds they share), on the same
 bootstrap resamples of the test set; every panel metric gets A - B with its 95% basic interval.
@@ -49,7 +51,7 @@ def run(args) -> int:
     if args.store is None and not (out / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
-        raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
+        raise UserError(f"--n-boot must be >= 1, got {args.n_boot}")
     from calibkit.report.build import _load
     from calibkit.report.calibrated import CalibratedProbs
     from calibkit.report.data import label, summarize, usable_rows
@@ -90,7 +92,7 @@ def _left_out(rows, methods) -> None:
             usable.add(row["method"])
     for method in methods:
         if method in lines and method not in usable:
-            raise ValueError(f"no usable finished runs of method {method!r}: {'; '.join(lines[method])}")
+            raise UserError(f"no usable finished runs of method {method!r}: {'; '.join(lines[method])}")
     for method in methods:
         for line in lines.get(method, []):
             warnings.warn(f"{line}; left out of the comparison", stacklevel=2)
@@ -99,10 +101,10 @@ def _left_out(rows, methods) -> None:
 def _check_names(args) -> None:
     """Two different methods, and a calibrator that exists, before anything is read."""
     if args.a == args.b:
-        raise ValueError(f"A and B are both {args.a!r}: a method compared with itself differs by 0 everywhere; "
+        raise UserError(f"A and B are both {args.a!r}: a method compared with itself differs by 0 everywhere; "
                          "name two different methods (e.g. ls ce)")
     from calibkit.report.calibrated import calibrator_names
 
     if args.after is not None and args.after not in calibrator_names():
-        raise ValueError(f"--after: unknown calibrator {args.after!r}; expected one of "
+        raise UserError(f"--after: unknown calibrator {args.after!r}; expected one of "
                          f"{', '.join(calibrator_names()[1:])}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 
+from calibkit.errors import UserError
 from calibkit.extras import require
 
 
@@ -26,7 +27,7 @@ def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(t) for t in text.split(","))
     except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+        raise UserError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def register(sub) -> None:
@@ -101,7 +102,7 @@ def _command_line(args) -> str:
 def _set_threads(n) -> None:
     if n is not None:
         if n < 1:
-            raise ValueError(f"--num-threads must be >= 1, got {n}")
+            raise UserError(f"--num-threads must be >= 1, got {n}")
         import torch
 
         torch.set_num_threads(n)
@@ -128,11 +129,11 @@ def _train_generator(args) -> int:
               f"{record['excluded_val_seeds']}", flush=True)
     else:
         if args.val_size is not None:
-            raise ValueError("--val-size goes with --exclude-val-seeds")
+            raise UserError("--val-size goes with --exclude-val-seeds")
         bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
         images, labels, record = bundle.train.images, bundle.train.labels, None
     if bundle.modality != "image":
-        raise ValueError(f"--data {args.data} is {bundle.modality}: CSM's generator is an image diffusion model; "
+        raise UserError(f"--data {args.data} is {bundle.modality}: CSM's generator is an image diffusion model; "
                          "CSM does not apply to it (calibrate it with a loss, MaC-Cal or temperature scaling)")
     gen_cfg = GeneratorConfig.for_images(bundle.num_classes, bundle.in_channels, bundle.image_size[0], args.channels)
     train_cfg = GeneratorTrainConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
@@ -163,16 +164,16 @@ def _annotate(args) -> int:
         require("transformers", "the CLIP encoder")  # before anything is written
     if args.encoder == "classifier":
         if not args.run:
-            raise ValueError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")
+            raise UserError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")
         enc = ClassifierEncoder(args.run, device=args.device)
         if args.data and args.data != enc.cfg.data:
-            raise ValueError(f"--data {args.data} differs from the run's data set {enc.cfg.data}")
+            raise UserError(f"--data {args.data} differs from the run's data set {enc.cfg.data}")
         images, labels = enc.training_split()
     else:
         if not args.clip_dir:
-            raise ValueError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
+            raise UserError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
         if not args.data:
-            raise ValueError("--encoder clip needs --data NAME for the prototypes' real training images")
+            raise UserError("--encoder clip needs --data NAME for the prototypes' real training images")
         from calibkit.data import load
 
         enc = ClipEncoder(args.clip_dir, device=args.device)

@@ -7,6 +7,8 @@ import argparse
 import os
 from pathlib import Path
 
+from calibkit.errors import UserError
+
 EPILOG = """\
 examples:
   calibkit train --config fmnist --out runs/ce
@@ -61,7 +63,7 @@ def register(subparsers) -> None:
 def set_threads(n: int | None) -> None:
     if n is not None:
         if n < 1:
-            raise ValueError(f"--num-threads must be >= 1, got {n}")
+            raise UserError(f"--num-threads must be >= 1, got {n}")
         import torch
 
         torch.set_num_threads(n)
@@ -103,17 +105,17 @@ def parse_stage2_spec(text: str | None) -> dict:
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not value.strip():
-            raise ValueError(f"--maccal: expected KEY=VALUE, got {item!r}")
+            raise UserError(f"--maccal: expected KEY=VALUE, got {item!r}")
         if key == "loss":
             out[key] = value.strip()
             continue
         if key not in DEFAULTS:
-            raise ValueError(f"--maccal: unknown key {key!r}; valid: {', '.join([*DEFAULTS, 'loss'])}")
+            raise UserError(f"--maccal: unknown key {key!r}; valid: {', '.join([*DEFAULTS, 'loss'])}")
         kind = type(DEFAULTS[key])
         try:
             out[key] = kind(value) if kind is float else int(value)
         except ValueError:
-            raise ValueError(f"--maccal: {key} expects {kind.__name__}, got {value!r}") from None
+            raise UserError(f"--maccal: {key} expects {kind.__name__}, got {value!r}") from None
     return out
 
 
@@ -133,13 +135,13 @@ def train_two_stage(cfg, out_dir, stage2: dict, progress: bool = True, verbose: 
     if (out / rundir.CONFIG).is_file():
         info = rundir.load_info(out)
         if info.get("method") != "maccal" or info.get("status") != "done":
-            raise ValueError(f"out: {out} holds another run (method {info.get('method')!r}); choose another directory")
+            raise UserError(f"out: {out} holds another run (method {info.get('method')!r}); choose another directory")
         asked = {**info["maccal"], **stage2}
         if asked.get("loss") == "stage1":  # recorded resolved, as the stage-1 loss spec
             asked["loss"] = cfg.loss
         if asked != info["maccal"]:
             changed = sorted(k for k in asked if asked[k] != info["maccal"].get(k))
-            raise ValueError(f"out: {out} holds a MaC-Cal run with other stage-2 settings ({', '.join(changed)}); "
+            raise UserError(f"out: {out} holds a MaC-Cal run with other stage-2 settings ({', '.join(changed)}); "
                              "choose another directory")
         train(cfg, stage1, progress=False, verbose=False)  # refuses a different stage-1 config
         say(f"{out}: MaC-Cal run already finished; nothing to do")
@@ -147,7 +149,7 @@ def train_two_stage(cfg, out_dir, stage2: dict, progress: bool = True, verbose: 
     if out.exists():
         unknown = [p.name for p in out.iterdir() if p.name != STAGE1_SUBDIR and p.name not in STAGE2_FILES]
         if not out.is_dir() or unknown:
-            raise ValueError(f"out: {out} is not empty and holds no MaC-Cal run ({', '.join(unknown[:3])}); "
+            raise UserError(f"out: {out} is not empty and holds no MaC-Cal run ({', '.join(unknown[:3])}); "
                              "choose another directory")
     summary1 = train(cfg, stage1, progress=progress, verbose=verbose)
     if int(os.environ.get("RANK", "0")) != 0:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.errors import UserError
+
 EPILOG = """\
 Writes four PNG files into DIR (or --out):
   reliability.png      reliability_ts.png      (accuracy vs confidence per bin, with the gap)
@@ -41,7 +43,7 @@ def _check_out(out, run_dir) -> None:
 
     owner = None if out.resolve() == run_dir.resolve() else directory_owner(out)
     if owner:
-        raise ValueError(f"--out {out} is {owner}; plot would overwrite its files. Give a new or plain folder, "
+        raise UserError(f"--out {out} is {owner}; plot would overwrite its files. Give a new or plain folder, "
                          f"or leave --out out to write into {run_dir}")
 
 
@@ -51,7 +53,7 @@ def run(args) -> int:
     from calibkit.rundir import load_info, load_logits
 
     if args.dpi < 10:
-        raise ValueError(f"dpi: must be >= 10, got {args.dpi}")
+        raise UserError(f"dpi: must be >= 10, got {args.dpi}")
     logits = load_logits(args.run_dir)  # a missing or unfinished run fails here, before plotting imports
     c = load_info(args.run_dir)["config"]
     out = Path(args.out) if args.out else Path(args.run_dir)

@@ -1,5 +1,6 @@
 """The preset options of ``calibkit bench`` and ``tune``: ``--preset NAME|FILE`` and the flags of
-the common case on top of it (``calibkit.bench.overrides``)."""
+the common case on top of it (``calibkit.bench.overrides``). The processes a bench starts are given
+the same options back (:func:`calibkit.bench.presetargv.preset_argv`)."""
 
 from __future__ import annotations
 
@@ -49,21 +50,3 @@ def preset_from_args(args):
                         train_subset=args.train_subset, augment=args.augment, ood=args.ood)
     return with_keep(preset, args.keep)
 
-
-def preset_argv(args) -> list[str]:
-    """``--preset`` and the given flags as command-line arguments (for the extra processes of
-    ``--workers`` and the tasks of ``--executor slurm``), so that every process builds the same preset."""
-    import os
-
-    from calibkit.bench.grid import PRESETS
-
-    # a preset file by its absolute path: a task may start in another directory
-    argv = ["--preset", args.preset if args.preset in PRESETS else os.path.abspath(args.preset)]
-    for flag, value in (("--data", args.data), ("--model", args.model), ("--epochs", args.epochs),
-                        ("--lr", args.lr), ("--batch-size", args.batch_size), ("--val-size", args.val_size),
-                        ("--train-subset", args.train_subset), ("--ood", args.ood), ("--name", args.name)):
-        if value is not None:
-            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
-    if args.augment is not None:
-        argv.append("--augment" if args.augment else "--no-augment")
-    return argv

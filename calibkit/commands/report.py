@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from calibkit.errors import UserError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -37,9 +39,9 @@ def run(args) -> int:
     if args.store is None and not (Path(args.dir) / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
     if args.n_boot is not None and args.n_boot < 1:
-        raise ValueError(f"--n-boot must be >= 1, got {args.n_boot}")
+        raise UserError(f"--n-boot must be >= 1, got {args.n_boot}")
     if not 0 < args.alpha < 1:  # also refuses NaN
-        raise ValueError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
+        raise UserError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
     name = args.preset
     if name is not None and (name.endswith(".toml") or Path(name).is_file()):
         from calibkit.bench.presetfile import read_preset_file

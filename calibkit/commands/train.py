@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.errors import UserError
+
 EPILOG = """\
 examples:
   calibkit train --data fmnist --model cnn --loss ce --epochs 30 --seed 0 --out runs/ce
@@ -118,7 +120,7 @@ def run(args) -> int:
 
     two_stage = args.method == "maccal"
     if args.maccal is not None and not two_stage:
-        raise ValueError("--maccal is only used with --method maccal")
+        raise UserError("--maccal is only used with --method maccal")
     values = {name: getattr(args, name) for name in FIELDS}
     cfg = load_config(args.config, **{**values, "method": "standard" if two_stage else args.method})
     check_dataset(cfg.data)  # a missing extra package is named before anything is written

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.errors import UserError, UserRuntimeError
+
 EPILOG = """\
 examples:
   calibkit tune --preset default --out runs/tune-default            # every method with a search space
@@ -43,7 +45,7 @@ def add_shared(p) -> None:
 def check_shared(args) -> None:
     """The options of :func:`add_shared` that argparse does not check (before anything is read)."""
     if args.max_extensions < 0:
-        raise ValueError(f"--max-extensions must be >= 0 (0: never extend a grid), got {args.max_extensions}")
+        raise UserError(f"--max-extensions must be >= 0 (0: never extend a grid), got {args.max_extensions}")
 
 
 def register(subparsers) -> None:
@@ -115,7 +117,7 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
         counts = tuner.run()
         if tuned and counts["failed"]:
             first = f" (first: {tuner.failures[0]})" if tuner.failures else ""
-            raise RuntimeError(f"{counts['failed']} tuning candidate(s) failed{first}; see "
+            raise UserRuntimeError(f"{counts['failed']} tuning candidate(s) failed{first}; see "
                                f"{describe_store(args.out, args.store)} (run the same command again to retry them)")
         result = tuner.tuned_preset() if tuned else None
     finally:
@@ -129,7 +131,7 @@ def run(args) -> int:
     check_executor(args)
     check_shared(args)
     if args.workers > 1 and args.executor != "local":
-        raise ValueError("--workers shares the candidates between local processes; with --executor slurm use "
+        raise UserError("--workers shares the candidates between local processes; with --executor slurm use "
                          "--workers 1")
     from calibkit.bench.workers import run_with_workers, tune_worker_argv
 
@@ -145,7 +147,7 @@ def _run(args, waiting: list) -> int:
     preset = preset_from_args(args)
     check_out(args.out)  # before the database is created: not into a training run's directory
     if args.status and args.collect:
-        raise ValueError("--status and --collect: give one of them (--status shows each candidate's state and "
+        raise UserError("--status and --collect: give one of them (--status shows each candidate's state and "
                          "changes nothing; --collect imports the result files into runs.db, then prints the tuning)")
     if args.run_key or args.select_only or args.status or args.executor != "local":
         return _elsewhere(args, preset)
@@ -258,7 +260,7 @@ def _elsewhere(args, preset) -> int:
                 chosen = tuner.select_all() if tuner.dd.is_main else {}
                 missing = [m for m in tuner.methods if m not in chosen]
                 if missing:
-                    raise RuntimeError(f"no selection for {', '.join(missing)}: some candidates did not finish "
+                    raise UserRuntimeError(f"no selection for {', '.join(missing)}: some candidates did not finish "
                                        f"(calibkit tune ... --status)")
                 print(f"tune {preset.name}: selected " + "; ".join(f"{m} {v}" for m, v in chosen.items()))
                 return 0

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
+
 
 @dataclass
 class Split:
@@ -37,22 +39,22 @@ class Split:
         tokens = self.images.dtype == torch.int64 and self.images.dim() == 2
         features = self.images.dtype == torch.float32 and self.images.dim() >= 2
         if not (image_like or tokens or features):
-            raise ValueError(
+            raise UserError(
                 "images must be a uint8 tensor (N, C, H, W) (or int64 token ids (N, L), or float32 inputs "
                 "(N, ...) of the features modality), "
                 f"got {self.images.dtype} {tuple(self.images.shape)}"
             )
         masks_u8 = self.labels.dtype == torch.uint8 and self.labels.dim() == 3
         if not masks_u8 and (self.labels.dtype != torch.int64 or self.labels.dim() not in (1, 3)):
-            raise ValueError(
+            raise UserError(
                 f"labels must be an int64 tensor (N,) (or (N, H, W) per pixel, int64 or uint8), got "
                 f"{self.labels.dtype} {tuple(self.labels.shape)}"
             )
         masks = self.labels.dim() == 3 and self.images.dim() == 4
         if masks and self.labels.shape[1:] != self.images.shape[2:]:
-            raise ValueError(f"masks {tuple(self.labels.shape)} do not match images {tuple(self.images.shape)}")
+            raise UserError(f"masks {tuple(self.labels.shape)} do not match images {tuple(self.images.shape)}")
         if self.images.shape[0] != self.labels.shape[0]:
-            raise ValueError(f"{self.images.shape[0]} images but {self.labels.shape[0]} labels")
+            raise UserError(f"{self.images.shape[0]} images but {self.labels.shape[0]} labels")
 
     @property
     def inputs(self) -> torch.Tensor:
@@ -155,7 +157,7 @@ def stratified_quotas(counts, size: int) -> np.ndarray:
     counts = np.asarray(counts, dtype=np.int64)
     n = int(counts.sum())
     if not 0 <= size <= n:
-        raise ValueError(f"cannot draw {size} of {n} items")
+        raise UserError(f"cannot draw {size} of {n} items")
     if n == 0:
         return counts.copy()
     exact = counts * size / n
@@ -184,7 +186,7 @@ def stratified_split(labels, size: int, seed: int, stream: int = 0) -> tuple[np.
     labels = np.asarray(labels, dtype=np.int64)
     n = len(labels)
     if not 0 <= size < n:
-        raise ValueError(f"val_size must be in [0, {n - 1}] for a training set of {n} images, got {size}")
+        raise UserError(f"val_size must be in [0, {n - 1}] for a training set of {n} images, got {size}")
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(stream)]))
     classes, counts = np.unique(labels, return_counts=True)
     quotas = stratified_quotas(counts, size)

@@ -20,6 +20,8 @@ import torch
 
 from .bundle import RawData, Split
 
+from calibkit.errors import UserError
+
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
@@ -40,7 +42,7 @@ class _SafeUnpickler(pickle.Unpickler):
         try:
             return _numpy_globals()[(module, name)]
         except KeyError:
-            raise ValueError(
+            raise UserError(
                 f"refusing to unpickle global {module}.{name}: a CIFAR batch holds only arrays, bytes and lists"
             ) from None
 
@@ -55,16 +57,16 @@ def read_cifar_batch(path: str, label_key: bytes) -> tuple[np.ndarray, np.ndarra
     except ValueError:
         raise
     except Exception as exc:  # truncated/garbled pickles raise many different errors
-        raise ValueError(f"{path}: not a readable CIFAR pickle ({type(exc).__name__}: {exc})") from exc
+        raise UserError(f"{path}: not a readable CIFAR pickle ({type(exc).__name__}: {exc})") from exc
     if not isinstance(obj, dict) or b"data" not in obj or label_key not in obj:
         keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-        raise ValueError(f"{path}: expected a dict with b'data' and {label_key!r}, found {keys}")
+        raise UserError(f"{path}: expected a dict with b'data' and {label_key!r}, found {keys}")
     data = np.asarray(obj[b"data"])
     labels = np.asarray(obj[label_key], dtype=np.int64)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise ValueError(f"{path}: b'data' must be uint8 (N, 3072), got {data.dtype} {data.shape}")
+        raise UserError(f"{path}: b'data' must be uint8 (N, 3072), got {data.dtype} {data.shape}")
     if labels.shape != (data.shape[0],):
-        raise ValueError(f"{path}: {data.shape[0]} images but {labels.shape[0]} labels")
+        raise UserError(f"{path}: {data.shape[0]} images but {labels.shape[0]} labels")
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -75,7 +77,7 @@ def _names_from_meta(path: str, key: bytes, fallback: list[str] | None) -> list[
         try:
             meta = _SafeUnpickler(f, encoding="bytes").load()
         except Exception as exc:
-            raise ValueError(f"{path}: not a readable CIFAR meta pickle ({exc})") from exc
+            raise UserError(f"{path}: not a readable CIFAR meta pickle ({exc})") from exc
     return [n.decode() if isinstance(n, bytes) else str(n) for n in meta[key]]
 
 
@@ -96,7 +98,7 @@ def _split(data: list[np.ndarray], labels: list[np.ndarray]) -> Split:
 
 def _check_range(labels: np.ndarray, k: int, where: str) -> None:
     if labels.size and (labels.min() < 0 or labels.max() >= k):
-        raise ValueError(f"{where}: labels must lie in [0, {k - 1}], found {labels.min()}..{labels.max()}")
+        raise UserError(f"{where}: labels must lie in [0, {k - 1}], found {labels.min()}..{labels.max()}")
 
 
 def read_cifar10(data_dir: str) -> RawData:
@@ -121,7 +123,7 @@ def read_cifar100(data_dir: str) -> RawData:
     test = read_cifar_batch(os.path.join(root, "test"), b"fine_labels")
     names = _names_from_meta(os.path.join(root, "meta"), b"fine_label_names", None) or [str(k) for k in range(100)]
     if len(names) != 100:
-        raise ValueError(f"{root}/meta lists {len(names)} fine label names, expected 100")
+        raise UserError(f"{root}/meta lists {len(names)} fine label names, expected 100")
     for lab in (train[1], test[1]):
         _check_range(lab, 100, root)
     return RawData(train=_split([train[0]], [train[1]]), test=_split([test[0]], [test[1]]), class_names=names)

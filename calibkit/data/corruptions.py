@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from .bundle import Split
 
+from calibkit.errors import UserError
+
 # Parameters of the five severities, as published for CIFAR-10-C.
 SEVERITIES = {
     "gaussian_noise": (0.04, 0.06, 0.08, 0.09, 0.10),  # noise std (pixel range [0, 1])
@@ -224,14 +226,14 @@ def corrupt(images: torch.Tensor, name: str, severity: int, seed: int = 0) -> to
     113
     """
     if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; choose one of {sorted(CORRUPTIONS)}")
+        raise UserError(f"unknown corruption {name!r}; choose one of {sorted(CORRUPTIONS)}")
     if isinstance(severity, bool) or severity not in (1, 2, 3, 4, 5):
-        raise ValueError(f"severity must be an integer 1..5, got {severity!r}")
+        raise UserError(f"severity must be an integer 1..5, got {severity!r}")
     if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() != 4:
         got = f"{images.dtype} {tuple(images.shape)}" if isinstance(images, torch.Tensor) else type(images).__name__
-        raise ValueError(f"images must be a uint8 tensor (N, C, H, W), got {got}")
+        raise UserError(f"images must be a uint8 tensor (N, C, H, W), got {got}")
     if name in ("brightness", "jpeg") and images.shape[1] not in (1, 3):
-        raise ValueError(f"{name} needs 1 (grey) or 3 (RGB) channels, got {images.shape[1]}")
+        raise UserError(f"{name} needs 1 (grey) or 3 (RGB) channels, got {images.shape[1]}")
     fn, c = CORRUPTIONS[name], SEVERITIES[name][severity - 1]
     gen = torch.Generator(device=images.device).manual_seed(int(seed))
     out = torch.empty_like(images)

@@ -22,6 +22,8 @@ from .tensors import read_tensors_file
 from .textsets import read_20newsgroups, read_debian
 from .voc import read_voc
 
+from calibkit.errors import UserError
+
 
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -170,17 +172,17 @@ def _check_raw(name: str, raw: RawData, folder) -> None:
     where = f"data set {name}" + (f" ({folder})" if folder is not None else "")
     for split, part, why in (("training", raw.train, "train on"), ("test", raw.test, "evaluate")):
         if len(part) == 0:
-            raise ValueError(f"{where}: the {split} split holds 0 examples; nothing to {why}")
+            raise UserError(f"{where}: the {split} split holds 0 examples; nothing to {why}")
     if name not in ("imagefolder", "tensors"):
         return
     if len(raw.class_names) < 2:
         named = ", ".join(map(repr, raw.class_names)) or "none"
-        raise ValueError(f"{where}: {len(raw.class_names)} class ({named}); a classifier to calibrate needs at least "
+        raise UserError(f"{where}: {len(raw.class_names)} class ({named}); a classifier to calibrate needs at least "
                          "2 classes")
     present = set(raw.train.labels.tolist())
     absent = [c for k, c in enumerate(raw.class_names) if k not in present]
     if absent:
-        raise ValueError(f"{where}: class(es) {', '.join(map(repr, absent[:5]))}{' ...' if len(absent) > 5 else ''} "
+        raise UserError(f"{where}: class(es) {', '.join(map(repr, absent[:5]))}{' ...' if len(absent) > 5 else ''} "
                          "have no training example")
 
 
@@ -188,7 +190,7 @@ def _check_split_sizes(name: str, num_classes: int, val, train_subset) -> None:
     """A training subset must hold every class (an error); a validation split that misses a class
     is legitimate for a quick check but selects and calibrates on the other classes only (a warning)."""
     if train_subset is not None and 1 <= int(train_subset) < num_classes:
-        raise ValueError(f"train_subset: {int(train_subset)} images cannot hold one image of each of the "
+        raise UserError(f"train_subset: {int(train_subset)} images cannot hold one image of each of the "
                          f"{num_classes} classes of {name}; use at least {num_classes}")
     if len(val):
         missing = num_classes - len(set(val.labels.tolist()))
@@ -234,18 +236,18 @@ def load(
         says how to get them).
     """
     if name not in DATASETS:
-        raise ValueError(f"unknown data set {name!r}; choose one of {sorted(DATASETS)}")
+        raise UserError(f"unknown data set {name!r}; choose one of {sorted(DATASETS)}")
     spec = DATASETS[name]
     folder = data_dir if data_dir is not None else spec.default_dir
     if spec.needs_dir:
         if folder is None:
-            raise ValueError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
+            raise UserError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
         if spec.is_file and os.path.isdir(folder):
-            raise ValueError(f"data set {name!r}: {folder} is a folder, not a file. {spec.how_to_get}")
+            raise UserError(f"data set {name!r}: {folder} is a folder, not a file. {spec.how_to_get}")
         if spec.is_file and not os.path.isfile(folder):
             raise FileNotFoundError(f"data set {name!r}: file {folder} does not exist. {spec.how_to_get}")
         if not spec.is_file and os.path.exists(folder) and not os.path.isdir(folder):
-            raise ValueError(f"data set {name!r}: {folder} is a file, not a folder. {spec.how_to_get}")
+            raise UserError(f"data set {name!r}: {folder} is a file, not a folder. {spec.how_to_get}")
         if not spec.is_file and not os.path.isdir(folder):
             raise FileNotFoundError(f"data set {name!r}: folder {folder} does not exist. {spec.how_to_get}")
     if spec.modality == "segmentation":
@@ -255,7 +257,7 @@ def load(
 
     if raw.val is not None:  # validation fixed by the protocol
         if val_size is not None and val_size != len(raw.val):
-            raise ValueError(f"{name} has a fixed validation split of {len(raw.val)} images; got val_size={val_size}")
+            raise UserError(f"{name} has a fixed validation split of {len(raw.val)} images; got val_size={val_size}")
         train, val = raw.train, raw.val
         checksum = _content_checksum(val)
         rule = "fixed by the protocol"
@@ -263,7 +265,7 @@ def load(
         size = spec.val_size if val_size is None else val_size
         if isinstance(size, float) and not size.is_integer():
             if not 0 < size < 1:
-                raise ValueError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
+                raise UserError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
             size = int(round(size * len(raw.train)))
         size = int(size)
         train_idx, val_idx = stratified_split(raw.train.labels.numpy(), size, seed, stream=0)
@@ -276,7 +278,7 @@ def load(
     train_checksum = None
     if train_subset is not None:
         if not 1 <= int(train_subset) <= len(train):
-            raise ValueError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
+            raise UserError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
         if int(train_subset) < len(train):
             _, keep = stratified_split(train.labels.numpy(), int(train_subset), seed, stream=1)
             train = train.subset(keep)
@@ -285,7 +287,7 @@ def load(
     mean, std = ((), ()) if raw.modality in ("text", "features") else channel_stats(train.images)
     for split_name, part in (("train", train), ("val", val), ("test", raw.test)):
         if len(part) and int(part.labels.max()) >= num_classes:
-            raise ValueError(f"{name} {split_name}: label {int(part.labels.max())} >= {num_classes} classes")
+            raise UserError(f"{name} {split_name}: label {int(part.labels.max())} >= {num_classes} classes")
     return DataBundle(
         name=name,
         train=train,

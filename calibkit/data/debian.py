@@ -62,6 +62,8 @@ from pathlib import Path
 
 import numpy as np
 
+from calibkit.errors import UserError
+
 APT_LISTS = "/var/lib/apt/lists"
 SECTIONS = ("admin", "database", "devel", "editors", "fonts", "games", "gnome", "graphics", "kde", "mail",
             "math", "net", "science", "sound", "text", "video", "web", "x11")  # fmt: skip
@@ -123,7 +125,7 @@ def read_index_file(path) -> str:
         else:
             data = path.read_bytes()
     except (OSError, EOFError, lzma.LZMAError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot be read or decompressed ({exc})") from exc
+        raise UserError(f"{path}: cannot be read or decompressed ({exc})") from exc
     return data.decode("utf-8", errors="replace")
 
 
@@ -134,8 +136,8 @@ def _external_decompress(path: Path) -> bytes:
             done = subprocess.run([*cmd, str(path)], capture_output=True, check=False)
             if done.returncode == 0:
                 return done.stdout
-            raise ValueError(done.stderr.decode(errors="replace").strip() or f"exit status {done.returncode}")
-    raise ValueError(f"no decompressor for {path.suffix} (needs /usr/lib/apt/apt-helper or {tool})")
+            raise UserError(done.stderr.decode(errors="replace").strip() or f"exit status {done.returncode}")
+    raise UserError(f"no decompressor for {path.suffix} (needs /usr/lib/apt/apt-helper or {tool})")
 
 
 def parse_stanzas(text: str) -> Iterator[dict[str, str]]:
@@ -309,7 +311,7 @@ def class_split(labels, num_classes: int, test_frac: float, val_frac: float, cap
         idx = idx[np.random.default_rng([seed, k]).permutation(len(idx))][:cap]
         n_test, n_val = (max(1, round(f * len(idx))) if f > 0 else 0 for f in (test_frac, val_frac))
         if len(idx) - n_test - n_val < 1:
-            raise ValueError(f"class {k} has {len(idx)} documents: too few for a split with test fraction "
+            raise UserError(f"class {k} has {len(idx)} documents: too few for a split with test fraction "
                              f"{test_frac} and validation fraction {val_frac}")
         parts[2].append(idx[:n_test])
         parts[1].append(idx[n_test:n_test + n_val])

@@ -19,6 +19,8 @@ import torch
 from .bundle import RawData, Split
 from .transforms import resize
 
+from calibkit.errors import UserError
+
 DIGITS_SIZE = 28
 DIGITS_FILE = Path(__file__).resolve().parent.parent / "assets" / "digits" / "optdigits_test.npz"
 DIGITS_TEST = 360  # the last 360 images (20%) are the fixed test split; validation is drawn from the rest
@@ -38,9 +40,9 @@ def read_digits_file(path=DIGITS_FILE) -> tuple[np.ndarray, np.ndarray]:
         with np.load(path, allow_pickle=False) as f:
             images, labels = f["images"], f["labels"]
     except (OSError, KeyError, ValueError) as exc:
-        raise ValueError(f"{path}: unreadable digits file ({exc}); reinstall calibkit") from exc
+        raise UserError(f"{path}: unreadable digits file ({exc}); reinstall calibkit") from exc
     if images.shape != (1797, 8, 8) or labels.shape != (1797,) or images.max() > 16 or labels.max() > 9:
-        raise ValueError(f"{path}: unexpected arrays {images.shape} / {labels.shape}; reinstall calibkit")
+        raise UserError(f"{path}: unexpected arrays {images.shape} / {labels.shape}; reinstall calibkit")
     return images, labels
 
 

@@ -14,6 +14,8 @@ import torch
 
 from .bundle import RawData, Split
 
+from calibkit.errors import UserError
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 TINY_VAL_PER_CLASS = 50  # protocol: the last 50 training images of each class are the validation split
 IMAGEFOLDER_TEST_FRACTION = 0.2  # held-out test share when a folder has no train/test sub-folders
@@ -38,15 +40,15 @@ def read_images(paths: list[str], mode: str) -> torch.Tensor:
             with image_mod.open(p) as im:
                 arr = np.asarray(im.convert(mode), dtype=np.uint8)
         except Exception as exc:  # PIL raises UnidentifiedImageError, OSError, SyntaxError...
-            raise ValueError(f"{p}: cannot decode image ({type(exc).__name__}: {exc})") from exc
+            raise UserError(f"{p}: cannot decode image ({type(exc).__name__}: {exc})") from exc
         if size is None:
             size = arr.shape[:2]
         elif arr.shape[:2] != size:
-            raise ValueError(f"{p}: image is {arr.shape[1]}x{arr.shape[0]} but earlier images are {size[1]}x{size[0]}; "
+            raise UserError(f"{p}: image is {arr.shape[1]}x{arr.shape[0]} but earlier images are {size[1]}x{size[0]}; "
                              "resize the data set to one size first")  # fmt: skip
         arrays.append(arr if arr.ndim == 3 else arr[:, :, None])
     if not arrays:
-        raise ValueError("no images to read")
+        raise UserError("no images to read")
     return torch.from_numpy(np.stack(arrays).transpose(0, 3, 1, 2).copy())
 
 
@@ -70,7 +72,7 @@ def _image_mode(paths: list[str]) -> str:
                 if im.mode not in ("1", "L", "I", "I;16", "F", "LA"):
                     return "RGB"
         except Exception as exc:
-            raise ValueError(f"{p}: cannot decode image ({type(exc).__name__}: {exc})") from exc
+            raise UserError(f"{p}: cannot decode image ({type(exc).__name__}: {exc})") from exc
     return "L"
 
 
@@ -103,7 +105,7 @@ def read_tinyimagenet(data_dir: str) -> RawData:
             raise FileNotFoundError(f"Tiny-ImageNet: training folder {folder} missing for class {w}")
         files = _list_images(folder)
         if len(files) <= TINY_VAL_PER_CLASS:
-            raise ValueError(f"Tiny-ImageNet class {w} has {len(files)} training images, need > {TINY_VAL_PER_CLASS}")
+            raise UserError(f"Tiny-ImageNet class {w} has {len(files)} training images, need > {TINY_VAL_PER_CLASS}")
         train_paths += files[:-TINY_VAL_PER_CLASS]
         train_labels += [k] * (len(files) - TINY_VAL_PER_CLASS)
         val_paths += files[-TINY_VAL_PER_CLASS:]
@@ -119,7 +121,7 @@ def read_tinyimagenet(data_dir: str) -> RawData:
             if not parts or not parts[0]:
                 continue
             if len(parts) < 2 or parts[1] not in index:
-                raise ValueError(f"{ann}:{line_no}: expected '<file>\\t<wnid>...' with a wnid from wnids.txt, got {line!r}")
+                raise UserError(f"{ann}:{line_no}: expected '<file>\\t<wnid>...' with a wnid from wnids.txt, got {line!r}")
             test_paths.append(os.path.join(root, "val", "images", parts[0]))
             test_labels.append(index[parts[1]])
 
@@ -146,7 +148,7 @@ def _scan_classes(folder: str, classes: list[str] | None = None) -> tuple[list[s
     classes = classes if classes is not None else found
     unknown = sorted(set(found) - set(classes))
     if unknown:
-        raise ValueError(f"{folder}: class folders {unknown} are not among the training classes {classes}")
+        raise UserError(f"{folder}: class folders {unknown} are not among the training classes {classes}")
     paths, labels, empty = [], [], []
     for k, c in enumerate(classes):
         sub = os.path.join(folder, c)
@@ -155,9 +157,9 @@ def _scan_classes(folder: str, classes: list[str] | None = None) -> tuple[list[s
         labels += [k] * len(files)
         empty += [] if files else [c]
     if not classes or not paths:
-        raise ValueError(f"{folder}: no class folders with images ({', '.join(IMAGE_EXTENSIONS)}) found")
+        raise UserError(f"{folder}: no class folders with images ({', '.join(IMAGE_EXTENSIONS)}) found")
     if empty and training:  # a class without a training image could never be learnt, yet would count
-        raise ValueError(f"{folder}: class folder(s) {', '.join(empty)} hold no images ({', '.join(IMAGE_EXTENSIONS)}); "
+        raise UserError(f"{folder}: class folder(s) {', '.join(empty)} hold no images ({', '.join(IMAGE_EXTENSIONS)}); "
                          "every sub-folder is a class: add their images or remove them")
     return classes, paths, labels
 
@@ -179,7 +181,7 @@ def read_imagefolder(data_dir: str) -> RawData:
         perm = np.random.default_rng(IMAGEFOLDER_TEST_SEED).permutation(len(paths))
         n_test = int(round(IMAGEFOLDER_TEST_FRACTION * len(paths)))
         if n_test == 0 or n_test == len(paths):
-            raise ValueError(f"{data_dir}: {len(paths)} images are too few to hold out a test split")
+            raise UserError(f"{data_dir}: {len(paths)} images are too few to hold out a test split")
         test_idx, train_idx = np.sort(perm[:n_test]), np.sort(perm[n_test:])
         tr_paths, tr_labels = [paths[i] for i in train_idx], [labels[i] for i in train_idx]
         te_paths, te_labels = [paths[i] for i in test_idx], [labels[i] for i in test_idx]
@@ -187,7 +189,7 @@ def read_imagefolder(data_dir: str) -> RawData:
     train_images = read_images(tr_paths, mode)
     test_images = read_images(te_paths, mode)
     if train_images.shape[1:] != test_images.shape[1:]:
-        raise ValueError(f"{data_dir}: training images are {tuple(train_images.shape[1:])}, "
+        raise UserError(f"{data_dir}: training images are {tuple(train_images.shape[1:])}, "
                          f"test images {tuple(test_images.shape[1:])}")  # fmt: skip
     return RawData(
         train=Split(train_images, torch.tensor(tr_labels, dtype=torch.int64)),

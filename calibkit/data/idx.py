@@ -17,6 +17,8 @@ import torch
 
 from .bundle import RawData, Split
 
+from calibkit.errors import UserError
+
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FMNIST_FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -57,19 +59,19 @@ def read_idx(path: str, expect_magic: int) -> np.ndarray:
             with open(path, "rb") as f:
                 raw = f.read()
     except (OSError, EOFError, zlib.error) as exc:
-        raise ValueError(f"{path}: cannot decompress ({exc}); the file is corrupt or truncated") from exc
+        raise UserError(f"{path}: cannot decompress ({exc}); the file is corrupt or truncated") from exc
     if len(raw) < 8:
-        raise ValueError(f"{path}: only {len(raw)} bytes, too short for an idx header")
+        raise UserError(f"{path}: only {len(raw)} bytes, too short for an idx header")
     magic = int.from_bytes(raw[:4], "big")
     if magic != expect_magic:
         kind = "image" if expect_magic == _IMAGES_MAGIC else "label"
-        raise ValueError(f"{path}: magic number {magic}, expected {expect_magic} for an idx {kind} file")
+        raise UserError(f"{path}: magic number {magic}, expected {expect_magic} for an idx {kind} file")
     ndim = raw[3]
     header = 4 + 4 * ndim
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     expected = header + int(np.prod(dims))
     if len(raw) != expected:
-        raise ValueError(
+        raise UserError(
             f"{path}: {len(raw)} bytes but the header {dims} needs {expected}; the file is truncated or corrupt"
         )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
@@ -91,11 +93,11 @@ def _pair(data_dir: str, which: str) -> Split:
     images = read_idx(_find(data_dir, FMNIST_FILES[which + "_images"]), _IMAGES_MAGIC)
     labels = read_idx(_find(data_dir, FMNIST_FILES[which + "_labels"]), _LABELS_MAGIC)
     if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
-        raise ValueError(
+        raise UserError(
             f"Fashion-MNIST {which}: {images.shape} images do not match {labels.shape} labels in {data_dir}"
         )
     if labels.size and labels.max() >= len(FMNIST_CLASSES):
-        raise ValueError(f"Fashion-MNIST {which}: label {labels.max()} out of range 0..9 in {data_dir}")
+        raise UserError(f"Fashion-MNIST {which}: label {labels.max()} out of range 0..9 in {data_dir}")
     return Split(torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)))
 
 

@@ -29,6 +29,8 @@ import torch
 from .segmentation import augment_pair
 from .transforms import augment
 
+from calibkit.errors import UserError
+
 __all__ = ["FeatureInputs", "ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
 
 
@@ -47,7 +49,7 @@ class ImageInputs:
         mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(-1)
         std_t = torch.as_tensor(std, dtype=torch.float32).reshape(-1)
         if mean_t.numel() != std_t.numel() or not bool((std_t > 0).all()):
-            raise ValueError(f"mean/std must be C floats with std > 0, got {mean_t.tolist()} / {std_t.tolist()}")
+            raise UserError(f"mean/std must be C floats with std > 0, got {mean_t.tolist()} / {std_t.tolist()}")
         self.crop_pad, self.hflip = int(crop_pad), bool(hflip)
         self._stats = {}  # device -> (mean, std) shaped (C, 1, 1)
         self._mean, self._std = mean_t, std_t
@@ -69,7 +71,7 @@ class ImageInputs:
 
     def eval_batch(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != self._mean.numel():
-            raise ValueError(f"images: expected uint8 (N, {self._mean.numel()}, H, W), got {x.dtype} {tuple(x.shape)}")
+            raise UserError(f"images: expected uint8 (N, {self._mean.numel()}, H, W), got {x.dtype} {tuple(x.shape)}")
         mean, std = self._on(x.device)
         return (x.float().div_(255.0) - mean) / std
 
@@ -132,9 +134,9 @@ class TokenInputs:
 
     def eval_batch(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.int64 or x.dim() != 2:
-            raise ValueError(f"token ids: expected int64 (N, L), got {x.dtype} {tuple(x.shape)}")
+            raise UserError(f"token ids: expected int64 (N, L), got {x.dtype} {tuple(x.shape)}")
         if x.numel() and not bool(((x >= 0) & (x < self.vocab_size)).all()):
-            raise ValueError(f"token ids: values must lie in [0, {self.vocab_size}) (the vocabulary size), "
+            raise UserError(f"token ids: values must lie in [0, {self.vocab_size}) (the vocabulary size), "
                              f"got {int(x.min())}..{int(x.max())}")
         return x
 
@@ -142,7 +144,7 @@ class TokenInputs:
         """The batch as it is. Training ids come from the bundle's own vocabulary, so their values
         are not re-read here (that would be a host synchronisation per step)."""
         if x.dtype != torch.int64 or x.dim() != 2:
-            raise ValueError(f"token ids: expected int64 (N, L), got {x.dtype} {tuple(x.shape)}")
+            raise UserError(f"token ids: expected int64 (N, L), got {x.dtype} {tuple(x.shape)}")
         return x, y
 
 
@@ -160,7 +162,7 @@ class FeatureInputs:
 
     def eval_batch(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.dim() < 2:
-            raise ValueError(f"features: expected float32 (N, ...), got {x.dtype} {tuple(x.shape)}")
+            raise UserError(f"features: expected float32 (N, ...), got {x.dtype} {tuple(x.shape)}")
         return x
 
     def train_batch(self, x: torch.Tensor, y: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +175,7 @@ INPUTS: dict[str, type] = {"image": ImageInputs, "segmentation": SegmentationInp
 
 def _pipeline(modality: str) -> type:
     if modality not in INPUTS:
-        raise ValueError(f"unknown modality {modality!r}; known: {', '.join(INPUTS)}")
+        raise UserError(f"unknown modality {modality!r}; known: {', '.join(INPUTS)}")
     return INPUTS[modality]
 
 

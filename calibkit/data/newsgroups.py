@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from calibkit.errors import UserError
+
 TRAIN_DIR, TEST_DIR = "20news-bydate-train", "20news-bydate-test"
 HOW_TO_GET = ("pass --data-dir with the extracted 20news-bydate archive (the folders 20news-bydate-train/ and "
               "20news-bydate-test/, one folder per group, one file per message)")
@@ -67,7 +69,7 @@ def read_newsgroup_texts(data_dir) -> tuple[tuple[list[str], list[int]], tuple[l
     groups = sorted(p.name for p in (root / TRAIN_DIR).iterdir() if p.is_dir())
     test_groups = sorted(p.name for p in (root / TEST_DIR).iterdir() if p.is_dir())
     if not groups:
-        raise ValueError(f"20newsgroups: {root / TRAIN_DIR} has no group folders")
+        raise UserError(f"20newsgroups: {root / TRAIN_DIR} has no group folders")
     if groups != test_groups:
         only = sorted(set(groups) ^ set(test_groups))
         raise FileNotFoundError(f"20newsgroups: train and test groups differ ({', '.join(only)}); {HOW_TO_GET}")
@@ -76,5 +78,5 @@ def read_newsgroup_texts(data_dir) -> tuple[tuple[list[str], list[int]], tuple[l
     for name, (_, labels) in (("train", train), ("test", test)):
         empty = sorted(set(range(len(groups))) - set(labels))
         if empty:
-            raise ValueError(f"20newsgroups: no {name} messages in {', '.join(groups[k] for k in empty)}")
+            raise UserError(f"20newsgroups: no {name} messages in {', '.join(groups[k] for k in empty)}")
     return train, test, groups

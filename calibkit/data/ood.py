@@ -36,6 +36,8 @@ from .transforms import resize
 # the names of the sets (defined beside the user's sets, which need them)
 from .ood_user import NO_OOD, NOISE_SIZE, OOD_KEYS, OOD_SETS, is_user_set, load_user_ood  # noqa: E402,F401
 
+from calibkit.errors import UserError
+
 
 def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int = 0) -> torch.Tensor:
     """Images of an OOD set converted to the shape of ``like``'s images.
@@ -53,7 +55,7 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
     from .datasets import DATASETS, load  # late import: datasets imports this package's modules
 
     if name == NO_OOD:
-        raise ValueError("OOD set 'none': there are no OOD inputs to load (the bench skips OOD detection)")
+        raise UserError("OOD set 'none': there are no OOD inputs to load (the bench skips OOD detection)")
     modality = getattr(like, "modality", "image")  # a stand-in for a bundle without it holds images
     if is_user_set(name) or (modality in ("text", "features") and like.vocab is None):
         return load_user_ood(name, like, seed)
@@ -64,7 +66,7 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
     c = like.in_channels
     h, w = like.image_size
     if c not in (1, 3):
-        raise ValueError(f"OOD sets are made for 1- or 3-channel data, the bundle has {c} channels")
+        raise UserError(f"OOD sets are made for 1- or 3-channel data, the bundle has {c} channels")
     if name == "digits":
         images, _ = digits_images(size=8)  # native resolution; resized once below
     elif name == "noise":
@@ -72,11 +74,11 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
         return torch.randint(0, 256, (NOISE_SIZE, c, h, w), dtype=torch.uint8, generator=gen)
     elif name in DATASETS:
         if name == like.name:
-            raise ValueError(f"the OOD set must differ from the in-distribution data set {like.name!r}")
+            raise UserError(f"the OOD set must differ from the in-distribution data set {like.name!r}")
         # only the test split is used: hold nothing out (a protocol-fixed validation split stays)
         fixed_val = DATASETS[name].val_size == 0
         images = load(name, data_dir=data_dir, val_size=None if fixed_val else 0).test.images
     else:  # the one name left: the text OOD set
-        raise ValueError(f"OOD set {name!r} is made of texts, the {like.name} data are images; choose one of "
+        raise UserError(f"OOD set {name!r} is made of texts, the {like.name} data are images; choose one of "
                          f"{sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or a folder or .npz/.safetensors file of OOD inputs")
     return resize(images, (h, w), c)

@@ -9,6 +9,8 @@ import torch
 
 from .transforms import resize
 
+from calibkit.errors import UserError
+
 OOD_SETS = ("digits", "noise")  # always available; any DATASETS name works too
 NO_OOD = "none"  # no OOD measurement
 NOISE_SIZE = 2000
@@ -38,12 +40,12 @@ def _folder_images(folder: str, like) -> torch.Tensor:
     from .folders import IMAGE_EXTENSIONS, _list_images, read_images
 
     if like.modality != "image":
-        raise ValueError(f"OOD folder {folder}: the data are {like.modality}, not images; give a tensors file")
+        raise UserError(f"OOD folder {folder}: the data are {like.modality}, not images; give a tensors file")
     paths = _list_images(folder)
     for sub in sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))):
         paths += _list_images(os.path.join(folder, sub))
     if not paths:
-        raise ValueError(f"OOD folder {folder}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it or its sub-folders")
+        raise UserError(f"OOD folder {folder}: no images ({', '.join(IMAGE_EXTENSIONS)}) in it or its sub-folders")
     images = read_images(paths, "L" if like.in_channels == 1 else "RGB")  # one size, like a data set
     return resize(images, like.image_size, like.in_channels)
 
@@ -54,23 +56,23 @@ def _file_inputs(path: str, like) -> torch.Tensor:
     arrays = read_arrays(path)
     keys = [k for k in OOD_KEYS if k in arrays]
     if len(keys) != 1:
-        raise ValueError(f"OOD file {path}: expected one array named {' or '.join(OOD_KEYS)}, found "
+        raise UserError(f"OOD file {path}: expected one array named {' or '.join(OOD_KEYS)}, found "
                          f"{', '.join(sorted(arrays)) or 'none'}")
     x = arrays[keys[0]]
     where = f"OOD file {path}: {keys[0]}"
     kind = input_kind(x)
     if kind != like.modality:
-        raise ValueError(f"{where}: {x.dtype} {x.shape} are {kind} inputs, the data set's are {like.modality}")
+        raise UserError(f"{where}: {x.dtype} {x.shape} are {kind} inputs, the data set's are {like.modality}")
     if len(x) == 0:
-        raise ValueError(f"{where} holds 0 rows; give at least one OOD input, or --ood none")
+        raise UserError(f"{where} holds 0 rows; give at least one OOD input, or --ood none")
     inputs = to_inputs(x, kind, where)
     if kind == "image":
         return resize(inputs, like.image_size, like.in_channels)
     if inputs.shape[1:] != like.train.images.shape[1:]:
-        raise ValueError(f"{where}: shape (N, {', '.join(map(str, inputs.shape[1:]))}) differs from the data's "
+        raise UserError(f"{where}: shape (N, {', '.join(map(str, inputs.shape[1:]))}) differs from the data's "
                          f"(N, {', '.join(map(str, like.train.images.shape[1:]))})")
     if kind == "text" and inputs.numel() and int(inputs.max()) >= like.in_channels:
-        raise ValueError(f"{where}: token id {int(inputs.max())} is outside the data's vocabulary of "
+        raise UserError(f"{where}: token id {int(inputs.max())} is outside the data's vocabulary of "
                          f"{like.in_channels} ids")
     return inputs
 
@@ -80,7 +82,7 @@ def load_user_ood(name: str, like, seed: int = 0) -> torch.Tensor:
     if name == "noise":
         return _noise(like, seed)
     if not is_user_set(name):
-        raise ValueError(f"OOD set {name!r} does not fit {like.modality} inputs without an image form; use "
+        raise UserError(f"OOD set {name!r} does not fit {like.modality} inputs without an image form; use "
                          "noise, none, or a tensors file of OOD inputs")
     if os.path.isdir(name):
         return _folder_images(name, like)
@@ -89,7 +91,7 @@ def load_user_ood(name: str, like, seed: int = 0) -> torch.Tensor:
     if "/" not in name and os.sep not in name and not name.endswith((".npz", ".safetensors")):
         from .datasets import DATASETS
 
-        raise ValueError(f"unknown OOD set {name!r}; choose one of {sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or "
+        raise UserError(f"unknown OOD set {name!r}; choose one of {sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or "
                          "give a folder or .npz/.safetensors file of OOD inputs")
     raise FileNotFoundError(f"OOD set {name!r}: no such folder or file (an OOD set is digits, noise, none, a data "
                             "set name, or a folder or .npz/.safetensors file of OOD inputs)")

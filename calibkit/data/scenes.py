@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from .bundle import RawData, Split
 from .idx import FMNIST_CLASSES, read_fmnist
 
+from calibkit.errors import UserError
+
 SCENE_CLASSES = ["background"] + list(FMNIST_CLASSES)
 VOID = 255
 # Default sizes of the built-in set: scenes per split, and training images held out for the
@@ -84,10 +86,10 @@ def compose_scenes(images, labels, n: int, seed, size: int = 64, max_items: int 
     pool = np.asarray(images, dtype=np.uint8).reshape(-1, 28, 28)
     pool_y = np.asarray(labels, dtype=np.int64).reshape(-1)
     if len(pool) == 0 or len(pool) != len(pool_y):
-        raise ValueError(f"need a non-empty pool of items with one label each, got {len(pool)} images, {len(pool_y)} labels")
+        raise UserError(f"need a non-empty pool of items with one label each, got {len(pool)} images, {len(pool_y)} labels")
     lo, hi = int(round(28 * scale[0])), int(round(28 * scale[1]))
     if not (1 <= lo <= hi <= size) or max_items < 1 or n < 0:
-        raise ValueError(f"invalid scene settings: item sides {lo}..{hi} on a {size}-pixel canvas, "
+        raise UserError(f"invalid scene settings: item sides {lo}..{hi} on a {size}-pixel canvas, "
                          f"max_items={max_items}, n={n}")
     rng = np.random.default_rng(seed)
     canvas = np.zeros((n, size, size), dtype=np.float32)
@@ -126,7 +128,7 @@ def make_scene_splits(data_dir: str, seed: int = 0, n_train: int = SCENES_TRAIN,
     train_x, train_y = raw.train.images[:, 0].numpy(), raw.train.labels.numpy()
     holdout = min(HOLDOUT_IMAGES, len(train_y) // 6) if holdout is None else holdout
     if not 0 < holdout < len(train_y):
-        raise ValueError(f"holdout must be in [1, {len(train_y) - 1}], got {holdout}")
+        raise UserError(f"holdout must be in [1, {len(train_y) - 1}], got {holdout}")
     perm = np.random.default_rng(np.random.SeedSequence([seed, 0])).permutation(len(train_y))
     pools = {"train": np.sort(perm[holdout:]), "val": np.sort(perm[:holdout])}
     out = {}

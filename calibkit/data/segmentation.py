@@ -17,6 +17,8 @@ import numpy as np
 from .bundle import DataBundle, Split, channel_stats, index_checksum
 from .transforms import augment
 
+from calibkit.errors import UserError
+
 VOID = 255
 
 
@@ -35,9 +37,9 @@ def augment_pair(images: torch.Tensor, masks: torch.Tensor, crop_pad: int, hflip
         (images uint8 (N, C, H, W), masks uint8 (N, H, W)).
     """
     if masks.dim() != 3 or masks.shape[0] != images.shape[0] or masks.shape[1:] != images.shape[2:]:
-        raise ValueError(f"masks {tuple(masks.shape)} do not match images {tuple(images.shape)}")
+        raise UserError(f"masks {tuple(masks.shape)} do not match images {tuple(images.shape)}")
     if masks.dtype != torch.uint8 or images.dtype != torch.uint8:
-        raise ValueError(f"augment_pair expects uint8 images and masks, got {images.dtype}, {masks.dtype}")
+        raise UserError(f"augment_pair expects uint8 images and masks, got {images.dtype}, {masks.dtype}")
     # The mask travels as (void - mask): augment pads with 0, which maps back to void.
     both = augment(torch.cat([images, (void - masks)[:, None]], dim=1), crop_pad, hflip, generator)
     return both[:, :-1].contiguous(), (void - both[:, -1]).contiguous()
@@ -46,7 +48,7 @@ def augment_pair(images: torch.Tensor, masks: torch.Tensor, crop_pad: int, hflip
 def _seeded_draw(n: int, size: int, seed: int, stream: int) -> tuple[np.ndarray, np.ndarray]:
     """``(rest, drawn)``: ``size`` of ``n`` indices drawn by ``SeedSequence([seed, stream])``, both sorted."""
     if not 0 <= size < n:
-        raise ValueError(f"val_size must be in [0, {n - 1}] for a training set of {n} images, got {size}")
+        raise UserError(f"val_size must be in [0, {n - 1}] for a training set of {n} images, got {size}")
     perm = np.random.default_rng(np.random.SeedSequence([seed, stream])).permutation(n)
     return np.sort(perm[size:]).astype(np.int64), np.sort(perm[:size]).astype(np.int64)
 
@@ -57,7 +59,7 @@ def _check_masks(name: str, part: str, split: Split, num_classes: int) -> None:
     m = split.labels
     bad = (m >= num_classes) & (m != VOID)
     if bad.any():
-        raise ValueError(f"{name} {part}: mask value {int(m[bad][0])} is neither a class < {num_classes} nor {VOID}")
+        raise UserError(f"{name} {part}: mask value {int(m[bad][0])} is neither a class < {num_classes} nor {VOID}")
 
 
 def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, train_subset) -> DataBundle:
@@ -76,10 +78,10 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
     if spec.read is read_scenes:
         n_val = spec.val_size if val_size is None else val_size
         if isinstance(n_val, float) or int(n_val) < 1:
-            raise ValueError(f"val_size for {name} is a number of scenes >= 1, got {n_val}")
+            raise UserError(f"val_size for {name} is a number of scenes >= 1, got {n_val}")
         n_train = SCENES_TRAIN if train_subset is None else int(train_subset)
         if not 1 <= n_train <= SCENES_TRAIN:
-            raise ValueError(f"train_subset must be in [1, {SCENES_TRAIN}] for {name}, got {train_subset}")
+            raise UserError(f"train_subset must be in [1, {SCENES_TRAIN}] for {name}, got {train_subset}")
         raw = read_scenes(folder, seed=seed, n_val=int(n_val), n_train=n_train)
         train, val = raw.train, raw.val
         draw = None  # already the first n scenes of the stream (nested), no further draw
@@ -92,7 +94,7 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
         size = spec.val_size if val_size is None else val_size
         if isinstance(size, float) and not float(size).is_integer():
             if not 0 < size < 1:
-                raise ValueError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
+                raise UserError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
             size = int(round(size * len(raw.train)))
         train_idx, val_idx = _seeded_draw(len(raw.train), int(size), seed, stream=0)
         train, val = raw.train.subset(train_idx), raw.train.subset(val_idx)
@@ -101,7 +103,7 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
     train_checksum = None
     if draw is not None:
         if not 1 <= int(draw) <= len(train):
-            raise ValueError(f"train_subset must be in [1, {len(train)}] for {name}, got {draw}")
+            raise UserError(f"train_subset must be in [1, {len(train)}] for {name}, got {draw}")
         if int(draw) < len(train):
             _, keep = _seeded_draw(len(train), int(draw), seed, stream=1)
             train = train.subset(keep)

@@ -13,6 +13,8 @@ import torch
 
 from .bundle import RawData, Split
 
+from calibkit.errors import UserError
+
 
 def read_svhn_mat(path: str) -> Split:
     """One ``*_32x32.mat`` file -> Split (uint8 (N, 3, 32, 32), int64 labels 0..9)."""
@@ -28,16 +30,16 @@ def read_svhn_mat(path: str) -> Split:
     try:
         mat = loadmat(path)
     except Exception as exc:  # scipy raises several types for garbled or truncated files
-        raise ValueError(f"{path}: not a readable MATLAB file ({type(exc).__name__}: {exc})") from exc
+        raise UserError(f"{path}: not a readable MATLAB file ({type(exc).__name__}: {exc})") from exc
     if "X" not in mat or "y" not in mat:
-        raise ValueError(f"{path}: expected variables X and y, found {sorted(k for k in mat if not k.startswith('__'))}")
+        raise UserError(f"{path}: expected variables X and y, found {sorted(k for k in mat if not k.startswith('__'))}")
     x, y = np.asarray(mat["X"]), np.asarray(mat["y"]).reshape(-1).astype(np.int64)
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[2] != 3:
-        raise ValueError(f"{path}: X must be uint8 (H, W, 3, N), got {x.dtype} {x.shape}")
+        raise UserError(f"{path}: X must be uint8 (H, W, 3, N), got {x.dtype} {x.shape}")
     if x.shape[3] != y.shape[0]:
-        raise ValueError(f"{path}: {x.shape[3]} images but {y.shape[0]} labels")
+        raise UserError(f"{path}: {x.shape[3]} images but {y.shape[0]} labels")
     if y.size and (y.min() < 1 or y.max() > 10):
-        raise ValueError(f"{path}: SVHN labels must lie in 1..10, found {y.min()}..{y.max()}")
+        raise UserError(f"{path}: SVHN labels must lie in 1..10, found {y.min()}..{y.max()}")
     images = torch.from_numpy(np.ascontiguousarray(x.transpose(3, 2, 0, 1)))  # (H,W,C,N) -> (N,C,H,W)
     return Split(images, torch.from_numpy(y % 10))
 

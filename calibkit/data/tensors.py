@@ -33,6 +33,8 @@ import torch
 
 from .bundle import RawData, Split
 
+from calibkit.errors import UserError
+
 REQUIRED = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL = ("x_val", "y_val", "class_names")
 SUFFIXES = (".npz", ".safetensors")
@@ -41,7 +43,7 @@ SUFFIXES = (".npz", ".safetensors")
 def check_is_file(path, what: str = "file") -> None:
     """Raise ``FileNotFoundError`` when ``path`` does not exist, ``ValueError`` when it is a folder."""
     if os.path.isdir(path):
-        raise ValueError(f"{path} is a directory, not a {what}")
+        raise UserError(f"{path} is a directory, not a {what}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} {path} not found")
 
@@ -71,7 +73,7 @@ def read_npz(path) -> dict[str, np.ndarray]:
     pickle renamed ``.npz``) is "not a readable .npz file".
     """
     if not _zip_archive(path):
-        raise ValueError(f"{path}: not a readable .npz file (not an intact zip archive: truncated, corrupt or "
+        raise UserError(f"{path}: not a readable .npz file (not an intact zip archive: truncated, corrupt or "
                          "another format)")
     out = {}
     try:
@@ -84,10 +86,10 @@ def read_npz(path) -> dict[str, np.ndarray]:
                         raise
                     raise _ObjectArray(key) from None
     except _ObjectArray as refused:  # an object array: loading it would run pickled code
-        raise ValueError(f"{path}: array {refused.args[0]!r} holds Python objects (dtype object), which calibkit "
+        raise UserError(f"{path}: array {refused.args[0]!r} holds Python objects (dtype object), which calibkit "
                          "does not unpickle; store numeric arrays") from None
     except Exception as exc:  # a damaged member: zipfile, zlib and numpy's header parser raise their own types
-        raise ValueError(f"{path}: not a readable .npz file ({_first_line(exc)})") from None
+        raise UserError(f"{path}: not a readable .npz file ({_first_line(exc)})") from None
     return out
 
 
@@ -99,7 +101,7 @@ def read_pt(path) -> dict:
     with open(path, "rb") as f:
         zipped = f.read(4) == b"PK\x03\x04"
     if zipped and not _zip_archive(path):
-        raise ValueError(f"{path}: truncated or corrupt .pt file (its zip archive has no central directory)")
+        raise UserError(f"{path}: truncated or corrupt .pt file (its zip archive has no central directory)")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -108,12 +110,12 @@ def read_pt(path) -> dict:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
         what = f" ({found.group(1)})" if found else ""
         damaged = "" if zipped else ", or the file is truncated or corrupt"
-        raise ValueError(f"{path}: holds pickled Python objects other than tensors{what}, which calibkit does not "
+        raise UserError(f"{path}: holds pickled Python objects other than tensors{what}, which calibkit does not "
                          f"load (weights_only){damaged}; save a dict of torch tensors") from None
     except Exception as exc:  # torch raises RuntimeError, EOFError, OSError, ... for a damaged file
-        raise ValueError(f"{path}: truncated or corrupt .pt file ({_first_line(exc)})") from None
+        raise UserError(f"{path}: truncated or corrupt .pt file ({_first_line(exc)})") from None
     if not isinstance(obj, dict):
-        raise ValueError(f"{path}: holds a {type(obj).__name__}, not a dict of tensors")
+        raise UserError(f"{path}: holds a {type(obj).__name__}, not a dict of tensors")
     return obj
 
 
@@ -128,8 +130,8 @@ def read_arrays(path: str) -> dict[str, np.ndarray]:
         try:
             return load_file(path)
         except Exception as exc:
-            raise ValueError(f"{path}: not a readable .safetensors file ({type(exc).__name__}: {exc})") from None
-    raise ValueError(f"{path}: a tensors file ends in {' or '.join(SUFFIXES)}")
+            raise UserError(f"{path}: not a readable .safetensors file ({type(exc).__name__}: {exc})") from None
+    raise UserError(f"{path}: a tensors file ends in {' or '.join(SUFFIXES)}")
 
 
 def input_kind(x: np.ndarray) -> str:
@@ -146,29 +148,29 @@ def input_kind(x: np.ndarray) -> str:
 def to_inputs(x: np.ndarray, kind: str, where: str) -> torch.Tensor:
     """The stored form of inputs of ``kind``, checked (NaN, negative ids)."""
     if x.ndim < 2:
-        raise ValueError(f"{where}: inputs must be (N, ...) with at least one axis per example, got shape {x.shape}")
+        raise UserError(f"{where}: inputs must be (N, ...) with at least one axis per example, got shape {x.shape}")
     if kind == "image":
         return torch.from_numpy(np.ascontiguousarray(x if x.ndim == 4 else x[:, None]))
     if kind == "text":
         if x.size and int(x.min()) < 0:
-            raise ValueError(f"{where}: token ids must be >= 0, got {int(x.min())}")
+            raise UserError(f"{where}: token ids must be >= 0, got {int(x.min())}")
         return torch.from_numpy(np.ascontiguousarray(x.astype(np.int64)))
     x = np.asarray(x, dtype=np.float32)
     if not np.isfinite(x).all():
         bad = int((~np.isfinite(x)).reshape(len(x), -1).any(1).sum())
-        raise ValueError(f"{where}: {bad} example(s) hold NaN or infinite values")
+        raise UserError(f"{where}: {bad} example(s) hold NaN or infinite values")
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
 def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
     if not np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
-        raise ValueError(f"{where}: labels must be integers (class indices), got dtype {y.dtype}")
+        raise UserError(f"{where}: labels must be integers (class indices), got dtype {y.dtype}")
     if y.ndim != 1 or len(y) != n:
-        raise ValueError(f"{where}: expected {n} labels (N,) for {n} inputs, got shape {y.shape}")
+        raise UserError(f"{where}: expected {n} labels (N,) for {n} inputs, got shape {y.shape}")
     if len(y) and int(y.min()) < 0:
-        raise ValueError(f"{where}: labels must be >= 0, got {int(y.min())}")
+        raise UserError(f"{where}: labels must be >= 0, got {int(y.min())}")
     if y.dtype.kind == "u" and len(y) and int(y.max()) > np.iinfo(np.int64).max:  # unsigned: accepted if they fit
-        raise ValueError(f"{where}: label {int(y.max())} is above the int64 range; labels are class indices 0..K-1")
+        raise UserError(f"{where}: label {int(y.max())} is above the int64 range; labels are class indices 0..K-1")
     return y.astype(np.int64)
 
 
@@ -178,56 +180,56 @@ def read_tensors_file(path: str) -> RawData:
     unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         close = difflib.get_close_matches(unknown[0], REQUIRED + OPTIONAL, n=1)
-        raise ValueError(f"{path}: unknown array {unknown[0]!r}" + (f" (nearest valid name: {close[0]})" if close else "")
+        raise UserError(f"{path}: unknown array {unknown[0]!r}" + (f" (nearest valid name: {close[0]})" if close else "")
                          + f"; a tensors file holds {', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)}")
     missing = [k for k in REQUIRED if k not in arrays]
     if missing:
-        raise ValueError(f"{path}: missing array(s) {', '.join(missing)} (found: {', '.join(sorted(arrays)) or 'none'})")
+        raise UserError(f"{path}: missing array(s) {', '.join(missing)} (found: {', '.join(sorted(arrays)) or 'none'})")
     if ("x_val" in arrays) != ("y_val" in arrays):
-        raise ValueError(f"{path}: give both x_val and y_val, or neither")
+        raise UserError(f"{path}: give both x_val and y_val, or neither")
     names = ["train", "test"] + (["val"] if "x_val" in arrays else [])
     kind = input_kind(arrays["x_train"])
     if kind == "unknown":
-        raise ValueError(f"{path}: x_train has dtype {arrays['x_train'].dtype}; expected uint8 images, integer token "
+        raise UserError(f"{path}: x_train has dtype {arrays['x_train'].dtype}; expected uint8 images, integer token "
                          "ids or floating-point inputs")
     shape = arrays["x_train"].shape[1:]
     splits = {}
     for s in names:
         x, where = arrays[f"x_{s}"], f"{path}: x_{s}"
         if input_kind(x) != kind or (kind != "text" and x.shape[1:] != shape) or x.ndim != arrays["x_train"].ndim:
-            raise ValueError(f"{where}: {x.dtype} {x.shape} does not match x_train's {arrays['x_train'].dtype} "
+            raise UserError(f"{where}: {x.dtype} {x.shape} does not match x_train's {arrays['x_train'].dtype} "
                              f"(N, {', '.join(map(str, shape))})")
         splits[s] = (to_inputs(x, kind, where), _labels(arrays[f"y_{s}"], len(x), f"{path}: y_{s}"))
     if not len(splits["train"][1]):  # else reported as every class having no example
-        raise ValueError(f"{path}: x_train holds 0 rows; nothing to train on")
+        raise UserError(f"{path}: x_train holds 0 rows; nothing to train on")
     if not len(splits["test"][1]):  # the array, not only "the test split"
-        raise ValueError(f"{path}: x_test holds 0 rows; nothing to evaluate")
+        raise UserError(f"{path}: x_test holds 0 rows; nothing to evaluate")
     if "val" in splits and not len(splits["val"][1]):
-        raise ValueError(f"{path}: x_val holds 0 rows; give validation rows, or leave x_val and y_val out (a "
+        raise UserError(f"{path}: x_val holds 0 rows; give validation rows, or leave x_val and y_val out (a "
                          "validation split is then held out of x_train)")
     k_train = 1 + int(splits["train"][1].max())
     for s in names[1:]:  # a label beyond y_train's classes: name the array that holds it
         top = int(splits[s][1].max())
         if top >= k_train:
-            raise ValueError(f"{path}: y_{s} holds label {top}, but y_train's classes run 0..{k_train - 1}; every "
+            raise UserError(f"{path}: y_{s} holds label {top}, but y_train's classes run 0..{k_train - 1}; every "
                              f"label of y_{s} must be a class with examples in y_train")
     k = 1 + max(int(y.max()) for _, y in splits.values() if len(y))
     present = set(np.unique(splits["train"][1]).tolist())
     absent = list(itertools.islice((c for c in range(k) if c not in present), 5))  # never walks up to a huge label
     if absent:
-        raise ValueError(f"{path}: labels run 0..{k - 1}, but class(es) {absent[:5]} have no example in y_train; "
+        raise UserError(f"{path}: labels run 0..{k - 1}, but class(es) {absent[:5]} have no example in y_train; "
                          "use consecutive class indices 0..K-1")
     class_names = [str(c) for c in range(k)]
     if "class_names" in arrays:
         given = [str(c) for c in arrays["class_names"].reshape(-1)]
         if len(given) != k:
-            raise ValueError(f"{path}: class_names holds {len(given)} names for {k} classes")
+            raise UserError(f"{path}: class_names holds {len(given)} names for {k} classes")
         class_names = given
     vocab = None
     if kind == "text":
         vocab = 1 + max(int(x.max()) for x, _ in splits.values() if x.numel())
     if kind == "text" and any(x.shape[1] != splits["train"][0].shape[1] for x, _ in splits.values()):
-        raise ValueError(f"{path}: token ids of every split must have the same length L")
+        raise UserError(f"{path}: token ids of every split must have the same length L")
     make = {s: Split(x, torch.from_numpy(y)) for s, (x, y) in splits.items()}
     return RawData(train=make["train"], test=make["test"], val=make.get("val"), class_names=class_names,
                    modality=kind, in_channels=vocab if kind == "text" else int(make["train"].images.shape[1]),

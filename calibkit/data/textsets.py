@@ -29,6 +29,8 @@ from . import debian, newsgroups
 from .bundle import RawData, Split, index_checksum
 from .tokenizer import Vocabulary
 
+from calibkit.errors import UserError
+
 
 @dataclass(frozen=True)
 class TextSettings:
@@ -81,7 +83,7 @@ def read_debian(data_dir: str | None = None) -> RawData:
 def read_20newsgroups(data_dir: str | None = None) -> RawData:
     """The ``20newsgroups`` data set from the extracted ``20news-bydate`` archive in ``data_dir``."""
     if data_dir is None:
-        raise ValueError(f"20newsgroups needs data_dir: {newsgroups.HOW_TO_GET}")
+        raise UserError(f"20newsgroups needs data_dir: {newsgroups.HOW_TO_GET}")
     (texts, labels), test, groups = newsgroups.read_newsgroup_texts(data_dir)
     s = NEWSGROUPS
     tr, va, _ = debian.class_split(labels, len(groups), 0.0, s.val_frac)
@@ -111,17 +113,17 @@ def load_text_ood(name: str, like, data_dir: str | None = None, seed: int = 0) -
     """
     vocab = like.vocab
     if vocab is None:
-        raise ValueError(f"{like.name}: a text OOD set needs the bundle's vocabulary")
+        raise UserError(f"{like.name}: a text OOD set needs the bundle's vocabulary")
     gen = np.random.default_rng(seed)
     if name == "noise":
         ids = gen.integers(2, len(vocab), size=(OOD_LIMIT, vocab.length)) if len(vocab) > 2 else None
         return torch.ones(OOD_LIMIT, vocab.length, dtype=torch.int64) if ids is None else torch.from_numpy(ids)
     if name != "debian-heldout":
-        raise ValueError(f"unknown text OOD set {name!r}; choose one of {', '.join(TEXT_OOD_SETS)}")
+        raise UserError(f"unknown text OOD set {name!r}; choose one of {', '.join(TEXT_OOD_SETS)}")
     folder = (data_dir if like.name == "debian" else None) or debian.APT_LISTS
     docs, _ = debian.read_documents(folder, debian.OOD_SECTIONS)
     if not docs:
-        raise ValueError(f"{folder}: no package of the held-out sections {', '.join(debian.OOD_SECTIONS)}")
+        raise UserError(f"{folder}: no package of the held-out sections {', '.join(debian.OOD_SECTIONS)}")
     texts = [d.text for d in docs]
     if len(texts) > OOD_LIMIT:
         keep = np.sort(gen.permutation(len(texts))[:OOD_LIMIT])

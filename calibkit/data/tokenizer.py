@@ -30,6 +30,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from calibkit.errors import UserError
+
 WORD_PATTERN = r"[^\W_]+(?:'[^\W_]+)*"
 PAD, UNK = "<pad>", "<unk>"
 _WORD = re.compile(WORD_PATTERN)
@@ -54,10 +56,10 @@ class Vocabulary:
 
     def __init__(self, tokens: Sequence[str], length: int, min_count: int = 1, max_size: int | None = None):
         if int(length) < 1:
-            raise ValueError(f"length must be >= 1, got {length}")
+            raise UserError(f"length must be >= 1, got {length}")
         tokens = list(tokens)
         if len(set(tokens)) != len(tokens) or PAD in tokens or UNK in tokens:
-            raise ValueError("tokens must be distinct and must not contain <pad> or <unk>")
+            raise UserError("tokens must be distinct and must not contain <pad> or <unk>")
         self.itos = [PAD, UNK, *tokens]
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         self.length = int(length)
@@ -76,9 +78,9 @@ class Vocabulary:
                 frequent words are kept, ties in alphabetical order.
         """
         if int(min_count) < 1:
-            raise ValueError(f"min_count must be >= 1, got {min_count}")
+            raise UserError(f"min_count must be >= 1, got {min_count}")
         if max_size is not None and int(max_size) < 3:
-            raise ValueError(f"max_size must be >= 3 (<pad>, <unk> and one word), got {max_size}")
+            raise UserError(f"max_size must be >= 3 (<pad>, <unk> and one word), got {max_size}")
         counts = Counter(w for t in texts for w in tokenize(t))
         words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
         if max_size is not None:
@@ -114,10 +116,10 @@ class Vocabulary:
     def from_dict(cls, d: dict) -> "Vocabulary":
         """Rebuild from :meth:`to_dict` output; a file of another tokenizer is refused."""
         if d.get("kind") != "calibkit-words" or d.get("pattern") != WORD_PATTERN:
-            raise ValueError("vocabulary: not a calibkit word vocabulary (kind or word pattern differs)")
+            raise UserError("vocabulary: not a calibkit word vocabulary (kind or word pattern differs)")
         itos = d.get("itos") or []
         if itos[:2] != [PAD, UNK]:
-            raise ValueError("vocabulary: ids 0 and 1 must be <pad> and <unk>")
+            raise UserError("vocabulary: ids 0 and 1 must be <pad> and <unk>")
         return cls(itos[2:], d["length"], d.get("min_count", 1), d.get("max_size"))
 
     def checksum(self) -> str:

@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from calibkit._validation import trusting
+from calibkit.errors import UserError
 
 
 def _check_images(x: torch.Tensor, name: str = "x") -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a tensor of shape (N, C, H, W), got {shape}")
+        raise UserError(f"{name} must be a tensor of shape (N, C, H, W), got {shape}")
 
 
 def _rand_device(generator: torch.Generator | None, x: torch.Tensor) -> torch.device:
@@ -44,7 +45,7 @@ def augment(x: torch.Tensor, crop_pad: int, hflip: bool, generator: torch.Genera
     """
     _check_images(x)
     if crop_pad < 0:
-        raise ValueError(f"crop_pad must be >= 0, got {crop_pad}")
+        raise UserError(f"crop_pad must be >= 0, got {crop_pad}")
     n, c, h, w = x.shape
     if n == 0 or (crop_pad == 0 and not hflip):
         return x.clone()
@@ -73,13 +74,13 @@ def normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
     """
     _check_images(x)
     if x.dtype != torch.uint8:
-        raise ValueError(f"normalize expects uint8 images (0..255), got {x.dtype}")
+        raise UserError(f"normalize expects uint8 images (0..255), got {x.dtype}")
     mean_t = torch.as_tensor(mean, dtype=torch.float32, device=x.device).reshape(-1)
     std_t = torch.as_tensor(std, dtype=torch.float32, device=x.device).reshape(-1)
     if mean_t.numel() != x.shape[1] or std_t.numel() != x.shape[1]:
-        raise ValueError(f"mean/std have {mean_t.numel()}/{std_t.numel()} entries for {x.shape[1]} channels")
+        raise UserError(f"mean/std have {mean_t.numel()}/{std_t.numel()} entries for {x.shape[1]} channels")
     if (std_t <= 0).any():
-        raise ValueError(f"std must be positive, got {std_t.tolist()}")
+        raise UserError(f"std must be positive, got {std_t.tolist()}")
     return (x.float().div_(255.0) - mean_t[:, None, None]) / std_t[:, None, None]
 
 
@@ -100,7 +101,7 @@ def resize(images: torch.Tensor, size: tuple[int, int], channels: int) -> torch.
     _check_images(images, "images")
     c = images.shape[1]
     if c not in (1, 3) or channels not in (1, 3):
-        raise ValueError(f"resize converts between 1 and 3 channels, got {c} -> {channels}")
+        raise UserError(f"resize converts between 1 and 3 channels, got {c} -> {channels}")
     x = images.float()
     if tuple(x.shape[-2:]) != tuple(size):
         shrink = size[0] < x.shape[-2] or size[1] < x.shape[-1]
@@ -150,14 +151,14 @@ def beta_on_device(alpha: float, generator: torch.Generator) -> torch.Tensor:
 def _check_mix_args(x, labels, num_classes, alpha):
     _check_images(x)
     if not x.dtype.is_floating_point:
-        raise ValueError(f"mixup expects normalised float images, got {x.dtype}; call normalize first")
+        raise UserError(f"mixup expects normalised float images, got {x.dtype}; call normalize first")
     if alpha <= 0:
-        raise ValueError(f"alpha must be > 0, got {alpha}")
+        raise UserError(f"alpha must be > 0, got {alpha}")
     if labels.dim() != 1 or labels.shape[0] != x.shape[0]:
-        raise ValueError(f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}")
+        raise UserError(f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}")
     # Reading the labels' range is a host synchronisation: skipped where the caller vouches for them.
     if labels.numel() and not trusting() and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ValueError(f"labels out of range [0, {num_classes - 1}]")
+        raise UserError(f"labels out of range [0, {num_classes - 1}]")
 
 
 def mixup(

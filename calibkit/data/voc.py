@@ -26,6 +26,8 @@ import torch
 
 from .bundle import RawData, Split
 
+from calibkit.errors import UserError
+
 VOC_CLASSES = [
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
     "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor",
@@ -68,7 +70,7 @@ def _ids(root: str, split: str) -> list[str]:
     with open(path) as f:
         ids = [line.strip() for line in f if line.strip()]
     if not ids:
-        raise ValueError(f"{path} lists no images")
+        raise UserError(f"{path} lists no images")
     return ids
 
 
@@ -80,20 +82,20 @@ def _read_mask(path: str, num_classes: int) -> np.ndarray:
             mode = im.mode
             arr = np.array(im)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read the mask ({exc})") from exc
+        raise UserError(f"{path}: cannot read the mask ({exc})") from exc
     if mode == "RGB":  # colours -> indices through the VOC colour map
         cmap = voc_colormap().astype(np.int64)
         key = (arr[..., 0].astype(np.int64) << 16) | (arr[..., 1].astype(np.int64) << 8) | arr[..., 2]
         lut = {int((r << 16) | (g << 8) | b): i for i, (r, g, b) in enumerate(cmap) if i < num_classes or i == VOID}
         flat = np.array([lut.get(int(k), -1) for k in np.unique(key)])
         if (flat < 0).any():
-            raise ValueError(f"{path}: RGB mask has colours outside the VOC colour map")
+            raise UserError(f"{path}: RGB mask has colours outside the VOC colour map")
         arr = flat[np.searchsorted(np.unique(key), key)].astype(np.uint8)
     elif mode not in ("P", "L"):
-        raise ValueError(f"{path}: mask mode {mode!r}; expected a palette ('P') PNG of class indices")
+        raise UserError(f"{path}: mask mode {mode!r}; expected a palette ('P') PNG of class indices")
     bad = (arr >= num_classes) & (arr != VOID)
     if bad.any():
-        raise ValueError(f"{path}: label {int(arr[bad][0])} is neither a class in 0..{num_classes - 1} nor void (255)")
+        raise UserError(f"{path}: label {int(arr[bad][0])} is neither a class in 0..{num_classes - 1} nor void (255)")
     return arr.astype(np.uint8)
 
 
@@ -103,7 +105,7 @@ def _fit(image, mask: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
     w, h = image.size
     if mask.shape != (h, w):
-        raise ValueError(f"mask {mask.shape[::-1]} and image {(w, h)} differ in size")
+        raise UserError(f"mask {mask.shape[::-1]} and image {(w, h)} differ in size")
     s = size / max(w, h)
     nw, nh = max(1, round(w * s)), max(1, round(h * s))
     img = np.asarray(image.convert("RGB").resize((nw, nh), Image.BILINEAR))
@@ -132,11 +134,11 @@ def read_voc_split(root: str, split: str, size: int = VOC_SIZE) -> Split:
                 im.load()
                 image = im.copy()
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{img_path}: cannot read the image ({exc})") from exc
+            raise UserError(f"{img_path}: cannot read the image ({exc})") from exc
         try:
             images[i], masks[i] = _fit(image, _read_mask(mask_path, len(VOC_CLASSES)), size)
         except ValueError as exc:
-            raise ValueError(f"VOC {split} {name}: {exc}") from exc
+            raise UserError(f"VOC {split} {name}: {exc}") from exc
     return Split(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(masks))
 
 

@@ -52,6 +52,8 @@ import math
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
+
 __all__ = ["spiegelhalter_z", "ks_calibration_test", "sup_abs_brownian_sf"]
 
 
@@ -83,7 +85,7 @@ def sup_abs_brownian_sf(t: float) -> float:
     """
     t = float(t)
     if math.isnan(t):
-        raise ValueError("t is NaN")
+        raise UserError("t is NaN")
     if t <= 0:
         return 1.0
     if t >= 1:

@@ -54,6 +54,7 @@ import math
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
 
 __all__ = ["smooth_ece", "ece_sweep", "ks_error", "tie_blocks", "block_estimators", "SMECE_SIGMA_MIN"]
@@ -248,7 +249,7 @@ def ece_sweep(probs, labels, p: int = 1, ignore_index: int | None = None, return
     ``n`` the number of non-empty bins of ``b*`` (fewer than ``b*`` only under ties).
     """
     if p not in (1, 2):
-        raise ValueError(f"p must be 1 or 2, got {p!r}")
+        raise UserError(f"p must be 1 or 2, got {p!r}")
     value, b = _sweep(*_blocks(probs, labels, ignore_index), p=p)
     return (_out(value, probs), b) if return_bins else _out(value, probs)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from calibkit._validation import as_tensor, check_labels, probs_error
+from calibkit.errors import UserError
 
 __all__ = ["Rows", "to_rows"]
 
@@ -48,15 +49,15 @@ class Rows:
 
 def _check_integer(labels: torch.Tensor, name: str = "labels") -> None:
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dtype.is_complex:
-        raise ValueError(f"{name} must hold integer class indices, got dtype {labels.dtype}")
+        raise UserError(f"{name} must hold integer class indices, got dtype {labels.dtype}")
 
 
 def _binary_rows(p: torch.Tensor, labels: torch.Tensor, name: str) -> torch.Tensor:
     if labels.dim() != 1 or labels.shape[0] != p.shape[0]:
-        raise ValueError(f"1-D {name} (binary: positive-class probabilities, shape ({p.shape[0]},)) need labels "
+        raise UserError(f"1-D {name} (binary: positive-class probabilities, shape ({p.shape[0]},)) need labels "
                          f"of shape ({p.shape[0]},), got {tuple(labels.shape)}")
     if not p.dtype.is_floating_point:
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {p.dtype}")
+        raise UserError(f"{name} must be a floating-point tensor, got dtype {p.dtype}")
     if p.device.type == "cpu" and p.numel():
         lo, hi = torch.aminmax(p)
         err = probs_error(name, float(lo), float(hi), 0.0, p.dtype)
@@ -81,7 +82,7 @@ def to_rows(probs, labels, ignore_index: int | None = None, name: str = "probs",
         dense = True
         expected = probs.shape[:1] + probs.shape[2:]
         if tuple(labels.shape) != tuple(expected):
-            raise ValueError(f"dense {name} of shape {tuple(probs.shape)} (N, K, *spatial) need labels of shape "
+            raise UserError(f"dense {name} of shape {tuple(probs.shape)} (N, K, *spatial) need labels of shape "
                              f"{tuple(expected)}, got {tuple(labels.shape)} (binary maps: pass 1-D positive-class "
                              "probabilities and labels, e.g. probs.flatten(), labels.flatten())")
     if ignore_index is None:
@@ -91,7 +92,7 @@ def to_rows(probs, labels, ignore_index: int | None = None, name: str = "probs",
         return Rows(probs, labels, None, dense, binary)
     _check_integer(labels)
     if probs.dim() == 0:  # before the mask indexes it
-        raise ValueError(f"{name} must have shape (N, K), got ()")
+        raise UserError(f"{name} must have shape (N, K), got ()")
     if not dense and probs.dim() == 2:
         check_labels(labels, None, probs.shape[0])  # shape errors before indexing with the mask
     keep = labels != ignore_index

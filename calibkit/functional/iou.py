@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from calibkit._validation import as_tensor, check_labels
+from calibkit.errors import UserError
 
 __all__ = ["mean_iou", "confusion_matrix", "iou_from_confusion"]
 
@@ -44,22 +45,22 @@ def iou_from_confusion(cm: torch.Tensor) -> torch.Tensor:
 def _predictions(x: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     if not x.dtype.is_floating_point:
         if x.dtype == torch.bool or x.dtype.is_complex:
-            raise ValueError(f"probs_or_preds must be probabilities, logits or integer predictions, got {x.dtype}")
+            raise UserError(f"probs_or_preds must be probabilities, logits or integer predictions, got {x.dtype}")
         if tuple(x.shape) != tuple(labels.shape):
-            raise ValueError(f"integer predictions of shape {tuple(x.shape)} need labels of the same shape, "
+            raise UserError(f"integer predictions of shape {tuple(x.shape)} need labels of the same shape, "
                              f"got {tuple(labels.shape)}")
         return x
     if x.numel() and not bool(torch.isfinite(x).all()):
-        raise ValueError("probs_or_preds contains NaN or infinite value(s)")
+        raise UserError("probs_or_preds contains NaN or infinite value(s)")
     if x.dim() == 1:  # binary: positive-class probabilities
         if tuple(labels.shape) != tuple(x.shape):
-            raise ValueError(f"1-D probs_or_preds (binary) need labels of shape {tuple(x.shape)}, got {tuple(labels.shape)}")
+            raise UserError(f"1-D probs_or_preds (binary) need labels of shape {tuple(x.shape)}, got {tuple(labels.shape)}")
         return (x > 0.5).long()
     if x.shape[1] != num_classes:
-        raise ValueError(f"probs_or_preds has {x.shape[1]} classes along dim 1 but num_classes={num_classes}")
+        raise UserError(f"probs_or_preds has {x.shape[1]} classes along dim 1 but num_classes={num_classes}")
     expected = x.shape[:1] + x.shape[2:]
     if tuple(labels.shape) != tuple(expected):
-        raise ValueError(f"probs_or_preds of shape {tuple(x.shape)} (N, K, *spatial) need labels of shape "
+        raise UserError(f"probs_or_preds of shape {tuple(x.shape)} (N, K, *spatial) need labels of shape "
                          f"{tuple(expected)}, got {tuple(labels.shape)}")
     return x.argmax(1)
 
@@ -80,7 +81,7 @@ def mean_iou(probs_or_preds, labels, num_classes: int, ignore_index: int | None 
         0-dim float64 tensor.
     """
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"num_classes must be an integer >= 1, got {num_classes!r}")
+        raise UserError(f"num_classes must be an integer >= 1, got {num_classes!r}")
     x, labels = as_tensor(probs_or_preds, "probs_or_preds"), as_tensor(labels, "labels")
     preds = _predictions(x, labels, num_classes).reshape(-1)
     y = labels.reshape(-1)
@@ -89,10 +90,10 @@ def mean_iou(probs_or_preds, labels, num_classes: int, ignore_index: int | None 
         keep = y != ignore_index
         preds, y = preds[keep], y[keep]
     if y.numel() == 0:
-        raise ValueError("no samples to evaluate" + (f": every label equals ignore_index={ignore_index}"
+        raise UserError("no samples to evaluate" + (f": every label equals ignore_index={ignore_index}"
                                                      if ignore_index is not None else ""))
     y = check_labels(y, num_classes, None)
     lo, hi = int(preds.min()), int(preds.max())
     if lo < 0 or hi >= num_classes:
-        raise ValueError(f"predictions out of range: found {lo if lo < 0 else hi}, expected [0, {num_classes - 1}]")
+        raise UserError(f"predictions out of range: found {lo if lo < 0 else hi}, expected [0, {num_classes - 1}]")
     return iou_from_confusion(confusion_matrix(preds, y, num_classes))

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from calibkit._validation import as_tensor, check_logits, check_probs, trusting, upcast
+from calibkit.errors import UserError
 from calibkit.functional.pixels import dense_rows
 
 __all__ = [
@@ -91,14 +92,14 @@ def _mean(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
 def _check_number(value, name: str, low: float | None = None, high: float | None = None) -> float:
     """A finite real hyperparameter inside ``[low, high]``; a clear error otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
+        raise UserError(f"{name} must be a real number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+        raise UserError(f"{name} must be finite, got {value}")
     if (low is not None and value < low) or (high is not None and value > high):
         lo = "-inf" if low is None else low
         hi = "inf" if high is None else high
-        raise ValueError(f"{name} must lie in [{lo}, {hi}], got {value}")
+        raise UserError(f"{name} must lie in [{lo}, {hi}], got {value}")
     return value
 
 
@@ -119,13 +120,13 @@ def _per_sample(value, name: str, logits: torch.Tensor, dense_targets=None) -> t
     elif dense_targets is not None:
         dense_targets = as_tensor(dense_targets, "targets")
         if value.shape != dense_targets.shape:
-            raise ValueError(f"{name} must be a scalar or have the targets' shape {tuple(dense_targets.shape)}, "
+            raise UserError(f"{name} must be a scalar or have the targets' shape {tuple(dense_targets.shape)}, "
                              f"got {tuple(value.shape)}")
         value = value.reshape(-1)  # one value per pixel, like the rows
     if value.shape != (n,):
-        raise ValueError(f"{name} must be a scalar or have shape ({n},), got {tuple(value.shape)}")
+        raise UserError(f"{name} must be a scalar or have shape ({n},), got {tuple(value.shape)}")
     if not trusting() and not torch.isfinite(value).all():
-        raise ValueError(f"{name} contains NaN or infinite value(s)")
+        raise UserError(f"{name} contains NaN or infinite value(s)")
     return value.to(device=logits.device, dtype=logits.dtype)
 
 
@@ -320,12 +321,12 @@ def adafocal(logits, targets, gamma, ignore_index: int | None = IGNORE_INDEX) ->
 # ----------------------------------------------------------------------------- soft targets
 def _prepare_soft(logits, soft_targets):
     if _dense(logits):
-        raise ValueError(f"logits have shape {tuple(logits.shape)}: the soft-label losses serve image-level "
+        raise UserError(f"logits have shape {tuple(logits.shape)}: the soft-label losses serve image-level "
                          "methods (Mixup, RegMixup, CSM) and take (N, K) logits; they are not defined per pixel")
     logits = upcast(check_logits(logits))
     soft = check_probs(soft_targets, name="soft_targets")
     if soft.shape != logits.shape:
-        raise ValueError(f"soft_targets has shape {tuple(soft.shape)} but logits have {tuple(logits.shape)}")
+        raise UserError(f"soft_targets has shape {tuple(soft.shape)} but logits have {tuple(logits.shape)}")
     return logits, soft.to(device=logits.device, dtype=logits.dtype)
 
 
@@ -354,11 +355,11 @@ def feature_l1_norms(features) -> torch.Tensor:
     """L1 norms ``||sg(z_i)||_1`` of penultimate features (N, D) -> (N,), validated and detached."""
     z = as_tensor(features, "features")
     if z.dim() != 2 or z.shape[0] == 0 or z.shape[1] == 0:
-        raise ValueError(f"features must have shape (N, D) with N, D >= 1, got {tuple(z.shape)}")
+        raise UserError(f"features must have shape (N, D) with N, D >= 1, got {tuple(z.shape)}")
     if not z.dtype.is_floating_point:
-        raise ValueError(f"features must be a floating-point tensor, got dtype {z.dtype}")
+        raise UserError(f"features must be a floating-point tensor, got dtype {z.dtype}")
     if not trusting() and not torch.isfinite(z).all():
-        raise ValueError("features contains NaN or infinite value(s)")
+        raise UserError("features contains NaN or infinite value(s)")
     return upcast(z).detach().abs().sum(dim=1)
 
 

@@ -35,6 +35,7 @@ import math
 import torch
 
 from calibkit._validation import as_tensor, check_n_bins, check_probs, upcast
+from calibkit.errors import UserError
 from calibkit.functional.binning import binned_errors, equal_mass_sums
 from calibkit.functional.inputs import to_rows
 from calibkit.functional.iou import mean_iou
@@ -69,7 +70,7 @@ def _sums(probs, labels, n_bins=1, full=False, ignore_index=None):
     if s.check is not None:  # device path: the value checks were reduced on the device
         raise_for_check(s.check, as_tensor(probs, "probs").dtype, s.k)
         if float(s.n) == 0:
-            raise ValueError(f"no samples to evaluate: every label equals ignore_index={ignore_index}")
+            raise UserError(f"no samples to evaluate: every label equals ignore_index={ignore_index}")
     return s
 
 
@@ -77,7 +78,7 @@ def _rows(probs, labels, ignore_index):
     """Validated rows ``(P, K)`` and labels ``(P,)`` (ignored samples removed)."""
     rows = to_rows(probs, labels, ignore_index, compact=True)
     if ignore_index is not None and rows.labels.numel() == 0:
-        raise ValueError(f"no samples to evaluate: every label equals ignore_index={ignore_index}")
+        raise UserError(f"no samples to evaluate: every label equals ignore_index={ignore_index}")
     return check_probs(rows.probs, rows.labels)
 
 
@@ -186,13 +187,13 @@ def accuracy(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
 def _check_scores(x, name: str) -> torch.Tensor:
     x = as_tensor(x, name)
     if x.dim() != 1:
-        raise ValueError(f"{name} must have shape (N,), got {tuple(x.shape)}")
+        raise UserError(f"{name} must have shape (N,), got {tuple(x.shape)}")
     if x.numel() == 0:
-        raise ValueError(f"{name} is empty: no samples to evaluate")
+        raise UserError(f"{name} is empty: no samples to evaluate")
     if not x.dtype.is_floating_point:
         x = x.double()
     if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or infinite value(s)")
+        raise UserError(f"{name} contains NaN or infinite value(s)")
     return x.double()
 
 
@@ -231,7 +232,7 @@ def fpr_at_95_tpr(scores_in, scores_out, tpr: float = 0.95) -> torch.Tensor:
     """
     s_in, s_out = _check_scores(scores_in, "scores_in"), _check_scores(scores_out, "scores_out")
     if not 0 < tpr <= 1:
-        raise ValueError(f"tpr must be in (0, 1], got {tpr}")
+        raise UserError(f"tpr must be in (0, 1], got {tpr}")
     n_out = s_out.numel()
     need = math.ceil(tpr * n_out)
     while need > 1 and (need - 1) / n_out >= tpr:  # guard against tpr * n rounding up

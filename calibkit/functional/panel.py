@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from calibkit._validation import check_probs, check_probs_layout, probs_error, probs_within_tolerance
+from calibkit.errors import UserError
 from calibkit.functional.binning import BinSums, _count_below, equal_width_edges
 from calibkit.functional.inputs import to_rows
 from calibkit.functional.panel_types import PanelSums, max_entries_above
@@ -32,7 +33,7 @@ def raise_for_check(check, dtype: torch.dtype, num_classes: int, name: str = "pr
         raise err
     if y_lo < 0 or y_hi >= num_classes:
         bad = int(y_lo) if y_lo < 0 else int(y_hi)
-        raise ValueError(f"labels out of range: found {bad}, expected values in [0, {num_classes - 1}]")
+        raise UserError(f"labels out of range: found {bad}, expected values in [0, {num_classes - 1}]")
 
 
 def use_torch_path(t: torch.Tensor) -> bool:
@@ -66,7 +67,7 @@ def panel_sums(probs, labels, n_bins: int, full: bool = True, ignore_index: int 
         if ignore_index is not None and rows.labels.numel() == 0:
             if allow_empty:
                 return None
-            raise ValueError(f"no samples to evaluate: every label equals ignore_index={ignore_index}")
+            raise UserError(f"no samples to evaluate: every label equals ignore_index={ignore_index}")
         x, y = check_probs_layout(rows.probs, rows.labels)
         out = _panel_sums_cpu(x, y, n_bins, full)
     out.dense, out.binary, out.k, out.dtype = rows.dense, rows.binary, x.shape[1], x.dtype
@@ -79,11 +80,11 @@ def _layout(probs, labels):
 
     probs = _check_layout(probs, "probs")
     if labels.dim() != 1:
-        raise ValueError(f"labels must have shape (N,), got {tuple(labels.shape)}")
+        raise UserError(f"labels must have shape (N,), got {tuple(labels.shape)}")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dtype.is_complex:
-        raise ValueError(f"labels must hold integer class indices, got dtype {labels.dtype}")
+        raise UserError(f"labels must hold integer class indices, got dtype {labels.dtype}")
     if labels.shape[0] != probs.shape[0]:
-        raise ValueError(f"labels has {labels.shape[0]} entries but the predictions have {probs.shape[0]} rows")
+        raise UserError(f"labels has {labels.shape[0]} entries but the predictions have {probs.shape[0]} rows")
     return probs, labels.to(probs.device).long()
 
 

@@ -32,8 +32,8 @@ __all__ = ["panel_sums_torch", "classwise_torch", "scatter_sums"]
 _SELECT_BUDGET = 1 << 24  # classwise slots gathered per chunk of rows (memory ~ 32 bytes each)
 
 
-def _bins(values: torch.Tensor, edges: torch.Tensor, native: torch.dtype) -> torch.Tensor:
-    """``(lo, hi]`` bin of ``values`` (``native`` dtype or its float32 upcast) for ``edges`` in ``native``."""
+def _bins(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """``(lo, hi]`` bin of ``values`` (the input dtype or its float32 upcast) for ``edges`` in the input dtype."""
     inner = edges[1:-1]
     if inner.numel() == 0:
         return torch.zeros(values.shape, dtype=torch.long, device=values.device)
@@ -92,7 +92,7 @@ def classwise_torch(probs, labels, n_bins, valid=None, x=None, exact: bool = Fal
                 real = idx >= 0
                 idx = idx.clamp(min=0)
             vals = flat[idx]
-            slot = (idx % k) * n_bins + _bins(vals, edges, probs.dtype)
+            slot = (idx % k) * n_bins + _bins(vals, edges)
             if real is None:
                 vals64 = vals.double()
                 sums = scatter_sums(slot, torch.stack([torch.ones_like(vals64), vals64], 1), kb, lanes=4)
@@ -110,7 +110,7 @@ def classwise_torch(probs, labels, n_bins, valid=None, x=None, exact: bool = Fal
     conf[:, 0] = _column_sums(x) - conf[:, 1:].sum(1)
     p_y = x.gather(1, labels.view(-1, 1)).squeeze(1)
     w = torch.ones(n, 1, dtype=torch.float64, device=dev) if valid is None else valid.double()[:, None]
-    hits = scatter_sums(labels * n_bins + _bins(p_y, edges, probs.dtype), w, kb)[:, 0]
+    hits = scatter_sums(labels * n_bins + _bins(p_y, edges), w, kb)[:, 0]
     return BinSums(count=count, conf=conf, correct=hits.view(k, n_bins))
 
 
@@ -149,7 +149,7 @@ def panel_sums_torch(probs, labels, n_bins: int, full: bool = True, valid=None, 
     w = None if valid is None else valid.double()
     ones = torch.ones(n, dtype=torch.float64, device=dev) if w is None else w
     src = torch.stack([ones, conf64 * ones, correct.double() * ones], 1)
-    top = scatter_sums(_bins(conf_w, edges, probs.dtype), src, n_bins)
+    top = scatter_sums(_bins(conf_w, edges), src, n_bins)
     out = PanelSums(top=BinSums(top[:, 0], top[:, 1], top[:, 2]), conf=conf64, correct=correct, pred=pred,
                     labels=y, n=ones.sum(), weight=w, check=check)
     if full:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from calibkit._validation import as_tensor, trusting
+from calibkit.errors import UserError
 
 __all__ = ["flatten_pixels", "dense_rows", "feature_rows", "is_dense", "check_ignore_index"]
 
@@ -40,19 +41,19 @@ def check_ignore_index(ignore_index) -> int | None:
     if ignore_index is None:
         return None
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise ValueError(f"ignore_index must be an integer or None, got {ignore_index!r}")
+        raise UserError(f"ignore_index must be an integer or None, got {ignore_index!r}")
     return ignore_index
 
 
 def _check_dense(x: torch.Tensor, name: str) -> torch.Tensor:
     if not x.dtype.is_floating_point:
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        raise UserError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
     if x.shape[0] == 0 or x.shape[1] == 0 or any(s == 0 for s in x.shape[2:]):
-        raise ValueError(f"{name} is empty: got shape {tuple(x.shape)}")
+        raise UserError(f"{name} is empty: got shape {tuple(x.shape)}")
     if x.numel() and not trusting():
         lo, hi = torch.aminmax(x.detach())
         if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
-            raise ValueError(f"{name} contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
+            raise UserError(f"{name} contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
     return x
 
 
@@ -61,25 +62,25 @@ def _checked(logits, targets, ignore_index, name):
     ignore_index = check_ignore_index(ignore_index)
     logits = as_tensor(logits, name)
     if logits.dim() < 3:
-        raise ValueError(f"{name} must have shape (N, K, H, W) (dense), got {tuple(logits.shape)}")
+        raise UserError(f"{name} must have shape (N, K, H, W) (dense), got {tuple(logits.shape)}")
     _check_dense(logits, name)
     k = logits.shape[1]
     if k < 2:
-        raise ValueError(f"{name} must have at least 2 classes (K >= 2) on axis 1, got K = {k}")
+        raise UserError(f"{name} must have at least 2 classes (K >= 2) on axis 1, got K = {k}")
     targets = as_tensor(targets, "targets")
     want = (logits.shape[0], *logits.shape[2:])
     if tuple(targets.shape) != want:
-        raise ValueError(f"targets must have shape {want} to match {name} {tuple(logits.shape)}, "
+        raise UserError(f"targets must have shape {want} to match {name} {tuple(logits.shape)}, "
                          f"got {tuple(targets.shape)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.dtype.is_complex:
-        raise ValueError(f"targets must hold integer class indices, got dtype {targets.dtype}")
+        raise UserError(f"targets must hold integer class indices, got dtype {targets.dtype}")
     targets = targets.to(logits.device).long()
     valid = targets != ignore_index if ignore_index is not None else torch.ones_like(targets, dtype=torch.bool)
     if not trusting():
         bad = valid & ((targets < 0) | (targets >= k))
         if bool(bad.any()):
             v = int(targets[bad][0])
-            raise ValueError(f"targets out of range: found {v}, expected values in [0, {k - 1}]"
+            raise UserError(f"targets out of range: found {v}, expected values in [0, {k - 1}]"
                              + (f" or ignore_index={ignore_index}" if ignore_index is not None else ""))
     return logits, targets, valid
 
@@ -134,6 +135,6 @@ def feature_rows(features, logits, name: str = "logits") -> torch.Tensor:
     features = _check_dense(as_tensor(features, "features"), "features")
     if features.dim() != logits.dim() or features.shape[0] != logits.shape[0] \
             or features.shape[2:] != logits.shape[2:]:
-        raise ValueError(f"features must have shape (N, D, *S) = ({logits.shape[0]}, D, "
+        raise UserError(f"features must have shape (N, D, *S) = ({logits.shape[0]}, D, "
                          f"{', '.join(map(str, logits.shape[2:]))}) to match {name}, got {tuple(features.shape)}")
     return features.movedim(1, -1).reshape(-1, features.shape[1])

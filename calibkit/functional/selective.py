@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from calibkit._validation import as_tensor
+from calibkit.errors import UserError
 
 __all__ = ["risk_coverage_curve", "aurc", "eaurc", "augrc", "selective_risk"]
 
@@ -75,13 +76,13 @@ def _rows(probs, labels, confidence, ignore_index):
     conf = as_tensor(confidence, "confidence")
     y = as_tensor(labels, "labels")
     if tuple(conf.shape) != tuple(y.shape):
-        raise ValueError(f"confidence must have the shape of labels, {tuple(y.shape)} (one score per "
+        raise UserError(f"confidence must have the shape of labels, {tuple(y.shape)} (one score per "
                          f"sample), got {tuple(conf.shape)}")
     if conf.dtype == torch.bool or conf.dtype.is_complex:
-        raise ValueError(f"confidence must hold real numbers, got dtype {conf.dtype}")
+        raise UserError(f"confidence must hold real numbers, got dtype {conf.dtype}")
     conf = conf.detach().reshape(-1).double().cpu()
     if not bool(torch.isfinite(conf).all()):
-        raise ValueError(f"confidence contains {int((~torch.isfinite(conf)).sum())} NaN or infinite value(s)")
+        raise UserError(f"confidence contains {int((~torch.isfinite(conf)).sum())} NaN or infinite value(s)")
     conf = conf.numpy()
     if ignore_index is not None:
         conf = conf[y.detach().reshape(-1).cpu().numpy() != ignore_index]
@@ -197,7 +198,7 @@ def selective_risk(probs, labels, coverage: float = 0.9, confidence=None,
     """
     if isinstance(coverage, bool) or not isinstance(coverage, (int, float, np.floating, np.integer)) \
             or not 0 < coverage <= 1:
-        raise ValueError(f"coverage must be a number in (0, 1], got {coverage!r}")
+        raise UserError(f"coverage must be a number in (0, 1], got {coverage!r}")
     _, n, e = _groups(*_rows(probs, labels, confidence, ignore_index))
     n_total = int(n.sum())
     k = max(1, math.ceil(coverage * n_total))

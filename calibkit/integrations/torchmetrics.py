@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from calibkit.errors import UserError
 from calibkit.extras import MissingExtra
 
 try:
@@ -62,7 +63,7 @@ class CalibrationMetric(torchmetrics.Metric):
                  **kwargs):
         super().__init__(**kwargs)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+            raise UserError(f"num_classes must be an integer >= 2, got {num_classes!r}")
         self.n_bins = check_n_bins(n_bins)
         self.num_classes, self.ignore_index, self.dense = num_classes, ignore_index, bool(dense)
         self._layout = Layout(self.n_bins, num_classes, hist=self.dense, confusion=self.dense)
@@ -78,9 +79,9 @@ class CalibrationMetric(torchmetrics.Metric):
         if s is None:
             return
         if s.k != self.num_classes:
-            raise ValueError(f"probs has K = {s.k} classes but this metric was built with num_classes={self.num_classes}")
+            raise UserError(f"probs has K = {s.k} classes but this metric was built with num_classes={self.num_classes}")
         if s.dense and not self.dense:
-            raise ValueError("dense inputs (N, K, *spatial) need CalibrationMetric(..., dense=True), whose memory "
+            raise UserError("dense inputs (N, K, *spatial) need CalibrationMetric(..., dense=True), whose memory "
                              "does not grow with the number of pixels")
         dev = self.sums.device
         self.sums += batch_vector(self._layout, s).to(dev)

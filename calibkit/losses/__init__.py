@@ -31,6 +31,8 @@ from .adafocal import AdaFocal
 from .basic import ACLS, ECP, FLSD, IGNORE_INDEX, CrossEntropy, DualFocal, Focal, LabelSmoothing, MbLS
 from .fedlas import FeDLaS, _fedlas_ls, _fedlas_mbls
 
+from calibkit.errors import UserError
+
 __all__ = [
     "CrossEntropy", "LabelSmoothing", "Focal", "FLSD", "ECP", "MbLS", "ACLS", "DualFocal",
     "AdaFocal", "FeDLaS", "LOSSES", "build",
@@ -82,11 +84,11 @@ def build(spec: str, num_classes: int | None = None, ignore_index: int | None = 
             loss that needs ``num_classes`` (AdaFocal, FeDLaS) built without it.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"loss spec must be a non-empty string like 'mbls:margin=6', got {spec!r}")
+        raise UserError(f"loss spec must be a non-empty string like 'mbls:margin=6', got {spec!r}")
     name, _, rest = spec.partition(":")
     name = name.strip().lower()
     if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; valid losses: {', '.join(LOSSES)}")
+        raise UserError(f"unknown loss {name!r}; valid losses: {', '.join(LOSSES)}")
     factory = LOSSES[name]
     params = inspect.signature(factory).parameters
     valid = [p for p in params if p not in ("num_classes", "ignore_index")]
@@ -95,16 +97,16 @@ def build(spec: str, num_classes: int | None = None, ignore_index: int | None = 
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key or not value.strip():
-            raise ValueError(f"malformed item {item!r} in loss spec {spec!r}: expected key=value")
+            raise UserError(f"malformed item {item!r} in loss spec {spec!r}: expected key=value")
         if key not in valid:
-            raise ValueError(f"unknown hyperparameter {key!r} for loss {name!r}; "
+            raise UserError(f"unknown hyperparameter {key!r} for loss {name!r}; "
                              f"valid: {', '.join(valid) if valid else '(none)'}")
         if key in kwargs:
-            raise ValueError(f"hyperparameter {key!r} given twice in loss spec {spec!r}")
+            raise UserError(f"hyperparameter {key!r} given twice in loss spec {spec!r}")
         kwargs[key] = _parse_value(value.strip())
     if "num_classes" in params:
         if num_classes is None:
-            raise ValueError(f"loss {name!r} needs num_classes: build({spec!r}, num_classes=K)")
+            raise UserError(f"loss {name!r} needs num_classes: build({spec!r}, num_classes=K)")
         kwargs["num_classes"] = num_classes
     if "ignore_index" in params:
         kwargs["ignore_index"] = ignore_index

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from calibkit.errors import UserError
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits, upcast
 
@@ -79,12 +80,12 @@ class AdaFocal(nn.Module):
         self.ignore_index = check_ignore_index(ignore_index)
         self.num_classes = _check_num_classes(num_classes)
         if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
-            raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
+            raise UserError(f"n_bins must be an integer >= 1, got {n_bins!r}")
         if not gamma_min < 0 < flip_threshold <= gamma_max:
-            raise ValueError("need gamma_min < 0 < flip_threshold <= gamma_max, got "
+            raise UserError("need gamma_min < 0 < flip_threshold <= gamma_max, got "
                              f"{gamma_min}, {flip_threshold}, {gamma_max}")
         if not (abs(gamma_init) >= flip_threshold and gamma_min <= gamma_init <= gamma_max):
-            raise ValueError(f"gamma_init must satisfy |gamma_init| >= {flip_threshold} and lie in "
+            raise UserError(f"gamma_init must satisfy |gamma_init| >= {flip_threshold} and lie in "
                              f"[{gamma_min}, {gamma_max}], got {gamma_init}")
         self.n_bins, self.lam = n_bins, float(lam)
         self.gamma_min, self.gamma_max, self.flip_threshold = float(gamma_min), float(gamma_max), float(flip_threshold)
@@ -130,7 +131,7 @@ class AdaFocal(nn.Module):
         else:
             val_logits, val_labels = check_logits(val_logits, val_labels, name="val_logits")
         if val_logits.shape[0] == 0:
-            raise ValueError("val_logits: every validation pixel is ignore_index; nothing to update from")
+            raise UserError("val_logits: every validation pixel is ignore_index; nothing to update from")
         _check_classes(val_logits, self.num_classes, "AdaFocal")
         probs = torch.softmax(upcast(val_logits).double(), dim=1).to(self.edges.device)
         conf, pred = probs.max(dim=1)

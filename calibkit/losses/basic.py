@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from calibkit.errors import UserError
 import calibkit.functional.losses as FL
 from calibkit.functional.pixels import check_ignore_index
 
@@ -123,12 +124,12 @@ class DualFocal(_Stateless):
 
 def _check_classes(logits: torch.Tensor, num_classes: int, who: str) -> None:
     if logits.shape[1] != num_classes:
-        raise ValueError(f"{who} was built for num_classes={num_classes} but logits have {logits.shape[1]} columns")
+        raise UserError(f"{who} was built for num_classes={num_classes} but logits have {logits.shape[1]} columns")
 
 
 def _check_num_classes(num_classes) -> int:
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+        raise UserError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     return num_classes
 
 

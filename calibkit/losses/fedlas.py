@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from calibkit.errors import UserError
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits
 from calibkit.functional.pixels import check_ignore_index, dense_rows, feature_rows
@@ -74,9 +75,9 @@ class FeDLaS(nn.Module):
         self.ignore_index = check_ignore_index(ignore_index)
         self.num_classes = _check_num_classes(num_classes)
         if variant not in _FEDLAS_DEFAULTS:
-            raise ValueError(f"variant must be one of {sorted(_FEDLAS_DEFAULTS)}, got {variant!r}")
+            raise UserError(f"variant must be one of {sorted(_FEDLAS_DEFAULTS)}, got {variant!r}")
         if variant == "ls" and margin is not None:
-            raise ValueError("margin applies to FeDLaS variant 'mbls' only")
+            raise UserError("margin applies to FeDLaS variant 'mbls' only")
         d = _FEDLAS_DEFAULTS[variant]
         self.variant = variant
         self.alpha = FL._check_number(d["alpha"] if alpha is None else alpha, "alpha", 0.0)
@@ -127,7 +128,7 @@ class FeDLaS(nn.Module):
         """
         norms = FL.feature_l1_norms(features)
         if norms.shape[0] != logits.shape[0]:
-            raise ValueError(f"features have {norms.shape[0]} rows but logits have {logits.shape[0]}")
+            raise UserError(f"features have {norms.shape[0]} rows but logits have {logits.shape[0]}")
         if self.training:
             self._update_stats(norms, valid)
         nci = FL.fedlas_nci(norms, self.mu.to(norms.device, norms.dtype), self.sigma.to(norms.device, norms.dtype))
@@ -135,7 +136,7 @@ class FeDLaS(nn.Module):
 
     def forward(self, logits, targets, features=None):
         if features is None:
-            raise ValueError("FeDLaS needs the penultimate features: call "
+            raise UserError("FeDLaS needs the penultimate features: call "
                              "loss(logits, targets, features=model.forward_features(x)) "
                              "(FeDLaS.needs_features is True)")
         if isinstance(logits, torch.Tensor) and logits.dim() >= 3:  # every pixel a sample, void masked

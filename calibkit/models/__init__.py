@@ -23,6 +23,8 @@ from .small import cnn, mlp
 from .text import gpool_cnn, gpool_cnn_small
 from .wideresnet import wrn26_10, wrn28_10
 
+from calibkit.errors import UserError
+
 MODELS = {
     # small models for 28x28 data (any channels / size via adaptive pooling)
     "cnn": cnn,
@@ -68,7 +70,7 @@ def resolve(name: str):
 
     close = difflib.get_close_matches(str(name), list(MODELS), n=1, cutoff=0.5)
     hint = f" (nearest valid name: {close[0]})" if close else ""
-    raise ValueError(f"unknown model {name!r}{hint}; choose one of {', '.join(MODELS)}, or give your own as "
+    raise UserError(f"unknown model {name!r}{hint}; choose one of {', '.join(MODELS)}, or give your own as "
                      "'package.module:factory'")
 
 

@@ -30,6 +30,8 @@ import sys
 import torch
 from torch import nn
 
+from calibkit.errors import UserError
+
 
 def import_factory(spec: str):
     """The callable named by ``"module:attr"`` or ``"file.py:attr"``.
@@ -39,11 +41,11 @@ def import_factory(spec: str):
     """
     module_name, colon, attr = spec.rpartition(":")
     if not colon or not module_name or not attr:
-        raise ValueError(f"model {spec!r}: expected a calibkit.models name or 'package.module:factory'")
+        raise UserError(f"model {spec!r}: expected a calibkit.models name or 'package.module:factory'")
     if module_name.endswith(".py"):
         path = os.path.abspath(module_name)
         if not os.path.isfile(path):
-            raise ValueError(f"model {spec!r}: file {module_name} not found")
+            raise UserError(f"model {spec!r}: file {module_name} not found")
         key = f"calibkit_user_model_{abs(hash(path))}"
         module = sys.modules.get(key)
         if module is None:
@@ -56,7 +58,7 @@ def import_factory(spec: str):
         module = _import_from_cwd(spec, module_name)
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
-        raise ValueError(f"model {spec!r}: {module_name} has no callable {attr!r}")
+        raise UserError(f"model {spec!r}: {module_name} has no callable {attr!r}")
     return factory
 
 
@@ -91,12 +93,12 @@ class _import_errors:
         top = self.module_name.split(".")[0]
         if isinstance(exc, ModuleNotFoundError) and exc.name in (self.module_name, top) or (
                 isinstance(exc, ModuleNotFoundError) and self.module_name.startswith(f"{exc.name}.")):
-            raise ValueError(f"{where}cannot import {self.module_name} ({exc}); it is looked for in the working "
+            raise UserError(f"{where}cannot import {self.module_name} ({exc}); it is looked for in the working "
                              f"directory ({os.getcwd()}) and on the Python path (installed, or PYTHONPATH)") from None
         if isinstance(exc, SystemExit):
-            raise ValueError(f"{where}importing {self.module_name} called sys.exit({exc.code!r}); a model module must "
+            raise UserError(f"{where}importing {self.module_name} called sys.exit({exc.code!r}); a model module must "
                              "not exit when imported (guard script code with `if __name__ == \"__main__\":`)") from None
-        raise ValueError(f"{where}importing {self.module_name} failed ({type(exc).__name__}: "
+        raise UserError(f"{where}importing {self.module_name} failed ({type(exc).__name__}: "
                          f"{' '.join(str(exc).split())})") from exc
 
 
@@ -109,7 +111,7 @@ def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model"
     outputs are one line saying so); ``model(x)`` equal to ``head(features)``.
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"{name}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+        raise UserError(f"{name}: the factory returned {type(model).__name__}, not a torch.nn.Module")
     problems = []
     if not callable(getattr(model, "forward_features", None)):
         problems.append("no forward_features(x) method (it returns the penultimate features (N, D))")
@@ -120,7 +122,7 @@ def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model"
     elif head.out_features != num_classes:
         problems.append(f"head has {head.out_features} outputs, the data has {num_classes} classes")
     if problems:
-        raise ValueError(f"{name} misses calibkit's model contract: " + "; ".join(problems))
+        raise UserError(f"{name} misses calibkit's model contract: " + "; ".join(problems))
     was = model.training
     model.eval()
     try:
@@ -128,7 +130,7 @@ def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model"
             feats = model.forward_features(x)
             logits = model(x)
     except Exception as exc:
-        raise ValueError(f"{name}: a forward pass on inputs {x.dtype} {tuple(x.shape)} failed "
+        raise UserError(f"{name}: a forward pass on inputs {x.dtype} {tuple(x.shape)} failed "
                          f"({type(exc).__name__}: {exc})") from exc
     finally:
         model.train(was)
@@ -140,10 +142,10 @@ def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model"
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         problems.append(f"model(x) must return logits (N, {num_classes}), got {got}")
     if problems:
-        raise ValueError(f"{name} misses calibkit's model contract: " + "; ".join(problems))
+        raise UserError(f"{name} misses calibkit's model contract: " + "; ".join(problems))
     _check_finite(name, x, feats, logits)
     if not torch.allclose(logits, head(feats), rtol=1e-4, atol=1e-5):
-        raise ValueError(f"{name} misses calibkit's model contract: model(x) differs from "
+        raise UserError(f"{name} misses calibkit's model contract: model(x) differs from "
                          "model.head(model.forward_features(x)); forward must be exactly that")
 
 
@@ -152,6 +154,6 @@ def _check_finite(name: str, x: torch.Tensor, feats: torch.Tensor, logits: torch
     (and NaN never equals NaN, so they would otherwise read as a forward that is not the head's)."""
     bad = [what for what, t in (("forward_features(x)", feats), ("model(x)", logits)) if not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"{name}: the outputs are not finite: {' and '.join(bad)} hold NaN or infinite values on "
+        raise UserError(f"{name}: the outputs are not finite: {' and '.join(bad)} hold NaN or infinite values on "
                          f"{x.shape[0]} training inputs ({x.dtype} {tuple(x.shape)}); check the model's forward and "
                          "its initialisation")

@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from calibkit.errors import UserError
+
 
 class SmallCNN(nn.Module):
     """conv3x3(32) -> ReLU -> maxpool2 -> conv3x3(64) -> ReLU -> maxpool2 -> FC(256) -> ReLU -> head.
@@ -32,7 +34,7 @@ class SmallCNN(nn.Module):
                  hidden: int = 256):  # fmt: skip
         super().__init__()
         if input_size < 4:
-            raise ValueError(f"input_size must be >= 4, got {input_size}")
+            raise UserError(f"input_size must be >= 4, got {input_size}")
         self.conv1 = nn.Conv2d(in_channels, width, 3, padding=1)
         self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
         self.grid = input_size // 4  # spatial size after two 2x2 max-pools

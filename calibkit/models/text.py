@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from calibkit.errors import UserError
+
 
 
 class GlobalPoolingCNN(nn.Module):
@@ -49,7 +51,7 @@ class GlobalPoolingCNN(nn.Module):
                  channels: int = 128, hidden: int = 128, kernel: int = 5):  # fmt: skip
         super().__init__()
         if in_channels < 2:
-            raise ValueError(f"in_channels is the vocabulary size for text models (>= 2), got {in_channels}")
+            raise UserError(f"in_channels is the vocabulary size for text models (>= 2), got {in_channels}")
         self.kernel = kernel
         self.min_length = 5 * (kernel - 1) + 1
         self.embedding = nn.Embedding(in_channels, embed_dim, padding_idx=0)
@@ -62,7 +64,7 @@ class GlobalPoolingCNN(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """int64 token ids (N, L) -> features (N, D)."""
         if x.dtype != torch.int64 or x.dim() != 2:
-            raise ValueError(f"expected int64 token ids (N, L), got {x.dtype} {tuple(x.shape)}")
+            raise UserError(f"expected int64 token ids (N, L), got {x.dtype} {tuple(x.shape)}")
         if x.shape[1] < self.min_length:
             x = F.pad(x, (0, self.min_length - x.shape[1]))  # <pad> = 0 at the end
         h = self.embedding(x).transpose(1, 2)  # (N, E, L)

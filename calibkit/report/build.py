@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.errors import UserError
 from calibkit.rundir import atomic_write
 from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
@@ -251,11 +252,11 @@ def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tup
     try:
         presets = store.presets()
         if not presets:
-            raise ValueError(f"{where} holds no runs yet")
+            raise UserError(f"{where} holds no runs yet")
         if preset is None:
             preset = presets[-1]
         elif preset not in presets:
-            raise ValueError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
+            raise UserError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
         # a damaged cell: named, row left out; runs moved aside by a re-tuning or at other values
         # than the directory's selection: left out (one value per method)
         return preset, current_runs(store.runs(preset, status=None, tolerant=True), store, preset)[0]
@@ -286,7 +287,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         probabilities are cached under ``out_dir/cache/calibrated/``.
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        raise ValueError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), got {alpha!r}")
+        raise UserError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), got {alpha!r}")
     out_dir = Path(out_dir)
     preset, rows = _load(out_dir, preset, store)
     recorded_keys = {r["run_key"] for r in rows}
@@ -297,7 +298,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     done = [r for r in rows if r["status"] == "done"]
     if not done:
         unreadable = f" that the report can read ({len(skipped)} left out: {'; '.join(skipped)})" if skipped else ""
-        raise ValueError(f"no finished runs of preset {preset!r} in {describe_store(out_dir, store)}{unreadable}")
+        raise UserError(f"no finished runs of preset {preset!r} in {describe_store(out_dir, store)}{unreadable}")
     recorded = recorded_preset(out_dir, preset)
     if n_boot is None:
         n_boot = recorded.n_boot if recorded is not None else 1000

@@ -28,10 +28,12 @@ from pathlib import Path
 
 import torch
 
+from calibkit.errors import UserError
+
 NONE = "none"  # the uncalibrated column
 
 
-class NoValidationLogits(ValueError):
+class NoValidationLogits(UserError):
     """A run's logits file holds no validation logits, so no calibrator can be fitted for it."""
 
 
@@ -45,7 +47,7 @@ def calibrator_names() -> list[str]:
 def _check_name(name: str) -> None:
     names = calibrator_names()
     if name not in names:
-        raise ValueError(f"unknown calibrator {name!r}; expected one of {', '.join(names)}")
+        raise UserError(f"unknown calibrator {name!r}; expected one of {', '.join(names)}")
 
 
 class CalibratedProbs:
@@ -67,12 +69,12 @@ class CalibratedProbs:
 
         path = row.get("logits_path")
         if not path:
-            raise ValueError(f"run {row['run_key']} has no logits_path in the database")
+            raise UserError(f"run {row['run_key']} has no logits_path in the database")
         if path not in self._logits:
             tensors = read_tensors(path)
             missing = {"test_logits", "test_labels"} - set(tensors)
             if missing:
-                raise ValueError(f"{path}: missing entries {sorted(missing)}")
+                raise UserError(f"{path}: missing entries {sorted(missing)}")
             self._logits[path] = tensors
         return self._logits[path]
 

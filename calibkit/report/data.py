@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from calibkit.bench.grid import METHODS, REFERENCE
+from calibkit.errors import UserError
 
 
 def label(method: str) -> str:
@@ -236,7 +237,7 @@ def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
 
     path = row.get("logits_path")
     if not path:
-        raise ValueError(f"run {row['run_key']} has no logits_path in the database")
+        raise UserError(f"run {row['run_key']} has no logits_path in the database")
     tensors = read_tensors(path)
     logits = tensors["test_logits"].double()
     return (logits.softmax(1).numpy(), tensors["test_labels"].long().numpy(),
@@ -305,7 +306,7 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
         pa, la, _ = probs(run)
         pb, lb, _ = probs(other)
         if not np.array_equal(la, lb):
-            raise ValueError(f"{run['run_key']} and {other['run_key']} were tested on different test sets")
+            raise UserError(f"{run['run_key']} and {other['run_key']} were tested on different test sets")
         identical = identical and np.array_equal(pa, pb)
         groups = load_groups(run)
         if groups is not None:  # pixels: resample whole test images (calibkit.grouped_bootstrap)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.errors import UserError
 from calibkit.report.calibrated import NONE, CalibratedProbs
 from calibkit.report.data import direction, same_runs
 from calibkit.seed_bootstrap import MIN_SEEDS, auto_levels, seed_paired_interval
@@ -65,7 +66,7 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
         pa, la = probs(run, after_a)
         pb, lb = probs(other, after_b)
         if not torch.equal(la, lb):
-            raise ValueError(f"{run['run_key']} and {other['run_key']} were tested on different test sets")
+            raise UserError(f"{run['run_key']} and {other['run_key']} were tested on different test sets")
         identical = identical and torch.equal(pa, pb)
         groups = probs.groups(run)
         if groups is not None:
@@ -166,13 +167,13 @@ def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after
 
     for m in (a, b):
         if m not in summary:
-            raise ValueError(f"no finished runs of method {m!r}; found: {', '.join(summary)}")
+            raise UserError(f"no finished runs of method {m!r}; found: {', '.join(summary)}")
     name = NONE if after is None else after
     if name not in calibrator_names():
-        raise ValueError(f"unknown calibrator {after!r}; expected one of {', '.join(calibrator_names()[1:])}")
+        raise UserError(f"unknown calibrator {after!r}; expected one of {', '.join(calibrator_names()[1:])}")
     pairs = _pairs(summary[a]["runs"], summary[b]["runs"])
     if not pairs:
-        raise ValueError(f"{a} and {b} share no seed ({a}: {summary[a]['seeds']}, {b}: {summary[b]['seeds']})")
+        raise UserError(f"{a} and {b} share no seed ({a}: {summary[a]['seeds']}, {b}: {summary[b]['seeds']})")
     runs_a, runs_b = [p[0] for p in pairs], [p[1] for p in pairs]
     panels_a = [evaluate(*probs(r, name)) for r in runs_a]
     panels_b = [evaluate(*probs(r, name)) for r in runs_b]

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.errors import UserError
 from calibkit.report.calibrated import NONE, CalibratedProbs
 
 ALPHA = 0.1  # the default miscoverage of the conformal sets
@@ -48,7 +49,7 @@ def split_validation(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(fit_rows, conformal_rows)``: a seeded permutation of ``range(n)`` cut in two halves (the
     second gets the odd row). The permutation is ``numpy.random.default_rng([seed, n])``'s."""
     if n < 4:
-        raise ValueError(f"{n} validation rows: too few to split between a calibrator and a conformal quantile")
+        raise UserError(f"{n} validation rows: too few to split between a calibrator and a conformal quantile")
     perm = np.random.default_rng([seed, n]).permutation(n)
     return np.sort(perm[: n // 2]), np.sort(perm[n // 2:])
 
@@ -209,7 +210,7 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
         if method != REFERENCE and pairs:
             for a, b in pairs:
                 if not torch.equal(sets.probs(a, NONE)[1], sets.probs(b, NONE)[1]):
-                    raise ValueError(f"{a['run_key']} and {b['run_key']} were tested on different test sets")
+                    raise UserError(f"{a['run_key']} and {b['run_key']} were tested on different test sets")
             cell["d_aurc"] = _paired(pairs, lambda r: float(aurc(*sets.probs(r, TS))),
                                      lambda r: sets.aurc_samples(r, TS, n_boot, seed), n_boot, seed, level)
             cell["d_size"] = _paired(pairs, lambda r: float(sets.conformal(r, TS)["size"].double().mean()),

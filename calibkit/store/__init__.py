@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 
+from calibkit.errors import UserError
 from calibkit.store.common import (
     GRACE_ENV, GRACE_S, HEARTBEAT_ENV, HEARTBEAT_S, SCHEMA_VERSION, StoreError, owner_alive, run_key,
 )
@@ -57,9 +58,9 @@ def resolve_store(value: str | None) -> str | None:
         return value
     name = value[4:]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise ValueError(f"--store {value}: expected env:NAME with NAME an environment variable's name")
+        raise UserError(f"--store {value}: expected env:NAME with NAME an environment variable's name")
     if not os.environ.get(name):
-        raise ValueError(f"--store {value}: the environment variable {name} is not set (it should hold the "
+        raise UserError(f"--store {value}: the environment variable {name} is not set (it should hold the "
                          "postgresql:// URL)")
     return os.environ[name]
 
@@ -74,7 +75,7 @@ def open_store(out, store: str | None = DEFAULT, readonly: bool = False, **kwarg
     if store is None:
         return Store(os.path.join(os.fspath(out), "runs.db"), readonly=readonly, **kwargs)
     if not is_url(store):
-        raise ValueError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
+        raise UserError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
                          "(leave it out for OUT/runs.db)")
     return PostgresStore(store, root=out, readonly=readonly, **kwargs)
 
@@ -95,7 +96,7 @@ def check_store(out, store: str | None = DEFAULT) -> None:
         check_database_file(os.path.join(os.fspath(out), "runs.db"))
         return
     if not is_url(store):
-        raise ValueError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
+        raise UserError(f"--store: expected a postgresql:// URL, got {redact(store)!r} "
                          "(leave it out for OUT/runs.db)")
     try:
         PostgresStore(store, root=out, readonly=True, retry_s=0).close()  # no wait: a wrong URL is named at once

@@ -15,6 +15,7 @@ import uuid
 from contextlib import contextmanager
 from functools import wraps
 
+from calibkit.errors import UserError, UserKeyError
 from calibkit.store.common import (
     COLUMNS, FIELDS, JSON_COLUMNS, KEY_COLUMN, PATH_COLUMNS, STATUSES, StoreError, dumps, lease_settings,
     loaded_path, now_iso, owner_alive, stored_path,
@@ -129,7 +130,7 @@ class BaseStore:
                     out[col] = json.loads(out[col])
                 except (TypeError, ValueError) as exc:
                     if not tolerant:
-                        raise ValueError(f"results database: run {out.get('run_key')}: {col} is not valid JSON "
+                        raise UserError(f"results database: run {out.get('run_key')}: {col} is not valid JSON "
                                          f"({exc})") from exc
                     out[col] = None
                     out.setdefault("corrupt", {})[col] = f"not valid JSON ({exc})"
@@ -286,7 +287,7 @@ class BaseStore:
             row = self._sql(f"SELECT status, preset, method, seed FROM tuning WHERE cand_key = ?{self._LOCK}",
                             (key,)).fetchone()
             if row is None or row[0] != "done" or tuple(row[1:]) != (preset, method, int(seed)):
-                raise KeyError(f"no finished candidate {key!r} of {preset}/{method}/{seed} in {self.where}")
+                raise UserKeyError(f"no finished candidate {key!r} of {preset}/{method}/{seed} in {self.where}")
             self._sql("UPDATE tuning SET selected = 0, criterion = NULL WHERE preset = ? AND method = ? AND seed = ?",
                       (preset, method, int(seed)))
             self._sql("UPDATE tuning SET selected = 1, criterion = ? WHERE cand_key = ?", (dumps(criterion), key))
@@ -315,7 +316,7 @@ class BaseStore:
             if row is None and self._replay and self._sql("SELECT 1 FROM runs WHERE run_key = ?", (new_key,)).fetchone():
                 return  # moved by the first try, committed before the connection was lost
             if row is None or row[0] != "done":
-                raise KeyError(f"no finished run {key!r} in {self.where}")
+                raise UserKeyError(f"no finished run {key!r} in {self.where}")
             self._sql("UPDATE runs SET run_key = ?, run_dir = ?, logits_path = ? WHERE run_key = ?",
                       (new_key, stored_path(run_dir, self.root), stored_path(logits_path, self.root), key))
 
@@ -364,18 +365,18 @@ class BaseStore:
             ValueError: unknown table or column, a missing required column, a bad status.
         """
         if table not in KEY_COLUMN:
-            raise ValueError(f"unknown table {table!r}; expected one of {sorted(KEY_COLUMN)}")
+            raise UserError(f"unknown table {table!r}; expected one of {sorted(KEY_COLUMN)}")
         col = KEY_COLUMN[table]
         row = {k: v for k, v in row.items() if k != "id"}
         required = {col, "preset", "method", "seed", "status"} | ({"hparams"} if table == "tuning" else set())
         missing = sorted(required - set(row))
         if missing:
-            raise ValueError(f"{table} row lacks {missing}")
+            raise UserError(f"{table} row lacks {missing}")
         unknown = sorted(set(row) - COLUMNS[table])
         if unknown:
-            raise ValueError(f"unknown {table} columns {unknown}")
+            raise UserError(f"unknown {table} columns {unknown}")
         if row["status"] not in STATUSES:
-            raise ValueError(f"{table} row {row[col]!r}: bad status {row['status']!r}")
+            raise UserError(f"{table} row {row[col]!r}: bad status {row['status']!r}")
         enc = self._encode({"created_at": now_iso(), **row})
         with self._write():
             old, locked = self._lock_row(table, row[col])

@@ -19,6 +19,8 @@ import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
+from calibkit.errors import UserError, UserRuntimeError
+
 SCHEMA_VERSION = 2
 STATUSES = ("running", "done", "failed")
 # Columns holding JSON documents: encoded on write, decoded on read.
@@ -46,7 +48,7 @@ HEARTBEAT_ENV = "CALIBKIT_HEARTBEAT_S"
 GRACE_ENV = "CALIBKIT_LEASE_GRACE_S"
 
 
-class StoreError(RuntimeError):
+class StoreError(UserRuntimeError):
     """The database cannot be used (not SQLite, corrupt, not calibkit's, unreachable), or a write
     would replace a finished result."""
 
@@ -67,7 +69,7 @@ def run_key(preset: str, method: str, seed: int) -> str:
     """The key of one run: ``preset/method/seed``."""
     for name, value in (("preset", preset), ("method", method)):
         if not value or "/" in value:
-            raise ValueError(f"{name} must be a non-empty name without '/', got {value!r}")
+            raise UserError(f"{name} must be a non-empty name without '/', got {value!r}")
     return f"{preset}/{method}/{int(seed)}"
 
 
@@ -89,12 +91,12 @@ def lease_settings(heartbeat_s: float | None = None, grace_s: float | None = Non
         try:
             value = float(default if value is None else value)
         except ValueError:
-            raise ValueError(f"{env}: not a number of seconds: {value!r}") from None
+            raise UserError(f"{env}: not a number of seconds: {value!r}") from None
         if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{env}: must be a positive number of seconds, got {value!r}")
+            raise UserError(f"{env}: must be a positive number of seconds, got {value!r}")
         out.append(value)
     if out[1] < 2 * out[0]:
-        raise ValueError(f"lease grace period {out[1]:g} s must be at least twice the heartbeat interval "
+        raise UserError(f"lease grace period {out[1]:g} s must be at least twice the heartbeat interval "
                          f"{out[0]:g} s ({GRACE_ENV}, {HEARTBEAT_ENV})")
     return out[0], out[1]
 

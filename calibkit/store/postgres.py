@@ -28,6 +28,7 @@ import os
 import time
 from contextlib import contextmanager
 
+from calibkit.errors import UserError
 from calibkit.store.base import BaseStore
 from calibkit.store.common import KEY_COLUMN, SCHEMA_VERSION, StoreError
 from calibkit.store.secrets import redact, scrub
@@ -74,9 +75,9 @@ def retry_setting(value: float | None = None) -> float:
     try:
         seconds = float(value)
     except ValueError:
-        raise ValueError(f"{RETRY_ENV}: not a number of seconds: {value!r}") from None
+        raise UserError(f"{RETRY_ENV}: not a number of seconds: {value!r}") from None
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{RETRY_ENV}: must be a number of seconds >= 0, got {value!r}")
+        raise UserError(f"{RETRY_ENV}: must be a number of seconds >= 0, got {value!r}")
     return seconds
 
 

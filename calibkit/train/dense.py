@@ -35,6 +35,7 @@ import torch
 
 from calibkit import distributed as D
 from calibkit import rundir
+from calibkit.errors import UserError
 
 PIXEL_SAMPLE = 200_000  # pixels stored per split (spread evenly over its images)
 PIXEL_SEED = 0  # the draw depends on the masks only, never on the run's seed
@@ -207,6 +208,6 @@ def load_run_data(info: dict, cfg):
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size, train_subset=cfg.train_subset)
     want = (info.get("split") or {}).get("val_checksum")
     if want and bundle.split.get("val_checksum") != want:
-        raise ValueError(f"the {cfg.data} validation split differs from the one this run was trained with "
+        raise UserError(f"the {cfg.data} validation split differs from the one this run was trained with "
                          f"(checksum {bundle.split.get('val_checksum')} != {want}); the data files changed")
     return bundle

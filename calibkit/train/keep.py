@@ -17,6 +17,7 @@ Every policy reads the validation split only; the test split never takes part.
 from __future__ import annotations
 
 from calibkit.config import KEEP_POLICIES
+from calibkit.errors import UserError
 
 # policy -> (validation record key, sign): the kept epoch maximises sign * record[key]
 _SCORE = {"best-acc": ("val_acc", 1.0), "best-nll": ("val_loss", -1.0), "best-ece": ("val_ece", -1.0),
@@ -39,7 +40,7 @@ class Keeper:
 
     def __init__(self, policy: str, state: dict | None = None):
         if policy not in KEEP_POLICIES:
-            raise ValueError(f"keep: unknown checkpoint policy {policy!r}; valid: {', '.join(KEEP_POLICIES)}")
+            raise UserError(f"keep: unknown checkpoint policy {policy!r}; valid: {', '.join(KEEP_POLICIES)}")
         self.policy = policy
         self.score = float(state["score"]) if state else float("-inf")
         self.epoch = int(state["epoch"]) if state else 0

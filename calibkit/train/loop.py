@@ -40,6 +40,7 @@ from calibkit import _validation
 from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.config import TrainConfig
+from calibkit.errors import UserError, UserRuntimeError
 from calibkit.train import preempt
 from calibkit.train.keep import Keeper
 from calibkit.train.schedule import learning_rate
@@ -86,14 +87,14 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True, root=None) 
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return "fresh", None
     if not out.is_dir():
-        raise ValueError(f"out: {out} exists and is not a directory")
+        raise UserError(f"out: {out} exists and is not a directory")
     if not (out / rundir.CONFIG).is_file():
         if rundir.only_records(out):
             if main:
                 print(f"{out}: holds only the record of an attempt that ended before training started; "
                       "starting the run", file=sys.stderr, flush=True)
             return "fresh", None
-        raise ValueError(f"out: {out} is not empty and holds no calibkit run; choose another directory")
+        raise UserError(f"out: {out} is not empty and holds no calibkit run; choose another directory")
     info = rundir.read_json(out / rundir.CONFIG)
     old = TrainConfig.from_dict(info.get("config", {}))
     if root is not None:
@@ -106,7 +107,7 @@ def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True, root=None) 
                   "starting it again with this config", file=sys.stderr, flush=True)
         return "fresh", None
     if diff:
-        raise ValueError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}) that "
+        raise UserError(f"out: {out} holds a run with a different config (differs in: {', '.join(diff)}) that "
                          "has completed at least one epoch; choose another directory (a run that has not "
                          "completed an epoch may be restarted with a new config)")
     if info.get("status") == "done" and (out / rundir.LOGITS).is_file():
@@ -156,10 +157,10 @@ def _check_modality(cfg: TrainConfig, modality: str, kind: str) -> None:
     """Refuse a model that cannot read the data, and input-mixing methods on token ids."""
     if (kind == "tokens") != (modality == "text"):
         takes = "token ids (text)" if kind == "tokens" else "images"
-        raise ValueError(f"model: {cfg.model} takes {takes}, but data set {cfg.data} is {modality}; "
+        raise UserError(f"model: {cfg.model} takes {takes}, but data set {cfg.data} is {modality}; "
                          f"choose a {'text' if modality == 'text' else 'image'} model")
     if modality == "text" and cfg.method != "standard":
-        raise ValueError(f"method: {cfg.method} mixes or generates input images; text data (token ids) "
+        raise UserError(f"method: {cfg.method} mixes or generates input images; text data (token ids) "
                          "trains with method standard only")
 
 
@@ -173,14 +174,14 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     try:
         builder = resolve(cfg.model)
     except ValueError as exc:
-        raise ValueError(f"model: {exc}") from None
+        raise UserError(f"model: {exc}") from None
     _reseed_globals(cfg.seed)
     bundle = load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size,
                   train_subset=cfg.train_subset)
     if len(bundle.val) == 0:
-        raise ValueError("val_size: the validation split is empty; model selection needs one")
+        raise UserError("val_size: the validation split is empty; model selection needs one")
     if (-(-len(bundle.train) // dd.world)) // (cfg.batch_size // dd.world) == 0:
-        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images")
+        raise UserError(f"batch_size {cfg.batch_size} exceeds the {len(bundle.train)} training images")
     K, dev = bundle.num_classes, dd.device
     if cfg.model in MODELS:  # known before building (an image model on a vocabulary would be huge)
         _check_modality(cfg, bundle.modality, input_kind(builder))
@@ -193,7 +194,7 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
 
         kind = "segmentation data needs a dense model" if bundle.modality == "segmentation" else \
             f"{bundle.modality} data needs a classifier, not a dense model"
-        raise ValueError(f"model: {cfg.model!r} does not fit data {cfg.data!r}: {kind} "
+        raise UserError(f"model: {cfg.model!r} does not fit data {cfg.data!r}: {kind} "
                          f"(dense models: {', '.join(sorted(DENSE_MODELS))})")
     loss_fn = losses.build(cfg.loss, num_classes=K).to(dev)
     inputs = inputs_for(bundle, cfg.augment)
@@ -218,7 +219,7 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
             optimizer.load_state_dict(resume["optimizer"])
             loss_fn.load_state_dict(resume["loss"])
         except (KeyError, RuntimeError, ValueError) as exc:
-            raise ValueError(f"{out / rundir.CHECKPOINT}: does not match this config ({exc})") from exc
+            raise UserError(f"{out / rundir.CHECKPOINT}: does not match this config ({exc})") from exc
         # Checkpoints written before the policy was recorded kept the best validation accuracy.
         legacy = {"score": resume.get("best_val_acc"), "epoch": resume.get("best_epoch")}
         run.keeper = Keeper(cfg.keep, resume.get("keep") or legacy)
@@ -271,7 +272,7 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     loss_sum, correct, seen, bad = D.all_reduce_sum([loss_sum, correct, seen, float(first_bad >= 0)], dd)
     if bad:
         where = f"step {first_bad + 1}" if first_bad >= 0 else "a step of another process"
-        raise RuntimeError(f"loss is {bad_value if first_bad >= 0 else 'not finite'} at epoch {epoch + 1}, {where}; "
+        raise UserRuntimeError(f"loss is {bad_value if first_bad >= 0 else 'not finite'} at epoch {epoch + 1}, {where}; "
                            f"lower the learning rate (lr {learning_rate(cfg, epoch + max(first_bad, 0) / steps):.4g})")
     return {"lr": lr, "train_loss": loss_sum / seen, "train_acc": correct / seen}
 
@@ -398,9 +399,9 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         if cfg.amp and dd.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError("amp: this GPU has no bfloat16 support; train without --amp")
+            raise UserError("amp: this GPU has no bfloat16 support; train without --amp")
         if cfg.batch_size % dd.world:
-            raise ValueError(f"batch_size {cfg.batch_size} is the global batch; it must divide by the "
+            raise UserError(f"batch_size {cfg.batch_size} is the global batch; it must divide by the "
                              f"{dd.world} processes")
         state, found = _prepare_run_dir(out, cfg, dd.is_main, root)
         D.barrier(dd)  # every rank has read the directory before rank 0 writes into it

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from calibkit import functional as F_
+from calibkit.errors import UserError
 
 
 @dataclass
@@ -108,10 +109,10 @@ STEPS: dict[str, type] = {"standard": Standard, "mixup": Mixup, "regmixup": RegM
 def build_step(cfg, loss_fn, num_classes: int, inputs, seed: int):
     """The step object of ``cfg.method`` (checks that the method and the loss fit together)."""
     if getattr(inputs, "dense", False) and cfg.method != "standard":
-        raise ValueError(f"method {cfg.method!r} mixes whole images and their labels; segmentation trains with "
+        raise UserError(f"method {cfg.method!r} mixes whole images and their labels; segmentation trains with "
                          "method 'standard' (the dense losses apply per pixel)")
     if cfg.method == "mixup" and cfg.loss.split(":")[0].strip().lower() != "ce":
-        raise ValueError(f"method mixup trains with soft-label cross-entropy; loss must be 'ce', got {cfg.loss!r}")
+        raise UserError(f"method mixup trains with soft-label cross-entropy; loss must be 'ce', got {cfg.loss!r}")
     mix_alpha = cfg.mix_alpha or (0.2 if cfg.method == "mixup" else 10.0 if num_classes >= 100 else 20.0)
     companion = None
     if cfg.method == "csm":

@@ -316,10 +316,10 @@ def test_column_sums_and_bins_helpers(gen):
     x64 = x.double()
     assert torch.equal(D._column_sums(x64), x64.sum(0))
     edges = torch.tensor([0.0, 1.0])
-    z = D._bins(torch.tensor([0.3, 1.0]), edges, torch.float32)
+    z = D._bins(torch.tensor([0.3, 1.0]), edges)
     assert z.dtype == torch.int64 and z.tolist() == [0, 0]
     e = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0])
-    assert D._bins(torch.tensor([0.0, 0.25, 0.26, 0.5, 0.75, 0.76, 1.0]), e, torch.float32).tolist() == \
+    assert D._bins(torch.tensor([0.0, 0.25, 0.26, 0.5, 0.75, 0.76, 1.0]), e).tolist() == \
         [0, 0, 1, 1, 2, 3, 3]
 
 

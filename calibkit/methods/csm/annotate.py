@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from calibkit.errors import UserError
 from calibkit.methods.csm.inputs import as_image_tensors
 from calibkit.methods.csm.store import load_store, write_annotations
 
@@ -46,15 +47,15 @@ def reannotate(features: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, proto
         dict with ``lam_hat`` (N,), ``lam_annot`` (N,) = lam' and ``soft_labels`` (N, K).
     """
     if features.dim() != 2 or prototypes.dim() != 2 or features.shape[1] != prototypes.shape[1]:
-        raise ValueError(f"features (N, D) and prototypes (K, D) disagree: {tuple(features.shape)} vs "
+        raise UserError(f"features (N, D) and prototypes (K, D) disagree: {tuple(features.shape)} vs "
                          f"{tuple(prototypes.shape)}")
     if (c1 == c2).any():
-        raise ValueError("c1 and c2 must differ for every image")
+        raise UserError("c1 and c2 must differ for every image")
     f, p = features.double(), prototypes.double()
     d = p[c1] - p[c2]
     norm2 = (d * d).sum(1)
     if (norm2 == 0).any():
-        raise ValueError("two class prototypes coincide; the projection is undefined")
+        raise UserError("two class prototypes coincide; the projection is undefined")
     lam_hat = ((f - p[c2]) * d).sum(1) / norm2
     lam = torch.sigmoid(sharpness * (lam_hat - 0.5)).clamp(0, 1)
     soft = torch.zeros(len(f), p.shape[0], dtype=torch.float64)
@@ -68,7 +69,7 @@ def class_prototypes(features: torch.Tensor, labels: torch.Tensor, num_classes: 
     """Mean feature per class, (K, D); every class must have at least one image."""
     counts = torch.bincount(labels, minlength=num_classes)
     if (counts == 0).any():
-        raise ValueError(f"no training image for classes {torch.nonzero(counts == 0).flatten().tolist()}")
+        raise UserError(f"no training image for classes {torch.nonzero(counts == 0).flatten().tolist()}")
     sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64).index_add_(0, labels, features.double())
     return (sums / counts[:, None]).float()
 
@@ -179,9 +180,9 @@ def _features(encoder, images: torch.Tensor, what: str) -> torch.Tensor:
     f = encoder(images)
     if not isinstance(f, torch.Tensor) or f.dim() != 2 or f.shape[0] != len(images):
         got = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__
-        raise ValueError(f"the encoder must map the {len(images)} {what} images to features (N, D); got {got}")
+        raise UserError(f"the encoder must map the {len(images)} {what} images to features (N, D); got {got}")
     if not torch.isfinite(f).all():
-        raise ValueError(f"the encoder returned NaN or infinite features for the {what} images")
+        raise UserError(f"the encoder returned NaN or infinite features for the {what} images")
     return f.detach().float().cpu()
 
 
@@ -206,14 +207,14 @@ def annotate(images: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, encoder, 
     train_images, train_labels = as_image_tensors(train_images, train_labels)
     c1, c2 = torch.as_tensor(c1).long().cpu(), torch.as_tensor(c2).long().cpu()
     if images.dtype != torch.uint8:
-        raise ValueError(f"generated images must be uint8, got {images.dtype}")
+        raise UserError(f"generated images must be uint8, got {images.dtype}")
     if c1.shape != (len(images),) or c2.shape != (len(images),):
-        raise ValueError(f"c1 and c2 must have shape ({len(images)},), got {tuple(c1.shape)} and {tuple(c2.shape)}")
+        raise UserError(f"c1 and c2 must have shape ({len(images)},), got {tuple(c1.shape)} and {tuple(c2.shape)}")
     if train_labels.shape != (len(train_images),):
-        raise ValueError(f"train_labels must have shape ({len(train_images)},), got {tuple(train_labels.shape)}")
+        raise UserError(f"train_labels must have shape ({len(train_images)},), got {tuple(train_labels.shape)}")
     k = num_classes or int(max(train_labels.max(), c1.max(), c2.max())) + 1
     if int(train_labels.max()) >= k or int(max(c1.max(), c2.max())) >= k or int(train_labels.min()) < 0:
-        raise ValueError(f"labels and class pairs must lie in [0, {k})")
+        raise UserError(f"labels and class pairs must lie in [0, {k})")
     protos = class_prototypes(_features(encoder, train_images, "training"), train_labels, k)
     out = reannotate(_features(encoder, images, "generated"), c1, c2, protos, sharpness)
     return {**out, "prototypes": protos}
@@ -239,7 +240,7 @@ def annotate_store(store_dir, encoder, train_images: torch.Tensor, train_labels:
     store = load_store(store_dir)
     k = store["manifest"]["num_classes"]
     if int(torch.as_tensor(train_labels).max()) >= k:
-        raise ValueError(f"train_labels go up to {int(train_labels.max())} but the store has {k} classes")
+        raise UserError(f"train_labels go up to {int(train_labels.max())} but the store has {k} classes")
     out = annotate(store["images"], store["c1"], store["c2"], encoder, train_images, train_labels, k, sharpness)
     tensors = {**out, "group": store["group"], "member": store["member"]}
     meta = {**encoder_identity(encoder), "sharpness": float(sharpness), "prototype_images": int(len(train_labels)),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from calibkit.errors import UserError
 from calibkit.methods.csm.store import load_annotations, load_store
 
 
@@ -39,31 +40,31 @@ class CSMCompanion:
 
     def __init__(self, source, num_classes: int, seed: int = 0, labels: str = "annotated"):
         if labels not in ("annotated", "lam"):
-            raise ValueError(f"labels must be 'annotated' or 'lam', got {labels!r}")
+            raise UserError(f"labels must be 'annotated' or 'lam', got {labels!r}")
         n = 8
         self.encoder = None
         if isinstance(source, dict):
             missing = [k for k in ("images", "c1", "c2", "lam") + (("soft_labels",) if labels == "annotated" else ())
                        if k not in source]
             if missing:
-                raise ValueError(f"the tensors lack {missing} (soft_labels come from csm.annotate)")
+                raise UserError(f"the tensors lack {missing} (soft_labels come from csm.annotate)")
             images, c1, c2 = source["images"], torch.as_tensor(source["c1"]).long(), torch.as_tensor(source["c2"]).long()
             lam = torch.as_tensor(source["lam"]).float()
             if images.dtype != torch.uint8 or images.dim() != 4 or len(images) % n:
-                raise ValueError(f"images must be uint8 (G*{n}, C, H, W), got {images.dtype} {tuple(images.shape)}")
+                raise UserError(f"images must be uint8 (G*{n}, C, H, W), got {images.dtype} {tuple(images.shape)}")
             g = len(images) // n
             if c1.shape != (g * n,) or c2.shape != (g * n,) or lam.shape != (g * n,):
-                raise ValueError(f"c1, c2 and lam must have shape ({g * n},)")
+                raise UserError(f"c1, c2 and lam must have shape ({g * n},)")
             if not (torch.equal(c1.view(g, n), c1.view(g, n)[:, :1].expand(g, n))
                     and torch.equal(c2.view(g, n), c2.view(g, n)[:, :1].expand(g, n))):
-                raise ValueError(f"images must be in group order: {n} consecutive images share one class pair")
+                raise UserError(f"images must be in group order: {n} consecutive images share one class pair")
             where = "the tensors"
             annotated = source.get("soft_labels") if labels == "annotated" else None
         else:
             store = load_store(source)
             man = store["manifest"]
             if man["num_classes"] != num_classes:
-                raise ValueError(f"store {source} has {man['num_classes']} classes, the model {num_classes}")
+                raise UserError(f"store {source} has {man['num_classes']} classes, the model {num_classes}")
             g, n = man["num_groups"], man["group_size"]
             images, c1, c2, lam = store["images"], store["c1"], store["c2"], store["lam"]
             where = f"store {source}"
@@ -71,12 +72,12 @@ class CSMCompanion:
             if labels == "annotated":
                 annot, self.encoder = load_annotations(source)
                 if annot["soft_labels"].shape != (g * n, num_classes) or not torch.equal(annot["group"], store["group"]):
-                    raise ValueError(f"annotations of {source} do not match its images; run `calibkit csm annotate` again")
+                    raise UserError(f"annotations of {source} do not match its images; run `calibkit csm annotate` again")
                 annotated = annot["soft_labels"]
         if labels == "annotated":
             soft = torch.as_tensor(annotated).float()
             if soft.shape != (g * n, num_classes):
-                raise ValueError(f"soft_labels must have shape ({g * n}, {num_classes}), got {tuple(soft.shape)}")
+                raise UserError(f"soft_labels must have shape ({g * n}, {num_classes}), got {tuple(soft.shape)}")
         else:
             soft = torch.zeros(g * n, num_classes)
             rows = torch.arange(g * n)
@@ -91,7 +92,7 @@ class CSMCompanion:
         self.count = torch.tensor([len(m) for m in member])
         if (self.count == 0).any():
             missing = torch.nonzero(self.count == 0).flatten().tolist()
-            raise ValueError(f"{where} has no group for classes {missing}; generate at least "
+            raise UserError(f"{where} has no group for classes {missing}; generate at least "
                              f"{num_classes * (num_classes - 1) // 2} groups so every pair appears")
         self.groups_of = torch.zeros(num_classes, int(self.count.max()), dtype=torch.long)
         for y, m in enumerate(member):
@@ -118,9 +119,9 @@ class CSMCompanion:
         """
         labels = torch.as_tensor(labels).long().cpu()
         if labels.dim() != 1 or (labels < 0).any() or (labels >= self.num_classes).any():
-            raise ValueError(f"labels must be (B,) class indices in [0, {self.num_classes})")
+            raise UserError(f"labels must be (B,) class indices in [0, {self.num_classes})")
         if per_real < 2 or per_real % 2:
-            raise ValueError(f"per_real must be an even number >= 2, got {per_real}")
+            raise UserError(f"per_real must be an even number >= 2, got {per_real}")
         gen = generator if generator is not None else self.generator
         b, n = len(labels), self.group_size
         g_all, m_all = [], []

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
 from calibkit.methods.csm.generator import class_vector, generator_hash, load_generator, state_hash, to_uint8
 from calibkit.methods.csm.sampler import heun_sample
 from calibkit.methods.csm.store import (
@@ -73,7 +74,7 @@ def autocast_denoiser(model, precision: str = "fp32"):
     EDM preconditioning and the returned denoised image stay float32.
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise UserError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp32":
         return model
     dev_type = next(model.parameters()).device.type
@@ -122,7 +123,7 @@ def sample_groups(model, groups, seed: int, steps: int = 20, guidance: float = 1
         noise = noise[keep]
     bs = batch_size or default_batch_size(device)
     if bs < 1:
-        raise ValueError(f"batch_size must be positive, got {bs}")
+        raise UserError(f"batch_size must be positive, got {bs}")
     d = autocast_denoiser(model, precision)
     out = []
     with torch.inference_mode():
@@ -149,7 +150,7 @@ def generate(model, num_groups: int, seed: int = 0, steps: int = 20, guidance: f
         ``member``, ``c1``, ``c2`` int64 and ``lam`` float32 (8 G,), ``y`` (8 G, K).
     """
     if num_groups < 1 or steps < 1:
-        raise ValueError("num_groups and steps must be positive")
+        raise UserError("num_groups and steps must be positive")
     return sample_groups(model.eval(), range(num_groups), seed, steps, guidance, batch_size=batch_size,
                          precision=precision)
 
@@ -212,9 +213,9 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
         The store manifest.
     """
     if num_groups < 1 or groups_per_shard < 1 or steps < 1:
-        raise ValueError("num_groups, groups_per_shard and steps must be positive")
+        raise UserError("num_groups, groups_per_shard and steps must be positive")
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise UserError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     rank, world, init_here = _dist_env(distributed)
     store_dir = Path(store_dir)
     store_dir.mkdir(parents=True, exist_ok=True)
@@ -241,7 +242,7 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
         grow = set(diff) == {"num_groups"} and num_groups > old["num_groups"] \
             and old["num_groups"] % groups_per_shard == 0
         if diff and not grow:
-            raise ValueError(f"store {store_dir} was generated with other settings {diff}; use a new --out")
+            raise UserError(f"store {store_dir} was generated with other settings {diff}; use a new --out")
     if rank == 0 and (not path.exists() or json.loads(path.read_text()) != manifest):
         atomic_write(path, json.dumps(manifest, indent=2).encode())
 

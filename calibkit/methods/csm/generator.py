@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from calibkit.errors import UserError
+
 CONFIG_NAME = "generator.json"
 WEIGHTS_NAME = "generator.safetensors"
 
@@ -59,18 +61,18 @@ class GeneratorConfig:
         self.block_out_channels = tuple(int(c) for c in self.block_out_channels)
         self.attention_levels = tuple(bool(a) for a in self.attention_levels)
         if len(self.attention_levels) != len(self.block_out_channels):
-            raise ValueError(
+            raise UserError(
                 f"attention_levels has {len(self.attention_levels)} entries but block_out_channels "
                 f"has {len(self.block_out_channels)}"
             )
         if self.num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+            raise UserError(f"num_classes must be >= 2, got {self.num_classes}")
         if self.data_size > self.image_size or (self.image_size - self.data_size) % 2:
-            raise ValueError(
+            raise UserError(
                 f"image_size ({self.image_size}) must equal data_size ({self.data_size}) or exceed it by an even margin"
             )
         if self.image_size % 2 ** (len(self.block_out_channels) - 1):
-            raise ValueError(f"image_size {self.image_size} is not divisible by the UNet's downsampling")
+            raise UserError(f"image_size {self.image_size} is not divisible by the UNet's downsampling")
 
     @classmethod
     def for_images(cls, num_classes: int, in_channels: int, size: int, channels=(32, 64, 64)) -> "GeneratorConfig":
@@ -88,7 +90,7 @@ class GeneratorConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown generator config keys: {sorted(unknown)}")
+            raise UserError(f"unknown generator config keys: {sorted(unknown)}")
         return cls(**d)
 
 
@@ -136,7 +138,7 @@ class CondDenoiser(nn.Module):
         b = x.shape[0]
         sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device).reshape(-1).expand(b)
         if y.shape != (b, self.config.num_classes):
-            raise ValueError(f"y must have shape ({b}, {self.config.num_classes}), got {tuple(y.shape)}")
+            raise UserError(f"y must have shape ({b}, {self.config.num_classes}), got {tuple(y.shape)}")
         c_skip, c_out, c_in, c_noise = (c.view(b, 1, 1, 1) for c in self.precond(sigma))
         f = self.unet(c_in * x, c_noise.view(b), class_labels=self.class_proj(y.to(x.dtype))).sample
         return c_skip * x + c_out * f
@@ -154,9 +156,9 @@ def class_vector(c1, c2, lam, num_classes: int) -> torch.Tensor:
     n = max(len(c1), len(c2), len(lam))
     c1, c2, lam = c1.expand(n), c2.expand(n), lam.expand(n)
     if ((c1 < 0) | (c1 >= num_classes) | (c2 < 0) | (c2 >= num_classes)).any():
-        raise ValueError(f"class indices must lie in [0, {num_classes})")
+        raise UserError(f"class indices must lie in [0, {num_classes})")
     if ((lam < 0) | (lam > 1)).any():
-        raise ValueError("lam must lie in [0, 1]")
+        raise UserError("lam must lie in [0, 1]")
     eye = torch.eye(num_classes)
     return lam[:, None] * eye[c1] + (1 - lam[:, None]) * eye[c2]
 
@@ -177,9 +179,9 @@ def edm_loss(model: CondDenoiser, x0: torch.Tensor, y: torch.Tensor, gen: torch.
 def to_model_space(images: torch.Tensor, config: GeneratorConfig) -> torch.Tensor:
     """uint8 (N, C, H, W) with H = W = data_size -> float in [-1, 1], padded to image_size."""
     if images.dtype != torch.uint8:
-        raise ValueError(f"images must be uint8, got {images.dtype}")
+        raise UserError(f"images must be uint8, got {images.dtype}")
     if tuple(images.shape[1:]) != (config.in_channels, config.data_size, config.data_size):
-        raise ValueError(
+        raise UserError(
             f"images must have shape (N, {config.in_channels}, {config.data_size}, {config.data_size}), "
             f"got {tuple(images.shape)}"
         )

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import torch
 
+from calibkit.errors import UserError, UserRuntimeError
+
 
 def _to_uint8(x: torch.Tensor, what: str) -> torch.Tensor:
     if x.dtype == torch.uint8:
         return x
     if not x.is_floating_point():
-        raise ValueError(f"{what} must be uint8 or float in [0, 1], got {x.dtype}")
+        raise UserError(f"{what} must be uint8 or float in [0, 1], got {x.dtype}")
     if not torch.isfinite(x).all() or x.min() < 0 or x.max() > 1:
-        raise ValueError(f"{what}: float images must lie in [0, 1] (got values in "
+        raise UserError(f"{what}: float images must lie in [0, 1] (got values in "
                          f"[{float(x.min()):.3g}, {float(x.max()):.3g}]); undo any normalisation first")
     return (x * 255).round().to(torch.uint8)
 
@@ -36,27 +38,27 @@ def as_image_tensors(images, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
     """
     if isinstance(images, torch.Tensor):
         if labels is None:
-            raise ValueError("labels are required when images is a tensor")
+            raise UserError("labels are required when images is a tensor")
         x, y = images, torch.as_tensor(labels)
     else:
         if labels is not None:
-            raise ValueError("pass either (images, labels) tensors or a Dataset of (image, label) pairs")
+            raise UserError("pass either (images, labels) tensors or a Dataset of (image, label) pairs")
         try:
             items = [images[i] for i in range(len(images))]
         except TypeError as exc:
-            raise ValueError(f"images must be a tensor or a map-style Dataset, got {type(images).__name__}") from exc
+            raise UserError(f"images must be a tensor or a map-style Dataset, got {type(images).__name__}") from exc
         if not items:
-            raise ValueError("the Dataset is empty")
+            raise UserError("the Dataset is empty")
         x = torch.stack([torch.as_tensor(im) for im, _ in items])
         y = torch.tensor([int(lab) for _, lab in items])
     if x.dim() == 3:
         x = x.unsqueeze(1)
     if x.dim() != 4:
-        raise ValueError(f"images must have shape (N, C, H, W) or (N, H, W), got {tuple(x.shape)}")
+        raise UserError(f"images must have shape (N, C, H, W) or (N, H, W), got {tuple(x.shape)}")
     if y.dtype.is_floating_point or y.shape != (x.shape[0],):
-        raise ValueError(f"labels must be integers of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}")
+        raise UserError(f"labels must be integers of shape ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}")
     if len(y) and int(y.min()) < 0:
-        raise ValueError(f"labels must be >= 0, got {int(y.min())}")
+        raise UserError(f"labels must be >= 0, got {int(y.min())}")
     return _to_uint8(x, "images").contiguous(), y.long()
 
 
@@ -77,7 +79,7 @@ def training_images_outside_validation(name: str, seeds, val_size=None, data_dir
 
     seeds = sorted({int(s) for s in seeds})
     if not seeds:
-        raise ValueError("give at least one seed whose validation split is to be excluded")
+        raise UserError("give at least one seed whose validation split is to be excluded")
     probe = load(name, data_dir=data_dir, seed=seeds[0], val_size=val_size)
     if probe.split["rule"] == "fixed by the protocol":  # validation is not part of the training split
         return probe.train.images, probe.train.labels, probe, {
@@ -91,7 +93,7 @@ def training_images_outside_validation(name: str, seeds, val_size=None, data_dir
         size = ref.split["val"]
         _, val_idx = stratified_split(labels, size, s, stream=0)
         if index_checksum(val_idx) != ref.split["val_checksum"]:
-            raise RuntimeError(f"{name}: could not reproduce the validation split of seed {s}; "
+            raise UserRuntimeError(f"{name}: could not reproduce the validation split of seed {s}; "
                                "the split rule of calibkit.data.load changed")
         excluded.update(val_idx.tolist())
         checks[str(s)] = ref.split["val_checksum"]

@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from calibkit.errors import UserError
+
 Denoiser = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -28,9 +30,9 @@ def edm_sigmas(steps: int = 20, sigma_min: float = 0.002, sigma_max: float = 80.
                dtype=torch.float64) -> torch.Tensor:
     """The N + 1 noise levels: from ``t_0 = sigma_max`` down to ``t_{N-1} = sigma_min``, then ``t_N = 0``."""
     if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+        raise UserError(f"steps must be >= 1, got {steps}")
     if not 0 < sigma_min < sigma_max:
-        raise ValueError(f"need 0 < sigma_min < sigma_max, got {sigma_min}, {sigma_max}")
+        raise UserError(f"need 0 < sigma_min < sigma_max, got {sigma_min}, {sigma_max}")
     i = torch.arange(steps, dtype=dtype)
     denom = max(steps - 1, 1)
     t = (sigma_max ** (1 / rho) + i / denom * (sigma_min ** (1 / rho) - sigma_max ** (1 / rho))) ** rho
@@ -71,7 +73,7 @@ def heun_sample(denoiser: Denoiser, noise: torch.Tensor, y: torch.Tensor, steps:
         Samples (B, C, H, W) in the denoiser's data space (same dtype as ``noise``).
     """
     if noise.shape[0] != y.shape[0]:
-        raise ValueError(f"noise has {noise.shape[0]} rows but y has {y.shape[0]}")
+        raise UserError(f"noise has {noise.shape[0]} rows but y has {y.shape[0]}")
     d_fn = guided(denoiser, guidance)
     t = edm_sigmas(steps, sigma_min, sigma_max, rho).tolist()
     b = noise.shape[0]

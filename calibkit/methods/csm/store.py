@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from calibkit.errors import UserError
+
 STORE_FORMAT = "calibkit-csm-store"
 MANIFEST = "store.json"
 ANNOT_TENSORS = "annotations.safetensors"
@@ -53,7 +55,7 @@ def read_manifest(store_dir) -> dict:
         raise FileNotFoundError(f"{store_dir} is not a CSM store (no {MANIFEST}); run `calibkit csm generate`")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != STORE_FORMAT:
-        raise ValueError(f"{path} is not a {STORE_FORMAT} manifest")
+        raise UserError(f"{path} is not a {STORE_FORMAT} manifest")
     return manifest
 
 
@@ -81,13 +83,13 @@ def load_store(store_dir) -> dict:
     manifest = read_manifest(store_dir)
     missing = [k for k in range(num_shards(manifest)) if not shard_done(store_dir, k)]
     if missing:
-        raise ValueError(f"store {store_dir} is incomplete: {len(missing)} shard(s) missing (first: {missing[0]}); "
+        raise UserError(f"store {store_dir} is incomplete: {len(missing)} shard(s) missing (first: {missing[0]}); "
                          "rerun the same `calibkit csm generate` command to finish it")
     parts = [load_file(shard_paths(store_dir, k)[0]) for k in range(num_shards(manifest))]
     out = {key: torch.cat([p[key] for p in parts]) for key in ("images", "group", "member", "c1", "c2", "lam")}
     expected = manifest["num_groups"] * manifest["group_size"]
     if out["images"].shape[0] != expected:
-        raise ValueError(f"store {store_dir} holds {out['images'].shape[0]} images, expected {expected}")
+        raise UserError(f"store {store_dir} holds {out['images'].shape[0]} images, expected {expected}")
     out["manifest"] = manifest
     return out
 
@@ -125,7 +127,7 @@ def subset_store(src, dst, num_groups: int) -> dict:
     s = load_store(src)
     man = s["manifest"]
     if not 1 <= num_groups <= man["num_groups"]:
-        raise ValueError(f"num_groups must be in [1, {man['num_groups']}], got {num_groups}")
+        raise UserError(f"num_groups must be in [1, {man['num_groups']}], got {num_groups}")
     n = num_groups * man["group_size"]
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from calibkit.errors import UserError
 from calibkit.methods.csm.generator import (
     CondDenoiser,
     GeneratorConfig,
@@ -76,7 +77,7 @@ def train_generator(images, labels, out_dir, train_cfg: GeneratorTrainConfig,
     """
     images, labels = as_image_tensors(images, labels)
     if train_cfg.steps < 1 or train_cfg.batch_size < 1:
-        raise ValueError("steps and batch_size must be positive")
+        raise UserError("steps and batch_size must be positive")
     if gen_cfg is None:
         gen_cfg = GeneratorConfig(num_classes=int(labels.max()) + 1, in_channels=images.shape[1],
                                   data_size=images.shape[2])
@@ -98,7 +99,7 @@ def train_generator(images, labels, out_dir, train_cfg: GeneratorTrainConfig,
         state = torch.load(state_path, weights_only=True, map_location=device)
         saved = json.loads(state["fingerprint"])
         if saved != json.loads(json.dumps(fingerprint)):
-            raise ValueError(f"{state_path} was written with different settings: {saved}; "
+            raise UserError(f"{state_path} was written with different settings: {saved}; "
                              "use a new --out directory or the same settings")
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])

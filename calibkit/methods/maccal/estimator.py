@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from calibkit.distributed import eval_batch_size
+from calibkit.errors import UserError
 from calibkit.methods.maccal.masking import check_int, deployed_proba, mc_logits
 from calibkit.methods.maccal.stage2 import DEFAULTS, check_features, fit_masked_head
 
@@ -84,7 +85,7 @@ class MaCCal:
         """Set constructor arguments by name (scikit-learn convention); returns ``self``."""
         for name, value in params.items():
             if name != "head" and name not in _PARAMS:
-                raise ValueError(f"MaCCal has no parameter {name!r}; valid: head, {', '.join(_PARAMS)}")
+                raise UserError(f"MaCCal has no parameter {name!r}; valid: head, {', '.join(_PARAMS)}")
             setattr(self, name, value)
         return self
 
@@ -102,14 +103,14 @@ class MaCCal:
             return build(self.loss, num_classes=num_classes).to(self.head.weight.device)
         if callable(self.loss):
             return copy.deepcopy(self.loss)
-        raise ValueError(f"loss must be None, a loss spec string or a callable, got {self.loss!r}")
+        raise UserError(f"loss must be None, a loss spec string or a callable, got {self.loss!r}")
 
     def fit(self, train_features, train_labels, val_features, val_labels,
             progress: Callable[[dict], None] | None = None) -> "MaCCal":
         """Retrain the head on ``(N, D)`` training features, steering and selecting on ``(M, D)``
         validation features (never the test split). Labels: integer class indices. Returns ``self``."""
         if not isinstance(self.head, nn.Linear):
-            raise ValueError(f"head must be an nn.Linear (the model's last layer), got {type(self.head).__name__}")
+            raise UserError(f"head must be an nn.Linear (the model's last layer), got {type(self.head).__name__}")
         K, D = self.head.weight.shape
         tf, tl, vf, vl = (_as_tensor(a) for a in (train_features, train_labels, val_features, val_labels))
         loss_fn = self._build_loss(K)
@@ -137,9 +138,9 @@ class MaCCal:
         self._check_fitted()
         x = _as_tensor(features)
         if x.dim() != 2 or x.shape[1] != self.n_features_in_:
-            raise ValueError(f"features must have shape (N, {self.n_features_in_}), got {tuple(x.shape)}")
+            raise UserError(f"features must have shape (N, {self.n_features_in_}), got {tuple(x.shape)}")
         if not x.is_floating_point() or not bool(torch.isfinite(x).all()):
-            raise ValueError("features must be finite floating-point values (found NaN/inf or integers)")
+            raise UserError("features must be finite floating-point values (found NaN/inf or integers)")
         w, b = self.head_.weight, self.head_.bias
         x = x.to(w.device, w.dtype)
         return deployed_proba(x, w, b, self.keep_rate_, 0 if unmasked else self.mc_samples, self.seed)
@@ -166,7 +167,7 @@ def _batches(data, batch_size: int):
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
         x, y = data
         if len(x) != len(y):
-            raise ValueError(f"inputs and labels differ in length: {len(x)} vs {len(y)}")
+            raise UserError(f"inputs and labels differ in length: {len(x)} vs {len(y)}")
         for i in range(0, len(x), batch_size):
             yield x[i:i + batch_size], y[i:i + batch_size]
         return
@@ -203,7 +204,7 @@ def extract_features(model: nn.Module, data, feature_fn: Callable | None = None,
         check_int(batch_size, "batch_size", 1)
     if feature_fn is None:
         if not hasattr(model, "forward_features"):
-            raise ValueError(f"{type(model).__name__} has no forward_features(); pass "
+            raise UserError(f"{type(model).__name__} has no forward_features(); pass "
                              "feature_fn=lambda model, x: ... (the network up to its last linear layer)")
         feature_fn = type(model).forward_features
     if device is None:
@@ -217,13 +218,13 @@ def extract_features(model: nn.Module, data, feature_fn: Callable | None = None,
         for x, y in _batches(data, batch_size):
             f = feature_fn(model, x.to(device))
             if not isinstance(f, torch.Tensor) or f.dim() != 2 or f.shape[0] != len(x):
-                raise ValueError(f"feature_fn must return (B, D) features for a batch of {len(x)}, got "
+                raise UserError(f"feature_fn must return (B, D) features for a batch of {len(x)}, got "
                                  f"{getattr(f, 'shape', type(f).__name__)}")
             feats.append(f.float().cpu())
             labels.append(None if y is None else torch.as_tensor(y).long().cpu())
     finally:
         model.train(was_training)
     if not feats:
-        raise ValueError("extract_features: data is empty")
+        raise UserError("extract_features: data is empty")
     has_labels = all(y is not None for y in labels)
     return torch.cat(feats), (torch.cat(labels) if has_labels else None)

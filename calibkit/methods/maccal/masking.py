@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from calibkit.errors import UserError
+
 __all__ = [
     "MC_SEED_OFFSET",
     "bernoulli_mask",
@@ -31,17 +33,17 @@ _BLOCK_ELEMENTS = 1 << 22
 def check_keep_rate(keep_rate, name: str = "keep_rate") -> float:
     """``keep_rate`` as a float in (0, 1]; ``ValueError`` naming ``name`` otherwise."""
     if isinstance(keep_rate, bool) or not isinstance(keep_rate, (int, float)):
-        raise ValueError(f"{name} must be a number in (0, 1], got {keep_rate!r}")
+        raise UserError(f"{name} must be a number in (0, 1], got {keep_rate!r}")
     keep_rate = float(keep_rate)
     if math.isnan(keep_rate) or not (0.0 < keep_rate <= 1.0):
-        raise ValueError(f"{name} must lie in (0, 1], got {keep_rate}")
+        raise UserError(f"{name} must lie in (0, 1], got {keep_rate}")
     return keep_rate
 
 
 def check_int(value, name: str, low: int) -> int:
     """``value`` as an int >= ``low``; ``ValueError`` naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise UserError(f"{name} must be an integer >= {low}, got {value!r}")
     return value
 
 
@@ -98,7 +100,7 @@ def masked_linear(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
 def _check_shapes(features: torch.Tensor, weight: torch.Tensor) -> None:
     if features.dim() != 2 or weight.dim() != 2 or features.shape[1] != weight.shape[1]:
-        raise ValueError(
+        raise UserError(
             f"features (N, D) and weight (K, D) must agree on D, got {tuple(features.shape)} "
             f"and {tuple(weight.shape)}"
         )
@@ -128,9 +130,9 @@ def update_keep_rate(r: float, conf: float, acc: float, eta: float = 1.0, r_min:
     r_min = check_keep_rate(r_min, "r_min")
     for name, v in (("conf", conf), ("acc", acc)):
         if not (0.0 <= float(v) <= 1.0):
-            raise ValueError(f"{name} must lie in [0, 1], got {v}")
+            raise UserError(f"{name} must lie in [0, 1], got {v}")
     if not (float(eta) >= 0.0):
-        raise ValueError(f"eta must be >= 0, got {eta}")
+        raise UserError(f"eta must be >= 0, got {eta}")
     return float(min(1.0, max(r_min, r - float(eta) * (float(conf) - float(acc)))))
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from calibkit.errors import UserError
 from calibkit.methods.maccal.estimator import MaCCal, extract_features
 from calibkit.methods.maccal.masking import MC_SEED_OFFSET, check_int
 from calibkit.methods.maccal.stage2 import DEFAULTS
@@ -39,10 +40,10 @@ def stage1_run(stage1_dir) -> tuple[Path, dict]:
         raise FileNotFoundError(f"stage-1: {path} is not a calibkit run directory (no {rundir.CONFIG})")
     info = rundir.load_info(path)
     if info.get("method") == "maccal":
-        raise ValueError(f"stage-1: {path} is itself a MaC-Cal run; pass the stage-1 run it was made from "
+        raise UserError(f"stage-1: {path} is itself a MaC-Cal run; pass the stage-1 run it was made from "
                          f"({info.get('stage1', {}).get('path')})")
     if info.get("status") != "done" or not (path / rundir.MODEL).is_file():
-        raise ValueError(f"stage-1: {path} is not a finished run (status {info.get('status')!r}); "
+        raise UserError(f"stage-1: {path} is not a finished run (status {info.get('status')!r}); "
                          "finish training it first (run the same calibkit train command again)")
     return path, info
 
@@ -50,12 +51,12 @@ def stage1_run(stage1_dir) -> tuple[Path, dict]:
 def _check_out(out: Path, stage1: Path) -> None:
     """``out`` must be new or empty; it may hold the stage-1 run itself as a subdirectory."""
     if out.resolve() == stage1.resolve():
-        raise ValueError(f"out: {out} is the stage-1 run itself; choose another directory")
+        raise UserError(f"out: {out} is the stage-1 run itself; choose another directory")
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {out} exists and is not a directory")
+        raise UserError(f"out: {out} exists and is not a directory")
     others = [p for p in out.iterdir() if p.resolve() != stage1.resolve()] if out.exists() else []
     if others:
-        raise ValueError(f"out: {out} exists and is not empty; choose another directory "
+        raise UserError(f"out: {out} exists and is not empty; choose another directory "
                          "(a MaC-Cal run is never overwritten)")
 
 
@@ -74,12 +75,12 @@ def _stage1_features(stage1: Path, info1: dict, data_dir, dev, batch_size: int):
     model, cfg, _ = rundir.load_run(stage1)
     model.to(dev).eval().requires_grad_(False)
     if not isinstance(getattr(model, "head", None), nn.Linear) or not hasattr(model, "forward_features"):
-        raise ValueError(f"stage-1 model {cfg.model!r} has no linear `head` / `forward_features`")
+        raise UserError(f"stage-1 model {cfg.model!r} has no linear `head` / `forward_features`")
     bundle = load(cfg.data, data_dir=data_dir if data_dir is not None else cfg.data_dir,
                   seed=cfg.seed, val_size=cfg.val_size, train_subset=cfg.train_subset)
     want = info1.get("split", {}).get("val_checksum")
     if want and bundle.split.get("val_checksum") != want:
-        raise ValueError(f"stage-1: the validation split reloaded for {cfg.data} differs from the one of "
+        raise UserError(f"stage-1: the validation split reloaded for {cfg.data} differs from the one of "
                          f"{stage1} (checksum {bundle.split.get('val_checksum')} != {want})")
     prepare = inputs_from_info(info1)  # the run's own evaluation input pipeline (e.g. image normalisation)
 
@@ -229,7 +230,7 @@ def load_maccal(run_dir) -> tuple[nn.Module, MaCCal]:
 
     model, _, info = rundir.load_run(run_dir)
     if info.get("method") != "maccal" or not (Path(run_dir) / MACCAL_JSON).is_file():
-        raise ValueError(f"{run_dir} is not a MaC-Cal run (method {info.get('method')!r})")
+        raise UserError(f"{run_dir} is not a MaC-Cal run (method {info.get('method')!r})")
     record = rundir.read_json(Path(run_dir) / MACCAL_JSON)
     hp = dict(record["hparams"])
     est = MaCCal(model.head, loss=hp.pop("loss"), **hp)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from calibkit.errors import UserError, UserRuntimeError
 from calibkit.methods.maccal.masking import (
     check_int,
     check_keep_rate,
@@ -48,20 +49,20 @@ def check_features(name: str, feats: torch.Tensor, labels: torch.Tensor, dim: in
     """Raise ``ValueError`` unless ``feats`` is a finite ``(N, dim)`` float tensor, N >= 1, with
     ``(N,)`` integer labels in ``[0, num_classes)``."""
     if not isinstance(feats, torch.Tensor) or not isinstance(labels, torch.Tensor):
-        raise ValueError(f"{name} features and labels must be torch tensors")
+        raise UserError(f"{name} features and labels must be torch tensors")
     if feats.dim() != 2 or feats.shape[1] != dim:
-        raise ValueError(f"{name}_feats must have shape (N, {dim}) to match the head, got {tuple(feats.shape)}")
+        raise UserError(f"{name}_feats must have shape (N, {dim}) to match the head, got {tuple(feats.shape)}")
     if feats.shape[0] == 0:
-        raise ValueError(f"{name}_feats is empty (N = 0)")
+        raise UserError(f"{name}_feats is empty (N = 0)")
     if not feats.is_floating_point() or not bool(torch.isfinite(feats).all()):
-        raise ValueError(f"{name}_feats must be finite floating-point values (found NaN/inf or integers)")
+        raise UserError(f"{name}_feats must be finite floating-point values (found NaN/inf or integers)")
     if labels.dim() != 1 or labels.shape[0] != feats.shape[0]:
-        raise ValueError(f"{name}_labels must have shape ({feats.shape[0]},), got {tuple(labels.shape)}")
+        raise UserError(f"{name}_labels must have shape ({feats.shape[0]},), got {tuple(labels.shape)}")
     if labels.is_floating_point() or labels.dtype == torch.bool:
-        raise ValueError(f"{name}_labels must be integer class indices, got dtype {labels.dtype}")
+        raise UserError(f"{name}_labels must be integer class indices, got dtype {labels.dtype}")
     lo, hi = int(labels.min()), int(labels.max())
     if lo < 0 or hi >= num_classes:
-        raise ValueError(f"{name}_labels out of range [0, {num_classes - 1}]: found {lo}..{hi}")
+        raise UserError(f"{name}_labels out of range [0, {num_classes - 1}]: found {lo}..{hi}")
 
 
 def _check_hparams(r_init, eta, r_min, epochs, batch_size, mc_samples) -> float:
@@ -70,9 +71,9 @@ def _check_hparams(r_init, eta, r_min, epochs, batch_size, mc_samples) -> float:
     check_int(mc_samples, "mc_samples", 0)
     r = check_keep_rate(r_init, "r_init")
     if r < check_keep_rate(r_min, "r_min"):
-        raise ValueError(f"r_init ({r}) must be >= r_min ({r_min})")
+        raise UserError(f"r_init ({r}) must be >= r_min ({r_min})")
     if not (float(eta) >= 0.0):
-        raise ValueError(f"eta must be >= 0, got {eta}")
+        raise UserError(f"eta must be >= 0, got {eta}")
     return r
 
 
@@ -102,7 +103,7 @@ def _train_epoch(model: nn.Linear, opt, feats, labels, r: float, gen, batch_size
         logits = masked_linear(x, model.weight, model.bias, r, gen)
         loss = loss_fn(logits, y, x) if needs_features else loss_fn(logits, y)
         if not torch.isfinite(loss):
-            raise RuntimeError(f"stage-2 loss is {float(loss.detach())} (keep rate {r:.3f}); lower the learning rate "
+            raise UserRuntimeError(f"stage-2 loss is {float(loss.detach())} (keep rate {r:.3f}); lower the learning rate "
                                f"(lr {opt.param_groups[0]['lr']:.4g})")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -175,7 +176,7 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
         (r_1..r_E) and ``wall_time_s``.
     """
     if not isinstance(head, nn.Linear):
-        raise ValueError(f"head must be an nn.Linear, got {type(head).__name__}")
+        raise UserError(f"head must be an nn.Linear, got {type(head).__name__}")
     r = _check_hparams(r_init, eta, r_min, epochs, batch_size, mc_samples)
     K, D = head.weight.shape
     check_features("train", train_feats, train_labels, D, K)
