@@ -11,9 +11,16 @@ State, all float64 on the device of the data:
 * ``check``: ``[-min p, max p, max |row sum - 1| / tol, -min label, max label]``, combined by
   maximum, for value checks deferred on accelerators (all entries -inf until a device batch);
 * per sample (exact AECE only): top-label confidence, correctness and 0/1 weight.
+
+The sort-based entries (AECE's equal-mass bins; smooth ECE, the sweep, KS, AURC, E-AURC and
+AUGRC on the blocks of tied confidences of one sort) are independent pieces of work once the
+state is complete; on the CPU they run on ``torch.get_num_threads()`` threads
+(:func:`_run_all`; numpy releases the GIL in its loops), with the values of one thread.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -22,6 +29,7 @@ from calibkit.functional.binning import FINE_BINS, BinSums, binned_errors, equal
 from calibkit.functional.binning import weighted_equal_mass_bins
 from calibkit.functional.estimators import block_estimators, tie_blocks
 from calibkit.functional.iou import confusion_matrix, iou_from_confusion
+from calibkit.functional.selective import block_areas
 
 __all__ = ["Layout", "batch_vector", "fold_check", "neutral_check", "panel_from_state"]
 
@@ -87,10 +95,20 @@ def _hist_aece_sums(hist: torch.Tensor, n_bins: int) -> BinSums:
     return BinSums(out[:, 0], out[:, 1], out[:, 2])
 
 
+def _run_all(jobs: dict) -> dict:
+    """``{name: job()}``; on ``torch.get_num_threads() > 1`` threads at once (same values)."""
+    threads = min(torch.get_num_threads(), len(jobs))
+    if threads <= 1:
+        return {name: job() for name, job in jobs.items()}
+    with ThreadPoolExecutor(threads) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()) -> dict[str, float]:
     """The panel (python floats) from the state; one device-to-host transfer."""
     n_bins, k, device = layout.n_bins, layout.k, sums.device.type
-    c = ok = w = None
+    c = ok = w = blocks = None
     if layout.hist:
         aece = _hist_aece_sums(layout.view(sums, "hist"), n_bins)
     else:
@@ -99,7 +117,11 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
         w = None
         if any(wi is not None for wi in weight):
             w = torch.cat([torch.ones_like(ci) if wi is None else wi for ci, wi in zip(conf, weight)])
-        aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
+        jobs = {"aece": _exact_aece_sums(c, ok, w, n_bins)}
+        if device == "cpu" and c.numel():  # the panel's one sort, alongside AECE's selection
+            jobs["blocks"] = lambda: tie_blocks(c, ok, w)
+        done = _run_all(jobs)
+        aece, blocks = done["aece"], done.get("blocks")
     parts = [sums, torch.stack([aece.count, aece.conf, aece.correct]).reshape(-1).to(sums.device), check.to(sums.device)]
     host = torch.cat(parts).cpu()  # the one transfer
     sums, aece_flat, check = host[: layout.size], host[layout.size : layout.size + 3 * n_bins], host[-5:]
@@ -116,10 +138,21 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     for key in ("mce", "rmsce", "o_ece", "u_ece"):
         out[key] = float(errors[key])
     out["nll"], out["brier"] = float(head[3] / n), float(head[4] / n)
-    out.update(block_estimators(*_blocks(layout, sums, c, ok, w)))
+    blocks = _blocks(layout, sums, c, ok, w) if blocks is None else blocks
+    est = _run_all({"blocks": lambda: block_estimators(*blocks), "areas": lambda: block_areas(*blocks)})
+    out.update(est["blocks"])
+    out.update(est["areas"])
     if layout.confusion and float(head[1]) > 0:
         out["miou"] = float(iou_from_confusion(layout.view(sums, "confusion")))
     return out
+
+
+def _exact_aece_sums(c, ok, w, n_bins: int):
+    """A function computing AECE's equal-mass sums of the samples (zeros when there are none)."""
+    if not c.numel():
+        zeros = BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
+        return lambda: zeros
+    return lambda: equal_mass_sums(c, ok, n_bins, w)
 
 
 def _blocks(layout: Layout, host_sums, c, ok, w):
