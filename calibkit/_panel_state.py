@@ -27,7 +27,7 @@ import torch
 from calibkit._validation import prob_sum_tol, probs_error
 from calibkit.functional.binning import FINE_BINS, BinSums, binned_errors, equal_mass_sums, fine_bin_index
 from calibkit.functional.binning import weighted_equal_mass_bins
-from calibkit.functional.estimators import block_estimators, tie_blocks
+from calibkit.functional.estimators import block_estimator_jobs, tie_blocks
 from calibkit.functional.iou import confusion_matrix, iou_from_confusion
 from calibkit.functional.selective import block_areas
 
@@ -139,9 +139,11 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
         out[key] = float(errors[key])
     out["nll"], out["brier"] = float(head[3] / n), float(head[4] / n)
     blocks = _blocks(layout, sums, c, ok, w) if blocks is None else blocks
-    est = _run_all({"blocks": lambda: block_estimators(*blocks), "areas": lambda: block_areas(*blocks)})
-    out.update(est["blocks"])
-    out.update(est["areas"])
+    jobs = {"areas": lambda: block_areas(*blocks), **block_estimator_jobs(*blocks)}  # the slowest first
+    done = _run_all(jobs)
+    for key in ("smece", "ece_sweep", "ks"):
+        out[key] = done[key]
+    out.update(done["areas"])
     if layout.confusion and float(head[1]) > 0:
         out["miou"] = float(iou_from_confusion(layout.view(sums, "confusion")))
     return out

@@ -56,7 +56,8 @@ import torch
 
 from calibkit.functional.binning import equal_mass_ranks
 
-__all__ = ["smooth_ece", "ece_sweep", "ks_error", "tie_blocks", "block_estimators", "SMECE_SIGMA_MIN"]
+__all__ = ["smooth_ece", "ece_sweep", "ks_error", "tie_blocks", "block_estimators", "block_estimator_jobs",
+           "SMECE_SIGMA_MIN"]
 
 #: Lower end of the bandwidth search of :func:`smooth_ece`.
 SMECE_SIGMA_MIN = 1e-4
@@ -266,8 +267,14 @@ def _ks(values, count, correct) -> float:
 
 def block_estimators(values, count, correct) -> dict[str, float]:
     """``{"smece", "ece_sweep", "ks"}`` of tie blocks (``ece_sweep`` with ``p = 1``): the panel's entries."""
-    return {"smece": _smece(values, count, correct)[0], "ece_sweep": _sweep(values, count, correct)[0],
-            "ks": _ks(values, count, correct)}
+    return {name: job() for name, job in block_estimator_jobs(values, count, correct).items()}
+
+
+def block_estimator_jobs(values, count, correct) -> dict:
+    """The entries of :func:`block_estimators` as independent functions of no argument (the panel
+    runs them on several threads)."""
+    return {"smece": lambda: _smece(values, count, correct)[0], "ece_sweep": lambda: _sweep(values, count, correct)[0],
+            "ks": lambda: _ks(values, count, correct)}
 
 
 def _blocks(probs, labels, ignore_index):

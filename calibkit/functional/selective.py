@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -103,25 +104,39 @@ def _level_sums(n: np.ndarray, e: np.ndarray) -> tuple[float, float]:
     """``sum_k E(k) / k`` and ``sum_k (E(k) - E*(k)) / k`` over the levels ``k = 1..N`` of the
     groups ``(n, e)`` (descending confidence), ``E*`` the oracle's errors (``max(k - N_c, 0)``).
 
-    ``E(k)`` as in the module docstring. The levels are expanded ``2^22`` at a time, so the
-    memory stays bounded when ``N`` counts the pixels of a whole data set.
+    ``E(k)`` as in the module docstring. A group of one row has one level, ``k = C_g`` with
+    ``E(k) = E_g``, taken as it is; the levels of the larger groups are expanded, ``2^22`` at a
+    time, so the memory stays bounded when ``N`` counts the pixels of a whole data set.
     """
     cum_n, cum_e = np.cumsum(n), np.cumsum(e)
-    prev_n, prev_e, rate = cum_n - n, cum_e - e, e / n
-    total = int(round(cum_n[-1]))
-    n_correct = total - float(np.round(e.sum()))
+    n_correct = float(np.round(cum_n[-1])) - float(np.round(cum_e[-1]))
+    one = n == 1
+    parts = [(cum_n[one], cum_e[one])]
+    many = np.flatnonzero(~one)
+    if many.size:
+        n_m = n[many]
+        parts = itertools.chain(parts, _expanded_levels(n_m, cum_n[many] - n_m, cum_e[many] - e[many], e[many] / n_m))
     risk = excess = 0.0
-    for lo in range(0, total, _LEVELS):
-        hi = min(lo + _LEVELS, total)
-        g0, g1 = np.searchsorted(cum_n, [lo + 1, hi], side="left")  # groups of levels lo + 1 .. hi
-        rows = np.minimum(cum_n[g0 : g1 + 1], hi) - np.maximum(prev_n[g0 : g1 + 1], lo)
-        gid = np.repeat(np.arange(g0, g1 + 1), rows.astype(np.int64))
-        k = np.arange(lo + 1, hi + 1, dtype=np.float64)
-        big_e = prev_e[gid] + (k - prev_n[gid]) * rate[gid]
+    for k, big_e in parts:
         risk += np.sum(big_e / k)
         # term by term, so a perfect ranking (E(k) = E*(k), integers) gives exactly 0
         excess += np.sum((big_e - np.maximum(k - n_correct, 0.0)) / k)
     return float(risk), float(excess)
+
+
+def _expanded_levels(n, prev_n, prev_e, rate):
+    """``(k, E(k))`` for every level of the groups ``n`` (levels ``prev_n + 1 .. prev_n + n``),
+    ``E(k) = prev_e + j rate`` at the ``j``-th level of a group; ``2^22`` levels per item."""
+    cum = np.cumsum(n)
+    start = cum - n  # levels of the earlier groups, in this expansion
+    total = int(round(cum[-1]))
+    for lo in range(0, total, _LEVELS):
+        hi = min(lo + _LEVELS, total)
+        g0, g1 = np.searchsorted(cum, [lo + 1, hi], side="left")  # groups of expanded levels lo + 1 .. hi
+        rows = np.minimum(cum[g0 : g1 + 1], hi) - np.maximum(start[g0 : g1 + 1], lo)
+        gid = np.repeat(np.arange(g0, g1 + 1), rows.astype(np.int64))
+        j = np.arange(lo + 1, hi + 1, dtype=np.float64) - start[gid]  # 1..n_g inside its group
+        yield prev_n[gid] + j, prev_e[gid] + j * rate[gid]
 
 
 def _areas(n: np.ndarray, e: np.ndarray) -> dict[str, float]:
