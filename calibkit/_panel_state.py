@@ -12,10 +12,12 @@ State, all float64 on the device of the data:
   maximum, for value checks deferred on accelerators (all entries -inf until a device batch);
 * per sample (exact AECE only): top-label confidence, correctness and 0/1 weight.
 
-The sort-based entries (AECE's equal-mass bins; smooth ECE, the sweep, KS, AURC, E-AURC and
-AUGRC on the blocks of tied confidences of one sort) are independent pieces of work once the
-state is complete; on the CPU they run on ``torch.get_num_threads()`` threads
-(:func:`_run_all`; numpy releases the GIL in its loops), with the values of one thread.
+The sort-based entries come from one sort of the confidences into blocks of ties
+(:func:`calibkit.functional.estimators.tie_blocks`, itself spread over threads): smooth ECE,
+the sweep, KS, AURC, E-AURC and AUGRC are functions of the blocks, and on the CPU AECE's
+equal-mass edges (order statistics) are read from them instead of a second selection. These are
+independent pieces of work, run on ``torch.get_num_threads()`` threads (:func:`_run_all`; numpy
+releases the GIL in its loops), with the values of one thread.
 """
 
 from __future__ import annotations
@@ -108,39 +110,36 @@ def _run_all(jobs: dict) -> dict:
 def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()) -> dict[str, float]:
     """The panel (python floats) from the state; one device-to-host transfer."""
     n_bins, k, device = layout.n_bins, layout.k, sums.device.type
-    c = ok = w = blocks = None
+    c = ok = w = aece = None
     if layout.hist:
         aece = _hist_aece_sums(layout.view(sums, "hist"), n_bins)
     else:
-        c = torch.cat(list(conf)) if conf else torch.zeros(0, dtype=torch.float64, device=sums.device)
-        ok = torch.cat(list(correct)) if correct else torch.zeros(0, dtype=torch.bool, device=sums.device)
-        w = None
-        if any(wi is not None for wi in weight):
-            w = torch.cat([torch.ones_like(ci) if wi is None else wi for ci, wi in zip(conf, weight)])
-        jobs = {"aece": _exact_aece_sums(c, ok, w, n_bins)}
-        if device == "cpu" and c.numel():  # the panel's one sort, alongside AECE's selection
-            jobs["blocks"] = lambda: tie_blocks(c, ok, w)
-        done = _run_all(jobs)
-        aece, blocks = done["aece"], done.get("blocks")
-    parts = [sums, torch.stack([aece.count, aece.conf, aece.correct]).reshape(-1).to(sums.device), check.to(sums.device)]
+        c, ok, w = _samples(conf, correct, weight, sums.device)
+        if device != "cpu" or not c.numel():  # on the device, to come back in the one transfer
+            aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
+    parts = [sums, check.to(sums.device)]
+    if aece is not None:
+        parts.append(torch.stack([aece.count, aece.conf, aece.correct]).reshape(-1).to(sums.device))
     host = torch.cat(parts).cpu()  # the one transfer
-    sums, aece_flat, check = host[: layout.size], host[layout.size : layout.size + 3 * n_bins], host[-5:]
+    sums, check = host[: layout.size], host[layout.size : layout.size + 5]
     _raise_for(check, k, device)
     head = layout.view(sums, "head")
     n = float(head[0])
     if n == 0:
         raise ValueError("no samples accumulated (N = 0): call update() with data first")
+    blocks = _blocks(layout, sums, c, ok, w)  # the one sort (exact state), a second transfer off the CPU
+    jobs = {"areas": lambda: block_areas(*blocks), **block_estimator_jobs(*blocks)}  # the slowest first
+    if aece is None:  # CPU samples: AECE's edges are order statistics, read from the sorted blocks
+        jobs["aece"] = lambda: equal_mass_sums(c, ok, n_bins, w, blocks=None if w is not None else blocks)
+    done = _run_all(jobs)
+    aece = BinSums(*host[layout.size + 5 :].view(3, n_bins)) if aece is not None else done["aece"]
     errors = binned_errors(BinSums(*layout.view(sums, "bins")))
     cw = layout.view(sums, "classwise")
-    out = {"acc": float(head[2] / n), "ece": float(errors["ece"]),
-           "aece": float(binned_errors(BinSums(*aece_flat.view(3, n_bins)))["ece"]),
+    out = {"acc": float(head[2] / n), "ece": float(errors["ece"]), "aece": float(binned_errors(aece)["ece"]),
            "cece": float((cw[2] - cw[1]).abs().sum() / (n * k))}
     for key in ("mce", "rmsce", "o_ece", "u_ece"):
         out[key] = float(errors[key])
     out["nll"], out["brier"] = float(head[3] / n), float(head[4] / n)
-    blocks = _blocks(layout, sums, c, ok, w) if blocks is None else blocks
-    jobs = {"areas": lambda: block_areas(*blocks), **block_estimator_jobs(*blocks)}  # the slowest first
-    done = _run_all(jobs)
     for key in ("smece", "ece_sweep", "ks"):
         out[key] = done[key]
     out.update(done["areas"])
@@ -149,12 +148,14 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     return out
 
 
-def _exact_aece_sums(c, ok, w, n_bins: int):
-    """A function computing AECE's equal-mass sums of the samples (zeros when there are none)."""
-    if not c.numel():
-        zeros = BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
-        return lambda: zeros
-    return lambda: equal_mass_sums(c, ok, n_bins, w)
+def _samples(conf, correct, weight, device):
+    """The exact state's per-sample arrays, concatenated: ``(conf, correct, weight or None)``."""
+    c = torch.cat(list(conf)) if conf else torch.zeros(0, dtype=torch.float64, device=device)
+    ok = torch.cat(list(correct)) if correct else torch.zeros(0, dtype=torch.bool, device=device)
+    w = None
+    if any(wi is not None for wi in weight):
+        w = torch.cat([torch.ones_like(ci) if wi is None else wi for ci, wi in zip(conf, weight)])
+    return c, ok, w
 
 
 def _blocks(layout: Layout, host_sums, c, ok, w):

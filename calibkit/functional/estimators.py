@@ -109,24 +109,22 @@ def _key_blocks(c: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     key |= a
     threads = min(torch.get_num_threads(), max(1, key.size >> 16))
     if threads == 1:
-        parts = [key]
-    else:
-        sample = np.sort(key[:: max(1, key.size // 4096)])
-        pivots = np.unique(sample[np.arange(1, threads) * len(sample) // threads] & ~1)  # even: whole confidences
-        side = np.searchsorted(pivots, key, side="right")
-        parts = [key[side == j] for j in range(len(pivots) + 1)]
-    if len(parts) == 1:
-        blocks = [_sorted_key_blocks(parts[0], back)]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
+        return _sorted_key_blocks(key, back)
+    from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(len(parts)) as pool:
-            blocks = list(pool.map(lambda part: _sorted_key_blocks(part, back), parts))
+    sample = np.sort(key[:: max(1, key.size // 4096)])
+    pivots = np.unique(sample[np.arange(1, threads) * len(sample) // threads] & ~1)  # even: whole confidences
+    bounds = [None, *pivots.tolist(), None]
+    with ThreadPoolExecutor(len(bounds) - 1) as pool:  # each thread selects its range of keys and sorts it
+        blocks = list(pool.map(lambda j: _sorted_key_blocks(key, back, bounds[j], bounds[j + 1]), range(len(bounds) - 1)))
     return tuple(np.concatenate([b[i] for b in blocks]) for i in range(3))
 
 
-def _sorted_key_blocks(key: np.ndarray, back) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Blocks of one part of the keys of :func:`_key_blocks` (sorted here)."""
+def _sorted_key_blocks(key: np.ndarray, back, lo=None, hi=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of the keys of :func:`_key_blocks` in ``[lo, hi)`` (``None``: unbounded), sorted here."""
+    if lo is not None or hi is not None:
+        keep = key < hi if lo is None else (key >= lo if hi is None else (key >= lo) & (key < hi))
+        key = key[keep]
     if key.size == 0:
         return np.zeros(0), np.zeros(0), np.zeros(0)
     key = np.sort(key)
