@@ -116,7 +116,8 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     else:
         c, ok, w = _samples(conf, correct, weight, sums.device)
         if device != "cpu" or not c.numel():  # on the device, to come back in the one transfer
-            aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
+            zeros = BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
+            aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else zeros
     parts = [sums, check.to(sums.device)]
     if aece is not None:
         parts.append(torch.stack([aece.count, aece.conf, aece.correct]).reshape(-1).to(sums.device))

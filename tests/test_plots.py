@@ -187,7 +187,8 @@ def test_diagram_draws_the_band_as_one_fill_over_the_bins(gen):
     curve = reliability_curve(probs, labels, n_bins=10, band=True, n_boot=300)
     ys = np.concatenate([p.vertices[:, 1] for p in fills[0].get_paths()])
     full = curve.count > 0
-    assert ys.min() == pytest.approx(np.min(curve.band_lo[full])) and ys.max() == pytest.approx(np.max(curve.band_hi[full]))
+    assert ys.min() == pytest.approx(np.min(curve.band_lo[full]))
+    assert ys.max() == pytest.approx(np.max(curve.band_hi[full]))
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "90% bootstrap band of the accuracy (300 resamples)" in legend
 

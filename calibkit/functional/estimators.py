@@ -115,8 +115,9 @@ def _key_blocks(c: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     sample = np.sort(key[:: max(1, key.size // 4096)])
     pivots = np.unique(sample[np.arange(1, threads) * len(sample) // threads] & ~1)  # even: whole confidences
     bounds = [None, *pivots.tolist(), None]
-    with ThreadPoolExecutor(len(bounds) - 1) as pool:  # each thread selects its range of keys and sorts it
-        blocks = list(pool.map(lambda j: _sorted_key_blocks(key, back, bounds[j], bounds[j + 1]), range(len(bounds) - 1)))
+    ranges = list(zip(bounds[:-1], bounds[1:]))
+    with ThreadPoolExecutor(len(ranges)) as pool:  # each thread selects its range of keys and sorts it
+        blocks = list(pool.map(lambda r: _sorted_key_blocks(key, back, *r), ranges))
     return tuple(np.concatenate([b[i] for b in blocks]) for i in range(3))
 
 
