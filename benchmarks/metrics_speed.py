@@ -17,7 +17,9 @@ On the CPU every job is timed at 1 torch thread and at torch's default thread co
 in effect when the script starts, or ``--threads``), in one run, and the ratios are printed side
 by side: calibkit's panel spreads its blocks and its sort-based estimators over the threads,
 torchmetrics' binning uses torch's threads. Rounds interleave the thread counts and the jobs,
-and the load average at the start of each round is printed.
+and the load average at the start of each round is printed. Each job's best wall time is printed
+with its best process CPU time; at 1 thread the CPU-time ratio is printed too, since on a shared
+machine it moves much less with the other jobs than the wall time does.
 
 With a CUDA device (or ``--device cuda``) the same jobs are timed on the GPU as well, each
 call followed by ``torch.cuda.synchronize()`` (``evaluate`` returns python floats, so it ends
@@ -38,17 +40,15 @@ import time
 import torch
 
 
-def _best(fn, repeats: int, sync=None) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        if sync:
-            sync()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _timed(fn, sync=None) -> tuple[float, float]:
+    """Wall time and CPU time of the process (all threads) of one call."""
+    if sync:
+        sync()
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    if sync:
+        sync()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _run(device: str, logits, labels, k: int, repeats: int, counts: list[int]) -> dict:
@@ -73,15 +73,18 @@ def _run(device: str, logits, labels, k: int, repeats: int, counts: list[int]) -
     for fn in jobs.values():  # warm-up (CUDA kernels, caching allocator)
         fn()
     best = {threads: {name: float("inf") for name in jobs} for threads in counts}
+    cpu = {threads: {name: float("inf") for name in jobs} for threads in counts}
     loads = []
     for _ in range(repeats):  # interleaved, so load changes hit every job and thread count alike
         loads.append(_load())
         for threads in counts:
             torch.set_num_threads(threads)
             for name, fn in jobs.items():
-                best[threads][name] = min(best[threads][name], _best(fn, 1, sync))
+                wall, used = _timed(fn, sync)
+                best[threads][name] = min(best[threads][name], wall)
+                cpu[threads][name] = min(cpu[threads][name], used)
     mean_conf = float(probs.max(1).values.float().mean())
-    return {"best": best, "ours": ours, "theirs": theirs, "mean_conf": mean_conf, "loads": loads}
+    return {"best": best, "cpu": cpu, "ours": ours, "theirs": theirs, "mean_conf": mean_conf, "loads": loads}
 
 
 def main(argv=None) -> int:
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
         print(f"[{device}] load average (1 min) at the start of each round: {', '.join(r['loads'])}")
         for threads in here:
             tag = f"{device}, {threads} thread{'s' if threads > 1 else ''}"
-            ratios[tag] = _report(tag, r["best"][threads], args.repeats)
+            ratios[tag] = _report(tag, r["best"][threads], r["cpu"][threads], args.repeats)
     print("ratios side by side (calibkit / torchmetrics ECE; target: evaluate panel <= 1.0):")
     print(f"  {'':24s} {'ece':>7s} {'panel':>7s} {'ece (logits)':>13s} {'panel (logits)':>15s}")
     for tag, (r1, r2, r3, r4) in ratios.items():
@@ -137,10 +140,13 @@ def _load() -> str:
     return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "n/a"
 
 
-def _report(tag: str, best: dict, repeats: int) -> tuple[float, float, float, float]:
-    print(f"[{tag}] best of {repeats} interleaved rounds:")
+def _report(tag: str, best: dict, cpu: dict, repeats: int) -> tuple[float, float, float, float]:
+    print(f"[{tag}] best of {repeats} interleaved rounds (wall; process CPU time, all threads):")
     for name, t in best.items():
-        print(f"  {name:38s} {1000 * t:9.2f} ms")
+        print(f"  {name:38s} {1000 * t:9.2f} ms   cpu {1000 * cpu[name]:9.2f} ms")
+    if tag.endswith(" 1 thread"):  # one thread: CPU time is the work, little affected by other jobs
+        print(f"  cpu-time ratio, evaluate panel / torchmetrics ECE: "
+              f"{cpu['calibkit evaluate (panel)'] / cpu['torchmetrics ece']:.3f}")
     return (best["calibkit ece"] / best["torchmetrics ece"],
             best["calibkit evaluate (panel)"] / best["torchmetrics ece"],
             best["calibkit softmax+ece (logits)"] / best["torchmetrics ece (logits)"],
