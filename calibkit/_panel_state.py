@@ -11,9 +11,18 @@ State, all float64 on the device of the data:
 * ``check``: ``[-min p, max p, max |row sum - 1| / tol, -min label, max label]``, combined by
   maximum, for value checks deferred on accelerators (all entries -inf until a device batch);
 * per sample (exact AECE only): top-label confidence, correctness and 0/1 weight.
+
+The sort-based entries come from one sort of the confidences into blocks of ties
+(:func:`calibkit.functional.estimators.tie_blocks`, itself spread over threads): smooth ECE,
+the sweep, KS, AURC, E-AURC and AUGRC are functions of the blocks, and on the CPU AECE's
+equal-mass edges (order statistics) are read from them instead of a second selection. These are
+independent pieces of work, run on ``torch.get_num_threads()`` threads (:func:`_run_all`; numpy
+releases the GIL in its loops), with the values of one thread.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -21,8 +30,9 @@ from calibkit._validation import prob_sum_tol, probs_error
 from calibkit.errors import UserError
 from calibkit.functional.binning import FINE_BINS, BinSums, binned_errors, equal_mass_sums, fine_bin_index
 from calibkit.functional.binning import weighted_equal_mass_bins
-from calibkit.functional.estimators import block_estimators, tie_blocks
+from calibkit.functional.estimators import block_estimator_jobs, tie_blocks
 from calibkit.functional.iou import confusion_matrix, iou_from_confusion
+from calibkit.functional.selective import block_areas
 
 __all__ = ["Layout", "batch_vector", "fold_check", "neutral_check", "panel_from_state"]
 
@@ -88,39 +98,66 @@ def _hist_aece_sums(hist: torch.Tensor, n_bins: int) -> BinSums:
     return BinSums(out[:, 0], out[:, 1], out[:, 2])
 
 
+def _run_all(jobs: dict) -> dict:
+    """``{name: job()}``; on ``torch.get_num_threads() > 1`` threads at once (same values)."""
+    threads = min(torch.get_num_threads(), len(jobs))
+    if threads <= 1:
+        return {name: job() for name, job in jobs.items()}
+    with ThreadPoolExecutor(threads) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()) -> dict[str, float]:
     """The panel (python floats) from the state; one device-to-host transfer."""
     n_bins, k, device = layout.n_bins, layout.k, sums.device.type
-    c = ok = w = None
+    c = ok = w = aece = None
     if layout.hist:
         aece = _hist_aece_sums(layout.view(sums, "hist"), n_bins)
     else:
-        c = torch.cat(list(conf)) if conf else torch.zeros(0, dtype=torch.float64, device=sums.device)
-        ok = torch.cat(list(correct)) if correct else torch.zeros(0, dtype=torch.bool, device=sums.device)
-        w = None
-        if any(wi is not None for wi in weight):
-            w = torch.cat([torch.ones_like(ci) if wi is None else wi for ci, wi in zip(conf, weight)])
-        aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
-    parts = [sums, torch.stack([aece.count, aece.conf, aece.correct]).reshape(-1).to(sums.device), check.to(sums.device)]
+        c, ok, w = _samples(conf, correct, weight, sums.device)
+        if device != "cpu" or not c.numel():  # on the device, to come back in the one transfer
+            zeros = BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
+            aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else zeros
+    parts = [sums, check.to(sums.device)]
+    if aece is not None:
+        parts.append(torch.stack([aece.count, aece.conf, aece.correct]).reshape(-1).to(sums.device))
     host = torch.cat(parts).cpu()  # the one transfer
-    sums, aece_flat, check = host[: layout.size], host[layout.size : layout.size + 3 * n_bins], host[-5:]
+    sums, check = host[: layout.size], host[layout.size : layout.size + 5]
     _raise_for(check, k, device)
     head = layout.view(sums, "head")
     n = float(head[0])
     if n == 0:
         raise UserError("no samples accumulated (N = 0): call update() with data first")
+    blocks = _blocks(layout, sums, c, ok, w)  # the one sort (exact state), a second transfer off the CPU
+    jobs = {"areas": lambda: block_areas(*blocks), **block_estimator_jobs(*blocks)}  # the slowest first
+    if aece is None:  # CPU samples: AECE's edges are order statistics, read from the sorted blocks
+        jobs["aece"] = lambda: equal_mass_sums(c, ok, n_bins, w, blocks=None if w is not None else blocks)
+    done = _run_all(jobs)
+    aece = BinSums(*host[layout.size + 5 :].view(3, n_bins)) if aece is not None else done["aece"]
     errors = binned_errors(BinSums(*layout.view(sums, "bins")))
     cw = layout.view(sums, "classwise")
-    out = {"acc": float(head[2] / n), "ece": float(errors["ece"]),
-           "aece": float(binned_errors(BinSums(*aece_flat.view(3, n_bins)))["ece"]),
+    out = {"acc": float(head[2] / n), "ece": float(errors["ece"]), "aece": float(binned_errors(aece)["ece"]),
            "cece": float((cw[2] - cw[1]).abs().sum() / (n * k))}
     for key in ("mce", "rmsce", "o_ece", "u_ece"):
         out[key] = float(errors[key])
     out["nll"], out["brier"] = float(head[3] / n), float(head[4] / n)
-    out.update(block_estimators(*_blocks(layout, sums, c, ok, w)))
+    for key in ("smece", "ece_sweep", "ks"):
+        out[key] = done[key]
+    out.update(done["areas"])
     if layout.confusion and float(head[1]) > 0:
         out["miou"] = float(iou_from_confusion(layout.view(sums, "confusion")))
     return out
+
+
+def _samples(conf, correct, weight, device):
+    """The exact state's per-sample arrays, concatenated: ``(conf, correct, weight or None)``."""
+    c = torch.cat(list(conf)) if conf else torch.zeros(0, dtype=torch.float64, device=device)
+    ok = torch.cat(list(correct)) if correct else torch.zeros(0, dtype=torch.bool, device=device)
+    w = None
+    if any(wi is not None for wi in weight):
+        w = torch.cat([torch.ones_like(ci) if wi is None else wi for ci, wi in zip(conf, weight)])
+    return c, ok, w
 
 
 def _blocks(layout: Layout, host_sums, c, ok, w):

@@ -1,8 +1,9 @@
 """The evaluation panel: ``evaluate``, a mergeable streaming accumulator, bootstrap intervals.
 
-``evaluate(probs, labels)`` returns the thirteen numbers reported for every model::
+``evaluate(probs, labels)`` returns the sixteen numbers reported for every model::
 
-    acc, ece, aece, cece, mce, rmsce, o_ece, u_ece, nll, brier, smece, ece_sweep, ks
+    acc, ece, aece, cece, mce, rmsce, o_ece, u_ece, nll, brier, smece, ece_sweep, ks,
+    aurc, eaurc, augrc
 
 (plus ``miou`` for dense inputs). It is implemented as one :class:`CalibrationAccumulator`
 update followed by ``compute()``, so the streaming and the one-shot results come from the same
@@ -37,7 +38,8 @@ __all__ = [
 ]
 
 #: Keys of the dict returned by :func:`evaluate`, in reporting order (dense inputs add ``miou``).
-PANEL = ("acc", "ece", "aece", "cece", "mce", "rmsce", "o_ece", "u_ece", "nll", "brier", "smece", "ece_sweep", "ks")
+PANEL = ("acc", "ece", "aece", "cece", "mce", "rmsce", "o_ece", "u_ece", "nll", "brier", "smece", "ece_sweep", "ks",
+         "aurc", "eaurc", "augrc")
 _STATES = ("auto", "exact", "fixed")
 
 
@@ -47,7 +49,9 @@ def evaluate(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -
     Each value equals the corresponding function of :mod:`calibkit.functional` (``acc`` =
     ``accuracy``, ``aece`` = ``adaptive_ece``, ``cece`` = ``classwise_ece``, ``o_ece``/``u_ece`` =
     ``over_under_ece``, ``smece`` = ``smooth_ece``, ``ece_sweep`` = ``ece_sweep`` with ``p = 1``,
-    ``ks`` = ``ks_error``), but the input is read once. Dense inputs ``(N, K, *spatial)`` also give
+    ``ks`` = ``ks_error``, ``aurc``/``eaurc``/``augrc`` = ``aurc``/``eaurc``/``augrc`` with the
+    default maximum-probability confidence), but the input is read once and the confidences
+    sorted once for all the sort-based entries. Dense inputs ``(N, K, *spatial)`` also give
     ``miou`` (:func:`calibkit.functional.mean_iou`). On an accelerator the whole panel is
     computed there and moved to the host in one transfer (after one read of a count, see
     :meth:`CalibrationAccumulator.update`).
@@ -67,12 +71,13 @@ class CalibrationAccumulator:
 
       - ``"exact"``: the per-sample top-label confidence and correctness (2 numbers per sample),
         because equal-mass edges depend on all confidences at once (so do smooth ECE's bandwidth,
-        the sweep's number of bins and the KS error's sort order);
+        the sweep's number of bins, and the sort order of the KS error, AURC, E-AURC and AUGRC);
       - ``"fixed"``: a fixed histogram of the confidences (``FINE_BINS = 7937`` bins, each at most
         0.4% of ``1 - conf`` wide) on which the equal-mass bins are formed, each fine bin kept
-        whole (as tied confidences are); memory independent of N. Smooth ECE, the sweep and the
-        KS error take each non-empty fine bin as one block of tied confidences at its mean. Equal to the exact AECE when
-        no fine bin holds two different confidences, otherwise an approximation (docs/metrics.md);
+        whole (as tied confidences are); memory independent of N. Smooth ECE, the sweep, the KS
+        error, AURC, E-AURC and AUGRC take each non-empty fine bin as one block of tied
+        confidences at its mean. Equal to the exact values when no fine bin holds two different
+        confidences, otherwise an approximation (docs/metrics.md);
         plus a confusion matrix ``(K, K)``, reported as ``miou`` for dense inputs;
       - ``"auto"`` (default): ``"fixed"`` when the first batch is dense (pixels), else ``"exact"``.
 

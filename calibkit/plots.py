@@ -9,15 +9,30 @@ the global backend, so they work on machines without a display. Save with
 Binning is that of the metrics (:mod:`calibkit.functional.binning`): equal-width ``(lo, hi]``
 bins, edges in the confidence's dtype, 1.0 in the last bin; the ECE in the title therefore equals
 :func:`calibkit.functional.ece`.
+
+**Bootstrap band** (``band=True``): how far each bin's accuracy could move with another sample
+of the same size. ``n_boot`` resamples of the ``N`` rows with replacement, the bin of each row
+fixed by its confidence (fixed edges); in each resample the accuracy of every bin is recomputed,
+and the band of bin ``b`` is the percentile interval ``[q_{(1 - level)/2}, q_{(1 + level)/2}]``
+(``np.quantile``, linear interpolation) of those accuracies, default ``level = 0.9`` over 1000
+resamples. A resample in which bin ``b`` is empty has no accuracy there and is left out of that
+bin's quantiles (its other bins still count); a bin empty in the data has no band (NaN).
+A resample of rows only changes how many rows of each (bin, correct) cell it holds, so the
+resamples are drawn as their cell counts, one multinomial draw of ``N`` over the ``2 B`` cells
+``(bin 0 wrong, bin 0 correct, bin 1 wrong, ...)`` with probabilities the cells' shares of the
+rows: the same distribution as drawing row indices, at a cost independent of ``N``. The draw
+uses ``numpy.random.default_rng(seed)`` (``seed = 0`` by default), so a band is reproducible.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
 from calibkit._validation import as_tensor, check_n_bins, check_probs
 from calibkit.functional.binning import (
     BinSums,
@@ -28,7 +43,7 @@ from calibkit.functional.binning import (
 )
 from calibkit.functional.inputs import to_rows
 
-__all__ = ["ReliabilityCurve", "reliability_curve", "reliability_diagram", "confidence_histogram"]
+__all__ = ["ReliabilityCurve", "reliability_curve", "bootstrap_band", "reliability_diagram", "confidence_histogram"]
 
 
 @dataclass
@@ -42,6 +57,9 @@ class ReliabilityCurve:
         accuracy: accuracy per bin (NaN for empty bins).
         ece: expected calibration error of the same bins.
         n: number of samples.
+        band_lo, band_hi: bootstrap interval of the accuracy per bin (NaN for empty bins), or
+            ``None`` without ``band`` (module docstring).
+        band_level: its coverage level, or ``None``.
     """
 
     edges: np.ndarray
@@ -50,23 +68,31 @@ class ReliabilityCurve:
     accuracy: np.ndarray
     ece: float
     n: int
+    band_lo: np.ndarray | None = None
+    band_hi: np.ndarray | None = None
+    band_level: float | None = None
 
 
-def reliability_curve(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> ReliabilityCurve:
+def reliability_curve(probs, labels, n_bins: int = 15, ignore_index: int | None = None, band: bool = False,
+                      level: float = 0.9, n_boot: int = 1000, seed: int = 0) -> ReliabilityCurve:
     """Bin the top-label confidences of ``probs`` and the correctness against ``labels``.
 
     Every layout of the metrics: ``(N, K)``, binary ``(N,)`` positive-class probabilities
     (confidence ``max(p, 1 - p)``), dense ``(N, K, *spatial)``, with ``ignore_index``.
+    ``band=True`` adds the bootstrap interval of each bin's accuracy (module docstring):
+    ``level`` in ``(0, 1)``, ``n_boot >= 2`` resamples, integer ``seed >= 0`` (checked even
+    without ``band``).
     """
     from calibkit.functional.metrics import _sums
 
+    _check_band_args(level, n_boot, seed)
     s = _sums(probs, labels, check_n_bins(n_bins), ignore_index=ignore_index)
     sums = BinSums(*(t.cpu() for t in (s.top.count, s.top.conf, s.top.correct)))
     count = sums.count.numpy()
     with np.errstate(invalid="ignore", divide="ignore"):
         confidence = np.where(count > 0, sums.conf.numpy() / count, np.nan)
         accuracy = np.where(count > 0, sums.correct.numpy() / count, np.nan)
-    return ReliabilityCurve(
+    curve = ReliabilityCurve(
         edges=equal_width_edges(n_bins).numpy(),
         count=count,
         confidence=confidence,
@@ -74,6 +100,42 @@ def reliability_curve(probs, labels, n_bins: int = 15, ignore_index: int | None 
         ece=float(binned_errors(sums)["ece"]),
         n=int(round(float(sums.count.sum()))),
     )
+    if band:
+        curve.band_lo, curve.band_hi = bootstrap_band(count, sums.correct.numpy(), level, n_boot, seed)
+        curve.band_level = float(level)
+    return curve
+
+
+def _check_band_args(level, n_boot, seed) -> None:
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0 < level < 1:
+        raise UserError(f"level must be a number in (0, 1), got {level!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 2:
+        raise UserError(f"n_boot must be an integer >= 2, got {n_boot!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UserError(f"seed must be a non-negative integer, got {seed!r}")
+
+
+def bootstrap_band(count, correct, level: float = 0.9, n_boot: int = 1000, seed: int = 0):
+    """Per-bin bootstrap interval of the accuracy from the bin counts ``count`` and correct
+    counts ``correct`` (``(B,)`` each): ``(lo, hi)`` float64 arrays ``(B,)``, NaN for bins that
+    are empty in the data (method: module docstring)."""
+    _check_band_args(level, n_boot, seed)
+    count, correct = np.rint(np.asarray(count, np.float64)), np.rint(np.asarray(correct, np.float64))
+    n = int(count.sum())
+    cells = np.stack([count - correct, correct], 1).reshape(-1)  # (bin 0 wrong, bin 0 correct, ...)
+    draws = np.random.default_rng(seed).multinomial(n, cells / n, size=n_boot).reshape(n_boot, -1, 2)
+    drawn = draws.sum(2).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = np.where(drawn > 0, draws[..., 1] / drawn, np.nan)  # an empty bin has no accuracy
+    tail = (1 - level) / 2
+    lo, hi = np.full(len(count), np.nan), np.full(len(count), np.nan)
+    full = count > 0
+    if full.any():
+        with warnings.catch_warnings():  # a bin empty in every resample (tiny bins, few resamples): NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            q = np.nanquantile(acc[:, full], [tail, 1 - tail], axis=0)
+        lo[full], hi[full] = q[0], q[1]
+    return lo, hi
 
 
 def _new_axes(ax, figsize=(4.5, 4.5)):
@@ -88,7 +150,8 @@ def _new_axes(ax, figsize=(4.5, 4.5)):
 
 
 def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | None = None,
-                        show_counts: bool = True):
+                        show_counts: bool = True, band: bool = False, level: float = 0.9, n_boot: int = 1000,
+                        seed: int = 0):
     """Bars of accuracy per confidence bin, with the gap to the diagonal shaded.
 
     Each non-empty bin draws a blue bar of height ``acc_b``; the gap between ``acc_b`` and the
@@ -104,11 +167,14 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
         ax: matplotlib Axes to draw on (a new Agg figure when ``None``).
         title: text placed before the ECE in the title.
         show_counts: write the count above each bar.
+        band: shade the bootstrap interval of each non-empty bin's accuracy over the bin's width
+            (grey, a step band around the bar tops; method in the module docstring).
+        level, n_boot, seed: the band's coverage level, resamples and seed.
 
     Returns:
         The Axes drawn on.
     """
-    curve = reliability_curve(probs, labels, n_bins)
+    curve = reliability_curve(probs, labels, n_bins, band=band, level=level, n_boot=n_boot, seed=seed)
     ax = _new_axes(ax)
     lo, width = curve.edges[:-1], np.diff(curve.edges)
     full = curve.count > 0
@@ -125,6 +191,8 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
             ax.bar(lo[mask], np.abs(curve.accuracy - curve.confidence)[mask],
                    bottom=np.minimum(curve.accuracy, curve.confidence)[mask], width=width[mask], align="edge",
                    color=color, edgecolor="#b03030", hatch=hatch, lw=0.6, label=text)
+    if band:
+        _draw_band(ax, curve, n_boot)
     if show_counts:
         size = 7 if n_bins <= 20 else 5
         for x, w, a, c, n in zip(lo[full], width[full], curve.accuracy[full], curve.confidence[full], curve.count[full]):
@@ -139,6 +207,17 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
     ax.set_title(f"{title}\n{ece_text}" if title else ece_text, fontsize=10)
     _legend_below(ax)
     return ax
+
+
+def _draw_band(ax, curve: ReliabilityCurve, n_boot: int) -> None:
+    """The band as one step-shaped fill (a collection, no bar patch): flat over each bin."""
+    has = np.isfinite(curve.band_lo)
+    if not has.any():
+        return
+    x = np.repeat(curve.edges, 2)[1:-1]  # each bin's (lo, hi)
+    ax.fill_between(x, np.repeat(np.where(has, curve.band_lo, 0), 2), np.repeat(np.where(has, curve.band_hi, 0), 2),
+                    where=np.repeat(has, 2), facecolor=(0.1, 0.1, 0.1, 0.3), edgecolor="black", lw=0.8, zorder=3,
+                    label=f"{100 * curve.band_level:g}% bootstrap band of the accuracy ({n_boot} resamples)")
 
 
 def confidence_histogram(probs, labels=None, n_bins: int = 15, ax=None, title: str | None = None):

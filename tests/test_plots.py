@@ -99,3 +99,108 @@ def test_legend_lies_outside_the_axes(gen, draw):
     axes = ax.get_window_extent(renderer)
     assert legend.y1 < axes.y0  # pixel coordinates grow upwards
     assert min(t.get_fontsize() for t in ax.get_legend().get_texts()) >= 8
+
+
+# -- bootstrap band -------------------------------------------------------------------------------
+
+def _model(gen, n, k=5):
+    """Over-confident predictions: the argmax is right 60% of the time, confidences spread wide."""
+    probs = torch.softmax(torch.randn(n, k, generator=gen, dtype=torch.float64) * 2, 1)
+    labels = torch.where(torch.rand(n, generator=gen) < 0.6, probs.argmax(1), torch.randint(0, k, (n,), generator=gen))
+    return probs, labels
+
+
+def _bootstrap_by_hand(conf, correct, n_bins, level, n_boot, seed):
+    """The documented band, written with loops: cells (bin, correct) counted row by row, one
+    multinomial draw of their counts per resample, per-bin accuracies of the resamples where the
+    bin is not empty, then their percentile interval."""
+    cells = np.zeros(2 * n_bins)
+    for c, a in zip(conf, correct):
+        b = min(max(math.ceil(c * n_bins) - 1, 0), n_bins - 1)  # (lo, hi] bins
+        cells[2 * b + int(a)] += 1
+    n = int(cells.sum())
+    draws = np.random.default_rng(seed).multinomial(n, cells / n, size=n_boot)
+    lo, hi = np.full(n_bins, np.nan), np.full(n_bins, np.nan)
+    for b in range(n_bins):
+        if cells[2 * b] + cells[2 * b + 1] == 0:
+            continue
+        accs = [d[2 * b + 1] / (d[2 * b] + d[2 * b + 1]) for d in draws if d[2 * b] + d[2 * b + 1] > 0]
+        lo[b], hi[b] = np.quantile(accs, (1 - level) / 2), np.quantile(accs, (1 + level) / 2)
+    return lo, hi
+
+
+def test_band_equals_an_independent_bootstrap_for_a_fixed_seed(gen):
+    probs, labels = _model(gen, 600)
+    conf, pred = probs.max(1)
+    assert not np.any(np.isclose((conf * 10).numpy() % 1, 0))  # no confidence on an edge j / 10
+    for level, seed in ((0.9, 0), (0.95, 7)):
+        c = reliability_curve(probs, labels, n_bins=10, band=True, level=level, n_boot=300, seed=seed)
+        lo, hi = _bootstrap_by_hand(conf.tolist(), (pred == labels).tolist(), 10, level, 300, seed)
+        assert np.array_equal(np.isnan(c.band_lo), np.isnan(lo))
+        assert np.allclose(c.band_lo, lo, rtol=0, atol=1e-12, equal_nan=True)
+        assert np.allclose(c.band_hi, hi, rtol=0, atol=1e-12, equal_nan=True)
+        assert c.band_level == level
+
+
+def test_band_brackets_the_curve_and_is_empty_where_the_bins_are(gen):
+    probs, labels = _model(gen, 3000)
+    c = reliability_curve(probs, labels, n_bins=15, band=True)
+    full = c.count > 0
+    assert (~full).any() and full.sum() >= 8  # both kinds of bins in this set
+    assert np.all(c.band_lo[full] <= c.accuracy[full]) and np.all(c.accuracy[full] <= c.band_hi[full])
+    assert np.all(c.band_lo[full] < c.band_hi[full])  # bins of a few hundred rows: a real spread
+    assert np.all(np.isnan(c.band_lo[~full])) and np.all(np.isnan(c.band_hi[~full]))
+    assert np.all((c.band_lo[full] >= 0) & (c.band_hi[full] <= 1))
+    assert reliability_curve(probs, labels).band_lo is None  # no band unless asked
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_band_shrinks_as_n_grows(seed):
+    g = torch.Generator().manual_seed(seed)
+    small, big = (reliability_curve(*_model(g, n), n_bins=10, band=True, n_boot=400, seed=seed)
+                  for n in (400, 40_000))
+    both = (small.count >= 20) & (big.count > 0)
+    assert both.sum() >= 3
+    width_small = small.band_hi[both] - small.band_lo[both]
+    width_big = big.band_hi[both] - big.band_lo[both]
+    assert np.all(width_big < width_small)
+    # 100 times the rows: widths about 10 times smaller (binomial spread), never under 3 times
+    assert np.mean(width_big) < np.mean(width_small) / 3
+
+
+def test_band_is_reproducible_and_depends_on_the_seed(gen):
+    probs, labels = _model(gen, 800)
+    a, b, c = (reliability_curve(probs, labels, band=True, n_boot=200, seed=s) for s in (3, 3, 4))
+    assert np.array_equal(a.band_lo, b.band_lo, equal_nan=True) and np.array_equal(a.band_hi, b.band_hi, equal_nan=True)
+    assert not np.array_equal(a.band_lo, c.band_lo, equal_nan=True)
+
+
+def test_diagram_draws_the_band_as_one_fill_over_the_bins(gen):
+    from matplotlib.collections import PolyCollection
+
+    probs, labels = _model(gen, 2000)
+    plain = reliability_diagram(probs, labels, n_bins=10)
+    ax = reliability_diagram(probs, labels, n_bins=10, band=True, n_boot=300)
+    assert len(ax.patches) == len(plain.patches)  # the bars and gaps are unchanged
+    fills = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(fills) == 1 and not any(isinstance(c, PolyCollection) for c in plain.collections)
+    curve = reliability_curve(probs, labels, n_bins=10, band=True, n_boot=300)
+    ys = np.concatenate([p.vertices[:, 1] for p in fills[0].get_paths()])
+    full = curve.count > 0
+    assert ys.min() == pytest.approx(np.min(curve.band_lo[full]))
+    assert ys.max() == pytest.approx(np.max(curve.band_hi[full]))
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "90% bootstrap band of the accuracy (300 resamples)" in legend
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"level": 0}, "level"), ({"level": 1.0}, "level"), ({"level": True}, "level"), ({"level": "0.9"}, "level"),
+    ({"n_boot": 1}, "n_boot"), ({"n_boot": 10.0}, "n_boot"), ({"n_boot": True}, "n_boot"),
+    ({"seed": -1}, "seed"), ({"seed": 0.5}, "seed"),
+])
+def test_band_refuses_bad_arguments(kwargs, match):
+    probs, labels = torch.tensor([[0.8, 0.2], [0.3, 0.7]]), torch.tensor([0, 0])
+    with pytest.raises(ValueError, match=match):
+        reliability_curve(probs, labels, band=True, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        reliability_diagram(probs, labels, band=True, **kwargs)

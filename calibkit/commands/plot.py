@@ -8,7 +8,8 @@ from calibkit.errors import UserError
 
 EPILOG = """\
 Writes four PNG files into DIR (or --out):
-  reliability.png      reliability_ts.png      (accuracy vs confidence per bin, with the gap)
+  reliability.png      reliability_ts.png      (accuracy vs confidence per bin, with the gap and
+                                               the 90% bootstrap band of each bin's accuracy)
   confidence.png       confidence_ts.png       (histogram of confidences, mean accuracy/confidence)
 The *_ts files use the temperature fitted on the validation logits.
 
@@ -74,9 +75,10 @@ def run(args) -> int:
         ("", logits["test_logits"].double().softmax(1), name),
         ("_ts", ts.predict_proba(logits["test_logits"]), f"{name}, TS T={ts.temperature_:.2f}"),
     ):
-        for stem, draw in (("reliability", plots.reliability_diagram), ("confidence", plots.confidence_histogram)):
+        for stem, draw, extra in (("reliability", plots.reliability_diagram, {"band": True}),
+                                  ("confidence", plots.confidence_histogram, {})):
             fig, ax = plt.subplots(figsize=(4.5, 4.5))
-            draw(probs, labels, n_bins=args.n_bins, ax=ax, title=title)
+            draw(probs, labels, n_bins=args.n_bins, ax=ax, title=title, **extra)
             path = out / f"{stem}{suffix}.png"
             fig.savefig(path, dpi=args.dpi, bbox_inches="tight")
             plt.close(fig)

@@ -294,15 +294,25 @@ def scatter_sums(slot: torch.Tensor, src: torch.Tensor, n_slots: int, lanes: int
     return out.view(lanes, n_slots, c).sum(0)
 
 
-def equal_mass_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int, weight=None) -> BinSums:
+def equal_mass_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int, weight=None, blocks=None) -> BinSums:
     """Per-bin sums of the equal-mass bins of ``conf`` ``(N,)`` (float64), AECE's statistics.
 
-    CPU without weights: :func:`equal_mass_bins` (introselect) and :func:`bin_sums`. Otherwise
-    (other devices, or 0/1 ``weight`` for ignored rows): one sort and
-    :func:`weighted_equal_mass_bins`, on the device, with no host synchronisation. Same bins.
+    CPU without weights: :func:`equal_mass_bins` (introselect) and :func:`bin_sums`; with
+    ``blocks``, the ``(values, count, ...)`` tie blocks of ``conf`` already sorted
+    (:func:`calibkit.functional.estimators.tie_blocks`), the order statistics are read from them
+    instead (the block holding rank ``q`` is the first whose cumulative count exceeds ``q``): the
+    same edges without a selection. Otherwise (other devices, or 0/1 ``weight`` for ignored
+    rows): one sort and :func:`weighted_equal_mass_bins`, on the device, with no host
+    synchronisation. Same bins.
     """
     if weight is None and conf.device.type == "cpu":
-        return bin_sums(equal_mass_bins(conf, n_bins), conf, correct, n_bins)
+        if blocks is None:
+            return bin_sums(equal_mass_bins(conf, n_bins), conf, correct, n_bins)
+        values, count = blocks[0], blocks[1]
+        ranks = torch.cat([torch.zeros(1, dtype=torch.long), equal_mass_ranks(conf.numel(), n_bins).clamp(min=0),
+                           torch.full((1,), conf.numel() - 1, dtype=torch.long)]).numpy()
+        edges = torch.from_numpy(values[np.searchsorted(np.cumsum(count), ranks, side="right")])
+        return bin_sums(bin_indices(conf.double(), edges), conf, correct, n_bins)
     s, perm = conf.double().sort()
     w = torch.ones_like(s) if weight is None else weight.double()[perm]
     bins = weighted_equal_mass_bins(s, w[None], n_bins)[0]

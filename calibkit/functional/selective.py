@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -58,7 +59,9 @@ import torch
 from calibkit._validation import as_tensor
 from calibkit.errors import UserError
 
-__all__ = ["risk_coverage_curve", "aurc", "eaurc", "augrc", "selective_risk"]
+__all__ = ["risk_coverage_curve", "aurc", "eaurc", "augrc", "selective_risk", "block_areas"]
+
+_LEVELS = 1 << 22  # coverage levels expanded at a time: bounded memory for billions of pixels
 
 
 def _rows(probs, labels, confidence, ignore_index):
@@ -98,13 +101,60 @@ def _groups(conf: np.ndarray, err: np.ndarray):
     return c[starts], n, np.add.reduceat(e, starts)
 
 
-def _expected_errors(n: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """``E(k)`` for ``k = 1..N`` (module docstring): expected accepted errors, ``(N,)``."""
+def _level_sums(n: np.ndarray, e: np.ndarray) -> tuple[float, float]:
+    """``sum_k E(k) / k`` and ``sum_k (E(k) - E*(k)) / k`` over the levels ``k = 1..N`` of the
+    groups ``(n, e)`` (descending confidence), ``E*`` the oracle's errors (``max(k - N_c, 0)``).
+
+    ``E(k)`` as in the module docstring. A group of one row has one level, ``k = C_g`` with
+    ``E(k) = E_g``, taken as it is; the levels of the larger groups are expanded, ``2^22`` at a
+    time, so the memory stays bounded when ``N`` counts the pixels of a whole data set.
+    """
     cum_n, cum_e = np.cumsum(n), np.cumsum(e)
-    prev_n, prev_e = cum_n - n, cum_e - e
-    gid = np.repeat(np.arange(len(n)), n.astype(np.int64))
-    k = np.arange(1, int(cum_n[-1]) + 1, dtype=np.float64)
-    return prev_e[gid] + (k - prev_n[gid]) * (e / n)[gid]
+    n_correct = float(np.round(cum_n[-1])) - float(np.round(cum_e[-1]))
+    one = n == 1
+    parts = [(cum_n[one], cum_e[one])]
+    many = np.flatnonzero(~one)
+    if many.size:
+        n_m = n[many]
+        parts = itertools.chain(parts, _expanded_levels(n_m, cum_n[many] - n_m, cum_e[many] - e[many], e[many] / n_m))
+    risk = excess = 0.0
+    for k, big_e in parts:
+        risk += np.sum(big_e / k)
+        # term by term, so a perfect ranking (E(k) = E*(k), integers) gives exactly 0
+        excess += np.sum((big_e - np.maximum(k - n_correct, 0.0)) / k)
+    return float(risk), float(excess)
+
+
+def _expanded_levels(n, prev_n, prev_e, rate):
+    """``(k, E(k))`` for every level of the groups ``n`` (levels ``prev_n + 1 .. prev_n + n``),
+    ``E(k) = prev_e + j rate`` at the ``j``-th level of a group; ``2^22`` levels per item."""
+    cum = np.cumsum(n)
+    start = cum - n  # levels of the earlier groups, in this expansion
+    total = int(round(cum[-1]))
+    for lo in range(0, total, _LEVELS):
+        hi = min(lo + _LEVELS, total)
+        g0, g1 = np.searchsorted(cum, [lo + 1, hi], side="left")  # groups of expanded levels lo + 1 .. hi
+        rows = np.minimum(cum[g0 : g1 + 1], hi) - np.maximum(start[g0 : g1 + 1], lo)
+        gid = np.repeat(np.arange(g0, g1 + 1), rows.astype(np.int64))
+        j = np.arange(lo + 1, hi + 1, dtype=np.float64) - start[gid]  # 1..n_g inside its group
+        yield prev_n[gid] + j, prev_e[gid] + j * rate[gid]
+
+
+def _areas(n: np.ndarray, e: np.ndarray) -> dict[str, float]:
+    """AURC, E-AURC and AUGRC of the groups ``(n, e)`` (descending confidence), python floats."""
+    n_total = float(np.sum(n))
+    risk, excess = _level_sums(n, e)
+    prev_e = np.cumsum(e) - e
+    augrc = float(np.sum(n * prev_e + e * (n + 1) / 2) / n_total ** 2)
+    return {"aurc": risk / n_total, "eaurc": max(excess / n_total, 0.0), "augrc": augrc}
+
+
+def block_areas(values, count, correct) -> dict[str, float]:
+    """``{"aurc", "eaurc", "augrc"}`` (maximum-probability confidence) of the ascending tie blocks
+    of :func:`calibkit.functional.estimators.tie_blocks`: the metric panel's entries, with the
+    panel's one sort. Equal to :func:`aurc`, :func:`eaurc` and :func:`augrc` of the same rows."""
+    count = np.asarray(count, np.float64)
+    return _areas(count[::-1], (count - np.asarray(correct, np.float64))[::-1])
 
 
 def _out(value, probs) -> torch.Tensor:
@@ -147,9 +197,7 @@ def aurc(probs, labels, confidence=None, ignore_index: int | None = None) -> tor
     :func:`risk_coverage_curve`. Needs the sort of all confidences (not streamable in fixed memory).
     """
     _, n, e = _groups(*_rows(probs, labels, confidence, ignore_index))
-    big_e = _expected_errors(n, e)
-    k = np.arange(1, len(big_e) + 1, dtype=np.float64)
-    return _out(np.mean(big_e / k), probs)
+    return _out(_areas(n, e)["aurc"], probs)
 
 
 def eaurc(probs, labels, confidence=None, ignore_index: int | None = None) -> torch.Tensor:
@@ -162,12 +210,7 @@ def eaurc(probs, labels, confidence=None, ignore_index: int | None = None) -> to
     a random order of the tie would). A 0-dim float64 tensor; arguments as :func:`aurc`; needs the sort.
     """
     _, n, e = _groups(*_rows(probs, labels, confidence, ignore_index))
-    big_e = _expected_errors(n, e)
-    k = np.arange(1, len(big_e) + 1, dtype=np.float64)
-    n_correct = len(big_e) - float(np.round(e.sum()))
-    oracle = np.maximum(k - n_correct, 0.0)  # errors among the k first rows of the oracle ranking
-    # term by term, so a perfect ranking (E(k) = oracle(k), integers) gives exactly 0
-    return _out(max(float(np.mean((big_e - oracle) / k)), 0.0), probs)
+    return _out(_areas(n, e)["eaurc"], probs)
 
 
 def augrc(probs, labels, confidence=None, ignore_index: int | None = None) -> torch.Tensor:
@@ -180,9 +223,7 @@ def augrc(probs, labels, confidence=None, ignore_index: int | None = None) -> to
     ``[0, error rate]``; lower is better; needs the sort of all confidences.
     """
     _, n, e = _groups(*_rows(probs, labels, confidence, ignore_index))
-    prev_e = np.cumsum(e) - e
-    n_total = n.sum()
-    return _out(np.sum(n * prev_e + e * (n + 1) / 2) / n_total ** 2, probs)
+    return _out(_areas(n, e)["augrc"], probs)
 
 
 def selective_risk(probs, labels, coverage: float = 0.9, confidence=None,

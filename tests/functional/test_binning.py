@@ -244,3 +244,21 @@ def test_edges_and_bin_indices_keep_the_device():
         got = bin_indices(values, equal_width_edges(n_bins, torch.float32, META))
         assert got.device.type == "meta" and got.dtype == torch.int64 and got.shape == (12,)
     assert binning.equal_width_bins(values, 10).device.type == "meta"
+
+
+@pytest.mark.parametrize("decimals", [None, 2])
+def test_equal_mass_sums_from_sorted_blocks_equal_the_selection(decimals):
+    from calibkit.functional.binning import equal_mass_sums
+    from calibkit.functional.estimators import tie_blocks
+
+    g = torch.Generator().manual_seed(11)
+    conf = torch.rand(5003, generator=g, dtype=torch.float64)
+    if decimals is not None:  # tie blocks straddling the edges
+        conf = torch.round(conf * 10 ** decimals) / 10 ** decimals
+    correct = torch.rand(5003, generator=g) < 0.7
+    blocks = tie_blocks(conf, correct)
+    for n_bins in (1, 2, 15, 40):
+        want = equal_mass_sums(conf, correct, n_bins)
+        got = equal_mass_sums(conf, correct, n_bins, blocks=blocks)
+        for field in ("count", "conf", "correct"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), (n_bins, field)

@@ -243,3 +243,40 @@ def test_smece_of_many_blocks_goes_through_the_finest_grid_with_the_same_value(m
 def _top(p, y):
     conf, pred = p.max(1)
     return conf, pred == y
+
+
+def _blocks_by_loop(conf, correct, weight=None):
+    """Tie blocks with a dictionary: distinct confidence -> (count, correct)."""
+    seen = {}
+    for i, (c, a) in enumerate(zip(conf.tolist(), correct.tolist())):
+        if weight is not None and weight[i] == 0:
+            continue
+        n, s = seen.get(c, (0, 0))
+        seen[c] = (n + 1, s + int(a))
+    values = sorted(seen)
+    return (np.array(values), np.array([seen[v][0] for v in values], float),
+            np.array([seen[v][1] for v in values], float))
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "ties"])
+def test_tie_blocks_integer_keys_equal_a_loop_for_any_thread_count(kind):
+    g = torch.Generator().manual_seed(4)
+    conf = torch.rand(200_000, generator=g, dtype=torch.float64)  # more than 2^16 rows per thread
+    if kind == "float32":
+        conf = conf.float().double()
+    if kind == "ties":
+        conf = torch.round(conf * 30) / 30
+        conf[:5] = -0.0  # equal to 0.0: one block
+    correct = torch.rand(200_000, generator=g) < 0.6
+    weight = (torch.rand(200_000, generator=g) < 0.9).double()
+    before = torch.get_num_threads()
+    for w in (None, weight):
+        want = _blocks_by_loop(conf, correct, None if w is None else w.tolist())
+        # the argsort path (non-boolean correctness) gives the same blocks
+        assert all(np.array_equal(a, b) for a, b in zip(tie_blocks(conf, correct.double(), w), want))
+        try:
+            for threads in (1, 2, 5):
+                torch.set_num_threads(threads)
+                assert all(np.array_equal(a, b) for a, b in zip(tie_blocks(conf, correct, w), want)), threads
+        finally:
+            torch.set_num_threads(before)

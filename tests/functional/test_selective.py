@@ -292,3 +292,14 @@ def test_device_path_with_ignored_rows(monkeypatch):
     monkeypatch.setattr(panel, "_FORCE_TORCH_PATH", True)
     got = [float(aurc(p, y, ignore_index=-100)), float(aurc(p, y, confidence=score, ignore_index=-100))]
     assert got == pytest.approx(want, abs=1e-15)
+
+
+def test_levels_expanded_in_chunks_give_the_same_values(monkeypatch):
+    import calibkit.functional.selective as S
+
+    p, y = random_set(1000, 5, decimals=2)  # groups straddle the chunk boundaries
+    whole = {f.__name__: float(f(p, y)) for f in (aurc, eaurc, augrc)}
+    monkeypatch.setattr(S, "_LEVELS", 7)
+    chunked = {f.__name__: float(f(p, y)) for f in (aurc, eaurc, augrc)}
+    for key in whole:
+        assert chunked[key] == pytest.approx(whole[key], abs=1e-14), key
