@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calibkit.errors import UserError
 from calibkit._validation import as_tensor, check_n_bins, check_probs
+from calibkit.errors import UserError
 from calibkit.functional.binning import (
     BinSums,
     binned_errors,
