@@ -485,7 +485,8 @@ def _pretrained_presets() -> dict[str, Preset]:
 
     out = {}
     for name, values in PRETRAINED_PRESETS.items():
-        methods = TEXT_METHODS if values.get("methods") == "text" else values.get("methods")
+        methods = {"text": TEXT_METHODS, "image-without-csm": tuple(m for m in METHODS if m != "csm")}.get(
+            values.get("methods"), values.get("methods"))
         out[name] = Preset(name=name, **{**values, "methods": methods})
     return out
 

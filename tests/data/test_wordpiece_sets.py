@@ -27,10 +27,10 @@ def test_same_documents_and_splits_in_wordpiece_ids(tmp_path, monkeypatch):
     docs, _ = D.read_documents(folder, SECTIONS)
     labels = np.array([SECTIONS.index(d.section) for d in docs])
     _, _, te = D.class_split(labels, 3, 0.3, 0.2, 10)
-    want = WordPieceTokenizer(16).encode([docs[i].text for i in te])
+    want = WordPieceTokenizer(64).encode([docs[i].text for i in te])  # debian-minilm: 64 ids
     assert torch.equal(pieces.test.images, want)
     assert pieces.in_channels == 30522 and pieces.modality == "text"
-    assert pieces.record["vocab_checksum"] == WordPieceTokenizer(16).checksum()
+    assert pieces.record["vocab_checksum"] == WordPieceTokenizer(64).checksum()
     assert pieces.record["test_checksum"] == words.record["test_checksum"]
 
 
@@ -41,7 +41,7 @@ def test_load_gives_a_bundle_the_minilm_model_takes(tmp_path, monkeypatch):
     folder = write_synthetic_index(tmp_path / "lists", per_section=12)
     monkeypatch.setattr(D, "SECTIONS", SECTIONS)
     bundle = load("debian-minilm", data_dir=str(folder))
-    assert bundle.vocab.length == 128 and bundle.train.images.shape[1] == 128
+    assert bundle.vocab.length == 64 and bundle.train.images.shape[1] == 64
     model = build("minilm", num_classes=bundle.num_classes, in_channels=bundle.in_channels).eval()
     with torch.no_grad():
         assert model(bundle.val.images[:2]).shape == (2, 3)
