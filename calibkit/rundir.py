@@ -312,15 +312,20 @@ def load_info(run_dir) -> dict:
 
 
 def load_vocab(run_dir):
-    """The :class:`~calibkit.data.tokenizer.Vocabulary` of a text run (``vocab.json``), to encode new
+    """The :class:`~calibkit.data.tokenizer.Vocabulary` (or, for ``debian-minilm`` runs, the
+    :class:`~calibkit.data.wordpiece.WordPieceTokenizer`) of a text run (``vocab.json``), to encode new
     texts exactly as its training texts were: ``predict_logits(model, vocab.encode(texts), info)``."""
     from calibkit.data.tokenizer import Vocabulary
+    from calibkit.data.wordpiece import KIND, WordPieceTokenizer
 
     path = _check_run_dir(run_dir) / VOCAB
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (only text runs have a vocabulary)")
     try:
-        return Vocabulary.from_dict(read_json(path))
+        values = read_json(path)
+        if values.get("kind") == KIND:  # the pretrained minilm tokenizer (calibkit[pretrained])
+            return WordPieceTokenizer.from_dict(values)
+        return Vocabulary.from_dict(values)
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{path}: not a valid vocabulary ({exc})") from exc
 

@@ -478,3 +478,18 @@ def with_keep(preset: Preset, keep: str | None) -> Preset:
 def with_overrides(preset: Preset, **changes) -> Preset:
     """A copy of ``preset`` with some fields replaced (e.g. ``seeds`` from the command line)."""
     return replace(preset, **changes)
+
+
+def _pretrained_presets() -> dict[str, Preset]:
+    """The presets of the pretrained backbones (:mod:`calibkit.bench.pretrained_presets`)."""
+    from calibkit.bench.pretrained_presets import PRETRAINED_PRESETS
+
+    out = {}
+    for name, values in PRETRAINED_PRESETS.items():
+        methods = {"text": TEXT_METHODS, "image-without-csm": tuple(m for m in METHODS if m != "csm")}.get(
+            values.get("methods"), values.get("methods"))
+        out[name] = Preset(name=name, **{**values, "methods": methods})
+    return out
+
+
+PRESETS.update(_pretrained_presets())

@@ -67,6 +67,10 @@ def register(subparsers) -> None:
                    help="random crop/flip as the data set allows (default on)")
     g.add_argument("--keep", metavar="POLICY", help="checkpoint policy, which epoch's weights the run keeps: "
                    "best-acc (default), best-nll, best-ece or last")
+    g.add_argument("--finetune", metavar="PART", help="pretrained models: what is trained, all (default), head "
+                   "(the backbone frozen) or last:N (the head and the last N backbone blocks)")
+    g.add_argument("--backbone-lr-scale", type=float, metavar="S",
+                   help="pretrained models: the backbone learns at S x lr (default 0.1)")
     g = p.add_argument_group("loss and method")
     g.add_argument("--loss", metavar="SPEC", help='loss spec, e.g. ce, "mbls:margin=6", "fedlas_ls:alpha=0.05" (default ce)')
     g.add_argument("--method", help="standard, mixup, regmixup, csm, or maccal (stage 1 standard, then MaC-Cal "
@@ -111,7 +115,7 @@ def register(subparsers) -> None:
 FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "csm_weight", "csm_per_real",
           "csm_loss", "epochs", "batch_size", "lr", "optimizer", "momentum", "weight_decay", "schedule", "milestones",
           "gamma", "grad_clip", "amp", "seed", "val_size", "train_subset", "augment", "keep", "eval_batch_size",
-          "device", "num_threads", "compile", "channels_last", "checkpoint_every")
+          "device", "num_threads", "compile", "channels_last", "checkpoint_every", "finetune", "backbone_lr_scale")
 
 
 def run(args) -> int:

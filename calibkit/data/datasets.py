@@ -19,7 +19,7 @@ from .scenes import SCENES_VAL, read_scenes
 from .segmentation import load_segmentation
 from .svhn import read_svhn
 from .tensors import read_tensors_file
-from .textsets import read_20newsgroups, read_debian
+from .textsets import read_20newsgroups, read_debian, read_debian_minilm
 from .voc import read_voc
 
 from calibkit.errors import UserError
@@ -98,6 +98,11 @@ DATASETS: dict[str, DatasetSpec] = {
     "debian": DatasetSpec(
         read=read_debian, default_dir=debian.APT_LISTS, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
         how_to_get=debian.HOW_TO_GET, modality="text",
+    ),
+    # the same documents in the token ids of the pretrained minilm model (calibkit[pretrained])
+    "debian-minilm": DatasetSpec(
+        read=read_debian_minilm, default_dir=debian.APT_LISTS, needs_dir=True, val_size=0, hflip=False,
+        crop_pad=0, how_to_get=debian.HOW_TO_GET, modality="text",
     ),
     "20newsgroups": DatasetSpec(
         read=read_20newsgroups, default_dir=None, needs_dir=True, val_size=0, hflip=False, crop_pad=0,

@@ -5,6 +5,8 @@ contract: ``model.forward_features(x)`` returns (N, D), ``model.head`` is ``nn.L
 ``model(x) == model.head(model.forward_features(x))`` -- FeDLaS reads the features, MaC-Cal
 retrains the head. Models that take int64 token ids ``(N, L)`` instead of images have
 ``input_kind = "tokens"`` (:func:`input_kind`); for them ``in_channels`` is the vocabulary size.
+Models with a pretrained backbone (:data:`PRETRAINED_MODELS`, installed with
+``pip install calibkit[pretrained]``) also have ``backbone_blocks()`` (:mod:`calibkit.models.pretrained`).
 Segmentation models (``model.dense`` is True) keep the spatial axes: features (N, D, H, W),
 ``head`` an ``nn.Conv2d(D, K, 1)``, logits (N, K, H, W).
 
@@ -17,6 +19,8 @@ Segmentation models (``model.dense`` is True) keep the spatial axes: features (N
 from __future__ import annotations
 
 from .densenet import densenet121
+from .efficientnet_lite import efficientnet_lite0
+from .minilm import minilm
 from .resnet import resnet8, resnet20, resnet32, resnet50, resnet56, resnet101, resnet110
 from .segnet import deeplabv3_resnet50, unet
 from .small import cnn, mlp
@@ -44,10 +48,16 @@ MODELS = {
     # text: token ids (N, L); in_channels = vocabulary size
     "gpool_cnn": gpool_cnn,
     "gpool_cnn_small": gpool_cnn_small,
+    # pretrained backbones, new linear head (calibkit[pretrained]; see pretrained.py)
+    "efficientnet_lite0": efficientnet_lite0,
+    "minilm": minilm,
     # semantic segmentation (dense: features (N, D, H, W), 1x1-conv head; see segnet.py)
     "unet": unet,
     "deeplabv3_resnet50": deeplabv3_resnet50,
 }
+
+# Names of the models with a pretrained backbone (``backbone_blocks()``; TrainConfig.finetune).
+PRETRAINED_MODELS = frozenset({"efficientnet_lite0", "minilm"})
 
 # Names of the dense (segmentation) models; each has ``model.dense == True``.
 DENSE_MODELS = frozenset({"unet", "deeplabv3_resnet50"})
@@ -90,4 +100,4 @@ def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["DENSE_MODELS", "MODELS", "build", "input_kind", "num_parameters", "resolve"]
+__all__ = ["DENSE_MODELS", "MODELS", "PRETRAINED_MODELS", "build", "input_kind", "num_parameters", "resolve"]

@@ -43,6 +43,7 @@ from calibkit.config import TrainConfig
 from calibkit.errors import UserError, UserRuntimeError
 from calibkit.train import preempt
 from calibkit.train.keep import Keeper
+from calibkit.train.optim import build_optimizer, set_lr
 from calibkit.train.schedule import learning_rate
 from calibkit.train.steps import EpochGenerators, EpochSums, build_step
 
@@ -199,12 +200,9 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     loss_fn = losses.build(cfg.loss, num_classes=K).to(dev)
     inputs = inputs_for(bundle, cfg.augment)
     step = build_step(cfg, loss_fn, K, inputs, cfg.seed)
-    # The loss's own parameters (FeDLaS's gate) share the optimizer, lr, wd and schedule.
-    params = list(model.parameters()) + list(loss_fn.parameters())
-    if cfg.optimizer == "adam":
-        optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    else:
-        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    # The loss's own parameters (FeDLaS's gate) share the optimizer, lr, wd and schedule; a pretrained
+    # backbone trains as cfg.finetune says, at cfg.backbone_lr_scale x lr (calibkit.train.optim).
+    optimizer = build_optimizer(cfg, model, loss_fn)
     net = _WithFeatures(model)
     if dd.enabled:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -251,8 +249,7 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
         idx = order_dev[step * b:(step + 1) * b]
         x, y = run.inputs.train_batch(run.train_x[idx], run.train_y[idx], gens.aug)
         lr = learning_rate(cfg, epoch + step / steps)
-        for group in run.optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(run.optimizer, lr)
         # The losses check their inputs' values on the first batch of the epoch only.
         checks = _validation.trusted_inputs() if step else contextlib.nullcontext()
         with amp(), checks:

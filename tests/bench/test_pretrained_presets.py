@@ -1,0 +1,62 @@
+"""The presets of the pretrained backbones: declared as documented, and their smoke twins end to end."""
+
+import subprocess
+import sys
+
+import pytest
+
+from calibkit.bench.grid import IMAGE_ONLY, METHODS, PRESETS, TEXT_METHODS, grid_methods
+from tests.helpers.text_index import write_synthetic_index
+from tests.models.pretrained_skip import needs_efficientnet, needs_minilm
+
+
+def _bench(args, env, timeout=900):
+    return subprocess.run([sys.executable, "-m", "calibkit", "bench", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", ["text-pretrained", "fmnist-pretrained"])
+def test_full_and_smoke_presets_share_their_settings(name):
+    full, smoke = PRESETS[name], PRESETS[f"{name}-smoke"]
+    assert full.seeds == (0, 1) and smoke.train["epochs"] == 1
+    assert full.model == smoke.model and full.train["finetune"] == smoke.train["finetune"]
+    assert full.train["finetune"] == ("last:2" if name.startswith("text") else "all")
+    keys = set(full.train) - {"epochs", "train_subset", "val_size"}
+    assert {k: full.train[k] for k in keys} == {k: smoke.train[k] for k in keys}
+    if name.startswith("text"):  # every text method
+        assert full.dataset == "debian-minilm" and grid_methods(full) == (list(TEXT_METHODS), [])
+    else:  # every image method
+        assert full.dataset == "fmnist" and grid_methods(full) == (list(METHODS), [])
+        # the smoke twin runs on digits, for which no CSM generated set ships: every other method
+        assert grid_methods(smoke) == ([m for m in METHODS if m != "csm"], [])
+        assert set(IMAGE_ONLY) - {"csm"} <= set(smoke.methods)
+
+
+def _check_rows(out, preset, methods):
+    from calibkit.store import Store
+
+    rows = {row["method"]: row for row in Store(out / "runs.db", readonly=True).runs(preset)}
+    assert set(rows) == set(methods)
+    for method, row in rows.items():
+        assert row["status"] == "done", (method, row.get("error"))
+        m = row["metrics"]
+        assert 0 <= m["before"]["ece"] <= 1 and 0 <= m["after"]["ece"] <= 1 and m["temperature"] > 0
+
+
+@needs_minilm
+@pytest.mark.slow
+def test_text_pretrained_smoke_end_to_end(tmp_path, cli_env):
+    index = write_synthetic_index(tmp_path / "lists", per_section=10)
+    out = tmp_path / "bench"
+    r = _bench(["--preset", "text-pretrained-smoke", "--data-dir", str(index), "--out", str(out)], cli_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _check_rows(out, "text-pretrained-smoke", TEXT_METHODS)
+
+
+@needs_efficientnet
+@pytest.mark.slow
+def test_fmnist_pretrained_smoke_end_to_end(tmp_path, cli_env):
+    out = tmp_path / "bench"
+    r = _bench(["--preset", "fmnist-pretrained-smoke", "--out", str(out)], cli_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    _check_rows(out, "fmnist-pretrained-smoke", [m for m in METHODS if m != "csm"])
