@@ -18,9 +18,11 @@ every ``lambda = 1``).
    convex; calibkit minimises it with its L-BFGS (:func:`calibkit.calibrators._base.lbfgs`) from
    the identity map (``v = 0``, ``D = 0``, ``b = 0``), float64, on the logits' device.
 
-Warm start (``fit(z, y, init=fitted)``): L-BFGS starts from ``fitted``'s map (the preprocessing is
-fitted afresh); the objective being strictly convex, the start changes the iterations, not the
-solution beyond the optimiser's tolerance. Binary ``(N,)`` scores are fitted as the two-class
+Warm start: ``fit(z, y, init=fitted)`` ignores ``fitted`` (every fit starts from the identity).
+The start is already close to the solution (the strengths keep the map near the identity): on 3,000
+rows at K = 4, SMS started from the fit on all rows took 41 iterations against 38 from the
+identity, so a warm start saves nothing, while a start fitted on all validation rows would carry
+each held-out fold into a cross-fitted fit that stops at ``max_iter``. Binary ``(N,)`` scores are fitted as the two-class
 logits ``(0, z)`` with the same definition (``probmetrics`` uses other maps for binary problems).
 """
 
@@ -73,13 +75,6 @@ class _Structured(Calibrator):
     def _fit(self, z, y):
         k = z.shape[1]
         self._fit_at(z, y, torch.zeros(self._n_params(k), dtype=z.dtype, device=z.device))
-
-    def _fit_from(self, z, y, init):
-        k = z.shape[1]
-        eye = torch.eye(k, dtype=z.dtype, device=z.device)
-        w = init.weight_.to(dtype=z.dtype, device=z.device)
-        delta = w - (eye if w.dim() == 2 else 1.0)
-        self._fit_at(z, y, torch.cat([delta.reshape(-1), init.bias_.to(dtype=z.dtype, device=z.device)]))
 
     def _fit_at(self, z, y, x0):
         x = self._prepare(z, y)
