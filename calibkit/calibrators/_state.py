@@ -162,8 +162,9 @@ def _structured(state, params, k, matrix):
     _affine(state, k, matrix)
     names = ("intercept", "diagonal") + (("off_diagonal",) if matrix else ())
     reg = state["reg_"]
-    if not isinstance(reg, dict) or set(reg) != set(names) or not all(
-            not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in reg.values()):
+    numbers = isinstance(reg, dict) and all(not isinstance(v, bool) and isinstance(v, (int, float))
+                                            and math.isfinite(v) and v >= 0 for v in reg.values())
+    if not numbers or set(reg) != set(names):
         raise StateError("reg_", f"must map {', '.join(names)} to finite numbers >= 0, got {_show(reg)}")
 
 

@@ -73,8 +73,9 @@ def fit_logistic(x: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, w0: torch
     Newton steps ``-H^-1 g`` per regression (``H`` plus ``1e-12 I``, so a flat direction of
     separable data stays solvable), each halved until the Armijo condition holds for that
     regression (the linear predictor moves linearly with the step, so a trial costs no product
-    with ``x``; a regression whose gradient is already within ``tol`` takes no step). Stops when every gradient entry is at most ``tol`` or no regression's loss moves
-    by more than ``1e-15`` relative. Returns ``(w (G, P), iterations)``. Deterministic.
+    with ``x``; a regression whose gradient is already within ``tol`` takes no step). Stops when
+    every gradient entry is at most ``tol`` or no regression's loss moves by more than ``1e-15``
+    relative. Returns ``(w (G, P), iterations)``. Deterministic.
     """
     g, p, n = x.shape
     m = mask.to(x.dtype)

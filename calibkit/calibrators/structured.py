@@ -22,8 +22,9 @@ Warm start: ``fit(z, y, init=fitted)`` ignores ``fitted`` (every fit starts from
 The start is already close to the solution (the strengths keep the map near the identity): on 3,000
 rows at K = 4, SMS started from the fit on all rows took 41 iterations against 38 from the
 identity, so a warm start saves nothing, while a start fitted on all validation rows would carry
-each held-out fold into a cross-fitted fit that stops at ``max_iter``. Binary ``(N,)`` scores are fitted as the two-class
-logits ``(0, z)`` with the same definition (``probmetrics`` uses other maps for binary problems).
+each held-out fold into a cross-fitted fit that stops at ``max_iter``. Binary ``(N,)`` scores are
+fitted as the two-class logits ``(0, z)`` with the same definition (``probmetrics`` uses other
+maps for binary problems).
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def test_tied_scores_stay_in_one_bin():
     torch.testing.assert_close(cal.predict_proba(zt), expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kwargs,match", [({"c": 0.5}, "c must be >= 1"), ({"ess": 0.0}, "ess must be a finite number > 0"),
+@pytest.mark.parametrize("kwargs,match", [({"c": 0.5}, "c must be >= 1"),
+                                          ({"ess": 0.0}, "ess must be a finite number > 0"),
                                           ({"ess": float("nan")}, "ess must be")])
 def test_bad_hyperparameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
