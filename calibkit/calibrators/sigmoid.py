@@ -79,7 +79,7 @@ def fit_logistic(x: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, w0: torch
     """
     g, p, n = x.shape
     m = mask.to(x.dtype)
-    w = w0 * m
+    w = torch.where(mask, w0, 0.0)
     eye = torch.eye(p, dtype=x.dtype, device=x.device)
     eta = _eta(x, w)
     f = _loss(eta, t)
@@ -191,9 +191,11 @@ class BetaCalibration(_OneVsRestSigmoid):
     Fitted, as in the paper, by logistic regression on the features ``(ln p_k, -ln(1 - p_k))``
     (unregularised, hard targets; module docstring), with ``a, b >= 0`` enforced the paper's way:
     when the fit gives ``a < 0`` it is refitted without the first feature (``a = 0``); otherwise,
-    when it gives ``b < 0``, without the second (``b = 0``). Only one feature is ever dropped (the
-    authors' ``betacal`` package checks ``a`` first, then ``b``, and does not check the refit), so
-    the kept coefficient of a refit is whatever its regression gives. ``ln p`` and ``ln(1 - p)``
+    when it gives ``b < 0``, without the second (``b = 0``), as the authors' ``betacal`` package
+    does (``a`` checked first). ``betacal`` does not check the refit; calibkit does: where the kept
+    coefficient of a refit is negative too, it is dropped as well and the map is the constant
+    ``sigmoid(c)`` (the class's frequency), so ``a, b >= 0`` always holds and every map is
+    non-decreasing in ``p``, as the paper requires. ``ln p`` and ``ln(1 - p)``
     are computed from the logits (:func:`log_probs`), finite even where ``p`` rounds to 0 or 1.
 
     Args:
@@ -215,14 +217,15 @@ class BetaCalibration(_OneVsRestSigmoid):
     def _solve(self, x, t):
         mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         w, it = fit_logistic(x, t, mask, self._identity.to(x).expand(x.shape[:2]), self.max_iter)
-        drop_a = w[:, 0] < 0
-        drop_b = ~drop_a & (w[:, 1] < 0)
-        if not bool((drop_a | drop_b).any()):
-            return w, it
-        mask[:, 0] = ~drop_a
-        mask[:, 1] = ~drop_b
-        again = drop_a | drop_b
-        w2, it2 = fit_logistic(x[again], t[again], mask[again], w[again], self.max_iter)
-        w = w.clone()
-        w[again] = w2
-        return w, it + it2
+        for _ in range(2):  # drop a (or else b) where negative, refit; a second pass drops the other
+            negative = w[:, :2] < 0
+            drop = negative & ~(negative[:, :1] & torch.tensor([False, True], device=x.device))  # a first
+            again = drop.any(1)
+            if not bool(again.any()):
+                break
+            mask[:, :2] &= ~drop
+            w2, it2 = fit_logistic(x[again], t[again], mask[again], w[again], self.max_iter)
+            w = w.clone()
+            w[again] = w2
+            it += it2
+        return w, it

@@ -91,6 +91,19 @@ def test_beta_refits_without_the_feature_whose_coefficient_is_negative():
     np.testing.assert_allclose(cal.predict_proba(z).numpy(), ref, atol=1e-6)
 
 
+def test_beta_drops_the_second_feature_too_when_its_refit_is_negative():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 4, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 4, (300,), generator=g)  # labels unrelated to the scores
+    cal = BetaCalibration().fit(z, y)
+    assert (cal.coef_[:, :2] >= 0).all()
+    both = (cal.coef_[:, :2] == 0).all(1)
+    assert both.any()  # this draw has a class whose map is constant
+    k = int(torch.nonzero(both)[0])
+    freq = (y == k).double().mean()
+    assert torch.sigmoid(cal.coef_[k, 2]).item() == pytest.approx(freq.item(), abs=1e-9)  # its frequency
+
+
 def test_beta_one_class_of_the_one_vs_rest_is_sklearn():
     z, y = _multiclass(k=5)
     cal = BetaCalibration().fit(z, y)
