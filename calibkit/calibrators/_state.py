@@ -18,7 +18,15 @@ finite, and its range:
 * isotonic: ``knots_x_``, ``knots_y_`` ``(G, L)`` (``G = 1`` with ``irm``, else ``K``), ``knots_x_``
   non-decreasing, ``knots_y_`` in ``[0, 1]``, ``n_knots_`` ``(G,)`` int64 in ``[1, L]``;
 * spline: ``coef_`` ``(n_knots,)``, ``knots_x_``, ``knots_y_`` ``(1, L)`` finite with
-  ``knots_x_`` non-decreasing, ``n_knots_`` ``(1,)`` int64 in ``[1, L]``.
+  ``knots_x_`` non-decreasing, ``n_knots_`` ``(1,)`` int64 in ``[1, L]``;
+* Platt / beta: ``coef_`` ``(G, 2)`` / ``(G, 3)`` finite (``G = K``, 1 when ``K = 2``), beta's
+  ``a, b >= 0``; ``n_iter_`` an integer >= 0;
+* BBQ: ``n_bins_`` ``(M,)`` int64 >= 1, ``weights_`` ``(G, M)`` >= 0 with rows summing to 1
+  (within 1e-9), ``knots_`` ``(G, E)`` non-decreasing in ``[0, 1]`` with ``E = sum (B - 1)``,
+  ``levels_`` ``(G, E + 1)`` in ``[0, 1]``;
+* SVS / SMS: ``temperature_`` > 0, ``mix_`` in ``(0, 1)``, ``weight_`` ``(K,)`` / ``(K, K)``,
+  ``bias_`` ``(K,)`` finite, ``reg_`` a mapping of the penalty names to finite numbers >= 0,
+  ``n_iter_`` an integer >= 0.
 """
 
 from __future__ import annotations
@@ -127,6 +135,39 @@ def _scaling_binning(state, params, k):
     _bins(state, k, params["n_bins"])
 
 
+def _sigmoid(state, params, k, n_coef):
+    coef = _tensor(state, "coef_", (1 if k == 2 else k, n_coef))
+    if n_coef == 3 and bool((coef[:, :2] < 0).any()):
+        raise StateError("coef_", "beta calibration's a and b must be >= 0")
+    _integer(state, "n_iter_", 0)
+
+
+def _bbq(state, params, k):
+    groups = 1 if k == 2 else k
+    n_bins = state["n_bins_"]
+    models = n_bins.shape[0] if isinstance(n_bins, torch.Tensor) and n_bins.dim() == 1 else 0
+    n_bins = _tensor(state, "n_bins_", (models,), dtype=torch.int64, lo=1)
+    w = _tensor(state, "weights_", (groups, models), lo=0.0)
+    if models == 0 or float((w.sum(1) - 1).abs().max()) > 1e-9:
+        raise StateError("weights_", "each row must sum to 1")
+    n_edges = int((n_bins - 1).sum())
+    _tensor(state, "knots_", (groups, n_edges), lo=0.0, hi=1.0, rows_sorted=True)
+    _tensor(state, "levels_", (groups, n_edges + 1), lo=0.0, hi=1.0)
+
+
+def _structured(state, params, k, matrix):
+    _number(state, "temperature_", positive=True)
+    if _number(state, "mix_", positive=True) >= 1:
+        raise StateError("mix_", f"must be below 1, got {_show(state['mix_'])}")
+    _affine(state, k, matrix)
+    names = ("intercept", "diagonal") + (("off_diagonal",) if matrix else ())
+    reg = state["reg_"]
+    numbers = isinstance(reg, dict) and all(not isinstance(v, bool) and isinstance(v, (int, float))
+                                            and math.isfinite(v) and v >= 0 for v in reg.values())
+    if not numbers or set(reg) != set(names):
+        raise StateError("reg_", f"must map {', '.join(names)} to finite numbers >= 0, got {_show(reg)}")
+
+
 _CHECKS = {
     "temperature": _temperature,
     "vector": lambda state, params, k: _affine(state, k, matrix=False),
@@ -137,6 +178,11 @@ _CHECKS = {
     "isotonic": lambda state, params, k: _knots(state, 1 if params["irm"] else k, (0.0, 1.0)),
     "spline": lambda state, params, k: (_tensor(state, "coef_", (params["n_knots"],)), _knots(state, 1, (None, None))),
     "scaling_binning": _scaling_binning,
+    "platt": lambda state, params, k: _sigmoid(state, params, k, 2),
+    "beta": lambda state, params, k: _sigmoid(state, params, k, 3),
+    "bbq": _bbq,
+    "svs": lambda state, params, k: _structured(state, params, k, matrix=False),
+    "sms": lambda state, params, k: _structured(state, params, k, matrix=True),
 }
 
 

@@ -3,10 +3,13 @@ read it without importing the package that imports ``io``)."""
 
 from __future__ import annotations
 
+from calibkit.calibrators.bbq import BBQ
 from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
+from calibkit.calibrators.sigmoid import BetaCalibration, PlattScaling
 from calibkit.calibrators.spline import SplineCalibration
+from calibkit.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 from calibkit.calibrators.temperature import TemperatureScaling
 
 __all__ = ["CALIBRATORS"]
@@ -22,4 +25,9 @@ CALIBRATORS = {
     "isotonic": IsotonicCalibration,
     "spline": SplineCalibration,
     "scaling_binning": ScalingBinning,
+    "platt": PlattScaling,
+    "beta": BetaCalibration,
+    "bbq": BBQ,
+    "svs": StructuredVectorScaling,
+    "sms": StructuredMatrixScaling,
 }

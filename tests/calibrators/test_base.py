@@ -18,7 +18,7 @@ def _data(seed=0, n=400, k=5, scale=2.0, sharpen=2.5):
 
 def test_registry_is_the_documented_table():
     assert NAMES == ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "spline",
-                     "scaling_binning"]
+                     "scaling_binning", "platt", "beta", "bbq", "svs", "sms"]
 
 
 @pytest.mark.parametrize("name", NAMES)

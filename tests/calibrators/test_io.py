@@ -38,7 +38,7 @@ def test_bad_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="calibrator file not found: .*nope.json"):
         load(tmp_path / "nope")
     meta = json.loads(js.read_text())
-    for broken, match in ((dict(meta, calibrator="platt"), "unknown calibrator 'platt'; expected one of temperature"),
+    for broken, match in ((dict(meta, calibrator="nope"), "unknown calibrator 'nope'; expected one of temperature"),
                           (dict(meta, format="x"), "not a calibkit calibrator file"),
                           (dict(meta, tensors=meta["tensors"] + ["extra_"]), "lacks the tensor"),
                           (dict(meta, state={}), "saved state lacks")):
@@ -95,6 +95,10 @@ TENSOR_CASES = [
     ("isotonic", "knots_y_", lambda t: -t - 1, "must be in [0.0, 1.0], found"),
     ("spline", "coef_", lambda t: torch.cat([t, t]), "must be a float64 tensor of shape (6,), got float64 of shape (12,)"),
     ("spline", "knots_x_", _nan_at((0, 3)), "holds 1 NaN or infinite value(s)"),
+    ("beta", "coef_", lambda t: -t.abs() - 1, "beta calibration's a and b must be >= 0"),
+    ("bbq", "knots_", lambda t: t.flip(1), "must be non-decreasing along each row"),
+    ("bbq", "weights_", lambda t: t * 2, "each row must sum to 1"),
+    ("sms", "weight_", _nan_at((0, 1)), "holds 1 NaN or infinite value(s)"),
 ]
 
 
@@ -123,6 +127,11 @@ JSON_CASES = [
     ("temperature", ("state", "extra_"), 1, "unknown state field(s) extra_ (a temperature calibrator has "),
     ("vector", ("state",), [], 'invalid "state": must be a JSON object, got []'),
     ("vector", ("tensors",), "weight_", 'invalid "tensors": must be a JSON list of names, got "weight_"'),
+    ("svs", ("state", "reg_"), {"intercept": -1.0, "diagonal": 0.0},
+     "invalid reg_: must map intercept, diagonal to finite numbers >= 0, got "),
+    ("sms", ("state", "mix_"), 1.5, "invalid mix_: must be below 1, got 1.5"),
+    ("platt", ("params", "max_iter"), 0, "invalid hyperparameters (max_iter must be an integer >= 1, got 0)"),
+    ("bbq", ("params", "c"), 0.5, "invalid hyperparameters (c must be >= 1"),
 ]
 
 

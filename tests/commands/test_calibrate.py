@@ -132,17 +132,17 @@ def test_bad_input_one_line_exit_1_nothing_written(files, capsys):
         import re
         assert re.search(match, err), (match, err)
         assert not out.exists()
-    for extra, match in ((["--calibrators", "platt"], "unknown calibrator 'platt'; expected one of temperature"),
-                         (["--save", "platt"], "--save 'platt': not among"),
+    for extra, match in ((["--calibrators", "nope"], "unknown calibrator 'nope'; expected one of temperature"),
+                         (["--save", "nope"], "--save 'nope': not among"),
                          (["--n-boot", "0"], "--n-boot must be >= 1")):
         rc = main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out",
                    str(tmp / "never"), *extra])
         err = capsys.readouterr().err
         assert rc == 1 and match in err and not (tmp / "never").exists()
-    (tmp / "odd.json").write_text(json.dumps({"format": "calibkit-calibrator", "calibrator": "platt"}))
+    (tmp / "odd.json").write_text(json.dumps({"format": "calibkit-calibrator", "calibrator": "nope"}))
     (tmp / "odd.safetensors").write_bytes(b"")
     for extra, match in ((["--calibrator", str(tmp / "nothing"), "--out", str(tmp / "a.npz")], "not found"),
-                         (["--calibrator", str(tmp / "odd"), "--out", str(tmp / "a.npz")], "unknown calibrator 'platt'"),
+                         (["--calibrator", str(tmp / "odd"), "--out", str(tmp / "a.npz")], "unknown calibrator 'nope'"),
                          (["--calibrator", str(tmp / "nothing"), "--out", str(tmp / "a.txt")], "must name an .npz")):
         rc = main(["apply", "--input", str(tmp / "test.npz"), *extra])
         err = capsys.readouterr().err
