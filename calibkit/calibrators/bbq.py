@@ -33,6 +33,7 @@ import math
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
 
 __all__ = ["BBQ", "bin_range"]
@@ -146,9 +147,9 @@ class BBQ(Calibrator):
         for name in ("c", "ess"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+                raise UserError(f"{name} must be a finite number > 0, got {v!r}")
         if self.c < 1:
-            raise ValueError(f"c must be >= 1 (B runs from N^(1/3) / c to c N^(1/3)), got {self.c!r}")
+            raise UserError(f"c must be >= 1 (B runs from N^(1/3) / c to c N^(1/3)), got {self.c!r}")
 
     def _fit(self, z, y):
         k = z.shape[1]

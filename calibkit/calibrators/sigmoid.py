@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.errors import UserError
 
 __all__ = ["PlattScaling", "BetaCalibration", "fit_logistic", "ovr_logits", "log_probs"]
 
@@ -119,7 +120,7 @@ def fit_logistic(x: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, w0: torch
 
 def _check_max_iter(max_iter) -> None:
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+        raise UserError(f"max_iter must be an integer >= 1, got {max_iter!r}")
 
 
 class _OneVsRestSigmoid(Calibrator):

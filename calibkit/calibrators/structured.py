@@ -36,6 +36,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs
 from calibkit.calibrators.temperature import _fit_nll
+from calibkit.errors import UserError
 
 __all__ = ["StructuredVectorScaling", "StructuredMatrixScaling", "ts_mix_features"]
 
@@ -49,7 +50,7 @@ def ts_mix_features(z: torch.Tensor, temperature: float, eps: float) -> torch.Te
 
 def _check_lambda(v, name: str) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        raise UserError(f"{name} must be a finite number >= 0, got {v!r}")
 
 
 class _Structured(Calibrator):
@@ -60,7 +61,7 @@ class _Structured(Calibrator):
             if name.startswith("lambda_"):
                 _check_lambda(getattr(self, name), name)
         if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, int) or self.max_iter < 1:
-            raise ValueError(f"max_iter must be an integer >= 1, got {self.max_iter!r}")
+            raise UserError(f"max_iter must be an integer >= 1, got {self.max_iter!r}")
 
     def _prepare(self, z, y) -> torch.Tensor:
         n, k = z.shape
