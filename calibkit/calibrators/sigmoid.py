@@ -29,7 +29,9 @@ __all__ = ["PlattScaling", "BetaCalibration", "fit_logistic", "ovr_logits", "log
 
 
 def log_probs(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log p, log(1 - p))`` of ``p = softmax(z)`` ``(N, K)``, both finite and accurate near 0 and 1.
+    """The log-probabilities and log-complements of the softmax, finite and accurate near 0 and 1.
+
+    Returns ``(log p, log(1 - p))`` of ``p = softmax(z)``, each ``(N, K)``.
 
     ``1 - p_k`` is summed from the other classes' terms (for the largest class, without it), so
     no cancellation: ``log(1 - p)`` of a class with ``p = 1 - 1e-20`` is about ``-46``, not ``-inf``.
@@ -46,8 +48,10 @@ def log_probs(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ovr_logits(z: torch.Tensor) -> torch.Tensor:
-    """``logit(p_k) = log(p_k / (1 - p_k))`` of ``p = softmax(z)``, ``(N, K)``; for the two-class
-    logits ``(0, z)`` of a binary score, column 1 is ``z`` itself."""
+    """The one-vs-rest logit of every class of the softmax, ``(N, K)``.
+
+    ``logit(p_k) = log(p_k / (1 - p_k))`` of ``p = softmax(z)``; for the two-class logits
+    ``(0, z)`` of a binary score, column 1 is ``z`` itself."""
     log_p, log_q = log_probs(z)
     return log_p - log_q
 
@@ -62,8 +66,9 @@ def _loss(eta: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 def fit_logistic(x: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, w0: torch.Tensor, max_iter: int,
                  tol: float = 1e-10) -> tuple[torch.Tensor, int]:
-    """``G`` unregularised binary logistic regressions at once: ``w_g`` minimising
-    ``mean_n softplus(w_g . x_g:n) - t_gn w_g . x_g:n`` (the mean NLL).
+    """``G`` unregularised binary logistic regressions fitted at once by Newton's method.
+
+    Each ``w_g`` minimises ``mean_n softplus(w_g . x_g:n) - t_gn w_g . x_g:n`` (the mean NLL).
 
     Args:
         x: ``(G, P, N)`` features (an intercept is a row of ones); t: ``(G, N)`` 0/1 targets.

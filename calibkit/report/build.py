@@ -237,9 +237,12 @@ def sets_section(ctx: ReportContext) -> list[Section]:
     if not cells:
         return []
     text, short = sets.section_text(ctx.n_seeds, ctx.n_boot, ctx.alpha)
+    if rows.failures:
+        note = " No sets (shown as -): " + "; ".join(f"{c} on {m}: {e}" for (m, c), e in rows.failures.items())
+        text, short = text + note, short + note
     return [Section("Selective prediction and conformal sets", text,
-                    [sets.selective_table(cells), sets.sets_table(cells, ctx.alpha)], anchor="sets",
-                    terminal_text=short)]
+                    [sets.selective_table(cells), sets.sets_table(cells, ctx.alpha), sets.sets_grid_table(cells)],
+                    anchor="sets", terminal_text=short)]
 
 
 SECTIONS = (recommendation_section, summary_section, notes_section, tables_section, calibrators_section, sets_section,

@@ -38,7 +38,7 @@ import torch
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.errors import UserError
-from calibkit.report.calibrated import NONE, CalibratedProbs
+from calibkit.report.calibrated import NONE, CalibratedProbs, calibrator_names
 
 ALPHA = 0.1  # the default miscoverage of the conformal sets
 SCORE = "aps"  # the conformal score of the report's sets
@@ -99,6 +99,7 @@ class SetRows:
     probs: CalibratedProbs
     alpha: float = ALPHA
     cache_dir: Path | None = None
+    failures: dict = field(default_factory=dict)  # (method, calibrator) -> why it has no sets
     _mem: dict = field(default_factory=dict)
 
     def conformal(self, row: dict, calibrator: str) -> dict:
@@ -183,8 +184,9 @@ def _size_samples(sets: SetRows, row: dict, calibrator: str, n_boot: int, seed: 
 def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_boot: int = 1000, seed: int = 0,
                 level: float = 0.95) -> dict:
     """Per method (segmentation methods left out): ``{"chosen", "aurc", "augrc", "coverage", "size",
-    "d_aurc", "d_size"}``. ``aurc`` ... ``size``: ``{calibrator: seed mean}`` for ``none``, TS and
-    the method's chosen calibrator (coverage and size only); ``d_aurc``, ``d_size``: the method
+    "d_aurc", "d_size"}``. ``aurc``, ``augrc``: ``{calibrator: seed mean}`` for ``none`` and TS;
+    ``coverage``, ``size``: the same for every calibrator of the report (one that cannot be fitted
+    on half a run's validation rows is left out, its error in ``sets.failures``); ``d_aurc``, ``d_size``: the method
     after TS minus CE + TS, ``{"diff", "lo", "hi", "levels", "seeds"}`` (None for CE itself, or
     without CE runs sharing a seed)."""
     from calibkit.functional.selective import augrc, aurc
@@ -196,13 +198,18 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
         if any(sets.probs.groups(r) is not None for r in runs):
             continue
         chosen = selections[method].chosen if selections and method in selections else None
-        cols = [NONE, TS] + ([chosen] if chosen not in (None, NONE, TS) else [])
         cell = {"chosen": chosen, "aurc": {}, "augrc": {}, "coverage": {}, "size": {}, "d_aurc": None, "d_size": None}
         for c in (NONE, TS):
             cell["aurc"][c] = _mean(aurc(*sets.probs(r, c)) for r in runs)
             cell["augrc"][c] = _mean(augrc(*sets.probs(r, c)) for r in runs)
-        for c in cols:
-            rows = [sets.conformal(r, c) for r in runs]
+        for c in calibrator_names():
+            try:
+                rows = [sets.conformal(r, c) for r in runs]
+            except (ValueError, RuntimeError) as exc:  # this calibrator cannot be fitted on half the rows
+                if c in (NONE, TS):
+                    raise
+                sets.failures[(method, c)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                continue
             cell["coverage"][c] = _mean(r["covered"].double().mean() for r in rows)
             cell["size"][c] = _mean(r["size"].double().mean() for r in rows)
         by_seed = {r["seed"]: r for r in ref}
@@ -257,6 +264,22 @@ def sets_table(cells: dict, alpha: float):
                   "own calibrator", "cov %", "size"], rows)
 
 
+def sets_grid_table(cells: dict):
+    """Methods x calibrators: mean APS set size and, in parentheses, coverage %; each method's own
+    calibrator in italics (``row_best``), ``-`` where a calibrator could not be fitted."""
+    from calibkit.report.data import label
+    from calibkit.report.tables import Table
+
+    names = calibrator_names()
+    rows, marks = [], set()
+    for i, (m, c) in enumerate(cells.items()):
+        rows.append([label(m)] + [f"{c['size'][n]:.2f} ({c['coverage'][n] * 100:.1f})" if n in c["size"] else "-"
+                                  for n in names])
+        if c["chosen"] in names:
+            marks.add((i, names.index(c["chosen"]) + 1))
+    return Table(["Method (set size (cov %))"] + names, rows, set(), row_best=marks)
+
+
 def section_text(n_seeds: int, n_boot: int, alpha: float) -> tuple[str, str]:
     """The section's explanation (report) and its short form (terminal)."""
     from calibkit.report.data import BETTER_MARK, WORSE_MARK
@@ -275,12 +298,14 @@ def section_text(n_seeds: int, n_boot: int, alpha: float) -> tuple[str, str]:
             "calibrator chosen on validation (Methods x post-hoc calibrators). "
             f"`d... (TS) vs CE+TS` = the method after temperature scaling minus CE after temperature scaling, paired "
             f"bootstrap ({n_boot} resamples), 95% basic interval, seeds resampled too from 3 shared seeds on; "
-            f"`{BETTER_MARK}` = significantly lower (better), `{WORSE_MARK}` = significantly higher. Segmentation "
-            "runs are not in this section.")
+            f"`{BETTER_MARK}` = significantly lower (better), `{WORSE_MARK}` = significantly higher. The last table: "
+            "the mean set size (coverage %) after every calibrator, each fitted on the first half, for reference "
+            "(italics: the method's own calibrator). Segmentation runs are not in this section.")
     short = (f"Test, mean over {n_seeds} seed(s). AURC/AUGRC x100 (selective prediction, lower is better). "
              f"APS conformal sets at alpha = {alpha:g} (calibrator on one half of validation, threshold on the "
              f"other): coverage % (target {target}) and mean set size. d... vs CE+TS: paired bootstrap, 95% "
-             f"interval, {BETTER_MARK} = significantly lower, {WORSE_MARK} = higher.")
+             f"interval, {BETTER_MARK} = significantly lower, {WORSE_MARK} = higher. Last table: set size (cov %) "
+             "after every calibrator, for reference.")
     return text, short
 
 

@@ -87,6 +87,13 @@ def test_method_sets_values_and_paired_estimates(tmp_path):
     assert set(cells) == {"ce", "ls"}
     ce, ls = cells["ce"], cells["ls"]
     assert ce["d_aurc"] is None and ce["d_size"] is None  # the reference itself
+    from calibkit.report.calibrated import calibrator_names
+
+    assert set(ls["size"]) == set(calibrator_names()) == set(ls["coverage"])  # every calibrator's sets
+    want = np.mean([float(conformal_rows(*(probs.logits(r)[k] for k in ("val_logits", "val_labels", "test_logits",
+                                                                         "test_labels")), "vector")["size"]
+                          .double().mean()) for r in summary["ls"]["runs"]])
+    assert ls["size"]["vector"] == pytest.approx(want)
     for c in ("none", "temperature"):
         want = np.mean([float(aurc(*probs(r, c))) for r in summary["ls"]["runs"]])
         assert ls["aurc"][c] == pytest.approx(want)
