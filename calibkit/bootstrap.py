@@ -47,8 +47,14 @@ import torch
 from calibkit._validation import check_n_bins, check_probs, upcast
 from calibkit.errors import UserError
 from calibkit.functional import metrics as F
-from calibkit.functional.binning import (BinSums, bin_indices, binned_errors, equal_width_edges, top_label,
-                                         weighted_equal_mass_bins)
+from calibkit.functional.binning import (
+    BinSums,
+    bin_indices,
+    binned_errors,
+    equal_width_edges,
+    top_label,
+    weighted_equal_mass_bins,
+)
 from calibkit.functional.inputs import to_rows
 
 __all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval", "count_draws",

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 import torch
+
 from tests.conftest import PYTHON, ROOT
 
 

@@ -1,6 +1,5 @@
 """evaluate, the streaming/distributed accumulator and the bootstrap."""
 
-import socket
 
 import pytest
 import torch

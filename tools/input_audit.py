@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import re
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,9 +37,9 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

@@ -49,8 +49,9 @@ import dataclasses
 import difflib
 import json
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from calibkit.bench.grid import METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
 from calibkit.errors import UserError

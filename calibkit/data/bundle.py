@@ -64,7 +64,7 @@ class Split:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def subset(self, index) -> "Split":
+    def subset(self, index) -> Split:
         """The images and labels at ``index`` (a 1-D index tensor or array)."""
         index = torch.as_tensor(index, dtype=torch.long)
         return Split(self.images[index], self.labels[index])

@@ -12,9 +12,9 @@ import re
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 TINY_VAL_PER_CLASS = 50  # protocol: the last 50 training images of each class are the validation split

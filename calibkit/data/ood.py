@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import torch
 
+from calibkit.errors import UserError
+
 from .bundle import DataBundle
 from .digits import digits_images
-from .transforms import resize
 
 # the names of the sets (defined beside the user's sets, which need them)
 from .ood_user import NO_OOD, NOISE_SIZE, OOD_KEYS, OOD_SETS, is_user_set, load_user_ood  # noqa: E402,F401
-
-from calibkit.errors import UserError
+from .transforms import resize
 
 
 def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int = 0) -> torch.Tensor:

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from calibkit.errors import UserError
+
 from .bundle import RawData, Split
 from .idx import FMNIST_CLASSES, read_fmnist
-
-from calibkit.errors import UserError
 
 SCENE_CLASSES = ["background"] + list(FMNIST_CLASSES)
 VOID = 255

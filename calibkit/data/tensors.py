@@ -31,9 +31,9 @@ import os
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL = ("x_val", "y_val", "class_names")

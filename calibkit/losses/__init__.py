@@ -27,11 +27,11 @@ import re
 
 from torch import nn
 
+from calibkit.errors import UserError
+
 from .adafocal import AdaFocal
 from .basic import ACLS, ECP, FLSD, IGNORE_INDEX, CrossEntropy, DualFocal, Focal, LabelSmoothing, MbLS
 from .fedlas import FeDLaS, _fedlas_ls, _fedlas_mbls
-
-from calibkit.errors import UserError
 
 __all__ = [
     "CrossEntropy", "LabelSmoothing", "Focal", "FLSD", "ECP", "MbLS", "ACLS", "DualFocal",

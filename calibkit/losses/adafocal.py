@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from calibkit.errors import UserError
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits, upcast
-
+from calibkit.errors import UserError
 from calibkit.functional.binning import bin_indices, equal_mass_edges
 from calibkit.functional.pixels import check_ignore_index, dense_rows, flatten_pixels
 

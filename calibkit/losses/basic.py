@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from calibkit.errors import UserError
 import calibkit.functional.losses as FL
+from calibkit.errors import UserError
 from calibkit.functional.pixels import check_ignore_index
 
 IGNORE_INDEX = FL.IGNORE_INDEX

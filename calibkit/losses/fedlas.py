@@ -6,13 +6,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from calibkit.errors import UserError
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits
+from calibkit.errors import UserError
 from calibkit.functional.pixels import check_ignore_index, dense_rows, feature_rows
 
 from .basic import IGNORE_INDEX, _check_classes, _check_num_classes
-
 
 _FEDLAS_DEFAULTS = {
     "ls": {"alpha": 0.05, "beta": 4.0, "theta": 0.95, "margin": None},

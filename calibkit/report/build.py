@@ -16,7 +16,6 @@ from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.errors import UserError
-from calibkit.rundir import atomic_write
 from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
@@ -25,8 +24,14 @@ from calibkit.report.preset import preset_section, recorded_preset
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
 from calibkit.report.tuning import current_runs, protocol_section
-from calibkit.report.verdict import (DEFAULT_RULE, method_selections, recommendation, recommendation_text,
-                                     validation_table)
+from calibkit.report.verdict import (
+    DEFAULT_RULE,
+    method_selections,
+    recommendation,
+    recommendation_text,
+    validation_table,
+)
+from calibkit.rundir import atomic_write
 from calibkit.store import describe_store, open_store
 
 

@@ -17,8 +17,19 @@ from functools import wraps
 
 from calibkit.errors import UserError, UserKeyError
 from calibkit.store.common import (
-    COLUMNS, FIELDS, JSON_COLUMNS, KEY_COLUMN, PATH_COLUMNS, STATUSES, StoreError, dumps, lease_settings,
-    loaded_path, now_iso, owner_alive, stored_path,
+    COLUMNS,
+    FIELDS,
+    JSON_COLUMNS,
+    KEY_COLUMN,
+    PATH_COLUMNS,
+    STATUSES,
+    StoreError,
+    dumps,
+    lease_settings,
+    loaded_path,
+    now_iso,
+    owner_alive,
+    stored_path,
 )
 
 

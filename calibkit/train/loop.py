@@ -36,9 +36,8 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from calibkit import _validation
+from calibkit import _validation, rundir
 from calibkit import distributed as D
-from calibkit import rundir
 from calibkit.config import TrainConfig
 from calibkit.errors import UserError, UserRuntimeError
 from calibkit.train import preempt

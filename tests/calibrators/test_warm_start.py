@@ -4,9 +4,15 @@ Dirichlet calibration reuses ``init``'s (lam, mu); a wrong ``init`` is refused."
 import pytest
 import torch
 
-from calibkit.calibrators import (DirichletCalibration, HistogramBinning, IsotonicCalibration, MatrixScaling,
-                                  TemperatureScaling, VectorScaling)
-from calibkit.calibrators import scaling
+from calibkit.calibrators import (
+    DirichletCalibration,
+    HistogramBinning,
+    IsotonicCalibration,
+    MatrixScaling,
+    TemperatureScaling,
+    VectorScaling,
+    scaling,
+)
 from calibkit.calibrators._base import lbfgs
 from calibkit.calibrators.scaling import odir_objective
 

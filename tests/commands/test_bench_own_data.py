@@ -6,11 +6,11 @@ import subprocess
 
 import numpy as np
 import pytest
-from tests.conftest import PYTHON
 
 from calibkit.bench.grid import MARGINS, PRESETS
 from calibkit.bench.presetfile import read_effective
 from calibkit.store import Store
+from tests.conftest import PYTHON
 
 MODEL = '''
 import torch

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import calibkit.data.folders as folders
-from calibkit.data.folders import IMAGE_EXTENSIONS, read_images, read_imagefolder, read_tinyimagenet
+from calibkit.data.folders import IMAGE_EXTENSIONS, read_imagefolder, read_images, read_tinyimagenet
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from calibkit.data import augment, normalize
-from calibkit.data.inputs import (INPUTS, FeatureInputs, ImageInputs, SegmentationInputs, TokenInputs, inputs_for,
-                                  inputs_from_info)
+from calibkit.data.inputs import (
+    INPUTS,
+    FeatureInputs,
+    ImageInputs,
+    SegmentationInputs,
+    TokenInputs,
+    inputs_for,
+    inputs_from_info,
+)
 from calibkit.data.segmentation import augment_pair
 
 META = torch.device("meta")

@@ -8,10 +8,10 @@ import torch
 
 from calibkit.data import augment, augment_pair, load
 from calibkit.data.bundle import Split
+from calibkit.data.idx import FMNIST_FILES
 from calibkit.data.scenes import compose_scenes, make_scene_splits, void_borders
 from calibkit.data.voc import VOC_CLASSES, read_voc_split, voc_colormap
 from tests.helpers.formats import fake_fmnist, write_idx
-from calibkit.data.idx import FMNIST_FILES
 
 TRAIN_VALUE, TEST_VALUE = 120, 230
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.data import load
 from calibkit.data import debian as D
+from calibkit.data import load
 from calibkit.data.newsgroups import read_newsgroup_texts, strip_header
 from calibkit.data.tokenizer import Vocabulary, tokenize
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import calibkit.functional as F
-from calibkit.functional.losses import _check_number, fedlas_alpha, feature_l1_norms
+from calibkit.functional.losses import _check_number, feature_l1_norms, fedlas_alpha
 
 K = 5
 

@@ -2,7 +2,6 @@
 Face compute_metrics (skipped when the library is missing)."""
 
 import os
-import socket
 import subprocess
 import sys
 

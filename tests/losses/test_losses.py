@@ -3,7 +3,6 @@
 import inspect
 import math
 import os
-import socket
 
 import pytest
 import torch

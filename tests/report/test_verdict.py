@@ -7,8 +7,14 @@ import torch
 
 from calibkit.calibrators.selection import NONE, CrossFitScore, Selection, SelectionRule, choose, cross_fit, mean_scores
 from calibkit.report.calibrated import CalibratedProbs
-from calibkit.report.verdict import (choose_pair, method_selections, recommendation, recommendation_text, run_scores,
-                                     validation_table)
+from calibkit.report.verdict import (
+    choose_pair,
+    method_selections,
+    recommendation,
+    recommendation_text,
+    run_scores,
+    validation_table,
+)
 from calibkit.rundir import write_tensors
 
 

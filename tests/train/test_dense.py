@@ -9,6 +9,8 @@ import torch
 
 from calibkit.data.inputs import INPUTS, SegmentationInputs
 from tests.helpers.formats import fake_fmnist
+
+
 def test_segmentation_inputs_move_masks_and_pad_void(gen):
     x = torch.randint(0, 256, (5, 1, 12, 12), dtype=torch.uint8, generator=gen)
     y = torch.randint(0, 4, (5, 12, 12), dtype=torch.uint8, generator=gen)

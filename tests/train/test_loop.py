@@ -5,7 +5,6 @@ file runs in well under a minute on two cores.
 """
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import calibkit.functional as F_
 import calibkit.losses as losses_mod
 from calibkit import distributed as D
 from calibkit import rundir
-from calibkit.config import CONFIG_DIR, TrainConfig, load_config, read_preset
+from calibkit.config import CONFIG_DIR, TrainConfig, load_config
 from calibkit.train import learning_rate, load_logits, load_run, predict_logits, train
 from tests.helpers.ports import free_port as _free_port
 

@@ -9,7 +9,6 @@ equivalence of a resumed and an uninterrupted run, the methods' paths and DDP ar
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import sys
 from types import SimpleNamespace

@@ -8,8 +8,8 @@ call; it computes the features once and fits a :class:`~calibkit.methods.maccal.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn

@@ -4,7 +4,6 @@ hand, the validation-split exclusion against the data loader's own splits, the c
 and every error message in full."""
 
 import json
-import math
 from collections import Counter
 
 import pytest

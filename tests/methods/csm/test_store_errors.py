@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from calibkit.bench.twostage import SHIPPED_STORES
 from calibkit.methods.csm.store import (
     ANNOT_META,
     ANNOT_TENSORS,
@@ -16,7 +17,6 @@ from calibkit.methods.csm.store import (
     shard_paths,
     write_annotations,
 )
-from calibkit.bench.twostage import SHIPPED_STORES
 
 SHIPPED = SHIPPED_STORES["fmnist"]
 

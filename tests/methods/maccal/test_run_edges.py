@@ -9,8 +9,8 @@ import torch
 
 from calibkit import rundir
 from calibkit.functional import ece
-from calibkit.methods.maccal import run as run_mod
 from calibkit.methods.maccal import load_maccal, run_maccal
+from calibkit.methods.maccal import run as run_mod
 from calibkit.methods.maccal.masking import MC_SEED_OFFSET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
