@@ -270,7 +270,7 @@ def _fit_nll(z, labels, t_min, t_max, max_iter: int = 100, tol: float = 1e-10, t
     b = 1.0 if b_lo < 1.0 < b_hi else math.sqrt(b_lo * b_hi)
     if t0 is not None and b_lo < 1 / t0 < b_hi:  # a warm start (first step from 1 / t0)
         b = 1 / t0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the iteration count is returned after the loop
         g, h = _moments(z, z2, z_y, b)
         if g == 0:
             break

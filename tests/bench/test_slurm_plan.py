@@ -74,7 +74,7 @@ def test_bench_tune_chain_candidates_selection_then_bench(tmp_path, capsys):
     said = dry(tmp_path, capsys, "--tune", "--methods", "ls", "maccal")
     stages = re.findall(r"^\s+(\w+)=\$\(sbatch", said, flags=re.M)
     assert stages == ["tune_ce", "tune_train", "tune_maccal", "tune_select", "ce", "train", "maccal"]
-    line = {s: l for s, l in zip(stages, (l for l in said.splitlines() if "sbatch" in l))}
+    line = dict(zip(stages, (text for text in said.splitlines() if "sbatch" in text)))
     assert "--dependency=afterok:$tune_ce " in line["tune_maccal"]
     assert all(f"afterok:${s}" in line["tune_select"] for s in ("tune_ce", "tune_train", "tune_maccal"))
     assert "--dependency=afterok:$tune_select " in line["ce"] and "afterok:$tune_select" in line["train"]

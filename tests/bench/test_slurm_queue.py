@@ -159,7 +159,8 @@ exit 3
 """
 
 
-def _script(tmp_path, monkeypatch, array, opts=S.SlurmOptions()):
+def _script(tmp_path, monkeypatch, array, opts=None):
+    opts = S.SlurmOptions() if opts is None else opts
     fake = tmp_path / "fakepython"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)

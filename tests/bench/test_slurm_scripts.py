@@ -11,11 +11,11 @@ import pytest
 
 from calibkit.bench.slurm import Array, SlurmOptions, script_text
 from calibkit.cli import main
+from calibkit.data.idx import FMNIST_DIR as FMNIST  # the smoke preset's data
 
 BENIGN = "BENIGN0"
 HOSTILE = ["x\ntouch pwned", "x; touch pwned", "$(touch pwned)", "`touch pwned`", "x'y\"z", "two words",
            "x && touch pwned", "x #y", "x\rtouch pwned", "x\0y", "100%j\\n"]
-from calibkit.data.idx import FMNIST_DIR as FMNIST  # the smoke preset's data
 
 CONTROL = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL character"}
 

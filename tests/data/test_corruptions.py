@@ -121,7 +121,7 @@ def test_pixelate_matches_pillow_box(digits):
     x = digits["rgb32"][:20]
     for s, c in enumerate(SEVERITIES["pixelate"], 1):
         n = int(32 * c)
-        ref = _pil_roundtrip(x, lambda im, Image: im.resize((n, n), Image.BOX).resize((32, 32), Image.BOX))
+        ref = _pil_roundtrip(x, lambda im, Image, n=n: im.resize((n, n), Image.BOX).resize((32, 32), Image.BOX))
         # Pillow rounds to uint8 between the two resizes; calibkit does not
         assert _change(corrupt(x, "pixelate", s), ref) < 0.3
         assert _change(ref, x) > 1.0

@@ -370,7 +370,7 @@ def test_vocabulary_rules_record_and_checksum_in_full():
         with pytest.raises(ValueError, match=r"^tokens must be distinct and must not contain <pad> or <unk>$"):
             Vocabulary(tokens, length=2)
     # build's defaults: words seen at least twice, at most 20000 entries
-    texts = ["w%d w%d" % (i, i) for i in range(20001)] + ["once"]
+    texts = [f"w{i} w{i}" for i in range(20001)] + ["once"]
     v = Vocabulary.build(texts, length=2)
     assert len(v) == 20000 and "once" not in v.stoi and (v.min_count, v.max_size) == (2, 20000)
     assert len(Vocabulary.build(["a b c a b c"], length=2, max_size=3)) == 3

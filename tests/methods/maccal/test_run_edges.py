@@ -171,7 +171,7 @@ def test_unmasked_head_gives_the_plain_head_on_stored_logits(s1, tmp_path):
 def test_device_choice(monkeypatch):
     assert run_mod._device("cpu") == torch.device("cpu")
     for available, want in ((True, "cuda"), (False, "cpu")):  # torch.device("cuda") needs no GPU to be made
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
         assert run_mod._device("auto") == torch.device(want)
     monkeypatch.undo()
     assert run_mod._device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
