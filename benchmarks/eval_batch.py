@@ -57,7 +57,8 @@ def main() -> None:
         ref = logits(model, x, 1024)
         base = median_time(lambda model=model, x=x: logits(model, x, 1024), args.repeats)
         for batch in SIZES:
-            t = base if batch == 1024 else median_time(lambda model=model, x=x, batch=batch: logits(model, x, batch), args.repeats)
+            t = base if batch == 1024 else median_time(
+                lambda model=model, x=x, batch=batch: logits(model, x, batch), args.repeats)
             diff = (logits(model, x, batch) - ref).abs().max().item()
             print(f"{name:10s} batch {batch:5d}: {t:7.3f} s  {t / base:5.2f}x of batch 1024  max |diff| {diff:.1e}")
 

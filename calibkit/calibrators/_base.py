@@ -216,7 +216,8 @@ class Calibrator:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "n_classes_"):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(val_logits, val_labels) first")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: "
+                                 "call fit(val_logits, val_labels) first")
 
     def predict_proba(self, logits) -> torch.Tensor:
         """Calibrated probabilities ``(N, K)`` (binary: ``(N,)`` positive-class probabilities), on the

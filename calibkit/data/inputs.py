@@ -31,7 +31,8 @@ from calibkit.errors import UserError
 from .segmentation import augment_pair
 from .transforms import augment
 
-__all__ = ["FeatureInputs", "ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
+__all__ = ["FeatureInputs", "ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for",
+           "inputs_from_info"]
 
 
 class ImageInputs:

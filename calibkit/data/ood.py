@@ -80,5 +80,6 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
         images = load(name, data_dir=data_dir, val_size=None if fixed_val else 0).test.images
     else:  # the one name left: the text OOD set
         raise UserError(f"OOD set {name!r} is made of texts, the {like.name} data are images; choose one of "
-                         f"{sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or a folder or .npz/.safetensors file of OOD inputs")
+                        f"{sorted({*OOD_SETS, NO_OOD, *DATASETS})}, "
+                        "or a folder or .npz/.safetensors file of OOD inputs")
     return resize(images, (h, w), c)

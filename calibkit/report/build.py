@@ -225,7 +225,8 @@ def figures_section(ctx: ReportContext) -> list[Section]:
         figs.append(method_figure(entry["runs"][0], ctx.figdir / f"reliability_{method}.png"))
     text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
             "calibration, hatched bands = the gap to the bin's mean confidence (light red above a bar: "
-            "over-confident; purple inside a bar: under-confident), numbers = images per bin. One seed per method (the lowest).")
+            "over-confident; purple inside a bar: under-confident), numbers = images per bin. "
+            "One seed per method (the lowest).")
     return [Section("Figures", text, figures=figs, terminal=False)]
 
 
@@ -349,9 +350,11 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     if note:
         intro += f"\n\n{note}"
     # atomic: benches on several hosts sharing DIR may each build the report at their end
-    for name, doc in (("report.md", to_markdown(title, intro, sections)), ("index.html", to_html(title, intro, sections))):
+    for name, doc in (("report.md", to_markdown(title, intro, sections)),
+                      ("index.html", to_html(title, intro, sections))):
         atomic_write(rep / name, lambda tmp, doc=doc: Path(tmp).write_text(doc))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
     return {"text": text, "summary": summary, "deltas": ctx.deltas, "grid": ctx.grid, "comparisons": ctx.comps,
-            "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict, "sections": sections, "sets": ctx.sets,
+            "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict,
+            "sections": sections, "sets": ctx.sets,
             "paths": {"report": rep, "md": rep / "report.md", "html": rep / "index.html", "figures": figs}}

@@ -324,7 +324,8 @@ class BaseStore:
         ``run_dir``: a re-tuned method's old run, kept but out of the way of the new one."""
         with self._write():
             row = self._sql(f"SELECT status FROM runs WHERE run_key = ?{self._LOCK}", (key,)).fetchone()
-            if row is None and self._replay and self._sql("SELECT 1 FROM runs WHERE run_key = ?", (new_key,)).fetchone():
+            if (row is None and self._replay
+                    and self._sql("SELECT 1 FROM runs WHERE run_key = ?", (new_key,)).fetchone()):
                 return  # moved by the first try, committed before the connection was lost
             if row is None or row[0] != "done":
                 raise UserKeyError(f"no finished run {key!r} in {self.where}")

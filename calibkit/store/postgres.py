@@ -204,7 +204,8 @@ class PostgresStore(BaseStore):
         if tables and "runs" in tables:
             row = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row and int(row[0]) > SCHEMA_VERSION:
-                raise StoreError(f"{self.where} has schema version {row[0]}, newer than this calibkit ({SCHEMA_VERSION})")
+                raise StoreError(f"{self.where} has schema version {row[0]}, "
+                                 f"newer than this calibkit ({SCHEMA_VERSION})")
         elif tables and "meta" in tables:
             raise StoreError(f"{self.where} holds a meta table but no runs table: not a calibkit results database")
         if self.readonly:

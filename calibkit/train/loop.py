@@ -235,7 +235,8 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     _reseed_globals(cfg.seed * 100_003 + epoch * 101 + dd.rank)
     order = D.train_shard(len(train), _epoch_rng(cfg.seed, epoch, 0, 0), dd)
     order_dev = order.to(dev)
-    gens = EpochGenerators(aug=_epoch_rng(cfg.seed, epoch, dd.rank, 1, dev), draw=_epoch_rng(cfg.seed, epoch, dd.rank, 2))
+    gens = EpochGenerators(aug=_epoch_rng(cfg.seed, epoch, dd.rank, 1, dev),
+                           draw=_epoch_rng(cfg.seed, epoch, dd.rank, 2))
     run.net.train()
     run.loss_fn.train()
     sums = EpochSums(steps, dev)
@@ -268,8 +269,9 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     loss_sum, correct, seen, bad = D.all_reduce_sum([loss_sum, correct, seen, float(first_bad >= 0)], dd)
     if bad:
         where = f"step {first_bad + 1}" if first_bad >= 0 else "a step of another process"
-        raise UserRuntimeError(f"loss is {bad_value if first_bad >= 0 else 'not finite'} at epoch {epoch + 1}, {where}; "
-                           f"lower the learning rate (lr {learning_rate(cfg, epoch + max(first_bad, 0) / steps):.4g})")
+        raise UserRuntimeError(f"loss is {bad_value if first_bad >= 0 else 'not finite'} at epoch {epoch + 1}, "
+                               f"{where}; lower the learning rate "
+                               f"(lr {learning_rate(cfg, epoch + max(first_bad, 0) / steps):.4g})")
     return {"lr": lr, "train_loss": loss_sum / seen, "train_acc": correct / seen}
 
 
@@ -428,8 +430,9 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
             stop = preempt.agreed(dd) and epoch + 1 < cfg.epochs
             kept = _end_epoch(run, out, epoch, record, force=stop)
             log(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {record['train_loss']:.4f}  train acc "
-                f"{record['train_acc']:6.2%}  val acc {record['val_acc']:6.2%}  val ECE {100 * record['val_ece']:5.2f}  "
-                f"lr {record['lr']:.4g}  {record['time_s']:5.1f}s{'  *kept' if kept else ''}")
+                f"{record['train_acc']:6.2%}  val acc {record['val_acc']:6.2%}  "
+                f"val ECE {100 * record['val_ece']:5.2f}  lr {record['lr']:.4g}  "
+                f"{record['time_s']:5.1f}s{'  *kept' if kept else ''}")
             if stop:  # the checkpoint of this epoch is written: a later call resumes after it
                 D.barrier(dd)
                 log(f"stopped on request after epoch {epoch + 1}; the run resumes from {out / rundir.CHECKPOINT}")

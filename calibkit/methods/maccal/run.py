@@ -109,7 +109,8 @@ def run_maccal(stage1_dir, out_dir, *, r_init: float = DEFAULTS["r_init"], eta: 
                batch_size: int = DEFAULTS["batch_size"], grad_clip: float | None = DEFAULTS["grad_clip"],
                n_bins: int = DEFAULTS["n_bins"], seed: int = DEFAULTS["seed"],
                mc_samples: int = DEFAULTS["mc_samples"], loss: str = "ce", data_dir: str | None = None,
-               device: str = "auto", eval_batch_size: int | None = None, log: Callable[[str], None] | None = None) -> dict:
+               device: str = "auto", eval_batch_size: int | None = None,
+               log: Callable[[str], None] | None = None) -> dict:
     """MaC-Cal stage 2 on a finished stage-1 run; writes a standard run directory ``out_dir``.
 
     Loads the stage-1 run (best-validation-accuracy weights), reloads its data split (the
