@@ -119,7 +119,8 @@ def test_words_of_the_command_line_stay_words(tmp_path, capsys, option, hostile)
         base_out, out, extra, base_extra = tmp_path / "b" / "o", tmp_path / "h" / "o", [option, str(values[1])], [
             option, str(values[0])]
     else:
-        base_out, out, extra, base_extra = tmp_path / "b" / "o", tmp_path / "h" / "o", [option, hostile], [option, BENIGN]
+        base_out, out = tmp_path / "b" / "o", tmp_path / "h" / "o"
+        extra, base_extra = [option, hostile], [option, BENIGN]
     assert write(base_out, *base_extra) == 0
     capsys.readouterr()
     rc = write(out, *extra)

@@ -283,7 +283,8 @@ def test_corrupt_messages_and_corrupt_split():
     x = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"^images must be a uint8 tensor \(N, C, H, W\), got ndarray$"):
         corrupt(np.zeros((2, 3, 8, 8), np.uint8), "contrast", 1)
-    with pytest.raises(ValueError, match=r"^images must be a uint8 tensor \(N, C, H, W\), got torch.float32 \(2, 3, 8, 8\)$"):
+    with pytest.raises(ValueError,
+                       match=r"^images must be a uint8 tensor \(N, C, H, W\), got torch.float32 \(2, 3, 8, 8\)$"):
         corrupt(x.float(), "contrast", 1)
     for name in ("brightness", "jpeg"):
         with pytest.raises(ValueError, match=rf"^{name} needs 1 \(grey\) or 3 \(RGB\) channels, got 2$"):

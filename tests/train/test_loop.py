@@ -102,13 +102,15 @@ def test_presets_follow_the_protocols():
     for name in names:
         load_config(name)  # every preset parses and validates
     c10, tiny_in = load_config("cifar10").to_dict(), load_config("tinyimagenet").to_dict()  # milestones resolved
-    assert (c10["model"], c10["epochs"], c10["milestones"], c10["batch_size"], c10["lr"]) == ("resnet50", 350, [150, 250], 128, 0.1)
+    assert ((c10["model"], c10["epochs"], c10["milestones"], c10["batch_size"], c10["lr"])
+            == ("resnet50", 350, [150, 250], 128, 0.1))
     assert (tiny_in["epochs"], tiny_in["milestones"], tiny_in["batch_size"]) == (100, [40, 60], 64)
 
 
 def test_learning_rate_schedules():
     cfg = TrainConfig(epochs=10, lr=0.1, milestones=[4, 8], gamma=0.1)
-    assert [round(learning_rate(cfg, t), 6) for t in (0, 3.99, 4.0, 7.5, 8.0, 9.9)] == [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
+    assert ([round(learning_rate(cfg, t), 6) for t in (0, 3.99, 4.0, 7.5, 8.0, 9.9)]
+            == [0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
     cos = TrainConfig(epochs=10, lr=0.1, schedule="cosine")
     assert learning_rate(cos, 0) == pytest.approx(0.1) and learning_rate(cos, 5) == pytest.approx(0.05)
     one = TrainConfig(epochs=10, lr=0.1, schedule="onecycle")
