@@ -94,6 +94,8 @@ class TemperatureScaling:
     OBJECTIVES = ("nll", "ece")
     _PARAMS = ("objective", "n_bins", "t_min", "t_max")
     _STATE = ("temperature_", "n_iter_", "n_classes_", "binary_")
+    temperature_: float  # fitted state, set by fit
+    n_iter_: int
 
     def __init__(self, objective: str = "nll", n_bins: int = 15, t_min: float = 1e-2, t_max: float = 1e2):
         self.objective = objective
@@ -124,8 +126,8 @@ class TemperatureScaling:
         logits, labels = _fit_rows(logits, labels, ignore_index, max_pixels, seed)
         z = logits.double()
         if self.objective == "nll":
-            warm = {} if init is None else {"t0": init.temperature_}
-            self.temperature_, self.n_iter_ = _fit_nll(z, labels, self.t_min, self.t_max, **warm)
+            t0 = None if init is None else init.temperature_
+            self.temperature_, self.n_iter_ = _fit_nll(z, labels, self.t_min, self.t_max, t0=t0)
         else:
             self.temperature_, self.n_iter_ = _fit_ece_grid(z, labels, check_n_bins(self.n_bins))
         self.n_classes_, self.binary_ = int(z.shape[1]), binary

@@ -209,7 +209,7 @@ def load(
     name: str,
     data_dir: str | None = None,
     seed: int = 0,
-    val_size: int | None = None,
+    val_size: int | float | None = None,
     train_subset: int | None = None,
 ) -> DataBundle:
     """Load a registered data set and split off a seeded validation set.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 
 from torch import nn
 
@@ -40,7 +41,7 @@ __all__ = [
 
 
 # name -> class or factory; `build` reads the hyperparameter names from their signatures.
-LOSSES = {
+LOSSES: dict[str, Callable[..., nn.Module]] = {
     "ce": CrossEntropy,
     "ls": LabelSmoothing,
     "focal": Focal,

@@ -71,6 +71,8 @@ class AdaFocal(nn.Module):
     """
 
     needs_features = False
+    edges: torch.Tensor  # buffers (register_buffer in __init__)
+    gammas: torch.Tensor
 
     def __init__(self, num_classes: int, n_bins: int = 15, lam: float = 1.0, gamma_init: float = 1.0,
                  gamma_min: float = -2.0, gamma_max: float = 20.0, flip_threshold: float = 0.2,

@@ -62,7 +62,7 @@ class BaseStore:
         # Identifies this process in the rows it claims (host and pid let a later bench on this
         # host tell a crashed claim from a live one; other hosts go by the heartbeat).
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._beat_thread = None
+        self._beat_thread: threading.Thread | None = None
         self._beat_stop = threading.Event()
 
     # -- backend hooks ------------------------------------------------------------------------
@@ -128,12 +128,10 @@ class BaseStore:
             except Exception:  # a busy or briefly unreachable database: the next beat retries
                 pass
 
-    def _decode(self, cursor, row, tolerant: bool = False) -> dict | None:
+    def _decode(self, cursor, row, tolerant: bool = False) -> dict:
         """A row as a dict, JSON columns decoded. A cell that is not valid JSON raises a
         ``ValueError`` naming the run and the column, or with ``tolerant`` becomes None and is
         recorded in ``row["corrupt"]`` (``{column: reason}``), so one damaged cell does not hide the rest."""
-        if row is None:
-            return None
         out = dict(zip([d[0] for d in cursor.description], row))
         for col in JSON_COLUMNS:
             if out.get(col) is not None:

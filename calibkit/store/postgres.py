@@ -70,14 +70,13 @@ def retry_setting(value: float | None = None) -> float:
     Raises:
         ValueError: not a finite number >= 0.
     """
-    if value is None:
-        value = os.environ.get(RETRY_ENV) or RETRY_S
+    given: float | str = (os.environ.get(RETRY_ENV) or RETRY_S) if value is None else value
     try:
-        seconds = float(value)
+        seconds = float(given)
     except ValueError:
-        raise UserError(f"{RETRY_ENV}: not a number of seconds: {value!r}") from None
+        raise UserError(f"{RETRY_ENV}: not a number of seconds: {given!r}") from None
     if not math.isfinite(seconds) or seconds < 0:
-        raise UserError(f"{RETRY_ENV}: must be a number of seconds >= 0, got {value!r}")
+        raise UserError(f"{RETRY_ENV}: must be a number of seconds >= 0, got {given!r}")
     return seconds
 
 
