@@ -1,4 +1,4 @@
-# calibkit: `make setup`, `make test`, `make bench`, `make docs`, `make dist`, `make wheel-check`.
+# calibkit: `make setup`, `make lint`, `make test`, `make bench`, `make docs`, `make dist`, `make wheel-check`.
 # TORCH can be overridden on machines that bring their own build: make setup TORCH=torch
 PY     ?= python3
 TORCH  ?= torch==2.13.0
@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
-.PHONY: setup data test bench docs dist wheel-check clean
+.PHONY: setup data lint test bench docs dist wheel-check clean
 
 setup: $(VENV)/.installed data
 
@@ -28,6 +28,13 @@ data:
 	else \
 		echo "Fashion-MNIST not found at $(FMNIST): install the Debian package dataset-fashion-mnist or pass --data-dir to calibkit"; \
 	fi
+
+# ruff (rules and exceptions in pyproject.toml) on everything written in Python; mypy on the core
+# packages (the others are read for their types, not reported: docs/design.md).
+MYPY_CORE := calibkit/functional calibkit/losses calibkit/calibrators calibkit/metrics.py calibkit/store calibkit/train
+lint: $(VENV)/.installed
+	$(BIN)/ruff check calibkit tests tools benchmarks examples
+	$(BIN)/mypy $(MYPY_CORE)
 
 # One test process per core (pytest-xdist); each file stays in one process, so a module's
 # fixtures are built once. TEST_WORKERS=0 runs everything in this process.

@@ -146,8 +146,8 @@ def interleaved(cfg) -> dict:
         t[name] += time.perf_counter() - t0
 
     for epoch in range(cfg.epochs):
-        pair = [("bare", lambda: bare_epochs(run, 1, first=epoch)),
-                ("loop", lambda: _TRAIN_EPOCH(run, epoch, False))]
+        pair = [("bare", lambda epoch=epoch: bare_epochs(run, 1, first=epoch)),
+                ("loop", lambda epoch=epoch: _TRAIN_EPOCH(run, epoch, False))]
         for name, fn in pair if epoch % 2 == 0 else pair[::-1]:
             timed(name, fn)
         pair = [("bare_val", lambda: bare_validation(run, 1)), ("loop_val", lambda: _VALIDATE(run))]

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
                 stats[method][1] += hi - lo
                 stats[method][2] += lo <= res.estimate <= hi
         for method, (cover, width, has) in stats.items():
-            print(f"{'softmax(z / %.2f)' % t:22s} {truth:9.4f} {method:>11s} {cover / args.reps:9.3f} "
+            print(f"{f'softmax(z / {t:.2f})':22s} {truth:9.4f} {method:>11s} {cover / args.reps:9.3f} "
                   f"{width / args.reps:8.4f} {has / args.reps:13.3f}")
     print(f"wall time {time.perf_counter() - t0:.0f} s")
     return 0

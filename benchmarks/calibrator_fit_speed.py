@@ -40,9 +40,16 @@ def load_val(name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.log(np.maximum(probs, tiny)).astype(np.float32)), torch.from_numpy(labels).long()
 
 
-def _timed(fn):
+def _fit(cls, x, y, idx=None, **kw):
+    """A fresh ``cls`` fitted on (x, y), or on the rows ``idx`` of them."""
+    if idx is not None:
+        x, y = x[idx], y[idx]
+    return cls().fit(x, y, **kw)
+
+
+def _timed(fn, *args, **kw):
     t0 = time.perf_counter()
-    out = fn()
+    out = fn(*args, **kw)
     return out, time.perf_counter() - t0
 
 
@@ -71,14 +78,14 @@ def main() -> None:
               f"{'oof NLL cold/warm':>21}")
         for name in names:
             cls = CALIBRATORS[name]
-            full, t_full = _timed(lambda: cls().fit(x, y))
+            full, t_full = _timed(_fit, cls, x, y)
             cold = warm = 0.0
             it_cold, it_warm = [], []
             nll = {"cold": 0.0, "warm": 0.0}
             for idx, held in zip(trains, folds):
-                c, t = _timed(lambda: cls().fit(x[idx], y[idx]))
+                c, t = _timed(_fit, cls, x, y, idx)
                 cold += t
-                w, t = _timed(lambda: cls().fit(x[idx], y[idx], init=full))
+                w, t = _timed(_fit, cls, x, y, idx, init=full)
                 warm += t
                 for tag, cal in (("cold", c), ("warm", w)):
                     p = cal.predict_proba(x[held]).double().gather(1, y[held, None])

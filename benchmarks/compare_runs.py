@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", help="run directories; the first is the reference")
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ts", action="store_true", help="also each run after temperature scaling (fitted on its val logits)")
+    ap.add_argument("--ts", action="store_true",
+                    help="also each run after temperature scaling (fitted on its val logits)")
     ap.add_argument("--ref", type=int, default=0, help="row of the reference (0-based, +TS rows counted)")
     ap.add_argument("--diff", nargs="+", default=["ece"], choices=METRICS, help="metrics of the paired intervals")
     args = ap.parse_args()

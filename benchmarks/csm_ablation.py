@@ -228,7 +228,8 @@ def main(argv=None) -> dict:
     print(f"\n| run | store | enc | s | w | per | loss | val acc | val ECE | val conf | conf on gen. mixes | "
           f"their soft max | test acc | test ECE | test conf | test ECE after TS |\n|{'---|' * 16}")
     for r in rows:
-        pct = lambda k: f"{100 * r[k]:.2f}" if k in r else "-"  # noqa: E731
+        def pct(k, r=r):
+            return f"{100 * r[k]:.2f}" if k in r else "-"
         print(f"| {r['name']}{' (chosen)' if r['name'] == chosen else ''} | {r.get('store', '-')} | "
               f"{r.get('enc', '-') if r.get('labels') != 'lam' else 'none'} | {r.get('s', '-')} | {r.get('w', '-')} | "
               f"{r.get('per', '-')} | {r.get('loss', '-')} | {pct('val_acc')} | {pct('val_ece')} | {pct('val_conf')} | "

@@ -93,7 +93,8 @@ def choose(speed: list[dict] | None, quality: list[dict], tolerance: float = 0.0
     ref = quality[0]
     best = {}
     for r in speed or []:
-        if not r["channels_last"] and (r["precision"] not in best or r["img_per_s"] > best[r["precision"]]["img_per_s"]):
+        if not r["channels_last"] and (r["precision"] not in best
+                                       or r["img_per_s"] > best[r["precision"]]["img_per_s"]):
             best[r["precision"]] = r
     bf16_faster = "bf16" in best and best["bf16"]["img_per_s"] > best.get("fp32", {"img_per_s": 0})["img_per_s"]
     ok = [r for r in quality if r["consistency"] >= ref["consistency"] - tolerance
@@ -110,7 +111,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--generator", default="calibkit/assets/csm/fmnist")
     ap.add_argument("--run", required=True, help="reference classifier run directory")
     ap.add_argument("--groups", type=int, default=90, help="groups whose endpoints are checked (quality)")
-    ap.add_argument("--speed-groups", type=int, default=16, help="groups sampled per speed timing (16 = one default shard)")
+    ap.add_argument("--speed-groups", type=int, default=16,
+                    help="groups sampled per speed timing (16 = one default shard)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds (median kept)")
     ap.add_argument("--steps", default="20,12,10,8,6", help="Heun step counts (the first is the reference)")
     ap.add_argument("--guidance", type=float, default=3.0)

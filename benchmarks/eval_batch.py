@@ -55,9 +55,10 @@ def main() -> None:
         model = MODELS[name](num_classes=10, in_channels=c).eval()
         x = torch.randn(args.n, c, s, s)
         ref = logits(model, x, 1024)
-        base = median_time(lambda: logits(model, x, 1024), args.repeats)
+        base = median_time(lambda model=model, x=x: logits(model, x, 1024), args.repeats)
         for batch in SIZES:
-            t = base if batch == 1024 else median_time(lambda: logits(model, x, batch), args.repeats)
+            t = base if batch == 1024 else median_time(
+                lambda model=model, x=x, batch=batch: logits(model, x, batch), args.repeats)
             diff = (logits(model, x, batch) - ref).abs().max().item()
             print(f"{name:10s} batch {batch:5d}: {t:7.3f} s  {t / base:5.2f}x of batch 1024  max |diff| {diff:.1e}")
 

@@ -54,7 +54,8 @@ def main() -> None:
     with torch.no_grad():
         feats = torch.cat([model.forward_features(x[i:i + args.batch_size]) for i in range(0, args.n, args.batch_size)])
     w, b = model.head.weight.detach(), model.head.bias.detach()
-    jobs = {"features": lambda: [model.forward_features(x[i:i + args.batch_size]) for i in range(0, args.n, args.batch_size)],
+    jobs = {"features": lambda: [model.forward_features(x[i:i + args.batch_size])
+                                 for i in range(0, args.n, args.batch_size)],
             "head": lambda: deployed_proba(feats, w, b, args.keep_rate, 0)}
     for s in args.samples:
         jobs[f"mc {s}"] = lambda s=s: deployed_proba(feats, w, b, args.keep_rate, s, seed=0)

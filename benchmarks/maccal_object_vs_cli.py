@@ -14,8 +14,6 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 from calibkit import rundir
 from calibkit.data import load
 from calibkit.data.inputs import inputs_from_info

@@ -67,7 +67,8 @@ def row(path: Path, alpha: float, n_boot: int, splits: int) -> list:
         perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
         covs.append(_coverage(p, y, perm[:5000], perm[5000:], alpha, seed))
     return [path.stem, x.shape[1], f"{n['aurc'] * 100:.2f} / {t['aurc'] * 100:.2f}",
-            f"{n['augrc'] * 100:.2f} / {t['augrc'] * 100:.2f}", f"{n['coverage'] * 100:.1f} / {t['coverage'] * 100:.1f}",
+            f"{n['augrc'] * 100:.2f} / {t['augrc'] * 100:.2f}",
+            f"{n['coverage'] * 100:.1f} / {t['coverage'] * 100:.1f}",
             f"{n['size']:.2f} / {t['size']:.2f}", size_d, f"{full * 100:.2f}",
             "yes" if abs(full - (1 - alpha)) <= 0.01 else "no", f"{np.mean(covs) * 100:.2f} ± {np.std(covs) * 100:.2f}"]
 

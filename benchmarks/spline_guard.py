@@ -83,7 +83,8 @@ def main() -> None:
             print(f"{k:>4} {name:<13}{100 * float(F.ece(q, yt)):>9.2f}{100 * float(F.accuracy(q, yt)):>8.1f}"
                   f"{100 * changed:>18.1f}{float(F.nll(q, yt)):>8.3f}{100 * float(F.classwise_ece(q, yt)):>13.2f}")
         print(f"{k:>4} 'raise' overrides the spline (q > f(c)) on {100 * float((bound > f).double().mean()):.1f}% "
-              f"of the rows; 'mix' raises q on {100 * float((options['mix'].max(1).values > f + 1e-12).double().mean()):.2f}% "
+              "of the rows; 'mix' raises q on "
+              f"{100 * float((options['mix'].max(1).values > f + 1e-12).double().mean()):.2f}% "
               f"(f(c) below ~1/K)")
 
 

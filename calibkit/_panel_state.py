@@ -28,8 +28,14 @@ import torch
 
 from calibkit._validation import prob_sum_tol, probs_error
 from calibkit.errors import UserError
-from calibkit.functional.binning import FINE_BINS, BinSums, binned_errors, equal_mass_sums, fine_bin_index
-from calibkit.functional.binning import weighted_equal_mass_bins
+from calibkit.functional.binning import (
+    FINE_BINS,
+    BinSums,
+    binned_errors,
+    equal_mass_sums,
+    fine_bin_index,
+    weighted_equal_mass_bins,
+)
 from calibkit.functional.estimators import block_estimator_jobs, tie_blocks
 from calibkit.functional.iou import confusion_matrix, iou_from_confusion
 from calibkit.functional.selective import block_areas

@@ -47,12 +47,18 @@ import torch
 from calibkit._validation import check_n_bins, check_probs, upcast
 from calibkit.errors import UserError
 from calibkit.functional import metrics as F
-from calibkit.functional.binning import (BinSums, bin_indices, binned_errors, equal_width_edges, top_label,
-                                         weighted_equal_mass_bins)
+from calibkit.functional.binning import (
+    BinSums,
+    bin_indices,
+    binned_errors,
+    equal_width_edges,
+    top_label,
+    weighted_equal_mass_bins,
+)
 from calibkit.functional.inputs import to_rows
 
-__all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval", "count_draws",
-           "FAST_METRICS", "INTERVALS"]
+__all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval",
+           "count_draws", "FAST_METRICS", "INTERVALS"]
 
 INTERVALS = ("basic", "percentile")
 # Range of each panel metric, for clipping the basic interval.
@@ -268,7 +274,8 @@ def bootstrap_ci(metric, probs, labels, n_resamples: int = 1000, seed: int = 0, 
     metric = _resolve(metric)
     model = _Prepared(probs, labels, n_bins, ignore_index)
     (samples,) = _resampled([model], metric, model.N, n_resamples, seed)
-    bounds = _RANGE.get(metric, (-float("inf"), float("inf"))) if isinstance(metric, str) else (-float("inf"), float("inf"))
+    unbounded = (-float("inf"), float("inf"))
+    bounds = _RANGE.get(metric, unbounded) if isinstance(metric, str) else unbounded
     return _result(_full(model, metric), samples, level, method, bounds)
 
 

@@ -13,8 +13,9 @@ missing extra, a read-only or full disk, a database that cannot be opened, Ctrl-
 one line on stderr, ``calibkit CMD: error: ...``, never a traceback; the ones that can strike
 mid-way also say what was kept and how to continue (:data:`KEPT`); so does a GPU that ran out of
 memory. Any other exception is a bug in calibkit: its full traceback is printed (passwords masked),
-then one line asking for a report (:data:`BUG`), and the exit status is 1. Exit status: 1 for an error, 130 for Ctrl-C (SIGINT) and 143 for SIGTERM (128 +
-the signal number, as a shell reports a process that a signal ended). SIGTERM is turned into
+then one line asking for a report (:data:`BUG`), and the exit status is 1. Exit status: 1 for an
+error, 130 for Ctrl-C (SIGINT) and 143 for SIGTERM (128 + the signal number, as a shell reports a
+process that a signal ended). SIGTERM is turned into
 :class:`Terminated`, a ``KeyboardInterrupt``, so every clean-up written for Ctrl-C (a run marked
 interrupted in ``runs.db``, the extra bench workers stopped, temporary files removed) runs for it too.
 Warnings are printed as one line, ``calibkit CMD: warning: ...``.
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"calibkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    for module in COMMANDS.values():
         importlib.import_module(module).register(sub)
     return parser
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+
+import tomllib
 
 from calibkit.errors import UserError
 
@@ -147,7 +148,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "TrainConfig":
+    def from_dict(cls, values: dict) -> TrainConfig:
         """Build from plain values (JSON/TOML), checking names and types; unknown keys are errors."""
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(names))
@@ -161,7 +162,7 @@ class TrainConfig:
             return list(self.milestones)
         return resolve_milestones(DEFAULT_MILESTONES, self.epochs)
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise ``ValueError`` naming the first bad field; return ``self``."""
         for f in dataclasses.fields(self):  # inf passes "> 0" and fails at the second step of training
             value = getattr(self, f.name)
@@ -204,7 +205,7 @@ class TrainConfig:
                 raise UserError(f"{name}: {why}, got {getattr(self, name)!r}")
         return self
 
-    def differences(self, other: "TrainConfig") -> list[str]:
+    def differences(self, other: TrainConfig) -> list[str]:
         """Names of the fields (runtime-only fields excepted) whose values differ from ``other``."""
         a, b = self.to_dict(), other.to_dict()
         return [k for k in a if k not in RUNTIME_FIELDS and a[k] != b[k]]

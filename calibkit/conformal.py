@@ -140,7 +140,8 @@ class SplitConformal:
             class on the ``n_t`` tuning rows (capped at ``K``), as Angelopoulos et al. suggest;
             ``lam`` = the value of :data:`RAPS_LAMBDAS` whose sets, with ``qhat`` fitted on the
             tuning rows, have the smallest mean size on the tuning rows (with their calibration
-            ``u``; ties: the smaller ``lam``). The split is a permutation drawn by ``numpy.random.default_rng([seed, 2])``.
+            ``u``; ties: the smaller ``lam``). The split is a permutation drawn by
+            ``numpy.random.default_rng([seed, 2])``.
         seed: seeds ``u`` and the RAPS tuning split (module docstring).
 
     Attributes (after ``fit``):

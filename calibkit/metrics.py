@@ -125,6 +125,11 @@ class CalibrationAccumulator:
         self._sums = torch.zeros(self._layout.size, dtype=torch.float64, device=device)
         self._check = neutral_check(device)
 
+    def _allocated(self) -> tuple[Layout, torch.Tensor, torch.Tensor]:
+        """Layout, sums and checks of a state that exists (after the first batch, a merge or a sync)."""
+        assert self._layout is not None and self._sums is not None and self._check is not None
+        return self._layout, self._sums, self._check
+
     @property
     def n(self) -> int:
         """Number of samples accumulated."""
@@ -132,11 +137,13 @@ class CalibrationAccumulator:
 
     @property
     def _bins(self) -> torch.Tensor:
-        return self._layout.view(self._sums, "bins")
+        layout, sums, _ = self._allocated()
+        return layout.view(sums, "bins")
 
     @property
     def _classwise(self) -> torch.Tensor:
-        return self._layout.view(self._sums, "classwise")
+        layout, sums, _ = self._allocated()
+        return layout.view(sums, "classwise")
 
     def update(self, probs, labels, wait: bool = False) -> CalibrationAccumulator:
         """Add a batch: ``probs`` ``(n, K)``, ``(n,)`` (binary) or ``(n, K, *spatial)`` with
@@ -155,14 +162,15 @@ class CalibrationAccumulator:
             raise UserError(f"probs has K = {s.k} classes but this accumulator holds K = {self.num_classes}")
         if self._sums is None:
             self._allocate(s.k, s.dense, s.conf.device)
-        elif s.dense and self.state == "auto" and not self._layout.confusion:
+        elif s.dense and self.state == "auto" and not self._allocated()[0].confusion:
             raise UserError("this accumulator was set up for (N, K) inputs by its first batch and keeps 2 numbers "
                              "per sample; for pixels (dense inputs) use a new one, or state='fixed'")
-        dev = self._sums.device
-        self._sums += batch_vector(self._layout, s).to(dev)
+        layout, sums, check = self._allocated()
+        dev = sums.device
+        sums += batch_vector(layout, s).to(dev)
         if s.check is not None:
-            self._check = fold_check(self._check, s)
-        if not self._layout.hist:
+            self._check = fold_check(check, s)
+        if not layout.hist:
             self._conf.append(s.conf.to(dev))
             self._correct.append(s.correct.to(dev))
             self._weight.append(None if s.weight is None else s.weight.to(dev))
@@ -176,15 +184,19 @@ class CalibrationAccumulator:
             return self
         if self.num_classes is not None and other.num_classes != self.num_classes:
             raise UserError(f"cannot merge accumulators with K = {self.num_classes} and K = {other.num_classes}")
+        other_layout, other_sums, other_check = other._allocated()
         if self._sums is None:
             self.num_classes, self.state = other.num_classes, other.state
-            self._layout = other._layout
-            self._sums, self._check = torch.zeros_like(other._sums), other._check.clone()
-        elif (self._layout.hist, self._layout.confusion) != (other._layout.hist, other._layout.confusion):
-            raise UserError("cannot merge an exact-state accumulator with a fixed-state (pixel) one")
-        dev = self._sums.device
-        self._sums += other._sums.to(dev)
-        self._check = torch.maximum(self._check, other._check.to(dev))
+            self._layout = other_layout
+            self._sums, self._check = torch.zeros_like(other_sums), other_check.clone()
+        else:
+            own = self._allocated()[0]
+            if (own.hist, own.confusion) != (other_layout.hist, other_layout.confusion):
+                raise UserError("cannot merge an exact-state accumulator with a fixed-state (pixel) one")
+        _, sums, check = self._allocated()
+        dev = sums.device
+        sums += other_sums.to(dev)
+        self._check = torch.maximum(check, other_check.to(dev))
         self._conf += [t.to(dev) for t in other._conf]
         self._correct += [t.to(dev) for t in other._correct]
         self._weight += [None if t is None else t.to(dev) for t in other._weight]
@@ -208,14 +220,15 @@ class CalibrationAccumulator:
                 raise UserError("sync() on a rank without data needs num_classes and state='exact' or 'fixed' "
                                  "in the constructor")
             self._allocate(self.num_classes, False, "cpu")
-        dist.all_reduce(self._sums, group=group)
-        dist.all_reduce(self._check, op=dist.ReduceOp.MAX, group=group)
-        if not self._layout.hist:
+        layout, sums, check = self._allocated()
+        dist.all_reduce(sums, group=group)
+        dist.all_reduce(check, op=dist.ReduceOp.MAX, group=group)
+        if not layout.hist:
             self._gather_samples(dist, group)
         return self
 
     def _gather_samples(self, dist, group) -> None:
-        dev = self._sums.device
+        dev = self._allocated()[1].device
         conf = torch.cat(self._conf) if self._conf else torch.zeros(0, dtype=torch.float64, device=dev)
         correct = torch.cat(self._correct) if self._correct else torch.zeros(0, dtype=torch.bool, device=dev)
         weight = torch.cat([torch.ones_like(c) if w is None else w for c, w in zip(self._conf, self._weight)]) \
@@ -238,7 +251,8 @@ class CalibrationAccumulator:
         (``miou`` added when dense batches were seen)."""
         if self._sums is None:
             raise UserError("no samples accumulated (N = 0): call update() with data first")
-        return panel_from_state(self._layout, self._sums, self._check, self._conf, self._correct, self._weight)
+        layout, sums, check = self._allocated()
+        return panel_from_state(layout, sums, check, self._conf, self._correct, self._weight)
 
     def state_bytes(self) -> int:
         """Bytes held by the state (sums, checks and per-sample arrays)."""

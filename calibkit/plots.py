@@ -157,9 +157,9 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
     Each non-empty bin draws a blue bar of height ``acc_b``; the gap between ``acc_b`` and the
     bin's mean confidence ``conf_b`` is a hatched band: light red above the bar where the bin is
     over-confident (``conf_b > acc_b``), purple inside the bar where it is under-confident
-    (``acc_b > conf_b``; the bar's top is still ``acc_b``). The dashed diagonal is perfect calibration, the number above each bar is
-    ``n_b``, and the title carries the ECE (in %). The legend sits below the axes, so it never
-    covers a bar or a count.
+    (``acc_b > conf_b``; the bar's top is still ``acc_b``). The dashed diagonal is perfect
+    calibration, the number above each bar is ``n_b``, and the title carries the ECE (in %). The
+    legend sits below the axes, so it never covers a bar or a count.
 
     Args:
         probs: ``(N, K)`` probabilities; labels: ``(N,)`` integer labels.
@@ -195,7 +195,8 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
         _draw_band(ax, curve, n_boot)
     if show_counts:
         size = 7 if n_bins <= 20 else 5
-        for x, w, a, c, n in zip(lo[full], width[full], curve.accuracy[full], curve.confidence[full], curve.count[full]):
+        bars = zip(lo[full], width[full], curve.accuracy[full], curve.confidence[full], curve.count[full])
+        for x, w, a, c, n in bars:
             ax.text(x + w / 2, max(a, c) + 0.01, f"{int(n)}", ha="center", va="bottom", fontsize=size,
                     rotation=90 if n_bins > 10 else 0, color="0.2")
     ax.set_xlim(0, 1)

@@ -131,7 +131,6 @@ def _class_sorted_folder(root, counts, seed=0):
     (0, 1) its class, so any image can be traced back to its file.
     """
     import numpy as np
-
     from PIL import Image
 
     serial = 0

@@ -160,7 +160,8 @@ def test_a_database_drivers_error_is_one_line_without_its_password(tmp_path, cap
     monkeypatch.setattr(bench_cmd, "run", lost)
     assert main(["bench", "--out", str(tmp_path), "--store", "postgresql://u:s3cretpw@db.lab/calib"]) == 1
     assert capsys.readouterr().err == ("calibkit bench: error: results database: could not extend file of user u, "
-                                       "password ***: No space left on device; finished runs are kept in postgresql://u:***@db.lab/calib; run the "
+                                       "password ***: No space left on device; finished runs are kept in "
+                                       "postgresql://u:***@db.lab/calib; run the "
                                        "same command again to continue (it skips them)\n")
 
 
@@ -250,7 +251,8 @@ def test_a_terminated_bench_marks_its_run_interrupted(tmp_path, cli_env):
     finally:
         proc.kill()
     assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == f"calibkit bench: error: terminated (SIGTERM); {KEPT['bench'][1].format(out=out, db=out / 'runs.db')}"
+    assert (err.strip().splitlines()[-1]
+            == f"calibkit bench: error: terminated (SIGTERM); {KEPT['bench'][1].format(out=out, db=out / 'runs.db')}")
     rows = Store(str(out / "runs.db"), readonly=True).runs("smoke", status=None)
     assert [r["status"] for r in rows if r["method"] == "ce"] in (["failed"], ["done"])  # interrupted, or just done
     assert not [r for r in rows if r["status"] == "running"]  # nothing left claimed by a dead process
@@ -307,7 +309,8 @@ def test_kill_9_of_the_bench_ends_its_workers(tmp_path, cli_env):
         os.kill(main_proc.pid, signal.SIGKILL)
         main_proc.wait()
         deadline = time.time() + 30
-        while Path(f"/proc/{workers[0]}").exists() and "Z" not in Path(f"/proc/{workers[0]}/stat").read_text().split()[2]:
+        while (Path(f"/proc/{workers[0]}").exists()
+               and "Z" not in Path(f"/proc/{workers[0]}/stat").read_text().split()[2]):
             assert time.time() < deadline, "the worker outlived its parent by 30 s"
             time.sleep(0.2)
         assert "terminated (SIGTERM)" in log.read_text()

@@ -82,7 +82,8 @@ def test_every_float_field_must_be_finite(name, value):
 def test_every_float_field_must_fit_in_float32(name):
     with pytest.raises(ValueError) as err:
         TrainConfig(**{name: 1e308}).validate()
-    assert str(err.value) == f"{name}: must be at most 3.403e+38 in size (float32, what training computes in), got 1e+308"
+    assert str(err.value) == (f"{name}: must be at most 3.403e+38 in size (float32, what training computes in), "
+                              "got 1e+308")
     try:  # below the bound only the field's own rule applies (momentum < 1, ...)
         TrainConfig(**{name: 3e38}).validate()
     except ValueError as exc:
@@ -104,7 +105,8 @@ def test_a_training_subset_must_hold_every_class(tmp_path, cli_env):
         load("digits", seed=0, train_subset=9)
     assert len(load("digits", seed=0, train_subset=10).train) == 10
     res = subprocess.run([PYTHON, "-m", "calibkit", "train", "--data", "digits", "--model", "mlp", "--train-subset",
-                          "5", "--out", str(tmp_path / "run")], capture_output=True, text=True, env=cli_env, timeout=120)
+                          "5", "--out", str(tmp_path / "run")],
+                         capture_output=True, text=True, env=cli_env, timeout=120)
     assert res.returncode == 1 and not (tmp_path / "run").exists()
     assert res.stderr == ("calibkit train: error: train_subset: 5 images cannot hold one image of each of the 10 "
                           "classes of digits; use at least 10\n")

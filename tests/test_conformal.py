@@ -11,8 +11,17 @@ import pytest
 import torch
 
 from calibkit.calibrators._base import NotFittedError
-from calibkit.conformal import (RAPS_LAMBDAS, RAPS_TUNE_FRACTION, SplitConformal, class_conditional_coverage,
-                                class_scores, conformal_quantile, coverage, mean_set_size, size_stratified_coverage)
+from calibkit.conformal import (
+    RAPS_LAMBDAS,
+    RAPS_TUNE_FRACTION,
+    SplitConformal,
+    class_conditional_coverage,
+    class_scores,
+    conformal_quantile,
+    coverage,
+    mean_set_size,
+    size_stratified_coverage,
+)
 
 
 def _data(n, k=10, scale=2.0, seed=0):

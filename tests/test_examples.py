@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 import torch
+
 from tests.conftest import PYTHON, ROOT
 
 
@@ -22,7 +23,7 @@ def test_maccal_own_model(cli_env):
     rows = {m.group(1): [float(v) for v in m.group(2).split()]
             for m in re.finditer(r"^(stage 1|MaC-Cal)\s+([-\d.\s]+)$", out, re.M)}
     assert set(rows) == {"stage 1", "MaC-Cal"}, out
-    (acc1, ece1, o1, u1, conf1), (acc2, ece2, o2, u2, conf2) = rows["stage 1"], rows["MaC-Cal"]
+    (acc1, ece1, _, _, conf1), (acc2, ece2, _, _, conf2) = rows["stage 1"], rows["MaC-Cal"]
     for acc, ece, o, u, conf in rows.values():
         assert 0 < acc <= 100 and 0 <= ece <= 100 and 0 <= conf <= 100
         assert abs(o + u - ece) < 0.02  # O-ECE + U-ECE = ECE (equal-width bins), up to the printed rounding

@@ -1,6 +1,5 @@
 """evaluate, the streaming/distributed accumulator and the bootstrap."""
 
-import socket
 
 import pytest
 import torch
@@ -148,7 +147,8 @@ def test_paired_bootstrap(gen):
     assert d.estimate == pytest.approx(a.estimate - b.estimate)
     # pairing removes sample difficulty: narrower than the difference of independent draws
     b_other = bootstrap_ci("nll", probs, labels, n_resamples=200, seed=2)
-    assert (d.high - d.low) < torch.quantile(a.samples - b_other.samples, 0.975) - torch.quantile(a.samples - b_other.samples, 0.025)
+    assert ((d.high - d.low)
+            < torch.quantile(a.samples - b_other.samples, 0.975) - torch.quantile(a.samples - b_other.samples, 0.025))
 
 
 def test_bootstrap_bad_arguments(gen):
@@ -178,7 +178,8 @@ def test_basic_interval_corrects_the_upward_bias_of_ece():
     assert pct.low > 0 and pct.bias > 0
     assert basic.bias == pct.bias and basic.corrected == pytest.approx(2 * basic.estimate - pct.samples.mean().item())
     assert basic.low <= basic.corrected <= basic.high
-    assert (basic.low, basic.high) == pytest.approx((max(0.0, 2 * basic.estimate - pct.high), 2 * basic.estimate - pct.low))
+    assert ((basic.low, basic.high)
+            == pytest.approx((max(0.0, 2 * basic.estimate - pct.high), 2 * basic.estimate - pct.low)))
     assert basic.low < pct.low and basic.high < pct.high
 
 
@@ -189,7 +190,8 @@ def test_paired_basic_interval_and_method_argument(gen):
     basic = paired_bootstrap_diff(sharper, probs, labels, "ece", n_resamples=200)
     q = torch.quantile(pct.samples, torch.tensor([0.025, 0.975], dtype=torch.float64))
     assert (pct.low, pct.high) == pytest.approx(tuple(q.tolist()))
-    assert (basic.low, basic.high) == pytest.approx((2 * basic.estimate - q[1].item(), 2 * basic.estimate - q[0].item()))
+    assert ((basic.low, basic.high)
+            == pytest.approx((2 * basic.estimate - q[1].item(), 2 * basic.estimate - q[0].item())))
     with pytest.raises(ValueError, match="unknown interval method 'bca'"):
         bootstrap_ci("ece", probs, labels, method="bca")
 

@@ -67,7 +67,8 @@ def test_binary_errors_and_no_guessing(gen):
     # (N, 2) stays a K = 2 problem; labels only {0, 1} of a K = 10 batch stay K-class (pitfall 3)
     probs, y = _probs(gen, k=10)
     y = y % 2
-    assert F.classwise_ece(probs, y).item() != F.classwise_ece(probs[:, :2] / probs[:, :2].sum(1, keepdim=True), y).item()
+    assert (F.classwise_ece(probs, y).item()
+            != F.classwise_ece(probs[:, :2] / probs[:, :2].sum(1, keepdim=True), y).item())
 
 
 def test_string_labels_raise_value_error():

@@ -3,7 +3,6 @@ concatenated valid pixels, memory independent of the number of pixels, synchroni
 and the device path of the accumulator driven with CPU tensors."""
 
 import os
-import socket
 
 import pytest
 import torch

@@ -2,10 +2,10 @@
 
 import os
 import subprocess
-import tomllib
 
 import numpy as np
 import pytest
+import tomllib
 
 import calibkit
 from calibkit.extras import MissingExtra, require
@@ -13,7 +13,7 @@ from tests.conftest import PYTHON, ROOT
 
 # Optional packages the base install does not have: blocked in a subprocess, imports of them fail.
 EXTRAS = ("sklearn", "scipy", "PIL", "diffusers", "transformers", "torchmetrics")
-BLOCK = "import sys\nfor m in {!r}: sys.modules[m] = None\n".format(EXTRAS)
+BLOCK = f"import sys\nfor m in {EXTRAS!r}: sys.modules[m] = None\n"
 
 
 def test_version_has_one_source(capsys):

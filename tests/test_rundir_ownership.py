@@ -94,5 +94,6 @@ def test_train_refuses_a_bench_directory(tmp_path, cli_env):
     (bench / "runs.db").write_bytes(b"")
     res = _cli(["train", "--data", "digits", "--model", "mlp", "--out", str(bench)], cli_env)
     assert res.returncode == 1
-    assert res.stderr == f"calibkit train: error: out: {bench} is not empty and holds no calibkit run; choose another directory\n"
+    assert res.stderr == (f"calibkit train: error: out: {bench} is not empty and holds no calibkit run; "
+                          "choose another directory\n")
     assert json.dumps(sorted(p.name for p in bench.iterdir())) == '["runs.db"]'

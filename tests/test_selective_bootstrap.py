@@ -68,7 +68,8 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="one shape"):
         SelectiveRows(torch.rand(3), torch.rand(4))
     with pytest.raises(ValueError, match="same number"):
-        resampled_selective([SelectiveRows(torch.rand(3), torch.zeros(3)), SelectiveRows(torch.rand(4), torch.zeros(4))])
+        resampled_selective([SelectiveRows(torch.rand(3), torch.zeros(3)),
+                             SelectiveRows(torch.rand(4), torch.zeros(4))])
     with pytest.raises(ValueError, match="unknown metric"):
         resampled_selective([SelectiveRows(torch.rand(3), torch.zeros(3))], metrics=("auroc",))
 

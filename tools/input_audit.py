@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import re
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,9 +37,9 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -249,27 +249,35 @@ def calibrate_cases():
     add(S, "wrong keys (x, y)", "refuse", ["bad.npz", "logits"], cal_val(x=x, y=y))
     add(S, "both logits and probs", "refuse", ["bad.npz", "logits", "probs"], cal_val(logits=x, probs=p, labels=y))
     add(S, "no labels", "refuse", ["bad.npz", "labels"], cal_val(logits=x))
-    xn = x.copy(); xn[3, 1] = np.nan
+    xn = x.copy()
+    xn[3, 1] = np.nan
     add(S, "NaN logits", "refuse", ["bad.npz", "NaN"], cal_val(logits=xn, labels=y))
-    xi = x.copy(); xi[5, 0] = np.inf
+    xi = x.copy()
+    xi[5, 0] = np.inf
     add(S, "inf logits", "refuse", ["bad.npz", "infinite"], cal_val(logits=xi, labels=y))
-    pn = p.copy(); pn[2, 2] = np.nan
+    pn = p.copy()
+    pn[2, 2] = np.nan
     add(S, "NaN probs", "refuse", ["bad.npz", "probs"], cal_val(probs=pn, labels=y))
     add(S, "probs not summing to 1", "refuse", ["bad.npz", "probs", "sum"], cal_val(probs=p * 0.7, labels=y))
-    pneg = p.copy(); pneg[0] = [-0.2, 0.6, 0.6]
+    pneg = p.copy()
+    pneg[0] = [-0.2, 0.6, 0.6]
     add(S, "negative probs (rows sum to 1)", "refuse", ["bad.npz", "probs"], cal_val(probs=pneg, labels=y))
     add(S, "probs above 1 (percentages)", "refuse", ["bad.npz", "probs"], cal_val(probs=p * 100, labels=y))
     add(S, "float32 softmax probs (sum 1 +- 1e-7)", "accept", [],
         cal_val(probs=softmax(x).astype(np.float32), labels=y))
-    p0 = p.copy(); p0[0] = [1.0, 0.0, 0.0]; p0[1] = [0.0, 1.0, 0.0]
+    p0 = p.copy()
+    p0[0] = [1.0, 0.0, 0.0]
+    p0[1] = [0.0, 1.0, 0.0]
     add(S, "probs with exact zeros and ones", "accept", [], cal_val(probs=p0, labels=y))
     add(S, "float16 logits", "accept", [], cal_val(logits=x.astype(np.float16), labels=y))
     add(S, "huge finite logits (1e30)", "accept", [], cal_val(logits=x * np.float32(1e30), labels=y))
     add(S, "integer logits", "refuse", ["bad.npz", "logits"], cal_val(logits=(x * 10).astype(np.int64), labels=y))
     add(S, "extra arrays in the file", "accept", [], cal_val(logits=x, labels=y, names=np.array(["a", "b", "c"])))
-    yo = y.copy(); yo[0] = 3
+    yo = y.copy()
+    yo[0] = 3
     add(S, "label out of range (K=3, label 3)", "refuse", ["bad.npz", "labels"], cal_val(logits=x, labels=yo))
-    yneg = y.copy(); yneg[0] = -1
+    yneg = y.copy()
+    yneg[0] = -1
     add(S, "negative label", "refuse", ["bad.npz", "labels"], cal_val(logits=x, labels=yneg))
     # Integral float labels: the docs say labels are integers, so a demanding user wants them refused rather
     # than silently cast (an off-by-rounding label file would otherwise pass).
@@ -590,7 +598,8 @@ def apply_cases():
     add(S, "(N, 3) logits into a binary calibrator", "refuse", ["in.npz", "cal"], wrong_layout2)
 
     def nan_input(d):
-        xn = x.copy(); xn[0, 0] = np.nan
+        xn = x.copy()
+        xn[0, 0] = np.nan
         return base(d, logits=xn)
     add(S, "NaN input logits", "refuse", ["in.npz", "NaN"], nan_input)
 
@@ -1270,13 +1279,17 @@ def own_data_cases():
     add(S, "missing x_train", "refuse", ["my.npz", "x_train"], own(with_(x_train=None)))
     add(S, "unknown array x_trian", "refuse", ["my.npz", "x_trian"], own(with_(x_trian=f["x_train"])))
     add(S, "x_val without y_val", "refuse", ["my.npz", "y_val"], own(with_(x_val=f["x_test"][:20])))
-    xn = f["x_train"].copy(); xn[4, 2] = np.nan
+    xn = f["x_train"].copy()
+    xn[4, 2] = np.nan
     add(S, "NaN features", "refuse", ["my.npz", "x_train", "NaN"], own(with_(x_train=xn)))
-    xi = f["x_test"].copy(); xi[0, 0] = np.inf
+    xi = f["x_test"].copy()
+    xi[0, 0] = np.inf
     add(S, "inf test features", "refuse", ["my.npz", "x_test"], own(with_(x_test=xi)))
-    yo = f["y_test"].copy(); yo[0] = 7
+    yo = f["y_test"].copy()
+    yo[0] = 7
     add(S, "test label out of range", "refuse", ["my.npz", "y_test"], own(with_(y_test=yo)))
-    ym = f["y_train"].copy(); ym[ym == 1] = 2
+    ym = f["y_train"].copy()
+    ym[ym == 1] = 2
     add(S, "class 1 absent from y_train", "refuse", ["my.npz", "y_train"], own(with_(y_train=ym)))
     add(S, "x_train/y_train length mismatch", "refuse", ["my.npz", "y_train"], own(with_(y_train=f["y_train"][:100])))
     add(S, "float labels", "refuse", ["my.npz", "y_train"], own(with_(y_train=f["y_train"] + 0.5)))

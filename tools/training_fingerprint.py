@@ -59,8 +59,10 @@ def main() -> int:
         print(f"saved {len(now)} tensors to {args.path}")
         return 0
     ref = torch.load(args.path)
-    differ = sorted(k for k in ref.keys() | now.keys() if k not in ref or k not in now or not torch.equal(ref[k], now[k]))
-    print(f"compared {len(ref)} tensors: " + (f"{len(differ)} differ: {', '.join(differ)}" if differ else "all bit-identical"))
+    differ = sorted(k for k in ref.keys() | now.keys() if k not in ref or k not in now
+                    or not torch.equal(ref[k], now[k]))
+    print(f"compared {len(ref)} tensors: "
+          + (f"{len(differ)} differ: {', '.join(differ)}" if differ else "all bit-identical"))
     return 1 if differ else 0
 
 

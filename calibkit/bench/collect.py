@@ -27,7 +27,6 @@ from calibkit.errors import UserError
 from calibkit.store.common import COLUMNS
 
 
-
 def _db_row(out: Path, doc: dict) -> dict:
     row = {k: v for k, v in doc["row"].items() if k in COLUMNS[doc["table"]]}
     for col in R.PATH_COLUMNS:

@@ -157,7 +157,8 @@ def build(preset, out, seeds=None, data_dir=None, device="auto", log=print) -> P
         f"outside the validation splits of seeds {excl} ({root / 'generator'}, on {dev})")
     train_cfg = GeneratorTrainConfig(steps=steps, batch_size=int(cfg["build_batch_size"]), seed=int(cfg["build_seed"]),
                                      lr=float(cfg["build_lr"]))
-    train_generator(images, labels, root / "generator", train_cfg, gen_cfg, checkpoint_every=max(1, min(100, steps // 20)),
+    train_generator(images, labels, root / "generator", train_cfg, gen_cfg,
+                    checkpoint_every=max(1, min(100, steps // 20)),
                     extra_meta={"data": preset.dataset, "class_names": bundle.class_names, "split": record,
                                 "built_by": f"bench --csm-build (preset {preset.name})"}, device=dev)
     groups = _groups(preset, load_bundle(preset, excl[0], data_dir), cfg)

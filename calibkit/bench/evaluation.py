@@ -184,7 +184,10 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
         model, _, info = rundir.load_run(run_dir)
         norm = info if norm is None else norm
     model = model.to(device).eval()
-    predict = lambda images: rundir.predict_logits(model, images, norm, batch_size, device)
+
+    def predict(images):
+        return rundir.predict_logits(model, images, norm, batch_size, device)
+
     from calibkit.data.ood import NO_OOD
 
     ood = None  # ood "none": no OOD measurement

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field, replace
 from calibkit.config import KEEP_POLICIES  # noqa: F401  (the policies of TrainConfig.keep; config is pure)
 from calibkit.errors import UserError
 
-REFERENCE = "ce"
+REFERENCE = "ce"  # every comparison (the ECE difference column) is against cross-entropy
 # Data sets holding the user's own data: their default OOD set is none (Preset.ood).
 USER_DATASETS = ("imagefolder", "tensors")
 # Characters of a preset name (it names run directories and database keys).
-NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+=,-"  # every comparison (the ECE difference column) is against cross-entropy
+NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+=,-"
 # Where a search-space address may point (see the module docstring).
 TARGETS = ("loss", "train", "maccal", "csm")
 
@@ -325,7 +325,8 @@ PRESETS: dict[str, Preset] = {
                 "fedlas_mbls": "fedlas_mbls:alpha=0.1,beta=0.5,margin=6,theta=0.95"},
         train_by_method={"regmixup": {"mix_alpha": 20.0}},
         ood="svhn", robust_n=0,
-        note="paper protocol: ResNet-50, 350 epochs for every method, 3 seeds; needs CIFAR-10 and SVHN under --data-dir",
+        note=("paper protocol: ResNet-50, 350 epochs for every method, 3 seeds; "
+              "needs CIFAR-10 and SVHN under --data-dir"),
     ),
     "cifar100": Preset(
         name="cifar100", dataset="cifar100", model="resnet50", seeds=(0, 1, 2),
@@ -335,7 +336,8 @@ PRESETS: dict[str, Preset] = {
         train_by_method={"regmixup": {"mix_alpha": 10.0}},
         csm={"sharpness": 2.3},
         ood="svhn", robust_n=0,
-        note="paper protocol: ResNet-50, 350 epochs for every method, 3 seeds; needs CIFAR-100 and SVHN under --data-dir",
+        note=("paper protocol: ResNet-50, 350 epochs for every method, 3 seeds; "
+              "needs CIFAR-100 and SVHN under --data-dir"),
     ),
     "tinyimagenet": Preset(
         name="tinyimagenet", dataset="tinyimagenet", model="resnet50", seeds=(0, 1, 2),

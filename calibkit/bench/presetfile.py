@@ -49,8 +49,9 @@ import dataclasses
 import difflib
 import json
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from calibkit.bench.grid import METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
 from calibkit.errors import UserError
@@ -332,7 +333,8 @@ def dump_preset(preset: Preset) -> str:
     if preset.csm:
         lines += _table("csm", preset.csm)
     for m, space in preset.spaces.items():
-        lines += [f"[space.{m}]"] + [f"{_key(a)} = {{values = {_value(list(ax.values))}, default = {_value(ax.default)}}}"
+        lines += [f"[space.{m}]"] + [f"{_key(a)} = {{values = {_value(list(ax.values))}, default = "
+                                     f"{_value(ax.default)}}}"
                                      for a, ax in space.items()] + [""]
     return "\n".join(lines)
 

@@ -37,12 +37,10 @@ from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.bench.attempts import broadcast, claim_outcome, run_recorded, work_queue
 from calibkit.bench.grid import METHODS, Preset, grid_methods
-from calibkit.bench.space import current_values
 from calibkit.bench.paths import RETIRED, run_dir_for
+from calibkit.bench.space import current_values
 from calibkit.errors import UserError
 from calibkit.store import open_store, run_key
-
-
 
 
 def train_config(preset: Preset, method: str, seed: int, data_dir=None, device="auto", num_threads=None,
@@ -156,7 +154,7 @@ class Bench:
         return {"run_dir": run_dir, "train_time_s": summary.get("wall_time_s"), "config": cfg.to_dict()}
 
     # -- the loop -------------------------------------------------------------------------------
-    def view(self, preset: Preset) -> "Bench":
+    def view(self, preset: Preset) -> Bench:
         """This bench (same database, data and output directory) running ``preset`` instead."""
         other = copy.copy(self)
         other.preset = preset

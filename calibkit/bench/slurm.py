@@ -71,7 +71,7 @@ class SlurmOptions:
     requeue: bool = False
     signal_s: int | None = None
 
-    def validate(self) -> "SlurmOptions":
+    def validate(self) -> SlurmOptions:
         """Raises ValueError naming the first option that SLURM would not read as meant."""
         V.check_count("--gpus-per-run", self.gpus_per_run, 0)
         V.check_count("--cpus-per-run", self.cpus_per_run, 1)

@@ -72,7 +72,8 @@ def bench_arrays(out, preset, seeds: list[int], methods: list[str], opts: SlurmO
     key_of = key_of or (lambda method, seed, values=None: run_key(preset.name, method, seed))
     states = key_states(out, [key_of(m, s) for s in seeds for m in methods], table)
     pending = lambda k: states[k][0] not in _SKIP  # noqa: E731
-    ce = {i: key_of(REFERENCE, s) for i, s in enumerate(seeds) if REFERENCE in methods and pending(key_of(REFERENCE, s))}
+    ce = {i: key_of(REFERENCE, s) for i, s in enumerate(seeds) if REFERENCE in methods
+          and pending(key_of(REFERENCE, s))}
     arrays = []
     if ce:
         arrays.append(Array(f"{prefix}ce", command, ce, after=list(after), **_shape("train", opts)))
@@ -100,7 +101,8 @@ def tune_arrays(out, tuner, opts: SlurmOptions):
     states = key_states(out, keys, "tuning")
     arrays = []
     ce_key = tuner.key(REFERENCE, {})
-    groups = [("tune-ce", lambda m: m == REFERENCE), ("tune-train", lambda m: m != REFERENCE and METHODS[m].kind == "train"),
+    groups = [("tune-ce", lambda m: m == REFERENCE),
+              ("tune-train", lambda m: m != REFERENCE and METHODS[m].kind == "train"),
               ("tune-maccal", lambda m: METHODS[m].kind == "maccal"), ("tune-csm", lambda m: METHODS[m].kind == "csm")]
     for stage, member in groups:
         tasks = {i: k for i, ((m, _), k) in enumerate(zip(items, keys)) if member(m) and states[k][0] not in _SKIP}

@@ -38,10 +38,10 @@ import json
 import time
 from pathlib import Path
 
+from calibkit.bench.attempts import POLL_S, broadcast, claim_outcome, run_recorded, work_queue
 from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, meta_key, no_effect_axes, plan
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_for
 from calibkit.bench.paths import candidate_dir_for
-from calibkit.bench.attempts import POLL_S, broadcast, claim_outcome, run_recorded, work_queue
 from calibkit.bench.runner import Bench
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, select  # noqa: F401  (this module's API)
 from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)

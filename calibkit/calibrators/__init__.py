@@ -40,4 +40,5 @@ from calibkit.calibrators.temperature import TemperatureScaling, evaluate_before
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "TemperatureScaling", "VectorScaling", "MatrixScaling",
            "DirichletCalibration", "EnsembleTemperatureScaling", "HistogramBinning", "IsotonicCalibration",
            "SplineCalibration", "ScalingBinning", "PlattScaling", "BetaCalibration", "BBQ",
-           "StructuredVectorScaling", "StructuredMatrixScaling", "CALIBRATORS", "evaluate_before_after_ts", "save", "load"]
+           "StructuredVectorScaling", "StructuredMatrixScaling", "CALIBRATORS", "evaluate_before_after_ts",
+           "save", "load"]

@@ -203,6 +203,14 @@ class Calibrator:
         self.binary_ = binary
         return self
 
+    def _fit(self, z: torch.Tensor, y: torch.Tensor) -> None:
+        """Fit on float64 ``(N, K)`` logits ``z`` and labels ``y`` (checked); each subclass implements it."""
+        raise NotImplementedError
+
+    def _predict(self, z: torch.Tensor) -> torch.Tensor:
+        """Float64 ``(N, K)`` probabilities of float64 ``(N, K)`` logits; each subclass implements it."""
+        raise NotImplementedError
+
     def _fit_from(self, z, y, init) -> None:
         """``_fit`` started from the fitted ``init`` (checked: same class, ``K`` and layout).
 
@@ -216,7 +224,8 @@ class Calibrator:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "n_classes_"):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit(val_logits, val_labels) first")
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: "
+                                 "call fit(val_logits, val_labels) first")
 
     def predict_proba(self, logits) -> torch.Tensor:
         """Calibrated probabilities ``(N, K)`` (binary: ``(N,)`` positive-class probabilities), on the

@@ -60,7 +60,8 @@ def _integer(state, field, lo):
 
 def _number(state, field, positive=False):
     v = state[field]
-    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 if positive else v >= 0)
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+          and (v > 0 if positive else v >= 0))
     if not ok:
         raise StateError(field, f"must be a finite number {'> 0' if positive else '>= 0'}, got {_show(v)}")
     return float(v)
@@ -118,8 +119,9 @@ def _dirichlet(state, params, k):
     _number(state, "lam_")
     _number(state, "mu_")
     cv = state["cv_nll_"]
-    if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool) and isinstance(b, (int, float))
-                                           and math.isfinite(b) for a, b in cv.items()):
+    if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool)
+                                           and isinstance(b, (int, float)) and math.isfinite(b)
+                                           for a, b in cv.items()):
         raise StateError("cv_nll_", f"must map each 'lam,mu' to a finite held-out NLL, got {_show(cv)}")
 
 

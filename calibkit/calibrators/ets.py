@@ -27,7 +27,8 @@ def simplex_qp(gram: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
     face system is solved by least squares (any of its minimisers has the same objective).
     """
     m = gram.shape[0]
-    best, best_val = None, float("inf")
+    best: torch.Tensor | None = None
+    best_val = float("inf")
     for size in range(1, m + 1):
         for face in itertools.combinations(range(m), size):
             idx = torch.tensor(face)
@@ -44,6 +45,7 @@ def simplex_qp(gram: torch.Tensor, lin: torch.Tensor) -> torch.Tensor:
             val = float(w @ gram @ w - 2 * lin @ w)
             if val < best_val - 1e-15:
                 best, best_val = w, val
+    assert best is not None  # a face of one vertex (w = e_i) is feasible for finite G and c
     return best
 
 

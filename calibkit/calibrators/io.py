@@ -112,7 +112,8 @@ def load(path):
     names, saved, params = meta.get("tensors", []), meta.get("state", {}), meta.get("params", {})
     for key, value, kind in (("tensors", names, list), ("state", saved, dict), ("params", params, dict)):
         if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
-            raise UserError(f"{json_path}: invalid \"{key}\": must be a JSON {'list of names' if kind is list else 'object'}, "
+            raise UserError(f"{json_path}: invalid \"{key}\": must be a JSON "
+                            f"{'list of names' if kind is list else 'object'}, "
                              f"got {json.dumps(value)[:60]}")
     missing = [k for k in names if k not in tensors]
     if missing:

@@ -3,6 +3,7 @@ read it without importing the package that imports ``io``)."""
 
 from __future__ import annotations
 
+from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.bbq import BBQ
 from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
@@ -15,7 +16,8 @@ from calibkit.calibrators.temperature import TemperatureScaling
 __all__ = ["CALIBRATORS"]
 
 #: Registry of calibrators by name, in the order of the tables (tests loop over it).
-CALIBRATORS = {
+#: TemperatureScaling stands apart from the Calibrator base (it also takes dense logits).
+CALIBRATORS: dict[str, type[Calibrator | TemperatureScaling]] = {
     "temperature": TemperatureScaling,
     "vector": VectorScaling,
     "matrix": MatrixScaling,

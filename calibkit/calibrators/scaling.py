@@ -187,7 +187,8 @@ class DirichletCalibration(Calibrator):
     regularisation), and the final map is refitted on the whole validation set with it.
     Candidates: when ``mus`` is ``None`` each ``lam`` is paired with ``mu = lam`` (calibkit's
     default: a one-dimensional grid, ``len(lambdas) * n_folds + 1`` fits); otherwise the full
-    product ``lambdas x mus`` in row-major order. Folds: a seeded permutation (``seed``) cut into ``n_folds`` near-equal parts.
+    product ``lambdas x mus`` in row-major order. Folds: a seeded permutation (``seed``) cut into
+    ``n_folds`` near-equal parts.
     Within a fold, the fits run in the grid's order (the default: strongest regularisation first),
     each started from the previous solution (a warm start; the first of each fold and the final
     refit start from the temperature-scaling solution of their rows).

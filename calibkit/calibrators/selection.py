@@ -346,7 +346,8 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = SelectionRule
             excluded[name] = why
     order = {n: i for i, n in enumerate(scores)}
     by_metric = sorted(eligible, key=lambda n: (getattr(scores[n], rule.select_by), order[n]))
-    winners, beaten = [], {}
+    winners: list[str] = []
+    beaten: dict[str, str] = {}
     for name in by_metric:
         if name == default:
             continue
@@ -396,8 +397,8 @@ def mean_scores(runs: list[dict[str, CrossFitScore]]) -> dict[str, CrossFitScore
         if errors:
             out[n] = CrossFitScore(error=errors[0])
             continue
-        samples = [r[n].samples for r in runs]
-        same = all(x is not None and x.shape == samples[0].shape for x in samples)
+        samples = [s for r in runs if (s := r[n].samples) is not None]
+        same = len(samples) == len(runs) and all(x.shape == samples[0].shape for x in samples)
         out[n] = CrossFitScore(**{k: sum(getattr(r[n], k) for r in runs) / len(runs)
                                   for k in ("acc", "ece", "nll", "brier", "changed", "seconds")},
                                samples=torch.stack(samples).mean(0) if same else None)

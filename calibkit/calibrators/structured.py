@@ -56,6 +56,9 @@ def _check_lambda(v, name: str) -> None:
 class _Structured(Calibrator):
     """What SVS and SMS share: the preprocessing, the strengths, the L-BFGS fit."""
 
+    lambda_intercept: float  # set by each subclass's __init__
+    lambda_diagonal: float
+
     def _check_params(self):
         for name in self._PARAMS:
             if name.startswith("lambda_"):

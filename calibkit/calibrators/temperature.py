@@ -94,6 +94,8 @@ class TemperatureScaling:
     OBJECTIVES = ("nll", "ece")
     _PARAMS = ("objective", "n_bins", "t_min", "t_max")
     _STATE = ("temperature_", "n_iter_", "n_classes_", "binary_")
+    temperature_: float  # fitted state, set by fit
+    n_iter_: int
 
     def __init__(self, objective: str = "nll", n_bins: int = 15, t_min: float = 1e-2, t_max: float = 1e2):
         self.objective = objective
@@ -124,8 +126,8 @@ class TemperatureScaling:
         logits, labels = _fit_rows(logits, labels, ignore_index, max_pixels, seed)
         z = logits.double()
         if self.objective == "nll":
-            warm = {} if init is None else {"t0": init.temperature_}
-            self.temperature_, self.n_iter_ = _fit_nll(z, labels, self.t_min, self.t_max, **warm)
+            t0 = None if init is None else init.temperature_
+            self.temperature_, self.n_iter_ = _fit_nll(z, labels, self.t_min, self.t_max, t0=t0)
         else:
             self.temperature_, self.n_iter_ = _fit_ece_grid(z, labels, check_n_bins(self.n_bins))
         self.n_classes_, self.binary_ = int(z.shape[1]), binary
@@ -270,7 +272,7 @@ def _fit_nll(z, labels, t_min, t_max, max_iter: int = 100, tol: float = 1e-10, t
     b = 1.0 if b_lo < 1.0 < b_hi else math.sqrt(b_lo * b_hi)
     if t0 is not None and b_lo < 1 / t0 < b_hi:  # a warm start (first step from 1 / t0)
         b = 1 / t0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - the iteration count is returned after the loop
         g, h = _moments(z, z2, z_y, b)
         if g == 0:
             break

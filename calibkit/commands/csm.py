@@ -19,7 +19,6 @@ import shlex
 from calibkit.errors import UserError
 from calibkit.extras import require
 
-
 DEVICE_HELP = "auto, cpu, cuda or cuda:N (default auto: the GPU when there is one)"
 
 

@@ -72,7 +72,8 @@ def register(subparsers) -> None:
     g.add_argument("--backbone-lr-scale", type=float, metavar="S",
                    help="pretrained models: the backbone learns at S x lr (default 0.1)")
     g = p.add_argument_group("loss and method")
-    g.add_argument("--loss", metavar="SPEC", help='loss spec, e.g. ce, "mbls:margin=6", "fedlas_ls:alpha=0.05" (default ce)')
+    g.add_argument("--loss", metavar="SPEC",
+                   help='loss spec, e.g. ce, "mbls:margin=6", "fedlas_ls:alpha=0.05" (default ce)')
     g.add_argument("--method", help="standard, mixup, regmixup, csm, or maccal (stage 1 standard, then MaC-Cal "
                    "stage 2) (default standard)")
     g.add_argument("--maccal", metavar="SPEC", help='MaC-Cal stage-2 settings for --method maccal, e.g. '
@@ -105,7 +106,8 @@ def register(subparsers) -> None:
                    help="hold conv weights channels-last: faster convolutions on CPUs and GPUs (default off)")
     g.add_argument("--checkpoint-every", type=int, metavar="E",
                    help="write the resume checkpoint every E epochs and after the last (default 1)")
-    g.add_argument("--eval-batch-size", type=int, metavar="N", help="batch size for logits (default: 128 on a CPU, 1024 on an accelerator)")
+    g.add_argument("--eval-batch-size", type=int, metavar="N",
+                   help="batch size for logits (default: 128 on a CPU, 1024 on an accelerator)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
     g.add_argument("--quiet", action="store_true", help="no per-epoch output at all")
     p.set_defaults(func=run)

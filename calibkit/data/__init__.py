@@ -15,5 +15,6 @@ from .transforms import augment, mixup, normalize, regmixup, resize
 
 __all__ = [
     "CORRUPTIONS", "DATASETS", "OOD_SETS", "SEVERITIES", "DataBundle", "DatasetSpec", "RawData", "Split",
-    "augment", "augment_pair", "corrupt", "corrupt_split", "load", "load_ood", "mixup", "normalize", "regmixup", "resize",
+    "augment", "augment_pair", "corrupt", "corrupt_split", "load", "load_ood", "mixup", "normalize",
+    "regmixup", "resize",
 ]  # fmt: skip

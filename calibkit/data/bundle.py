@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from calibkit.errors import UserError
+
+if TYPE_CHECKING:
+    from calibkit.data.tokenizer import Vocabulary
+    from calibkit.data.wordpiece import WordPieceTokenizer
 
 
 @dataclass
@@ -64,7 +69,7 @@ class Split:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def subset(self, index) -> "Split":
+    def subset(self, index) -> Split:
         """The images and labels at ``index`` (a 1-D index tensor or array)."""
         index = torch.as_tensor(index, dtype=torch.long)
         return Split(self.images[index], self.labels[index])
@@ -87,7 +92,7 @@ class RawData:
     val: Split | None = None
     modality: str = "image"
     in_channels: int | None = None
-    vocab: object | None = None
+    vocab: Vocabulary | WordPieceTokenizer | None = None
     record: dict = field(default_factory=dict)
 
 
@@ -130,7 +135,7 @@ class DataBundle:
     split: dict = field(default_factory=dict)
     data_dir: str | None = None
     modality: str = "image"
-    vocab: object | None = None
+    vocab: Vocabulary | WordPieceTokenizer | None = None
     ignore_index: int | None = None
 
     @property

@@ -18,9 +18,9 @@ import pickle
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 

@@ -28,9 +28,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .bundle import Split
-
 from calibkit.errors import UserError
+
+from .bundle import Split
 
 # Parameters of the five severities, as published for CIFAR-10-C.
 SEVERITIES = {

@@ -6,8 +6,10 @@ import dataclasses
 import hashlib
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+
+from calibkit.errors import UserError
 
 from . import debian, newsgroups
 from .bundle import DataBundle, RawData, Split, channel_stats, index_checksum, stratified_split
@@ -21,8 +23,6 @@ from .svhn import read_svhn
 from .tensors import read_tensors_file
 from .textsets import read_20newsgroups, read_debian, read_debian_minilm
 from .voc import read_voc
-
-from calibkit.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ def load(
     name: str,
     data_dir: str | None = None,
     seed: int = 0,
-    val_size: int | None = None,
+    val_size: int | float | None = None,
     train_subset: int | None = None,
 ) -> DataBundle:
     """Load a registered data set and split off a seeded validation set.

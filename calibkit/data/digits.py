@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
+
 from .bundle import RawData, Split
 from .transforms import resize
-
-from calibkit.errors import UserError
 
 DIGITS_SIZE = 28
 DIGITS_FILE = Path(__file__).resolve().parent.parent / "assets" / "digits" / "optdigits_test.npz"

@@ -12,9 +12,9 @@ import re
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 TINY_VAL_PER_CLASS = 50  # protocol: the last 50 training images of each class are the validation split
@@ -84,7 +84,8 @@ def read_tinyimagenet(data_dir: str) -> RawData:
     ``val/val_annotations.txt`` (file name, wnid, box). Class order = ``wnids.txt`` order.
 
     Splits (the calibration literature's protocol): the last 50 training images of each class,
-    in natural file-name order (``n01443537_450`` .. ``_499``), are the validation split; the official validation set is the test split.
+    in natural file-name order (``n01443537_450`` .. ``_499``), are the validation split; the
+    official validation set is the test split.
     """
     root = data_dir
     if not os.path.isfile(os.path.join(root, "wnids.txt")) and os.path.isfile(
@@ -121,7 +122,8 @@ def read_tinyimagenet(data_dir: str) -> RawData:
             if not parts or not parts[0]:
                 continue
             if len(parts) < 2 or parts[1] not in index:
-                raise UserError(f"{ann}:{line_no}: expected '<file>\\t<wnid>...' with a wnid from wnids.txt, got {line!r}")
+                raise UserError(f"{ann}:{line_no}: expected '<file>\\t<wnid>...' with a wnid from wnids.txt, "
+                                f"got {line!r}")
             test_paths.append(os.path.join(root, "val", "images", parts[0]))
             test_labels.append(index[parts[1]])
 

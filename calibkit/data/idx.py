@@ -15,9 +15,9 @@ import zlib
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FMNIST_FILES = {

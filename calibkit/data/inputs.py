@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import torch
 
+from calibkit.errors import UserError
+
 from .segmentation import augment_pair
 from .transforms import augment
 
-from calibkit.errors import UserError
-
-__all__ = ["FeatureInputs", "ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for", "inputs_from_info"]
+__all__ = ["FeatureInputs", "ImageInputs", "SegmentationInputs", "INPUTS", "TokenInputs", "inputs_for",
+           "inputs_from_info"]
 
 
 class ImageInputs:
@@ -55,12 +56,12 @@ class ImageInputs:
         self._mean, self._std = mean_t, std_t
 
     @classmethod
-    def from_bundle(cls, bundle, augment: bool = True) -> "ImageInputs":
+    def from_bundle(cls, bundle, augment: bool = True) -> ImageInputs:
         crop_pad, hflip = (bundle.crop_pad, bundle.hflip) if augment else (0, False)
         return cls(bundle.mean, bundle.std, crop_pad, hflip)
 
     @classmethod
-    def from_info(cls, info: dict) -> "ImageInputs":
+    def from_info(cls, info: dict) -> ImageInputs:
         return cls(info["mean"], info["std"])
 
     def _on(self, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,12 +98,12 @@ class SegmentationInputs(ImageInputs):
         self.ignore_index = int(ignore_index)
 
     @classmethod
-    def from_bundle(cls, bundle, augment: bool = True) -> "SegmentationInputs":
+    def from_bundle(cls, bundle, augment: bool = True) -> SegmentationInputs:
         crop_pad, hflip = (bundle.crop_pad, bundle.hflip) if augment else (0, False)
         return cls(bundle.mean, bundle.std, crop_pad, hflip, bundle.ignore_index)
 
     @classmethod
-    def from_info(cls, info: dict) -> "SegmentationInputs":
+    def from_info(cls, info: dict) -> SegmentationInputs:
         return cls(info["mean"], info["std"], ignore_index=info.get("ignore_index", 255))
 
     def train_batch(self, x: torch.Tensor, y: torch.Tensor, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,11 +126,11 @@ class TokenInputs:
         self.vocab_size = int(vocab_size)
 
     @classmethod
-    def from_bundle(cls, bundle, augment: bool = True) -> "TokenInputs":
+    def from_bundle(cls, bundle, augment: bool = True) -> TokenInputs:
         return cls(bundle.in_channels)
 
     @classmethod
-    def from_info(cls, info: dict) -> "TokenInputs":
+    def from_info(cls, info: dict) -> TokenInputs:
         return cls(info["in_channels"])
 
     def eval_batch(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,11 +154,11 @@ class FeatureInputs:
     stored -- no augmentation, no normalisation (the user's arrays are the model's inputs)."""
 
     @classmethod
-    def from_bundle(cls, bundle, augment: bool = True) -> "FeatureInputs":
+    def from_bundle(cls, bundle, augment: bool = True) -> FeatureInputs:
         return cls()
 
     @classmethod
-    def from_info(cls, info: dict) -> "FeatureInputs":
+    def from_info(cls, info: dict) -> FeatureInputs:
         return cls()
 
     def eval_batch(self, x: torch.Tensor) -> torch.Tensor:

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import torch
 
+from calibkit.errors import UserError
+
 from .bundle import DataBundle
 from .digits import digits_images
-from .transforms import resize
 
 # the names of the sets (defined beside the user's sets, which need them)
 from .ood_user import NO_OOD, NOISE_SIZE, OOD_KEYS, OOD_SETS, is_user_set, load_user_ood  # noqa: E402,F401
-
-from calibkit.errors import UserError
+from .transforms import resize
 
 
 def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int = 0) -> torch.Tensor:
@@ -80,5 +80,6 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
         images = load(name, data_dir=data_dir, val_size=None if fixed_val else 0).test.images
     else:  # the one name left: the text OOD set
         raise UserError(f"OOD set {name!r} is made of texts, the {like.name} data are images; choose one of "
-                         f"{sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or a folder or .npz/.safetensors file of OOD inputs")
+                        f"{sorted({*OOD_SETS, NO_OOD, *DATASETS})}, "
+                        "or a folder or .npz/.safetensors file of OOD inputs")
     return resize(images, (h, w), c)

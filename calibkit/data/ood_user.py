@@ -7,9 +7,9 @@ import os
 
 import torch
 
-from .transforms import resize
-
 from calibkit.errors import UserError
+
+from .transforms import resize
 
 OOD_SETS = ("digits", "noise")  # always available; any DATASETS name works too
 NO_OOD = "none"  # no OOD measurement

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from calibkit.errors import UserError
+
 from .bundle import RawData, Split
 from .idx import FMNIST_CLASSES, read_fmnist
-
-from calibkit.errors import UserError
 
 SCENE_CLASSES = ["background"] + list(FMNIST_CLASSES)
 VOID = 255
@@ -86,7 +86,8 @@ def compose_scenes(images, labels, n: int, seed, size: int = 64, max_items: int 
     pool = np.asarray(images, dtype=np.uint8).reshape(-1, 28, 28)
     pool_y = np.asarray(labels, dtype=np.int64).reshape(-1)
     if len(pool) == 0 or len(pool) != len(pool_y):
-        raise UserError(f"need a non-empty pool of items with one label each, got {len(pool)} images, {len(pool_y)} labels")
+        raise UserError(f"need a non-empty pool of items with one label each, "
+                        f"got {len(pool)} images, {len(pool_y)} labels")
     lo, hi = int(round(28 * scale[0])), int(round(28 * scale[1]))
     if not (1 <= lo <= hi <= size) or max_items < 1 or n < 0:
         raise UserError(f"invalid scene settings: item sides {lo}..{hi} on a {size}-pixel canvas, "
@@ -138,7 +139,8 @@ def make_scene_splits(data_dir: str, seed: int = 0, n_train: int = SCENES_TRAIN,
                                         **settings)
         out[split] = (img, mask, np.where(src >= 0, idx[np.clip(src, 0, None)], -1))
     test_x, test_y = raw.test.images[:, 0].numpy(), raw.test.labels.numpy()
-    out["test"] = compose_scenes(test_x, test_y, n_test, np.random.SeedSequence([TEST_SEED, _STREAM["test"]]), **settings)
+    out["test"] = compose_scenes(test_x, test_y, n_test, np.random.SeedSequence([TEST_SEED, _STREAM["test"]]),
+                                 **settings)
     return out
 
 

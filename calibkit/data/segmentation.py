@@ -10,14 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 
+import numpy as np
 import torch
 
-import numpy as np
+from calibkit.errors import UserError
 
 from .bundle import DataBundle, Split, channel_stats, index_checksum
 from .transforms import augment
-
-from calibkit.errors import UserError
 
 VOID = 255
 

@@ -11,9 +11,9 @@ import os
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 
 def read_svhn_mat(path: str) -> Split:

@@ -31,9 +31,9 @@ import os
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL = ("x_val", "y_val", "class_names")
@@ -180,7 +180,8 @@ def read_tensors_file(path: str) -> RawData:
     unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         close = difflib.get_close_matches(unknown[0], REQUIRED + OPTIONAL, n=1)
-        raise UserError(f"{path}: unknown array {unknown[0]!r}" + (f" (nearest valid name: {close[0]})" if close else "")
+        raise UserError(f"{path}: unknown array {unknown[0]!r}"
+                        + (f" (nearest valid name: {close[0]})" if close else "")
                          + f"; a tensors file holds {', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)}")
     missing = [k for k in REQUIRED if k not in arrays]
     if missing:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from calibkit.errors import UserError
+
 from . import debian, newsgroups
 from .bundle import RawData, Split, index_checksum
 from .tokenizer import Vocabulary
-
-from calibkit.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ class Vocabulary:
         self.max_size = None if max_size is None else int(max_size)
 
     @classmethod
-    def build(cls, texts: Iterable[str], length: int, min_count: int = 2, max_size: int | None = 20000) -> "Vocabulary":
+    def build(cls, texts: Iterable[str], length: int, min_count: int = 2, max_size: int | None = 20000) -> Vocabulary:
         """The vocabulary of ``texts`` (the training split): words seen >= ``min_count`` times.
 
         Args:
@@ -113,7 +113,7 @@ class Vocabulary:
                 "min_count": self.min_count, "max_size": self.max_size, "itos": list(self.itos)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Vocabulary":
+    def from_dict(cls, d: dict) -> Vocabulary:
         """Rebuild from :meth:`to_dict` output; a file of another tokenizer is refused."""
         if d.get("kind") != "calibkit-words" or d.get("pattern") != WORD_PATTERN:
             raise UserError("vocabulary: not a calibkit word vocabulary (kind or word pattern differs)")

@@ -162,7 +162,8 @@ def _check_mix_args(x, labels, num_classes, alpha):
 
 
 def mixup(
-    x: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float = 0.2, generator: torch.Generator | None = None
+    x: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float = 0.2,
+    generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixup (Zhang et al., ICLR 2018): ``x~ = t x_i + (1 - t) x_j``, same for one-hot labels.
 
@@ -191,7 +192,8 @@ def mixup(
 
 
 def regmixup(
-    x: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float = 20.0, generator: torch.Generator | None = None
+    x: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha: float = 20.0,
+    generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RegMixup (Pinto et al., NeurIPS 2022): the clean batch followed by its Mixup copy.
 

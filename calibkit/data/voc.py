@@ -24,9 +24,9 @@ import os
 import numpy as np
 import torch
 
-from .bundle import RawData, Split
-
 from calibkit.errors import UserError
+
+from .bundle import RawData, Split
 
 VOC_CLASSES = [
     "background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",

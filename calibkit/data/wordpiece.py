@@ -68,7 +68,7 @@ class WordPieceTokenizer:
                 "length": self.length, "size": len(self)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "WordPieceTokenizer":
+    def from_dict(cls, d: dict) -> WordPieceTokenizer:
         """Rebuild from :meth:`to_dict` output; refused when the installed vocabulary differs."""
         if d.get("kind") != KIND:
             raise UserError(f"vocabulary: not a {KIND} tokenizer")

@@ -132,6 +132,7 @@ def equal_mass_ranks(n, n_bins: int, device=None) -> torch.Tensor:
     integers. The edge of rank ``ceil(b N / B) - 1`` is the largest value of bin ``b - 1``, so
     with ``(lo, hi]`` membership rank ``r`` lands in bin ``floor(r B / N)`` (module docstring).
     """
+    total: torch.Tensor | int
     if isinstance(n, torch.Tensor):
         total = n.round().long()
         device = total.device

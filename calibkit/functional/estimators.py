@@ -119,7 +119,8 @@ def _key_blocks(c: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     ranges = list(zip(bounds[:-1], bounds[1:]))
     with ThreadPoolExecutor(len(ranges)) as pool:  # each thread selects its range of keys and sorts it
         blocks = list(pool.map(lambda r: _sorted_key_blocks(key, back, *r), ranges))
-    return tuple(np.concatenate([b[i] for b in blocks]) for i in range(3))
+    values, count, correct = (np.concatenate([b[i] for b in blocks]) for i in range(3))
+    return values, count, correct
 
 
 def _sorted_key_blocks(key: np.ndarray, back, lo=None, hi=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -277,7 +278,7 @@ def block_estimator_jobs(values, count, correct) -> dict:
             "ks": lambda: _ks(values, count, correct)}
 
 
-def _blocks(probs, labels, ignore_index):
+def _blocks(probs, labels, ignore_index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     from calibkit.functional.metrics import _sums
 
     s = _sums(probs, labels, 1, ignore_index=ignore_index)

@@ -54,7 +54,8 @@ def _predictions(x: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tor
         raise UserError("probs_or_preds contains NaN or infinite value(s)")
     if x.dim() == 1:  # binary: positive-class probabilities
         if tuple(labels.shape) != tuple(x.shape):
-            raise UserError(f"1-D probs_or_preds (binary) need labels of shape {tuple(x.shape)}, got {tuple(labels.shape)}")
+            raise UserError(f"1-D probs_or_preds (binary) need labels of shape {tuple(x.shape)}, got "
+                            f"{tuple(labels.shape)}")
         return (x > 0.5).long()
     if x.shape[1] != num_classes:
         raise UserError(f"probs_or_preds has {x.shape[1]} classes along dim 1 but num_classes={num_classes}")

@@ -236,7 +236,8 @@ def margin_penalty(logits, margin: float = 10.0, targets=None, ignore_index: int
     return _mean(_gap_penalty(upcast(logits), margin), valid)
 
 
-def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
+def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1,
+         ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Margin-based label smoothing ``CE + lam * mean_{i,k} relu(d_ik - m)`` (Liu et al., CVPR 2022).
 
     The mean runs over all N x K entries (the paper's sum over k divided by K, the convention

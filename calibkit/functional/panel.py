@@ -16,7 +16,7 @@ from calibkit._validation import check_probs, check_probs_layout, probs_error, p
 from calibkit.errors import UserError
 from calibkit.functional.binning import BinSums, _count_below, equal_width_edges
 from calibkit.functional.inputs import to_rows
-from calibkit.functional.panel_types import PanelSums, max_entries_above
+from calibkit.functional.panel_types import PanelSums
 
 __all__ = ["PanelSums", "panel_sums", "raise_for_check", "classwise_bin_sums"]
 

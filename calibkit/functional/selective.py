@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -112,7 +113,7 @@ def _level_sums(n: np.ndarray, e: np.ndarray) -> tuple[float, float]:
     cum_n, cum_e = np.cumsum(n), np.cumsum(e)
     n_correct = float(np.round(cum_n[-1])) - float(np.round(cum_e[-1]))
     one = n == 1
-    parts = [(cum_n[one], cum_e[one])]
+    parts: Iterable[tuple[np.ndarray, np.ndarray]] = [(cum_n[one], cum_e[one])]
     many = np.flatnonzero(~one)
     if many.size:
         n_m = n[many]

@@ -79,7 +79,8 @@ class CalibrationMetric(torchmetrics.Metric):
         if s is None:
             return
         if s.k != self.num_classes:
-            raise UserError(f"probs has K = {s.k} classes but this metric was built with num_classes={self.num_classes}")
+            raise UserError(f"probs has K = {s.k} classes "
+                            f"but this metric was built with num_classes={self.num_classes}")
         if s.dense and not self.dense:
             raise UserError("dense inputs (N, K, *spatial) need CalibrationMetric(..., dense=True), whose memory "
                              "does not grow with the number of pixels")

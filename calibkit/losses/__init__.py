@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 
 from torch import nn
+
+from calibkit.errors import UserError
 
 from .adafocal import AdaFocal
 from .basic import ACLS, ECP, FLSD, IGNORE_INDEX, CrossEntropy, DualFocal, Focal, LabelSmoothing, MbLS
 from .fedlas import FeDLaS, _fedlas_ls, _fedlas_mbls
-
-from calibkit.errors import UserError
 
 __all__ = [
     "CrossEntropy", "LabelSmoothing", "Focal", "FLSD", "ECP", "MbLS", "ACLS", "DualFocal",
@@ -40,7 +41,7 @@ __all__ = [
 
 
 # name -> class or factory; `build` reads the hyperparameter names from their signatures.
-LOSSES = {
+LOSSES: dict[str, Callable[..., nn.Module]] = {
     "ce": CrossEntropy,
     "ls": LabelSmoothing,
     "focal": Focal,

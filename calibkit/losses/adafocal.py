@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from calibkit.errors import UserError
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits, upcast
-
+from calibkit.errors import UserError
 from calibkit.functional.binning import bin_indices, equal_mass_edges
 from calibkit.functional.pixels import check_ignore_index, dense_rows, flatten_pixels
 
@@ -72,6 +71,8 @@ class AdaFocal(nn.Module):
     """
 
     needs_features = False
+    edges: torch.Tensor  # buffers (register_buffer in __init__)
+    gammas: torch.Tensor
 
     def __init__(self, num_classes: int, n_bins: int = 15, lam: float = 1.0, gamma_init: float = 1.0,
                  gamma_min: float = -2.0, gamma_max: float = 20.0, flip_threshold: float = 0.2,

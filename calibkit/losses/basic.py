@@ -8,11 +8,13 @@ pixels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-from calibkit.errors import UserError
 import calibkit.functional.losses as FL
+from calibkit.errors import UserError
 from calibkit.functional.pixels import check_ignore_index
 
 IGNORE_INDEX = FL.IGNORE_INDEX
@@ -30,7 +32,8 @@ class _Stateless(nn.Module):
     not the method.
     """
 
-    fn = staticmethod(FL.cross_entropy)
+    # any loss function of calibkit.functional.losses; each subclass names its own
+    fn: Callable[..., torch.Tensor] = staticmethod(FL.cross_entropy)
     needs_features = False
 
     def __init__(self, ignore_index: int | None = IGNORE_INDEX, **hparams):

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from calibkit.errors import UserError
 import calibkit.functional.losses as FL
 from calibkit._validation import check_logits
+from calibkit.errors import UserError
 from calibkit.functional.pixels import check_ignore_index, dense_rows, feature_rows
 
 from .basic import IGNORE_INDEX, _check_classes, _check_num_classes
 
-
-_FEDLAS_DEFAULTS = {
+_FEDLAS_DEFAULTS: dict[str, dict[str, float | None]] = {
     "ls": {"alpha": 0.05, "beta": 4.0, "theta": 0.95, "margin": None},
     "mbls": {"alpha": 0.1, "beta": 0.5, "theta": 0.95, "margin": 6.0},
 }
@@ -67,6 +68,8 @@ class FeDLaS(nn.Module):
     """
 
     needs_features = True
+    mu: torch.Tensor  # buffers (register_buffer in __init__)
+    sigma: torch.Tensor
 
     def __init__(self, num_classes: int, variant: str = "ls", alpha: float | None = None,
                  beta: float | None = None, theta: float | None = None, margin: float | None = None,
@@ -115,7 +118,7 @@ class FeDLaS(nn.Module):
 
     def sign_gate(self, logits: torch.Tensor) -> torch.Tensor:
         """psi in {-1, +1}, shape (N,), with a straight-through gradient to the gate's parameters."""
-        w = self.gate[0].weight
+        w = cast(nn.Linear, self.gate[0]).weight  # Sequential indexing is typed as any Module
         p = torch.softmax(self.gate(logits.detach().to(w.dtype)), dim=1)
         diff = p[:, 1] - p[:, 0]
         hard = torch.where(diff >= 0, 1.0, -1.0).to(diff.dtype)

@@ -18,6 +18,8 @@ Segmentation models (``model.dense`` is True) keep the spatial axes: features (N
 
 from __future__ import annotations
 
+from calibkit.errors import UserError
+
 from .densenet import densenet121
 from .efficientnet_lite import efficientnet_lite0
 from .minilm import minilm
@@ -26,8 +28,6 @@ from .segnet import deeplabv3_resnet50, unet
 from .small import cnn, mlp
 from .text import gpool_cnn, gpool_cnn_small
 from .wideresnet import wrn26_10, wrn28_10
-
-from calibkit.errors import UserError
 
 MODELS = {
     # small models for 28x28 data (any channels / size via adaptive pooling)

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from calibkit.errors import UserError
 
 
-
 class GlobalPoolingCNN(nn.Module):
     """Embedding + three 1-D convolutions + global max pooling + one hidden layer + linear head.
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.errors import UserError
-from calibkit.rundir import atomic_write
 from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
@@ -25,8 +24,14 @@ from calibkit.report.preset import preset_section, recorded_preset
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
 from calibkit.report.tuning import current_runs, protocol_section
-from calibkit.report.verdict import (DEFAULT_RULE, method_selections, recommendation, recommendation_text,
-                                     validation_table)
+from calibkit.report.verdict import (
+    DEFAULT_RULE,
+    method_selections,
+    recommendation,
+    recommendation_text,
+    validation_table,
+)
+from calibkit.rundir import atomic_write
 from calibkit.store import describe_store, open_store
 
 
@@ -220,7 +225,8 @@ def figures_section(ctx: ReportContext) -> list[Section]:
         figs.append(method_figure(entry["runs"][0], ctx.figdir / f"reliability_{method}.png"))
     text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
             "calibration, hatched bands = the gap to the bin's mean confidence (light red above a bar: "
-            "over-confident; purple inside a bar: under-confident), numbers = images per bin. One seed per method (the lowest).")
+            "over-confident; purple inside a bar: under-confident), numbers = images per bin. "
+            "One seed per method (the lowest).")
     return [Section("Figures", text, figures=figs, terminal=False)]
 
 
@@ -347,9 +353,11 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     if note:
         intro += f"\n\n{note}"
     # atomic: benches on several hosts sharing DIR may each build the report at their end
-    for name, doc in (("report.md", to_markdown(title, intro, sections)), ("index.html", to_html(title, intro, sections))):
+    for name, doc in (("report.md", to_markdown(title, intro, sections)),
+                      ("index.html", to_html(title, intro, sections))):
         atomic_write(rep / name, lambda tmp, doc=doc: Path(tmp).write_text(doc))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
     return {"text": text, "summary": summary, "deltas": ctx.deltas, "grid": ctx.grid, "comparisons": ctx.comps,
-            "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict, "sections": sections, "sets": ctx.sets,
+            "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict,
+            "sections": sections, "sets": ctx.sets,
             "paths": {"report": rep, "md": rep / "report.md", "html": rep / "index.html", "figures": figs}}

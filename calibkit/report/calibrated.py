@@ -136,7 +136,8 @@ class CalibratedProbs:
 
 #: The metrics of the methods x calibrators table: (panel key, header, scale, decimals). ``changed``
 #: is the share of test rows whose predicted class the calibrator moved (against ``none``).
-GRID_METRICS = (("ece", "ECE", 100, 2), ("cece", "cwECE", 100, 2), ("nll", "NLL", 1, 3), ("changed", "changed %", 100, 2))
+GRID_METRICS = (("ece", "ECE", 100, 2), ("cece", "cwECE", 100, 2), ("nll", "NLL", 1, 3),
+                ("changed", "changed %", 100, 2))
 #: A true-class probability below this counts as zero (the NLL cell is flagged).
 ZERO_P = 1e-12
 
@@ -180,7 +181,8 @@ def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> 
                     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                     probs.failures[(row["run_key"], name)] = first
             ok = len(panels) == len(entry["runs"])
-            cells[name] = ({key: mean_std([p[key] for p in panels]) for key, _, _, _ in GRID_METRICS if key in panels[0]}
+            cells[name] = ({key: mean_std([p[key] for p in panels])
+                            for key, _, _, _ in GRID_METRICS if key in panels[0]}
                            | {"zero_rows": max(p.get("zero_rows", 0) for p in panels)}) if ok else None
         out[method] = cells
     return out

@@ -48,7 +48,8 @@ def guard_stats(probs: torch.Tensor, base_pred: torch.Tensor, labels: torch.Tens
             "zero_share": float(terms[zero].sum()) / total if total > 0 else 0.0}
 
 
-def test_rows(probs: dict, labels: torch.Tensor, intervals: dict, diffs: dict, panels: dict, seconds: dict) -> list[dict]:
+def test_rows(probs: dict, labels: torch.Tensor, intervals: dict, diffs: dict, panels: dict,
+              seconds: dict) -> list[dict]:
     """One dict per calibrator (``probs``' order): the test panel, the guards, the ECE interval, the
     paired difference from temperature scaling (None for itself or when it was not fitted)."""
     base = two_column(probs[NONE])
@@ -90,13 +91,14 @@ def sentence(chosen: str, vs_ts, ref_present: bool) -> str:
         return ("No calibrator improved on the uncalibrated model on validation under the rule: keep the model's own "
                 "probabilities.")
     if chosen == REFERENCE:
-        return ("Temperature scaling is the choice: no other calibrator did better on validation under the rule, and it "
-                "never changes a prediction.")
+        return ("Temperature scaling is the choice: no other calibrator did better on validation under the rule, "
+                "and it never changes a prediction.")
     if not ref_present or vs_ts is None:
         return f"{chosen} is the choice on validation (temperature scaling was not among the calibrators fitted)."
     way = direction(vs_ts.low, vs_ts.high, "ece")
     if way == "better":
-        return f"{chosen} was chosen on validation and also has a significantly lower test ECE than temperature scaling."
+        return (f"{chosen} was chosen on validation and also has a significantly lower test ECE "
+                "than temperature scaling.")
     if way == "worse":
         return (f"{chosen} was chosen on validation but has a significantly higher test ECE than temperature scaling: "
                 "the validation split did not separate them; temperature scaling is the safer choice.")
@@ -123,7 +125,8 @@ def recommendation_text(rec: dict) -> str:
              f"- test ECE x100 {_ci(r['ece_ci'])}, NLL {_ci(rec['nll_ci'], 1, 4)}, accuracy % "
              f"{_ci(rec['acc_ci'])}; uncalibrated: ECE x100 {100 * base['ece']:.2f}, NLL {base['nll']:.4f}, "
              f"accuracy {100 * base['acc']:.2f}%",
-             f"- predictions changed on {100 * r['changed']:.2f}% of test rows (accuracy {100 * r['d_acc']:+.2f} points)"]
+             f"- predictions changed on {100 * r['changed']:.2f}% of test rows "
+             f"(accuracy {100 * r['d_acc']:+.2f} points)"]
     if rec.get("d_ece") is not None:
         lines.append(f"- minus temperature scaling (paired, test): ECE x100 {_diff(rec['d_ece'], 'ece')}, NLL "
                      f"{_diff(rec['d_nll'], 'nll', 1, 4)}, accuracy points {_diff(rec['d_acc'], 'acc')}")
@@ -168,7 +171,8 @@ def test_table(rows: list[dict], chosen: str) -> str:
         delta = ("(reference)" if r["calibrator"] == REFERENCE else "-") if d is None else _diff(d, "ece")
         name = f"**{r['calibrator']}** (chosen)" if r["calibrator"] == chosen else r["calibrator"]
         lines.append(f"| {name} | {_ci(r['ece_ci'])} | {delta} | {100 * r['cece']:.2f} | {nll_text(r)} | "
-                     f"{100 * r['acc']:.2f} | {100 * r['d_acc']:+.2f} | {100 * r['changed']:.2f} | {r['seconds']:.2f} |")
+                     f"{100 * r['acc']:.2f} | {100 * r['d_acc']:+.2f} | {100 * r['changed']:.2f} | "
+                     f"{r['seconds']:.2f} |")
     notes = []
     if not ref_present:
         notes.append("Temperature scaling was not fitted, so there is no difference column.")

@@ -321,8 +321,8 @@ def calibrator_sets(val, test, test_probs: dict, alpha: float = ALPHA, n_boot: i
     None for TS itself, or when TS is not among ``test_probs``)."""
     from calibkit.bootstrap import count_draws
     from calibkit.functional.selective import augrc, aurc
-    from calibkit.selective_bootstrap import SelectiveRows
     from calibkit.seed_bootstrap import seed_paired_interval
+    from calibkit.selective_bootstrap import SelectiveRows
 
     labels = torch.as_tensor(test[1]).long()
     stats = {}

@@ -123,7 +123,7 @@ def calibrator_tables(grid: dict, chosen: dict | None = None) -> list[Table]:
     marks = {(i, names.index(chosen[m]) + 1) for i, m in enumerate(methods) if chosen.get(m) in names}
     tables = []
     for key, head, scale, dec in GRID_METRICS:
-        def cell(m, c):
+        def cell(m, c, key=key, scale=scale, dec=dec):
             g = grid[m][c]
             if g is None or key not in g:
                 return "-"
@@ -233,7 +233,7 @@ def text_table(table: Table, width: int | None = None) -> str:
     parts = _chunks(widths, table.key_columns, width) if width else [list(range(len(widths)))]
     out = []
     for cols in parts:
-        def line(cells):
+        def line(cells, cols=cols):
             return "  ".join(cells[j].ljust(widths[j]) if j < table.key_columns else cells[j].rjust(widths[j])
                              for j in cols).rstrip()
         if out:

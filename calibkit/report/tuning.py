@@ -232,10 +232,11 @@ def _panels(cands: list[dict], records: dict | None = None) -> list[tuple[str, s
         if not space:
             continue
         chosen = next((c for c in group if c["selected"]), None)
-        for address, axis in space.items():
+        for address in space:
             others = [a for a in space if a != address]
             own = METHODS[method].space  # a preset file's address may not be among the method's own
-            pin = chosen["hparams"] if chosen else {a: own[a].default if a in own else space[a].values[0] for a in others}
+            pin = (chosen["hparams"] if chosen
+                   else {a: own[a].default if a in own else space[a].values[0] for a in others})
             line = [c for c in group if all(float(c["hparams"][a]) == float(pin[a]) for a in others)]
             line.sort(key=lambda c: float(c["hparams"][address]))
             if line:

@@ -62,7 +62,8 @@ def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule) -> Path 
 
 
 def selection_rows(n: int, cap: int | None = None):
-    """Sorted indices of the ``cap`` (default :data:`MAX_SELECTION_ROWS`) rows cross-fitted out of ``n``, or None for all.
+    """Sorted indices of the ``cap`` (default :data:`MAX_SELECTION_ROWS`) rows cross-fitted out of
+    ``n``, or None for all.
 
     The draw is seeded by the row count alone, so runs on the same validation rows use the same rows.
     """

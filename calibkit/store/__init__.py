@@ -32,7 +32,14 @@ import re
 
 from calibkit.errors import UserError
 from calibkit.store.common import (
-    GRACE_ENV, GRACE_S, HEARTBEAT_ENV, HEARTBEAT_S, SCHEMA_VERSION, StoreError, owner_alive, run_key,
+    GRACE_ENV,
+    GRACE_S,
+    HEARTBEAT_ENV,
+    HEARTBEAT_S,
+    SCHEMA_VERSION,
+    StoreError,
+    owner_alive,
+    run_key,
 )
 from calibkit.store.postgres import PostgresStore, is_url
 from calibkit.store.secrets import redact

@@ -17,8 +17,19 @@ from functools import wraps
 
 from calibkit.errors import UserError, UserKeyError
 from calibkit.store.common import (
-    COLUMNS, FIELDS, JSON_COLUMNS, KEY_COLUMN, PATH_COLUMNS, STATUSES, StoreError, dumps, lease_settings,
-    loaded_path, now_iso, owner_alive, stored_path,
+    COLUMNS,
+    FIELDS,
+    JSON_COLUMNS,
+    KEY_COLUMN,
+    PATH_COLUMNS,
+    STATUSES,
+    StoreError,
+    dumps,
+    lease_settings,
+    loaded_path,
+    now_iso,
+    owner_alive,
+    stored_path,
 )
 
 
@@ -51,7 +62,7 @@ class BaseStore:
         # Identifies this process in the rows it claims (host and pid let a later bench on this
         # host tell a crashed claim from a live one; other hosts go by the heartbeat).
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._beat_thread = None
+        self._beat_thread: threading.Thread | None = None
         self._beat_stop = threading.Event()
 
     # -- backend hooks ------------------------------------------------------------------------
@@ -117,12 +128,10 @@ class BaseStore:
             except Exception:  # a busy or briefly unreachable database: the next beat retries
                 pass
 
-    def _decode(self, cursor, row, tolerant: bool = False) -> dict | None:
+    def _decode(self, cursor, row, tolerant: bool = False) -> dict:
         """A row as a dict, JSON columns decoded. A cell that is not valid JSON raises a
         ``ValueError`` naming the run and the column, or with ``tolerant`` becomes None and is
         recorded in ``row["corrupt"]`` (``{column: reason}``), so one damaged cell does not hide the rest."""
-        if row is None:
-            return None
         out = dict(zip([d[0] for d in cursor.description], row))
         for col in JSON_COLUMNS:
             if out.get(col) is not None:
@@ -313,7 +322,8 @@ class BaseStore:
         ``run_dir``: a re-tuned method's old run, kept but out of the way of the new one."""
         with self._write():
             row = self._sql(f"SELECT status FROM runs WHERE run_key = ?{self._LOCK}", (key,)).fetchone()
-            if row is None and self._replay and self._sql("SELECT 1 FROM runs WHERE run_key = ?", (new_key,)).fetchone():
+            if (row is None and self._replay
+                    and self._sql("SELECT 1 FROM runs WHERE run_key = ?", (new_key,)).fetchone()):
                 return  # moved by the first try, committed before the connection was lost
             if row is None or row[0] != "done":
                 raise UserKeyError(f"no finished run {key!r} in {self.where}")

@@ -59,6 +59,8 @@ def now_iso() -> str:
 
 def iso_epoch(text: str | None) -> float | None:
     """Seconds since the epoch of an ISO timestamp written by :func:`now_iso` (None if unreadable)."""
+    if text is None:
+        return None
     try:
         return datetime.fromisoformat(text).timestamp()
     except (TypeError, ValueError):
@@ -85,13 +87,14 @@ def lease_settings(heartbeat_s: float | None = None, grace_s: float | None = Non
             owner's claim could then be taken over between two refreshes).
     """
     out = []
-    for value, env, default in ((heartbeat_s, HEARTBEAT_ENV, HEARTBEAT_S), (grace_s, GRACE_ENV, GRACE_S)):
-        if value is None and os.environ.get(env):
-            value = os.environ[env]
+    given: float | str | None  # an argument, or the environment's text
+    for given, env, default in ((heartbeat_s, HEARTBEAT_ENV, HEARTBEAT_S), (grace_s, GRACE_ENV, GRACE_S)):
+        if given is None and os.environ.get(env):
+            given = os.environ[env]
         try:
-            value = float(default if value is None else value)
+            value = float(default if given is None else given)
         except ValueError:
-            raise UserError(f"{env}: not a number of seconds: {value!r}") from None
+            raise UserError(f"{env}: not a number of seconds: {given!r}") from None
         if not math.isfinite(value) or value <= 0:
             raise UserError(f"{env}: must be a positive number of seconds, got {value!r}")
         out.append(value)
@@ -109,8 +112,8 @@ def owner_alive(owner: str | None, heartbeat_at: float | None, now: float, grace
     A malformed owner never holds a claim.
     """
     try:
-        host, pid, _ = (owner or "").split(":")
-        pid = int(pid)
+        host, pid_text, _ = (owner or "").split(":")
+        pid = int(pid_text)
     except ValueError:
         return False
     if host != socket.gethostname():

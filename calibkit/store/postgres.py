@@ -70,14 +70,13 @@ def retry_setting(value: float | None = None) -> float:
     Raises:
         ValueError: not a finite number >= 0.
     """
-    if value is None:
-        value = os.environ.get(RETRY_ENV) or RETRY_S
+    given: float | str = (os.environ.get(RETRY_ENV) or RETRY_S) if value is None else value
     try:
-        seconds = float(value)
+        seconds = float(given)
     except ValueError:
-        raise UserError(f"{RETRY_ENV}: not a number of seconds: {value!r}") from None
+        raise UserError(f"{RETRY_ENV}: not a number of seconds: {given!r}") from None
     if not math.isfinite(seconds) or seconds < 0:
-        raise UserError(f"{RETRY_ENV}: must be a number of seconds >= 0, got {value!r}")
+        raise UserError(f"{RETRY_ENV}: must be a number of seconds >= 0, got {given!r}")
     return seconds
 
 
@@ -204,7 +203,8 @@ class PostgresStore(BaseStore):
         if tables and "runs" in tables:
             row = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row and int(row[0]) > SCHEMA_VERSION:
-                raise StoreError(f"{self.where} has schema version {row[0]}, newer than this calibkit ({SCHEMA_VERSION})")
+                raise StoreError(f"{self.where} has schema version {row[0]}, "
+                                 f"newer than this calibkit ({SCHEMA_VERSION})")
         elif tables and "meta" in tables:
             raise StoreError(f"{self.where} holds a meta table but no runs table: not a calibkit results database")
         if self.readonly:

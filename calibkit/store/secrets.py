@@ -38,7 +38,9 @@ def _secret_name(name: str) -> bool:
 def _mask_url(url: str, found: list[str]) -> str:
     """``url`` (one whole ``postgresql://`` URL) with its userinfo password and its password
     query parameters masked; their values are appended to ``found``."""
-    start = _SCHEME.match(url).end()
+    scheme = _SCHEME.match(url)
+    assert scheme is not None  # the callers pass only what _SCHEME matched
+    start = scheme.end()
     rest = url[start:]
     # libpq ends the userinfo at the first '@' before a '/'. Decided: the last '@' before the
     # query of the path counts, so that a password holding '@', '/' or '?' is masked all the same.
@@ -95,7 +97,7 @@ def passwords(location: str) -> list[str]:
     """The password values of a store URL or connection string, as written and percent-decoded."""
     found: list[str] = []
     _mask(str(location), found)
-    values = set()
+    values: set[str] = set()
     for value in found:
         if value.startswith("'"):
             value = value.strip("'")

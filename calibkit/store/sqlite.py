@@ -216,7 +216,8 @@ class Store(BaseStore):
         relative to the bench directory (:func:`~calibkit.store.common.legacy_path`)."""
         con = self._con
         rewritten, lost = 0, []
-        for table, key, paths in (("runs", "run_key", ("run_dir", "logits_path")), ("tuning", "cand_key", ("run_dir",))):
+        for table, key, paths in (("runs", "run_key", ("run_dir", "logits_path")),
+                                  ("tuning", "cand_key", ("run_dir",))):
             if "heartbeat_at" not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                 con.execute(f"ALTER TABLE {table} ADD COLUMN heartbeat_at REAL")
             for row in con.execute(f"SELECT {key}, started_at, {', '.join(paths)} FROM {table}").fetchall():
@@ -272,7 +273,8 @@ class Store(BaseStore):
             con = self._beat_con = self._connect(readonly=False)
         now = time.time()
         for table in ("runs", "tuning"):
-            con.execute(f"UPDATE {table} SET heartbeat_at = ? WHERE owner = ? AND status = 'running'", (now, self.owner))
+            con.execute(f"UPDATE {table} SET heartbeat_at = ? WHERE owner = ? AND status = 'running'",
+                        (now, self.owner))
 
     def _close_connection(self) -> None:
         con = getattr(self, "_beat_con", None)

@@ -72,7 +72,7 @@ def _gather(logits: torch.Tensor, labels: torch.Tensor, pos: torch.Tensor, void:
 
 
 @torch.no_grad()
-def stream(model, split, inputs, batch_size: int, device, dd=None, temperatures=(1.0,), positions=None,
+def stream(model, split, inputs, batch_size: int | None, device, dd=None, temperatures=(1.0,), positions=None,
            num_classes=None, n_bins: int = 15):
     """One pass over ``split``: accumulators (one per temperature) and the sampled pixel rows.
 

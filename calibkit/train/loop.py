@@ -30,22 +30,26 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from calibkit import _validation
+from calibkit import _validation, rundir
 from calibkit import distributed as D
-from calibkit import rundir
 from calibkit.config import TrainConfig
 from calibkit.errors import UserError, UserRuntimeError
 from calibkit.train import preempt
 from calibkit.train.keep import Keeper
 from calibkit.train.optim import build_optimizer, set_lr
 from calibkit.train.schedule import learning_rate
-from calibkit.train.steps import EpochGenerators, EpochSums, build_step
+from calibkit.train.steps import EpochGenerators, EpochSums, Standard, build_step
+
+if TYPE_CHECKING:
+    from calibkit.data.bundle import DataBundle
+    from calibkit.data.inputs import FeatureInputs, ImageInputs, TokenInputs
 
 
 class _WithFeatures(nn.Module):
@@ -129,13 +133,13 @@ class _Run:
 
     cfg: TrainConfig
     dd: D.Dist
-    bundle: object
-    inputs: object
+    bundle: DataBundle
+    inputs: ImageInputs | TokenInputs | FeatureInputs  # the bundle's pipeline (SegmentationInputs is an ImageInputs)
     model: nn.Module
-    net: nn.Module
+    net: nn.Module  # model wrapped to return features too, then in DDP and torch.compile as configured
     loss_fn: nn.Module
     optimizer: torch.optim.Optimizer
-    step: object
+    step: Standard  # Standard, Mixup, RegMixup or CSM (calibkit.train.steps)
     keeper: Keeper
     train_x: torch.Tensor  # the training inputs, on the device
     train_y: torch.Tensor  # their targets, on the device
@@ -203,11 +207,11 @@ def _build(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log) ->
     # The loss's own parameters (FeDLaS's gate) share the optimizer, lr, wd and schedule; a pretrained
     # backbone trains as cfg.finetune says, at cfg.backbone_lr_scale x lr (calibkit.train.optim).
     optimizer = build_optimizer(cfg, model, loss_fn)
-    net = _WithFeatures(model)
+    net: nn.Module = _WithFeatures(model)
     if dd.enabled:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
     if cfg.compile:
-        net = torch.compile(net)
+        net = torch.compile(net)  # type: ignore[assignment]  # returns an nn.Module for a module; typed as a callable
     run = _Run(cfg, dd, bundle, inputs, model, net, loss_fn, optimizer, step, Keeper(cfg.keep),
                train_x=bundle.train.images.to(dev), train_y=bundle.train.labels.to(dev),
                train_y_cpu=bundle.train.labels, loss_params=list(loss_fn.parameters()))
@@ -236,7 +240,8 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     _reseed_globals(cfg.seed * 100_003 + epoch * 101 + dd.rank)
     order = D.train_shard(len(train), _epoch_rng(cfg.seed, epoch, 0, 0), dd)
     order_dev = order.to(dev)
-    gens = EpochGenerators(aug=_epoch_rng(cfg.seed, epoch, dd.rank, 1, dev), draw=_epoch_rng(cfg.seed, epoch, dd.rank, 2))
+    gens = EpochGenerators(aug=_epoch_rng(cfg.seed, epoch, dd.rank, 1, dev),
+                           draw=_epoch_rng(cfg.seed, epoch, dd.rank, 2))
     run.net.train()
     run.loss_fn.train()
     sums = EpochSums(steps, dev)
@@ -269,8 +274,9 @@ def _train_epoch(run: _Run, epoch: int, progress: bool) -> dict:
     loss_sum, correct, seen, bad = D.all_reduce_sum([loss_sum, correct, seen, float(first_bad >= 0)], dd)
     if bad:
         where = f"step {first_bad + 1}" if first_bad >= 0 else "a step of another process"
-        raise UserRuntimeError(f"loss is {bad_value if first_bad >= 0 else 'not finite'} at epoch {epoch + 1}, {where}; "
-                           f"lower the learning rate (lr {learning_rate(cfg, epoch + max(first_bad, 0) / steps):.4g})")
+        raise UserRuntimeError(f"loss is {bad_value if first_bad >= 0 else 'not finite'} at epoch {epoch + 1}, "
+                               f"{where}; lower the learning rate "
+                               f"(lr {learning_rate(cfg, epoch + max(first_bad, 0) / steps):.4g})")
     return {"lr": lr, "train_loss": loss_sum / seen, "train_acc": correct / seen}
 
 
@@ -296,8 +302,9 @@ def _validate(run: _Run) -> dict:
     run.loss_fn.eval()
     logits, labels = _logits(run, run.bundle.val), run.bundle.val.labels
     run.val_logits = logits
-    if hasattr(run.loss_fn, "update"):
-        run.loss_fn.update(logits.to(run.dd.device), labels.to(run.dd.device))
+    update = getattr(run.loss_fn, "update", None)  # AdaFocal's per-epoch update of its gammas
+    if update is not None:
+        update(logits.to(run.dd.device), labels.to(run.dd.device))
     return {"val_loss": nn.functional.cross_entropy(logits.double(), labels).item(),
             "val_acc": (logits.argmax(1) == labels).double().mean().item(),
             "val_ece": float(ece(logits.softmax(1), labels, n_bins=15))}
@@ -320,6 +327,7 @@ def _end_epoch(run: _Run, out: Path, epoch: int, record: dict, force: bool = Fal
     due = force or (epoch + 1) % run.cfg.checkpoint_every == 0 or epoch + 1 == run.cfg.epochs
     if run.dd.is_main and due:  # kept weights first, then the checkpoint that refers to them
         if run.kept_unsaved:
+            assert run.kept is not None  # kept_unsaved: weights were kept this run
             rundir.write_tensors(out / rundir.MODEL, run.kept)
         rundir.write_checkpoint(out / rundir.CHECKPOINT, {
             "epoch": epoch + 1, "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
@@ -342,6 +350,7 @@ def _finish(run: _Run, out: Path, info: dict, log) -> dict:
 
         return finish_dense(run, out, info, log, _summary)
 
+    assert run.kept is not None  # every finished run has kept an epoch's weights
     run.model.load_state_dict(run.kept)
     run.model.eval()
     test = run.bundle.test
@@ -358,7 +367,8 @@ def _finish(run: _Run, out: Path, info: dict, log) -> dict:
         rundir.write_tensors(out / rundir.LOGITS, {"val_logits": val_logits, "val_labels": run.bundle.val.labels,
                                                   "test_logits": test_logits, "test_labels": test.labels})
         rundir.write_json(out / rundir.CONFIG, info)
-    tested = f"test acc {test_acc:.2%}, test ECE {100 * test_ece:.2f}" if len(test) else "test acc n/a, test ECE n/a"
+    tested = (f"test acc {test_acc:.2%}, test ECE {100 * test_ece:.2f}"
+              if test_acc is not None and test_ece is not None else "test acc n/a, test ECE n/a")
     log(f"done: kept epoch {run.keeper.epoch} ({run.cfg.keep}; val acc {info['best_val_acc']:.2%}), "
         f"{tested}, {run.elapsed:.0f}s -> {out}")
     return _summary(info)
@@ -403,9 +413,10 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         state, found = _prepare_run_dir(out, cfg, dd.is_main, root)
         D.barrier(dd)  # every rank has read the directory before rank 0 writes into it
         if state == "done":
+            assert found is not None  # "done" comes with the run's config.json
             log(f"{out}: run already finished ({found.get('epochs_done')} epochs); nothing to do")
             return _summary(found)
-        if state == "resume" and dd.is_main:  # always said: a resumed run is worth knowing about
+        if state == "resume" and dd.is_main and found is not None:  # always said: a resumed run is worth knowing about
             print(f"{out}: resuming after epoch {found['epoch']} ({rundir.CHECKPOINT})", flush=True)
         run = _build(cfg, dd, found if state == "resume" else None, out, log)
         bundle, dev = run.bundle, dd.device
@@ -429,8 +440,9 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
             stop = preempt.agreed(dd) and epoch + 1 < cfg.epochs
             kept = _end_epoch(run, out, epoch, record, force=stop)
             log(f"epoch {epoch + 1:>3}/{cfg.epochs}  loss {record['train_loss']:.4f}  train acc "
-                f"{record['train_acc']:6.2%}  val acc {record['val_acc']:6.2%}  val ECE {100 * record['val_ece']:5.2f}  "
-                f"lr {record['lr']:.4g}  {record['time_s']:5.1f}s{'  *kept' if kept else ''}")
+                f"{record['train_acc']:6.2%}  val acc {record['val_acc']:6.2%}  "
+                f"val ECE {100 * record['val_ece']:5.2f}  lr {record['lr']:.4g}  "
+                f"{record['time_s']:5.1f}s{'  *kept' if kept else ''}")
             if stop:  # the checkpoint of this epoch is written: a later call resumes after it
                 D.barrier(dd)
                 log(f"stopped on request after epoch {epoch + 1}; the run resumes from {out / rundir.CHECKPOINT}")

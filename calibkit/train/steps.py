@@ -134,7 +134,7 @@ class EpochSums:
 
     def __init__(self, steps: int, device):
         self.loss = torch.zeros(steps, dtype=torch.float32, device=device)
-        self.count = None  # dense targets: labelled pixels per step (else ``sizes``, on the host)
+        self.count: torch.Tensor | None = None  # dense targets: labelled pixels per step (else ``sizes``, on the host)
         self.correct = torch.zeros(steps, dtype=torch.long, device=device)
         self.sizes: list[int] = []
         self.steps = 0

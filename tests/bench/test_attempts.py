@@ -1,7 +1,6 @@
 """``calibkit.bench.attempts``: the work queue and the recording of a run's outcome."""
 
 import pytest
-import torch
 
 from calibkit.bench.attempts import broadcast, claim_outcome, run_recorded, work_queue
 from calibkit.distributed import Dist

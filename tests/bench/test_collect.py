@@ -235,5 +235,6 @@ def test_the_report_names_a_submitted_run_that_left_no_result(tmp_path, queue, o
     make_runs(tmp_path, methods=("ce", "ls"), seeds=(0,))
     _submitted(tmp_path, "40", ["smoke/ce/0", "smoke/ls/0", "smoke/focal/0", "other/ce/0"])
     rep = build_report(tmp_path, figures=False, width=0)
-    assert rep["text"].splitlines()[0] == "calibkit bench: preset smoke, 2 finished runs, 1 unfinished (smoke/focal/0 (failed))"
+    assert (rep["text"].splitlines()[0]
+            == "calibkit bench: preset smoke, 2 finished runs, 1 unfinished (smoke/focal/0 (failed))")
     assert "\n\nUnfinished runs: smoke/focal/0 (failed).\n" in (tmp_path / "report" / "report.md").read_text()

@@ -10,8 +10,8 @@ import torch
 from calibkit import rundir
 from calibkit.bench import evaluation
 from calibkit.bench.evaluation import EvalData, robustness_metrics
-from calibkit.data import Split
 from calibkit.bootstrap import paired_bootstrap_diff
+from calibkit.data import Split
 from calibkit.report.data import ece_deltas
 
 

@@ -133,7 +133,8 @@ def test_tune_extends_an_edge_twice_records_it_and_shows_it(tmp_path, monkeypatc
 
     monkeypatch.setattr(Bench, "_train", fake_train)
     monkeypatch.setitem(PRESETS, "tinyx", TINY)
-    monkeypatch.setitem(METHODS, "ls", dataclasses.replace(METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
+    monkeypatch.setitem(METHODS, "ls",
+                        dataclasses.replace(METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
     assert main(["tune", "--preset", "tinyx", "--methods", "ls", "--out", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     with Store(tmp_path / "runs.db", readonly=True) as s:
@@ -143,7 +144,8 @@ def test_tune_extends_an_edge_twice_records_it_and_shows_it(tmp_path, monkeypatc
     assert sorted(r["hparams"]["loss.alpha"] for r in rows) == [0.01, 0.1, 0.3, 0.9, 0.95]
     assert [r["attempts"] for r in rows] == [1] * 5  # each candidate trained once
     assert [r["hparams"]["loss.alpha"] for r in rows if r["selected"]] == [0.95]
-    assert record["added"] == {"loss.alpha": [0.9, 0.95]} and record["steps"] == {"loss.alpha": ["geometric", "half-way"]}
+    assert (record["added"] == {"loss.alpha": [0.9, 0.95]}
+            and record["steps"] == {"loss.alpha": ["geometric", "half-way"]})
     assert record["no_effect"] == []
     assert record["notes"] == ["alpha=0.95 is on the high edge after 2 extension(s): not extended further"]
     assert "tune ls: alpha: 0.3 is on the high edge; 0.9 added (geometric step)" in out
@@ -272,7 +274,8 @@ def test_a_re_tuned_method_runs_again_and_the_report_shows_only_the_selection(tm
     with Store(tmp_path / "runs.db", readonly=True) as s:
         old, new = s.get("tiny/ls/0~alpha=0.05"), s.get("tiny/ls/0")
     assert old["metrics"] == before["metrics"] and old["finished_at"] == before["finished_at"]
-    assert old["run_dir"].endswith("seed0~alpha=0.05") and (tmp_path / "runs/tiny/ls/seed0~alpha=0.05/config.json").is_file()
+    assert (old["run_dir"].endswith("seed0~alpha=0.05")
+            and (tmp_path / "runs/tiny/ls/seed0~alpha=0.05/config.json").is_file())
     assert new["config"]["hparams"] == {"loss.alpha": 0.2} and new["run_dir"].endswith("ls/seed0")
     rep = build_report(tmp_path, figures=False)
     assert [r["run_key"] for r in rep["summary"]["ls"]["runs"]] == ["tiny/ls/0"]  # one value per method
@@ -291,4 +294,5 @@ def test_provenance_names_the_committed_tuning_only_for_the_shipped_presets_own_
     assert "docs/tuning/default.json" in _provenance("default", [fmnist, fmnist])
     for preset, recs in (("default", [fmnist, {"dataset": "imagefolder", "model": "mlp"}]), ("mine", [fmnist]),
                          ("smoke", [fmnist])):
-        assert "docs/" not in _provenance(preset, recs) and "no tuning run in this directory" in _provenance(preset, recs)
+        said = _provenance(preset, recs)
+        assert "docs/" not in said and "no tuning run in this directory" in said

@@ -35,7 +35,8 @@ def test_features_file_loads_as_stored(tmp_path, suffix):
     xte, yte = _features(9, seed=1)
     path = _write(tmp_path / f"f{suffix}", x_train=xtr, y_train=ytr, x_test=xte, y_test=yte)
     b = load("tensors", data_dir=path, seed=0, val_size=6)
-    assert (b.modality, b.num_classes, b.in_channels, len(b.train), len(b.val), len(b.test)) == ("features", 3, 5, 24, 6, 9)
+    assert ((b.modality, b.num_classes, b.in_channels, len(b.train), len(b.val), len(b.test))
+            == ("features", 3, 5, 24, 6, 9))
     assert torch.equal(b.test.images, torch.from_numpy(xte)) and torch.equal(b.test.labels, torch.from_numpy(yte))
     # the validation and training splits are a partition of x_train (rows matched exactly)
     rows = {tuple(r) for r in xtr.tolist()}
@@ -52,7 +53,8 @@ def test_images_tokens_and_a_fixed_validation_split(tmp_path):
     path = _write(tmp_path / "i.npz", x_train=img(10), y_train=y(10), x_test=img(4), y_test=y(4),
                   x_val=img(4), y_val=y(4), class_names=np.array(["cat", "dog"]))
     b = load("tensors", data_dir=path)
-    assert (b.modality, b.in_channels, b.image_size, b.class_names, len(b.val)) == ("image", 1, (6, 7), ["cat", "dog"], 4)
+    assert ((b.modality, b.in_channels, b.image_size, b.class_names, len(b.val))
+            == ("image", 1, (6, 7), ["cat", "dog"], 4))
     assert b.split["rule"] == "fixed by the protocol" and len(b.mean) == 1
     ids = lambda n: rng.integers(0, 50, (n, 8)).astype(np.int32)  # noqa: E731
     path = _write(tmp_path / "t.npz", x_train=ids(10), y_train=y(10), x_test=ids(4), y_test=y(4))
@@ -146,7 +148,8 @@ def test_the_model_contract_names_what_is_missing(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="head has 3 outputs, the data has 4 classes"):
         check_contract(_Good(3, 5), x, 4)
     no_feats = nn.Sequential(nn.Linear(5, 3))
-    with pytest.raises(ValueError, match="no forward_features.*; head must be an nn.Linear\\(D, 3\\) attribute, got none"):
+    with pytest.raises(ValueError,
+                       match="no forward_features.*; head must be an nn.Linear\\(D, 3\\) attribute, got none"):
         check_contract(no_feats, x, 3)
 
     class Twice(_Good):

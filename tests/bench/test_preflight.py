@@ -128,7 +128,8 @@ def test_the_csm_check_gets_the_bench_arguments(rec, tmp_path):
 def test_a_csm_store_given_by_hand_must_exist_whatever_the_methods(rec, tmp_path):
     (tmp_path / "afile").write_text("x")
     for store, kind, message in (
-            (str(tmp_path / "nostore"), FileNotFoundError, f"--csm-store {tmp_path / 'nostore'}: no such folder (make a "
+            (str(tmp_path / "nostore"), FileNotFoundError,
+             f"--csm-store {tmp_path / 'nostore'}: no such folder (make a "
              "generated set with `calibkit csm generate`, or leave --csm-store out)"),
             (str(tmp_path / "afile"), ValueError, f"--csm-store {tmp_path / 'afile'}: is a file, not a folder (a "
              "generated set is a folder)"),
@@ -212,7 +213,8 @@ def test_a_user_model_that_cannot_be_built_is_named(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "mymodels", raising=False)
     with pytest.raises(ValueError) as err:
         P.check_model("mymodels:broken", _bundle())
-    assert str(err.value) == "model 'mymodels:broken': factory(num_classes=10, in_channels=1) failed (RuntimeError: boom)"
+    assert str(err.value) == ("model 'mymodels:broken': factory(num_classes=10, in_channels=1) failed "
+                              "(RuntimeError: boom)")
     P.check_model("mlp", _bundle())  # a shipped model on a shipped data set: resolved only, not built
 
 
@@ -220,7 +222,8 @@ def test_a_missing_generated_set_names_the_fix(monkeypatch):
     import calibkit.bench.csmbuild as csmbuild
     import calibkit.extras
 
-    monkeypatch.setattr(csmbuild, "cost_line", lambda *a: f"cost of {a[0].name} on {a[1].name} for seeds {a[2]} on {a[3]}")
+    monkeypatch.setattr(csmbuild, "cost_line",
+                        lambda *a: f"cost of {a[0].name} on {a[1].name} for seeds {a[2]} on {a[3]}")
     required = []
     monkeypatch.setattr(calibkit.extras, "require", lambda *a: required.append(a))
     with pytest.raises(FileNotFoundError) as err:

@@ -131,7 +131,8 @@ def test_the_modality_of_a_safetensors_file_is_read_from_its_header(tmp_path):
     np = pytest.importorskip("numpy")
     st = pytest.importorskip("safetensors.numpy")
 
-    st.save_file({"x_train": np.zeros((4, 8, 8), np.uint8), "y_train": np.zeros(4, np.int64)}, tmp_path / "i.safetensors")
+    st.save_file({"x_train": np.zeros((4, 8, 8), np.uint8), "y_train": np.zeros(4, np.int64)},
+                 tmp_path / "i.safetensors")
     text = BASE.replace('"digits"', '"tensors"') + f'data_dir = "{tmp_path / "i.safetensors"}"\nmodality = "text"\n'
     assert _refused(tmp_path, text)[0] == "modality: tensors holds images, so the modality is 'image', got 'text'"
 

@@ -67,7 +67,8 @@ eta = 3.0
 "maccal.eta" = {values = [1, 5], default = 5}
 """
     p = parse_preset(text, "f.toml")
-    assert (p.seeds, p.methods, p.data_dir, p.ood, p.note) == ((3, 4), ("ls", "mixup", "maccal"), "some/folder", "noise", "mine")
+    assert ((p.seeds, p.methods, p.data_dir, p.ood, p.note)
+            == ((3, 4), ("ls", "mixup", "maccal"), "some/folder", "noise", "mine"))
     assert p.train == {"epochs": 7, "val_size": None, "milestones": [3, 5]}
     assert p.train_by_method == {"mixup": {"mix_alpha": 0.3}} and p.maccal == {"eta": 3.0}
     # sorted ascending; the published value of an address the method has is the method's own (LS: 0.05)
@@ -100,12 +101,14 @@ def test_a_new_address_takes_the_middle_value_as_its_published_one():
     ("[maccal]\netta = 1.0\n", "unknown [maccal] keyword 'etta' (nearest valid name: eta)"),
     ("[csm]\nsharpnes = 1.0\n", "unknown [csm] setting 'sharpnes' (nearest valid name: sharpness)"),
     ("[space.ls]\n'loss.alhpa' = [0.1]\n", "unknown loss setting 'alhpa' (nearest valid name: alpha)"),
-    ("[space.ls]\n'los.alpha' = [0.1]\n", "bad search-space address 'los.alpha'; expected <loss|train|maccal|csm>.<name> "
+    ("[space.ls]\n'los.alpha' = [0.1]\n",
+     "bad search-space address 'los.alpha'; expected <loss|train|maccal|csm>.<name> "
                                           "(nearest valid name: loss.alpha)"),
     ("[space.ls]\n'loss.alpha' = [0.1, 0.1]\n", "repeats a value"),
     ("[space.ls]\n'loss.alpha' = []\n", "non-empty list of numbers"),
     ("[space.maccal]\n'maccal.eeta' = [1]\n", "unknown maccal setting 'eeta' (nearest valid name: eta)"),
-    ("[train_by_method.mixup]\nmix_alpa = 1.0\n", "unknown TrainConfig field 'mix_alpa' (nearest valid name: mix_alpha)"),
+    ("[train_by_method.mixup]\nmix_alpa = 1.0\n",
+     "unknown TrainConfig field 'mix_alpa' (nearest valid name: mix_alpha)"),
     ("seeds = [0, true]\n", "seeds: expected a list of integers"),
     ("modality = 'txt'\n", "unknown modality 'txt' (nearest valid name: text)"),
 ])

@@ -19,7 +19,8 @@ def _finish(out, key, ece, monkeypatch=None):
     assert files.claim(key, preset=preset, method=method, seed=seed, config={"epochs": 2}, git_commit="abc",
                        versions={"torch": "x"})
     run_dir = out / "runs" / preset / method / f"seed{seed}"
-    files.finish(key, metrics={"before": {"ece": ece}}, run_dir=str(run_dir), logits_path=str(run_dir / "logits.safetensors"),
+    files.finish(key, metrics={"before": {"ece": ece}}, run_dir=str(run_dir),
+                 logits_path=str(run_dir / "logits.safetensors"),
                  train_time_s=1.5, eval_time_s=0.5, ood=None, robustness=None, extra=None)
     return run_dir
 
@@ -167,12 +168,14 @@ def test_every_field_of_a_run_candidate_and_selection_file(tmp_path, monkeypatch
     files = R.ResultFiles(tmp_path)
     assert files.path == str(tmp_path) and files.owner.endswith(f":{os.getpid()}:files")
     assert files.busy_elsewhere("p/ce/0") is False and files.busy_elsewhere("p/ls/0/a=1", "tuning") is False
-    assert files.claim("p/ce/0", preset="p", method="ce", seed=0, config={"e": 1}, git_commit="abc", versions={"t": "2"})
+    assert files.claim("p/ce/0", preset="p", method="ce", seed=0, config={"e": 1}, git_commit="abc",
+                       versions={"t": "2"})
     files.finish("p/ce/0", metrics={})
     doc = json.loads(R.result_path(tmp_path, "p/ce/0").read_text())
     row = doc["row"]
     assert doc["version"] == R.VERSION and doc["slurm"] == {}
-    assert (row["config"], row["git_commit"], row["versions"], row["owner"]) == ({"e": 1}, "abc", {"t": "2"}, files.owner)
+    assert ((row["config"], row["git_commit"], row["versions"], row["owner"])
+            == ({"e": 1}, "abc", {"t": "2"}, files.owner))
     stamps = [datetime.fromisoformat(row[c]) for c in ("created_at", "started_at", "finished_at")]
     assert all(s.utcoffset().total_seconds() == 0 for s in stamps) and stamps[0] <= stamps[2]  # UTC
     assert files.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1}, config={"e": 2},
@@ -219,11 +222,14 @@ def test_documents_of_another_format_version_or_table_are_refused(tmp_path):
     assert R.read_doc(path)["row"] == {}
     # a document of the wrong table where each reader expects its own
     files = R.ResultFiles(tmp_path)
-    R.write_atomic(R.result_path(tmp_path, "p/ce/0"), {"format": R.FORMAT, "table": "tuning", "row": {"status": "done"}})
-    for call in (lambda: files.status("p/ce/0"), lambda: files.runs(), lambda: files.claim("p/ce/0", preset="p", method="ce", seed=0)):
+    R.write_atomic(R.result_path(tmp_path, "p/ce/0"),
+                   {"format": R.FORMAT, "table": "tuning", "row": {"status": "done"}})
+    for call in (lambda: files.status("p/ce/0"), lambda: files.runs(),
+                 lambda: files.claim("p/ce/0", preset="p", method="ce", seed=0)):
         with pytest.raises(ValueError, match="a 'tuning' result where a 'runs' one was expected"):
             call()
-    R.write_atomic(R.candidate_path(tmp_path, "p/ls/0/a=1"), {"format": R.FORMAT, "table": "runs", "row": {"status": "done"}})
+    R.write_atomic(R.candidate_path(tmp_path, "p/ls/0/a=1"),
+                   {"format": R.FORMAT, "table": "runs", "row": {"status": "done"}})
     for call in (lambda: files.candidates(), lambda: files.select_candidate("p", "ls", 0, "p/ls/0/a=1", {})):
         with pytest.raises(ValueError, match="a 'runs' result where a 'tuning' one was expected"):
             call()

@@ -137,7 +137,8 @@ def test_a_failed_run_is_named_on_stderr_with_its_reason_and_a_retry_runs_it(tmp
     from calibkit.cli import main
 
     monkeypatch.setitem(PRESETS, "tiny", TINY)
-    monkeypatch.setattr(calibkit.report, "build_report", lambda *a, **k: {"text": "", "paths": {"html": "h", "md": "m"}})
+    monkeypatch.setattr(calibkit.report, "build_report", lambda *a,
+                        **k: {"text": "", "paths": {"html": "h", "md": "m"}})
     fake = Bench._train
 
     def failing(self, method, seed, run_dir, csm_data=None):
@@ -183,8 +184,9 @@ def test_a_task_cancelled_before_training_runs_again_in_its_directory(tmp_path, 
             b.run_one(0, "ce")
     run = tmp_path / "runs" / "tiny" / "ce" / "seed0"
     assert [p.name for p in run.iterdir()] == [R.RESULT]  # the interrupted marker, nothing else
-    assert R.task_kept(tmp_path, "tiny/ce/0") == (f"{run} holds only this attempt's record (result.json); a requeued "
-                                                  "task, or the same submission command run again, starts the run there")
+    assert R.task_kept(tmp_path, "tiny/ce/0") == (f"{run} holds only this attempt's record (result.json); "
+                                                  "a requeued task, or the same submission command run again, "
+                                                  "starts the run there")
     # the requeued task (or a resubmission): the same run, trained for real in that directory
     monkeypatch.setattr(Bench, "produce", real_produce)
     with closing(Bench(TINY, tmp_path, seeds=[0], methods=["ce"], device="cpu", store=R.ResultFiles(tmp_path))) as b:

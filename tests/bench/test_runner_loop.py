@@ -9,6 +9,7 @@ evaluation themselves are tested in ``tests/train`` and ``tests/bench/test_evalu
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from contextlib import closing
 
 import pytest
@@ -121,7 +122,7 @@ def test_constructor_takes_a_store_object_or_a_path_and_says_what_it_skips(tmp_p
     b = Bench(TINY, tmp_path / "b", methods=["ls"], log=quiet, store=store)
     assert b.store is store and not (tmp_path / "b" / "runs.db").exists()
     b.close()
-    with pytest.raises(Exception):  # close() closed it
+    with pytest.raises(sqlite3.ProgrammingError):  # close() closed it
         store.runs()
     lines = []
     text = dataclasses.replace(TINY, modality="text")
@@ -548,7 +549,7 @@ def test_progress_gets_a_bar_only_for_print_on_a_terminal_and_every_runs_duratio
     _Progress.made.clear()
     stand_ins["fail"].add(("ls", 1))
     for tty in (True, False):
-        monkeypatch.setattr(runner.sys.stderr, "isatty", lambda: tty)
+        monkeypatch.setattr(runner.sys.stderr, "isatty", lambda tty=tty: tty)
         for log in (print, quiet):
             with closing(Bench(TINY, tmp_path / f"{tty}{log is print}", methods=["ls"], log=log)) as b:
                 b.run()

@@ -74,7 +74,7 @@ def test_bench_tune_chain_candidates_selection_then_bench(tmp_path, capsys):
     said = dry(tmp_path, capsys, "--tune", "--methods", "ls", "maccal")
     stages = re.findall(r"^\s+(\w+)=\$\(sbatch", said, flags=re.M)
     assert stages == ["tune_ce", "tune_train", "tune_maccal", "tune_select", "ce", "train", "maccal"]
-    line = {s: l for s, l in zip(stages, (l for l in said.splitlines() if "sbatch" in l))}
+    line = dict(zip(stages, (text for text in said.splitlines() if "sbatch" in text)))
     assert "--dependency=afterok:$tune_ce " in line["tune_maccal"]
     assert all(f"afterok:${s}" in line["tune_select"] for s in ("tune_ce", "tune_train", "tune_maccal"))
     assert "--dependency=afterok:$tune_select " in line["ce"] and "afterok:$tune_select" in line["train"]
@@ -146,15 +146,16 @@ def test_task_argv_of_each_command_forwards_every_option():
                      data_dir="/d", csm_store="/c", keep="logits", num_threads=4)
     head = ["--preset", "smoke", "--out", "/o", "--device", "cuda"]
     tail = ["--data-dir", "/d", "--csm-store", "/c", "--keep", "logits", "--num-threads", "4"]
-    assert SP.task_argv(args, "bench") == ["bench", *head, "--no-report", "--workers", "1", "--tune", "--seeds", "0", "1",
-                                           "--methods", "ls", "ce", *tail]
+    assert SP.task_argv(args, "bench") == ["bench", *head, "--no-report", "--workers", "1", "--tune",
+                                           "--seeds", "0", "1", "--methods", "ls", "ce", *tail]
     assert SP.task_argv(args, "tune") == ["tune", *head, "--methods", "ls", "ce", "--seed", "7", *tail]
-    assert SP.task_argv(args, "select") == ["tune", *head, "--select-only", "--methods", "ls", "ce", "--seed", "7", *tail]
+    assert (SP.task_argv(args, "select")
+            == ["tune", *head, "--select-only", "--methods", "ls", "ce", "--seed", "7", *tail])
     # a command without --tune, --seeds or --seed (tune's namespace has no --seeds, bench's no --seed)
     bare = Namespace(**PRESET_FLAGS, out="/o", device="cpu", methods=None, data_dir=None, csm_store=None, keep=None,
                      num_threads=None)
-    assert SP.task_argv(bare, "bench") == ["bench", "--preset", "smoke", "--out", "/o", "--device", "cpu", "--no-report",
-                                           "--workers", "1"]
+    assert SP.task_argv(bare, "bench") == ["bench", "--preset", "smoke", "--out", "/o", "--device", "cpu",
+                                           "--no-report", "--workers", "1"]
     assert SP.task_argv(bare, "tune") == ["tune", "--preset", "smoke", "--out", "/o", "--device", "cpu"]
     bare.seed = 0  # seed 0 is a seed
     assert SP.task_argv(bare, "tune")[-2:] == ["--seed", "0"] and "--seed" not in SP.task_argv(bare, "bench")
@@ -188,8 +189,8 @@ def _states(monkeypatch, given, seen):
 def test_bench_arrays_skip_what_is_done_or_held_and_wait_for_a_ce_held_elsewhere(monkeypatch):
     seen, opts = [], SlurmOptions(gpus_per_run=2)
     p = Namespace(name="p")
-    _states(monkeypatch, {"p/ce/0": ("done", "/d"), "p/ce/1": ("running", "task 40_1"), "p/ls/0": ("queued", "task 40_2 pending"),
-                          "p/maccal/1": ("done", "/d")}, seen)
+    _states(monkeypatch, {"p/ce/0": ("done", "/d"), "p/ce/1": ("running", "task 40_1"),
+                          "p/ls/0": ("queued", "task 40_2 pending"), "p/maccal/1": ("done", "/d")}, seen)
     arrays, _ = SP.bench_arrays("/o", p, [0, 1], ["ce", "maccal", "ls", "csm"], opts, prefix="x-")
     assert seen == ["runs"]
     # no CE array (one done, one running elsewhere): the two-stage runs wait for that task, not for a stage
@@ -231,7 +232,8 @@ def test_tune_arrays_per_stage_and_the_selection_job(monkeypatch):
     assert seen == ["tuning"]
     assert arrays == [Array("tune-maccal", "tune", {3: "p/maccal/100/e=1"}, gpus=1, after=[("afterok", "tune-ce")],
                             after_jobs=["7_0"]),
-                      Array("tune-csm", "tune", {4: "p/csm/100/s=1"}, gpus=2, torchrun=2, after=[("afterok", "tune-ce")],
+                      Array("tune-csm", "tune", {4: "p/csm/100/s=1"}, gpus=2, torchrun=2,
+                            after=[("afterok", "tune-ce")],
                             after_jobs=["7_0"]),
                       Array("tune-select", "tune", {}, after=[("afterok", "tune-maccal"), ("afterok", "tune-csm")],
                             after_jobs=["7_0", "7_2"], single=True)]
@@ -240,7 +242,8 @@ def test_tune_arrays_per_stage_and_the_selection_job(monkeypatch):
     assert [(a.stage, a.tasks) for a in arrays[:2]] == [("tune-ce", {0: "p/ce/100/none"}),
                                                         ("tune-train", {1: "p/ls/100/a=1", 2: "p/ls/100/a=2"})]
     # everything done: a selection job only while some method has no selection
-    done = {k: ("done", "/d") for k in ("p/ce/100/none", "p/ls/100/a=1", "p/ls/100/a=2", "p/maccal/100/e=1", "p/csm/100/s=1")}
+    done = {k: ("done", "/d")
+            for k in ("p/ce/100/none", "p/ls/100/a=1", "p/ls/100/a=2", "p/maccal/100/e=1", "p/csm/100/s=1")}
     _states(monkeypatch, done, seen)
     assert SP.tune_arrays("/o", _Tuner({"ls": {}, "maccal": {}, "csm": {}}), opts)[0] == []
     assert SP.tune_arrays("/o", _Tuner({"ls": {}, "maccal": {}}), opts)[0] == [
@@ -251,10 +254,12 @@ def test_submit_bench_hands_the_planned_arrays_to_submit(monkeypatch, tmp_path):
     from calibkit.bench.grid import PRESETS
 
     calls = []
-    monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {"x": 1})
-    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=None, data_dir=None, csm_store=None,
-                     keep=None, num_threads=None, partition=None, account=None, qos=None, time=None, gpus_per_run=0,
-                     cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False, signal=None)
+    monkeypatch.setattr(SP, "submit",
+                        lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {"x": 1})
+    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=None, data_dir=None,
+                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
+                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
+                     signal=None)
     assert SP.submit_bench(args, PRESETS["smoke"]) == {"x": 1}
     ((arrays, argv, dry_run),) = calls
     assert dry_run is False and argv == {"bench": SP.task_argv(args, "bench")}
@@ -285,13 +290,15 @@ def test_status_lines_of_a_bench_with_its_tuning_candidates(tmp_path):
     done = R.candidate_path(tmp_path, "smoke/ls/7/alpha=0.05").parent
     assert lines[3] == f"{'smoke/ls/7/alpha=0.05':<{width}}  {'done':<13}  {done}"
     assert lines[0] == f"{'smoke/ce/7/default':<{width}}  not submitted"  # no trailing blanks
-    assert lines[-1] == f"{'smoke/ls/3':<{width}}  {'failed':<13}  {R.result_path(tmp_path, 'smoke/ls/3')}: ValueError: bad"
+    assert (lines[-1]
+            == f"{'smoke/ls/3':<{width}}  {'failed':<13}  {R.result_path(tmp_path, 'smoke/ls/3')}: ValueError: bad")
     assert counts == {"not submitted": len(cands), "done": 1, "failed": 1}
     # without --tune: the bench's runs only; no seeds, no lines
     args = Namespace(out=tmp_path, seeds=[3], methods=["ls"], data_dir=None)
     assert SP.status_lines(args, PRESETS["smoke"])[0] == [f"smoke/ce/3  {'not submitted'}",
                                                           f"smoke/ls/3  {'failed':<13}  {lines[-1].split(None, 2)[2]}"]
-    assert SP.status_lines(Namespace(out=tmp_path, seeds=[], methods=["ls"], data_dir=None), PRESETS["smoke"]) == ([], {})
+    assert (SP.status_lines(Namespace(out=tmp_path, seeds=[], methods=["ls"], data_dir=None), PRESETS["smoke"])
+            == ([], {}))
     assert not (tmp_path / "runs.db").exists()
 
 
@@ -299,7 +306,8 @@ def test_submit_tune_plans_the_candidates_of_the_given_seed_then_the_bench(monke
     from calibkit.bench.grid import PRESETS
 
     calls = []
-    monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {})
+    monkeypatch.setattr(SP, "submit",
+                        lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {})
     args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=[3], seed=7, data_dir=None,
                      csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
                      gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,

@@ -38,7 +38,8 @@ def _fake_run(monkeypatch, answers):
 
 
 def test_squeue_states_reads_this_users_tasks_of_the_wanted_jobs(monkeypatch):
-    calls = _fake_run(monkeypatch, {"squeue": lambda cmd: "12|3|RUNNING\n13|N/A|PENDING\n 14||PENDING \n99|1|RUNNING\n"})
+    calls = _fake_run(monkeypatch,
+                      {"squeue": lambda cmd: "12|3|RUNNING\n13|N/A|PENDING\n 14||PENDING \n99|1|RUNNING\n"})
     assert S.squeue_states(["12", 13, "14"]) == {"12_3": "RUNNING", "13_0": "PENDING", "14_0": "PENDING"}
     assert calls == [["squeue", "-h", "-r", "-u", str(os.getuid()), "-o", "%F|%K|%T"]]
     assert S.squeue_states([]) == {} and len(calls) == 1  # nothing to ask about: squeue is not run
@@ -159,7 +160,8 @@ exit 3
 """
 
 
-def _script(tmp_path, monkeypatch, array, opts=S.SlurmOptions()):
+def _script(tmp_path, monkeypatch, array, opts=None):
+    opts = S.SlurmOptions() if opts is None else opts
     fake = tmp_path / "fakepython"
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
@@ -201,7 +203,8 @@ def test_an_array_task_runs_its_key_and_forwards_sigusr1(tmp_path, monkeypatch):
               "--time=1:00:00", "--mem=8G", "--requeue", "--signal=B:USR1@120", "--constraint=a100"):
         assert f"#SBATCH {d}" in lines, d
     assert "--gres" not in text  # no GPU asked for
-    assert lines[1] == f"# calibkit bench --executor slurm: stage train, 2 task(s); index -> key: {tmp_path / '001-train.keys'}"
+    assert lines[1] == ("# calibkit bench --executor slurm: stage train, 2 task(s); "
+                        f"index -> key: {tmp_path / '001-train.keys'}")
     assert f"cd {shlex.quote(os.getcwd())}" in lines and text.endswith("\nexit $rc\n")
     assert f"{S.sys.executable} -m calibkit bench" in text and "torch.distributed.run" not in text
     rc, out, err = _run_task(path, tmp_path, 4)

@@ -11,11 +11,12 @@ import pytest
 
 from calibkit.bench.slurm import Array, SlurmOptions, script_text
 from calibkit.cli import main
+from calibkit.data.idx import FMNIST_DIR as FMNIST  # the smoke preset's data
 
 BENIGN = "BENIGN0"
 HOSTILE = ["x\ntouch pwned", "x; touch pwned", "$(touch pwned)", "`touch pwned`", "x'y\"z", "two words",
            "x && touch pwned", "x #y", "x\rtouch pwned", "x\0y", "100%j\\n"]
-from calibkit.data.idx import FMNIST_DIR as FMNIST  # the smoke preset's data
+
 CONTROL = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL character"}
 
 
@@ -118,7 +119,8 @@ def test_words_of_the_command_line_stay_words(tmp_path, capsys, option, hostile)
         base_out, out, extra, base_extra = tmp_path / "b" / "o", tmp_path / "h" / "o", [option, str(values[1])], [
             option, str(values[0])]
     else:
-        base_out, out, extra, base_extra = tmp_path / "b" / "o", tmp_path / "h" / "o", [option, hostile], [option, BENIGN]
+        base_out, out = tmp_path / "b" / "o", tmp_path / "h" / "o"
+        extra, base_extra = [option, hostile], [option, BENIGN]
     assert write(base_out, *base_extra) == 0
     capsys.readouterr()
     rc = write(out, *extra)

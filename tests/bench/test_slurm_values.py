@@ -40,7 +40,8 @@ def test_a_partition_may_be_a_list():
             V.check_name("--partition", bad, several=True)
 
 
-@pytest.mark.parametrize("option,values", [("--time", BAD_TIMES), ("--mem", BAD_MEMS), ("--partition", [n for n in BAD_NAMES if n != "a,b"]),
+@pytest.mark.parametrize("option,values", [("--time", BAD_TIMES), ("--mem", BAD_MEMS),
+                                           ("--partition", [n for n in BAD_NAMES if n != "a,b"]),
                                            ("--account", BAD_NAMES), ("--qos", BAD_NAMES)])
 def test_each_invalid_value_is_refused_naming_its_option(tmp_path, capsys, option, values):
     for value in values:
@@ -87,7 +88,8 @@ def test_options_of_the_python_api_are_validated():
         SlurmOptions(sbatch_args=("x",)).validate()
     with pytest.raises(ValueError, match=r"^--sbatch-arg: expected a sequence"):
         SlurmOptions(sbatch_args="--x").validate()
-    words = SlurmOptions(partition="gpu,long", time="1-00:00:00", mem="8G", sbatch_args=("--comment=a b",)).directives(2)
+    opts = SlurmOptions(partition="gpu,long", time="1-00:00:00", mem="8G", sbatch_args=("--comment=a b",))
+    words = opts.directives(2)
     assert words == ["--cpus-per-task=1", "--gres=gpu:2", "--partition=gpu,long", "--time=1-00:00:00", "--mem=8G",
                      '"--comment=a b"']
 

@@ -11,7 +11,10 @@ import pytest
 from calibkit.bench.collect import collect
 from calibkit.cli import main
 from calibkit.store import Store
-from tests.bench.test_collect import _done, _submitted, queue  # noqa: F401 - queue is a fixture
+from tests.bench import test_collect
+from tests.bench.test_collect import _done, _submitted
+
+queue = test_collect.queue  # the fixture, shared with test_collect
 
 BENCH = ["bench", "--preset", "smoke", "--seeds", "0"]
 

@@ -295,7 +295,8 @@ def test_interrupted_tune_resumes_without_retraining(tmp_path, small_spaces, mon
 
 
 def test_tune_refuses_a_directory_trained_with_other_settings(tmp_path, small_spaces, monkeypatch):
-    monkeypatch.setitem(METHODS, "ls", dataclasses.replace(METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1), 0.05)}))
+    monkeypatch.setitem(METHODS, "ls",
+                        dataclasses.replace(METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1), 0.05)}))
     monkeypatch.setitem(METHODS, "mbls", dataclasses.replace(METHODS["mbls"], space={}))
     _tune(tmp_path)
     other = dataclasses.replace(TINY, train={**TINY.train, "epochs": 2})
@@ -510,9 +511,10 @@ def test_tuner_arguments_methods_and_seed(tmp_path, no_training):
     try:  # CE is trained but not listed; FLSD has nothing to tune
         assert (tuner.methods, tuner.skipped, tuner.unsupported) == (["ls", "mixup"], ["flsd"], [])
         assert tuner.seed == 7 and tuner.max_extensions == 0
+        mixup_alphas = METHODS["mixup"].space["train.mix_alpha"].values
         assert tuner.items() == [("ce", {}), ("ls", {"loss.alpha": 0.01}), ("ls", {"loss.alpha": 0.1}),
                                  ("ls", {"loss.alpha": 0.3})] + [("mixup", {"train.mix_alpha": a})
-                                                                 for a in METHODS["mixup"].space["train.mix_alpha"].values]
+                                                                 for a in mixup_alphas]
         assert tuner.key("ls", {"loss.alpha": 0.1}) == cand_key("tiny", "ls", 7, {"loss.alpha": 0.1}) \
             == "tiny/ls/7/alpha=0.1"
         assert tuner.run_dir("ls", {"loss.alpha": 0.1}) == tmp_path / "tune" / "tiny" / "ls" / "alpha=0.1"
@@ -521,7 +523,8 @@ def test_tuner_arguments_methods_and_seed(tmp_path, no_training):
     text = dataclasses.replace(TINY, modality="text", methods=("ls", "mixup", "focal"))
     tuner = Tuner(text, tmp_path / "t", seed=3, max_extensions=2, num_threads=1, log=lambda *a, **k: None)
     try:  # the preset's own list by default; mixing images is not for text
-        assert (tuner.methods, tuner.unsupported, tuner.seed, tuner.max_extensions) == (["ls", "focal"], ["mixup"], 3, 2)
+        assert ((tuner.methods, tuner.unsupported, tuner.seed, tuner.max_extensions)
+                == (["ls", "focal"], ["mixup"], 3, 2))
     finally:
         tuner.close()
 
@@ -540,7 +543,8 @@ def test_tuner_trains_scores_selects_and_logs_each_candidate(tmp_path, no_traini
     rows = _rows(tmp_path)
     assert set(rows) == {"tiny/ce/7/default", "tiny/ls/7/alpha=0.01", "tiny/ls/7/alpha=0.1", "tiny/ls/7/alpha=0.3"}
     best = rows["tiny/ls/7/alpha=0.3"]
-    assert best["selected"] and best["train_time_s"] == 1.5 and best["run_dir"] == str(tuner.run_dir("ls", {"loss.alpha": 0.3}))
+    assert (best["selected"] and best["train_time_s"] == 1.5
+            and best["run_dir"] == str(tuner.run_dir("ls", {"loss.alpha": 0.3})))
     assert best["metrics"] == val_metrics(best["run_dir"]) and best["config"] == rec
     assert best["criterion"] == Criterion().to_dict() == {"metric": "ece", "n_bins": 15, "max_acc_drop": 0.01,
                                                           "acc_z": 1.96, "tie": 1e-4}
@@ -877,8 +881,10 @@ def test_select_all_selects_each_complete_method_on_this_tunings_rows(tmp_path, 
         for m, v in [("focal", {"loss.gamma": g}) for g in (1.0, 2.0, 3.0)] + [("ls", {"loss.alpha": 0.01})]:
             tuner.run_one(tuner.key(m, v))
         # ls: 0.1 running elsewhere, 0.3 missing; the failures of other tunings and methods are not its own
-        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={"loss.alpha": 0.1})
-        for key, preset, method, seed in (("tinz/ls/7/alpha=0.3", "tinz", "ls", 7), ("tiny/ls/8/alpha=0.3", "tiny", "ls", 8),
+        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7,
+                                     hparams={"loss.alpha": 0.1})
+        for key, preset, method, seed in (("tinz/ls/7/alpha=0.3", "tinz", "ls", 7),
+                                          ("tiny/ls/8/alpha=0.3", "tiny", "ls", 8),
                                           ("tiny/mbls/7/alpha=0.3", "tiny", "mbls", 7)):
             other.claim_candidate(key, preset=preset, method=method, seed=seed, hparams={"loss.alpha": 0.3})
             other.fail_candidate(key, "boom")

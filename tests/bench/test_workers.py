@@ -247,7 +247,8 @@ def test_a_worker_that_already_ended_is_not_an_error(tmp_path):
     gone = _Proc(broken=True, rc=1)
     released = workers.release_workers([gone], tmp_path)  # BrokenPipeError on write: ignored
     workers.cancel_workers([gone])  # OSError on close: ignored
-    assert workers.wait_workers(released) == [f"worker worker-1 exited with status 1; see {tmp_path / 'logs' / 'worker-1.log'}"]
+    assert (workers.wait_workers(released)
+            == [f"worker worker-1 exited with status 1; see {tmp_path / 'logs' / 'worker-1.log'}"])
 
 
 def test_the_watcher_signals_this_process_when_the_caller_goes(monkeypatch):

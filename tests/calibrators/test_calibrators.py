@@ -161,10 +161,12 @@ def test_dense_fit_equals_fit_on_valid_pixels_and_subsamples_with_a_seed(gen):
     full = TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=None)
     assert full.temperature_ == TemperatureScaling().fit(rows[keep], y[keep]).temperature_
     sub = TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=50, seed=4)
-    idx = keep.nonzero().squeeze(1)[torch.randperm(int(keep.sum()), generator=torch.Generator().manual_seed(4))[:50].sort().values]
+    drawn = torch.randperm(int(keep.sum()), generator=torch.Generator().manual_seed(4))[:50]
+    idx = keep.nonzero().squeeze(1)[drawn.sort().values]
     assert sub.temperature_ == TemperatureScaling().fit(rows[idx], y[idx]).temperature_
     assert sub.temperature_ != full.temperature_ and 1.5 < full.temperature_ < 6
-    assert TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=50, seed=4).temperature_ == sub.temperature_
+    assert (TemperatureScaling().fit(logits, labels, ignore_index=255, max_pixels=50, seed=4).temperature_
+            == sub.temperature_)
     p = full.predict_proba(logits)
     assert p.shape == logits.shape
     torch.testing.assert_close(p, torch.softmax(logits / full.temperature_, 1))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.calibrators import temperature as calibrators  # the module of the solver the tests spy on
 from calibkit.calibrators import NotFittedError, TemperatureScaling, evaluate_before_after_ts
+from calibkit.calibrators import temperature as calibrators  # the module of the solver the tests spy on
 from calibkit.metrics import evaluate
 
 

@@ -47,7 +47,8 @@ def test_simplex_qp_matches_scipy():
         a = torch.randn(5, 3, generator=g, dtype=torch.float64)
         gram, lin = a.T @ a, torch.randn(3, generator=g, dtype=torch.float64)
         w = simplex_qp(gram, lin)
-        fun = lambda v: float(v @ gram.numpy() @ v - 2 * lin.numpy() @ v)  # noqa: E731
+        def fun(v, gram=gram, lin=lin):
+            return float(v @ gram.numpy() @ v - 2 * lin.numpy() @ v)
         res = minimize(fun, np.full(3, 1 / 3), method="SLSQP", bounds=[(0, 1)] * 3,
                        constraints=[{"type": "eq", "fun": lambda v: v.sum() - 1}], options={"ftol": 1e-14})
         assert fun(w.numpy()) <= res.fun + 1e-9

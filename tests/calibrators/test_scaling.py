@@ -18,7 +18,8 @@ def _labels(gen, logits):
 def test_vector_scaling_recovers_a_known_map():
     g = torch.Generator().manual_seed(0)
     z = _draw(g, 20_000, 4)
-    w, b = torch.tensor([0.5, 1.0, 2.0, 0.8], dtype=torch.float64), torch.tensor([0.3, -0.2, 0.0, 0.6], dtype=torch.float64)
+    w, b = (torch.tensor([0.5, 1.0, 2.0, 0.8], dtype=torch.float64),
+            torch.tensor([0.3, -0.2, 0.0, 0.6], dtype=torch.float64))
     y = _labels(g, z * w + b)
     cal = VectorScaling().fit(z, y)
     torch.testing.assert_close(cal.weight_, w, rtol=0, atol=0.05)

@@ -5,8 +5,16 @@ import torch
 
 import calibkit.functional as F
 from calibkit.calibrators import CALIBRATORS, TemperatureScaling
-from calibkit.calibrators.selection import (NONE, CrossFitScore, SelectionRule, choose, cross_fit, folds, mean_scores,
-                                            select_calibrator)
+from calibkit.calibrators.selection import (
+    NONE,
+    CrossFitScore,
+    SelectionRule,
+    choose,
+    cross_fit,
+    folds,
+    mean_scores,
+    select_calibrator,
+)
 
 
 def _overconfident(n=2000, k=5, sharpen=3.0, seed=0):

@@ -4,9 +4,15 @@ Dirichlet calibration reuses ``init``'s (lam, mu); a wrong ``init`` is refused."
 import pytest
 import torch
 
-from calibkit.calibrators import (DirichletCalibration, HistogramBinning, IsotonicCalibration, MatrixScaling,
-                                  TemperatureScaling, VectorScaling)
-from calibkit.calibrators import scaling
+from calibkit.calibrators import (
+    DirichletCalibration,
+    HistogramBinning,
+    IsotonicCalibration,
+    MatrixScaling,
+    TemperatureScaling,
+    VectorScaling,
+    scaling,
+)
 from calibkit.calibrators._base import lbfgs
 from calibkit.calibrators.scaling import odir_objective
 
@@ -104,7 +110,8 @@ def test_dirichlet_warm_start_reuses_init_lam_mu_and_skips_cross_validation(monk
     # which leaves gradient entries of order 1e-6)
     x = torch.log_softmax(z[:2000], 1)
     for lam, mu, small in ((init.lam_, init.mu_, True), (5.0, 5.0, False)):
-        g = _grad(lambda p: odir_objective(x, y[:2000], p[:16].view(4, 4), p[16:], lam, mu), _flat(warm))
+        g = _grad(lambda p, lam=lam, mu=mu: odir_objective(x, y[:2000], p[:16].view(4, 4), p[16:], lam, mu),
+                  _flat(warm))
         assert (float(g.abs().max()) < 1e-5) is small
 
 

@@ -6,11 +6,11 @@ import subprocess
 
 import numpy as np
 import pytest
-from tests.conftest import PYTHON
 
 from calibkit.bench.grid import MARGINS, PRESETS
 from calibkit.bench.presetfile import read_effective
 from calibkit.store import Store
+from tests.conftest import PYTHON
 
 MODEL = '''
 import torch
@@ -108,7 +108,8 @@ def _tune_bench_report(tmp_path, cli_env):
     for m in ("ls", "mbls"):  # every bench run at the selection
         assert runs[m]["config"]["hparams"] == chosen[m]
     eff = read_effective(tmp_path / "out", "mine")  # the effective (tuned) preset is recorded
-    assert eff.loss_for("ls") == f"ls:alpha={chosen['ls']['loss.alpha']:g}" and eff.space_for("ls").keys() == {"loss.alpha"}
+    assert (eff.loss_for("ls") == f"ls:alpha={chosen['ls']['loss.alpha']:g}"
+            and eff.space_for("ls").keys() == {"loss.alpha"})
     md = (tmp_path / "out" / "report" / "report.md").read_text()
     assert "## Preset mine" in md and "mine, tiny" in md and rep.stdout.splitlines()[1] == "mine, tiny"
     # the recorded preset reruns exactly these runs: nothing left to do
@@ -124,7 +125,8 @@ def test_image_folder_own_model_preset_file_end_to_end(tmp_path, cli_env):
     _preset(tmp_path / "p.toml", "imagefolder", "data", "mymodels:images")
     runs, md = _tune_bench_report(tmp_path, cli_env)
     assert runs["ce"]["config"]["model"] == "mymodels:images" and runs["ce"]["ood"] is None
-    assert "No OOD set" in md and "AUROC" not in md.split("## After temperature scaling")[1].split("##")[0].split("\n|")[1]
+    assert ("No OOD set" in md
+            and "AUROC" not in md.split("## After temperature scaling")[1].split("##")[0].split("\n|")[1])
 
 
 @pytest.mark.slow

@@ -12,6 +12,8 @@ import torch
 from calibkit.bench.grid import PRESETS
 from calibkit.store import Store
 from tests.helpers.formats import fake_fmnist
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory, one_thread):
     from calibkit.bench.runner import Bench

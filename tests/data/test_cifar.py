@@ -20,7 +20,10 @@ class _Py2Pickler(pickle._Pickler):
     dispatch = pickle._Pickler.dispatch.copy()
 
     def _save_str8(self, obj):
-        head = pickle.SHORT_BINSTRING + bytes([len(obj)]) if len(obj) < 256 else pickle.BINSTRING + struct.pack("<i", len(obj))
+        if len(obj) < 256:
+            head = pickle.SHORT_BINSTRING + bytes([len(obj)])
+        else:
+            head = pickle.BINSTRING + struct.pack("<i", len(obj))
         self.write(head + obj)
         self.memoize(obj)
 

@@ -121,7 +121,7 @@ def test_pixelate_matches_pillow_box(digits):
     x = digits["rgb32"][:20]
     for s, c in enumerate(SEVERITIES["pixelate"], 1):
         n = int(32 * c)
-        ref = _pil_roundtrip(x, lambda im, Image: im.resize((n, n), Image.BOX).resize((32, 32), Image.BOX))
+        ref = _pil_roundtrip(x, lambda im, Image, n=n: im.resize((n, n), Image.BOX).resize((32, 32), Image.BOX))
         # Pillow rounds to uint8 between the two resizes; calibkit does not
         assert _change(corrupt(x, "pixelate", s), ref) < 0.3
         assert _change(ref, x) > 1.0
@@ -283,7 +283,8 @@ def test_corrupt_messages_and_corrupt_split():
     x = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"^images must be a uint8 tensor \(N, C, H, W\), got ndarray$"):
         corrupt(np.zeros((2, 3, 8, 8), np.uint8), "contrast", 1)
-    with pytest.raises(ValueError, match=r"^images must be a uint8 tensor \(N, C, H, W\), got torch.float32 \(2, 3, 8, 8\)$"):
+    with pytest.raises(ValueError,
+                       match=r"^images must be a uint8 tensor \(N, C, H, W\), got torch.float32 \(2, 3, 8, 8\)$"):
         corrupt(x.float(), "contrast", 1)
     for name in ("brightness", "jpeg"):
         with pytest.raises(ValueError, match=rf"^{name} needs 1 \(grey\) or 3 \(RGB\) channels, got 2$"):

@@ -30,7 +30,8 @@ def save_image(path, array):
 # ------------------------------------------------------------------------- Fashion-MNIST
 
 
-@pytest.mark.skipif(not FMNIST_PRESENT, reason=f"Fashion-MNIST not installed in {FMNIST_DIR} (apt-get install dataset-fashion-mnist)")
+@pytest.mark.skipif(not FMNIST_PRESENT,
+                    reason=f"Fashion-MNIST not installed in {FMNIST_DIR} (apt-get install dataset-fashion-mnist)")
 def test_fmnist_real_files():
     b = load("fmnist")
     assert (len(b.train), len(b.val), len(b.test)) == (55000, 5000, 10000)
@@ -190,7 +191,8 @@ def test_digits_bundle():
     assert not any(bytes(x) in flat_train for x in b.val.images.flatten(1).numpy())
     mean, std = channel_stats(b.train.images)
     ref = b.train.images.double() / 255
-    assert mean[0] == pytest.approx(ref.mean().item(), abs=1e-9) and std[0] == pytest.approx(ref.std(unbiased=False).item(), abs=1e-9)
+    assert (mean[0] == pytest.approx(ref.mean().item(), abs=1e-9)
+            and std[0] == pytest.approx(ref.std(unbiased=False).item(), abs=1e-9))
 
 
 def test_digits_file_checks_in_full(tmp_path):
@@ -643,7 +645,8 @@ def small_raw(n=8, k=2, val=None, **kw):
 
     images = torch.arange(n * 4, dtype=torch.int64).reshape(n, 1, 2, 2).to(torch.uint8)
     split = Split(images, torch.arange(n) % k)
-    return RawData(train=split, test=Split(images[:3].clone(), torch.arange(3) % k), class_names=[f"c{i}" for i in range(k)],
+    return RawData(train=split, test=Split(images[:3].clone(), torch.arange(3) % k),
+                   class_names=[f"c{i}" for i in range(k)],
                    val=val, **kw)
 
 
@@ -701,7 +704,8 @@ def test_load_sizes_and_labels_in_full(fake):
     name = fake(small_raw(n=10))
     assert len(load(name, val_size=0.2).val) == 2 and len(load(name, val_size=4.0).val) == 4  # 4.0 is a count
     for bad in (1.5, -0.5):
-        with pytest.raises(ValueError, match=rf"^val_size must be an image count or a fraction in \(0, 1\), got {bad}$"):
+        with pytest.raises(ValueError,
+                           match=rf"^val_size must be an image count or a fraction in \(0, 1\), got {bad}$"):
             load(name, val_size=bad)
     with pytest.raises(ValueError, match=r"^train_subset: 1 images cannot hold one image of each of the 2 classes "
                                          r"of fake; use at least 2$"):
@@ -735,20 +739,26 @@ def test_a_validation_split_missing_classes_warns(fake):
 def test_load_refusals_in_full(tmp_path):
     from calibkit.data.datasets import DATASETS as REGISTRY
 
-    with pytest.raises(ValueError, match="^" + re.escape(f"unknown data set 'mnist-fashion'; choose one of {sorted(REGISTRY)}") + "$"):
+    with pytest.raises(ValueError, match="^"
+                       + re.escape(f"unknown data set 'mnist-fashion'; choose one of {sorted(REGISTRY)}") + "$"):
         load("mnist-fashion")
     how = REGISTRY["cifar10"].how_to_get
-    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'cifar10' needs data_dir (--data-dir): {how}") + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'cifar10' needs data_dir (--data-dir): {how}")
+                       + "$"):
         load("cifar10")
     (tmp_path / "f.npz").write_bytes(b"")  # a path that exists, but of the other kind, is said to be one
-    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'cifar10': {tmp_path / 'f.npz'} is a file, not a folder. {how}") + "$"):
+    with pytest.raises(ValueError, match="^"
+                       + re.escape(f"data set 'cifar10': {tmp_path / 'f.npz'} is a file, not a folder. {how}") + "$"):
         load("cifar10", data_dir=str(tmp_path / "f.npz"))
-    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'cifar10': folder {tmp_path / 'gone'} does not exist. {how}") + "$"):
+    with pytest.raises(FileNotFoundError, match="^"
+                       + re.escape(f"data set 'cifar10': folder {tmp_path / 'gone'} does not exist. {how}") + "$"):
         load("cifar10", data_dir=str(tmp_path / "gone"))
     how = REGISTRY["tensors"].how_to_get
-    with pytest.raises(ValueError, match="^" + re.escape(f"data set 'tensors': {tmp_path} is a folder, not a file. {how}") + "$"):
+    with pytest.raises(ValueError, match="^"
+                       + re.escape(f"data set 'tensors': {tmp_path} is a folder, not a file. {how}") + "$"):
         load("tensors", data_dir=str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"data set 'tensors': file {tmp_path / 'gone.npz'} does not exist. {how}") + "$"):
+    with pytest.raises(FileNotFoundError, match="^"
+                       + re.escape(f"data set 'tensors': file {tmp_path / 'gone.npz'} does not exist. {how}") + "$"):
         load("tensors", data_dir=str(tmp_path / "gone.npz"))
 
 

@@ -70,7 +70,8 @@ def test_without_apt_helper_lz4cat_and_zstdcat_decompress(tmp_path, monkeypatch)
     D.read_index_file(tmp_path / "p.lz4"), D.read_index_file(tmp_path / "p.zst")
     assert [os.path.basename(c) for c in calls] == ["lz4cat", "zstdcat"]
     monkeypatch.setattr(D.shutil, "which", lambda tool: None)
-    with pytest.raises(ValueError, match=r"\(no decompressor for \.zst \(needs /usr/lib/apt/apt-helper or zstdcat\)\)$"):
+    with pytest.raises(ValueError,
+                       match=r"\(no decompressor for \.zst \(needs /usr/lib/apt/apt-helper or zstdcat\)\)$"):
         D.read_index_file(tmp_path / "p.zst")
 
 

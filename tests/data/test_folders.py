@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import calibkit.data.folders as folders
-from calibkit.data.folders import IMAGE_EXTENSIONS, read_images, read_imagefolder, read_tinyimagenet
+from calibkit.data.folders import IMAGE_EXTENSIONS, read_imagefolder, read_images, read_tinyimagenet
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -125,7 +125,8 @@ def test_tinyimagenet_refusals(tmp_path, two_held_out):
     root = tiny(tmp_path / "a", ["n01", "n02"])
     (root / "wnids.txt").write_text("n01\nn02\nn09\n")
     missing = root / "train" / "n09" / "images"
-    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"Tiny-ImageNet: training folder {missing} missing for class n09") + "$"):
+    with pytest.raises(FileNotFoundError, match="^"
+                       + re.escape(f"Tiny-ImageNet: training folder {missing} missing for class n09") + "$"):
         read_tinyimagenet(str(root))
     few = tiny(tmp_path / "b", ["n01", "n02"], per_class=2)  # exactly the held-out count: none left to train
     with pytest.raises(ValueError, match=r"^Tiny-ImageNet class n01 has 2 training images, need > 2$"):
@@ -133,7 +134,8 @@ def test_tinyimagenet_refusals(tmp_path, two_held_out):
     no_ann = tiny(tmp_path / "c", ["n01"])
     (no_ann / "val" / "val_annotations.txt").unlink()
     ann = no_ann / "val" / "val_annotations.txt"
-    with pytest.raises(FileNotFoundError, match="^" + re.escape(f"Tiny-ImageNet: {ann} not found (needed for the test split)") + "$"):
+    with pytest.raises(FileNotFoundError, match="^"
+                       + re.escape(f"Tiny-ImageNet: {ann} not found (needed for the test split)") + "$"):
         read_tinyimagenet(str(no_ann))
     for k, bad in enumerate(["x.JPEG\tn77\t0", "lonely.JPEG"]):  # an unknown wnid; no wnid at all
         root = tiny(tmp_path / f"d{k}", ["n01"], val_lines=["v.JPEG\tn01", bad])
@@ -163,7 +165,8 @@ def test_flat_folder_test_split_is_fixed(tmp_path):
     five = read_imagefolder(str(flat(tmp_path / "five", ["a"], 5)))  # one test image is enough
     assert (len(five.train), len(five.test)) == (4, 1)
     two = flat(tmp_path / "two", ["a", "b"], 1)
-    with pytest.raises(ValueError, match="^" + re.escape(f"{two}: 2 images are too few to hold out a test split") + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{two}: 2 images are too few to hold out a test split")
+                       + "$"):
         read_imagefolder(str(two))
 
 
@@ -179,7 +182,8 @@ def test_mixed_grey_and_colour_folder_is_rgb(tmp_path):
     raw = read_imagefolder(str(root))
     images = torch.cat([raw.train.images, raw.test.images])
     assert images.shape == (9, 3, 4, 4)
-    assert sorted(images[:, :, 0, 0].tolist()) == sorted([[v] * 3 for v in (0, 1, 2, 3, 20, 21, 22, 23)] + [[200, 0, 0]])
+    assert (sorted(images[:, :, 0, 0].tolist())
+            == sorted([[v] * 3 for v in (0, 1, 2, 3, 20, 21, 22, 23)] + [[200, 0, 0]]))
 
 
 def test_train_test_folders_share_the_training_classes(tmp_path):
@@ -225,5 +229,6 @@ def test_folder_refusals(tmp_path):
     sizes = tmp_path / "sizes"
     flat(sizes / "train", ["a"], 2)
     save(sizes / "test" / "a" / "0.png", grey(1, 5, 5))
-    with pytest.raises(ValueError, match="^" + re.escape(f"{sizes}: training images are (1, 4, 4), test images (1, 5, 5)") + "$"):
+    with pytest.raises(ValueError, match="^"
+                       + re.escape(f"{sizes}: training images are (1, 4, 4), test images (1, 5, 5)") + "$"):
         read_imagefolder(str(sizes))

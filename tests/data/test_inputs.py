@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from calibkit.data import augment, normalize
-from calibkit.data.inputs import (INPUTS, FeatureInputs, ImageInputs, SegmentationInputs, TokenInputs, inputs_for,
-                                  inputs_from_info)
+from calibkit.data.inputs import (
+    INPUTS,
+    FeatureInputs,
+    ImageInputs,
+    SegmentationInputs,
+    TokenInputs,
+    inputs_for,
+    inputs_from_info,
+)
 from calibkit.data.segmentation import augment_pair
 
 META = torch.device("meta")
@@ -32,7 +39,8 @@ def test_image_inputs_settings_and_refusals():
     assert (plain.crop_pad, plain.hflip) == (0, False)
     for mean, std, text in (([0.5, 0.5], [0.25], "[0.5, 0.5] / [0.25]"), ([0.5], [0.0], "[0.5] / [0.0]"),
                             ([0.5, 0.5], [0.5, -0.5], "[0.5, 0.5] / [0.5, -0.5]")):
-        with pytest.raises(ValueError, match="^" + re.escape(f"mean/std must be C floats with std > 0, got {text}") + "$"):
+        with pytest.raises(ValueError, match="^" + re.escape(f"mean/std must be C floats with std > 0, got {text}")
+                           + "$"):
             ImageInputs(mean, std)
 
 
@@ -78,7 +86,8 @@ def test_image_pipelines_from_a_bundle_and_from_a_run():
     evaluated = ImageInputs.from_bundle(bundle(), augment=False)
     assert (evaluated.crop_pad, evaluated.hflip) == (0, False)
     run = ImageInputs.from_info({"mean": [0.25, 0.5], "std": [0.5, 0.2], "crop_pad": 3})
-    assert (run.crop_pad, run.hflip) == (0, False) and torch.equal(run.eval_batch(images()), trained.eval_batch(images()))
+    assert ((run.crop_pad, run.hflip) == (0, False)
+            and torch.equal(run.eval_batch(images()), trained.eval_batch(images())))
 
 
 def test_segmentation_inputs_move_the_masks_with_the_pixels():
@@ -116,9 +125,11 @@ def test_token_inputs():
     assert type(TokenInputs(5.0).vocab_size) is int
     x, y = torch.tensor([[0, 4, 1], [2, 3, 0]]), torch.tensor([1, 0])
     assert pipe.eval_batch(x) is x
-    with pytest.raises(ValueError, match=r"^token ids: values must lie in \[0, 5\) \(the vocabulary size\), got -1\.\.4$"):
+    with pytest.raises(ValueError,
+                       match=r"^token ids: values must lie in \[0, 5\) \(the vocabulary size\), got -1\.\.4$"):
         pipe.eval_batch(torch.tensor([[0, 4, -1]]))
-    with pytest.raises(ValueError, match=r"^token ids: values must lie in \[0, 5\) \(the vocabulary size\), got 0\.\.5$"):
+    with pytest.raises(ValueError,
+                       match=r"^token ids: values must lie in \[0, 5\) \(the vocabulary size\), got 0\.\.5$"):
         pipe.eval_batch(torch.tensor([[0, 5]]))
     for method in (pipe.eval_batch, lambda t: pipe.train_batch(t, y)):
         for bad, got in ((x.int(), "torch.int32 (2, 3)"), (x[None], "torch.int64 (1, 2, 3)")):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.data import load, load_ood
+from calibkit.data import load_ood
 from calibkit.data.bundle import DataBundle, Split
 from calibkit.data.textsets import load_text_ood
 from calibkit.data.tokenizer import Vocabulary

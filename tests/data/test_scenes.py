@@ -63,7 +63,8 @@ def test_scenes_follow_the_documented_composition_with_the_defaults():
 
 def test_bad_pools_and_settings_are_refused_with_the_reason():
     pool, y = _pool(3)
-    with pytest.raises(ValueError, match=r"^need a non-empty pool of items with one label each, got 3 images, 2 labels$"):
+    with pytest.raises(ValueError,
+                       match=r"^need a non-empty pool of items with one label each, got 3 images, 2 labels$"):
         compose_scenes(pool, y[:2], 1, seed=0)
     msg = r"^invalid scene settings: item sides {}\.\.{} on a {}-pixel canvas, max_items={}, n={}$"
     with pytest.raises(ValueError, match=msg.format(21, 42, 64, 0, 1)):

@@ -8,10 +8,10 @@ import torch
 
 from calibkit.data import augment, augment_pair, load
 from calibkit.data.bundle import Split
+from calibkit.data.idx import FMNIST_FILES
 from calibkit.data.scenes import compose_scenes, make_scene_splits, void_borders
 from calibkit.data.voc import VOC_CLASSES, read_voc_split, voc_colormap
 from tests.helpers.formats import fake_fmnist, write_idx
-from calibkit.data.idx import FMNIST_FILES
 
 TRAIN_VALUE, TEST_VALUE = 120, 230
 
@@ -220,7 +220,8 @@ def test_augment_pair_moves_masks_with_images(gen):
         augment_pair(x, m[:, :3], 1, True)
     with pytest.raises(ValueError, match=r"^masks \(5, 9, 11\) do not match images \(6, 2, 9, 11\)$"):
         augment_pair(x, m[:5], 1, True)  # one mask short, each of the right size
-    with pytest.raises(ValueError, match=r"^augment_pair expects uint8 images and masks, got torch.uint8, torch.int64$"):
+    with pytest.raises(ValueError,
+                       match=r"^augment_pair expects uint8 images and masks, got torch.uint8, torch.int64$"):
         augment_pair(x, m.long(), 1, True)
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.data import load
 from calibkit.data import debian as D
+from calibkit.data import load
 from calibkit.data.newsgroups import read_newsgroup_texts, strip_header
 from calibkit.data.tokenizer import Vocabulary, tokenize
 
@@ -273,7 +273,8 @@ def test_bydate_messages_in_numeric_order_and_every_error_in_full(tmp_path):
     for name in ("9", "100", "10"):  # numeric order 9, 10, 100 (by name it would be 10, 100, 9)
         (group / name).write_bytes(f"Subject: s\n\nmessage {name}".encode("latin-1"))
     (train_t, train_y), _, _ = read_newsgroup_texts(root)
-    assert train_t[1:] == ["message 9", "message 10", "message 100", "Body sci.space message 0.\n\nSecond paragraph caf\xe9.\n"]
+    assert (train_t[1:]
+            == ["message 9", "message 10", "message 100", "Body sci.space message 0.\n\nSecond paragraph caf\xe9.\n"])
     # only one of the two folders
     half = tmp_path / "half"
     shutil.copytree(root / "20news-bydate-train", half / "20news-bydate-train")
@@ -290,7 +291,8 @@ def test_bydate_messages_in_numeric_order_and_every_error_in_full(tmp_path):
     odd = write_bydate(tmp_path / "odd", n_train=1, n_test=1)
     (odd / "20news-bydate-test" / "talk.extra").mkdir()
     (odd / "20news-bydate-train" / "talk.more").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"^20newsgroups: train and test groups differ \(talk.extra, talk.more\); "
+    with pytest.raises(FileNotFoundError,
+                       match=r"^20newsgroups: train and test groups differ \(talk.extra, talk.more\); "
                                                 r"pass"):
         read_newsgroup_texts(odd)
     # a group without messages, in test and then in train
@@ -363,14 +365,15 @@ def test_vocabulary_rules_record_and_checksum_in_full():
 
     from calibkit.data.tokenizer import WORD_PATTERN
 
-    assert Vocabulary(["a"], length=1).length == 1 and Vocabulary(["a"], length=1).min_count == 1  # the shortest encoding; recorded min_count 1
+    assert (Vocabulary(["a"], length=1).length == 1
+            and Vocabulary(["a"], length=1).min_count == 1)  # the shortest encoding; recorded min_count 1
     with pytest.raises(ValueError, match=r"^length must be >= 1, got 0$"):
         Vocabulary(["a"], length=0)
     for tokens in (["a", "a"], ["<pad>", "a"], ["a", "<unk>"]):
         with pytest.raises(ValueError, match=r"^tokens must be distinct and must not contain <pad> or <unk>$"):
             Vocabulary(tokens, length=2)
     # build's defaults: words seen at least twice, at most 20000 entries
-    texts = ["w%d w%d" % (i, i) for i in range(20001)] + ["once"]
+    texts = [f"w{i} w{i}" for i in range(20001)] + ["once"]
     v = Vocabulary.build(texts, length=2)
     assert len(v) == 20000 and "once" not in v.stoi and (v.min_count, v.max_size) == (2, 20000)
     assert len(Vocabulary.build(["a b c a b c"], length=2, max_size=3)) == 3
@@ -388,7 +391,8 @@ def test_vocabulary_rules_record_and_checksum_in_full():
     # from_dict: a missing min_count is 1; the kind and the pattern are both checked
     old = {k: v for k, v in d.items() if k != "min_count"}
     assert Vocabulary.from_dict(old).min_count == 1 and Vocabulary.from_dict(d) == w
-    with pytest.raises(ValueError, match=r"^vocabulary: not a calibkit word vocabulary \(kind or word pattern differs\)$"):
+    with pytest.raises(ValueError,
+                       match=r"^vocabulary: not a calibkit word vocabulary \(kind or word pattern differs\)$"):
         Vocabulary.from_dict({**d, "pattern": r"\w+"})
     with pytest.raises(ValueError, match=r"^vocabulary: ids 0 and 1 must be <pad> and <unk>$"):
         Vocabulary.from_dict({**d, "itos": ["<unk>", "<pad>", "a"]})

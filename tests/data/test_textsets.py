@@ -32,7 +32,8 @@ def test_the_debian_record_names_its_rule_documents_and_test_split(tmp_path, mon
     docs, stats = D.read_documents(folder, ("games", "mail", "net"))
     labels = np.array([("games", "mail", "net").index(d.section) for d in docs])
     _, _, te = D.class_split(labels, 3, 0.3, 0.2, 10)
-    assert raw.record["rule"] == "per section (seed 0): at most 10 documents, 30% test, 20% validation, the rest training"
+    assert (raw.record["rule"]
+            == "per section (seed 0): at most 10 documents, 30% test, 20% validation, the rest training")
     assert raw.record["documents"] == stats and stats["documents"] == 18
     assert raw.record["test_checksum"] == index_checksum(te) and len(raw.test) == len(te) == 6
 

@@ -13,8 +13,15 @@ import pytest
 import torch
 
 from calibkit.functional import binning
-from calibkit.functional.binning import (FINE_BINS, bin_indices, equal_mass_sums, equal_width_edges,
-                                         fine_bin_index, scatter_sums, weighted_equal_mass_bins)
+from calibkit.functional.binning import (
+    FINE_BINS,
+    bin_indices,
+    equal_mass_sums,
+    equal_width_edges,
+    fine_bin_index,
+    scatter_sums,
+    weighted_equal_mass_bins,
+)
 
 META = torch.device("meta")
 TOP = FINE_BINS - 1  # 31 * 256 + 1 bins: the last one holds d = 1 - conf < 2^-30
@@ -161,8 +168,8 @@ def test_equal_mass_ties_stay_whole_in_the_bin_of_their_lowest_rank():
 
 def test_equal_mass_ranks():
     # ceil(b N / B) - 1 for b = 1..B-1, checked against the exact fraction
-    from fractions import Fraction
     import math
+    from fractions import Fraction
     for n in (1, 2, 5, 12, 5000, 10**12 + 7):
         for b_count in (1, 2, 3, 7, 15):
             want = [math.ceil(Fraction(b * n, b_count)) - 1 for b in range(1, b_count)]

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.functional import binning
-from calibkit.functional import panel
+from calibkit.functional import binning, panel
 from calibkit.functional.binning import bin_indices
 from calibkit.functional.panel import classwise_bin_sums, panel_sums, raise_for_check
 

@@ -108,11 +108,13 @@ def ref_weighted_mbls(logits, targets, alphas, margin):
 
 
 def ref_soft_ce(logits, soft):
-    return sum(-sum(t * LN(q) for t, q in zip(s, _softmax(r))) for r, s in zip(logits.tolist(), soft.tolist())) / len(soft)
+    rows = zip(logits.tolist(), soft.tolist())
+    return sum(-sum(t * LN(q) for t, q in zip(s, _softmax(r))) for r, s in rows) / len(soft)
 
 
 def ref_soft_l2(logits, soft):
-    return sum(sum((q - t) ** 2 for t, q in zip(s, _softmax(r))) for r, s in zip(logits.tolist(), soft.tolist())) / len(soft)
+    rows = zip(logits.tolist(), soft.tolist())
+    return sum(sum((q - t) ** 2 for t, q in zip(s, _softmax(r))) for r, s in rows) / len(soft)
 
 
 @pytest.fixture
@@ -175,7 +177,8 @@ Y1 = torch.tensor([1])
 
 def test_hand_values_two_classes():
     assert float(F.cross_entropy(P2, Y1)) == pytest.approx(-LN(0.75))
-    assert float(F.label_smoothing(P2, Y1, alpha=0.1)) == pytest.approx(0.9 * -LN(0.75) + 0.1 * (-LN(0.25) - LN(0.75)) / 2)
+    assert (float(F.label_smoothing(P2, Y1, alpha=0.1))
+            == pytest.approx(0.9 * -LN(0.75) + 0.1 * (-LN(0.25) - LN(0.75)) / 2))
     assert float(F.focal(P2, Y1, gamma=2)) == pytest.approx(-(0.25 ** 2) * LN(0.75))
     entropy = -(0.25 * LN(0.25) + 0.75 * LN(0.75))
     assert float(F.ecp(P2, Y1, beta=0.1)) == pytest.approx(-LN(0.75) - 0.1 * entropy / 2)
@@ -200,7 +203,8 @@ def test_hand_value_mbls_and_acls():
     assert float(F.mbls(logits, Y1, margin=10, lam=0.1)) == pytest.approx(ce + 0.1 * 1.0)
     assert float(F.margin_penalty(logits, margin=10)) == pytest.approx(1.0)
     # ACLS: first relu(12 - 10)^2 = 4; second (relu(12-0-10)^2 + relu(12-1-10)^2) / (1 * 2) = 2.5
-    assert float(F.acls(logits, Y1, alpha=0.1, lam1=1.0, lam2=0.1, margin=10)) == pytest.approx(ce + 0.1 * (4 + 0.1 * 2.5))
+    assert (float(F.acls(logits, Y1, alpha=0.1, lam1=1.0, lam2=0.1, margin=10))
+            == pytest.approx(ce + 0.1 * (4 + 0.1 * 2.5)))
 
 
 def test_hand_value_dual_focal_next_lower_probability():

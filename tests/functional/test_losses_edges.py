@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import calibkit.functional as F
-from calibkit.functional.losses import _check_number, fedlas_alpha, feature_l1_norms
+from calibkit.functional.losses import _check_number, feature_l1_norms, fedlas_alpha
 
 K = 5
 
@@ -114,7 +114,8 @@ def test_check_number_message_names_both_bounds():
     (lambda x, y: F.weighted_mbls(x, y, 0.1, margin=-1), r"margin must lie in \[0.0, inf\], got -1.0"),
     (lambda x, y: F.weighted_label_smoothing(x, y, torch.ones(7)), r"alpha must be a scalar or have shape \(4,\), "
                                                                    r"got \(7,\)"),
-    (lambda x, y: F.weighted_mbls(x, y, torch.ones(7), 1.0), r"alpha must be a scalar or have shape \(4,\), got \(7,\)"),
+    (lambda x, y: F.weighted_mbls(x, y, torch.ones(7), 1.0),
+     r"alpha must be a scalar or have shape \(4,\), got \(7,\)"),
     (lambda x, y: F.adafocal(x, y, torch.ones(7)), r"gamma must be a scalar or have shape \(4,\), got \(7,\)"),
     (lambda x, y: F.weighted_label_smoothing(x, y, "a"), r"alpha: cannot convert str"),
     (lambda x, y: F.weighted_label_smoothing(x, y, torch.tensor([0.1, math.nan, 0.1, 0.1])),

@@ -244,7 +244,8 @@ def test_against_bruteforce_reference(gen, n_bins):
     edges = [srt[0]] + [srt[rank_bin < b].max() for b in range(1, n_bins)] + [srt[-1]]
     aece = _ref_errors(conf, correct, _ref_bins(conf, edges), n_bins)[0]
     assert F.adaptive_ece(probs, labels, n_bins).item() == pytest.approx(aece, abs=1e-12)
-    assert F.classwise_ece(probs, labels, n_bins).item() == pytest.approx(_ref_classwise(probs, labels, n_bins), abs=1e-12)
+    assert (F.classwise_ece(probs, labels, n_bins).item()
+            == pytest.approx(_ref_classwise(probs, labels, n_bins), abs=1e-12))
     onehot = np.eye(p.shape[1])[y]
     assert F.brier(probs, labels).item() == pytest.approx(((p - onehot) ** 2).sum(1).mean(), abs=1e-12)
     assert F.nll(probs, labels).item() == pytest.approx(-np.log(p[np.arange(len(y)), y]).mean(), abs=1e-12)

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.functional import (aurc, augrc, eaurc, entropy_score, risk_coverage_curve,
-                                 selective_risk)
+from calibkit.functional import augrc, aurc, eaurc, entropy_score, risk_coverage_curve, selective_risk
 
 
 def rows(conf, correct, k=4):

@@ -2,7 +2,6 @@
 Face compute_metrics (skipped when the library is missing)."""
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -10,10 +9,10 @@ import pytest
 import torch
 
 from calibkit.metrics import PANEL, evaluate
+from tests.helpers.gloo import on_two_processes
 
 tm = pytest.importorskip("torchmetrics")
 from calibkit.integrations.torchmetrics import CalibrationMetric  # noqa: E402
-from tests.helpers.gloo import on_two_processes
 
 
 def _data(seed, n=900, k=6):

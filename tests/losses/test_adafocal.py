@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from calibkit.functional.binning import equal_mass_edges
-from calibkit.losses import AdaFocal
 from calibkit.functional.metrics import adaptive_ece
+from calibkit.losses import AdaFocal
 
 
 def _ref_edges(conf: np.ndarray, n_bins: int) -> np.ndarray:

@@ -4,7 +4,6 @@ call), the running feature statistics all-reduced."""
 
 import gc
 import os
-import socket
 
 import pytest
 import torch

@@ -3,7 +3,6 @@
 import inspect
 import math
 import os
-import socket
 
 import pytest
 import torch
@@ -27,7 +26,8 @@ def _spec_with_defaults(name):
     """'name:k=v,...' with every numeric default written out, so parsing is exercised for each key."""
     params = inspect.signature(LOSSES[name]).parameters.values()
     items = [f"{p.name}={p.default}" for p in params
-             if p.name not in ("num_classes", "ignore_index") and isinstance(p.default, (int, float)) and not isinstance(p.default, bool)]
+             if p.name not in ("num_classes", "ignore_index") and isinstance(p.default, (int, float))
+             and not isinstance(p.default, bool)]
     return name + (":" + ",".join(items) if items else "")
 
 

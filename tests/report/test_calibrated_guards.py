@@ -17,7 +17,8 @@ def test_changed_share_and_zero_rows_against_a_direct_computation(tmp_path):
         for row in summary["ce"]["runs"]:
             t = probs.logits(row)
             base = torch.softmax(t["test_logits"].double(), 1).argmax(1)
-            p = CALIBRATORS[name]().fit(t["val_logits"], t["val_labels"].long()).predict_proba(t["test_logits"].double())
+            cal = CALIBRATORS[name]().fit(t["val_logits"], t["val_labels"].long())
+            p = cal.predict_proba(t["test_logits"].double())
             changed.append(float((p.argmax(1) != base).double().mean()))
             zeros.append(int((p.gather(1, t["test_labels"].long().view(-1, 1)) < ZERO_P).sum()))
         cell = grid["ce"][name]

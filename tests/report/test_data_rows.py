@@ -47,10 +47,12 @@ def test_a_corrupt_row_is_named_and_left_out(case, tmp_path):
     _corrupt(tmp_path, sql)
     with pytest.warns(UserWarning) as caught:
         rep = build_report(tmp_path, n_boot=50, figures=False, width=0)
-    assert [str(w.message) for w in caught if "left out" in str(w.message)] == [f"t/ls/1: {field}; left out of the report"]
+    left_out = [str(w.message) for w in caught if "left out" in str(w.message)]
+    assert left_out == [f"t/ls/1: {field}; left out of the report"]
     # LS is reported from its one readable seed, with that seed's numbers; CE untouched
     cells = _row(rep["text"], "LS")
-    seed0 = [r for r in Store(tmp_path / "runs.db", readonly=True).runs("t", tolerant=True) if r["run_key"] == "t/ls/0"][0]
+    rows = Store(tmp_path / "runs.db", readonly=True).runs("t", tolerant=True)
+    seed0 = [r for r in rows if r["run_key"] == "t/ls/0"][0]
     assert cells[1] == "1" and cells[2] == f"{seed0['metrics']['before']['acc'] * 100:.2f}"
     assert _row(rep["text"], "CE")[1] == "2"
     assert f"t/ls/1: {field}" in (tmp_path / "report" / "report.md").read_text()
@@ -66,7 +68,8 @@ def test_a_cell_that_is_not_json_names_the_run_and_column(tmp_path):
     with pytest.raises(ValueError, match=r"^results database: run t/ce/0: ood is not valid JSON \(Expecting value"):
         store.runs("t")
     (row,) = store.runs("t", tolerant=True)
-    assert row["ood"] is None and row["corrupt"] == {"ood": "not valid JSON (Expecting value: line 1 column 1 (char 0))"}
+    assert (row["ood"] is None
+            and row["corrupt"] == {"ood": "not valid JSON (Expecting value: line 1 column 1 (char 0))"})
     assert row["metrics"]["before"]["ece"] > 0  # the other cells decoded
     store.close()
 

@@ -578,7 +578,8 @@ def _protocol_ctx(tmp_path, figures=False, keep_ls="best-acc"):
             run("ls", 0, base, {"keep": keep_ls, "hparams": {"loss.alpha": 0.03}, "loss": "ls:alpha=0.03"}),
             run("zz", 0, base, {}, info=False),
             run("mbls", 0, base, {"keep": "last"}, status="failed")]
-    return SimpleNamespace(out_dir=tmp_path, preset="p", rows=rows, figdir=tmp_path / "figs", figures=figures, store=None)
+    return SimpleNamespace(out_dir=tmp_path, preset="p", rows=rows, figdir=tmp_path / "figs", figures=figures,
+                           store=None)
 
 
 def test_protocol_section_states_splits_budget_and_values(tmp_path):
@@ -1145,7 +1146,8 @@ def test_method_figure_three_panels_in_a_row_and_zero_probabilities(tmp_path, mo
         axes = drawn.axes
         assert len(axes) == 3 and all(ax.patches for ax in axes)  # before TS, after TS, histogram: none empty
         boxes = [ax.get_position() for ax in axes]
-        assert all(abs(b.y0 - boxes[0].y0) < 1e-9 for b in boxes) and boxes[0].x1 < boxes[1].x0 < boxes[1].x1 < boxes[2].x0
+        assert (all(abs(b.y0 - boxes[0].y0) < 1e-9 for b in boxes)
+                and boxes[0].x1 < boxes[1].x0 < boxes[1].x1 < boxes[2].x0)
         w, h = drawn.get_size_inches()
         assert w / 3 >= 4 and h >= 4  # each panel is a readable square-ish plot
         assert fig.path.stat().st_size > 1000

@@ -45,7 +45,7 @@ def runs(tmp_path_factory):
     out = {}
     for method, sharp in (("ce", 3.0), ("ls", 1.0)):
         for seed in range(4):
-            def logits(y):
+            def logits(y, sharp=sharp, seed=seed):
                 x = torch.randn(len(y), K, generator=gen, dtype=torch.float64)
                 x[torch.arange(len(y)), y] += 1.0
                 return x * sharp * (1 + 0.3 * seed)

@@ -8,8 +8,14 @@ from calibkit.calibrators import TemperatureScaling
 from calibkit.conformal import SplitConformal
 from calibkit.functional.selective import augrc, aurc
 from calibkit.report.calibrated import CalibratedProbs
-from calibkit.report.sets import (SetRows, calibrator_sets, calibrator_sets_table, conformal_rows, method_sets,
-                                  split_validation)
+from calibkit.report.sets import (
+    SetRows,
+    calibrator_sets,
+    calibrator_sets_table,
+    conformal_rows,
+    method_sets,
+    split_validation,
+)
 from calibkit.rundir import write_tensors
 
 

@@ -7,8 +7,14 @@ import torch
 
 from calibkit.calibrators.selection import NONE, CrossFitScore, Selection, SelectionRule, choose, cross_fit, mean_scores
 from calibkit.report.calibrated import CalibratedProbs
-from calibkit.report.verdict import (choose_pair, method_selections, recommendation, recommendation_text, run_scores,
-                                     validation_table)
+from calibkit.report.verdict import (
+    choose_pair,
+    method_selections,
+    recommendation,
+    recommendation_text,
+    run_scores,
+    validation_table,
+)
 from calibkit.rundir import write_tensors
 
 
@@ -100,7 +106,7 @@ def test_the_pair_keeps_ce_accuracy_and_nll_and_must_beat_ce_significantly():
 
     g = torch.Generator().manual_seed(0)
     noise = torch.randn(300, generator=g, dtype=torch.float64) * 0.005
-    for m, shift in (("ce", 0.0), ("focal", -0.004)):
+    for m in ("ce", "focal"):
         s = sels[m].scores
         s["temperature"] = replace(s["temperature"], samples=s["temperature"].ece + noise * (2 if m == "focal" else 1))
         s[NONE] = replace(s[NONE], samples=s[NONE].ece + noise)

@@ -54,7 +54,8 @@ def test_claim_finish_and_done_is_final(make):
     row = db.get("p/ce/0")
     assert row["status"] == "done" and row["metrics"] == {"before": {"ece": 0.25}} and row["train_time_s"] == 1.5
     # Stored relative to the bench directory, handed back absolute.
-    assert _raw(db, "SELECT run_dir, logits_path FROM runs") == [("runs/p/ce/seed0", "runs/p/ce/seed0/logits.safetensors")]
+    assert (_raw(db, "SELECT run_dir, logits_path FROM runs")
+            == [("runs/p/ce/seed0", "runs/p/ce/seed0/logits.safetensors")])
     assert row["run_dir"] == str(run) and row["logits_path"] == str(run / "logits.safetensors")
     assert not _claim(db)
     with pytest.raises(StoreError, match="already done"):

@@ -166,7 +166,8 @@ def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
     assert [c["cand_key"] for c in done] == ["k1", "k2"]  # insertion order, done only
     c1 = done[0]
     assert c1["hparams"] == {"a": "k1"} and c1["config"] == {"c": 1} and c1["git_commit"] == "g"
-    assert c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == str(tmp_path / "d1") and c1["train_time_s"] == 2.0
+    assert (c1["metrics"] == {"val": {"ece": 0.05}} and c1["run_dir"] == str(tmp_path / "d1")
+            and c1["train_time_s"] == 2.0)
     assert c1["selected"] == 0 and c1["criterion"] is None and c1["attempts"] == 2
     failed = db.candidates(status="failed")
     assert [c["cand_key"] for c in failed] == ["k3"] and len(failed[0]["error"]) == 4000
@@ -231,7 +232,8 @@ def test_presets_runs_filters_and_json_round_trip(tmp_path):
     assert row["metrics"] == {"x": [1, 2], "a": 0} and row["extra"] == {"z": None} and row["ood"] is None
     assert row["config"]["nan"] != row["config"]["nan"]  # NaN survives the JSON round trip
     assert db.get("nope") is None
-    raw = sqlite3.connect(tmp_path / "runs.db").execute("SELECT metrics, ood FROM runs WHERE run_key='b/ce/0'").fetchone()
+    raw = sqlite3.connect(tmp_path / "runs.db").execute(
+        "SELECT metrics, ood FROM runs WHERE run_key='b/ce/0'").fetchone()
     assert raw == ('{"a": 0, "x": [1, 2]}', None)  # JSON text with sorted keys, NULL for absent values
 
 
@@ -270,9 +272,10 @@ def test_a_damaged_database_is_refused_with_what_to_move_and_what_rebuilds_it(tm
         Store(path)
     what = (r"is a corrupt SQLite database \(database disk image is malformed\)" if damage == "truncated" else
             r"failed the SQLite integrity check \(On tree page \d+ cell \d+: [^\n]+\)")  # one line of SQLite's list
-    advice = (f"refusing to use or overwrite it: move it away with its -wal and -shm files, if any (e.g. to {path}.bad), "
-              "or use another folder; the run folders keep their training, so running the same bench or tune command "
-              "again rebuilds the database from them (finished training is reused, only the evaluation is redone), "
+    advice = ("refusing to use or overwrite it: move it away with its -wal and -shm files, "
+              f"if any (e.g. to {path}.bad), or use another folder; the run folders keep their training, "
+              "so running the same bench or tune command again rebuilds the database from them "
+              "(finished training is reused, only the evaluation is redone), "
               "and a SLURM bench's result files are imported again by --collect")
     assert re.fullmatch(f"{re.escape(str(path))} {what}; {re.escape(advice)}", str(err.value)), str(err.value)
     assert path.read_bytes() == before

@@ -127,7 +127,8 @@ def test_smoke_bench_on_two_hosts_sharing_postgres(tmp_path, cli_env, pg_url):
     db = open_store(out, pg_url, readonly=True)
     rows = db.runs("smoke")
     assert sorted(r["method"] for r in rows) == ["ce", "ls"] and all(r["attempts"] == 1 for r in rows)
-    assert sorted(db._sql("SELECT run_dir FROM runs").fetchall()) == [("runs/smoke/ce/seed0",), ("runs/smoke/ls/seed0",)]
+    assert (sorted(db._sql("SELECT run_dir FROM runs").fetchall())
+            == [("runs/smoke/ce/seed0",), ("runs/smoke/ls/seed0",)])
     db.close()
     assert not (out / "runs.db").exists()  # the runs live in PostgreSQL only
     # Report from another directory, then the same bench again: nothing rerun.

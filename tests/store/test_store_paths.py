@@ -111,7 +111,8 @@ def test_copied_and_moved_bench_directory_from_any_cwd(tmp_path, cli_env):
     # reads it unchanged, the next bench migrates it once and skips the finished runs.
     shutil.copytree(tmp_path / "c", tmp_path / "d")
     db = tmp_path / "d" / "runs.db"
-    _downgrade_to_schema_1(db, {f"smoke/{m}/0": (f"a/runs/smoke/{m}/seed0", f"a/runs/smoke/{m}/seed0/logits.safetensors")
+    _downgrade_to_schema_1(db,
+                           {f"smoke/{m}/0": (f"a/runs/smoke/{m}/seed0", f"a/runs/smoke/{m}/seed0/logits.safetensors")
                                 for m in ("ce", "ls")})
     before = db.read_bytes()
     res = subprocess.run([PYTHON, "-m", "calibkit", "report", str(tmp_path / "d")], cwd=elsewhere, env=cli_env,

@@ -9,6 +9,8 @@ import torch
 
 from calibkit.data.inputs import INPUTS, SegmentationInputs
 from tests.helpers.formats import fake_fmnist
+
+
 def test_segmentation_inputs_move_masks_and_pad_void(gen):
     x = torch.randint(0, 256, (5, 1, 12, 12), dtype=torch.uint8, generator=gen)
     y = torch.randint(0, 4, (5, 12, 12), dtype=torch.uint8, generator=gen)
@@ -82,7 +84,8 @@ def test_scene_subsets_are_nested(tmp_path):
     fake_fmnist(str(tmp_path), n_train=60, n_test=12)
     small = load("scenes", data_dir=str(tmp_path), seed=2, val_size=4, train_subset=5)
     large = load("scenes", data_dir=str(tmp_path), seed=2, val_size=4, train_subset=9)
-    assert torch.equal(small.train.images, large.train.images[:5]) and torch.equal(small.train.labels, large.train.labels[:5])
+    assert (torch.equal(small.train.images, large.train.images[:5])
+            and torch.equal(small.train.labels, large.train.labels[:5]))
     assert torch.equal(small.val.labels, large.val.labels) and small.split["train_subset"] == 5
     with pytest.raises(ValueError, match="train_subset"):
         load("scenes", data_dir=str(tmp_path), train_subset=4001)

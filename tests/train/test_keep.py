@@ -37,7 +37,8 @@ def test_keeper_by_hand():
     assert not resumed.offer(5, {"val_loss": 0.65}) and resumed.offer(6, {"val_loss": 0.5}) and resumed.epoch == 6
     with pytest.raises(ValueError) as err:
         Keeper("best")
-    assert str(err.value) == "keep: unknown checkpoint policy 'best'; valid: best-acc, best-nll, best-ece, best-miou, last"
+    assert str(err.value) == ("keep: unknown checkpoint policy 'best'; "
+                              "valid: best-acc, best-nll, best-ece, best-miou, last")
     with pytest.raises(ValueError, match="keep: must be one of"):
         tiny(keep="best").validate()
 
@@ -95,7 +96,8 @@ class _AscentAfter(torch.nn.Module):
 def test_policies_differ_on_a_run_whose_accuracy_peaks_early(tmp_path, monkeypatch):
     real = losses_mod.build
     # 4 steps per epoch: epochs 1-2 learn, epochs 3-4 ascend the loss
-    monkeypatch.setattr(losses_mod, "build", lambda spec, num_classes=None: _AscentAfter(real(spec, num_classes=num_classes), 8))
+    monkeypatch.setattr(losses_mod, "build", lambda spec,
+                        num_classes=None: _AscentAfter(real(spec, num_classes=num_classes), 8))
     runs = {p: train(tiny(keep=p, lr=0.3, schedule="cosine"), tmp_path / p, progress=False, verbose=False)
             for p in ("best-acc", "last")}
     history = json.loads((tmp_path / "last" / rundir.HISTORY).read_text())

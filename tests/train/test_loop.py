@@ -5,7 +5,6 @@ file runs in well under a minute on two cores.
 """
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import calibkit.functional as F_
 import calibkit.losses as losses_mod
 from calibkit import distributed as D
 from calibkit import rundir
-from calibkit.config import CONFIG_DIR, TrainConfig, load_config, read_preset
+from calibkit.config import CONFIG_DIR, TrainConfig, load_config
 from calibkit.train import learning_rate, load_logits, load_run, predict_logits, train
 from tests.helpers.ports import free_port as _free_port
 
@@ -103,13 +102,15 @@ def test_presets_follow_the_protocols():
     for name in names:
         load_config(name)  # every preset parses and validates
     c10, tiny_in = load_config("cifar10").to_dict(), load_config("tinyimagenet").to_dict()  # milestones resolved
-    assert (c10["model"], c10["epochs"], c10["milestones"], c10["batch_size"], c10["lr"]) == ("resnet50", 350, [150, 250], 128, 0.1)
+    assert ((c10["model"], c10["epochs"], c10["milestones"], c10["batch_size"], c10["lr"])
+            == ("resnet50", 350, [150, 250], 128, 0.1))
     assert (tiny_in["epochs"], tiny_in["milestones"], tiny_in["batch_size"]) == (100, [40, 60], 64)
 
 
 def test_learning_rate_schedules():
     cfg = TrainConfig(epochs=10, lr=0.1, milestones=[4, 8], gamma=0.1)
-    assert [round(learning_rate(cfg, t), 6) for t in (0, 3.99, 4.0, 7.5, 8.0, 9.9)] == [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
+    assert ([round(learning_rate(cfg, t), 6) for t in (0, 3.99, 4.0, 7.5, 8.0, 9.9)]
+            == [0.1, 0.1, 0.01, 0.01, 0.001, 0.001])
     cos = TrainConfig(epochs=10, lr=0.1, schedule="cosine")
     assert learning_rate(cos, 0) == pytest.approx(0.1) and learning_rate(cos, 5) == pytest.approx(0.05)
     one = TrainConfig(epochs=10, lr=0.1, schedule="onecycle")

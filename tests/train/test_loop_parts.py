@@ -9,7 +9,6 @@ equivalence of a resumed and an uninterrupted run, the methods' paths and DDP ar
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import sys
 from types import SimpleNamespace
@@ -223,7 +222,9 @@ def test_build_loads_the_configs_split_and_names_its_errors(tmp_path, monkeypatc
 def test_build_makes_the_model_for_the_datas_classes_and_channels(tmp_path, monkeypatch):
     def three(b):
         keep_tr, keep_va = b.train.labels < 3, b.val.labels < 3
-        rgb = lambda s, k: Split(s.images[k].repeat(1, 3, 1, 1), s.labels[k])
+        def rgb(s, k):
+            return Split(s.images[k].repeat(1, 3, 1, 1), s.labels[k])
+
         return dataclasses.replace(b, train=rgb(b.train, keep_tr), val=rgb(b.val, keep_va),
                                    test=rgb(b.test, b.test.labels < 3),
                                    num_classes=3, in_channels=3, mean=[b.mean[0]] * 3, std=[b.std[0]] * 3,
@@ -394,7 +395,8 @@ class _Bar:
         _Bar.made.append(self)
 
     def __iter__(self):
-        for self.n, item in enumerate(self.items):
+        for n, item in enumerate(self.items):
+            self.n = n
             yield item
 
     def set_postfix(self, **kw):

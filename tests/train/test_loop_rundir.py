@@ -68,7 +68,8 @@ def test_a_csm_run_interrupted_after_an_epoch_resumes_after_its_bench_directory_
     # the record names the set relative to the bench directory ...
     assert rundir.load_info(run)["config"]["csm_data"] == "cache/csm/tiny/seed0-s4"
     shutil.move(tmp_path / "old", tmp_path / "new")
-    run, gen = tmp_path / "new" / "runs" / "tiny" / "csm" / "seed0", tmp_path / "new" / "cache" / "csm" / "tiny" / "seed0-s4"
+    run, gen = (tmp_path / "new" / "runs" / "tiny" / "csm" / "seed0",
+                tmp_path / "new" / "cache" / "csm" / "tiny" / "seed0-s4")
     cfg = tiny(method="csm", csm_data=str(gen))
     # ... so the moved run is the same run, and resumes after its epoch instead of being refused
     state, found = loop._prepare_run_dir(run, cfg, root=tmp_path / "new")

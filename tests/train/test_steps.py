@@ -139,12 +139,14 @@ def test_build_step_wires_the_config(monkeypatch):
 
     # Mixup / RegMixup alpha: 0.2 for Mixup, RegMixup 20 (10 from 100 classes on); a given value wins
     assert step(method="mixup").alpha == 0.2
-    assert (step(method="regmixup", num_classes=99).alpha, step(method="regmixup", num_classes=100).alpha) == (20.0, 10.0)
+    assert ((step(method="regmixup", num_classes=99).alpha, step(method="regmixup", num_classes=100).alpha)
+            == (20.0, 10.0))
     assert step(method="mixup", mix_alpha=0.7).alpha == 0.7 and step(method="regmixup", mix_alpha=3.0).alpha == 3.0
     assert type(step(method="standard")) is Standard and type(step(method="regmixup")) is RegMixup
     for spec in ("ce", " CE ", "ce:"):  # any spelling of cross-entropy
         assert type(step(method="mixup", loss=spec)) is Mixup
-    with pytest.raises(ValueError, match="method mixup trains with soft-label cross-entropy; loss must be 'ce', got 'ls:smoothing=0.1'"):
+    with pytest.raises(ValueError, match="method mixup trains with soft-label cross-entropy; "
+                                         "loss must be 'ce', got 'ls:smoothing=0.1'"):
         step(method="mixup", loss="ls:smoothing=0.1")
 
     class Dense(ImageInputs):
@@ -152,7 +154,8 @@ def test_build_step_wires_the_config(monkeypatch):
 
     dense = Dense((0.5,), (0.25,))
     assert type(build_step(TrainConfig(), Recorder(), 3, dense, 0)) is Standard
-    with pytest.raises(ValueError, match="method 'mixup' mixes whole images.*segmentation trains with method 'standard'"):
+    with pytest.raises(ValueError,
+                       match="method 'mixup' mixes whole images.*segmentation trains with method 'standard'"):
         build_step(TrainConfig(method="mixup"), Recorder(), 3, dense, 0)
 
     import calibkit.methods.csm.dataset as csm_dataset

@@ -12,7 +12,6 @@ from calibkit import rundir
 from calibkit.config import TrainConfig
 from calibkit.data import load
 from calibkit.train import train
-
 from tests.helpers.text_index import write_synthetic_index
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -132,7 +132,8 @@ def test_csm_step_normalises_generated_images_and_adds_soft_l2_with_weight_one()
     step = CSM(build_loss("ce", num_classes=K), companion=companion, inputs=inputs)
     net = _Recorder()
     loss, logits, target = step(net, real, y, y, EpochGenerators(aug=torch.Generator(), draw=torch.Generator()))
-    assert len(companion.calls) == 1 and torch.equal(companion.calls[0][0], y) and companion.calls[0][1] == 2  # default per_real
+    assert (len(companion.calls) == 1 and torch.equal(companion.calls[0][0], y)
+            and companion.calls[0][1] == 2)  # default per_real
     # The generated half of the forward batch: (x / 255 - mean) / std per channel.
     m, s = torch.tensor(mean).view(1, 2, 1, 1), torch.tensor(std).view(1, 2, 1, 1)
     want_gen = (gen_img.float() / 255 - m) / s

@@ -102,7 +102,8 @@ class ClassifierEncoder:
 
         mean, std = self.info["mean"], self.info["std"]
         return torch.cat([
-            self.model.forward_features(normalize(images[i:i + self.batch_size].to(self.device), mean, std)).float().cpu()
+            self.model.forward_features(
+                normalize(images[i:i + self.batch_size].to(self.device), mean, std)).float().cpu()
             for i in range(0, len(images), self.batch_size)])
 
     def training_split(self):

@@ -48,7 +48,8 @@ class CSMCompanion:
                        if k not in source]
             if missing:
                 raise UserError(f"the tensors lack {missing} (soft_labels come from csm.annotate)")
-            images, c1, c2 = source["images"], torch.as_tensor(source["c1"]).long(), torch.as_tensor(source["c2"]).long()
+            images = source["images"]
+            c1, c2 = torch.as_tensor(source["c1"]).long(), torch.as_tensor(source["c2"]).long()
             lam = torch.as_tensor(source["lam"]).float()
             if images.dtype != torch.uint8 or images.dim() != 4 or len(images) % n:
                 raise UserError(f"images must be uint8 (G*{n}, C, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -71,8 +72,10 @@ class CSMCompanion:
             annotated = None
             if labels == "annotated":
                 annot, self.encoder = load_annotations(source)
-                if annot["soft_labels"].shape != (g * n, num_classes) or not torch.equal(annot["group"], store["group"]):
-                    raise UserError(f"annotations of {source} do not match its images; run `calibkit csm annotate` again")
+                if (annot["soft_labels"].shape != (g * n, num_classes)
+                        or not torch.equal(annot["group"], store["group"])):
+                    raise UserError(f"annotations of {source} do not match its images; "
+                                    "run `calibkit csm annotate` again")
                 annotated = annot["soft_labels"]
         if labels == "annotated":
             soft = torch.as_tensor(annotated).float()

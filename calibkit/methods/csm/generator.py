@@ -75,7 +75,7 @@ class GeneratorConfig:
             raise UserError(f"image_size {self.image_size} is not divisible by the UNet's downsampling")
 
     @classmethod
-    def for_images(cls, num_classes: int, in_channels: int, size: int, channels=(32, 64, 64)) -> "GeneratorConfig":
+    def for_images(cls, num_classes: int, in_channels: int, size: int, channels=(32, 64, 64)) -> GeneratorConfig:
         """The UNet for square images of ``size`` pixels: run on the native size when the
         downsampling divides it (28 -> 14 -> 7 for three levels, attention at the coarsest level),
         else padded with the background value up to the next size it divides (30 -> 32)."""
@@ -86,7 +86,7 @@ class GeneratorConfig:
                    block_out_channels=channels, attention_levels=(False,) * (len(channels) - 1) + (True,))
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GeneratorConfig":
+    def from_dict(cls, d: dict) -> GeneratorConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:

@@ -17,7 +17,7 @@ costs one network call per evaluation, ``w != 1`` two (batched together).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from torch import nn
 from calibkit.distributed import eval_batch_size
 from calibkit.errors import UserError
 from calibkit.methods.maccal.masking import check_int, deployed_proba, mc_logits
-from calibkit.methods.maccal.stage2 import DEFAULTS, check_features, fit_masked_head
+from calibkit.methods.maccal.stage2 import DEFAULTS, fit_masked_head
 
 __all__ = ["MaCCal", "NotFittedError", "extract_features"]
 
@@ -81,7 +81,7 @@ class MaCCal:
         """The constructor arguments (scikit-learn convention)."""
         return {"head": self.head, **{name: getattr(self, name) for name in _PARAMS}}
 
-    def set_params(self, **params) -> "MaCCal":
+    def set_params(self, **params) -> MaCCal:
         """Set constructor arguments by name (scikit-learn convention); returns ``self``."""
         for name, value in params.items():
             if name != "head" and name not in _PARAMS:
@@ -106,7 +106,7 @@ class MaCCal:
         raise UserError(f"loss must be None, a loss spec string or a callable, got {self.loss!r}")
 
     def fit(self, train_features, train_labels, val_features, val_labels,
-            progress: Callable[[dict], None] | None = None) -> "MaCCal":
+            progress: Callable[[dict], None] | None = None) -> MaCCal:
         """Retrain the head on ``(N, D)`` training features, steering and selecting on ``(M, D)``
         validation features (never the test split). Labels: integer class indices. Returns ``self``."""
         if not isinstance(self.head, nn.Linear):

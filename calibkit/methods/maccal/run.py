@@ -8,8 +8,8 @@ call; it computes the features once and fits a :class:`~calibkit.methods.maccal.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -109,7 +109,8 @@ def run_maccal(stage1_dir, out_dir, *, r_init: float = DEFAULTS["r_init"], eta: 
                batch_size: int = DEFAULTS["batch_size"], grad_clip: float | None = DEFAULTS["grad_clip"],
                n_bins: int = DEFAULTS["n_bins"], seed: int = DEFAULTS["seed"],
                mc_samples: int = DEFAULTS["mc_samples"], loss: str = "ce", data_dir: str | None = None,
-               device: str = "auto", eval_batch_size: int | None = None, log: Callable[[str], None] | None = None) -> dict:
+               device: str = "auto", eval_batch_size: int | None = None,
+               log: Callable[[str], None] | None = None) -> dict:
     """MaC-Cal stage 2 on a finished stage-1 run; writes a standard run directory ``out_dir``.
 
     Loads the stage-1 run (best-validation-accuracy weights), reloads its data split (the

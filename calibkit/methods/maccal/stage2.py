@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -103,8 +103,8 @@ def _train_epoch(model: nn.Linear, opt, feats, labels, r: float, gen, batch_size
         logits = masked_linear(x, model.weight, model.bias, r, gen)
         loss = loss_fn(logits, y, x) if needs_features else loss_fn(logits, y)
         if not torch.isfinite(loss):
-            raise UserRuntimeError(f"stage-2 loss is {float(loss.detach())} (keep rate {r:.3f}); lower the learning rate "
-                               f"(lr {opt.param_groups[0]['lr']:.4g})")
+            raise UserRuntimeError(f"stage-2 loss is {float(loss.detach())} (keep rate {r:.3f}); "
+                                   f"lower the learning rate (lr {opt.param_groups[0]['lr']:.4g})")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip:  # None or 0 disables clipping, as in the trainer

@@ -68,7 +68,8 @@ def test_speed_choice_keeps_quality():
     def q(prec, steps, cons, agree):
         return {"precision": prec, "steps": steps, "consistency": cons, "agree_with_reference": agree}
 
-    timings = [s(128, "fp32", 2.0), s(64, "fp32", 2.2), s(64, "bf16", 3.5), s(32, "bf16", 3.3), s(64, "bf16", 9.0, True)]
+    timings = [s(128, "fp32", 2.0), s(64, "fp32", 2.2), s(64, "bf16", 3.5), s(32, "bf16", 3.3),
+               s(64, "bf16", 9.0, True)]
     rows = [q("fp32", 20, 0.90, 1.0), q("fp32", 10, 0.895, 0.96), q("fp32", 8, 0.85, 0.90),
             q("bf16", 20, 0.90, 0.99), q("bf16", 10, 0.90, 0.97), q("bf16", 8, 0.95, 0.93)]
     # bf16 8 steps: consistent but disagrees with the reference on 7% of endpoints -> excluded;

@@ -147,7 +147,8 @@ def test_clip_encoder_reads_its_normalisation_and_records_it(tmp_path):
     torch.testing.assert_close(px[0, :, 3, 3], want)
     rgb = torch.zeros(1, 3, 8, 8, dtype=torch.uint8)
     rgb[:, 0] = 255  # a red image stays red: three channels are not mixed
-    torch.testing.assert_close(enc.preprocess(rgb)[0, :, 0, 0], (torch.tensor([1.0, 0, 0]) - torch.tensor([0.5, 0.25, 0.0]))
+    torch.testing.assert_close(enc.preprocess(rgb)[0, :, 0, 0],
+                               (torch.tensor([1.0, 0, 0]) - torch.tensor([0.5, 0.25, 0.0]))
                                / torch.tensor([0.5, 0.25, 2.0]))
     # bicubic overshoot at a sharp edge is clamped to [0, 1] before normalising
     edge = torch.zeros(1, 1, 3, 3, dtype=torch.uint8)

@@ -11,7 +11,6 @@ from calibkit.cli import main  # noqa: E402
 from calibkit.methods.csm.dataset import CSMCompanion  # noqa: E402
 from calibkit.methods.csm.store import load_annotations, load_store  # noqa: E402
 
-
 # Tiny networks run on one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,7 +4,6 @@ hand, the validation-split exclusion against the data loader's own splits, the c
 and every error message in full."""
 
 import json
-import math
 from collections import Counter
 
 import pytest
@@ -162,14 +161,17 @@ def test_dataset_items_are_stacked_in_order():
      r"^pass either \(images, labels\) tensors or a Dataset of \(image, label\) pairs$"),
     ((5,), r"^images must be a tensor or a map-style Dataset, got int$"),
     ((_Pairs([]),), r"^the Dataset is empty$"),
-    ((torch.zeros(2, 1, 1, 2, 2), [0, 1]), r"^images must have shape \(N, C, H, W\) or \(N, H, W\), got \(2, 1, 1, 2, 2\)$"),
+    ((torch.zeros(2, 1, 1, 2, 2), [0, 1]),
+     r"^images must have shape \(N, C, H, W\) or \(N, H, W\), got \(2, 1, 1, 2, 2\)$"),
     ((torch.zeros(2, 2), [0, 1]), r"^images must have shape \(N, C, H, W\) or \(N, H, W\), got \(2, 2\)$"),
     ((torch.zeros(2, 1, 2, 2), [0.0, 1.0]), r"^labels must be integers of shape \(2,\), got torch.float32 \(2,\)$"),
     ((torch.zeros(2, 1, 2, 2), [0, 1, 2]), r"^labels must be integers of shape \(2,\), got torch.int64 \(3,\)$"),
     ((torch.zeros(2, 1, 2, 2), [[0, 1]]), r"^labels must be integers of shape \(2,\), got torch.int64 \(1, 2\)$"),
     ((torch.zeros(2, 1, 2, 2), [0, -3]), r"^labels must be >= 0, got -3$"),
-    ((torch.zeros(2, 1, 2, 2, dtype=torch.int64), [0, 1]), r"^images must be uint8 or float in \[0, 1\], got torch.int64$"),
-    ((torch.full((1, 1, 1, 2), -0.5), [0]), r"^images: float images must lie in \[0, 1\] \(got values in \[-0.5, -0.5\]\); "
+    ((torch.zeros(2, 1, 2, 2, dtype=torch.int64), [0, 1]),
+     r"^images must be uint8 or float in \[0, 1\], got torch.int64$"),
+    ((torch.full((1, 1, 1, 2), -0.5), [0]),
+     r"^images: float images must lie in \[0, 1\] \(got values in \[-0.5, -0.5\]\); "
                                             r"undo any normalisation first$"),
     ((torch.tensor([0.0, 1.5]).view(1, 1, 1, 2), [0]), r"^images: float images must lie in \[0, 1\] \(got values in "
                                                       r"\[0, 1.5\]\); undo any normalisation first$"),
@@ -249,7 +251,8 @@ def test_fixed_validation_split_is_already_outside_training(monkeypatch):
     images, labels, bundle, record = training_images_outside_validation("digits", [3, 1], data_dir=None)
     assert calls == [{"data_dir": None, "seed": 1, "val_size": None}]  # the smallest seed, loaded once
     assert torch.equal(images, bundle.train.images) and torch.equal(labels, bundle.train.labels)
-    assert record == {"excluded_val_seeds": [1, 3], "rule": "fixed by the protocol", "official_train": len(bundle.train),
+    assert record == {"excluded_val_seeds": [1, 3], "rule": "fixed by the protocol",
+                      "official_train": len(bundle.train),
                       "excluded": 0, "train_images": len(bundle.train)}
 
 
@@ -317,14 +320,19 @@ def test_companion_groups_table_lists_every_group_of_a_class():
     (lambda s: s.pop("soft_labels"), r"^the tensors lack \['soft_labels'\] \(soft_labels come from csm.annotate\)$"),
     (lambda s: s.update(images=s["images"].float()),
      r"^images must be uint8 \(G\*8, C, H, W\), got torch.float32 \(16, 1, 2, 2\)$"),
-    (lambda s: s.update(images=s["images"][:, 0]), r"^images must be uint8 \(G\*8, C, H, W\), got torch.uint8 \(16, 2, 2\)$"),
-    (lambda s: s.update(images=s["images"][:12]), r"^images must be uint8 \(G\*8, C, H, W\), got torch.uint8 \(12, 1, 2, 2\)$"),
+    (lambda s: s.update(images=s["images"][:, 0]),
+     r"^images must be uint8 \(G\*8, C, H, W\), got torch.uint8 \(16, 2, 2\)$"),
+    (lambda s: s.update(images=s["images"][:12]),
+     r"^images must be uint8 \(G\*8, C, H, W\), got torch.uint8 \(12, 1, 2, 2\)$"),
     (lambda s: s.update(c1=s["c1"][:8]), r"^c1, c2 and lam must have shape \(16,\)$"),
     (lambda s: s.update(c2=s["c2"][:8]), r"^c1, c2 and lam must have shape \(16,\)$"),
     (lambda s: s.update(lam=s["lam"][:8]), r"^c1, c2 and lam must have shape \(16,\)$"),
-    (lambda s: s["c1"].__setitem__(3, 2), r"^images must be in group order: 8 consecutive images share one class pair$"),
-    (lambda s: s["c2"].__setitem__(9, 0), r"^images must be in group order: 8 consecutive images share one class pair$"),
-    (lambda s: s.update(soft_labels=s["soft_labels"][:, :2]), r"^soft_labels must have shape \(16, 3\), got \(16, 2\)$"),
+    (lambda s: s["c1"].__setitem__(3, 2),
+     r"^images must be in group order: 8 consecutive images share one class pair$"),
+    (lambda s: s["c2"].__setitem__(9, 0),
+     r"^images must be in group order: 8 consecutive images share one class pair$"),
+    (lambda s: s.update(soft_labels=s["soft_labels"][:, :2]),
+     r"^soft_labels must have shape \(16, 3\), got \(16, 2\)$"),
 ])
 def test_companion_tensor_errors_in_full(change, message):
     src = _groups([(0, 1), (1, 2)], 3)
@@ -421,7 +429,8 @@ def test_group_noise_follows_the_seeding_rule():
 def test_autocast_denoiser(tiny):
     from calibkit.methods.csm.generate import PRECISIONS, autocast_denoiser
 
-    assert PRECISIONS == ("fp32", "bf16") and autocast_denoiser(tiny) is tiny and autocast_denoiser(tiny, "fp32") is tiny
+    assert (PRECISIONS == ("fp32", "bf16") and autocast_denoiser(tiny) is tiny
+            and autocast_denoiser(tiny, "fp32") is tiny)
     with pytest.raises(ValueError, match=r"^precision must be one of \('fp32', 'bf16'\), got 'fp16'$"):
         autocast_denoiser(tiny, "fp16")
     x = torch.randn(2, 1, 32, 32, generator=torch.Generator().manual_seed(0))

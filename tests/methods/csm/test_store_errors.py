@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from calibkit.bench.twostage import SHIPPED_STORES
 from calibkit.methods.csm.store import (
     ANNOT_META,
     ANNOT_TENSORS,
@@ -16,7 +17,6 @@ from calibkit.methods.csm.store import (
     shard_paths,
     write_annotations,
 )
-from calibkit.bench.twostage import SHIPPED_STORES
 
 SHIPPED = SHIPPED_STORES["fmnist"]
 
@@ -29,7 +29,8 @@ def store(tmp_path):
 
 
 def test_not_a_store_and_foreign_manifest(store, tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"{tmp_path} is not a CSM store \(no {MANIFEST}\); run `calibkit csm generate`"):
+    with pytest.raises(FileNotFoundError,
+                       match=rf"{tmp_path} is not a CSM store \(no {MANIFEST}\); run `calibkit csm generate`"):
         read_manifest(tmp_path)
     manifest = json.loads((store / MANIFEST).read_text())
     (store / MANIFEST).write_text(json.dumps({**manifest, "format": "other"}))

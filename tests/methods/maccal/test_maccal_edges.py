@@ -108,7 +108,8 @@ def test_maccal_params_repr_and_messages():
     other = torch.nn.Linear(8, 4)
     assert est.set_params(head=other).head is other
     with pytest.raises(ValueError, match=r"^MaCCal has no parameter 'x'; valid: head, r_init, eta, r_min, epochs, lr, "
-                                         r"momentum, weight_decay, batch_size, grad_clip, n_bins, seed, mc_samples, loss$"):
+                                         r"momentum, weight_decay, batch_size, grad_clip, n_bins, seed, "
+                                         r"mc_samples, loss$"):
         est.set_params(x=1)
     assert repr(MaCCal(head)) == ("MaCCal(Linear(8, 4), r_init=0.9, eta=2.0, r_min=0.1, epochs=30, lr=0.01, "
                                   "momentum=0.9, weight_decay=0.0005, batch_size=128, grad_clip=2.0, n_bins=15, "

@@ -9,8 +9,8 @@ import torch
 
 from calibkit import rundir
 from calibkit.functional import ece
-from calibkit.methods.maccal import run as run_mod
 from calibkit.methods.maccal import load_maccal, run_maccal
+from calibkit.methods.maccal import run as run_mod
 from calibkit.methods.maccal.masking import MC_SEED_OFFSET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -88,7 +88,8 @@ def test_recorded_settings_and_provenance(done, s1):
     assert rec["hparams"] == {**HP, "loss": "ls:alpha=0.2"} and info["maccal"] == rec["hparams"]
     assert rec["rule"] == run_mod.RULE and "r <- clip(r - eta * (c - a), r_min, 1)" in rec["rule"]
     assert rec["inference"] == (f"probabilities averaged over 4 masked heads at keep rate {rec['best_keep_rate']} "
-                                f"(masks from a CPU generator seeded with seed + {MC_SEED_OFFSET}); stored as their log")
+                                f"(masks from a CPU generator seeded with seed + {MC_SEED_OFFSET}); "
+                                "stored as their log")
     assert info["method"] == "maccal" and info["config"] == {**info1["config"], "method": "maccal"}
     assert info["stage1"] == {"path": str((done["out"] / "s1").resolve()), "config": info1["config"],
                               "git_commit": info1.get("git_commit"), "best_epoch": info1["best_epoch"],
@@ -122,11 +123,13 @@ def test_progress_lines_by_hand():
 def test_run_logs_features_every_epoch_and_the_result(done):
     lines, hist, s = done["lines"], done["hist"], done["summary"]
     assert len(lines) == 1 + len(hist) + 1
-    n_val, n_test = len(rundir.load_logits(done["out"])["val_labels"]), len(rundir.load_logits(done["out"])["test_labels"])
+    n_val, n_test = (len(rundir.load_logits(done["out"])["val_labels"]),
+                     len(rundir.load_logits(done["out"])["test_labels"]))
     assert lines[0].startswith("features: train (") and f", val {n_val}, test {n_test} in " in lines[0]
     assert lines[1].startswith("stage-1 head  r 0.800") and lines[2].startswith("epoch   1/2  r 0.800  loss ")
     assert lines[-1] == (f"done: best epoch {s['best_epoch']} (r {s['best_keep_rate']:.3f}, val ECE "
-                         f"{100 * s['val_ece']:.2f}), test acc {s['test_acc']:.2%}, test ECE {100 * s['test_ece']:.2f}, "
+                         f"{100 * s['val_ece']:.2f}), test acc {s['test_acc']:.2%}, test ECE "
+                         f"{100 * s['test_ece']:.2f}, "
                          f"stage 2 {s['wall_time_s']:.1f}s")
 
 
@@ -171,7 +174,7 @@ def test_unmasked_head_gives_the_plain_head_on_stored_logits(s1, tmp_path):
 def test_device_choice(monkeypatch):
     assert run_mod._device("cpu") == torch.device("cpu")
     for available, want in ((True, "cuda"), (False, "cpu")):  # torch.device("cuda") needs no GPU to be made
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
         assert run_mod._device("auto") == torch.device(want)
     monkeypatch.undo()
     assert run_mod._device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -183,7 +186,8 @@ def test_stage1_refusals_name_the_problem(s1, tmp_path):
         run_mod.stage1_run(tmp_path / "nope")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"^stage-1: \S*empty is not a calibkit run directory \(no config.json\)$"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"^stage-1: \S*empty is not a calibkit run directory \(no config.json\)$"):
         run_mod.stage1_run(empty)
     path, info = run_mod.stage1_run(s1)
     assert path == s1 and info == rundir.load_info(s1)
@@ -293,7 +297,8 @@ def test_the_stage1_split_is_reloaded_with_its_settings(s1_split, tmp_path, load
                           {"data_dir": str(tmp_path), "seed": 0, "val_size": 150, "train_subset": 400}]
     stored = rundir.load_logits(tmp_path / "a")
     assert len(stored["val_labels"]) == 150
-    assert rundir.read_tensors(tmp_path / "a" / rundir.MODEL).keys() == rundir.read_tensors(s1_split / rundir.MODEL).keys()
+    assert (rundir.read_tensors(tmp_path / "a" / rundir.MODEL).keys()
+            == rundir.read_tensors(s1_split / rundir.MODEL).keys())
     assert "features: train (400, " in _lines_of(s1_split, tmp_path / "c")[0]
 
 
