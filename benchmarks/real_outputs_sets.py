@@ -30,20 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from real_outputs import DEFAULT, load  # the same folder and the same logits as the calibrator choice
 
 from calibkit.calibrators import TemperatureScaling
 from calibkit.conformal import SplitConformal, coverage
 from calibkit.report.sets import calibrator_sets
-
-DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs"
-
-
-def load(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logits, labels)``: log of the probabilities clipped at the smallest positive float32."""
-    with np.load(path, allow_pickle=False) as f:
-        probs, labels = f["probs"], f["labels"]
-    tiny = np.finfo(np.float32).tiny
-    return torch.from_numpy(np.log(np.maximum(probs.astype(np.float64), tiny))), torch.from_numpy(labels).long()
 
 
 def _coverage(p, y, cal, test, alpha, seed=0) -> float:
