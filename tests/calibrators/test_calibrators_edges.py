@@ -92,7 +92,7 @@ def test_fit_defaults_seed_0_and_one_million_pixels():
     # the default cap, fast: the solver is replaced by a spy that records how many rows reach it
     rows = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(calibrators, "_fit_nll", lambda z, *a: rows.append(z.shape[0]) or (1.0, 1))
+        mp.setattr(calibrators, "_fit_nll", lambda z, *a, **kw: rows.append(z.shape[0]) or (1.0, 1))
         logits, labels = torch.zeros(1, 2, 1_000_001), torch.zeros(1, 1_000_001, dtype=torch.long)
         TemperatureScaling().fit(logits, labels)
         TemperatureScaling().fit(logits, labels, max_pixels=None)
