@@ -175,10 +175,15 @@ def _paired(pairs, estimate, samples, n_boot, seed, level) -> dict:
 
 
 def _size_samples(sets: SetRows, row: dict, calibrator: str, n_boot: int, seed: int) -> torch.Tensor:
+    """``(n_boot,)`` mean set size of the run's test rows on the report's resamples (computed once
+    per run: CE's runs are the reference of every method)."""
     from calibkit.bootstrap import count_draws
 
-    size = sets.conformal(row, calibrator)["size"].double()
-    return torch.cat([W @ size / len(size) for _, W in count_draws(len(size), n_boot, seed)])
+    key = ("size*", row["run_key"], calibrator, n_boot, seed)
+    if key not in sets._mem:
+        size = sets.conformal(row, calibrator)["size"].double()
+        sets._mem[key] = torch.cat([W @ size / len(size) for _, W in count_draws(len(size), n_boot, seed)])
+    return sets._mem[key]
 
 
 def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_boot: int = 1000, seed: int = 0,
