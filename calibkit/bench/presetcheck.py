@@ -19,7 +19,8 @@ The rules (calibkit's decisions where the code that reads a value has none):
   of images or a tensors file), which must also differ from the data set; ``[csm] store`` (a folder).
   A data set whose files are looked for in its default place is not checked here: the bench's
   preflight loads it.
-* ``[csm] sharpness``: a finite number > 0 (a negative one inverts CSM's soft labels).
+* ``[csm] sharpness``: a finite number > 0 (a negative one inverts CSM's soft labels); ``encoder``
+  one of ``classifier``, ``efficientnet_lite0``.
   ``[maccal]``: each keyword in its domain (:data:`MACCAL_RULES`).
 * Every method that runs: its ``TrainConfig`` validates and its loss spec builds.
 * ``[space.<method>]``: each address one that the method reads (:func:`unused_reason`: a loss
@@ -212,9 +213,14 @@ def _check_paths(preset, where: str, data_dir) -> None:
 
 
 def check_csm(csm: dict, where: str) -> None:
-    """``[csm]``: ``sharpness`` a finite number > 0, ``store`` an existing folder."""
+    """``[csm]``: ``sharpness`` a finite number > 0, ``encoder`` a bench encoder, ``store`` an existing folder."""
     if "sharpness" in csm:
         _number(csm["sharpness"], f"{where}sharpness", 0, True, None, False)
+    from calibkit.bench.presetfile import CSM_ENCODERS, nearest
+
+    if "encoder" in csm and csm["encoder"] not in CSM_ENCODERS:
+        raise UserError(f"{where}encoder: expected one of {', '.join(CSM_ENCODERS)}, got {csm['encoder']!r}"
+                        f"{nearest(csm['encoder'], CSM_ENCODERS)}")
     store = csm.get("store")
     if store is not None and (not isinstance(store, str) or not Path(store).is_dir()):
         raise FileNotFoundError(f"{where}store: no such folder {store!r} (a generated set of `calibkit csm generate`)")

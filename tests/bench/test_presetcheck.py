@@ -53,6 +53,8 @@ def test_the_base_preset_is_valid(tmp_path):
     (("", "num_threads = 0\n"), "num_threads: must be an integer >= 1 (leave it out for torch's default), got 0"),
     (("", "tune_seed = -3\n"), "tune_seed: must be an integer >= 0, got -3"),
     (("", "[csm]\nsharpness = -1.0\n"), "[csm] sharpness: must be a finite number in (0, inf), got -1.0"),
+    (("", '[csm]\nencoder = "efficientnet"\n'), "[csm] encoder: expected one of classifier, efficientnet_lite0, "
+     "got 'efficientnet' (nearest valid name: efficientnet_lite0)"),
     (("", "[maccal]\nr_min = 1.5\n"), "[maccal] r_min: must be a finite number in (0, 1], got 1.5"),
     (("", '[space.ls]\n"maccal.eta" = [1, 2]\n'),
      "[space.ls] 'maccal.eta': ls does not read maccal.* (read by: maccal); every candidate would train the same"),

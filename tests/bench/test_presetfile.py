@@ -33,7 +33,8 @@ def test_shipped_ood_defaults_unchanged_and_user_data_has_none():
         "tinyimagenet": "svhn", "seg-smoke": "digits", "seg": "digits", "voc": "digits",
         "text-smoke": "debian-heldout", "text": "debian-heldout", "20newsgroups": "debian-heldout",
         "text-pretrained-smoke": "debian-heldout", "text-pretrained": "debian-heldout",
-        "fmnist-pretrained": "digits", "fmnist-pretrained-smoke": "none"}  # the smoke twin runs on digits itself
+        "fmnist-pretrained": "digits", "fmnist-pretrained-full": "digits",
+        "fmnist-pretrained-smoke": "none"}  # the smoke twin runs on digits itself
     assert default_ood("tensors") == default_ood("imagefolder") == "none" and default_ood("svhn") == "digits"
     assert parse_preset(BASE).ood == "none"
     assert parse_preset(BASE.replace("imagefolder", "fmnist")).ood == "digits"

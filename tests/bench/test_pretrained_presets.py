@@ -20,7 +20,7 @@ def test_full_and_smoke_presets_share_their_settings(name):
     full, smoke = PRESETS[name], PRESETS[f"{name}-smoke"]
     assert full.seeds == (0, 1) and smoke.train["epochs"] == 1
     assert full.model == smoke.model and full.train["finetune"] == smoke.train["finetune"]
-    assert full.train["finetune"] == ("last:2" if name.startswith("text") else "all")
+    assert full.train["finetune"] == ("last:2" if name.startswith("text") else "last:3")
     keys = set(full.train) - {"epochs", "train_subset", "val_size"}
     assert {k: full.train[k] for k in keys} == {k: smoke.train[k] for k in keys}
     if name.startswith("text"):  # every text method
@@ -30,6 +30,17 @@ def test_full_and_smoke_presets_share_their_settings(name):
         # the smoke twin runs on digits, for which no CSM generated set ships: every other method
         assert grid_methods(smoke) == ([m for m in METHODS if m != "csm"], [])
         assert set(IMAGE_ONLY) - {"csm"} <= set(smoke.methods)
+
+
+def test_the_gpu_sized_image_preset_differs_only_in_size_and_what_is_trained():
+    cpu, gpu = PRESETS["fmnist-pretrained"], PRESETS["fmnist-pretrained-full"]
+    assert gpu.train["finetune"] == "all" and cpu.train["finetune"] == "last:3"
+    assert (gpu.train["train_subset"], gpu.train["val_size"], gpu.train["epochs"]) == (2000, 1000, 12)
+    assert (cpu.train["train_subset"], cpu.train["val_size"], cpu.train["epochs"]) == (1000, 500, 6)
+    size = {"finetune", "train_subset", "val_size", "epochs"}
+    rest = [{k: v for k, v in p.train.items() if k not in size} for p in (gpu, cpu)]
+    assert rest[0] == rest[1]
+    assert grid_methods(gpu) == grid_methods(cpu) and gpu.seeds == cpu.seeds and gpu.dataset == cpu.dataset
 
 
 def _check_rows(out, preset, methods):

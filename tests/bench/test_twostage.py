@@ -306,3 +306,35 @@ def test_produce_csm_trains_on_the_annotated_copy_and_records_it(ce_root, monkey
     assert twostage.produce_csm(other, 0, ce_root / "r1")["extra"]["csm_store"] == str(dst)
     assert trained[-1] == ("csm", 0, ce_root / "r1", dst) and barriers == [other.dd]
     shutil.rmtree(dst)
+
+
+def test_the_pretrained_encoder_annotates_its_own_copy_with_the_ce_runs_training_split(ce_root, monkeypatch):
+    annotate = importlib.import_module("calibkit.methods.csm.annotate")
+
+    class Stub:  # stands in for the ImageNet backbone: the bench's wiring is what is checked here
+        identity = {"encoder": "efficientnet_lite0", "image_size": 64, "weights_sha256": "f" * 16}
+
+        def __init__(self, device="cpu"):
+            self.device = device
+
+        def __call__(self, images):
+            return images.float().flatten(1)[:, :16]
+
+    calls = _counting(monkeypatch, annotate, "annotate_store")
+    monkeypatch.setattr(annotate, "EfficientNetEncoder", Stub)
+    bench = _bench(ce_root, sharpness=2.5)
+    bench.preset.csm["encoder"] = "efficientnet_lite0"
+    dst = twostage.csm_store(bench, 0)
+    assert dst.name == "seed0-s2.5-efficientnet_lite0" and len(calls) == 1
+    assert isinstance(calls[0][0][1], Stub)
+    ce = run_dir_for(ce_root, "p", "ce", 0)
+    images, labels = annotate.ClassifierEncoder(ce).training_split()
+    assert torch.equal(calls[0][0][2], images) and torch.equal(calls[0][0][3], labels)
+    meta = json.loads((dst / "annotations.json").read_text())
+    assert meta["encoder"] == "efficientnet_lite0" and meta["prototype_run"] == str(ce)
+    assert meta["prototype_images"] == len(labels)
+    assert twostage.csm_store(bench, 0) == dst and len(calls) == 1  # cached
+    # the classifier encoder of the same seed and sharpness keeps its own copy
+    bench.preset.csm["encoder"] = "classifier"
+    assert twostage._csm_cache(bench, 0).name == "seed0-s2.5"
+    shutil.rmtree(dst)

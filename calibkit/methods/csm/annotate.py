@@ -14,6 +14,12 @@ Encoders (the one used is recorded with every annotation):
 * ``clip``: ``transformers.CLIPModel.get_image_features`` (raw, not normalised, as the official
   code) loaded from a local directory; images are made RGB, resized to the vision model's input
   size (bicubic) and normalised with the directory's processor mean/std (CLIP's by default).
+* ``efficientnet_lite0``: the pooled features (1280) of the ImageNet EfficientNet-Lite0 backbone
+  (``calibkit[pretrained]``), frozen, in evaluation mode: an offline stand-in for the seed's CLIP, an
+  encoder that knows images but never saw the data set. Grey images are repeated to RGB, resized
+  (bilinear) to 64 pixels by default -- the size of calibkit's ``efficientnet_lite0`` model; the
+  network's own 224 would cost 12 times more on a CPU -- and scaled as the weights expect,
+  ``(255 p - 127) / 128``.
 """
 
 from __future__ import annotations
@@ -166,6 +172,44 @@ class ClipEncoder:
             r = self.model.get_image_features(pixel_values=x)
             out.append((r if isinstance(r, torch.Tensor) else r.pooler_output).float().cpu())
         return torch.cat(out)
+
+
+class EfficientNetEncoder:
+    """Pooled ImageNet EfficientNet-Lite0 features (N, 1280) of uint8 images (``calibkit[pretrained]``).
+
+    Args:
+        size: the side images are resized to (64 by default; see the module docstring).
+        batch_size: images per forward pass.
+        device: where the network runs (as :class:`ClassifierEncoder`); features come back on the CPU.
+    """
+
+    def __init__(self, size: int = 64, batch_size: int = 256, device="cpu"):
+        from calibkit.distributed import resolve_device
+        from calibkit.models.efficientnet_lite import EfficientNetLite, weights_file
+
+        if int(size) < 32:
+            raise UserError(f"EfficientNetEncoder: size must be >= 32 pixels (5 stride-2 stages), got {size}")
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.model = EfficientNetLite(num_classes=1, in_channels=3, size=int(size), pretrained=True)
+        self.model = self.model.eval().to(self.device)
+        self.size, self.batch_size = int(size), batch_size
+        digest = hashlib.sha256(Path(weights_file()).read_bytes()).hexdigest()[:16]
+        self.identity = {"encoder": "efficientnet_lite0", "image_size": self.size, "weights_sha256": digest}
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        from calibkit.models.efficientnet_lite import imagenet_inputs
+
+        if images.dim() != 4 or images.shape[1] not in (1, 3):
+            raise UserError(f"expected uint8 images (N, 1 or 3, H, W), got {tuple(images.shape)}")
+        out = []
+        for i in range(0, len(images), self.batch_size):
+            x = images[i:i + self.batch_size].to(self.device).float() / 255.0
+            out.append(self.model.forward_features(imagenet_inputs(x)).float().cpu())
+        return torch.cat(out) if out else torch.zeros(0, 1280)
+
+
+ENCODERS = ("classifier", "clip", "efficientnet_lite0")
 
 
 def encoder_identity(encoder) -> dict:

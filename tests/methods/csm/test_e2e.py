@@ -10,6 +10,7 @@ pytest.importorskip("diffusers")
 from calibkit.cli import main  # noqa: E402
 from calibkit.methods.csm.dataset import CSMCompanion  # noqa: E402
 from calibkit.methods.csm.store import load_annotations, load_store  # noqa: E402
+from tests.models.pretrained_skip import HAS_EFFICIENTNET  # noqa: E402
 
 # Tiny networks run on one torch thread (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,6 +41,13 @@ def test_csm_pipeline_on_digits(tmp_path):
     assert torch.allclose(tensors["soft_labels"].sum(1), torch.ones(72))
     assert len(CSMCompanion(store, 10)) == 72
 
+    if HAS_EFFICIENTNET:  # the frozen ImageNet backbone re-annotates the same store (prototypes from digits)
+        assert main(["csm", "annotate", store, "--encoder", "efficientnet_lite0", "--data", "digits"]) == 0
+        pre, meta = load_annotations(store)
+        assert meta["encoder"] == "efficientnet_lite0" and meta["image_size"] == 64 and "run" not in meta
+        assert pre["prototypes"].shape == (10, 1280)
+        torch.testing.assert_close(pre["soft_labels"].sum(1), torch.ones(72))
+        assert main(["csm", "annotate", store, "--encoder", "classifier", "--run", ref]) == 0  # back to the run's
     assert main([*train, "--method", "csm", "--csm-data", store, "--out", run]) == 0
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["config"]["method"] == "csm" and cfg["config"]["csm_data"] == store
@@ -51,3 +59,6 @@ def test_annotate_errors_are_clear(tmp_path, capsys):
     assert "error" in capsys.readouterr().err
     assert main(["csm", "annotate", str(tmp_path), "--encoder", "clip"]) == 1
     assert "--clip-dir" in capsys.readouterr().err
+    assert main(["csm", "annotate", str(tmp_path), "--encoder", "efficientnet_lite0"]) == 1
+    err = capsys.readouterr().err
+    assert ("--encoder efficientnet_lite0 needs --data NAME" if HAS_EFFICIENTNET else "calibkit[pretrained]") in err
