@@ -13,16 +13,19 @@ State, all float64 on the device of the data:
 * per sample (exact AECE only): top-label confidence, correctness and 0/1 weight.
 
 The sort-based entries come from one sort of the confidences into blocks of ties
-(:func:`calibkit.functional.estimators.tie_blocks`, itself spread over threads): smooth ECE,
-the sweep, KS, AURC, E-AURC and AUGRC are functions of the blocks, and on the CPU AECE's
-equal-mass edges (order statistics) are read from them instead of a second selection. These are
-independent pieces of work, run on ``torch.get_num_threads()`` threads (:func:`_run_all`; numpy
-releases the GIL in its loops), with the values of one thread.
+(:func:`calibkit.functional.estimators.tie_blocks`): smooth ECE, the sweep, KS, AURC, E-AURC and
+AUGRC are functions of the blocks, and on the CPU AECE's equal-mass edges (order statistics) are
+read from them instead of a second selection. This part runs on the calling thread whatever
+``torch.get_num_threads()`` says (the pass over the matrix, :mod:`calibkit.functional.panel`, is
+the part spread over threads). Measured on 2 shared cores (docs/performance.md): splitting the
+sort over threads and running these estimators as jobs on a thread pool cost more CPU time than
+it saved wall time (the jobs hand the GIL back and forth between many short numpy calls, and a
+second core is rarely idle), and a two-branch split (AECE selected apart on a helper thread while
+this one sorts) was slower than one thread. Nothing process-global is changed here, so the
+panel may run in several threads of the caller at once.
 """
 
 from __future__ import annotations
-
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -36,7 +39,7 @@ from calibkit.functional.binning import (
     fine_bin_index,
     weighted_equal_mass_bins,
 )
-from calibkit.functional.estimators import block_estimator_jobs, tie_blocks
+from calibkit.functional.estimators import block_estimators, tie_blocks
 from calibkit.functional.iou import confusion_matrix, iou_from_confusion
 from calibkit.functional.selective import block_areas
 
@@ -83,10 +86,10 @@ def batch_vector(layout: Layout, s) -> torch.Tensor:
     head = torch.cat([n, n * float(s.dense), torch.stack([s.top.correct.sum(), s.nll, s.brier])])
     parts = [head, torch.stack([s.top.count, s.top.conf, s.top.correct]).reshape(-1),
              torch.stack([s.classwise.count, s.classwise.conf, s.classwise.correct]).reshape(-1)]
-    w = torch.ones_like(s.conf) if s.weight is None else s.weight
     if layout.hist:
         from calibkit.functional.panel_device import scatter_sums
 
+        w = torch.ones_like(s.conf) if s.weight is None else s.weight
         src = torch.stack([w, s.conf * w, s.correct.double() * w], 1)
         parts.append(scatter_sums(fine_bin_index(s.conf), src, FINE_BINS).T.reshape(-1))
     if layout.confusion:
@@ -102,16 +105,6 @@ def _hist_aece_sums(hist: torch.Tensor, n_bins: int) -> BinSums:
     bins = weighted_equal_mass_bins(order, hist[0][None], n_bins)[0]
     out = scatter_sums(bins, hist.T.contiguous(), n_bins, lanes=1)
     return BinSums(out[:, 0], out[:, 1], out[:, 2])
-
-
-def _run_all(jobs: dict) -> dict:
-    """``{name: job()}``; on ``torch.get_num_threads() > 1`` threads at once (same values)."""
-    threads = min(torch.get_num_threads(), len(jobs))
-    if threads <= 1:
-        return {name: job() for name, job in jobs.items()}
-    with ThreadPoolExecutor(threads) as pool:
-        futures = {name: pool.submit(job) for name, job in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
 
 
 def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()) -> dict[str, float]:
@@ -135,11 +128,12 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     n = float(head[0])
     if n == 0:
         raise UserError("no samples accumulated (N = 0): call update() with data first")
-    blocks = _blocks(layout, sums, c, ok, w)  # the one sort (exact state), a second transfer off the CPU
-    jobs = {"areas": lambda: block_areas(*blocks), **block_estimator_jobs(*blocks)}  # the slowest first
+    # The one sort (exact state; a second transfer off the CPU) and everything read from its
+    # blocks, on this thread (see the module docstring for why).
+    blocks = _blocks(layout, sums, c, ok, w)
+    done = {"areas": block_areas(*blocks), **block_estimators(*blocks)}
     if aece is None:  # CPU samples: AECE's edges are order statistics, read from the sorted blocks
-        jobs["aece"] = lambda: equal_mass_sums(c, ok, n_bins, w, blocks=None if w is not None else blocks)
-    done = _run_all(jobs)
+        done["aece"] = equal_mass_sums(c, ok, n_bins, w, blocks=None if w is not None else blocks)
     aece = BinSums(*host[layout.size + 5 :].view(3, n_bins)) if aece is not None else done["aece"]
     errors = binned_errors(BinSums(*layout.view(sums, "bins")))
     cw = layout.view(sums, "classwise")
@@ -158,12 +152,19 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
 
 def _samples(conf, correct, weight, device):
     """The exact state's per-sample arrays, concatenated: ``(conf, correct, weight or None)``."""
-    c = torch.cat(list(conf)) if conf else torch.zeros(0, dtype=torch.float64, device=device)
-    ok = torch.cat(list(correct)) if correct else torch.zeros(0, dtype=torch.bool, device=device)
+    c = _cat(conf, torch.float64, device)
+    ok = _cat(correct, torch.bool, device)
     w = None
     if any(wi is not None for wi in weight):
         w = torch.cat([torch.ones_like(ci) if wi is None else wi for ci, wi in zip(conf, weight)])
     return c, ok, w
+
+
+def _cat(parts, dtype, device) -> torch.Tensor:
+    """``torch.cat(parts)``; one batch (:func:`calibkit.metrics.evaluate`) is returned as it is, not copied."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(list(parts)) if parts else torch.zeros(0, dtype=dtype, device=device)
 
 
 def _blocks(layout: Layout, host_sums, c, ok, w):
@@ -171,7 +172,7 @@ def _blocks(layout: Layout, host_sums, c, ok, w):
     (exact state; moved to the host in a second transfer), or the non-empty fine-histogram bins
     at their mean confidence (fixed state: exact when no fine bin holds two different values)."""
     if not layout.hist:
-        return tie_blocks(c, ok, w)
+        return tie_blocks(c, ok, w, threads=1)
     count, conf, correct = (t.numpy() for t in layout.view(host_sums, "hist"))
     keep = count > 0
     return conf[keep] / count[keep], count[keep], correct[keep]

@@ -117,7 +117,9 @@ def check_labels(labels, num_classes: int | None, n: int | None, name: str = "la
     if n is not None and labels.shape[0] != n:
         raise UserError(f"{name} has {labels.shape[0]} entries but the predictions have {n} rows")
     if labels.numel() and num_classes is not None and not trusting():
-        lo, hi = int(labels.min()), int(labels.max())
+        # numpy on the CPU: one thread, instead of waking torch's intra-op threads for two reductions
+        values = labels.detach().numpy() if labels.device.type == "cpu" else labels
+        lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= num_classes:
             bad = lo if lo < 0 else hi
             raise UserError(f"{name} out of range: found {bad}, expected values in [0, {num_classes - 1}]")

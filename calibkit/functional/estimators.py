@@ -65,7 +65,7 @@ SMECE_SIGMA_MIN = 1e-4
 _GRID_MIN, _GRID_MAX = 1024, 1 << 18  # grid intervals of the smoothing (powers of two)
 
 
-def tie_blocks(conf, correct, weight=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def tie_blocks(conf, correct, weight=None, threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Blocks of tied confidences: ``(values, count, correct)``, float64 numpy arrays ``(M,)``.
 
     ``values`` are the distinct confidences, ascending; ``count[m]`` the (weighted) number of
@@ -73,8 +73,8 @@ def tie_blocks(conf, correct, weight=None) -> tuple[np.ndarray, np.ndarray, np.n
     ``(N,)`` 0/1 weights (rows with weight 0 are left out). One sort of the confidences.
 
     Boolean ``correct`` and confidences ``>= 0`` (the panel's case) take :func:`_key_blocks`,
-    which sorts integer keys instead of arg-sorting floats, spread over
-    ``torch.get_num_threads()`` threads; other inputs an ``argsort``. Same blocks either way.
+    which sorts integer keys instead of arg-sorting floats, spread over ``threads`` threads
+    (default ``torch.get_num_threads()``); other inputs an ``argsort``. Same blocks either way.
     """
     c = torch.as_tensor(conf).detach().double().cpu().numpy()
     a = torch.as_tensor(correct).detach().cpu().numpy()
@@ -82,7 +82,7 @@ def tie_blocks(conf, correct, weight=None) -> tuple[np.ndarray, np.ndarray, np.n
         keep = torch.as_tensor(weight).detach().double().cpu().numpy() > 0
         c, a = c[keep], a[keep]  # 0/1 weights: the kept rows weigh 1
     if a.dtype == np.bool_ and c.size and c.min() >= 0:
-        return _key_blocks(c, a)
+        return _key_blocks(c, a, torch.get_num_threads() if threads is None else threads)
     a = a.astype(np.float64)
     order = np.argsort(c)
     c, a = c[order], a[order]
@@ -90,7 +90,7 @@ def tie_blocks(conf, correct, weight=None) -> tuple[np.ndarray, np.ndarray, np.n
     return c[starts], np.diff(np.append(starts, len(c))).astype(np.float64), np.add.reduceat(a, starts)
 
 
-def _key_blocks(c: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _key_blocks(c: np.ndarray, a: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`tie_blocks` of confidences ``c >= 0`` and boolean ``a`` by sorting integer keys.
 
     The bit pattern of a non-negative float, read as an integer, orders as the float does
@@ -108,7 +108,7 @@ def _key_blocks(c: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
         bits, back = np.abs(c).view(np.int64), np.float64
     key = bits << 1
     key |= a
-    threads = min(torch.get_num_threads(), max(1, key.size >> 16))
+    threads = min(threads, max(1, key.size >> 16))
     if threads == 1:
         return _sorted_key_blocks(key, back)
     from concurrent.futures import ThreadPoolExecutor

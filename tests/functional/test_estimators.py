@@ -278,5 +278,9 @@ def test_tie_blocks_integer_keys_equal_a_loop_for_any_thread_count(kind):
             for threads in (1, 2, 5):
                 torch.set_num_threads(threads)
                 assert all(np.array_equal(a, b) for a, b in zip(tie_blocks(conf, correct, w), want)), threads
+                # an explicit count overrides torch's (the panel sorts on one thread)
+                other = 6 - threads
+                got = tie_blocks(conf, correct, w, threads=other)
+                assert all(np.array_equal(a, b) for a, b in zip(got, want)), other
         finally:
             torch.set_num_threads(before)
