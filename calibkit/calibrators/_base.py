@@ -23,7 +23,6 @@ sum to 1 (within the tolerance of :func:`calibkit._validation.prob_sum_tol`) is 
 
 from __future__ import annotations
 
-import functools
 import inspect
 import warnings
 
@@ -166,7 +165,6 @@ def check_init(cal, init, fitted: str = "n_classes_") -> None:
         raise UserError(f"init is an unfitted {name}: fit it first (a warm start reuses its state)")
 
 
-@functools.cache
 def param_names(cls: type) -> tuple[str, ...]:
     """The hyperparameter names of calibrator class ``cls``: the parameters of its ``__init__``, in
     order (``self`` left out), which ``__init__`` stores under the same names.
