@@ -171,12 +171,10 @@ def param_names(cls: type) -> tuple[str, ...]:
 
     The one source of ``get_params``, ``repr``, the ``params`` of ``to_dict`` and of a saved
     file, and the names ``from_dict`` accepts: a new hyperparameter is one new ``__init__``
-    argument. A class without its own ``__init__`` has none; ``*args`` or ``**kwargs`` raise
+    argument. A class without an ``__init__`` of its own or its bases' has none; ``*args`` or ``**kwargs`` raise
     ``TypeError`` (they name no hyperparameter).
     """
-    if cls.__init__ is object.__init__:
-        return ()
-    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    params = list(inspect.signature(cls).parameters.values())  # the constructor's, without self
     loose = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if loose:
         raise TypeError(f"{cls.__name__}.__init__ takes *{loose[0]}: a calibrator's hyperparameters must be named")
