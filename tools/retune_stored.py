@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from calibkit.bench.extend import plan
-from calibkit.bench.grid import METHODS
+from calibkit.bench.grid import BENCH_METHODS
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, eligible, select
 from calibkit.bench.space import at_edge, candidates, slug
 
@@ -43,11 +43,11 @@ def _window(rows: list[dict], criterion: Criterion) -> str:
 
 
 def retune(doc: dict, criterion: Criterion = DEFAULT_CRITERION) -> list[dict]:
-    """Per method of the stored run (grid order of ``calibkit.bench.grid.METHODS``): the recorded,
+    """Per method of the stored run (grid order of ``calibkit.bench.grid.BENCH_METHODS``): the recorded,
     re-derived and current selections, the windows, and the edge notes of the current one."""
     recorded = Criterion.from_dict(doc.get("criterion"))
     out = []
-    for method, spec in METHODS.items():
+    for method, spec in BENCH_METHODS.items():
         stored = {slug(c["hparams"]): c for c in doc["candidates"] if c["method"] == method}
         if not spec.space or not stored:
             continue
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{path}: recorded criterion {doc.get('criterion')}; current {DEFAULT_CRITERION.to_dict()}")
     status = 0
     for r in retune(doc):
-        label = METHODS[r["method"]].label
+        label = BENCH_METHODS[r["method"]].label
         same = r["recorded_rule"] == r["recorded"]
         status |= not same
         print(f"{label}: recorded {_values(r['recorded'] or {})}"

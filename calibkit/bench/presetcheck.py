@@ -105,8 +105,7 @@ def check_values(preset, where: str = "", seeds=None, methods=None, data_dir=Non
         calibkit.extras.MissingExtra: a package the data set or the OOD set needs.
     """
     from calibkit.bench.grid import grid_methods
-    from calibkit.data import DATASETS
-    from calibkit.extras import check_dataset
+    from calibkit.data import DATASETS, check_dataset
 
     if preset.dataset not in DATASETS:
         from calibkit.bench.presetfile import nearest
@@ -274,18 +273,18 @@ def _check_method(preset, method: str, where: str) -> None:
 
 def unused_reason(method: str, address: str) -> str | None:
     """Why ``method`` does not read search-space ``address`` (None: it does)."""
-    from calibkit.bench.grid import METHODS
+    from calibkit.bench.grid import BENCH_METHODS
     from calibkit.bench.presetfile import PER_RUN
 
-    spec = METHODS[method]
+    spec = BENCH_METHODS[method]
     target, _, name = address.partition(".")
     if target not in TARGETS_OF[spec.kind]:
-        readers = [m for m, s in METHODS.items() if target in TARGETS_OF[s.kind]]
+        readers = [m for m, s in BENCH_METHODS.items() if target in TARGETS_OF[s.kind]]
         return f"{method} does not read {target}.* (read by: {', '.join(readers)})"
     if target == "train" and name in PER_RUN:
         return f"{name} is set per run, not searched (use {PER_RUN[name]})"
     if target == "train" and name in TRAINER_FIELDS and spec.method not in TRAINER_FIELDS[name]:
-        readers = [m for m, s in METHODS.items() if s.method in TRAINER_FIELDS[name]]
+        readers = [m for m, s in BENCH_METHODS.items() if s.method in TRAINER_FIELDS[name]]
         return f"{method} does not read train.{name} (read by: {', '.join(readers)})"
     return None
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import tomllib
 
-from calibkit.bench.grid import METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
+from calibkit.bench.grid import BENCH_METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
 from calibkit.errors import UserError
 
 TABLES = ("train", "losses", "train_by_method", "maccal", "csm", "space")
@@ -136,8 +136,8 @@ def _train_table(values, where: str, per_run_ok: bool = False) -> dict:
 
 
 def _method(name, where: str) -> str:
-    if name not in METHODS:
-        raise _unknown("method", name, list(METHODS), where)
+    if name not in BENCH_METHODS:
+        raise _unknown("method", name, list(BENCH_METHODS), where)
     return name
 
 
@@ -155,7 +155,7 @@ def _axis(method: str, address: str, value, where: str) -> Axis:
     grid = tuple(sorted(float(v) for v in values))
     if len(set(grid)) != len(grid):
         raise UserError(f"{where}: {address!r} repeats a value: {list(values)}")
-    own = METHODS[method].space.get(address)
+    own = BENCH_METHODS[method].space.get(address)
     if default is None:
         default = own.default if own is not None and own.default in grid else grid[(len(grid) - 1) // 2]
     if isinstance(default, bool) or not isinstance(default, (int, float)):
@@ -171,7 +171,7 @@ def _space(method: str, table, loss_spec: str, where: str) -> dict:
         target, dot, name = address.partition(".")
         if target not in TARGETS or not dot or not name:
             raise UserError(f"{where}: bad search-space address {address!r}; expected <{'|'.join(TARGETS)}>.<name>"
-                             + nearest(address, list(METHODS[method].space)))
+                             + nearest(address, list(BENCH_METHODS[method].space)))
         valid = {"loss": lambda: _loss_params(loss_spec, f"{where}: "), "train": lambda: list(_train_fields()),
                  "maccal": _maccal_keys, "csm": lambda: ["sharpness"]}[target]()
         if name not in valid:
@@ -230,7 +230,7 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
     spaces = {}
     for m, table in doc.get("space", {}).items():
         _method(m, where + "[space]: ")
-        spec = losses.get(m, METHODS[m].loss)
+        spec = losses.get(m, BENCH_METHODS[m].loss)
         spaces[m] = _space(m, table, spec, f"{source} [space.{m}]")
     return Preset(**top, train=_train_table(doc.get("train", {}), f"{source} [train]"), losses=dict(losses),
                   train_by_method=by_method, maccal=maccal, csm=csm, spaces=spaces)

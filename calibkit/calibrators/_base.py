@@ -1,6 +1,7 @@
 """What every calibrator shares: input checks, the binary layout, the output dtype, saving state.
 
-A calibrator's ``__init__`` stores hyperparameters only (the names in ``_PARAMS``); ``fit``
+A calibrator's ``__init__`` stores hyperparameters only, each under the name of its parameter
+(:func:`param_names` reads the names from the signature, as scikit-learn's ``get_params`` does); ``fit``
 validates its inputs here, works on float64 ``(N, K)`` logits and stores its learned state in
 ``_``-suffixed attributes (the names in ``_STATE``); ``predict_proba`` validates again and maps
 logits of the fitted ``K`` to probabilities.
@@ -22,6 +23,7 @@ sum to 1 (within the tolerance of :func:`calibkit._validation.prob_sum_tol`) is 
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import torch
@@ -30,7 +32,7 @@ from calibkit._validation import as_tensor, check_labels, check_logits, prob_sum
 from calibkit.errors import UserError
 
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "check_not_probabilities",
-           "check_init", "fit_inputs", "lbfgs"]
+           "check_init", "fit_inputs", "lbfgs", "param_names"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -163,6 +165,22 @@ def check_init(cal, init, fitted: str = "n_classes_") -> None:
         raise UserError(f"init is an unfitted {name}: fit it first (a warm start reuses its state)")
 
 
+def param_names(cls: type) -> tuple[str, ...]:
+    """The hyperparameter names of calibrator class ``cls``: the parameters of its ``__init__``, in
+    order (``self`` left out), which ``__init__`` stores under the same names.
+
+    The one source of ``get_params``, ``repr``, the ``params`` of ``to_dict`` and of a saved
+    file, and the names ``from_dict`` accepts: a new hyperparameter is one new ``__init__``
+    argument. A class without an ``__init__`` of its own or its bases' has none; ``*args`` or ``**kwargs`` raise
+    ``TypeError`` (they name no hyperparameter).
+    """
+    params = list(inspect.signature(cls).parameters.values())  # the constructor's, without self
+    loose = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if loose:
+        raise TypeError(f"{cls.__name__}.__init__ takes *{loose[0]}: a calibrator's hyperparameters must be named")
+    return tuple(p.name for p in params)
+
+
 def _plain(v):
     """A hyperparameter as JSON can hold it (tuples -> lists)."""
     return list(v) if isinstance(v, tuple) else v
@@ -171,12 +189,12 @@ def _plain(v):
 class Calibrator:
     """The shared protocol (one level of inheritance, no behaviour beyond checks and state I/O).
 
-    Subclasses set ``_PARAMS`` (hyperparameter names, in ``__init__`` order) and ``_STATE``
-    (fitted attribute names, ending in ``_``) and implement ``_fit(z, y)`` and ``_predict(z)`` on
-    float64 ``(N, K)`` logits, the latter returning float64 ``(N, K)`` probabilities.
+    Subclasses store each ``__init__`` argument under its own name (the hyperparameters,
+    :func:`param_names`), set ``_STATE`` (fitted attribute names, ending in ``_``) and implement
+    ``_fit(z, y)`` and ``_predict(z)`` on float64 ``(N, K)`` logits, the latter returning float64
+    ``(N, K)`` probabilities.
     """
 
-    _PARAMS: tuple[str, ...] = ()
     _STATE: tuple[str, ...] = ()
 
     def fit(self, val_logits, val_labels, init=None):
@@ -251,7 +269,8 @@ class Calibrator:
                 setattr(self, k, v.to(device))
 
     def get_params(self) -> dict:
-        return {k: getattr(self, k) for k in self._PARAMS}
+        """The hyperparameters, ``{name: value}`` in ``__init__`` order (:func:`param_names`)."""
+        return {k: getattr(self, k) for k in param_names(type(self))}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
@@ -278,7 +297,7 @@ def _from_dict(cls, d: dict, state_names: tuple[str, ...]):
     if not isinstance(d, dict) or "params" not in d:
         raise UserError(f"{cls.__name__}.from_dict needs a dict with 'params' (and 'state'), got {type(d).__name__}")
     params = dict(d["params"])
-    unknown = sorted(set(params) - set(getattr(cls, "_PARAMS", params)))
+    unknown = sorted(set(params) - set(param_names(cls)))
     if unknown:
         raise UserError(f"{cls.__name__}: unknown hyperparameter(s) {', '.join(unknown)}")
     obj = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})

@@ -136,7 +136,6 @@ class BBQ(Calibrator):
         levels_: ``(G, E + 1)`` the averaged prediction at and below the first knot, then just above each knot.
     """
 
-    _PARAMS = ("c", "ess")
     _STATE = ("n_bins_", "weights_", "knots_", "levels_")
 
     def __init__(self, c: float = 10.0, ess: float = 2.0):

@@ -82,7 +82,6 @@ class HistogramBinning(Calibrator):
         values_: ``(K, B)`` per-bin frequencies (float64).
     """
 
-    _PARAMS = ("n_bins",)
     _STATE = ("edges_", "values_")
 
     def __init__(self, n_bins: int = 15):
@@ -197,7 +196,6 @@ class IsotonicCalibration(Calibrator):
         n_knots_: ``(G,)`` knots per map.
     """
 
-    _PARAMS = ("irm",)
     _STATE = ("knots_x_", "knots_y_", "n_knots_")
 
     def __init__(self, irm: bool = False):
@@ -252,7 +250,6 @@ class ScalingBinning(Calibrator):
         values_: ``(K, B)``.
     """
 
-    _PARAMS = ("n_bins", "fit_fraction", "seed")
     _STATE = ("temperature_", "edges_", "values_")
 
     def __init__(self, n_bins: int = 15, fit_fraction: float = 0.5, seed: int = 0):

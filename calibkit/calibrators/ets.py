@@ -76,7 +76,6 @@ class EnsembleTemperatureScaling(Calibrator):
         weights_: ``(3,)`` float64 tensor ``(w1, w2, w3)``.
     """
 
-    _PARAMS = ("t_min", "t_max")
     _STATE = ("temperature_", "weights_")
 
     def __init__(self, t_min: float = 1e-2, t_max: float = 1e2):

@@ -49,7 +49,6 @@ def _nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class _AffineScaling(Calibrator):
     """What vector and matrix scaling share: one parameter (``max_iter``), a weight and a bias."""
 
-    _PARAMS = ("max_iter",)
     _STATE = ("weight_", "bias_", "n_iter_")
 
     def __init__(self, max_iter: int = 100):
@@ -217,7 +216,6 @@ class DirichletCalibration(Calibrator):
         n_iter_: L-BFGS iterations of the final fit.
     """
 
-    _PARAMS = ("lambdas", "mus", "n_folds", "cv_max_iter", "max_iter", "seed")
     _STATE = ("weight_", "bias_", "lam_", "mu_", "cv_nll_", "n_iter_")
 
     def __init__(self, lambdas: tuple[float, ...] = (1e5, 1e4, 1e3, 1e2), mus: tuple[float, ...] | None = None,

@@ -131,7 +131,6 @@ def _check_max_iter(max_iter) -> None:
 class _OneVsRestSigmoid(Calibrator):
     """What Platt and beta calibration share: the groups, the targets, the renormalisation."""
 
-    _PARAMS = ("max_iter",)
     _STATE = ("coef_", "n_iter_")
 
     def __init__(self, max_iter: int = 100):

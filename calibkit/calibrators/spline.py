@@ -82,7 +82,6 @@ class SplineCalibration(Calibrator):
         n_knots_: ``(1,)``.
     """
 
-    _PARAMS = ("n_knots",)
     _STATE = ("coef_", "knots_x_", "knots_y_", "n_knots_")
 
     def __init__(self, n_knots: int = 6):

@@ -34,7 +34,7 @@ import warnings
 
 import torch
 
-from calibkit.calibrators._base import Calibrator, lbfgs
+from calibkit.calibrators._base import Calibrator, lbfgs, param_names
 from calibkit.calibrators.temperature import _fit_nll
 from calibkit.errors import UserError
 
@@ -60,7 +60,7 @@ class _Structured(Calibrator):
     lambda_diagonal: float
 
     def _check_params(self):
-        for name in self._PARAMS:
+        for name in param_names(type(self)):
             if name.startswith("lambda_"):
                 _check_lambda(getattr(self, name), name)
         if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, int) or self.max_iter < 1:
@@ -108,7 +108,6 @@ class StructuredVectorScaling(_Structured):
         n_iter_: L-BFGS iterations run.
     """
 
-    _PARAMS = ("lambda_intercept", "lambda_diagonal", "max_iter")
     _STATE = ("temperature_", "mix_", "weight_", "bias_", "reg_", "n_iter_")
 
     def __init__(self, lambda_intercept: float = 1.0, lambda_diagonal: float = 1.0, max_iter: int = 100):
@@ -156,7 +155,6 @@ class StructuredMatrixScaling(_Structured):
         n_iter_: L-BFGS iterations run.
     """
 
-    _PARAMS = ("lambda_intercept", "lambda_diagonal", "lambda_off_diagonal", "max_iter")
     _STATE = ("temperature_", "mix_", "weight_", "bias_", "reg_", "n_iter_")
 
     def __init__(self, lambda_intercept: float = 1.0, lambda_diagonal: float = 1.0, lambda_off_diagonal: float = 1.0,

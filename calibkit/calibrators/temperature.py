@@ -23,7 +23,14 @@ import warnings
 import torch
 
 from calibkit._validation import as_tensor, check_labels, check_logits, check_n_bins, upcast
-from calibkit.calibrators._base import NotFittedError, _from_dict, _plain, check_init, check_not_probabilities
+from calibkit.calibrators._base import (
+    NotFittedError,
+    _from_dict,
+    _plain,
+    check_init,
+    check_not_probabilities,
+    param_names,
+)
 from calibkit.errors import UserError
 from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
 from calibkit.metrics import evaluate
@@ -92,7 +99,6 @@ class TemperatureScaling:
     """
 
     OBJECTIVES = ("nll", "ece")
-    _PARAMS = ("objective", "n_bins", "t_min", "t_max")
     _STATE = ("temperature_", "n_iter_", "n_classes_", "binary_")
     temperature_: float  # fitted state, set by fit
     n_iter_: int
@@ -180,7 +186,8 @@ class TemperatureScaling:
         return f"TemperatureScaling(objective={self.objective!r}, n_bins={self.n_bins}{fitted})"
 
     def get_params(self) -> dict:
-        return {k: getattr(self, k) for k in self._PARAMS}
+        """The hyperparameters, ``{name: value}`` in ``__init__`` order (``param_names``)."""
+        return {k: getattr(self, k) for k in param_names(type(self))}
 
     def to_dict(self) -> dict:
         """``{"params": hyperparameters, "state": {"temperature_": T, "n_iter_": n, "n_classes_": K,

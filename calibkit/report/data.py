@@ -12,18 +12,18 @@ import os
 import numpy as np
 import torch
 
-from calibkit.bench.grid import METHODS, REFERENCE
+from calibkit.bench.grid import BENCH_METHODS, REFERENCE
 from calibkit.errors import UserError
 
 
 def label(method: str) -> str:
     """The printed name of a grid method (its key when unknown)."""
-    return METHODS[method].label if method in METHODS else method
+    return BENCH_METHODS[method].label if method in BENCH_METHODS else method
 
 
 def _order(methods) -> list[str]:
-    known = [m for m in METHODS if m in methods]
-    return known + sorted(m for m in methods if m not in METHODS)
+    known = [m for m in BENCH_METHODS if m in methods]
+    return known + sorted(m for m in methods if m not in BENCH_METHODS)
 
 
 def _run_values(row: dict) -> dict:

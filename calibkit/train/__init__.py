@@ -10,11 +10,11 @@ Reading a finished run back (:func:`load_run`, :func:`load_logits`, :func:`predi
 :mod:`calibkit.rundir` and is re-exported here.
 """
 
-from calibkit.config import METHODS, SCHEDULES, TrainConfig, load_config
+from calibkit.config import SCHEDULES, TRAINING_METHODS, TrainConfig, load_config
 from calibkit.rundir import load_logits, load_run, predict_logits
 from calibkit.train.keep import KEEP_POLICIES
 from calibkit.train.loop import train
 from calibkit.train.schedule import learning_rate
 
 __all__ = ["TrainConfig", "load_config", "train", "learning_rate", "load_run", "load_logits",
-           "predict_logits", "METHODS", "SCHEDULES", "KEEP_POLICIES"]
+           "predict_logits", "TRAINING_METHODS", "SCHEDULES", "KEEP_POLICIES"]

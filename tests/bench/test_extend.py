@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from calibkit.bench.extend import extended_space, meta_key, next_value, no_effect_axes, plan
-from calibkit.bench.grid import BOUNDS, METHODS, PRESETS, Axis, Bound, Preset, bound_for
+from calibkit.bench.grid import BENCH_METHODS, BOUNDS, PRESETS, Axis, Bound, Preset, bound_for
 from calibkit.bench.space import current_values
 from calibkit.store import Store
 from tests.conftest import PYTHON, ROOT
@@ -42,7 +42,7 @@ def test_next_value_never_passes_a_bound():
     assert next_value((0.1, 0.3), "high", unit) == (0.9, "geometric")
     assert next_value((0.3, 0.9), "high", unit) == (0.95, "half-way")
     # an edge on a closed bound does not move: the margin grid starts at 0
-    assert next_value(METHODS["mbls"].space["loss.margin"].values, "low", BOUNDS["loss.margin"]) == (
+    assert next_value(BENCH_METHODS["mbls"].space["loss.margin"].values, "low", BOUNDS["loss.margin"]) == (
         None, "on its bound [0, inf)")
     assert bound_for("maccal.r_min").admits(0.5) and not bound_for("maccal.r_min").admits(1.0)
     assert not bound_for("maccal.r_min").admits(0.0)
@@ -52,7 +52,7 @@ def test_next_value_never_passes_a_bound():
 
 
 def test_every_declared_axis_has_a_bound_its_grid_respects():
-    for method, spec in METHODS.items():
+    for method, spec in BENCH_METHODS.items():
         for address, axis in spec.space.items():
             assert address in BOUNDS, f"{method}: {address} has no hard bound"
             assert all(BOUNDS[address].admits(v) for v in axis.values), (method, address)
@@ -133,8 +133,8 @@ def test_tune_extends_an_edge_twice_records_it_and_shows_it(tmp_path, monkeypatc
 
     monkeypatch.setattr(Bench, "_train", fake_train)
     monkeypatch.setitem(PRESETS, "tinyx", TINY)
-    monkeypatch.setitem(METHODS, "ls",
-                        dataclasses.replace(METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
+    monkeypatch.setitem(BENCH_METHODS, "ls",
+                        dataclasses.replace(BENCH_METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
     assert main(["tune", "--preset", "tinyx", "--methods", "ls", "--out", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     with Store(tmp_path / "runs.db", readonly=True) as s:
@@ -172,7 +172,7 @@ def test_tune_reports_an_axis_with_no_effect(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Bench, "_train", fake_train)
     # focal's gamma does not reach fake_train's logits: every candidate is bit-identical
-    monkeypatch.setitem(METHODS, "focal", dataclasses.replace(METHODS["focal"], space={
+    monkeypatch.setitem(BENCH_METHODS, "focal", dataclasses.replace(BENCH_METHODS["focal"], space={
         "loss.gamma": Axis((1.0, 2.0, 3.0), 2.0)}))
     tuner = Tuner(TINY, tmp_path, methods=["focal"], num_threads=1, log=lambda *a, **k: None)
     try:

@@ -6,9 +6,9 @@ import re
 import pytest
 
 from calibkit.bench.grid import (
+    BENCH_METHODS,
     BOUNDS,
     IMAGE_ONLY,
-    METHODS,
     PRESETS,
     REFERENCE,
     Axis,
@@ -83,10 +83,10 @@ def test_default_ood_is_none_for_the_users_own_data_only():
 def test_preset_loss_space_and_keep_readers():
     p = preset(losses={"mbls": "mbls:margin=6"}, spaces={"ls": {"loss.alpha": Axis((0.1, 0.2), 0.1)}},
                train={"epochs": 1, "keep": "last"})
-    assert p.loss_for("mbls") == "mbls:margin=6" and p.loss_for("focal") == METHODS["focal"].loss == "focal"
+    assert p.loss_for("mbls") == "mbls:margin=6" and p.loss_for("focal") == BENCH_METHODS["focal"].loss == "focal"
     assert p.space_for("ls") == {"loss.alpha": Axis((0.1, 0.2), 0.1)}
-    assert p.space_for("focal") is METHODS["focal"].space
-    assert space_for(None, "ls") is METHODS["ls"].space and space_for(p, "ls") is p.spaces["ls"]
+    assert p.space_for("focal") is BENCH_METHODS["focal"].space
+    assert space_for(None, "ls") is BENCH_METHODS["ls"].space and space_for(p, "ls") is p.spaces["ls"]
     assert p.keep == "last" and preset().keep == "best-acc"  # no keep in train: the shared protocol's
 
 
@@ -99,7 +99,7 @@ def test_applicable_skips_image_only_methods_outside_images():
 
 
 def test_grid_methods_default_to_the_presets_list_then_all():
-    assert grid_methods(preset()) == (list(METHODS), [])
+    assert grid_methods(preset()) == (list(BENCH_METHODS), [])
     assert grid_methods(preset(methods=("mbls",))) == (["ce", "mbls"], [])
     assert grid_methods(preset(methods=("mbls",)), ["focal"]) == (["ce", "focal"], [])  # names win
     assert grid_methods(preset(methods=("mbls",)), []) == (["ce"], [])  # an empty list is not "none given"
@@ -107,12 +107,12 @@ def test_grid_methods_default_to_the_presets_list_then_all():
 
 
 def test_select_methods_adds_the_reference_and_what_methods_build_on_in_grid_order():
-    assert select_methods(None) == list(METHODS)
+    assert select_methods(None) == list(BENCH_METHODS)
     assert select_methods(["csm", "focal"]) == ["ce", "focal", "csm"]  # grid order, CE added
     assert select_methods(["maccal"]) == ["ce", "maccal"] and select_methods([]) == [REFERENCE]
     with pytest.raises(ValueError) as err:
         select_methods(["focal", "nope", "bad"])
-    assert str(err.value) == f"unknown method(s) nope, bad; valid methods: {', '.join(METHODS)}"
+    assert str(err.value) == f"unknown method(s) nope, bad; valid methods: {', '.join(BENCH_METHODS)}"
 
 
 def test_get_preset_names_the_valid_presets():

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from calibkit.bench.grid import METHODS, PRESETS, Axis, Preset, default_ood, grid_methods
+from calibkit.bench.grid import BENCH_METHODS, PRESETS, Axis, Preset, default_ood, grid_methods
 from calibkit.bench.overrides import scaled_milestones, with_flags
 from calibkit.bench.presetfile import dump_preset, load_preset, parse_preset, read_effective, write_effective
 from calibkit.bench.runner import train_config
@@ -75,7 +75,7 @@ eta = 3.0
     # sorted ascending; the published value of an address the method has is the method's own (LS: 0.05)
     assert p.space_for("ls") == {"loss.alpha": Axis((0.003, 0.05, 0.1), 0.05)}
     assert p.space_for("maccal") == {"maccal.eta": Axis((1.0, 5.0), 5.0)}
-    assert p.space_for("mbls") is METHODS["mbls"].space  # no entry: the method's own grid
+    assert p.space_for("mbls") is BENCH_METHODS["mbls"].space  # no entry: the method's own grid
     assert [c["loss.alpha"] for c in candidates("ls", p)] == [0.003, 0.05, 0.1]
     assert current_values(p, "ls") == {"loss.alpha": 0.2}
     assert parse_preset(dump_preset(p)) == p

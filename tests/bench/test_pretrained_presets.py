@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from calibkit.bench.grid import IMAGE_ONLY, METHODS, PRESETS, TEXT_METHODS, grid_methods
+from calibkit.bench.grid import BENCH_METHODS, IMAGE_ONLY, PRESETS, TEXT_METHODS, grid_methods
 from tests.helpers.text_index import write_synthetic_index
 from tests.models.pretrained_skip import needs_efficientnet, needs_minilm
 
@@ -26,9 +26,9 @@ def test_full_and_smoke_presets_share_their_settings(name):
     if name.startswith("text"):  # every text method
         assert full.dataset == "debian-minilm" and grid_methods(full) == (list(TEXT_METHODS), [])
     else:  # every image method
-        assert full.dataset == "fmnist" and grid_methods(full) == (list(METHODS), [])
+        assert full.dataset == "fmnist" and grid_methods(full) == (list(BENCH_METHODS), [])
         # the smoke twin runs on digits, for which no CSM generated set ships: every other method
-        assert grid_methods(smoke) == ([m for m in METHODS if m != "csm"], [])
+        assert grid_methods(smoke) == ([m for m in BENCH_METHODS if m != "csm"], [])
         assert set(IMAGE_ONLY) - {"csm"} <= set(smoke.methods)
 
 
@@ -70,4 +70,4 @@ def test_fmnist_pretrained_smoke_end_to_end(tmp_path, cli_env):
     out = tmp_path / "bench"
     r = _bench(["--preset", "fmnist-pretrained-smoke", "--out", str(out)], cli_env)
     assert r.returncode == 0, r.stdout + r.stderr
-    _check_rows(out, "fmnist-pretrained-smoke", [m for m in METHODS if m != "csm"])
+    _check_rows(out, "fmnist-pretrained-smoke", [m for m in BENCH_METHODS if m != "csm"])

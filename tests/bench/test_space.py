@@ -3,7 +3,7 @@ read back from it (the grids and presets themselves are tested in test_tune.py a
 
 import pytest
 
-from calibkit.bench.grid import METHODS, Axis
+from calibkit.bench.grid import BENCH_METHODS, Axis
 from calibkit.bench.presetfile import parse_preset
 from calibkit.bench.space import apply_values, candidates, current_values, loss_params, slug, with_loss_params
 
@@ -53,7 +53,7 @@ def test_apply_values_to_each_target():
 
 def test_current_values_follow_the_presets_own_space():
     p = parse_preset(BASE + '[space.mbls]\n"loss.lam" = [0.1, 0.2, 0.3]\n')
-    assert "loss.lam" not in METHODS["mbls"].space
+    assert "loss.lam" not in BENCH_METHODS["mbls"].space
     assert current_values(p, "mbls") == {"loss.lam": 0.2}  # its space's published value
     q = apply_values(p, "mbls", {"loss.lam": 0.3})
     assert current_values(q, "mbls") == {"loss.lam": 0.3}

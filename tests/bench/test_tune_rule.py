@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from calibkit.bench.grid import MARGINS, METHODS, PRESETS, Axis
+from calibkit.bench.grid import BENCH_METHODS, MARGINS, PRESETS, Axis
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, eligible, select
 from calibkit.bench.space import at_edge, candidates, current_values, slug
 
@@ -38,7 +38,7 @@ def _mbls(n=500):
 
 
 def test_ecp_beta_1_within_the_noise_of_500_images_is_selected():
-    space = METHODS["ecp"].space
+    space = BENCH_METHODS["ecp"].space
     cands = _ecp()
     # by hand: SE = sqrt(0.97 * 0.03 / 500 + 0.954 * 0.046 / 500) = 0.012082, x 1.96 = 2.368 points
     best, beta1 = cands[2]["metrics"], cands[0]["metrics"]
@@ -51,7 +51,7 @@ def test_ecp_beta_1_within_the_noise_of_500_images_is_selected():
 
 
 def test_mbls_selects_the_lowest_ece_within_noise_not_margin_8():
-    space = METHODS["mbls"].space
+    space = BENCH_METHODS["mbls"].space
     cands = _mbls()
     win = cands[select(cands, space)]["hparams"]["loss.margin"]
     assert win == 20.0  # ECE 1.48, 1.4 points below the best: 2.398 points is the window (by hand)
@@ -88,7 +88,7 @@ def test_the_window_boundary_is_acc_z_standard_errors():
 
 
 def test_n_is_read_from_each_candidates_metrics():
-    space = METHODS["ecp"].space
+    space = BENCH_METHODS["ecp"].space
     # without n (records written before n was recorded): the floor alone, the fixed window's choice
     bare = _ecp(n=None)
     assert eligible(bare) == [1, 2] and bare[select(bare, space)]["hparams"] == {"loss.beta": 4.0}
@@ -174,11 +174,11 @@ def test_the_current_rule_on_the_default_presets_stored_candidates():
     preset = PRESETS["default"]
     moved = {}
     for method, rows in stored.items():
-        win = rows[select(rows, METHODS[method].space)]["hparams"]
+        win = rows[select(rows, BENCH_METHODS[method].space)]["hparams"]
         if win != current_values(preset, method):
             moved[method] = win
     assert moved == {"csm": {"csm.sharpness": 4.0, "train.csm_weight": 16.0}}
-    assert at_edge(moved["csm"], METHODS["csm"].space) == ["csm.sharpness", "train.csm_weight"]
+    assert at_edge(moved["csm"], BENCH_METHODS["csm"].space) == ["csm.sharpness", "train.csm_weight"]
     csm = stored["csm"]
     best = max(csm, key=lambda c: c["metrics"]["acc"])
     assert best["hparams"] == {"csm.sharpness": 2.3, "train.csm_weight": 1.0} and best["metrics"]["n"] == 5000

@@ -1,10 +1,17 @@
 """The protocol every registered calibrator follows (one suite over ``CALIBRATORS``)."""
 
+import inspect
+import os
+import re
+
 import numpy as np
 import pytest
 import torch
 
+from calibkit import calibrators
 from calibkit.calibrators import CALIBRATORS, NotFittedError, ProbabilitiesAsLogitsWarning, load, save
+from calibkit.calibrators._base import Calibrator, param_names
+from tests.conftest import ROOT
 
 NAMES = list(CALIBRATORS)
 
@@ -16,9 +23,67 @@ def _data(seed=0, n=400, k=5, scale=2.0, sharpen=2.5):
     return sharpen * z, y
 
 
+def _documented_table() -> list[tuple[str, str]]:
+    """``(name, class)`` of each row of the table of calibrators in docs/calibrators.md, in order."""
+    with open(os.path.join(ROOT, "docs", "calibrators.md")) as f:
+        text = f.read()
+    return re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|", text, flags=re.M)
+
+
 def test_registry_is_the_documented_table():
-    assert NAMES == ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "spline",
-                     "scaling_binning", "platt", "beta", "bbq", "svs", "sms"]
+    assert _documented_table() == [(name, cls.__name__) for name, cls in CALIBRATORS.items()]
+    assert {cls.__name__ for cls in CALIBRATORS.values()} <= set(calibrators.__all__)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_calibrator_has_its_family_tests(name):
+    """Each registered class is named in the test module of its family (``test_<module>.py``)."""
+    cls = CALIBRATORS[name]
+    family = cls.__module__.rpartition(".")[2]
+    path = os.path.join(ROOT, "tests", "calibrators", f"test_{family}.py")
+    assert os.path.isfile(path), f"{name}: no {path}"
+    with open(path) as f:
+        text = f.read()
+    assert cls.__name__ in text or f'"{name}"' in text, f"{name}: {path} never names it"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hyperparameters_are_the_init_arguments(name):
+    """``get_params``, ``repr`` and ``from_dict`` follow the ``__init__`` signature: every argument is
+    stored under its own name and read back in signature order (the save/load round trip checks
+    the saved ``params``)."""
+    cls = CALIBRATORS[name]
+    signature = [p for p in inspect.signature(cls.__init__).parameters.values()][1:]
+    assert signature and all(p.default is not p.empty for p in signature)  # CALIBRATORS[name]() works
+    marks = {p.name: f"<{p.name}>" for p in signature}  # a distinct value per argument
+    cal = cls(**marks)
+    assert list(cal.get_params().items()) == list(marks.items())
+    assert repr(cal).startswith(f"{cls.__name__}(")
+    assert [k for k in cls().get_params()] == [p.name for p in signature]
+    assert {k: v for k, v in cls().get_params().items()} == {p.name: p.default for p in signature}
+    back = cls.from_dict({"params": dict(marks)})  # unfitted: the hyperparameters only
+    assert list(back.get_params().items()) == list(marks.items()) and not hasattr(back, "n_classes_")
+    with pytest.raises(ValueError, match=r"unknown hyperparameter\(s\) nope$"):
+        cls.from_dict({"params": {**marks, "nope": 1}})
+
+
+def test_param_names_reads_the_signature():
+    class Plain(Calibrator):
+        pass
+
+    class Two(Calibrator):
+        def __init__(self, b: int = 1, *, a: float = 2.0):
+            self.b, self.a = b, a
+
+    class Loose(Calibrator):
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    assert param_names(Plain) == () and param_names(Two) == ("b", "a")
+    assert Two(a=5.0).get_params() == {"b": 1, "a": 5.0}
+    with pytest.raises(TypeError, match=r"^Loose.__init__ takes \*kwargs: a calibrator's hyperparameters must "
+                                        r"be named$"):
+        param_names(Loose)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.data import DATASETS, augment, load, mixup, normalize, regmixup, resize
+from calibkit.data import DATASETS, augment, check_dataset, load, mixup, normalize, regmixup, resize
 from calibkit.data.bundle import channel_stats, stratified_quotas, stratified_split
 from calibkit.data.idx import FMNIST_DIR, FMNIST_FILES
+from tests.conftest import ROOT
 from tests.helpers.formats import cifar_rows, fake_cifar10, fake_fmnist, write_idx, write_pickle
 
 FMNIST_PRESENT = os.path.isfile(os.path.join(FMNIST_DIR, "train-images-idx3-ubyte.gz"))
@@ -236,6 +237,45 @@ def test_unknown_dataset_and_missing_dir():
         load("mnist-fashion")
     with pytest.raises(ValueError, match="needs data_dir"):
         load("cifar10")
+
+
+def _documented_datasets() -> list[str]:
+    """The first column of the table under "Data sets" in docs/data.md, in order."""
+    with open(os.path.join(ROOT, "docs", "data.md")) as f:
+        text = f.read().split("## Data sets (`DATASETS`)", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)`", text, flags=re.M)
+
+
+def test_every_registered_data_set_is_documented_in_order():
+    assert _documented_datasets() == list(DATASETS)
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_check_dataset_asks_for_the_packages_of_the_entry(name, monkeypatch):
+    import calibkit.extras as extras
+
+    spec = DATASETS[name]
+    assert set(spec.needs) <= set(extras.PACKAGES), f"{name}: needs a package calibkit.extras does not know"
+    monkeypatch.setattr(extras, "available", lambda module: False)  # every optional package missing
+    if not spec.needs:
+        check_dataset(name)  # the base install reads it: nothing asked
+        return
+    pips = ", ".join(extras.PACKAGES[m][0] for m in spec.needs)
+    installs = " ".join(f"'calibkit[{e}]'" for e in sorted({extras.PACKAGES[m][1] for m in spec.needs}))
+    with pytest.raises(extras.MissingExtra) as err:
+        check_dataset(name)
+    assert str(err.value) == f"the data set {name!r} needs {pips}: pip install {installs}"
+    monkeypatch.setattr(extras, "available", lambda module: True)
+    check_dataset(name)
+
+
+def test_check_dataset_ignores_names_outside_the_registry(monkeypatch):
+    import calibkit.extras as extras
+
+    monkeypatch.setattr(extras, "available", lambda module: False)
+    for name in ("digits-heldout", "/some/folder", "noise"):
+        assert name not in DATASETS
+        check_dataset(name)
 
 
 # ------------------------------------------------------------------------------- CIFAR, SVHN

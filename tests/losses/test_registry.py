@@ -1,17 +1,48 @@
 """The loss registry and ``build``: the value parser by hand, every error message in full, and the
 arguments that come from the caller (``num_classes``, ``ignore_index``) rather than the spec."""
 
+import os
+import re
+
 import pytest
 import torch
 
 from calibkit import losses
 from calibkit.losses import LOSSES, build
 from calibkit.losses import _parse_value as parse
+from tests.conftest import ROOT
 
 
-def test_registry_names_and_classes():
-    assert list(LOSSES) == ["ce", "ls", "focal", "flsd", "ecp", "mbls", "acls", "dfl", "adafocal", "fedlas_ls",
-                            "fedlas_mbls"]
+def _documented_losses() -> list[str]:
+    """The names in the headings of "Training losses" in docs/methods.md (``### Title — `name```), in order."""
+    with open(os.path.join(ROOT, "docs", "methods.md")) as f:
+        section = f.read().split("\n## Training losses", 1)[1].split("\n## ", 1)[0]
+    return [name for heading in re.findall(r"^### (.*)$", section, flags=re.M)
+            for name in re.findall(r"`([a-z0-9_]+)`", heading.rpartition(" — ")[2])]
+
+
+def test_every_registered_loss_is_documented_in_order():
+    assert _documented_losses() == list(LOSSES)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_every_registered_loss_has_its_own_tests(name):
+    """Besides the loops over ``LOSSES``, some test of tests/losses names the loss: its values."""
+    folder = os.path.join(ROOT, "tests", "losses")
+    named = []
+    for file in sorted(os.listdir(folder)):
+        if file.startswith("test_") and file != "test_registry.py":
+            with open(os.path.join(folder, file)) as f:
+                if f'"{name}"' in f.read():
+                    named.append(file)
+    assert named, f"no test under tests/losses names the loss {name!r}"
+
+
+def test_registry_builds_exported_classes():
+    built = {name: type(build(name, num_classes=3)) for name in LOSSES}
+    assert set(losses.__all__) == {*(cls.__name__ for cls in built.values()), "LOSSES", "build"}
+    assert all(getattr(losses, cls.__name__) is cls for cls in built.values())
+    # the classes of the names checked by hand
     expected = {"ce": losses.CrossEntropy, "ls": losses.LabelSmoothing, "focal": losses.Focal, "flsd": losses.FLSD,
                 "ecp": losses.ECP, "mbls": losses.MbLS, "acls": losses.ACLS, "dfl": losses.DualFocal,
                 "adafocal": losses.AdaFocal}
@@ -19,7 +50,6 @@ def test_registry_names_and_classes():
         assert type(build(name, num_classes=3)) is cls, name
     ls, mbls = build("fedlas_ls", num_classes=3), build("fedlas_mbls", num_classes=3)
     assert type(ls) is type(mbls) is losses.FeDLaS and (ls.variant, mbls.variant) == ("ls", "mbls")
-    assert set(losses.__all__) == {*(c.__name__ for c in expected.values()), "FeDLaS", "LOSSES", "build"}
 
 
 @pytest.mark.parametrize("text, value", [
@@ -71,8 +101,7 @@ def test_num_classes_reaches_the_losses_that_take_it():
     ("   ", r"^loss spec must be a non-empty string like 'mbls:margin=6', got '   '$"),
     (None, r"^loss spec must be a non-empty string like 'mbls:margin=6', got None$"),
     (3, r"^loss spec must be a non-empty string like 'mbls:margin=6', got 3$"),
-    ("crossentropy:x=1", r"^unknown loss 'crossentropy'; valid losses: ce, ls, focal, flsd, ecp, mbls, acls, dfl, "
-                         r"adafocal, fedlas_ls, fedlas_mbls$"),
+    ("crossentropy:x=1", rf"^unknown loss 'crossentropy'; valid losses: {', '.join(LOSSES)}$"),
     ("mbls:margin", r"^malformed item 'margin' in loss spec 'mbls:margin': expected key=value$"),
     ("mbls:=3", r"^malformed item '=3' in loss spec 'mbls:=3': expected key=value$"),
     ("mbls:margin= ", r"^malformed item 'margin=' in loss spec 'mbls:margin= ': expected key=value$"),

@@ -1,9 +1,13 @@
 """Conformance tests over every MODELS key, plus architecture facts (parameter counts, sizes)."""
 
+import os
+import re
+
 import pytest
 import torch
 
 from calibkit.models import DENSE_MODELS, MODELS, PRETRAINED_MODELS, build, input_kind, num_parameters
+from tests.conftest import ROOT
 
 from .pretrained_skip import NEEDS
 
@@ -19,6 +23,25 @@ VOCAB = 50  # in_channels of a text model is its vocabulary size
 OWN_VOCAB = {"minilm": 30522}  # pretrained text models read their own tokenizer's ids
 # every model, the pretrained ones skipped (with the reason) when calibkit[pretrained] is missing
 ALL = [pytest.param(name, marks=NEEDS[name]) if name in PRETRAINED_MODELS else name for name in sorted(MODELS)]
+
+
+def _documented_models() -> list[str]:
+    """The names in the first column of docs/models.md's tables of models (headed ``| name |``), in
+    order; ``resnet8/20/32`` stands for ``resnet8``, ``resnet20``, ``resnet32``."""
+    with open(os.path.join(ROOT, "docs", "models.md")) as f:
+        tables = re.split(r"\n(?=\| name \|)", f.read())[1:]
+    names = []
+    for table in tables:
+        for first in re.findall(r"^\| `([^`]+)` \|", table.split("\n\n", 1)[0], flags=re.M):
+            head, *rest = first.split("/")
+            stem = re.match(r"[a-z_]*", head).group()
+            names += [head, *(stem + r for r in rest)]
+    return names
+
+
+def test_every_registered_model_is_documented():
+    documented = _documented_models()
+    assert sorted(documented) == sorted(MODELS) and len(documented) == len(set(documented))
 
 
 def _input(name, channels, gen, size=None):

