@@ -1,4 +1,4 @@
-"""``calibkit.pipeline``: the bench and the tuning as library calls, checked against the store
+"""``calibkit.pipeline.run``: the bench and the tuning as library calls, checked against the store
 they record into and against the command line."""
 
 import dataclasses
@@ -33,33 +33,6 @@ def _rows(out, name="tiny"):
         return {r["run_key"]: r for r in store.runs(name, status=None)}
     finally:
         store.close()
-
-
-@pytest.mark.parametrize("field, value, message", [
-    ("seeds", (0, 0), "seeds: repeated seed in [0, 0]"),
-    ("seeds", (0, -1), "seeds: every seed must be an integer >= 0, got -1"),
-    ("seeds", (), "seeds: give at least one seed"),
-    ("seeds", 3, "seeds: expected a sequence of integers, got 3"),
-    ("methods", "ls", "methods: expected a sequence of method names, got 'ls'"),
-    ("num_threads", 0, "num_threads must be an integer >= 1 (or None: torch's default), got 0"),
-    ("max_extensions", -1, "max_extensions must be an integer >= 0 (0: never extend a grid), got -1"),
-    ("keep", "sometimes", "keep: unknown checkpoint policy 'sometimes'"),
-    ("alpha", 1.0, "alpha must be a number in (0, 1)"),
-])
-def test_bad_options_are_refused_when_made(field, value, message):
-    with pytest.raises(UserError) as err:
-        BenchOptions(**{field: value})
-    assert str(err.value).startswith(message)
-
-
-def test_options_hold_tuples_and_tune_options_carry_the_shared_fields():
-    opts = BenchOptions(seeds=[1, 0], methods=["ls"], keep="last", max_extensions=0, data_dir="d", tune=True)
-    assert opts.seeds == (1, 0) and opts.methods == ("ls",)
-    tune = opts.tune_options()
-    assert (tune.methods, tune.keep, tune.max_extensions, tune.data_dir, tune.seed, tune.report) == \
-        (("ls",), "last", 0, "d", None, False)
-    with pytest.raises(UserError, match="^seed: every seed must be an integer >= 0, got -2$"):
-        TuneOptions(seed=-2)
 
 
 def test_a_preset_is_an_object_a_shipped_name_or_a_file(tiny):
@@ -132,3 +105,22 @@ def test_tune_then_bench_at_the_selection(tiny, tmp_path):
     assert bench.tuning.counts == {"done": 0, "skipped": 3, "failed": 0}  # the selection is reused
     assert bench.preset.loss_for("ls") == f"ls:alpha={chosen['loss.alpha']}"
     assert bench.counts["done"] == 2 and read_effective(out, "tiny") == bench.preset
+
+
+def test_the_workers_seam_releases_before_the_first_run_and_counts_failed_workers(tiny, tmp_path):
+    from calibkit.pipeline import Sharing
+
+    out, seen = tmp_path / "out", []
+
+    def start():  # the checks passed and the preset is recorded; no run has started
+        seen.append(("start", read_effective(out, "tiny") is not None, _rows(out)))
+
+    def finish(interrupted):
+        seen.append(("finish", interrupted, sorted(_rows(out))))
+        return ["worker worker-1 exited with status 1; see its log"]
+
+    result = run_bench(tiny, out, BenchOptions(seeds=(0,), methods=("ce",), report=False, **QUIET),
+                       sharing=Sharing(start=start, finish=finish))
+    assert seen == [("start", True, {}), ("finish", False, ["tiny/ce/0"])]
+    assert result.counts == {"done": 1, "skipped": 0, "failed": 1}
+    assert result.worker_failures == ["worker worker-1 exited with status 1; see its log"] and result.failures == []
