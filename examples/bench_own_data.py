@@ -4,8 +4,8 @@ Your data: one .npz (or .safetensors) file with x_train, y_train, x_test, y_test
 8x8 handwritten digits shipped with calibkit as 64 precomputed features per example. Your model:
 any factory(num_classes, in_channels) returning an nn.Module with `forward_features` and a linear
 `head` (below: `make_model`). Your preset: a TOML text (the format of `calibkit preset show`),
-with your own grid for LS. Then: select on validation (Tuner), run the grid at the selection
-(Bench), write the report (build_report) -- what `calibkit tune` and `calibkit bench --tune` do:
+with your own grid for LS. Then one call, `calibkit.pipeline.run_bench` with `tune=True`: select
+on validation, run the grid at the selection, write the report -- what this command does:
 
     calibkit bench --preset OUT/mine.toml --out OUT --tune
 
@@ -92,36 +92,23 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="calibkit-own-"))
     out.mkdir(parents=True, exist_ok=True)
 
-    from calibkit.bench.presetfile import parse_preset, write_effective
-    from calibkit.bench.runner import Bench
-    from calibkit.bench.tune import Tuner
-    from calibkit.report import build_report
+    from calibkit.pipeline import BenchOptions, run_bench
 
     write_data(out / "digits.npz")
     text = PRESET.format(data=out / "digits.npz", model=f"{Path(__file__).resolve()}:make_model",
                          seeds=[0] if args.quick else [0, 1], epochs=10 if args.quick else 40)
     (out / "mine.toml").write_text(text)
-    preset = parse_preset(text, "mine.toml")  # every name checked, as `calibkit preset check` does
 
-    tuner = Tuner(preset, out, log=lambda *a: None)
-    try:
-        tuner.run()
-        tuned, chosen = tuner.tuned_preset(), tuner.selection()
-    finally:
-        tuner.close()
-    for method, values in chosen.items():
+    # Every name and value checked (as `calibkit preset check` does), then: the selection on
+    # validation, the grid at the selected values, OUT/presets/<name>.toml and OUT/report/.
+    quiet = BenchOptions(tune=True, figures=not args.quick, log=lambda *a, **k: None)
+    result = run_bench(out / "mine.toml", out, quiet)
+    for method, values in result.tuning.selection.items():
         print("selected:", method, ", ".join(f"{a}={v:g}" for a, v in values.items()))
-    bench = Bench(tuned, out, log=lambda *a: None)
-    try:
-        counts = bench.run()
-    finally:
-        bench.close()
-    write_effective(tuned, out)  # OUT/presets/<name>.toml: the report shows it; --preset reruns it
-    print(f"bench: {counts['done']} run(s) done, {counts['failed']} failed")
-    report = build_report(out, preset=tuned.name, figures=not args.quick)
-    print(report["text"])
-    print(f"\nreport: {report['paths']['md']}\nrerun from the command line: calibkit bench --preset "
-          f"{out}/presets/{tuned.name}.toml --out {out}")
+    print(f"bench: {result.counts['done']} run(s) done, {result.counts['failed']} failed")
+    print(result.report["text"])
+    print(f"\nreport: {result.report['paths']['md']}\nrerun from the command line: calibkit bench --preset "
+          f"{out}/presets/{result.preset.name}.toml --out {out}")
 
 
 if __name__ == "__main__":

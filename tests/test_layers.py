@@ -37,6 +37,8 @@ LAYERS = [
     ("bench", {"bench"}),
     # Reads a bench's records (through bench's paths and stores) into tables and figures.
     ("report", {"report"}),
+    # The bench as one library call (checks, CSM build, tuning, bench, report) over the parts below.
+    ("pipeline", {"pipeline"}),
     # The subcommands: argument wiring over everything below.
     ("commands", {"commands"}),
     # The entry points.

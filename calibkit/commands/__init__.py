@@ -140,3 +140,25 @@ def print_failures(command: str, failures: list[str], where: str) -> None:
     for line in failures:
         print(f"calibkit {command}: error: {line}; recorded in {where}; run the same command again to retry it",
               file=sys.stderr)
+
+
+def worker_sharing(args, waiting: list, head: str, noun: str):
+    """The :class:`calibkit.pipeline.Sharing` of ``bench``/``tune`` with ``--workers``: an extra
+    worker's (released by its caller), or the caller's, releasing the ``waiting`` processes before
+    the first run and waiting for them after the last (``head``, ``noun``: its message's words)."""
+    from calibkit.pipeline import Sharing
+
+    if args.await_start:
+        return Sharing(released=True)
+    if not waiting:
+        return Sharing()
+    from calibkit.bench.workers import release_workers, wait_workers
+
+    workers: list = []
+
+    def start() -> None:
+        workers.extend(release_workers(waiting, args.out))
+        waiting.clear()
+        print(f"{head}: {args.workers} processes share the {noun} (the others log to {args.out}/logs/worker-K.log)")
+
+    return Sharing(start=start, finish=lambda interrupted: wait_workers(workers, interrupted=interrupted))

@@ -85,85 +85,51 @@ def run(args) -> int:
     return run_with_workers(args, lambda waiting: _run(args, waiting))
 
 
+def options_from_args(args):
+    """The :class:`calibkit.pipeline.BenchOptions` of a parsed ``calibkit bench`` command line."""
+    from calibkit.bench.presetcheck import check_seeds
+    from calibkit.pipeline import BenchOptions
+
+    if args.seeds is not None:
+        check_seeds(args.seeds, "--seeds")  # named as the flag, before the options name the field
+    return BenchOptions(seeds=args.seeds, methods=args.methods, data_dir=args.data_dir, device=args.device,
+                        num_threads=args.num_threads, csm_store=args.csm_store, csm_build=args.csm_build,
+                        store=args.store, keep=args.keep, tune=args.tune, max_extensions=args.max_extensions,
+                        report=False)  # written below, once the summary is out
+
+
 def _run(args, waiting: list) -> int:
-    from calibkit.bench.preflight import check_bench
-    from calibkit.bench.presetfile import write_effective
-    from calibkit.bench.runner import Bench
     from calibkit.commands.presetargs import preset_from_args
 
     preset = preset_from_args(args)
-    if args.seeds is not None and len(set(args.seeds)) != len(args.seeds):
-        raise UserError(f"--seeds: repeated seed in {args.seeds}")
+    options = options_from_args(args)
     if args.await_start:  # an extra worker: the caller has checked the bench before releasing it
         from calibkit.bench.workers import await_start, warm_up
 
         warm_up(args.device)
         if await_start() is None:
             return 0
-    else:
-        # Every precondition (output path, database, seeds, methods, extras, data, CSM set) before
-        # anything is created: a bench that cannot run leaves no trace.
-        check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                    csm_store=args.csm_store, store=args.store, csm_build=args.csm_build, device=args.device)
-    if args.csm_build:  # before the workers are released: they find the finished build
-        from calibkit.bench.csmbuild import ensure
+    from calibkit.commands import worker_sharing
+    from calibkit.pipeline import run_bench, write_report
 
-        args.csm_store = ensure(preset, args.out, args.seeds, args.methods, args.data_dir, args.device, args.csm_store)
-    if args.tune:
-        from calibkit.bench.presetcheck import warn_tune_seed
-        from calibkit.commands.tune import run_tuning
-
-        warn_tune_seed(preset, preset.tune_seed, args.seeds if args.seeds is not None else preset.seeds)
-        _, _, preset = run_tuning(args, preset, tuned=True)
-    bench = Bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                  device=args.device, num_threads=args.num_threads, csm_store=args.csm_store, store=args.store)
-    if bench.dd.is_main and not args.await_start:
-        try:
-            bench.check_consistent()  # a refused bench leaves the directory's recorded preset as it was
-        except ValueError:
-            bench.close()
-            raise
-        write_effective(preset, args.out)
-    workers = []
-    interrupted = True
-    try:
-        if waiting:
-            from calibkit.bench.workers import release_workers
-
-            workers = release_workers(waiting, args.out)
-            waiting.clear()
-            print(f"bench {preset.name}: {args.workers} processes share the runs (the others log to "
-                  f"{args.out}/logs/worker-K.log)")
-        counts = bench.run()
-        interrupted = False
-    finally:
-        bench.close()
-        if workers:
-            from calibkit.bench.workers import wait_workers
-
-            problems = wait_workers(workers, interrupted=interrupted)
-    if not bench.dd.is_main:
+    result = run_bench(preset, args.out, options, sharing=worker_sharing(args, waiting, f"bench {preset.name}", "runs"))
+    if not result.main:
         return 0
-    from calibkit.store import describe_store
-
-    where = describe_store(args.out, args.store)
-    if workers:
-        for line in problems:
+    counts = result.counts
+    if args.workers > 1:
+        for line in result.worker_failures:
             print(line, file=sys.stderr)
-        counts["failed"] += len(problems)
-        print(f"bench {preset.name}: this process ran {counts['done']} run(s), {len(workers)} other worker(s) the "
-              f"rest; {counts['failed']} failed; database {where}")
+        print(f"bench {result.preset.name}: this process ran {counts['done']} run(s), {args.workers - 1} other "
+              f"worker(s) the rest; {counts['failed']} failed; database {result.store}")
     else:
-        print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
-              f"{counts['failed']} failed; database {where}")
+        print(f"bench {result.preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished "
+              f"earlier), {counts['failed']} failed; database {result.store}")
     from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the summary first, then the lines on stderr
-    print_failures("bench", bench.failures, where)
+    print_failures("bench", result.failures, result.store)
     if not args.no_report:
-        from calibkit.report import build_report
-
-        rep = build_report(args.out, preset=preset.name, store=args.store)
+        rep = write_report(args.out, result.preset.name, options)
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")

@@ -84,47 +84,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
-    """Run the selection for ``args``; returns ``(tuner, counts, tuned preset or None)``.
-
-    With ``tuned``, the third item is the preset at the selected values (an error when some
-    candidates failed). ``on_start()`` is called once the tuner has opened the directory, before
-    the first candidate (``--workers`` releases its waiting workers there). The tuner is closed on
-    return.
-    """
-    from calibkit.bench.grid import REFERENCE
-    from calibkit.bench.tune import Tuner
-    from calibkit.store import describe_store
-
-    tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None),
-                  data_dir=args.data_dir, device=args.device, num_threads=args.num_threads,
-                  csm_store=args.csm_store, log=log, max_extensions=args.max_extensions, store=args.store)
-    try:
-        if tuner.dd.is_main:
-            from calibkit.bench.presetfile import write_effective
-
-            write_effective(preset, args.out, overwrite=False)  # a bench's own record is kept
-        if tuner.unsupported:
-            tuner.log(f"tune {', '.join(tuner.unsupported)}: skipped (they mix or generate images; preset "
-                      f"{preset.name} trains on token ids)")
-        if args.methods and REFERENCE in args.methods:
-            tuner.log(f"tune {REFERENCE}: no search space (nothing to tune); it is trained on the selection seed "
-                      "only as the reference (and the base of MaC-Cal and CSM)")
-        for m in tuner.skipped:
-            tuner.log(f"tune {m}: no search space (nothing to tune); it runs at the preset's values")
-        if on_start is not None:
-            on_start()
-        counts = tuner.run()
-        if tuned and counts["failed"]:
-            first = f" (first: {tuner.failures[0]})" if tuner.failures else ""
-            raise UserRuntimeError(f"{counts['failed']} tuning candidate(s) failed{first}; see "
-                               f"{describe_store(args.out, args.store)} (run the same command again to retry them)")
-        result = tuner.tuned_preset() if tuned else None
-    finally:
-        tuner.close()
-    return tuner, counts, result
-
-
 def run(args) -> int:
     from calibkit.commands import check_executor
 
@@ -139,10 +98,22 @@ def run(args) -> int:
     return run_with_workers(args, lambda waiting: _run(args, waiting), argv)
 
 
+def options_from_args(args):
+    """The :class:`calibkit.pipeline.TuneOptions` of a parsed ``calibkit tune`` command line."""
+    from calibkit.bench.presetcheck import check_seeds
+    from calibkit.pipeline import TuneOptions
+
+    if args.seed is not None:
+        check_seeds([args.seed], "--seed")  # named as the flag, before the options name the field
+    return TuneOptions(methods=args.methods, seed=args.seed, data_dir=args.data_dir, device=args.device,
+                       num_threads=args.num_threads, csm_store=args.csm_store, csm_build=args.csm_build,
+                       store=args.store, keep=args.keep, max_extensions=args.max_extensions,
+                       report=not args.await_start)  # an extra worker prints no table: its caller does
+
+
 def _run(args, waiting: list) -> int:
     from calibkit.bench.preflight import check_out
     from calibkit.commands.presetargs import preset_from_args
-    from calibkit.store import describe_store
 
     preset = preset_from_args(args)
     check_out(args.out)  # before the database is created: not into a training run's directory
@@ -157,67 +128,45 @@ def _run(args, waiting: list) -> int:
         check_bench_folder(args.out)
         print(collect_line(args.out, collect(args.out)))
         return _print_tuning(args, preset)
+    options = options_from_args(args)
     if args.await_start:  # an extra worker: the caller has checked everything before releasing it
         from calibkit.bench.workers import await_start, warm_up
 
         warm_up(args.device)
         if await_start() is None:
             return 0
-    else:  # the bench's checks, before anything is created: a tuning that cannot run leaves no trace
-        from calibkit.bench.preflight import check_tune
+    from calibkit.commands import worker_sharing
+    from calibkit.pipeline import run_tune
 
-        check_tune(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
-                   csm_store=args.csm_store, store=args.store, csm_build=args.csm_build, device=args.device)
-    if args.csm_build:  # before the workers are released: they find the finished build
-        from calibkit.bench.csmbuild import ensure
-
-        seeds = None if args.seed is None else sorted({*preset.seeds, args.seed})  # the bench's, the selection's
-        args.csm_store = ensure(preset, args.out, seeds, args.methods, args.data_dir, args.device, args.csm_store)
-    workers, interrupted = [], True
-
-    def release():
-        if waiting:
-            from calibkit.bench.workers import release_workers
-
-            workers.extend(release_workers(waiting, args.out))
-            waiting.clear()
-            print(f"tune {preset.name}: {args.workers} processes share the candidates (the others log to "
-                  f"{args.out}/logs/worker-K.log)")
-
-    try:
-        tuner, counts, _ = run_tuning(args, preset, on_start=release)
-        interrupted = False
-    finally:
-        problems = []
-        if workers:
-            from calibkit.bench.workers import wait_workers
-
-            problems = wait_workers(workers, interrupted=interrupted)
-    if not tuner.dd.is_main or args.await_start:
-        return 1 if counts["failed"] else 0
+    sharing = worker_sharing(args, waiting, f"tune {preset.name}", "candidates")
+    result = run_tune(preset, args.out, options, sharing=sharing)
+    if not result.main or args.await_start:
+        return 1 if result.counts["failed"] else 0
     import sys
 
-    for line in problems:
+    for line in result.worker_failures:
         print(line, file=sys.stderr)
-    counts["failed"] += len(problems)
+    counts = result.counts
     print(f"tune {preset.name}: {counts['done']} candidate(s) done here, {counts['skipped']} skipped (finished "
-          f"earlier or by another worker), {counts['failed']} failed; database {describe_store(args.out, args.store)}")
-    _print_tuning(args, preset)
+          f"earlier or by another worker), {counts['failed']} failed; database {result.store}")
+    _print_report(result.report)
     from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the table first, then the lines on stderr
-    print_failures("tune", tuner.failures, describe_store(args.out, args.store))
+    print_failures("tune", result.failures, result.store)
     return 1 if counts["failed"] else 0
 
 
-def _print_tuning(args, preset) -> int:
-    from calibkit.report.tuning import tuning_text, write_tuning_figure, write_tuning_json
+def _print_report(report) -> None:
+    print(report.text)
+    if report.figure is not None:
+        print(f"validation curves: {report.figure}; every candidate: {report.json}")
 
-    print(tuning_text(args.out, preset.name, args.store))
-    fig = write_tuning_figure(args.out, preset.name, store=args.store)
-    doc = write_tuning_json(args.out, preset.name, store=args.store)
-    if fig is not None:
-        print(f"validation curves: {fig}; every candidate: {doc}")
+
+def _print_tuning(args, preset) -> int:
+    from calibkit.pipeline import tune_report
+
+    _print_report(tune_report(args.out, preset.name, args.store))
     return 0
 
 

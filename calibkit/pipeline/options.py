@@ -1,0 +1,213 @@
+"""The options and results of :mod:`calibkit.pipeline`: frozen, checked when made."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibkit.bench.grid import KEEP_POLICIES, Preset
+from calibkit.bench.presetcheck import check_seeds
+from calibkit.errors import UserError
+
+__all__ = ["BenchOptions", "BenchResult", "Sharing", "TuneOptions", "TuneReport", "TuneResult"]
+
+
+def _seeds(values) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise UserError(f"seeds: expected a sequence of integers, got {values!r}")
+    check_seeds(values, "seeds")  # at least one; integers >= 0; none twice
+    return tuple(values)
+
+
+def _names(name: str, values) -> tuple[str, ...] | None:
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not all(isinstance(v, str) for v in values):
+        raise UserError(f"{name}: expected a sequence of method names, got {values!r}")
+    return tuple(values)
+
+
+def _check_common(opts) -> None:
+    """The checks :class:`TuneOptions` and :class:`BenchOptions` share (``opts`` is either)."""
+    object.__setattr__(opts, "methods", _names("methods", opts.methods))
+    if opts.num_threads is not None and (isinstance(opts.num_threads, bool) or not isinstance(opts.num_threads, int)
+                                         or opts.num_threads < 1):
+        raise UserError(f"num_threads must be an integer >= 1 (or None: the preset's), got {opts.num_threads!r}")
+    if isinstance(opts.max_extensions, bool) or not isinstance(opts.max_extensions, int) or opts.max_extensions < 0:
+        raise UserError(f"max_extensions must be an integer >= 0 (0: never extend a grid), got {opts.max_extensions!r}")
+    if opts.keep is not None and opts.keep not in KEEP_POLICIES:
+        raise UserError(f"keep: unknown checkpoint policy {opts.keep!r}; choose one of {', '.join(KEEP_POLICIES)}")
+    if not isinstance(opts.device, str):
+        raise UserError(f"device: expected a string (auto, cpu, cuda or cuda:N), got {opts.device!r}")
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What :func:`run_tune` selects, and where; the options of ``calibkit tune``.
+
+    Attributes:
+        methods: methods to tune (None: every method of the preset with a search space).
+        seed: the selection seed (None: the preset's ``tune_seed``).
+        data_dir: the data set's folder (None: the preset's ``data_dir``, else the standard place).
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        num_threads: torch CPU threads (None: the preset's, else torch's default).
+        csm_store: CSM's generated set (None: the preset's, else the one shipped).
+        csm_build: build CSM's generated set in ``out`` when there is none.
+        store: the results database: None for ``OUT/runs.db``, a ``postgresql://`` URL or ``env:NAME``.
+        keep: the checkpoint policy of every run (None: the preset's).
+        max_extensions: times each grid axis may be extended past a selection on its edge.
+        log: where progress lines go (``lambda *a, **k: None`` for none).
+        report: write the tuning table, figure and JSON (:func:`tune_report`).
+    """
+
+    methods: tuple[str, ...] | None = None
+    seed: int | None = None
+    data_dir: str | None = None
+    device: str = "auto"
+    num_threads: int | None = None
+    csm_store: str | None = None
+    csm_build: bool = False
+    store: str | None = None
+    keep: str | None = None
+    max_extensions: int = 2
+    log: Callable[..., None] = print
+    report: bool = True
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        if self.seed is not None:
+            check_seeds([self.seed], "seed")  # an integer >= 0
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What :func:`run_bench` runs, and where; the options of ``calibkit bench``.
+
+    Attributes:
+        seeds: seeds to run (None: the preset's); no seed twice.
+        methods: grid methods (None: the preset's list, else all; CE and the runs the others
+            build on are always added).
+        tune: select every method's hyperparameters on validation first (:func:`run_tune`, on
+            the preset's ``tune_seed``), then run the grid at the selection.
+        max_extensions: as for :class:`TuneOptions` (with ``tune``).
+        report: write ``OUT/report/`` and return it in :attr:`BenchResult.report`.
+        figures: draw the report's figures.
+        alpha: miscoverage of the report's conformal sets, in (0, 1).
+        data_dir, device, num_threads, csm_store, csm_build, store, keep, log: as for
+            :class:`TuneOptions`.
+    """
+
+    seeds: tuple[int, ...] | None = None
+    methods: tuple[str, ...] | None = None
+    data_dir: str | None = None
+    device: str = "auto"
+    num_threads: int | None = None
+    csm_store: str | None = None
+    csm_build: bool = False
+    store: str | None = None
+    keep: str | None = None
+    tune: bool = False
+    max_extensions: int = 2
+    log: Callable[..., None] = print
+    report: bool = True
+    figures: bool = True
+    alpha: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        object.__setattr__(self, "seeds", _seeds(self.seeds))
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
+            raise UserError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), "
+                            f"got {self.alpha!r}")
+
+    def tune_options(self) -> TuneOptions:
+        """The options of the tuning step of ``tune=True`` (CSM's set is built by then)."""
+        return TuneOptions(methods=self.methods, data_dir=self.data_dir, device=self.device,
+                           num_threads=self.num_threads, csm_store=self.csm_store, store=self.store, keep=self.keep,
+                           max_extensions=self.max_extensions, log=self.log, report=False)
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How the command line's ``--workers N`` shares a bench or tuning with the processes it
+    started (:mod:`calibkit.bench.workers`); a Python caller leaves it out.
+
+    Attributes:
+        released: this process is an extra worker its caller released: the caller has checked
+            everything and records the preset, so neither is done again here.
+        start: called once every check has passed, CSM's set is built, the selection made and the
+            preset recorded, just before the first run (the caller releases its workers).
+        finish: called after the runs, with whether they were interrupted; returns one line per
+            worker that failed (counted as failures).
+    """
+
+    released: bool = False
+    start: Callable[[], None] | None = None
+    finish: Callable[[bool], list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    """The selection as a terminal table, and the files :func:`tune_report` wrote."""
+
+    text: str
+    figure: Path | None
+    json: Path | None
+
+
+@dataclass
+class TuneResult:
+    """What :func:`run_tune` did.
+
+    Attributes:
+        preset: the preset tuned.
+        counts: candidates ``done`` here, ``skipped`` (finished earlier or by another process)
+            and ``failed`` (with the workers that failed).
+        failures: one line per candidate that failed in this process, with its reason.
+        worker_failures: one line per ``--workers`` process that failed.
+        selection: ``{method: {address: value}}`` selected (empty off rank 0).
+        tuned: the preset at the selected values (None unless asked for, or off rank 0).
+        store: how messages name the results database.
+        report: the tuning table and files (None when not asked for, or off rank 0).
+        main: this process is rank 0 (the one that records and reports).
+    """
+
+    preset: Preset
+    counts: dict[str, int]
+    failures: list[str]
+    selection: dict[str, dict]
+    store: str
+    tuned: Preset | None = None
+    report: TuneReport | None = None
+    main: bool = True
+    worker_failures: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchResult:
+    """What :func:`run_bench` did.
+
+    Attributes:
+        preset: the preset the runs used (at the selected values with ``tune``).
+        counts: runs ``done`` here, ``skipped`` (finished earlier) and ``failed`` (with the
+            workers that failed).
+        failures: one line per run that failed in this process, with its reason.
+        worker_failures: one line per ``--workers`` process that failed.
+        store: how messages name the results database.
+        tuning: the tuning step's result (None without ``tune``).
+        report: :func:`calibkit.report.build_report`'s dict (``text``, ``paths``, ...); None when
+            not asked for, or off rank 0.
+        main: this process is rank 0 (the one that records and reports).
+    """
+
+    preset: Preset
+    counts: dict[str, int]
+    failures: list[str]
+    store: str
+    tuning: TuneResult | None = None
+    report: dict | None = None
+    main: bool = True
+    worker_failures: list[str] = field(default_factory=list)
