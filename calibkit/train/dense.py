@@ -43,7 +43,7 @@ from calibkit.train.evaluate import summary
 
 if TYPE_CHECKING:
     from calibkit.data.inputs import SegmentationInputs
-    from calibkit.train.run import Log, Run
+    from calibkit.train.state import Log, Run
 
 PIXEL_SAMPLE = 200_000  # pixels stored per split (spread evenly over its images)
 PIXEL_SEED = 0  # the draw depends on the masks only, never on the run's seed

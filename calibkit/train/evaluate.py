@@ -3,7 +3,7 @@
 A run holds one evaluator, chosen when it is built (:func:`calibkit.train.run.build_run`): a
 classification run has a :class:`ClassificationEvaluator`, a segmentation run a
 :class:`calibkit.train.dense.DenseEvaluator` (whose splits' logits do not fit in memory). Both
-follow :class:`calibkit.train.run.Evaluator`; the epoch loop (:mod:`calibkit.train.loop`) only
+follow :class:`calibkit.train.state.Evaluator`; the epoch loop (:mod:`calibkit.train.loop`) only
 calls ``validate`` after every epoch and ``finish`` once at the end.
 """
 
@@ -21,7 +21,7 @@ from calibkit.functional import ece
 
 if TYPE_CHECKING:
     from calibkit.data.bundle import Split
-    from calibkit.train.run import Log, Run
+    from calibkit.train.state import Log, Run
 
 SUMMARY_KEYS = ("status", "epochs_done", "best_epoch", "best_val_acc", "test_acc", "test_ece", "wall_time_s")
 

@@ -9,7 +9,7 @@ is the checkpoint policy ``cfg.keep`` (:mod:`calibkit.train.keep`). At the end t
 validation and test logits are saved for post-hoc calibration (run directory: ``docs/design.md``).
 
 This module is the epoch loop; the run it carries is built by :func:`calibkit.train.run.build_run`
-(a typed :class:`calibkit.train.run.Run`), and measured by the evaluator chosen there
+(a typed :class:`calibkit.train.state.Run`), and measured by the evaluator chosen there
 (:mod:`calibkit.train.evaluate`, or :mod:`calibkit.train.dense` for segmentation).
 
 No host synchronisation per step: the loss sum, the correct count and the first non-finite loss
@@ -45,8 +45,9 @@ from calibkit.errors import UserError, UserRuntimeError
 from calibkit.train import preempt
 from calibkit.train.evaluate import summary
 from calibkit.train.optim import set_lr
-from calibkit.train.run import Log, Run, build_run, reseed_globals
+from calibkit.train.run import build_run, reseed_globals
 from calibkit.train.schedule import learning_rate
+from calibkit.train.state import Log, Run
 from calibkit.train.steps import EpochGenerators, EpochSums
 
 
