@@ -69,10 +69,11 @@ import calibkit.train.loop as loop  # noqa: E402
 from calibkit import _validation  # noqa: E402
 from calibkit import distributed as D  # noqa: E402
 from calibkit.bench.grid import BENCH_METHODS, get_preset  # noqa: E402
+from calibkit.train.evaluate import ClassificationEvaluator  # noqa: E402
 from calibkit.train.steps import EpochGenerators  # noqa: E402
 
 T_IMPORTED = time.perf_counter()
-_TRAIN_EPOCH, _VALIDATE = loop._train_epoch, loop._validate  # unwrapped, for interleaved()
+_TRAIN_EPOCH = loop._train_epoch  # unwrapped, for interleaved()
 
 
 class Phases:
@@ -115,10 +116,10 @@ class Phases:
 
 
 def _built(cfg):
-    """A fresh run of ``cfg`` as the training loop builds it (``calibkit.train.loop._build``)."""
+    """A fresh run of ``cfg`` as the training loop builds it (``calibkit.train.run.build_run``)."""
     dd = D.setup(cfg.device)
     with tempfile.TemporaryDirectory() as tmp:
-        return loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+        return loop.build_run(cfg, dd, None, Path(tmp), lambda *a, **k: None)
 
 
 def bare_steps(cfg) -> tuple[float, float]:
@@ -150,7 +151,7 @@ def interleaved(cfg) -> dict:
                 ("loop", lambda epoch=epoch: _TRAIN_EPOCH(run, epoch, False))]
         for name, fn in pair if epoch % 2 == 0 else pair[::-1]:
             timed(name, fn)
-        pair = [("bare_val", lambda: bare_validation(run, 1)), ("loop_val", lambda: _VALIDATE(run))]
+        pair = [("bare_val", lambda: bare_validation(run, 1)), ("loop_val", lambda: run.evaluator.validate(run))]
         for name, fn in pair if epoch % 2 == 0 else pair[::-1]:
             timed(name, fn)
     return dict(t)
@@ -174,7 +175,7 @@ def bare_validation(run, epochs: int) -> float:
 
 
 def bare_epochs(run, epochs: int, first: int = 0) -> float:
-    """Seconds of ``epochs`` epochs of bare steps of a built run (``calibkit.train.loop._build``)."""
+    """Seconds of ``epochs`` epochs of bare steps of a built run (``calibkit.train.run.build_run``)."""
     cfg, device = run.cfg, run.dd.device
     n, b = len(run.train_y), cfg.batch_size
     steps = n // b
@@ -233,9 +234,9 @@ def main() -> None:
     ph.wrap(evaluation.EvalData, "corrupted", "evaldata")
     ph.wrap(loop, "train", "train", train_pkg)
     ph.wrap(loop, "_train_epoch", "steps")
-    ph.wrap(loop, "_validate", "validate")
+    ph.wrap(ClassificationEvaluator, "validate", "validate")
     ph.wrap(loop, "_end_epoch", "ckpt")
-    ph.wrap(loop, "_finish", "finish")
+    ph.wrap(ClassificationEvaluator, "finish", "finish")
     ph.wrap(evaluation, "evaluate_run", "eval")
     ph.wrap(report, "build_report", "report")
 

@@ -111,7 +111,7 @@ def epoch(device, rows: int) -> None:
     cfg = train_config(get_preset("default"), "ce", 0, device=str(device), num_threads=1)
     dd = D.setup(cfg.device)
     with tempfile.TemporaryDirectory() as tmp:
-        run = loop._build(cfg, dd, None, Path(tmp), lambda *a, **k: None)
+        run = loop.build_run(cfg, dd, None, Path(tmp), lambda *a, **k: None)
     steps = len(run.train_y) // cfg.batch_size
     loop._train_epoch(run, 0, False)  # warm-up
 

@@ -22,8 +22,9 @@ LAYERS = [
     # Leaves any part may use: the error classes, optional-package checks, the version.
     ("base", {"errors", "extras", "__init__"}),
     # Checks and settings that read no tensors of other parts: input validation, the training
-    # config, the torch.distributed setup, the results database (store knows nothing of runs).
-    ("foundation", {"_validation", "config", "distributed", "store"}),
+    # config, the torch.distributed setup, atomic file writes, the results database (store knows
+    # nothing of runs).
+    ("foundation", {"_validation", "config", "distributed", "diskio", "store"}),
     # Pure tensor functions, readable and testable alone.
     ("functional", {"functional"}),
     # What is computed from probabilities and logits: metrics (and their bootstraps and panel

@@ -71,11 +71,34 @@ def with_flags(preset: Preset, name: str | None = None, **flags) -> Preset:
     given = {k: flags[k] for k in ORDER if flags.get(k) is not None}
     if not given and name is None:
         return preset
+    top = _top_fields(given)
+    train = _train_fields(preset, given, top)
+    if name is None:
+        name = _changed_name(preset, given, top, train)
+        if name is None:
+            return preset
+    from calibkit.bench.presetfile import check_name
+
+    return replace(preset, name=check_name(name), train=train, **top)
+
+
+def _own_data(top: dict) -> bool:
+    """Whether the flags move the preset to the user's own data (``imagefolder``, ``tensors``)."""
+    return "dataset" in top and top["dataset"] in USER_DATASETS
+
+
+def _top_fields(given: dict) -> dict:
+    """The top-level fields the flags set; the user's own data gets no built-in OOD set unless given."""
     top = {k: v for k, v in given.items() if k in TOP}
-    if "dataset" in top and "ood" not in top and top["dataset"] in USER_DATASETS:
+    if _own_data(top) and "ood" not in top:
         top["ood"] = "none"
+    return top
+
+
+def _train_fields(preset: Preset, given: dict, top: dict) -> dict:
+    """The preset's ``[train]`` table with the flags applied and epoch milestones rescaled."""
     train = dict(preset.train)
-    if "dataset" in top and top["dataset"] in USER_DATASETS and top["dataset"] != preset.dataset:
+    if _own_data(top) and top["dataset"] != preset.dataset:
         for key in ("train_subset", "val_size"):  # sized for the preset's own data set
             train.pop(key, None)
     train.update({k: v for k, v in given.items() if k in TRAIN})
@@ -83,14 +106,16 @@ def with_flags(preset: Preset, name: str | None = None, **flags) -> Preset:
     if "epochs" in given and ms and all(isinstance(m, int) and not isinstance(m, bool) for m in ms):
         old = int(preset.train.get("epochs", given["epochs"]))
         train["milestones"] = scaled_milestones(list(preset.train["milestones"]), old, int(given["epochs"]))
+    return train
+
+
+def _changed_name(preset: Preset, given: dict, top: dict, train: dict) -> str | None:
+    """``base+key=value,...`` of the flags that change the preset (None when none does)."""
     changed = [k for k in ORDER if k in given and (
         top.get(k, train.get(k)) != (getattr(preset, k) if k in TOP else preset.train.get(k)))]
-    if name is None:
-        if not changed:
-            return preset
-        name = preset.name + "+" + ",".join(f"{SHORT.get(k, k)}={_fmt(given[k])}" for k in changed)
-        if len(name) > MAX_NAME:
-            raise UserError(f"the changed preset's name would be {len(name)} characters long; give one with --name")
-    from calibkit.bench.presetfile import check_name
-
-    return replace(preset, name=check_name(name), train=train, **top)
+    if not changed:
+        return None
+    name = preset.name + "+" + ",".join(f"{SHORT.get(k, k)}={_fmt(given[k])}" for k in changed)
+    if len(name) > MAX_NAME:
+        raise UserError(f"the changed preset's name would be {len(name)} characters long; give one with --name")
+    return name

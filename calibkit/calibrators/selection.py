@@ -15,7 +15,8 @@ calibrator **out of fold** on the validation split:
 The fold fits start from the calibrator fitted on the whole validation split (a warm start; for
 Dirichlet calibration this also reuses the whole split's regularisation strength instead of a
 nested cross-validation, so the held-out part has a small say in that one choice; see
-``docs/calibrators.md``). The test split is never read here.
+``docs/calibrators.md``). The test split is never read here. The cross-fitting lives in
+:mod:`calibkit.calibrators.crossfit` (its names are re-exported here); this module applies the rule.
 
 **The rule** (:class:`SelectionRule`, ``docs/calibrators.md``). Temperature scaling is the default:
 one parameter, no prediction changed, the baseline the literature compares against. Another
@@ -46,117 +47,25 @@ step unchanged).
 
 from __future__ import annotations
 
-import inspect
-import time
 from dataclasses import dataclass, field
 
-import torch
-
-from calibkit.calibrators.registry import CALIBRATORS
+from calibkit.calibrators.crossfit import (
+    NONE,
+    NOT_FITTED,
+    SELECT_BY,
+    CrossFitScore,
+    SelectionRule,
+    cross_fit,
+    folds,
+    mean_scores,
+    unfittable,
+)
 from calibkit.errors import UserError
 
 __all__ = ["NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", "Selection", "folds", "cross_fit",
            "choose", "select_calibrator", "mean_scores", "unfittable"]
 
-NONE = "none"  # the uncalibrated model, always a candidate
-SELECT_BY = ("ece", "nll", "brier")
-NOT_FITTED = "not fitted: "  # the start of the error of a calibrator refused before any fit (:func:`unfittable`)
-
-
-def unfittable(name: str, n_rows: int, k: int) -> str | None:
-    """Why calibrator ``name`` is not fitted on ``n_rows`` validation rows of ``k`` classes, or ``None``.
-
-    A map with a K x K weight (matrix scaling, Dirichlet calibration: K^2 + K parameters) is refused
-    when there are fewer rows than classes: some classes have no validation row, the map has more
-    than K parameters per row, and its fit costs grow with K^2 (Dirichlet calibration at K = 1000
-    takes over a minute whatever the rows).
-    """
-    from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling
-
-    if n_rows < k and issubclass(CALIBRATORS[name], (MatrixScaling, DirichletCalibration)):
-        return (f"{NOT_FITTED}{n_rows} validation rows for K = {k} classes; its K x K map ({k * k + k} parameters) "
-                "cannot be fitted from fewer rows than classes")
-    return None
-
-
-@dataclass(frozen=True)
-class SelectionRule:
-    """How the calibrator is chosen (module docstring).
-
-    Attributes:
-        select_by: ``"ece"`` (guarded by accuracy and NLL), ``"nll"`` or ``"brier"`` (guarded by accuracy).
-        acc_tolerance: largest accepted drop of cross-fitted accuracy below the uncalibrated one
-            (0.005 = 0.5 points).
-        n_folds: cross-fitting folds (>= 2).
-        n_bins: equal-width bins of the ECE.
-        seed: seed of the fold permutation and of the validation bootstrap.
-        default: the calibrator kept unless significantly beaten (``"none"`` when it is not among
-            the candidates or fails a guard).
-        level: level of the paired validation interval of the significance step.
-        n_boot: resamples of that interval.
-    """
-
-    select_by: str = "ece"
-    acc_tolerance: float = 0.005
-    n_folds: int = 5
-    n_bins: int = 15
-    seed: int = 0
-    default: str = "temperature"
-    level: float = 0.95
-    n_boot: int = 1000
-
-    def __post_init__(self):
-        if self.select_by not in SELECT_BY:
-            raise UserError(f"select_by must be one of {', '.join(SELECT_BY)}, got {self.select_by!r}")
-        if isinstance(self.n_folds, bool) or not isinstance(self.n_folds, int) or self.n_folds < 2:
-            raise UserError(f"n_folds must be an integer >= 2, got {self.n_folds!r}")
-        if not (isinstance(self.acc_tolerance, (int, float)) and 0 <= self.acc_tolerance <= 1):
-            raise UserError(f"acc_tolerance must be a number in [0, 1], got {self.acc_tolerance!r}")
-        if isinstance(self.n_bins, bool) or not isinstance(self.n_bins, int) or self.n_bins < 1:
-            raise UserError(f"n_bins must be an integer >= 1, got {self.n_bins!r}")
-        if isinstance(self.n_boot, bool) or not isinstance(self.n_boot, int) or self.n_boot < 10:
-            raise UserError(f"n_boot must be an integer >= 10, got {self.n_boot!r}")
-        if not (isinstance(self.level, float) and 0.5 <= self.level < 1):
-            raise UserError(f"level must be a float in [0.5, 1), got {self.level!r}")
-
-    def describe(self) -> str:
-        """The rule in one sentence."""
-        guard = f"cross-fitted accuracy at most {100 * self.acc_tolerance:g} points below the uncalibrated model's"
-        if self.select_by == "ece":
-            guard += " and cross-fitted NLL not above the default's"
-        return (f"{self.default} unless another calibrator, with {guard}, has a significantly lower "
-                f"{self.n_folds}-fold cross-fitted {self.select_by.upper()} on the validation split (paired "
-                f"bootstrap, {100 * self.level:g}% interval below 0); then the lowest such")
-
-    def to_dict(self) -> dict:
-        return {"select_by": self.select_by, "acc_tolerance": self.acc_tolerance, "n_folds": self.n_folds,
-                "n_bins": self.n_bins, "seed": self.seed, "default": self.default, "level": self.level,
-                "n_boot": self.n_boot}
-
-
-@dataclass(frozen=True)
-class CrossFitScore:
-    """Out-of-fold scores of one calibrator on the validation split (``error`` set when a fit failed)."""
-
-    acc: float = float("nan")
-    ece: float = float("nan")
-    nll: float = float("nan")
-    brier: float = float("nan")
-    changed: float = float("nan")  # share of rows whose predicted class differs from the uncalibrated one
-    seconds: float = 0.0
-    error: str | None = None
-    samples: torch.Tensor | None = None  # (n_boot,) resampled values of the rule's metric (shared draws)
-
-    def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in ("acc", "ece", "nll", "brier", "changed", "seconds", "error")}
-        out["samples"] = None if self.samples is None else self.samples.tolist()
-        return out
-
-    @classmethod
-    def from_dict(cls, d: dict) -> CrossFitScore:
-        d = dict(d)
-        samples = d.pop("samples", None)
-        return cls(**d, samples=None if samples is None else torch.tensor(samples, dtype=torch.float64))
+DEFAULT_RULE = SelectionRule()  # frozen: one instance serves as every default
 
 
 @dataclass
@@ -194,103 +103,6 @@ class Selection:
                 "scores": scores}
 
 
-def folds(n: int, n_folds: int, seed: int) -> list[torch.Tensor]:
-    """``n_folds`` disjoint sorted index sets covering ``range(n)`` (a seeded permutation cut into near-equal parts)."""
-    if n < n_folds:
-        raise UserError(f"cross-fitting needs at least n_folds = {n_folds} validation rows, got {n}")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return [part.sort().values for part in perm.tensor_split(n_folds)]
-
-
-def _two_column(p: torch.Tensor) -> torch.Tensor:
-    p = p.double()
-    return torch.stack([1 - p, p], 1) if p.dim() == 1 else p
-
-
-def _uncalibrated(logits: torch.Tensor) -> torch.Tensor:
-    return torch.sigmoid(logits) if logits.dim() == 1 else torch.softmax(logits, 1)
-
-
-def _score(probs: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor, n_bins: int,
-           seconds: float) -> CrossFitScore:
-    from calibkit import functional as F
-
-    p = _two_column(probs)
-    return CrossFitScore(acc=float(F.accuracy(p, labels)), ece=float(F.ece(p, labels, n_bins=n_bins)),
-                         nll=float(F.nll(p, labels)), brier=float(F.brier(p, labels)),
-                         changed=float((p.argmax(1) != base_pred).double().mean()), seconds=seconds)
-
-
-def _out_of_fold(name: str, x: torch.Tensor, y: torch.Tensor, parts: list[torch.Tensor], full) -> torch.Tensor:
-    out = torch.empty((x.shape[0],) + tuple(x.shape[1:]), dtype=torch.float64)
-    everything = torch.arange(x.shape[0])
-    cls = CALIBRATORS[name]
-    # the protocol requires fit(logits, labels) only: a registered calibrator without a warm start is fitted cold
-    warm = {"init": full} if "init" in inspect.signature(cls.fit).parameters else {}
-    for held in parts:
-        keep = torch.ones(x.shape[0], dtype=torch.bool)
-        keep[held] = False
-        cal = cls().fit(x[everything[keep]], y[keep], **warm)
-        out[held] = cal.predict_proba(x[held]).double()
-    return out
-
-
-def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
-              fitted: dict | None = None) -> tuple[dict[str, CrossFitScore], dict]:
-    """Out-of-fold scores of every calibrator in ``names`` (default: the registry) and of ``"none"``.
-
-    Args:
-        logits: ``(N, K)`` (or binary ``(N,)``) validation logits; labels: ``(N,)``.
-        names: calibrator names of :data:`calibkit.calibrators.CALIBRATORS`.
-        rule: gives the folds, their seed and the ECE's bins.
-        fitted: ``{name: calibrator already fitted on these rows}`` (skips the full fit).
-
-    Returns:
-        ``(scores, fitted)``: ``{name: CrossFitScore}`` with ``"none"`` first, and the calibrators
-        fitted on all rows (a name whose fit raised ``ValueError`` or ``RuntimeError``, or that
-        :func:`unfittable` refuses, gets a score with ``error`` set and no fitted entry).
-    """
-    x = torch.as_tensor(logits).double().cpu()
-    y = torch.as_tensor(labels).long().cpu()
-    names = list(CALIBRATORS) if names is None else list(names)
-    unknown = [n for n in names if n not in CALIBRATORS]
-    if unknown:
-        raise UserError(f"unknown calibrator {', '.join(map(repr, unknown))}; expected one of {', '.join(CALIBRATORS)}")
-    parts = folds(x.shape[0], rule.n_folds, rule.seed)
-    base = _two_column(_uncalibrated(x))
-    base_pred = base.argmax(1)
-    scores, oof = {NONE: _score(base, y, base_pred, rule.n_bins, 0.0)}, {NONE: base}
-    fitted = dict(fitted or {})
-    k = 2 if x.dim() == 1 else x.shape[1]
-    for name in names:
-        start = time.perf_counter()
-        refused = unfittable(name, x.shape[0], k)
-        if refused is not None:
-            fitted.pop(name, None)
-            scores[name] = CrossFitScore(error=refused)
-            continue
-        try:
-            if name not in fitted:
-                fitted[name] = CALIBRATORS[name]().fit(x, y)
-            oof[name] = _two_column(_out_of_fold(name, x, y, parts, fitted[name]))
-        except (ValueError, RuntimeError) as exc:  # as the report's calibrated tables: a failing entry is named
-            fitted.pop(name, None)
-            scores[name] = CrossFitScore(error=(str(exc).splitlines() or [type(exc).__name__])[0])
-            continue
-        scores[name] = _score(oof[name], y, base_pred, rule.n_bins, time.perf_counter() - start)
-    return _with_samples(scores, oof, y, rule), fitted
-
-
-def _with_samples(scores: dict, oof: dict, y: torch.Tensor, rule: SelectionRule) -> dict:
-    """Attach each candidate's resampled cross-fitted metric (one draw shared by all, seeded by ``rule.seed``)."""
-    from dataclasses import replace
-
-    from calibkit.bootstrap import bootstrap_cis
-
-    cis, _ = bootstrap_cis(rule.select_by, oof, y, n_resamples=rule.n_boot, seed=rule.seed, n_bins=rule.n_bins)
-    return {n: replace(s, samples=cis[n].samples) if n in cis else s for n, s in scores.items()}
-
-
 def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRule) -> tuple[bool, str]:
     """Whether ``challenger``'s metric is significantly below ``default``'s, and the interval as text."""
     from calibkit.bootstrap import bootstrap_interval
@@ -318,7 +130,7 @@ def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule
     return None
 
 
-def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = SelectionRule()) -> Selection:
+def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE) -> Selection:
     """Apply ``rule`` to cross-fitted ``scores`` (``"none"`` must be among them; module docstring).
 
     Works on any scores of the same rows, e.g. the seed-averaged scores of :func:`mean_scores`.
@@ -360,7 +172,7 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = SelectionRule
                      default=default, notes=notes)
 
 
-def select_calibrator(val_logits, val_labels, names=None, rule: SelectionRule = SelectionRule()) -> Selection:
+def select_calibrator(val_logits, val_labels, names=None, rule: SelectionRule = DEFAULT_RULE) -> Selection:
     """Cross-fit every calibrator on the validation split and choose one by ``rule``.
 
     Example:
@@ -378,28 +190,3 @@ def select_calibrator(val_logits, val_labels, names=None, rule: SelectionRule = 
     sel = choose(scores, rule)
     sel.fitted = fitted
     return sel
-
-
-def mean_scores(runs: list[dict[str, CrossFitScore]]) -> dict[str, CrossFitScore]:
-    """Scores averaged over runs (e.g. the seeds of one method), name by name.
-
-    Resampled values are averaged resample by resample (runs on the same validation rows with the
-    same seed share their draws, so this is the bootstrap of the seed mean); they are dropped when
-    a run lacks them or their lengths differ. A name that failed in any run keeps that run's error;
-    names missing from some run are dropped.
-    """
-    if not runs:
-        raise UserError("no runs to average")
-    names = [n for n in runs[0] if all(n in r for r in runs)]
-    out = {}
-    for n in names:
-        errors = [r[n].error for r in runs if r[n].error is not None]
-        if errors:
-            out[n] = CrossFitScore(error=errors[0])
-            continue
-        samples = [s for r in runs if (s := r[n].samples) is not None]
-        same = len(samples) == len(runs) and all(x.shape == samples[0].shape for x in samples)
-        out[n] = CrossFitScore(**{k: sum(getattr(r[n], k) for r in runs) / len(runs)
-                                  for k in ("acc", "ece", "nll", "brier", "changed", "seconds")},
-                               samples=torch.stack(samples).mean(0) if same else None)
-    return out

@@ -177,6 +177,27 @@ def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
 def read_tensors_file(path: str) -> RawData:
     """:class:`RawData` of a tensors file (see the module docstring)."""
     arrays = read_arrays(path)
+    _check_names(path, arrays)
+    kind = input_kind(arrays["x_train"])
+    if kind == "unknown":
+        raise UserError(f"{path}: x_train has dtype {arrays['x_train'].dtype}; expected uint8 images, integer token "
+                         "ids or floating-point inputs")
+    splits = _read_splits(path, arrays, kind)
+    k = _check_labels(path, splits)
+    class_names = _class_names(path, arrays, k)
+    vocab = None
+    if kind == "text":
+        vocab = 1 + max(int(x.max()) for x, _ in splits.values() if x.numel())
+    if kind == "text" and any(x.shape[1] != splits["train"][0].shape[1] for x, _ in splits.values()):
+        raise UserError(f"{path}: token ids of every split must have the same length L")
+    make = {s: Split(x, torch.from_numpy(y)) for s, (x, y) in splits.items()}
+    return RawData(train=make["train"], test=make["test"], val=make.get("val"), class_names=class_names,
+                   modality=kind, in_channels=vocab if kind == "text" else int(make["train"].images.shape[1]),
+                   record={"source_file": os.path.abspath(path)})
+
+
+def _check_names(path: str, arrays: dict) -> None:
+    """Refuse unknown arrays (naming the nearest valid name), missing ones, and half a validation split."""
     unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
         close = difflib.get_close_matches(unknown[0], REQUIRED + OPTIONAL, n=1)
@@ -188,11 +209,11 @@ def read_tensors_file(path: str) -> RawData:
         raise UserError(f"{path}: missing array(s) {', '.join(missing)} (found: {', '.join(sorted(arrays)) or 'none'})")
     if ("x_val" in arrays) != ("y_val" in arrays):
         raise UserError(f"{path}: give both x_val and y_val, or neither")
+
+
+def _read_splits(path: str, arrays: dict, kind: str) -> dict:
+    """``{split: (inputs, labels)}`` of train, test and (when given) val, each checked against x_train."""
     names = ["train", "test"] + (["val"] if "x_val" in arrays else [])
-    kind = input_kind(arrays["x_train"])
-    if kind == "unknown":
-        raise UserError(f"{path}: x_train has dtype {arrays['x_train'].dtype}; expected uint8 images, integer token "
-                         "ids or floating-point inputs")
     shape = arrays["x_train"].shape[1:]
     splits = {}
     for s in names:
@@ -208,8 +229,13 @@ def read_tensors_file(path: str) -> RawData:
     if "val" in splits and not len(splits["val"][1]):
         raise UserError(f"{path}: x_val holds 0 rows; give validation rows, or leave x_val and y_val out (a "
                          "validation split is then held out of x_train)")
+    return splits
+
+
+def _check_labels(path: str, splits: dict) -> int:
+    """The number of classes K; refuses labels beyond y_train's classes and classes without a training example."""
     k_train = 1 + int(splits["train"][1].max())
-    for s in names[1:]:  # a label beyond y_train's classes: name the array that holds it
+    for s in list(splits)[1:]:  # a label beyond y_train's classes: name the array that holds it
         top = int(splits[s][1].max())
         if top >= k_train:
             raise UserError(f"{path}: y_{s} holds label {top}, but y_train's classes run 0..{k_train - 1}; every "
@@ -220,18 +246,14 @@ def read_tensors_file(path: str) -> RawData:
     if absent:
         raise UserError(f"{path}: labels run 0..{k - 1}, but class(es) {absent[:5]} have no example in y_train; "
                          "use consecutive class indices 0..K-1")
-    class_names = [str(c) for c in range(k)]
-    if "class_names" in arrays:
-        given = [str(c) for c in arrays["class_names"].reshape(-1)]
-        if len(given) != k:
-            raise UserError(f"{path}: class_names holds {len(given)} names for {k} classes")
-        class_names = given
-    vocab = None
-    if kind == "text":
-        vocab = 1 + max(int(x.max()) for x, _ in splits.values() if x.numel())
-    if kind == "text" and any(x.shape[1] != splits["train"][0].shape[1] for x, _ in splits.values()):
-        raise UserError(f"{path}: token ids of every split must have the same length L")
-    make = {s: Split(x, torch.from_numpy(y)) for s, (x, y) in splits.items()}
-    return RawData(train=make["train"], test=make["test"], val=make.get("val"), class_names=class_names,
-                   modality=kind, in_channels=vocab if kind == "text" else int(make["train"].images.shape[1]),
-                   record={"source_file": os.path.abspath(path)})
+    return k
+
+
+def _class_names(path: str, arrays: dict, k: int) -> list[str]:
+    """The file's ``class_names`` (one per class), else ``"0"`` .. ``"K-1"``."""
+    if "class_names" not in arrays:
+        return [str(c) for c in range(k)]
+    given = [str(c) for c in arrays["class_names"].reshape(-1)]
+    if len(given) != k:
+        raise UserError(f"{path}: class_names holds {len(given)} names for {k} classes")
+    return given

@@ -25,14 +25,29 @@ the papers leave open are described in ``docs/methods.md``; the dense convention
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from calibkit._validation import as_tensor, check_logits, check_probs, trusting, upcast
-from calibkit.errors import UserError
+from calibkit._validation import check_logits, upcast
+from calibkit.functional._loss_parts import (  # IGNORE_INDEX and _check_number are read from here too
+    IGNORE_INDEX,
+    _check_number,
+    _dense,
+    _gap_penalty,
+    _mean,
+    _one_minus,
+    _per_sample,
+    _prepare,
+)
+from calibkit.functional.fedlas import (
+    feature_l1_norms,
+    fedlas_alpha,
+    fedlas_nci,
+    weighted_label_smoothing,
+    weighted_mbls,
+)
 from calibkit.functional.pixels import dense_rows
+from calibkit.functional.soft_losses import soft_cross_entropy, soft_l2
 
 __all__ = [
     "cross_entropy",
@@ -53,97 +68,6 @@ __all__ = [
     "weighted_label_smoothing",
     "weighted_mbls",
 ]
-
-
-# ----------------------------------------------------------------------------- helpers
-IGNORE_INDEX = 255  # PASCAL VOC's "void" label; the default of every dense loss
-
-
-def _rows(logits, targets, ignore_index):
-    """Validated ``(logits (M, K), targets (M,), valid)``: the input itself (``valid`` None), or every
-    pixel of a dense input as a row with its validity mask (:func:`calibkit.functional.pixels.dense_rows`)."""
-    logits = as_tensor(logits, "logits")
-    if logits.dim() >= 3:
-        return dense_rows(logits, targets, ignore_index)
-    logits, targets = check_logits(logits, targets)
-    return logits, targets, None
-
-
-def _prepare(logits, targets, ignore_index=IGNORE_INDEX):
-    """Validate, upcast half precision; ``(logits, targets, log_probs, log_p_y, valid)`` over rows."""
-    logits, targets, valid = _rows(logits, targets, ignore_index)
-    logits = upcast(logits)
-    targets = targets.to(logits.device)
-    logp = F.log_softmax(logits, dim=1)  # (M, K)
-    logp_y = logp.gather(1, targets[:, None]).squeeze(1)  # (M,)
-    return logits, targets, logp, logp_y, valid
-
-
-def _mean(x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-    """Mean over rows, or over the valid rows of a dense input (0 with a zero gradient when none is).
-
-    ``where`` (not a product with the mask) keeps a non-finite term of an ignored pixel out.
-    """
-    if valid is None:
-        return x.mean()
-    return torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / valid.sum().clamp_min(1)
-
-
-def _check_number(value, name: str, low: float | None = None, high: float | None = None) -> float:
-    """A finite real hyperparameter inside ``[low, high]``; a clear error otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UserError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise UserError(f"{name} must be finite, got {value}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        lo = "-inf" if low is None else low
-        hi = "inf" if high is None else high
-        raise UserError(f"{name} must lie in [{lo}, {hi}], got {value}")
-    return value
-
-
-def _per_sample(value, name: str, logits: torch.Tensor, dense_targets=None) -> torch.Tensor:
-    """A scalar or a tensor of finite per-sample values -> (M,) as logits' dtype/device.
-
-    ``logits`` are the validated rows (M, K). For a dense call, pass the original targets
-    ``(N, *S)``: a value of that shape gives one value per pixel, like the rows.
-    """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = torch.tensor(float(value))
-    value = as_tensor(value, name)
-    if not value.dtype.is_floating_point:
-        value = value.float()
-    n = logits.shape[0]
-    if value.dim() == 0:
-        value = value.expand(n)
-    elif dense_targets is not None:
-        dense_targets = as_tensor(dense_targets, "targets")
-        if value.shape != dense_targets.shape:
-            raise UserError(f"{name} must be a scalar or have the targets' shape {tuple(dense_targets.shape)}, "
-                             f"got {tuple(value.shape)}")
-        value = value.reshape(-1)  # one value per pixel, like the rows
-    if value.shape != (n,):
-        raise UserError(f"{name} must be a scalar or have shape ({n},), got {tuple(value.shape)}")
-    if not trusting() and not torch.isfinite(value).all():
-        raise UserError(f"{name} contains NaN or infinite value(s)")
-    return value.to(device=logits.device, dtype=logits.dtype)
-
-
-def _dense(logits) -> bool:
-    return isinstance(logits, torch.Tensor) and logits.dim() >= 3
-
-
-def _one_minus(p: torch.Tensor) -> torch.Tensor:
-    # Clamped away from 0 so that (1 - p)^g keeps a finite gradient for 0 < g < 1 when
-    # p rounds to exactly 1; the change in value is below the dtype's resolution.
-    return p.clamp_min(torch.finfo(p.dtype).tiny)
-
-
-def _gap_penalty(logits: torch.Tensor, margin: float) -> torch.Tensor:
-    """Per-sample ``mean_k relu(d_k - m)``, shape (N,). Gradient flows through the max logit too."""
-    gaps = logits.max(dim=1, keepdim=True).values - logits  # (N, K), d_k >= 0
-    return F.relu(gaps - margin).mean(dim=1)
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -317,98 +241,3 @@ def adafocal(logits, targets, gamma, ignore_index: int | None = IGNORE_INDEX) ->
     # Both factors in one product: exactly one of the two exponents is non-zero per sample.
     weight = _one_minus(-torch.expm1(logp_y)) ** gamma.clamp_min(0) * (1 + p_y) ** (-gamma).clamp_min(0)
     return _mean(-(weight * logp_y), valid)
-
-
-# ----------------------------------------------------------------------------- soft targets
-def _prepare_soft(logits, soft_targets):
-    if _dense(logits):
-        raise UserError(f"logits have shape {tuple(logits.shape)}: the soft-label losses serve image-level "
-                         "methods (Mixup, RegMixup, CSM) and take (N, K) logits; they are not defined per pixel")
-    logits = upcast(check_logits(logits))
-    soft = check_probs(soft_targets, name="soft_targets")
-    if soft.shape != logits.shape:
-        raise UserError(f"soft_targets has shape {tuple(soft.shape)} but logits have {tuple(logits.shape)}")
-    return logits, soft.to(device=logits.device, dtype=logits.dtype)
-
-
-def soft_cross_entropy(logits, soft_targets) -> torch.Tensor:
-    """Cross-entropy with soft labels ``mean_i(-sum_k y_ik log p_ik)`` (Mixup, RegMixup).
-
-    Args:
-        logits: (N, K). soft_targets: (N, K), rows are probability vectors.
-    """
-    logits, soft = _prepare_soft(logits, soft_targets)
-    return -(soft * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
-
-
-def soft_l2(logits, soft_targets) -> torch.Tensor:
-    """CSM's loss on generated samples ``mean_i sum_k (p_ik - y_ik)^2`` (Luo et al., ICML 2025).
-
-    Args:
-        logits: (N, K). soft_targets: (N, K), rows are probability vectors.
-    """
-    logits, soft = _prepare_soft(logits, soft_targets)
-    return (F.softmax(logits, dim=1) - soft).pow(2).sum(dim=1).mean()
-
-
-# ----------------------------------------------------------------------------- FeDLaS pieces
-def feature_l1_norms(features) -> torch.Tensor:
-    """L1 norms ``||sg(z_i)||_1`` of penultimate features (N, D) -> (N,), validated and detached."""
-    z = as_tensor(features, "features")
-    if z.dim() != 2 or z.shape[0] == 0 or z.shape[1] == 0:
-        raise UserError(f"features must have shape (N, D) with N, D >= 1, got {tuple(z.shape)}")
-    if not z.dtype.is_floating_point:
-        raise UserError(f"features must be a floating-point tensor, got dtype {z.dtype}")
-    if not trusting() and not torch.isfinite(z).all():
-        raise UserError("features contains NaN or infinite value(s)")
-    return upcast(z).detach().abs().sum(dim=1)
-
-
-def fedlas_nci(norms: torch.Tensor, mu, sigma) -> torch.Tensor:
-    """FeDLaS norm-confidence index ``gamma_i = (||sg(z_i)||_1 - mu) / (sigma + 1e-3)``, shape (N,).
-
-    Args:
-        norms: (N,) feature L1 norms (see :func:`feature_l1_norms`).
-        mu, sigma: the running mean and std of the feature L1 norms (floats or 0-dim tensors).
-    """
-    return (norms - mu) / (sigma + 1e-3)
-
-
-def fedlas_alpha(nci: torch.Tensor, psi: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
-    """FeDLaS adaptive smoothing ``alpha_i = a * 2 * sigmoid(beta * psi_i * gamma_i)``, in (0, 2a).
-
-    ``beta = 0`` gives ``alpha_i = a`` for every sample (the base loss). Gradient flows to ``psi``.
-    """
-    return alpha * 2 * torch.sigmoid(beta * psi * nci)
-
-
-def weighted_label_smoothing(logits, targets, alpha, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
-    """Label smoothing with a per-sample weight: ``mean_i[(1 - a_i) NLL_i + a_i mean_k(-log p_ik)]``.
-
-    FeDLaS-LS (spec section 3). Gradient flows to ``alpha`` (FeDLaS trains its gate through it).
-
-    Args:
-        logits: (N, K) or ``(N, K, *S)``. targets: (N,) or ``(N, *S)``. alpha: scalar or a tensor shaped
-        like ``targets``. ignore_index: dense inputs only (default 255).
-    """
-    dense_targets = targets if _dense(logits) else None
-    logits, _, logp, logp_y, valid = _prepare(logits, targets, ignore_index)
-    alpha = _per_sample(alpha, "alpha", logits, dense_targets)
-    return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)), valid)
-
-
-def weighted_mbls(logits, targets, alpha, margin: float, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
-    """MbLS with a per-sample weight in convex form (FeDLaS-MbLS, spec section 3).
-
-    ``mean_i[(1 - a_i) NLL_i] + mean_i[a_i * mean_k relu(d_ik - m)]``; note the CE weight
-    ``1 - a_i`` (unlike :func:`mbls`, where CE has weight 1).
-
-    Args:
-        logits: (N, K) or ``(N, K, *S)``. targets: (N,) or ``(N, *S)``. alpha: scalar or a tensor shaped
-        like ``targets``. margin: ``m >= 0``. ignore_index: dense inputs only (default 255).
-    """
-    margin = _check_number(margin, "margin", 0.0)
-    dense_targets = targets if _dense(logits) else None
-    logits, _, _, logp_y, valid = _prepare(logits, targets, ignore_index)
-    alpha = _per_sample(alpha, "alpha", logits, dense_targets)
-    return _mean((1 - alpha) * (-logp_y), valid) + _mean(alpha * _gap_penalty(logits, margin), valid)

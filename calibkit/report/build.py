@@ -21,9 +21,10 @@ from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, sum
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
 from calibkit.report.paired import comparisons
 from calibkit.report.preset import preset_section, recorded_preset
+from calibkit.report.protocol import protocol_section
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
-from calibkit.report.tuning import current_runs, protocol_section
+from calibkit.report.tuning import current_runs
 from calibkit.report.verdict import (
     DEFAULT_RULE,
     method_selections,

@@ -58,51 +58,75 @@ def ranked_table(summary: dict, deltas: dict, comps: dict | None = None) -> Tabl
     differences from CE + TS of the method before and after its own TS (best: highest accuracy
     difference, most negative ECE differences).
     """
-    order = ranking(summary)
-    cols = [(key, head, choose, None) for key, head, choose in SUMMARY_COLS]
-    if comps is not None:
-        cols.insert(1, ("acc_vs_ce", ACC_DELTA_HEADER, max, "delta"))
-        cols = [(k, f"{h} [95% CI]", None, "interval") if k in ("before.o_ece", "before.u_ece") else (k, h, c, kind)
-                for k, h, c, kind in cols]
+    cols = _ranked_columns(comps is not None)
     header = ["#", "Method"] + [h for _, h, _, _ in cols] + [DELTA_HEADER]
     if comps is not None:
         header += list(CE_TS_HEADERS)
     rows, numbers = [], []
-    for rank, method in order:
-        s = summary[method]["stats"]
+    for rank, method in ranking(summary):
         comp = (comps or {}).get(method) or {}
-        cells = [str(rank) if rank else "-", label(method)]
-        nums = []
-        for key, _, _, kind in cols:
-            if kind == "delta":
-                d = comp.get(key)
-                cells.append("(reference)" if method == REFERENCE else fmt_delta(d, "acc"))
-                nums.append(round(d["diff"] * 100, 2) if d else None)
-                continue
-            if kind == "interval":
-                ci = comp.get(key.split(".")[1])
-                cells.append(fmt_interval(ci) if ci else fmt(s.get(key) and (s[key][0], float("nan"), 1), 100, 2))
-                nums.append(None)
-                continue
-            stat = s.get(key)
+        cells, nums = _column_cells(method, summary[method]["stats"], comp, cols)
+        extra = [deltas.get(method)] + ([comp.get("vs_ce_ts"), comp.get("ts_vs_ce_ts")] if comps is not None else [])
+        delta_cells, delta_nums = _delta_cells(method, extra)
+        rows.append([str(rank) if rank else "-", label(method), *cells, *delta_cells])
+        numbers.append(nums + delta_nums)
+    pick = [c for _, _, c, _ in cols] + [min] * (3 if comps is not None else 1)
+    return Table(header, rows, _best_cells(numbers, pick, offset=2), key_columns=2)
+
+
+def _ranked_columns(paired: bool) -> list[tuple]:
+    """``(stat key, header, best-of, kind)`` of the ranking's metric columns; ``kind`` None is a
+    plain statistic, ``"delta"`` a paired difference from CE, ``"interval"`` a statistic with its
+    bootstrap interval (the last two only with the paired comparisons)."""
+    cols: list[tuple] = [(key, head, choose, None) for key, head, choose in SUMMARY_COLS]
+    if not paired:
+        return cols
+    cols.insert(1, ("acc_vs_ce", ACC_DELTA_HEADER, max, "delta"))
+    return [(k, f"{h} [95% CI]", None, "interval") if k in ("before.o_ece", "before.u_ece") else (k, h, c, kind)
+            for k, h, c, kind in cols]
+
+
+def _column_cells(method: str, stats: dict, comp: dict, cols: list[tuple]) -> tuple[list[str], list]:
+    """A method's cells of the metric columns, and their values (x100, as printed) for the best marks."""
+    cells, nums = [], []
+    for key, _, _, kind in cols:
+        if kind == "delta":
+            d = comp.get(key)
+            cells.append("(reference)" if method == REFERENCE else fmt_delta(d, "acc"))
+            nums.append(round(d["diff"] * 100, 2) if d else None)
+        elif kind == "interval":
+            ci = comp.get(key.split(".")[1])
+            cells.append(fmt_interval(ci) if ci else fmt(stats.get(key) and (stats[key][0], float("nan"), 1), 100, 2))
+            nums.append(None)
+        else:
+            stat = stats.get(key)
             cells.append(fmt(stat and (stat[0], float("nan"), 1), 100, 2))
             nums.append(round(stat[0] * 100, 2) if stat else None)
-        extra = [deltas.get(method)] + ([comp.get("vs_ce_ts"), comp.get("ts_vs_ce_ts")] if comps is not None else [])
-        for i, d in enumerate(extra):
-            reference = method == REFERENCE and i != 1  # CE before TS against CE + TS is a real comparison
-            cells.append("(reference)" if reference else fmt_delta(d))
-            nums.append(round(d["diff"] * 100, 2) if d and not reference else None)
-        rows.append(cells)
-        numbers.append(nums)
+    return cells, nums
+
+
+def _delta_cells(method: str, deltas: list) -> tuple[list[str], list]:
+    """Cells and values of the paired ECE differences: from CE, then (paired) from CE + TS before
+    and after the method's own TS. CE is its own reference, except CE before TS against CE + TS."""
+    cells, nums = [], []
+    for i, d in enumerate(deltas):
+        reference = method == REFERENCE and i != 1
+        cells.append("(reference)" if reference else fmt_delta(d))
+        nums.append(round(d["diff"] * 100, 2) if d and not reference else None)
+    return cells, nums
+
+
+def _best_cells(numbers: list[list], pick: list, offset: int) -> set:
+    """``(row, column)`` of the best values of each compared column (``pick[j]``: max, min or None);
+    a column with fewer than two values marks nothing, and ties at the printed precision are all marked."""
     best = set()
-    pick = [c for _, _, c, _ in cols] + [min] * (3 if comps is not None else 1)
     for j, choose in enumerate(pick):
         values = [n[j] for n in numbers if n[j] is not None]
         if choose is None or len(values) < 2:
             continue
         target = choose(values)
-        best |= {(i, j + 2) for i, n in enumerate(numbers) if n[j] == target}
-    return Table(header, rows, best, key_columns=2)
+        best |= {(i, j + offset) for i, n in enumerate(numbers) if n[j] == target}
+    return best
 
 
 def calibrator_tables(grid: dict, chosen: dict | None = None) -> list[Table]:

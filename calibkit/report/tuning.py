@@ -1,14 +1,10 @@
-"""The protocol part of the bench report: splits, checkpoint policy, budget, hyperparameters, tuning.
+"""The tuning part of the bench report: the selection table, its JSON record and the validation curves.
 
-:func:`protocol_section` is the report's builder (in ``calibkit.report.build.SECTIONS``) for
-these parts; ``calibkit tune`` writes the tuning table and figure with the functions below:
+``calibkit tune`` writes the tuning table and figure with the functions below, and the report's
+protocol section (:mod:`calibkit.report.protocol`) shows them when the directory holds a tuning run:
 
-* **Protocol**: how the validation split and the training subset were drawn (the split record of
-  each seed's CE run, with its checksums), the test split, the checkpoint policy (one for every
-  run, read from the run records) and the selection rule of the hyperparameters;
-* **Training budget**: per method, epochs, training images, model and batch against CE's, and
-  what a method adds on top (MaC-Cal's stage 2, CSM's generated images, RegMixup's mixed copy);
-* **Hyperparameters**: per method, the values its runs used and where they come from;
+* **Selection** (:func:`tuning_rows`, :func:`tuning_text`, :func:`write_tuning_json`): per tuned
+  method, the selected values, their validation metrics, the candidates and the exclusions;
 * **Validation curves** (:func:`write_tuning_figure`): small multiples of validation ECE and
   accuracy against each searched value, the selected candidate marked, from the ``tuning`` table
   of ``DIR/runs.db`` when the directory holds a tuning run.
@@ -20,19 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, Axis, space_for
+from calibkit.bench.grid import METHODS, REFERENCE, Axis
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, eligible
 from calibkit.bench.space import at_edge
 from calibkit.store import open_store
-
-# The tuning run each shipped preset's values come from, for the report's provenance line (a
-# directory without a tuning run of its own; presets not listed run published or declared values).
-PROVENANCE = {"default": "the preset's values, selected by the committed tuning run (docs/bench.md, "
-                         "\"The default preset's values\"; docs/tuning/default.json)"}
-
-# What a method trains on top of the shared budget (same epochs, data and model as CE).
-EXTRA_WORK = {"maccal": "+ stage 2 on the frozen features of CE's run", "csm": "+ 2 generated images per real one",
-              "regmixup": "+ a Mixup copy of every batch", "mixup": "mixed batches (same count)"}
 
 
 def _label(method: str) -> str:
@@ -45,15 +32,6 @@ def _fmt(v) -> str:
 
 def _values(d: dict) -> str:
     return ", ".join(f"{k.partition('.')[2] or k}={_fmt(v)}" for k, v in sorted(d.items())) or "-"
-
-
-def _info(row: dict) -> dict:
-    from calibkit import rundir
-
-    try:
-        return rundir.load_info(row["run_dir"])
-    except (OSError, ValueError, TypeError):
-        return {}
 
 
 def load_candidates(out_dir, preset: str, store: str | None = None) -> list[dict]:
@@ -302,125 +280,3 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix[1:]))
     plt.close(fig)
     return path
-
-
-# -- the report's sections -----------------------------------------------------------------------
-def _provenance(preset: str, records) -> str:
-    """Where the values of an untuned directory come from: a shipped preset's committed tuning run
-    only when every run is that preset's (its data set and model), never for a user's own data."""
-    shipped = PRESETS.get(preset)
-    if preset in PROVENANCE and shipped is not None and all(
-            rec.get("dataset") == shipped.dataset and rec.get("model") == shipped.model for rec in records):
-        return PROVENANCE[preset]
-    return "the preset's values (no tuning run in this directory; `calibkit tune` selects them on the validation split)"
-
-
-def _hidden(out_dir, preset: str, store: str | None = None) -> list[dict]:
-    if store is None and not (Path(out_dir) / "runs.db").is_file():
-        return []
-    store = open_store(out_dir, store, readonly=True)
-    try:
-        return current_runs(store.runs(preset, tolerant=True), store, preset)[1]  # a damaged cell: named elsewhere
-    finally:
-        store.close()
-
-
-def _split_text(split: dict, dataset: str | None = None) -> tuple[str, str, str]:
-    """(validation, training, test) lines of the protocol table from a run's split record."""
-    from calibkit.data import DATASETS
-
-    modality = getattr(DATASETS.get(dataset), "modality", "image")
-    unit = "documents" if modality == "text" else "images"
-    val = f"{split.get('val')} {unit}, {split.get('rule', '?')}"
-    if split.get("val_checksum"):
-        val += f" (checksum {split['val_checksum']})"
-    if split.get("train_checksum"):
-        train = (f"{split.get('train')} {unit}: a class-stratified random subset drawn with the run's seed from "
-                 f"the {unit} left for training (checksum {split['train_checksum']})")
-    elif split.get("train_subset") and modality == "segmentation":  # scenes are drawn one after another
-        train = f"{split.get('train')} {unit}: the first {split['train_subset']} of the data set's training split"
-    else:
-        train = f"{split.get('train')} {unit}: all the {unit} left for training"
-    return val, train, f"{split.get('test')} {unit}: the test split, the same for every seed"
-
-
-def protocol_section(ctx) -> list:
-    """Report builder (``ReportContext -> list[Section]``): protocol, training budget,
-    hyperparameters per method and, when the directory holds a tuning run, the selection with its
-    validation curves.
-    """
-    from calibkit.report.figures import Figure
-    from calibkit.report.render import Section
-    from calibkit.report.tables import Table
-
-    out_dir, preset = ctx.out_dir, ctx.preset
-    done = [r for r in ctx.rows if r["status"] == "done"]
-    records = {r["run_key"]: (r.get("config") or {}) for r in done}
-    policies = sorted({rec.get("keep", (rec.get("train") or {}).get("keep", "best-acc")) for rec in records.values()})
-    proto = []
-    for r in done:
-        if r["method"] == REFERENCE:
-            split = _info(r).get("split") or {}
-            if split:
-                val, train, test = _split_text(split, (_info(r).get("config") or {}).get("data"))
-                proto += [[f"seed {r['seed']}: validation", val], [f"seed {r['seed']}: training", train]]
-                test_row = ["test", test]
-    if proto:
-        proto.append(test_row)
-    proto.append(["checkpoint policy", " / ".join(policies) + (" (one policy for every run)" if len(policies) == 1
-                                                              else " (MIXED: runs are not comparable)")])
-    cands = load_candidates(out_dir, preset, ctx.store)
-    tuned = {c["method"]: c for c in cands if c["selected"]}
-    crit = Criterion.from_dict(next(iter(tuned.values()))["criterion"]) if tuned else None
-    proto.append(["hyperparameters", "selected in this directory by `calibkit tune` on the validation split of seed "
-                  f"{next(iter(tuned.values()))['seed']}: min ECE (15 bins, before TS), {crit.describe()}" if tuned else
-                  _provenance(preset, records.values())])
-    hidden = _hidden(out_dir, preset, ctx.store)
-    if hidden:
-        proto.append(["runs not shown", f"{len(hidden)} run(s) at values other than this directory's selection "
-                      f"(kept in runs.db): {', '.join(r['run_key'] for r in hidden)}"])
-
-    declared = _recorded_preset(out_dir, preset)  # its own grids, where a preset file gave them
-    budget_rows, ce_info = [], next((_info(r) for r in done if r["method"] == REFERENCE), {})
-    ce_cfg = ce_info.get("config") or {}
-    same = True
-    hp_rows = []
-    seen = set()
-    for r in done:
-        m = r["method"]
-        if m in seen:
-            continue
-        seen.add(m)
-        info, rec = _info(r), records[r["run_key"]]
-        cfg = info.get("config") or {}
-        n_train = (info.get("split") or {}).get("train")
-        diff = [k for k in ("epochs", "model", "batch_size", "data", "train_subset")
-                if ce_cfg and cfg.get(k) != ce_cfg.get(k)]
-        same = same and not diff
-        budget_rows.append([_label(m), str(cfg.get("epochs", "?")), str(n_train or "?"), str(cfg.get("model", "?")),
-                            "same as CE" if not diff else "differs: " + ", ".join(diff), EXTRA_WORK.get(m, "")])
-        searched = rec.get("hparams") or {}
-        source = ("no search space" if m not in METHODS or not space_for(declared, m) else
-                  "tuned here" if m in tuned and tuned[m]["hparams"] == searched else "preset")
-        others = {k: v for k, v in {**(rec.get("train_overrides") or {}), **(rec.get("maccal") or {}),
-                                    **(rec.get("csm") or {})}.items() if f"train.{k}" not in searched}
-        hp_rows.append([_label(m), _values(searched), rec.get("loss", ""), _values(others), source])
-    budget_note = ("every method trains with the same budget as CE (epochs, training images, model)" if same
-                   else "NOT every method has CE's training budget (see the table)")
-    summary = f"checkpoint policy: {' / '.join(policies)}; {budget_note}"
-    sections = [
-        # The protocol table is text (item, value): every column left-aligned, wrapped in the terminal.
-        Section("Protocol", summary, [Table(["item", "value"], proto, key_columns=2)]),
-        Section(f"Training budget: {budget_note}", tables=[Table(
-            ["Method", "epochs", "train images", "model", "vs CE", "adds"], budget_rows)], terminal=False),
-        Section("Hyperparameters per method", tables=[Table(
-            ["Method", "searched values", "loss spec", "other settings", "source"], hp_rows)], terminal=False)]
-    if cands:
-        header, rows = tuning_rows(cands, load_records(out_dir, preset, ctx.store))
-        sections.append(Section("Selection on the validation split (x100, before TS)",
-                                tables=[Table(header, rows)], terminal=False))
-        path = write_tuning_figure(out_dir, preset, ctx.figdir / "tuning.png", store=ctx.store) if ctx.figures else None
-        if path is not None:
-            sections.append(Section("Validation curves of the tuning run", terminal=False, figures=[Figure(
-                path, "Validation ECE and accuracy against each searched value; the selected candidate is marked.")]))
-    return sections

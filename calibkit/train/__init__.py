@@ -1,6 +1,9 @@
 """Training: one readable loop from a :class:`TrainConfig` to a finished run directory.
 
 - :func:`train` (:mod:`calibkit.train.loop`): the loop, resume, DDP, checkpoints;
+- :mod:`calibkit.train.state` and :mod:`calibkit.train.run`: the run's state and how it is built;
+  :mod:`calibkit.train.evaluate`
+  and :mod:`calibkit.train.dense`: how a classification or a segmentation run is measured;
 - :mod:`calibkit.train.steps`: what a step computes for each training method (standard, Mixup,
   RegMixup, CSM);
 - :mod:`calibkit.train.keep`: the checkpoint policy (which epoch's weights a run keeps);

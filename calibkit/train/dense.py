@@ -29,6 +29,9 @@ x 480 x 480 floats = 28 GB), so a segmentation run never materialises them:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +39,11 @@ import torch
 from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.errors import UserError
+from calibkit.train.evaluate import summary
+
+if TYPE_CHECKING:
+    from calibkit.data.inputs import SegmentationInputs
+    from calibkit.train.state import Log, Run
 
 PIXEL_SAMPLE = 200_000  # pixels stored per split (spread evenly over its images)
 PIXEL_SEED = 0  # the draw depends on the masks only, never on the run's seed
@@ -128,51 +136,64 @@ def _positions(split, void, total: int = PIXEL_SAMPLE) -> torch.Tensor:
     return sample_positions(split.labels, max(1, math.ceil(total / max(len(split), 1))), void)
 
 
-def validate_dense(run) -> dict:
-    """The epoch's validation record over every labelled validation pixel (see the module docstring)."""
-    run.model.eval()
-    run.loss_fn.eval()
-    val = run.bundle.val
-    updates = hasattr(run.loss_fn, "update")
-    if updates and getattr(run, "_val_positions", None) is None:
-        run._val_positions = _positions(val, run.inputs.ignore_index)
-    accs, sample = stream(run.model, val, run.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
-                          positions=run._val_positions if updates else None, num_classes=run.bundle.num_classes)
-    panel = accs[0].compute()
-    if updates:  # AdaFocal: its bins and gaps on the validation pixel sample
-        run.loss_fn.update(sample[0].to(run.dd.device), sample[1].to(run.dd.device))
-    return {"val_loss": panel["nll"], "val_acc": panel["acc"], "val_ece": panel["ece"], "val_miou": panel["miou"]}
+@dataclass
+class DenseEvaluator:
+    """How a segmentation run is measured (see the module docstring): streamed, never materialised.
 
+    ``inputs`` is the run's pipeline (it names the void label). ``val_positions`` is the
+    validation pixel sample AdaFocal updates on: drawn at the first validation of a run whose loss
+    updates, then reused every epoch (None until then, and always for the other losses).
+    """
 
-def finish_dense(run, out, info: dict, log, summary) -> dict:
-    """Pixel samples of the kept weights and their test metrics over all pixels; status done."""
-    run.model.load_state_dict(run.kept)
-    run.model.eval()
-    void, k = run.inputs.ignore_index, run.bundle.num_classes
-    val, test = run.bundle.val, run.bundle.test
-    _, vs = stream(run.model, val, run.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
-                   positions=_positions(val, void), num_classes=k)
-    t = _fit_temperature(vs[0], vs[1])
-    accs, ts = stream(run.model, test, run.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
-                      temperatures=(1.0, t), positions=_positions(test, void), num_classes=k)
-    panel, after = accs[0].compute(), accs[1].compute()
-    kept = run.kept_record
-    info.update(status="done", epochs_done=run.cfg.epochs, best_epoch=run.keeper.epoch,
-                best_val_acc=kept.get("val_acc"), best_val_miou=kept.get("val_miou"),
-                test_acc=panel["acc"], test_ece=panel["ece"], test_miou=panel["miou"], wall_time_s=run.elapsed,
-                ignore_index=void, pixel_sample={"pixels_per_split": PIXEL_SAMPLE, "seed": PIXEL_SEED,
-                                                 "val": int(len(vs[1])), "test": int(len(ts[1]))},
-                test_metrics={"temperature": t, "ts_objective": "nll", "n_bins": 15, "before": panel,
-                              "after": after, "n_test_pixels": accs[0].n})
-    if run.dd.is_main:
-        rundir.write_tensors(out / rundir.LOGITS, {
-            "val_logits": vs[0], "val_labels": vs[1], "val_image": vs[2],
-            "test_logits": ts[0], "test_labels": ts[1], "test_image": ts[2]})
-        rundir.write_json(out / rundir.CONFIG, info)
-    log(f"done: kept epoch {run.keeper.epoch} ({run.cfg.keep}; val mIoU {100 * (kept.get('val_miou') or 0):.2f}), "
-        f"test pixel acc {panel['acc']:.2%}, mIoU {100 * panel['miou']:.2f}, ECE {100 * panel['ece']:.2f}, "
-        f"{run.elapsed:.0f}s -> {out}")
-    return summary(info)
+    inputs: SegmentationInputs
+    val_positions: torch.Tensor | None = None
+
+    def validate(self, run: Run) -> dict:
+        """The epoch's validation record over every labelled validation pixel."""
+        run.model.eval()
+        run.loss_fn.eval()
+        val = run.bundle.val
+        update = getattr(run.loss_fn, "update", None)  # AdaFocal: its bins and gaps on the pixel sample
+        if update is not None and self.val_positions is None:
+            self.val_positions = _positions(val, self.inputs.ignore_index)
+        accs, sample = stream(run.model, val, self.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
+                              positions=self.val_positions if update is not None else None,
+                              num_classes=run.bundle.num_classes)
+        panel = accs[0].compute()
+        if update is not None:
+            update(sample[0].to(run.dd.device), sample[1].to(run.dd.device))
+        return {"val_loss": panel["nll"], "val_acc": panel["acc"], "val_ece": panel["ece"], "val_miou": panel["miou"]}
+
+    def finish(self, run: Run, out: Path, info: dict, log: Log) -> dict:
+        """Pixel samples of the kept weights and their test metrics over all pixels; status done."""
+        assert run.kept is not None  # every finished run has kept an epoch's weights
+        run.model.load_state_dict(run.kept)
+        run.model.eval()
+        void, k = self.inputs.ignore_index, run.bundle.num_classes
+        val, test = run.bundle.val, run.bundle.test
+        _, vs = stream(run.model, val, self.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
+                       positions=_positions(val, void), num_classes=k)
+        t = _fit_temperature(vs[0], vs[1])
+        accs, ts = stream(run.model, test, self.inputs, run.cfg.eval_batch_size, run.dd.device, run.dd,
+                          temperatures=(1.0, t), positions=_positions(test, void), num_classes=k)
+        panel, after = accs[0].compute(), accs[1].compute()
+        kept = run.kept_record
+        info.update(status="done", epochs_done=run.cfg.epochs, best_epoch=run.keeper.epoch,
+                    best_val_acc=kept.get("val_acc"), best_val_miou=kept.get("val_miou"),
+                    test_acc=panel["acc"], test_ece=panel["ece"], test_miou=panel["miou"], wall_time_s=run.elapsed,
+                    ignore_index=void, pixel_sample={"pixels_per_split": PIXEL_SAMPLE, "seed": PIXEL_SEED,
+                                                     "val": int(len(vs[1])), "test": int(len(ts[1]))},
+                    test_metrics={"temperature": t, "ts_objective": "nll", "n_bins": 15, "before": panel,
+                                  "after": after, "n_test_pixels": accs[0].n})
+        if run.dd.is_main:
+            rundir.write_tensors(out / rundir.LOGITS, {
+                "val_logits": vs[0], "val_labels": vs[1], "val_image": vs[2],
+                "test_logits": ts[0], "test_labels": ts[1], "test_image": ts[2]})
+            rundir.write_json(out / rundir.CONFIG, info)
+        log(f"done: kept epoch {run.keeper.epoch} ({run.cfg.keep}; val mIoU {100 * (kept.get('val_miou') or 0):.2f}), "
+            f"test pixel acc {panel['acc']:.2%}, mIoU {100 * panel['miou']:.2f}, ECE {100 * panel['ece']:.2f}, "
+            f"{run.elapsed:.0f}s -> {out}")
+        return summary(info)
 
 
 def _fit_temperature(val_logits, val_labels, objective: str = "nll", n_bins: int = 15) -> float:

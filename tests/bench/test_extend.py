@@ -288,7 +288,7 @@ def test_a_re_tuned_method_runs_again_and_the_report_shows_only_the_selection(tm
 
 
 def test_provenance_names_the_committed_tuning_only_for_the_shipped_presets_own_runs():
-    from calibkit.report.tuning import _provenance
+    from calibkit.report.protocol import _provenance
 
     fmnist = {"dataset": "fmnist", "model": "mlp"}
     assert "docs/tuning/default.json" in _provenance("default", [fmnist, fmnist])

@@ -122,7 +122,7 @@ def test_train_drops_its_run_before_the_teardown(tmp_path, monkeypatch):
     from calibkit.config import TrainConfig
 
     refs, seen = [], []
-    build = loop._build
+    build = loop.build_run
 
     def spy_build(*a, **k):
         run = build(*a, **k)
@@ -133,7 +133,7 @@ def test_train_drops_its_run_before_the_teardown(tmp_path, monkeypatch):
         gc.collect()
         seen.append(refs[0]() is None)
 
-    monkeypatch.setattr(loop, "_build", spy_build)
+    monkeypatch.setattr(loop, "build_run", spy_build)
     monkeypatch.setattr(loop.D, "teardown", spy_teardown)
     cfg = TrainConfig(data="digits", model="mlp", epochs=1, batch_size=64, train_subset=128, val_size=50,
                       num_threads=1, device="cpu")

@@ -268,7 +268,7 @@ def test_compare_equals_the_report_against_ce_and_is_antisymmetric(tmp_path):
         assert (b["lo"], b["hi"]) == pytest.approx((-row["delta"]["hi"], -row["delta"]["lo"]), abs=1e-12)
 
 def test_protocol_lines_describe_how_each_data_set_draws_its_training_set():
-    from calibkit.report.tuning import _split_text
+    from calibkit.report.protocol import _split_text
 
     strat = {"val": 500, "rule": "class-stratified seeded draw", "val_checksum": "aa", "train": 1000,
              "train_subset": 1000, "train_checksum": "bb", "test": 10000}

@@ -367,7 +367,7 @@ def test_markdown_table_escapes_pipes_and_bolds_the_best():
 
 
 # ----------------------------------------------------------------------------- tuning section
-from calibkit.report import tuning  # noqa: E402
+from calibkit.report import protocol, tuning  # noqa: E402
 from calibkit.store import Store  # noqa: E402
 
 # (method, hparams, val acc, val ECE); selections and their criteria below
@@ -584,7 +584,7 @@ def _protocol_ctx(tmp_path, figures=False, keep_ls="best-acc"):
 
 def test_protocol_section_states_splits_budget_and_values(tmp_path):
     ctx = _protocol_ctx(tmp_path)
-    proto, budget, hp = tuning.protocol_section(ctx)
+    proto, budget, hp = protocol.protocol_section(ctx)
     assert proto.title == "Protocol"
     same = "every method trains with the same budget as CE (epochs, training images, model)"
     differs = "NOT every method has CE's training budget (see the table)"
@@ -620,14 +620,14 @@ def test_protocol_section_states_splits_budget_and_values(tmp_path):
         ["zz", "-", "", "-", "no search space"]]
     # the same budget for every method is said so; a second policy makes the runs not comparable
     ctx.rows = [r for r in ctx.rows if r["method"] in ("ce", "ls")]
-    assert tuning.protocol_section(ctx)[0].text == f"checkpoint policy: best-acc; {same}"
+    assert protocol.protocol_section(ctx)[0].text == f"checkpoint policy: best-acc; {same}"
     mixed = _protocol_ctx(tmp_path / "mixed", keep_ls="last")
     assert mixed.rows[3]["config"]["keep"] == "last"
-    proto = tuning.protocol_section(mixed)[0]
+    proto = protocol.protocol_section(mixed)[0]
     assert ["checkpoint policy", "best-acc / last (MIXED: runs are not comparable)"] in proto.tables[0].rows
     assert proto.text == f"checkpoint policy: best-acc / last; {differs}"
     mixed.rows[2]["config"] = {"train": {"keep": "best-loss"}, "loss": "ce"}  # the policy in the train record
-    rows = tuning.protocol_section(mixed)[0].tables[0].rows
+    rows = protocol.protocol_section(mixed)[0].tables[0].rows
     assert ["checkpoint policy", "best-acc / best-loss / last (MIXED: runs are not comparable)"] in rows
 
 
@@ -636,7 +636,7 @@ def test_protocol_section_with_a_tuning_run(tmp_path, monkeypatch):
     ctx = _protocol_ctx(tmp_path, figures=True)
     drawn, draw = [], tuning.write_tuning_figure
     monkeypatch.setattr(tuning, "write_tuning_figure", lambda *a, **k: drawn.append(a[:2]) or draw(*a, dpi=30))
-    sections = tuning.protocol_section(ctx)
+    sections = protocol.protocol_section(ctx)
     assert drawn == [(tmp_path, "p")]  # the report's preset only
     assert [s.title for s in sections] == ["Protocol", sections[1].title, "Hyperparameters per method",
                                            "Selection on the validation split (x100, before TS)",
@@ -653,10 +653,10 @@ def test_protocol_section_with_a_tuning_run(tmp_path, monkeypatch):
     assert fig.caption == ("Validation ECE and accuracy against each searched value; the selected candidate is "
                            "marked.")
     ctx.figures = False
-    assert len(tuning.protocol_section(ctx)) == 4
+    assert len(protocol.protocol_section(ctx)) == 4
     # a selection that is not what the run used: the run's values are the preset's
     ctx.rows[3]["config"]["hparams"] = {"loss.alpha": 0.05}
-    assert tuning.protocol_section(ctx)[2].tables[0].rows[2][-1] == "preset"
+    assert protocol.protocol_section(ctx)[2].tables[0].rows[2][-1] == "preset"
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -1026,7 +1026,7 @@ def test_tuning_reads_never_write_the_database(tmp_path):
 
 
 def test_split_lines_without_a_rule_or_a_known_data_set():
-    val, train, test = tuning._split_text({"val": 10, "train": 20, "test": 30})
+    val, train, test = protocol._split_text({"val": 10, "train": 20, "test": 30})
     assert (val, train, test) == ("10 images, ?", "20 images: all the images left for training",
                                   "30 images: the test split, the same for every seed")
 
@@ -1084,7 +1084,7 @@ def test_text_only_tables_that_fit_are_printed_verbatim():
 def test_protocol_section_without_a_ce_run(tmp_path):
     ctx = _protocol_ctx(tmp_path)
     ctx.rows = [r for r in ctx.rows if r["method"] != "ce"]
-    proto, budget, _ = tuning.protocol_section(ctx)
+    proto, budget, _ = protocol.protocol_section(ctx)
     # nothing to compare with: no split lines (they come from CE's runs), no budget difference
     assert [r[0] for r in proto.tables[0].rows] == ["checkpoint policy", "hyperparameters"]
     assert [r[4] for r in budget.tables[0].rows] == ["same as CE"] * 3

@@ -189,6 +189,12 @@ def _fake_run(model, val, test, **kw):
     return SimpleNamespace(**base)
 
 
+def _evaluator():
+    from calibkit.train.dense import DenseEvaluator
+
+    return DenseEvaluator(SegmentationInputs([0.5], [0.25]))
+
+
 class _Updating(torch.nn.Module):  # AdaFocal's interface: updated on the validation pixel sample
     def __init__(self):
         super().__init__()
@@ -210,30 +216,29 @@ def test_sample_positions_without_a_void_label_draw_from_every_pixel(gen):
 
 def test_validate_dense_records_every_labelled_pixel_and_updates_on_the_sample():
     from calibkit.metrics import evaluate
-    from calibkit.train import dense
 
     val = _scenes(1, 5)
     model = _PixelModel(0).train()
     full, labels, rows, lab, _ = _all_pixels(model, val)
     want = evaluate(full.softmax(1), labels, ignore_index=VOID)
     model.train().batches.clear()
-    plain = _fake_run(model, val, None)
+    plain, plain_eval = _fake_run(model, val, None), _evaluator()
     plain.loss_fn.train()
-    record = dense.validate_dense(plain)
+    record = plain_eval.validate(plain)
     assert set(record) == {"val_loss", "val_acc", "val_ece", "val_miou"}
     for key, name in (("val_loss", "nll"), ("val_acc", "acc"), ("val_ece", "ece"), ("val_miou", "miou")):
         assert record[key] == pytest.approx(want[name], rel=1e-4, abs=1e-6), key
     assert not model.training and not plain.loss_fn.training
     assert model.batches == [2, 2, 1]  # eval_batch_size images per pass
-    assert getattr(plain, "_val_positions", None) is None  # no sample drawn for a loss that is not updated
-    run = _fake_run(model, val, None, loss_fn=_Updating())
-    assert dense.validate_dense(run) == record
+    assert plain_eval.val_positions is None  # no sample drawn for a loss that is not updated
+    run, evaluator = _fake_run(model, val, None, loss_fn=_Updating()), _evaluator()
+    assert evaluator.validate(run) == record
     (got, got_lab), = run.loss_fn.updates
     torch.testing.assert_close(got.double(), rows, rtol=1e-5, atol=1e-5)
     assert torch.equal(got_lab, lab)
-    first = run._val_positions
-    dense.validate_dense(run)
-    assert run._val_positions is first and len(run.loss_fn.updates) == 2  # drawn once, reused
+    first = evaluator.val_positions
+    evaluator.validate(run)
+    assert evaluator.val_positions is first and len(run.loss_fn.updates) == 2  # drawn once, reused
 
 
 def test_validate_dense_streams_on_the_process_device_and_updates_there(monkeypatch):
@@ -251,12 +256,12 @@ def test_validate_dense_streams_on_the_process_device_and_updates_there(monkeypa
     monkeypatch.setattr(dense, "stream", lambda *a, **kw: calls.append((a, kw)) or result)
     # a stand-in for the process's accelerator: the streamed pass (faked) and AdaFocal's update go there
     dd = D.Dist(device=torch.device("meta"))
-    run = _fake_run(model, val, None, loss_fn=_Updating(), dd=dd)
-    dense.validate_dense(run)
+    run, evaluator = _fake_run(model, val, None, loss_fn=_Updating(), dd=dd), _evaluator()
+    evaluator.validate(run)
     assert drawn == [(40_000, VOID)]  # ceil(200,000 / 5) per image, void excluded
     (args, kw), = calls
     assert args[3:] == (2, torch.device("meta"), dd) and kw["num_classes"] == K_SEG
-    assert kw["positions"] is run._val_positions
+    assert kw["positions"] is evaluator.val_positions and args[2] is evaluator.inputs
     (got, got_lab), = run.loss_fn.updates
     assert got.device.type == "meta" and got_lab.device.type == "meta"
 
@@ -288,7 +293,7 @@ def test_finish_dense_stores_the_kept_weights_samples_and_all_pixel_metrics(tmp_
     real_sample, real_stream = dense.sample_positions, dense.stream
     monkeypatch.setattr(dense, "sample_positions", lambda *a: drawn.append(a[1:]) or real_sample(*a))
     monkeypatch.setattr(dense, "stream", lambda *a, **kw: calls.append(a[3:]) or real_stream(*a, **kw))
-    summary = dense.finish_dense(run, tmp_path, {"config": "cfg"}, lines.append, lambda info: ("summary", info))
+    summary = _evaluator().finish(run, tmp_path, {"config": "cfg"}, lines.append)
     assert drawn == [(50_000, VOID), (40_000, VOID)]  # val (4 images), test (5)
     assert calls == [(2, run.dd.device, run.dd)] * 2
     _, _, vrows, vlab, vimg = _all_pixels(kept, val)
@@ -297,7 +302,8 @@ def test_finish_dense_stores_the_kept_weights_samples_and_all_pixel_metrics(tmp_
     before = evaluate(full.softmax(1), labels, ignore_index=VOID)
     after = evaluate((full / t).softmax(1), labels, ignore_index=VOID)
     info = rundir.read_json(tmp_path / rundir.CONFIG)
-    assert summary[0] == "summary" and summary[1] == info
+    assert summary == {k: info.get(k) for k in ("status", "epochs_done", "best_epoch", "best_val_acc", "test_acc",
+                                                "test_ece", "wall_time_s")}
     tm = info.pop("test_metrics")
     assert info == {"config": "cfg", "status": "done", "epochs_done": 3, "best_epoch": 2, "best_val_acc": 0.4,
                     "best_val_miou": 0.3, "test_acc": tm["before"]["acc"], "test_ece": tm["before"]["ece"],
@@ -319,7 +325,7 @@ def test_finish_dense_stores_the_kept_weights_samples_and_all_pixel_metrics(tmp_
                      f"mIoU {100 * b['miou']:.2f}, ECE {100 * b['ece']:.2f}, 12s -> {tmp_path}"]
     lines.clear()
     run.kept_record = {}  # no validation record kept: the line says 0
-    dense.finish_dense(run, tmp_path, {}, lines.append, lambda info: info)
+    _evaluator().finish(run, tmp_path, {}, lines.append)
     assert "(best-miou; val mIoU 0.00)" in lines[0]
 
 

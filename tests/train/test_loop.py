@@ -258,14 +258,14 @@ def test_channels_last_computes_the_same_run(tmp_path, monkeypatch):
     import calibkit.train.loop as loop
 
     layouts = []
-    build = loop._build
+    build = loop.build_run
 
     def spy(cfg, *a, **k):
         run = build(cfg, *a, **k)
         layouts.append(run.model.conv2.weight.is_contiguous(memory_format=torch.channels_last))
         return run
 
-    monkeypatch.setattr(loop, "_build", spy)
+    monkeypatch.setattr(loop, "build_run", spy)
     runs = {}
     for cl in (False, True):
         out = tmp_path / f"cl{int(cl)}"
@@ -452,18 +452,18 @@ def test_kept_weights_wait_in_memory_for_the_next_checkpoint(tmp_path, monkeypat
 
 
 def test_kept_validation_logits_are_reused_and_equal_a_fresh_pass(tmp_path, monkeypatch):
-    import calibkit.train.loop as loop
+    import calibkit.train.evaluate as evaluate
     from calibkit.data import load
     from calibkit.train.keep import Keeper
 
     passes = []
-    real = loop._logits
+    real = evaluate.split_logits
 
     def spy(run, split):
         passes.append(len(split))
         return real(run, split)
 
-    monkeypatch.setattr(loop, "_logits", spy)
+    monkeypatch.setattr(evaluate, "split_logits", spy)
     bundle = load("digits", seed=0, val_size=100, train_subset=256)
     n_val, n_test = len(bundle.val), len(bundle.test)
 
@@ -477,7 +477,7 @@ def test_kept_validation_logits_are_reused_and_equal_a_fresh_pass(tmp_path, monk
     assert passes == [n_val, n_val, n_val, n_test]
     assert torch.equal(rundir.read_tensors(out / rundir.LOGITS)["val_logits"], fresh_val_logits(out))
 
-    # kept before a resume and nothing kept after it: the logits are not in memory, so _finish
+    # kept before a resume and nothing kept after it: the logits are not in memory, so finish
     # makes the pass again, and they are still the kept weights'
     resumed = tmp_path / "resumed"
     run_quiet(tiny(epochs=3), resumed, stop_after_epoch=2)

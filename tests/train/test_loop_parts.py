@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,7 +22,8 @@ from calibkit.config import TrainConfig
 from calibkit.data import load
 from calibkit.data.bundle import Split
 from calibkit.functional import ece
-from calibkit.train import loop, preempt
+from calibkit.train import evaluate, loop, preempt
+from calibkit.train import run as run_mod
 from calibkit.train.keep import Keeper
 from calibkit.train.schedule import learning_rate
 
@@ -52,7 +52,7 @@ def steps(monkeypatch):
     """Wrap the method's step: record each step's loss, batch size and correct count; ``nan_at``
     (1-based call numbers) makes those steps' losses NaN."""
     seen = {"loss": [], "n": [], "correct": [], "nan_at": set(), "calls": 0}
-    real = loop.build_step
+    real = run_mod.build_step
 
     def build(*a, **k):
         step = real(*a, **k)
@@ -69,7 +69,7 @@ def steps(monkeypatch):
 
         return wrapped
 
-    monkeypatch.setattr(loop, "build_step", build)
+    monkeypatch.setattr(run_mod, "build_step", build)
     return seen
 
 
@@ -86,7 +86,7 @@ def test_epoch_rng_seeds_from_the_seed_sequence_of_its_four_numbers():
 
 def test_reseed_globals_seeds_python_numpy_and_torch():
     for seed in (0, 12345, 2**32 + 7, 3 * 2**32 + 1):
-        loop._reseed_globals(seed)
+        run_mod.reseed_globals(seed)
         got = (random.random(), float(np.random.random_sample()), float(torch.rand(())))
         want_np = np.random.RandomState(seed % 2**32).random_sample()
         want_torch = float(torch.rand((), generator=torch.Generator().manual_seed(seed)))
@@ -96,24 +96,24 @@ def test_reseed_globals_seeds_python_numpy_and_torch():
 def test_summary_holds_exactly_its_seven_keys():
     info = {k: i for i, k in enumerate(("status", "epochs_done", "best_epoch", "best_val_acc", "test_acc", "test_ece",
                                         "wall_time_s", "config"))}
-    assert loop._summary(info) == {k: v for k, v in info.items() if k != "config"}
-    assert loop._summary({}) == dict.fromkeys(("status", "epochs_done", "best_epoch", "best_val_acc", "test_acc",
+    assert evaluate.summary(info) == {k: v for k, v in info.items() if k != "config"}
+    assert evaluate.summary({}) == dict.fromkeys(("status", "epochs_done", "best_epoch", "best_val_acc", "test_acc",
                                                "test_ece", "wall_time_s"))
 
 
 def test_check_modality_messages():
     cfg = tiny(model="mlp", data="digits")
-    loop._check_modality(cfg, "image", "images")
-    loop._check_modality(dataclasses.replace(cfg, method="standard"), "text", "tokens")
+    run_mod.check_modality(cfg, "image", "images")
+    run_mod.check_modality(dataclasses.replace(cfg, method="standard"), "text", "tokens")
     with pytest.raises(ValueError) as err:
-        loop._check_modality(cfg, "text", "images")
+        run_mod.check_modality(cfg, "text", "images")
     assert str(err.value) == "model: mlp takes images, but data set digits is text; choose a text model"
     with pytest.raises(ValueError) as err:
-        loop._check_modality(dataclasses.replace(cfg, model="gpool_cnn_small"), "image", "tokens")
+        run_mod.check_modality(dataclasses.replace(cfg, model="gpool_cnn_small"), "image", "tokens")
     assert str(err.value) == ("model: gpool_cnn_small takes token ids (text), but data set digits is image; "
                               "choose a image model")
     with pytest.raises(ValueError) as err:
-        loop._check_modality(dataclasses.replace(cfg, method="mixup"), "text", "tokens")
+        run_mod.check_modality(dataclasses.replace(cfg, method="mixup"), "text", "tokens")
     assert str(err.value) == ("method: mixup mixes or generates input images; text data (token ids) trains with "
                               "method standard only")
 
@@ -198,24 +198,24 @@ def _bundle_with(monkeypatch, change):
 def test_build_loads_the_configs_split_and_names_its_errors(tmp_path, monkeypatch):
     cfg = tiny(seed=3)
     made = []
-    real_step = loop.build_step
-    monkeypatch.setattr(loop, "build_step", lambda *a: made.append(a) or real_step(*a))
-    run = loop._build(cfg, D.Dist(), None, tmp_path, print)
+    real_step = run_mod.build_step
+    monkeypatch.setattr(run_mod, "build_step", lambda *a: made.append(a) or real_step(*a))
+    run = run_mod.build_run(cfg, D.Dist(), None, tmp_path, print)
     assert made == [(cfg, run.loss_fn, 10, run.inputs, 3)]  # the seed of CSM's companion draws
     want = load("digits", seed=3, val_size=60, train_subset=128)
     assert run.bundle.split == want.split and torch.equal(run.train_x, want.train.images)
     with pytest.raises(ValueError) as err:
-        loop._build(tiny(model="no_such_model"), D.Dist(), None, tmp_path, print)
+        run_mod.build_run(tiny(model="no_such_model"), D.Dist(), None, tmp_path, print)
     assert str(err.value).startswith("model: ") and "no_such_model" in str(err.value)
     with pytest.raises(ValueError) as err:
-        loop._build(tiny(batch_size=129), D.Dist(), None, tmp_path, print)
+        run_mod.build_run(tiny(batch_size=129), D.Dist(), None, tmp_path, print)
     assert str(err.value) == "batch_size 129 exceeds the 128 training images"
-    assert loop._build(tiny(batch_size=128), D.Dist(), None, tmp_path, print).model is not None  # one batch: fine
+    assert run_mod.build_run(tiny(batch_size=128), D.Dist(), None, tmp_path, print).model is not None  # one batch: fine
     _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, val=_head(b.val, 1)))
-    assert len(loop._build(cfg, D.Dist(), None, tmp_path, print).bundle.val) == 1  # one image is enough
+    assert len(run_mod.build_run(cfg, D.Dist(), None, tmp_path, print).bundle.val) == 1  # one image is enough
     _bundle_with(monkeypatch, lambda b: dataclasses.replace(b, val=_head(b.val, 0)))
     with pytest.raises(ValueError) as err:
-        loop._build(cfg, D.Dist(), None, tmp_path, print)
+        run_mod.build_run(cfg, D.Dist(), None, tmp_path, print)
     assert str(err.value) == "val_size: the validation split is empty; model selection needs one"
 
 
@@ -231,7 +231,7 @@ def test_build_makes_the_model_for_the_datas_classes_and_channels(tmp_path, monk
                                    class_names=b.class_names[:3])
 
     _bundle_with(monkeypatch, three)
-    run = loop._build(tiny(train_subset=None, batch_size=32), D.Dist(), None, tmp_path, print)
+    run = run_mod.build_run(tiny(train_subset=None, batch_size=32), D.Dist(), None, tmp_path, print)
     out = run.model(run.inputs.eval_batch(run.train_x[:2]))
     assert out.shape == (2, 3)
 
@@ -241,7 +241,7 @@ def test_build_refuses_a_dense_model_on_class_labels_and_a_classifier_on_masks(t
 
     names = ", ".join(sorted(DENSE_MODELS))
     with pytest.raises(ValueError) as err:
-        loop._build(tiny(model="unet", batch_size=8), D.Dist(), None, tmp_path, print)
+        run_mod.build_run(tiny(model="unet", batch_size=8), D.Dist(), None, tmp_path, print)
     assert str(err.value) == (f"model: 'unet' does not fit data 'digits': image data needs a classifier, not a "
                               f"dense model (dense models: {names})")
     from tests.helpers.formats import fake_fmnist
@@ -250,19 +250,19 @@ def test_build_refuses_a_dense_model_on_class_labels_and_a_classifier_on_masks(t
     fake_fmnist(str(tmp_path / "f"), n_train=60, n_test=12)
     scenes = dict(data="scenes", data_dir=str(tmp_path / "f"), batch_size=4, train_subset=8, val_size=4)
     with pytest.raises(ValueError) as err:
-        loop._build(tiny(model="resnet8", **scenes), D.Dist(), None, tmp_path, print)
+        run_mod.build_run(tiny(model="resnet8", **scenes), D.Dist(), None, tmp_path, print)
     assert str(err.value) == (f"model: 'resnet8' does not fit data 'scenes': segmentation data needs a dense model "
                               f"(dense models: {names})")
-    run = loop._build(tiny(model="unet", **scenes), D.Dist(), None, tmp_path, print)
+    run = run_mod.build_run(tiny(model="unet", **scenes), D.Dist(), None, tmp_path, print)
     assert run.bundle.modality == "segmentation" and run.model.dense
 
 
 def test_build_sets_the_optimizers_values(tmp_path):
-    run = loop._build(tiny(lr=0.07, momentum=0.8, weight_decay=3e-4), D.Dist(), None, tmp_path, print)
+    run = run_mod.build_run(tiny(lr=0.07, momentum=0.8, weight_decay=3e-4), D.Dist(), None, tmp_path, print)
     g = run.optimizer.param_groups[0]
     assert isinstance(run.optimizer, torch.optim.SGD)
     assert (g["lr"], g["momentum"], g["weight_decay"]) == (0.07, 0.8, 3e-4)
-    run = loop._build(tiny(optimizer="adam", lr=0.002, weight_decay=1e-5), D.Dist(), None, tmp_path, print)
+    run = run_mod.build_run(tiny(optimizer="adam", lr=0.002, weight_decay=1e-5), D.Dist(), None, tmp_path, print)
     g = run.optimizer.param_groups[0]
     assert isinstance(run.optimizer, torch.optim.Adam) and (g["lr"], g["weight_decay"]) == (0.002, 1e-5)
 
@@ -270,9 +270,9 @@ def test_build_sets_the_optimizers_values(tmp_path):
 def test_build_compiles_the_wrapped_model_when_asked(tmp_path, monkeypatch):
     got = []
     monkeypatch.setattr(loop.torch, "compile", lambda net: got.append(net) or net)
-    run = loop._build(tiny(compile=True), D.Dist(), None, tmp_path, print)
-    assert got == [run.net] and isinstance(run.net, loop._WithFeatures) and run.net.model is run.model
-    assert loop._build(tiny(), D.Dist(), None, tmp_path, print) and len(got) == 1
+    run = run_mod.build_run(tiny(compile=True), D.Dist(), None, tmp_path, print)
+    assert got == [run.net] and isinstance(run.net, run_mod.WithFeatures) and run.net.model is run.model
+    assert run_mod.build_run(tiny(), D.Dist(), None, tmp_path, print) and len(got) == 1
 
 
 def test_build_names_a_checkpoint_of_another_model(tmp_path):
@@ -280,7 +280,7 @@ def test_build_names_a_checkpoint_of_another_model(tmp_path):
     ck = rundir.read_checkpoint(tmp_path / rundir.CHECKPOINT)
     ck["model"] = {k: v[:1] for k, v in ck["model"].items()}
     with pytest.raises(ValueError) as err:
-        loop._build(tiny(epochs=3), D.Dist(), ck, tmp_path, print)
+        run_mod.build_run(tiny(epochs=3), D.Dist(), ck, tmp_path, print)
     assert str(err.value).startswith(f"{tmp_path / rundir.CHECKPOINT}: does not match this config (")
 
 
@@ -289,14 +289,14 @@ def test_resume_reads_the_policys_state_and_an_old_checkpoints_best_epoch(tmp_pa
     quiet(cfg, tmp_path, stop_after_epoch=2)
     ck = rundir.read_checkpoint(tmp_path / rundir.CHECKPOINT)
     lines = []
-    run = loop._build(cfg, D.Dist(), ck, tmp_path, lines.append)
+    run = run_mod.build_run(cfg, D.Dist(), ck, tmp_path, lines.append)
     assert (run.keeper.score, run.keeper.epoch) == (ck["keep"]["score"], ck["keep"]["epoch"])
     assert run.keeper.score == -ck["history"][run.keeper.epoch - 1]["val_loss"]  # not the accuracy
     assert lines == [f"{tmp_path}: resuming after epoch 2/3 (kept: epoch {run.keeper.epoch}, policy best-nll)"]
     assert (run.start_epoch, run.history, run.elapsed) == (2, ck["history"], ck["elapsed_s"])
     old = {k: v for k, v in ck.items() if k != "keep"}  # written before the policy was recorded
     old.update(best_val_acc=0.25, best_epoch=1)
-    run = loop._build(tiny(epochs=3), D.Dist(), old, tmp_path, lines.append)
+    run = run_mod.build_run(tiny(epochs=3), D.Dist(), old, tmp_path, lines.append)
     assert (run.keeper.score, run.keeper.epoch) == (0.25, 1)
 
 
@@ -306,7 +306,8 @@ def test_resume_reads_the_policys_state_and_an_old_checkpoints_best_epoch(tmp_pa
 def test_each_epoch_reseeds_and_draws_from_its_own_streams(tmp_path, monkeypatch):
     seeds, rngs, batches = [], [], []
     real_rng, real_batch = loop._epoch_rng, None
-    monkeypatch.setattr(loop, "_reseed_globals", lambda s: seeds.append(s))
+    for module in (run_mod, loop):  # seeded when the run is built, then at the start of every epoch
+        monkeypatch.setattr(module, "reseed_globals", lambda s: seeds.append(s))
 
     def rng(*args, **kw):
         g = real_rng(*args, **kw)
@@ -332,8 +333,8 @@ def test_learning_rate_is_set_per_step_and_the_record_is_the_epochs_sums(tmp_pat
     monkeypatch.setattr(loop, "learning_rate", lambda cfg, t: times.append(t) or learning_rate(cfg, t))
     cfg = tiny(schedule="cosine")
     run = {}
-    real_build = loop._build
-    monkeypatch.setattr(loop, "_build", lambda *a: run.setdefault("run", real_build(*a)))
+    real_build = loop.build_run
+    monkeypatch.setattr(loop, "build_run", lambda *a: run.setdefault("run", real_build(*a)))
     quiet(cfg, tmp_path)
     assert times == [e + s / 4 for e in range(2) for s in range(4)]
     assert run["run"].optimizer.param_groups[0]["lr"] == learning_rate(cfg, 1.75)
@@ -373,13 +374,13 @@ def test_gradients_are_clipped_only_when_asked(tmp_path, monkeypatch):
 
 def test_autocast_only_with_amp(tmp_path, monkeypatch):
     seen = []
-    real = loop.build_step
+    real = run_mod.build_step
 
     def build(*a, **k):
         step = real(*a, **k)
         return lambda *args: seen.append(torch.is_autocast_enabled("cpu")) or step(*args)
 
-    monkeypatch.setattr(loop, "build_step", build)
+    monkeypatch.setattr(run_mod, "build_step", build)
     quiet(tiny(epochs=1), tmp_path / "a")
     quiet(tiny(epochs=1, amp=True), tmp_path / "b")
     assert seen == [False] * 4 + [True] * 4
@@ -450,20 +451,41 @@ def test_a_non_finite_loss_of_another_process_stops_this_one_too(tmp_path, monke
 # ------------------------------------------------------------------------------ validation, checkpoints, finish
 
 
-def test_validate_and_finish_hand_a_dense_run_to_the_dense_module(monkeypatch):
-    from calibkit.train import dense
-
+def test_the_loop_hands_every_validation_and_the_finish_to_the_runs_evaluator(tmp_path, monkeypatch):
     got = []
-    monkeypatch.setattr(dense, "validate_dense", lambda run: got.append(("v", run)) or {"v": 1})
-    monkeypatch.setattr(dense, "finish_dense", lambda *a: got.append(("f", *a)) or {"f": 1})
-    run = SimpleNamespace(inputs=SimpleNamespace(dense=True))
-    assert loop._validate(run) == {"v": 1} and got == [("v", run)]
-    assert loop._finish(run, "OUT", {"i": 1}, print) == {"f": 1}
-    assert got[1] == ("f", run, "OUT", {"i": 1}, print, loop._summary)
+
+    class Recording:
+        def validate(self, run):
+            got.append(("v", run))
+            return {"val_loss": 1.0, "val_acc": 0.5, "val_ece": 0.25}
+
+        def finish(self, run, out, info, log):
+            got.append(("f", run, out, info["status"], log))
+            return {"f": 1}
+
+    monkeypatch.setattr(run_mod, "_evaluator_for", lambda inputs: Recording())
+    assert loop.train(tiny(epochs=2), tmp_path, progress=False, verbose=False) == {"f": 1}
+    (v1, run), (v2, run2), (f, run3, out, status, log) = got
+    assert (v1, v2, f) == ("v", "v", "f") and run is run2 is run3 and isinstance(run.evaluator, Recording)
+    assert (out, status) == (tmp_path, "running") and log("unsaid") is None
+
+
+def test_the_evaluator_is_chosen_when_the_run_is_built(tmp_path):
+    from calibkit.train.dense import DenseEvaluator
+    from calibkit.train.evaluate import ClassificationEvaluator
+    from tests.helpers.formats import fake_fmnist
+
+    assert type(run_mod.build_run(tiny(), D.Dist(), None, tmp_path, print).evaluator) is ClassificationEvaluator
+    (tmp_path / "f").mkdir()
+    fake_fmnist(str(tmp_path / "f"), n_train=60, n_test=12)
+    scenes = dict(data="scenes", data_dir=str(tmp_path / "f"), batch_size=4, train_subset=8, val_size=4)
+    run = run_mod.build_run(tiny(model="unet", **scenes), D.Dist(), None, tmp_path, print)
+    assert isinstance(run.evaluator, DenseEvaluator) and run.evaluator.inputs is run.inputs
+    assert run.evaluator.val_positions is None
 
 
 def test_only_kept_weights_are_written_and_the_checkpoint_records_the_kept_epoch(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "Keeper", _FirstOnly)
+    monkeypatch.setattr(run_mod, "Keeper", _FirstOnly)
     writes = []
     real = rundir.write_tensors
     monkeypatch.setattr(rundir, "write_tensors", lambda path, t: writes.append(path.name) or real(path, t))
@@ -514,7 +536,7 @@ def test_the_run_record_names_the_data_and_where_it_ran(tmp_path):
 
 
 def test_every_epoch_prints_one_line_of_its_record(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(loop, "Keeper", _FirstOnly)
+    monkeypatch.setattr(run_mod, "Keeper", _FirstOnly)
     loop.train(tiny(epochs=3), tmp_path, progress=False)  # verbose by default
     lines = capsys.readouterr().out.splitlines()
     history = rundir.read_json(tmp_path / rundir.HISTORY)

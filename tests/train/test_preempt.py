@@ -10,7 +10,8 @@ import torch
 
 from calibkit import rundir
 from calibkit.config import TrainConfig
-from calibkit.train import loop, preempt, train
+from calibkit.train import preempt, train
+from calibkit.train.evaluate import ClassificationEvaluator
 
 
 def tiny(**kw) -> TrainConfig:
@@ -29,15 +30,15 @@ def clean_flag():
 
 def _request_during(monkeypatch, epoch: int):
     """Ask for a stop while epoch ``epoch`` (1-based) validates, as a signal arriving mid-epoch would."""
-    real, seen = loop._validate, []
+    real, seen = ClassificationEvaluator.validate, []
 
-    def validate(run):
+    def validate(self, run):
         seen.append(1)
         if len(seen) == epoch:
             preempt.request()
-        return real(run)
+        return real(self, run)
 
-    monkeypatch.setattr(loop, "_validate", validate)
+    monkeypatch.setattr(ClassificationEvaluator, "validate", validate)
 
 
 def test_stop_request_checkpoints_its_epoch_and_the_resumed_run_is_exact(tmp_path, monkeypatch, clean_flag):
