@@ -150,12 +150,12 @@ def _run(args, waiting: list) -> int:
     if workers:
         for line in problems:
             print(line, file=sys.stderr)
-        counts["failed"] += len(problems)
-        print(f"bench {preset.name}: this process ran {counts['done']} run(s), {len(workers)} other worker(s) the "
-              f"rest; {counts['failed']} failed; database {where}")
+        counts.failed += len(problems)
+        print(f"bench {preset.name}: this process ran {counts.done} run(s), {len(workers)} other worker(s) the "
+              f"rest; {counts.failed} failed; database {where}")
     else:
-        print(f"bench {preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished earlier), "
-              f"{counts['failed']} failed; database {where}")
+        print(f"bench {preset.name}: {counts.done} run(s) done, {counts.skipped} skipped (finished earlier), "
+              f"{counts.failed} failed; database {where}")
     from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the summary first, then the lines on stderr
@@ -167,7 +167,7 @@ def _run(args, waiting: list) -> int:
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
-    return 1 if counts["failed"] else 0
+    return 1 if counts.failed else 0
 
 
 def _elsewhere(args) -> int:
@@ -213,8 +213,8 @@ def _elsewhere(args) -> int:
 def _run_key(args, preset) -> int:
     """Run the one run ``args.run_key`` and write its result file (a scheduler's task)."""
     from calibkit import distributed as D
-    from calibkit.bench.results import ResultFiles, split_run_key
     from calibkit.bench.runner import Bench
+    from calibkit.store.files import ResultFiles, split_run_key
 
     name, method, seed = split_run_key(args.run_key)
     if name != preset.name:
@@ -238,7 +238,7 @@ def _run_key(args, preset) -> int:
             bench.close()
     finally:
         D.teardown(group)
-    return 1 if counts["failed"] else 0
+    return 1 if counts.failed else 0
 
 
 def _collect(args, preset) -> int:

@@ -115,9 +115,9 @@ def run_tuning(args, preset, tuned: bool = False, log=print, on_start=None):
         if on_start is not None:
             on_start()
         counts = tuner.run()
-        if tuned and counts["failed"]:
+        if tuned and counts.failed:
             first = f" (first: {tuner.failures[0]})" if tuner.failures else ""
-            raise UserRuntimeError(f"{counts['failed']} tuning candidate(s) failed{first}; see "
+            raise UserRuntimeError(f"{counts.failed} tuning candidate(s) failed{first}; see "
                                f"{describe_store(args.out, args.store)} (run the same command again to retry them)")
         result = tuner.tuned_preset() if tuned else None
     finally:
@@ -194,20 +194,20 @@ def _run(args, waiting: list) -> int:
 
             problems = wait_workers(workers, interrupted=interrupted)
     if not tuner.dd.is_main or args.await_start:
-        return 1 if counts["failed"] else 0
+        return 1 if counts.failed else 0
     import sys
 
     for line in problems:
         print(line, file=sys.stderr)
-    counts["failed"] += len(problems)
-    print(f"tune {preset.name}: {counts['done']} candidate(s) done here, {counts['skipped']} skipped (finished "
-          f"earlier or by another worker), {counts['failed']} failed; database {describe_store(args.out, args.store)}")
+    counts.failed += len(problems)
+    print(f"tune {preset.name}: {counts.done} candidate(s) done here, {counts.skipped} skipped (finished "
+          f"earlier or by another worker), {counts.failed} failed; database {describe_store(args.out, args.store)}")
     _print_tuning(args, preset)
     from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the table first, then the lines on stderr
     print_failures("tune", tuner.failures, describe_store(args.out, args.store))
-    return 1 if counts["failed"] else 0
+    return 1 if counts.failed else 0
 
 
 def _print_tuning(args, preset) -> int:
@@ -247,9 +247,9 @@ def _elsewhere(args, preset) -> int:
             print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
         print_no_extension(preset.name, ids, "tune")
         return 0
-    from calibkit.bench.results import ResultFiles
     from calibkit.bench.tune import Tuner
     from calibkit.commands import run_scheduled
+    from calibkit.store.files import ResultFiles
 
     def one() -> int:
         tuner = Tuner(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
@@ -267,6 +267,6 @@ def _elsewhere(args, preset) -> int:
             counts = tuner.run_one(args.run_key)
         finally:
             tuner.close()
-        return 1 if counts["failed"] else 0
+        return 1 if counts.failed else 0
 
     return run_scheduled(args, one)
