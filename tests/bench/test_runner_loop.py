@@ -546,9 +546,7 @@ class _Progress:
 
 def test_progress_gets_a_bar_only_for_print_on_a_terminal_and_every_runs_duration(tmp_path, stand_ins,
                                                                                monkeypatch):
-    from calibkit.bench import progress
-
-    monkeypatch.setattr(progress, "RunProgress", _Progress)
+    monkeypatch.setattr(runner, "RunProgress", _Progress)
     _Progress.made.clear()
     stand_ins["fail"].add(("ls", 1))
     for tty in (True, False):
