@@ -225,7 +225,7 @@ def test_selection_never_reads_the_test_split(tmp_path, small_spaces, monkeypatc
 
     monkeypatch.setattr(calibkit.data, "load", poisoned)
     counts, dirty = _tune(tmp_path / "poisoned")
-    assert counts["done"] == 6
+    assert counts.done == 6
     # the poison reached the runs (their test labels are all wrong) ...
     ce = rundir.load_logits(tmp_path / "poisoned" / "runs" / "tiny" / "ce" / "seed7")
     ce_clean = rundir.load_logits(tmp_path / "clean" / "runs" / "tiny" / "ce" / "seed7")
@@ -678,17 +678,17 @@ def test_check_consistent_names_the_differing_settings(tmp_path, no_training):
         tuner.close()
 
 
-def test_the_tuners_bench_trains_ce_on_the_selection_seed_with_its_settings(tmp_path, no_training):
+def test_the_tuners_run_factory_trains_ce_on_the_selection_seed_with_its_settings(tmp_path, no_training):
     store = Store(tmp_path / "mine.db")
     logged = []
     tuner = Tuner(TINY, tmp_path, methods=["ls"], data_dir="somewhere", device="cpu", num_threads=1,
                   csm_store="gen", log=logged.append, store=store)
     try:
-        b = tuner.bench
-        assert (b.seeds, b.methods, b.data_dir, b.device, b.num_threads, b.csm_store) == (
-            [7], ["ce"], "somewhere", "cpu", 1, "gen")
-        assert b.store is store and tuner.store is store and tuner.dd is b.dd and tuner.out == tmp_path
-        b.log("x")
+        f = tuner.factory
+        assert (tuner.seed, f.preset, f.data_dir, f.device, f.num_threads, f.csm_store, f.out) == (
+            7, TINY, "somewhere", "cpu", 1, "gen", tmp_path)
+        assert tuner.store is store and tuner.dd is f.dd and tuner.out == tmp_path
+        tuner.log("x")
         assert logged == ["x"]
         rec = tuner.record("ls", {"loss.alpha": 0.1})
         assert rec["seed"] == 7 and rec["hparams"] == {"loss.alpha": 0.1} and rec["loss"] == "ls:alpha=0.1"
