@@ -117,7 +117,7 @@ def main() -> None:
     finally:
         bench.close()
     write_effective(tuned, out)  # OUT/presets/<name>.toml: the report shows it; --preset reruns it
-    print(f"bench: {counts['done']} run(s) done, {counts['failed']} failed")
+    print(f"bench: {counts.done} run(s) done, {counts.failed} failed")
     report = build_report(out, preset=tuned.name, figures=not args.quick)
     print(report["text"])
     print(f"\nreport: {report['paths']['md']}\nrerun from the command line: calibkit bench --preset "
