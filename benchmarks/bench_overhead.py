@@ -257,7 +257,7 @@ def main() -> None:
             counts = bench.run()
         finally:
             bench.close()
-        if counts["failed"] or not counts["done"]:
+        if counts.failed or not counts.done:
             raise SystemExit(f"bench did not finish its runs: {counts}")
         report.build_report(out, preset=preset.name)
         wall_bench = time.perf_counter() - t0

@@ -55,9 +55,9 @@ def run_variants(base, out: Path, seeds) -> dict:
             counts = bench.run()
         finally:
             bench.close()
-        print(f"{preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped, {counts['failed']} failed "
+        print(f"{preset.name}: {counts.done} run(s) done, {counts.skipped} skipped, {counts.failed} failed "
               f"in {time.perf_counter() - t0:.0f} s")
-        if counts["failed"]:
+        if counts.failed:
             raise SystemExit(f"{preset.name}: a run failed; see {out}/logs")
         presets[enc] = preset
     return presets

@@ -30,6 +30,7 @@ from calibkit.diskio import atomic_write
 from calibkit.diskio import disk_full as disk_full
 from calibkit.distributed import eval_batch_size
 from calibkit.errors import UserError
+from calibkit.store.files import CANDIDATE, RECORD_FORMAT, RESULT
 
 CONFIG = "config.json"
 MODEL = "model.safetensors"
@@ -39,10 +40,8 @@ HISTORY = "history.json"
 VOCAB = "vocab.json"  # text runs: the vocabulary (calibkit.data.tokenizer.Vocabulary.to_dict)
 METRICS = "metrics.json"
 BENCH_DB = "runs.db"  # a bench's (and tune's) results database, at the top of its output directory
-# The per-run result records a scheduler's task writes (calibkit.bench.results reads and writes them)
-RECORD_FORMAT = "calibkit-result"
-RESULT = "result.json"
-CANDIDATE = "candidate.json"
+# The per-run result records a scheduler's task writes: RECORD_FORMAT, RESULT, CANDIDATE
+# (calibkit.store.files, which reads and writes them; imported above for only_records).
 
 # TrainConfig fields holding a directory that may lie inside the bench directory a run belongs to
 # (the annotated CSM set under DIR/cache/): config.json records them relative to that directory.
@@ -100,7 +99,7 @@ def only_records(run_dir) -> bool:
     """True when ``run_dir`` holds nothing but the records of attempts that did not finish.
 
     A scheduler's task interrupted (cancelled, requeued) or failed before training wrote anything
-    leaves only its record there (:mod:`calibkit.bench.results`), saying ``failed`` (e.g.
+    leaves only its record there (:mod:`calibkit.store.files`), saying ``failed`` (e.g.
     "interrupted"). That directory is calibkit's and holds no run: the next attempt starts the run
     in it (the record stays until the attempt writes its own). A record saying ``done``, an
     unreadable one or any other file means otherwise. Temporary files of a record's write are ignored.

@@ -105,7 +105,7 @@ def main() -> None:
     result = run_bench(out / "mine.toml", out, quiet)
     for method, values in result.tuning.selection.items():
         print("selected:", method, ", ".join(f"{a}={v:g}" for a, v in values.items()))
-    print(f"bench: {result.counts['done']} run(s) done, {result.counts['failed']} failed")
+    print(f"bench: {result.counts.done} run(s) done, {result.counts.failed} failed")
     print(result.report["text"])
     print(f"\nreport: {result.report['paths']['md']}\nrerun from the command line: calibkit bench --preset "
           f"{out}/presets/{result.preset.name}.toml --out {out}")

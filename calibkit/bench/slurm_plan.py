@@ -8,6 +8,7 @@ run is queued or running in an earlier submission waits for that task (``afterok
 from __future__ import annotations
 
 from calibkit.bench.grid import METHODS, REFERENCE
+from calibkit.bench.producers import PRODUCERS
 from calibkit.bench.slurm import Array, SlurmOptions, key_states, submit
 from calibkit.bench.slurm_values import check_argv
 from calibkit.store import run_key
@@ -54,8 +55,9 @@ def options(args) -> SlurmOptions:
 
 
 def _shape(kind: str, opts: SlurmOptions) -> dict:
-    """GPUs and torchrun processes of a task: MaC-Cal's stage 2 runs in one process."""
-    gpus = min(opts.gpus_per_run, 1) if kind == "maccal" else opts.gpus_per_run
+    """GPUs and torchrun processes of a task: a kind made by one process (MaC-Cal's stage 2;
+    ``Producer.single_process``) gets one GPU."""
+    gpus = min(opts.gpus_per_run, 1) if PRODUCERS[kind].single_process else opts.gpus_per_run
     return {"gpus": gpus, "torchrun": gpus if gpus > 1 else 0}
 
 
@@ -77,12 +79,12 @@ def bench_arrays(out, preset, seeds: list[int], methods: list[str], opts: SlurmO
     arrays = []
     if ce:
         arrays.append(Array(f"{prefix}ce", command, ce, after=list(after), **_shape("train", opts)))
-    one_stage = [(s, m) for s in seeds for m in methods if m != REFERENCE and METHODS[m].kind == "train"]
+    one_stage = [(s, m) for s in seeds for m in methods if m != REFERENCE and not METHODS[m].needs]
     tasks = {i: key_of(m, s) for i, (s, m) in enumerate(one_stage) if pending(key_of(m, s))}
     if tasks:
         arrays.append(Array(f"{prefix}train", command, tasks, after=list(after), **_shape("train", opts)))
     for m in methods:
-        if METHODS[m].kind not in ("maccal", "csm"):
+        if not METHODS[m].needs:  # built on the CE run of its seed: an array of its own, after CE's
             continue
         tasks = {i: key_of(m, s) for i, s in enumerate(seeds) if pending(key_of(m, s))}
         if not tasks:
@@ -101,16 +103,17 @@ def tune_arrays(out, tuner, opts: SlurmOptions):
     states = key_states(out, keys, "tuning")
     arrays = []
     ce_key = tuner.key(REFERENCE, {})
-    groups = [("tune-ce", lambda m: m == REFERENCE),
-              ("tune-train", lambda m: m != REFERENCE and METHODS[m].kind == "train"),
-              ("tune-maccal", lambda m: METHODS[m].kind == "maccal"), ("tune-csm", lambda m: METHODS[m].kind == "csm")]
-    for stage, member in groups:
+    # CE, the one-stage methods, then one array per kind of the methods built on CE's run
+    groups = [("tune-ce", "train", lambda m: m == REFERENCE),
+              ("tune-train", "train", lambda m: m != REFERENCE and not METHODS[m].needs)]
+    groups += [(f"tune-{kind}", kind, lambda m, kind=kind: bool(METHODS[m].needs) and METHODS[m].kind == kind)
+               for kind in PRODUCERS if kind != "train"]
+    for stage, kind, member in groups:
         tasks = {i: k for i, ((m, _), k) in enumerate(zip(items, keys)) if member(m) and states[k][0] not in _SKIP}
         if not tasks:
             continue
-        kind = "maccal" if stage == "tune-maccal" else "train"
         after, jobs = [], []
-        if stage in ("tune-maccal", "tune-csm"):
+        if stage not in ("tune-ce", "tune-train"):  # built on CE: after its candidate
             after = [("afterok", "tune-ce")]
             jobs = [t for t in [_active_task(states[ce_key])] if t]
         arrays.append(Array(stage, "tune", tasks, after=after, after_jobs=jobs, **_shape(kind, opts)))
@@ -124,8 +127,8 @@ def tune_arrays(out, tuner, opts: SlurmOptions):
 
 def submit_tune(args, preset, bench_after: bool = False, dry_run: bool = False) -> dict:
     """``calibkit tune --executor slurm`` (with ``bench_after``: ``bench --tune``'s tuning part)."""
-    from calibkit.bench.results import ResultFiles
     from calibkit.bench.tune import Tuner
+    from calibkit.store.files import ResultFiles
 
     tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
                   device="cpu", num_threads=args.num_threads, csm_store=args.csm_store, log=lambda *a, **k: None,
@@ -178,8 +181,8 @@ def status_lines(args, preset) -> tuple[list[str], dict]:
     keys = [run_key(preset.name, m, s) for s in seeds for m in methods]
     states = key_states(args.out, keys, recorded=read_recorded(args.out, keys, store=store))
     if getattr(args, "tune", False):
-        from calibkit.bench.results import ResultFiles
         from calibkit.bench.tune import Tuner
+        from calibkit.store.files import ResultFiles
 
         tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
                       device="cpu",

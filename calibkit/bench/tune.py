@@ -38,11 +38,12 @@ import json
 import time
 from pathlib import Path
 
-from calibkit.bench.attempts import POLL_S, broadcast, claim_outcome, run_recorded, work_queue
+from calibkit import distributed as D
+from calibkit.bench.attempts import POLL_S, Counts, Task, attempt, broadcast, work_queue
 from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, meta_key, no_effect_axes, plan
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_for
 from calibkit.bench.paths import candidate_dir_for
-from calibkit.bench.runner import Bench
+from calibkit.bench.runner import open_runs
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, select  # noqa: F401  (this module's API)
 from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
 from calibkit.errors import UserError, UserRuntimeError
@@ -92,6 +93,10 @@ class Tuner:
         criterion: the selection rule.
         max_extensions: extensions per axis of a selection on a grid edge (0: never extend).
         data_dir, device, num_threads, csm_store, log, store: as for :class:`calibkit.bench.runner.Bench`.
+
+    Attributes:
+        factory: the :class:`~calibkit.bench.producers.RunFactory` of the preset; a candidate's
+            runs come from ``factory.with_preset`` of the preset at its values.
     """
 
     def __init__(self, preset: Preset, out, methods=None, seed=None, data_dir=None, device="auto",
@@ -109,10 +114,9 @@ class Tuner:
         if max_extensions < 0:
             raise UserError(f"max_extensions must be >= 0, got {max_extensions}")
         self.max_extensions = int(max_extensions)
-        self.bench = Bench(preset, out, seeds=[self.seed], methods=[REFERENCE], data_dir=data_dir,
-                           device=device, num_threads=num_threads, csm_store=csm_store, log=log, store=store)
-        self.preset, self.out, self.dd, self.log = preset, Path(out), self.bench.dd, self.bench.log
-        self.store = self.bench.store
+        self.factory, self.store = open_runs(preset, out, data_dir, device, num_threads, csm_store, store)
+        self.preset, self.out, self.dd = preset, Path(out), self.factory.dd
+        self.log = log if self.dd.is_main else (lambda *a, **k: None)
         self.spaces = {m: space_for(preset, m) for m in self.methods}  # + extensions: refresh()
         self.failures: list[str] = []  # one line per candidate that failed here, for stderr
 
@@ -126,7 +130,7 @@ class Tuner:
 
     def record(self, method: str, values: dict) -> dict:
         """The candidate's run record (what the bench would record for it), JSON-normalised."""
-        rec = self.bench.view(apply_values(self.preset, method, values))._config_record(method, self.seed)
+        rec = self._runs(method, values).config_record(method, self.seed)
         rec.pop("data_dir", None)  # the same data under another path is the same candidate
         return json.loads(json.dumps(rec, sort_keys=True))
 
@@ -137,41 +141,37 @@ class Tuner:
             ValueError: a finished candidate's record differs from what this tuner would train
                 (another checkpoint policy, epochs, data, ...); use another ``--out``.
         """
-        problem = None
-        if self.dd.is_main:
-            for row in self.store.candidates(self.preset.name, seed=self.seed):
-                if row["method"] not in METHODS:
-                    continue
-                mine = self.record(row["method"], row["hparams"])
-                theirs = {k: v for k, v in (row["config"] or {}).items() if k != "data_dir"}
-                if theirs != mine:
-                    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-                    problem = (f"{self.out / 'runs.db'}: candidate {row['cand_key']} was trained with other "
-                               f"settings ({', '.join(diff)}); choose another --out")
-                    break
-        problem = broadcast(problem, self.dd)
+        problem = broadcast(self._inconsistency(), self.dd)
         if problem:
             raise UserError(problem)
 
-    def _produce(self, method: str, values: dict, run_dir: Path) -> dict:
-        view = self.bench.view(apply_values(self.preset, method, values))
-        kind = METHODS[method].kind
-        if kind == "train":
-            return view._train(method, self.seed, run_dir)
-        if kind == "maccal":
-            from calibkit.bench.twostage import produce_maccal
+    def _inconsistency(self) -> str | None:
+        """The problem :meth:`check_consistent` raises, or None (read by rank 0)."""
+        for row in self.store.candidates(self.preset.name, seed=self.seed):
+            if row["method"] not in METHODS:
+                continue
+            mine = self.record(row["method"], row["hparams"])
+            theirs = {k: v for k, v in (row["config"] or {}).items() if k != "data_dir"}
+            if theirs != mine:
+                diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+                return (f"{self.out / 'runs.db'}: candidate {row['cand_key']} was trained with other "
+                        f"settings ({', '.join(diff)}); choose another --out")
+        return None
 
-            return produce_maccal(view, self.seed, run_dir)
-        from calibkit.bench.twostage import produce_csm
+    def _runs(self, method: str, values: dict):
+        """The run factory of candidate ``(method, values)``: the preset at its values."""
+        return self.factory.with_preset(apply_values(self.preset, method, values))
 
-        return produce_csm(view, self.seed, run_dir)
+    def produce(self, method: str, values: dict) -> dict:
+        """Train (or reuse) candidate ``(method, values)`` in its directory (:meth:`run_dir`)."""
+        return self._runs(method, values).produce(method, self.seed, self.run_dir(method, values))
 
     # -- the loop -------------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> Counts:
         """Train and score every unfinished candidate, select, extend the grids whose selection
         lies on an edge (:mod:`calibkit.bench.extend`) and go on until no grid grows; returns counts."""
         self.check_consistent()
-        counts = {"done": 0, "skipped": 0, "failed": 0}
+        counts = Counts()
         self.refresh()
         seen: set[str] = set()
         while True:
@@ -181,21 +181,20 @@ class Tuner:
             seen.update(cand_key(self.preset.name, m, self.seed, v) for m, v in items)
             self._round(items, counts)
             self.wait_for_others()
-            if self.dd.is_main:
+            if self.dd.is_main:  # rank 0 selects (and logs); the others read the grids it extended
                 self.select_all()  # may extend grids: the next pass trains what they gained
             self.refresh()
 
     def refresh(self) -> None:
         """Read every method's current space (declared grid + recorded extensions) from the database."""
-        self.spaces = broadcast(self._read_spaces() if self.dd.is_main else None, self.dd)
+        self.spaces = broadcast(self._read_spaces(), self.dd)
 
     def _read_spaces(self) -> dict:
         return {m: extended_space(space_for(self.preset, m), self.record_of(m)) for m in self.methods}
 
     def record_of(self, method: str) -> dict | None:
-        """The method's tuning record in ``runs.db`` (extensions, no-effect axes, notes), or ``None``."""
-        if not hasattr(self.store, "get_meta"):  # a scheduler's result files: no records
-            return None
+        """The method's tuning record in ``runs.db`` (extensions, no-effect axes, notes), or ``None``
+        (also from a store that keeps no records: ``ResultStore.keeps_records``)."""
         text = self.store.get_meta(meta_key(self.preset.name, self.seed, method))
         return json.loads(text) if text else None
 
@@ -203,34 +202,30 @@ class Tuner:
         """Wait while another live process still trains a candidate of this tuning (its result
         may move a selection onto an edge, and so extend a grid)."""
         while True:
-            busy = False
-            if self.dd.is_main:
-                busy = any(self.store.busy_elsewhere(r["cand_key"], "tuning") for r in
-                           self.store.candidates(self.preset.name, seed=self.seed, status="running"))
+            busy = any(self.store.busy_elsewhere(r["cand_key"], "tuning") for r in
+                       self.store.candidates(self.preset.name, seed=self.seed, status="running"))
             if not broadcast(busy, self.dd):
                 return
             time.sleep(poll_s)
 
-    def _round(self, items: list, counts: dict) -> None:
+    def _round(self, items: list, counts: Counts) -> None:
         everything = self.items()
         total = len(everything)
         position = {cand_key(self.preset.name, m, self.seed, v): i + 1 for i, (m, v) in enumerate(everything)}
 
         def ready(item) -> bool:
-            busy = False
-            if self.dd.is_main and METHODS[item[0]].needs:
-                busy = any(self.store.busy_elsewhere(cand_key(self.preset.name, n, self.seed, {}), "tuning")
-                           for n in METHODS[item[0]].needs)
+            busy = any(self.store.busy_elsewhere(cand_key(self.preset.name, n, self.seed, {}), "tuning")
+                       for n in METHODS[item[0]].needs)
             return not broadcast(busy, self.dd)
 
         waiting: set = set()
-        work_queue(items, ready,
-                   lambda item: self._attempt(item, counts, f"[{position[self.key(*item)]}/{total}]", waiting))
+        work_queue(items, ready, lambda item: self._attempt(
+            item, counts, _Report(self.log, f"[{position[self.key(*item)]}/{total}]", waiting)))
 
     def key(self, method: str, values: dict) -> str:
         return cand_key(self.preset.name, method, self.seed, values)
 
-    def run_one(self, key: str) -> dict:
+    def run_one(self, key: str) -> Counts:
         """Train and score the one candidate ``key`` (what a scheduler's task runs); no selection."""
         self.refresh()  # the grids as extended in the database
         items = {self.key(m, v): (m, v) for m, v in self.items()}
@@ -238,56 +233,40 @@ class Tuner:
             raise UserError(f"{key} is not a candidate of this tuning ({len(items)} candidates of "
                              f"{', '.join([REFERENCE, *self.methods])})")
         self.check_consistent()
-        counts = {"done": 0, "skipped": 0, "failed": 0}
-        self._attempt(items[key], counts, "[1/1]")
+        counts = Counts()
+        self._attempt(items[key], counts, _Report(self.log, "[1/1]"))
         return counts
 
-    def _attempt(self, item, counts: dict, tag: str, waiting: set | None = None) -> bool:
-        """Claim, train, score and record one candidate (a failure is recorded, not raised).
+    def _attempt(self, item: tuple[str, dict], counts: Counts, report: _Report) -> bool:
+        """Claim, train, score and record one candidate (:func:`calibkit.bench.attempts.attempt`).
 
-        Returns False when another live process holds the candidate (the work queue retries it
-        later, and takes it over if its holder dies; ``waiting`` remembers what was announced),
-        True when it is settled here (trained, failed, or finished earlier).
+        Returns False when another live process holds the candidate and ``report`` waits for it
+        (the work queue retries it later, and takes it over if its holder dies), True when it is
+        settled here (trained, failed, finished earlier, or held elsewhere with nothing to wait in).
         """
-        method, values = item
+        return attempt(self._task(*item), self.store, self.dd, counts, report, self.failures,
+                       waits=report.waiting is not None)
+
+    def _task(self, method: str, values: dict) -> Task:
+        """The attempt of candidate ``(method, values)``: claimed in ``tuning``, scored by rank 0 on
+        its validation logits (:func:`val_metrics`)."""
         key = self.key(method, values)
-        tag = f"{tag} tune {key}"
-        outcome = None
-        if self.dd.is_main:
-            outcome = claim_outcome(self.store, "tuning", key, self.store.claim_candidate(
-                key, preset=self.preset.name, method=method, seed=self.seed, hparams=values,
-                config=self.record(method, values), git_commit=self.bench._env["git_commit"]))
-        outcome = broadcast(outcome, self.dd)
-        if outcome == "elsewhere":
-            if waiting is None:  # one scheduled candidate: nothing to wait in
-                counts["skipped"] += 1
-                self.log(f"{tag}: running in another process; skipped")
-                return True
-            if key not in waiting:
-                waiting.add(key)
-                self.log(f"{tag}: running in another process; waiting for it")
-            return False
-        if outcome == "done":
-            counts["skipped"] += 1
-            self.log(f"{tag}: finished earlier; skipped")
-            return True
-        t0 = time.time()
-        self.log(f"{tag}: running")
 
-        def work():
-            made = self._produce(method, values, self.run_dir(method, values))
-            if self.dd.is_main:
-                m = val_metrics(made["run_dir"], self.criterion.n_bins)
-                self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
-                                            train_time_s=made.get("train_time_s"))
-                self.log(f"{tag}: done in {time.time() - t0:.0f} s (val acc {m['acc']:.2%}, "
-                         f"val ECE {m['ece'] * 100:.2f})")
-            counts["done"] += 1
+        def claim() -> bool:
+            return self.store.claim_candidate(key, preset=self.preset.name, method=method, seed=self.seed,
+                                              hparams=values, config=self.record(method, values),
+                                              git_commit=self.factory.env["git_commit"])
 
-        run_recorded(work, lambda text: self.store.fail_candidate(key, text), self.dd.is_main, counts,
-                     lambda line: self.log(f"{tag}: {line}"), self.failures,
-                     f"candidate {key} (method {method}, seed {self.seed})")
-        return True
+        def record(made: dict) -> str | None:
+            if not self.dd.is_main:
+                return None
+            m = val_metrics(made["run_dir"], self.criterion.n_bins)
+            self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
+                                        train_time_s=made.get("train_time_s"))
+            return f" (val acc {m['acc']:.2%}, val ECE {m['ece'] * 100:.2f})"
+
+        return Task(key, "tuning", f"candidate {key} (method {method}, seed {self.seed})", claim,
+                    lambda: self.produce(method, values), record, lambda text: self.store.fail_candidate(key, text))
 
     # -- the selection --------------------------------------------------------------------------
     def finished(self, method: str) -> list[dict]:
@@ -321,7 +300,7 @@ class Tuner:
             record = {"base": base_grids(base), "added": {}, "steps": {}} if fresh else dict(new)
             record["no_effect"] = no_effect_axes(space, rows)
             record["notes"] = notes
-            if record != old and hasattr(self.store, "put_meta"):
+            if record != old:
                 self.store.put_meta(meta_key(self.preset.name, self.seed, method), json.dumps(record, sort_keys=True))
             for note in notes:
                 self.log(f"tune {method}: {note}")
@@ -346,7 +325,7 @@ class Tuner:
         Raises:
             RuntimeError: a method has no selection (some of its candidates failed).
         """
-        chosen = broadcast(self.selection() if self.dd.is_main else None, self.dd)
+        chosen = broadcast(self.selection(), self.dd)
         missing = [m for m in self.methods if m not in chosen]
         if missing:
             raise UserRuntimeError(f"no selection for {', '.join(missing)} (failed candidates; see {self.out}/runs.db)")
@@ -356,4 +335,34 @@ class Tuner:
         return preset
 
     def close(self) -> None:
-        self.bench.close()
+        """Close the store and leave the process group this tuning created (as ``Bench.close``)."""
+        self.store.close()
+        D.teardown(self.dd)
+
+
+class _Report:
+    """How a tuning's attempts speak: log lines ``<tag> tune <key>: ...``; ``waiting`` remembers the
+    candidates announced as held by another process (None: one scheduled candidate, nothing waits)."""
+
+    def __init__(self, log, tag: str, waiting: set | None = None):
+        self.log, self.tag, self.waiting = log, tag, waiting
+
+    def held(self, key: str, waits: bool) -> None:
+        if self.waiting is None:
+            self.log(f"{self.tag} tune {key}: running in another process; skipped")
+        elif key not in self.waiting:
+            self.waiting.add(key)
+            self.log(f"{self.tag} tune {key}: running in another process; waiting for it")
+
+    def skipped(self, key: str) -> None:
+        self.log(f"{self.tag} tune {key}: finished earlier; skipped")
+
+    def begin(self, key: str) -> None:
+        self.log(f"{self.tag} tune {key}: running")
+
+    def done(self, key: str, seconds: float, details: str | None) -> None:
+        if details is not None:  # rank 0 scored it
+            self.log(f"{self.tag} tune {key}: done in {seconds:.0f} s{details}")
+
+    def failed(self, key: str, line: str, seconds: float) -> None:
+        self.log(f"{self.tag} tune {key}: {line}")

@@ -14,6 +14,9 @@
   ``efficientnet_lite0`` the frozen ImageNet EfficientNet-Lite0 backbone (``calibkit[pretrained]``),
   an encoder that never saw the data set, as the seed's CLIP. Either way the prototypes are the mean
   features over the CE run's training split.
+
+Each function takes the :class:`~calibkit.bench.producers.RunFactory` of the run (``runs``) and
+is registered under its kind in :data:`calibkit.bench.producers.PRODUCERS`.
 """
 
 from __future__ import annotations
@@ -35,28 +38,28 @@ def csm_source(preset, csm_store=None):
     return csm_store or preset.csm.get("store") or SHIPPED_STORES.get(preset.dataset)
 
 
-def _ce_run(bench, seed: int) -> Path:
-    ce = run_dir_for(bench.out, bench.preset.name, "ce", seed)
+def _ce_run(runs, seed: int) -> Path:
+    ce = run_dir_for(runs.out, runs.preset.name, "ce", seed)
     info = rundir.load_info(ce) if (ce / rundir.CONFIG).is_file() else {}
     if info.get("status") != "done":
         raise UserRuntimeError(f"the CE run of seed {seed} ({ce}) is not finished; MaC-Cal and CSM build on it")
     return ce
 
 
-def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
+def produce_maccal(runs, seed: int, run_dir: Path) -> dict:
     """MaC-Cal stage 2 into ``run_dir`` (reused when already finished)."""
     from calibkit.methods.maccal import run_maccal
 
-    if not bench.dd.is_main:
+    if not runs.dd.is_main:
         return {"run_dir": run_dir, "train_time_s": None}  # stage 2 is single-process: rank 0 runs it
-    ce = _ce_run(bench, seed)
+    ce = _ce_run(runs, seed)
     info = rundir.load_info(run_dir) if (run_dir / rundir.CONFIG).is_file() else {}
     if info.get("status") != "done" or not (run_dir / rundir.LOGITS).is_file():
         if run_dir.exists():
             # An unfinished stage 2 holds no result (run_maccal writes config.json last); it restarts.
             shutil.rmtree(run_dir)
-        run_maccal(ce, run_dir, **{"seed": seed, **bench.preset.maccal}, data_dir=bench.data_dir,
-                   device=bench.device)
+        run_maccal(ce, run_dir, **{"seed": seed, **runs.preset.maccal}, data_dir=runs.data_dir,
+                   device=runs.device)
     record = json.loads((run_dir / "maccal.json").read_text())
     stage1 = rundir.load_info(ce)
     return {"run_dir": run_dir,
@@ -68,47 +71,47 @@ def produce_maccal(bench, seed: int, run_dir: Path) -> dict:
                       "best_val_ece": record["best_val_ece"]}}
 
 
-def _sharpness(bench) -> float:
+def _sharpness(runs) -> float:
     """The reannotation sharpness of the preset's CSM runs (4 unless the preset says otherwise)."""
-    return float(bench.preset.csm.get("sharpness", 4.0))
+    return float(runs.preset.csm.get("sharpness", 4.0))
 
 
-def _encoder_name(bench) -> str:
+def _encoder_name(runs) -> str:
     """The reannotation encoder of the preset's CSM runs (``[csm] encoder``; ``classifier`` by default)."""
-    return str(bench.preset.csm.get("encoder", "classifier"))
+    return str(runs.preset.csm.get("encoder", "classifier"))
 
 
-def _csm_cache(bench, seed: int) -> Path:
+def _csm_cache(runs, seed: int) -> Path:
     # One annotated copy per seed, sharpness and encoder: tuning candidates of different sharpness
     # never share one, and neither do presets that differ only in the encoder.
-    name = _encoder_name(bench)
+    name = _encoder_name(runs)
     suffix = "" if name == "classifier" else f"-{name}"
-    return bench.out / "cache" / "csm" / bench.preset.name / f"seed{seed}-s{_sharpness(bench):g}{suffix}"
+    return runs.out / "cache" / "csm" / runs.preset.name / f"seed{seed}-s{_sharpness(runs):g}{suffix}"
 
 
-def _encoder(bench, ce: Path):
+def _encoder(runs, ce: Path):
     """The encoder of the reannotation: the CE run of the seed, or the frozen pretrained backbone."""
     from calibkit.methods.csm.annotate import ClassifierEncoder, EfficientNetEncoder
 
-    if _encoder_name(bench) == "efficientnet_lite0":
-        return EfficientNetEncoder(device=bench.device)
+    if _encoder_name(runs) == "efficientnet_lite0":
+        return EfficientNetEncoder(device=runs.device)
     return ClassifierEncoder(ce)
 
 
-def csm_store(bench, seed: int) -> Path:
+def csm_store(runs, seed: int) -> Path:
     """The annotated copy of the generated set for ``seed`` (built once per bench directory)."""
     from calibkit.methods.csm.annotate import ClassifierEncoder, annotate_store
     from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
 
-    src = csm_source(bench.preset, bench.csm_store)
+    src = csm_source(runs.preset, runs.csm_store)
     if src is None or not Path(src).is_dir():
         raise FileNotFoundError(
-            f"no CSM generated set for {bench.preset.dataset} ({src}); generate one with `calibkit csm generate` "
+            f"no CSM generated set for {runs.preset.dataset} ({src}); generate one with `calibkit csm generate` "
             "and pass it with --csm-store")
-    dst = _csm_cache(bench, seed)
-    ce = _ce_run(bench, seed)
+    dst = _csm_cache(runs, seed)
+    ce = _ce_run(runs, seed)
     split = ClassifierEncoder(ce)  # the prototypes' images: the training split of the seed's CE run
-    enc = _encoder(bench, ce)
+    enc = _encoder(runs, ce)
     meta_path = dst / ANNOT_META
     if meta_path.is_file() and (dst / ANNOT_TENSORS).is_file():
         meta = json.loads(meta_path.read_text())
@@ -126,8 +129,8 @@ def csm_store(bench, seed: int) -> Path:
         # source's may be too; the annotated set is read by every worker.
         tmp.chmod(0o755)
         images, labels = split.training_split()
-        annotate_store(tmp, enc, images, labels, sharpness=_sharpness(bench),
-                       extra_meta={"source_store": str(src), "bench_preset": bench.preset.name,
+        annotate_store(tmp, enc, images, labels, sharpness=_sharpness(runs),
+                       extra_meta={"source_store": str(src), "bench_preset": runs.preset.name,
                                    "prototype_run": str(ce)})
         try:
             tmp.rename(dst)  # the store appears only once fully annotated
@@ -139,15 +142,15 @@ def csm_store(bench, seed: int) -> Path:
     return dst
 
 
-def produce_csm(bench, seed: int, run_dir: Path) -> dict:
+def produce_csm(runs, seed: int, run_dir: Path) -> dict:
     """CSM training run into ``run_dir`` on the annotated generated set (annotated by rank 0 only)."""
     from calibkit import distributed as D
 
-    store = csm_store(bench, seed) if bench.dd.is_main else None
-    D.barrier(bench.dd)
-    if not bench.dd.is_main:
-        store = _csm_cache(bench, seed)
-    made = bench._train("csm", seed, run_dir, csm_data=store)
+    store = csm_store(runs, seed) if runs.dd.is_main else None
+    D.barrier(runs.dd)
+    if not runs.dd.is_main:
+        store = _csm_cache(runs, seed)
+    made = runs.train("csm", seed, run_dir, csm_data=store)
     meta = json.loads((store / "annotations.json").read_text())
     made["extra"] = {"csm_store": str(store), "encoder": meta.get("encoder"), "encoder_run": meta.get("run"),
                      "source_store": meta.get("source_store"), "sharpness": meta.get("sharpness"),

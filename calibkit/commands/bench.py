@@ -119,11 +119,11 @@ def _run(args, waiting: list) -> int:
     if args.workers > 1:
         for line in result.worker_failures:
             print(line, file=sys.stderr)
-        print(f"bench {result.preset.name}: this process ran {counts['done']} run(s), {args.workers - 1} other "
-              f"worker(s) the rest; {counts['failed']} failed; database {result.store}")
+        print(f"bench {result.preset.name}: this process ran {counts.done} run(s), {args.workers - 1} other "
+              f"worker(s) the rest; {counts.failed} failed; database {result.store}")
     else:
-        print(f"bench {result.preset.name}: {counts['done']} run(s) done, {counts['skipped']} skipped (finished "
-              f"earlier), {counts['failed']} failed; database {result.store}")
+        print(f"bench {result.preset.name}: {counts.done} run(s) done, {counts.skipped} skipped (finished "
+              f"earlier), {counts.failed} failed; database {result.store}")
     from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the summary first, then the lines on stderr
@@ -133,7 +133,7 @@ def _run(args, waiting: list) -> int:
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
-    return 1 if counts["failed"] else 0
+    return 1 if counts.failed else 0
 
 
 def _elsewhere(args) -> int:
@@ -179,8 +179,8 @@ def _elsewhere(args) -> int:
 def _run_key(args, preset) -> int:
     """Run the one run ``args.run_key`` and write its result file (a scheduler's task)."""
     from calibkit import distributed as D
-    from calibkit.bench.results import ResultFiles, split_run_key
     from calibkit.bench.runner import Bench
+    from calibkit.store.files import ResultFiles, split_run_key
 
     name, method, seed = split_run_key(args.run_key)
     if name != preset.name:
@@ -204,7 +204,7 @@ def _run_key(args, preset) -> int:
             bench.close()
     finally:
         D.teardown(group)
-    return 1 if counts["failed"] else 0
+    return 1 if counts.failed else 0
 
 
 def _collect(args, preset) -> int:

@@ -141,20 +141,20 @@ def _run(args, waiting: list) -> int:
     sharing = worker_sharing(args, waiting, f"tune {preset.name}", "candidates")
     result = run_tune(preset, args.out, options, sharing=sharing)
     if not result.main or args.await_start:
-        return 1 if result.counts["failed"] else 0
+        return 1 if result.counts.failed else 0
     import sys
 
     for line in result.worker_failures:
         print(line, file=sys.stderr)
     counts = result.counts
-    print(f"tune {preset.name}: {counts['done']} candidate(s) done here, {counts['skipped']} skipped (finished "
-          f"earlier or by another worker), {counts['failed']} failed; database {result.store}")
+    print(f"tune {preset.name}: {counts.done} candidate(s) done here, {counts.skipped} skipped (finished "
+          f"earlier or by another worker), {counts.failed} failed; database {result.store}")
     _print_report(result.report)
     from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the table first, then the lines on stderr
     print_failures("tune", result.failures, result.store)
-    return 1 if counts["failed"] else 0
+    return 1 if counts.failed else 0
 
 
 def _print_report(report) -> None:
@@ -196,9 +196,9 @@ def _elsewhere(args, preset) -> int:
             print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
         print_no_extension(preset.name, ids, "tune")
         return 0
-    from calibkit.bench.results import ResultFiles
     from calibkit.bench.tune import Tuner
     from calibkit.commands import run_scheduled
+    from calibkit.store.files import ResultFiles
 
     def one() -> int:
         tuner = Tuner(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
@@ -216,6 +216,6 @@ def _elsewhere(args, preset) -> int:
             counts = tuner.run_one(args.run_key)
         finally:
             tuner.close()
-        return 1 if counts["failed"] else 0
+        return 1 if counts.failed else 0
 
     return run_scheduled(args, one)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibkit.bench.attempts import Counts
 from calibkit.bench.grid import KEEP_POLICIES, Preset
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.errors import UserError
@@ -176,7 +177,7 @@ class TuneResult:
     """
 
     preset: Preset
-    counts: dict[str, int]
+    counts: Counts
     failures: list[str]
     selection: dict[str, dict]
     store: str
@@ -204,7 +205,7 @@ class BenchResult:
     """
 
     preset: Preset
-    counts: dict[str, int]
+    counts: Counts
     failures: list[str]
     store: str
     tuning: TuneResult | None = None

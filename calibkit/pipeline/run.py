@@ -66,9 +66,9 @@ def _tune(preset: Preset, out, options: TuneOptions, tuned: bool, sharing: Shari
             sharing.start()
         counts = tuner.run()
         interrupted = False
-        if tuned and counts["failed"]:
+        if tuned and counts.failed:
             first = f" (first: {tuner.failures[0]})" if tuner.failures else ""
-            raise UserRuntimeError(f"{counts['failed']} tuning candidate(s) failed{first}; see {where} (run the same "
+            raise UserRuntimeError(f"{counts.failed} tuning candidate(s) failed{first}; see {where} (run the same "
                                    "command again to retry them)")
         chosen = tuner.tuned_preset() if tuned else None
         selection = tuner.selection() if tuner.dd.is_main else {}
@@ -76,7 +76,7 @@ def _tune(preset: Preset, out, options: TuneOptions, tuned: bool, sharing: Shari
         tuner.close()
         if sharing.finish is not None:
             problems = sharing.finish(interrupted)
-    counts["failed"] += len(problems)
+    counts.failed += len(problems)
     return TuneResult(preset, counts, tuner.failures, selection, where, tuned=chosen, main=tuner.dd.is_main,
                       worker_failures=problems)
 
@@ -145,7 +145,7 @@ def run_bench(preset: PresetLike, out, options: BenchOptions | None = None, *, s
         sharing: the command line's ``--workers`` (:class:`Sharing`); leave it out.
 
     Returns:
-        a :class:`BenchResult`; ``counts["failed"]`` runs failed (each recorded with its reason,
+        a :class:`BenchResult`; ``counts.failed`` runs failed (each recorded with its reason,
         the others ran on).
 
     Raises:
@@ -189,7 +189,7 @@ def _grid(preset: Preset, out, options: BenchOptions, sharing: Sharing) -> Bench
         bench.close()
         if sharing.finish is not None:
             problems = sharing.finish(interrupted)
-    counts["failed"] += len(problems)
+    counts.failed += len(problems)
     return BenchResult(preset, counts, bench.failures, describe_store(out, options.store), main=bench.dd.is_main,
                        worker_failures=problems)
 

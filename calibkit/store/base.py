@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import uuid
 from contextlib import contextmanager
 from functools import wraps
@@ -31,6 +30,7 @@ from calibkit.store.common import (
     owner_alive,
     stored_path,
 )
+from calibkit.store.heartbeat import Heartbeat
 
 
 def retried(method):
@@ -55,6 +55,8 @@ class BaseStore:
     _BEAT = "heartbeat_at"
     # True while an operation runs again after a lost connection (its first try may have committed).
     _replay = False
+    # A database keeps tuning records (calibkit.store.protocol.ResultStore).
+    keeps_records = True
 
     def _setup_lease(self, root, heartbeat_s, grace_s) -> None:
         self.root = os.path.abspath(os.fspath(root))
@@ -62,8 +64,7 @@ class BaseStore:
         # Identifies this process in the rows it claims (host and pid let a later bench on this
         # host tell a crashed claim from a live one; other hosts go by the heartbeat).
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._beat_thread: threading.Thread | None = None
-        self._beat_stop = threading.Event()
+        self._heartbeat: Heartbeat | None = None
 
     # -- backend hooks ------------------------------------------------------------------------
     def _sql(self, sql: str, args=()):
@@ -101,10 +102,8 @@ class BaseStore:
     # -- plumbing ---------------------------------------------------------------------------
     def close(self) -> None:
         """Stop the heartbeat and close the connection."""
-        self._beat_stop.set()
-        if self._beat_thread is not None:
-            self._beat_thread.join(timeout=30)
-            self._beat_thread = None
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         self._close_connection()
 
     def __enter__(self):
@@ -114,19 +113,13 @@ class BaseStore:
         self.close()
 
     def _start_heartbeat(self) -> None:
-        """A daemon thread refreshing this process's claims every ``heartbeat_s`` (decided: a
-        thread rather than the training loop's callbacks, so evaluation and two-stage methods,
-        which have no epoch loop, keep their claims too). Started by the first claim."""
-        if self._beat_thread is None:
-            self._beat_thread = threading.Thread(target=self._beat_loop, name="calibkit-heartbeat", daemon=True)
-            self._beat_thread.start()
-
-    def _beat_loop(self) -> None:
-        while not self._beat_stop.wait(self.heartbeat_s):
-            try:
-                self._beat()
-            except Exception:  # a busy or briefly unreachable database: the next beat retries
-                pass
+        """Refresh this process's claims every ``heartbeat_s`` in a daemon thread
+        (:class:`~calibkit.store.heartbeat.Heartbeat`; decided: a thread rather than the training
+        loop's callbacks, so evaluation and two-stage methods, which have no epoch loop, keep their
+        claims too). Started by the first claim."""
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(self._beat, self.heartbeat_s, self.where)
+        self._heartbeat.start()
 
     def _decode(self, cursor, row, tolerant: bool = False) -> dict:
         """A row as a dict, JSON columns decoded. A cell that is not valid JSON raises a

@@ -10,8 +10,10 @@ import subprocess
 import pytest
 import torch
 
+from calibkit.bench.attempts import Counts
 from calibkit.bench.extend import extended_space, meta_key, next_value, no_effect_axes, plan
 from calibkit.bench.grid import BENCH_METHODS, BOUNDS, PRESETS, Axis, Bound, Preset, bound_for
+from calibkit.bench.producers import RunFactory
 from calibkit.bench.space import current_values
 from calibkit.store import Store
 from tests.conftest import PYTHON, ROOT
@@ -127,11 +129,10 @@ def fake_train(self, method, seed, run_dir, csm_data=None):
 
 
 def test_tune_extends_an_edge_twice_records_it_and_shows_it(tmp_path, monkeypatch, capsys):
-    from calibkit.bench.runner import Bench
     from calibkit.cli import main
     from calibkit.report.tuning import tuning_text
 
-    monkeypatch.setattr(Bench, "_train", fake_train)
+    monkeypatch.setattr(RunFactory, "train", fake_train)
     monkeypatch.setitem(PRESETS, "tinyx", TINY)
     monkeypatch.setitem(BENCH_METHODS, "ls",
                         dataclasses.replace(BENCH_METHODS["ls"], space={"loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
@@ -166,11 +167,10 @@ def test_tune_extends_an_edge_twice_records_it_and_shows_it(tmp_path, monkeypatc
 
 
 def test_tune_reports_an_axis_with_no_effect(tmp_path, monkeypatch):
-    from calibkit.bench.runner import Bench
     from calibkit.bench.tune import Tuner
     from calibkit.report.tuning import tuning_text
 
-    monkeypatch.setattr(Bench, "_train", fake_train)
+    monkeypatch.setattr(RunFactory, "train", fake_train)
     # focal's gamma does not reach fake_train's logits: every candidate is bit-identical
     monkeypatch.setitem(BENCH_METHODS, "focal", dataclasses.replace(BENCH_METHODS["focal"], space={
         "loss.gamma": Axis((1.0, 2.0, 3.0), 2.0)}))
@@ -259,7 +259,7 @@ def test_a_re_tuned_method_runs_again_and_the_report_shows_only_the_selection(tm
         finally:
             b.close()
 
-    assert bench(tiny) == {"done": 2, "skipped": 0, "failed": 0}  # LS at the preset's alpha 0.05
+    assert bench(tiny) == Counts(done=2, skipped=0, failed=0)  # LS at the preset's alpha 0.05
     with Store(tmp_path / "runs.db") as s:
         before = s.get("tiny/ls/0")
         # a tuning in this directory selects alpha 0.2 (on the selection seed 7)
@@ -270,7 +270,7 @@ def test_a_re_tuned_method_runs_again_and_the_report_shows_only_the_selection(tm
     with pytest.raises(ValueError, match=r"one set of values per bench.*selected \{'loss.alpha': 0.2\}"):
         bench(apply_values(tiny, "ls", {"loss.alpha": 0.1}))
     # at the selection: exactly LS runs again (CE is unchanged), the old run is kept aside
-    assert bench(apply_values(tiny, "ls", {"loss.alpha": 0.2})) == {"done": 1, "skipped": 1, "failed": 0}
+    assert bench(apply_values(tiny, "ls", {"loss.alpha": 0.2})) == Counts(done=1, skipped=1, failed=0)
     with Store(tmp_path / "runs.db", readonly=True) as s:
         old, new = s.get("tiny/ls/0~alpha=0.05"), s.get("tiny/ls/0")
     assert old["metrics"] == before["metrics"] and old["finished_at"] == before["finished_at"]
@@ -284,7 +284,7 @@ def test_a_re_tuned_method_runs_again_and_the_report_shows_only_the_selection(tm
     assert "| runs not shown | 1 run(s) at values other than this directory's selection (kept in runs.db): " \
            "tiny/ls/0~alpha=0.05 |" in md
     # and running it again changes nothing
-    assert bench(apply_values(tiny, "ls", {"loss.alpha": 0.2})) == {"done": 0, "skipped": 2, "failed": 0}
+    assert bench(apply_values(tiny, "ls", {"loss.alpha": 0.2})) == Counts(done=0, skipped=2, failed=0)
 
 
 def test_provenance_names_the_committed_tuning_only_for_the_shipped_presets_own_runs():

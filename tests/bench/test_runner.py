@@ -68,7 +68,7 @@ def test_checkpoint_interval_is_a_runtime_setting_of_the_presets(tmp_path):
     assert [PRESETS[n].checkpoint_every for n in ("smoke", "default", "full", "cifar10")] == [1, 5, 5, 1]
     bench = Bench(PRESETS["default"], tmp_path, device="cpu", log=lambda *a, **k: None)
     try:
-        record = json.dumps(bench._config_record("ce", 0))
+        record = json.dumps(bench.factory.config_record("ce", 0))
     finally:
         bench.close()
     assert "checkpoint" not in record and '"keep": "best-acc"' in record
@@ -219,7 +219,7 @@ def test_evaluation_sets_are_built_once_per_bench(tmp_path):
 
         assert torch.equal(a.bundle.test.images, load("digits", seed=1, val_size=100).test.images)
         assert a.on("ood", "cpu") is a.on("ood", "cpu")  # one copy per device
-        other = bench.view(replace(preset, robust_n=20)).eval_data(0)
+        other = bench.eval_data(0, preset=replace(preset, robust_n=20))
         assert other is not a and len(other.robust_index()) == 20
     finally:
         bench.close()

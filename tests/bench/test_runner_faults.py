@@ -18,10 +18,13 @@ from safetensors import SafetensorError
 
 from calibkit import rundir
 from calibkit.bench import evaluation
-from calibkit.bench import results as R
+from calibkit.bench.attempts import Counts
 from calibkit.bench.grid import PRESETS, Preset
+from calibkit.bench.producers import RunFactory
+from calibkit.bench.results import task_kept
 from calibkit.bench.runner import Bench
 from calibkit.store import Store
+from calibkit.store import files as R
 
 TINY = Preset(name="tiny", dataset="digits", model="mlp", seeds=(0, 1), tune_seed=7, num_threads=1,
               train=dict(epochs=1, batch_size=64, lr=0.05, val_size=200, train_subset=128, augment=False))
@@ -43,7 +46,7 @@ def stand_ins(monkeypatch):
                                                       "test_logits": logits.clone(), "test_labels": labels.clone()})
         return {"run_dir": run_dir, "train_time_s": 1.0}
 
-    monkeypatch.setattr(Bench, "_train", fake_train)
+    monkeypatch.setattr(RunFactory, "train", fake_train)
     monkeypatch.setattr(Bench, "eval_data", lambda self, seed: None)
     monkeypatch.setattr(evaluation, "evaluate_run", lambda run_dir, data, **kw: {
         "metrics": METRICS, "ood": None, "robustness": None, "eval_time_s": 0.1,
@@ -112,7 +115,7 @@ def test_a_full_disk_stops_the_bench_at_the_first_run_and_keeps_the_finished_one
     # the documented step: space freed, the same command continues where it stopped
     monkeypatch.setattr(rundir, "save_file", __import__("safetensors.torch").torch.save_file)
     with closing(Bench(TINY, tmp_path, methods=["ls"], log=lines.append)) as b:
-        assert b.run() == {"done": 3, "skipped": 1, "failed": 0}
+        assert b.run() == Counts(done=3, skipped=1, failed=0)
 
 
 def test_the_command_says_one_line_and_builds_no_report(tmp_path, stand_ins, monkeypatch, capsys, one_thread):
@@ -139,7 +142,7 @@ def test_a_failed_run_is_named_on_stderr_with_its_reason_and_a_retry_runs_it(tmp
     monkeypatch.setitem(PRESETS, "tiny", TINY)
     monkeypatch.setattr(calibkit.report, "build_report", lambda *a,
                         **k: {"text": "", "paths": {"html": "h", "md": "m"}})
-    fake = Bench._train
+    fake = RunFactory.train
 
     def failing(self, method, seed, run_dir, csm_data=None):
         if method == "ls" and seed == 1:
@@ -147,7 +150,7 @@ def test_a_failed_run_is_named_on_stderr_with_its_reason_and_a_retry_runs_it(tmp
             raise RuntimeError("loss is NaN\nat epoch 1")
         return fake(self, method, seed, run_dir, csm_data)
 
-    monkeypatch.setattr(Bench, "_train", failing)
+    monkeypatch.setattr(RunFactory, "train", failing)
     out = tmp_path / "b"
     argv = ["bench", "--preset", "tiny", "--methods", "ls", "--out", str(out), "--device", "cpu"]
     assert main(argv) == 1
@@ -156,7 +159,7 @@ def test_a_failed_run_is_named_on_stderr_with_its_reason_and_a_retry_runs_it(tmp
         "calibkit bench: error: run tiny/ls/1 (method ls, seed 1) failed: RuntimeError: loss is NaN at epoch 1; "
         f"recorded in {out / 'runs.db'}; run the same command again to retry it"]
     assert "tiny/ls/1: FAILED: RuntimeError: loss is NaN" in captured.out
-    monkeypatch.setattr(Bench, "_train", fake)  # the cause fixed: the same command runs the failed run only
+    monkeypatch.setattr(RunFactory, "train", fake)  # the cause fixed: the same command runs the failed run only
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "1 run(s) done, 3 skipped (finished earlier), 0 failed" in captured.out
@@ -184,13 +187,13 @@ def test_a_task_cancelled_before_training_runs_again_in_its_directory(tmp_path, 
             b.run_one(0, "ce")
     run = tmp_path / "runs" / "tiny" / "ce" / "seed0"
     assert [p.name for p in run.iterdir()] == [R.RESULT]  # the interrupted marker, nothing else
-    assert R.task_kept(tmp_path, "tiny/ce/0") == (f"{run} holds only this attempt's record (result.json); "
+    assert task_kept(tmp_path, "tiny/ce/0") == (f"{run} holds only this attempt's record (result.json); "
                                                   "a requeued task, or the same submission command run again, "
                                                   "starts the run there")
     # the requeued task (or a resubmission): the same run, trained for real in that directory
     monkeypatch.setattr(Bench, "produce", real_produce)
     with closing(Bench(TINY, tmp_path, seeds=[0], methods=["ce"], device="cpu", store=R.ResultFiles(tmp_path))) as b:
-        assert b.run_one(0, "ce") == {"done": 1, "skipped": 0, "failed": 0}
+        assert b.run_one(0, "ce") == Counts(done=1, skipped=0, failed=0)
     doc = R.read_doc(run / R.RESULT, "runs")
     assert doc["row"]["status"] == "done" and doc["row"]["attempts"] == 2 and (run / rundir.LOGITS).is_file()
 
@@ -198,19 +201,19 @@ def test_a_task_cancelled_before_training_runs_again_in_its_directory(tmp_path, 
 def test_what_an_interrupted_task_kept_is_read_from_its_run_directory(tmp_path):
     run = tmp_path / "runs" / "p" / "ls" / "seed0"
     again = "a requeued task, or the same submission command run again,"
-    assert R.task_kept(tmp_path, "p/ls/0") == f"nothing of p/ls/0 was written yet; {again} starts it"
+    assert task_kept(tmp_path, "p/ls/0") == f"nothing of p/ls/0 was written yet; {again} starts it"
     run.mkdir(parents=True)
     (run / rundir.CONFIG).write_text("{}")
-    assert R.task_kept(tmp_path, "p/ls/0") == f"{run} holds the run, not yet checkpointed; {again} starts it again"
+    assert task_kept(tmp_path, "p/ls/0") == f"{run} holds the run, not yet checkpointed; {again} starts it again"
     (run / rundir.CHECKPOINT).write_bytes(b"")
-    assert R.task_kept(tmp_path, "p/ls/0") == (f"{run} keeps the run up to its last checkpoint; {again} resumes it "
+    assert task_kept(tmp_path, "p/ls/0") == (f"{run} keeps the run up to its last checkpoint; {again} resumes it "
                                                "from there")
     cand = R.candidate_path(tmp_path, "p/ls/7/alpha=0.1")
     cand.parent.mkdir(parents=True)
     cand.write_text("{}")
-    assert R.task_kept(tmp_path, "p/ls/7/alpha=0.1").startswith(f"{cand.parent} holds only this attempt's record "
+    assert task_kept(tmp_path, "p/ls/7/alpha=0.1").startswith(f"{cand.parent} holds only this attempt's record "
                                                                 "(candidate.json)")
-    assert R.task_kept(tmp_path, "not a key") == f"{again} runs it again"
+    assert task_kept(tmp_path, "not a key") == f"{again} runs it again"
 
 
 def test_the_tasks_interruption_line_says_what_it_kept(tmp_path, monkeypatch, capsys, one_thread):

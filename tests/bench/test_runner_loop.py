@@ -1,7 +1,7 @@
 """``calibkit.bench.runner``'s loop with training and evaluation stood in: what each run is handed,
 what is recorded and logged, the directory's one policy and one set of values, stale runs moved aside.
 
-``Bench._train`` is replaced by a writer of fixed logits and ``evaluate_run`` by a function that
+``RunFactory.train`` is replaced by a writer of fixed logits and ``evaluate_run`` by a function that
 returns fixed measurements, so every test here runs in well under a second; the training and the
 evaluation themselves are tested in ``tests/train`` and ``tests/bench/test_evaluation*.py``.
 """
@@ -16,11 +16,13 @@ import pytest
 import torch
 
 from calibkit import rundir
-from calibkit.bench import evaluation, runner
+from calibkit.bench import attempts, evaluation, runner
+from calibkit.bench.attempts import Counts, Outcome
 from calibkit.bench.grid import METHODS, Preset
+from calibkit.bench.producers import RunFactory
 from calibkit.bench.runner import Bench, train_config
 from calibkit.bench.space import apply_values
-from calibkit.store import Store
+from calibkit.store import NullStore, Store
 
 TINY = Preset(name="tiny", dataset="digits", model="mlp", seeds=(0, 1), tune_seed=7, num_threads=1,
               train=dict(epochs=4, batch_size=64, lr=0.05, val_size=200, augment=False, milestones=[0.5, 0.75]))
@@ -53,7 +55,7 @@ def stand_ins(monkeypatch):
         return {"metrics": METRICS, "ood": {"auroc": 0.75}, "robustness": None, "eval_time_s": 0.5,
                 "logits_path": str(run_dir / rundir.LOGITS)}
 
-    monkeypatch.setattr(Bench, "_train", fake_train)
+    monkeypatch.setattr(RunFactory, "train", fake_train)
     monkeypatch.setattr(Bench, "eval_data", lambda self, seed: f"data-{seed}")
     monkeypatch.setattr(evaluation, "evaluate_run", fake_eval)
     return calls
@@ -140,7 +142,7 @@ def test_produce_sends_each_kind_its_directory(tmp_path, monkeypatch):
     from calibkit.bench import twostage
 
     seen = []
-    monkeypatch.setattr(Bench, "_train", lambda self, m, seed, d, csm_data=None: seen.append(("train", m, seed, d))
+    monkeypatch.setattr(RunFactory, "train", lambda self, m, seed, d, csm_data=None: seen.append(("train", m, seed, d))
                         or {"k": "train"})
     for name in ("maccal", "csm"):
         monkeypatch.setattr(twostage, f"produce_{name}",
@@ -149,9 +151,9 @@ def test_produce_sends_each_kind_its_directory(tmp_path, monkeypatch):
         assert b.produce("focal", 1) == {"k": "train"}
         assert seen[-1] == ("train", "focal", 1, tmp_path / "runs" / "tiny" / "focal" / "seed1")
         assert b.produce("maccal", 0) == {"k": "maccal"}
-        assert seen[-1] == ("maccal", b, 0, tmp_path / "runs" / "tiny" / "maccal" / "seed0")
+        assert seen[-1] == ("maccal", b.factory, 0, tmp_path / "runs" / "tiny" / "maccal" / "seed0")
         assert b.produce("csm", 2) == {"k": "csm"}
-        assert seen[-1] == ("csm", b, 2, tmp_path / "runs" / "tiny" / "csm" / "seed2")
+        assert seen[-1] == ("csm", b.factory, 2, tmp_path / "runs" / "tiny" / "csm" / "seed2")
         monkeypatch.setitem(METHODS, "odd", dataclasses.replace(METHODS["ls"], kind="weird"))
         with pytest.raises(ValueError) as err:
             b.produce("odd", 0)
@@ -170,7 +172,7 @@ def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeyp
     monkeypatch.setattr(calibkit.train, "train", fake)
     with closing(_bench(tmp_path, data_dir="/dd", device="cpu")) as b:
         status = "done"
-        made = b._train("ls", 1, tmp_path / "r", csm_data="/c")
+        made = b.factory.train("ls", 1, tmp_path / "r", csm_data="/c")
         cfg, out, progress, verbose, root = got[-1]
         assert cfg == train_config(TINY, "ls", 1, "/dd", "cpu", 1, "/c") and out == tmp_path / "r"
         assert progress is True and verbose is False
@@ -178,7 +180,7 @@ def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeyp
         assert made == {"run_dir": tmp_path / "r", "train_time_s": 12.5, "config": cfg.to_dict()}
         status = "stopped"
         with pytest.raises(RuntimeError) as err:
-            b._train("ls", 1, tmp_path / "r")
+            b.factory.train("ls", 1, tmp_path / "r")
         assert str(err.value) == f"{tmp_path / 'r'}: training ended with status 'stopped'"
 
 
@@ -188,7 +190,7 @@ def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeyp
 def test_run_trains_evaluates_and_records_every_run_in_seed_order(tmp_path, stand_ins):
     lines = []
     with closing(_bench(tmp_path, lines, device="cpu")) as b:
-        assert b.run() == {"done": 4, "skipped": 0, "failed": 0}
+        assert b.run() == Counts(done=4, skipped=0, failed=0)
     root = tmp_path / "runs" / "tiny"
     assert [c[:2] for c in stand_ins["train"]] == [("ce", 0), ("ls", 0), ("ce", 1), ("ls", 1)]
     assert stand_ins["eval"][1] == (root / "ls" / "seed0", "data-0", "model-ls", "norm-ls", b.dd.device)
@@ -201,14 +203,14 @@ def test_run_trains_evaluates_and_records_every_run_in_seed_order(tmp_path, stan
     assert (r["train_time_s"], r["eval_time_s"], r["method"], r["seed"]) == (3.5, 0.5, "ls", 1)
     assert r["run_dir"] == str(root / "ls" / "seed1") and r["logits_path"] == str(root / "ls" / "seed1" / rundir.LOGITS)
     assert r["config"]["hparams"] == {"loss.alpha": 0.05} and r["config"]["seed"] == 1
-    assert r["git_commit"] == b._env["git_commit"] and r["versions"] == b._env["versions"]
+    assert r["git_commit"] == b.factory.env["git_commit"] and r["versions"] == b.factory.env["versions"]
     assert len(lines) == 4 and lines[0].startswith("[1/4] tiny/ce/0: done in 0 s (acc 87.50%, ECE 12.34 -> 4.56 "
                                                    "after TS) | elapsed ")
     assert lines[3].startswith("[4/4] tiny/ls/1: done in ")
     # again: every run finished earlier, nothing trained
     lines.clear()
     with closing(_bench(tmp_path, lines)) as b:
-        assert b.run() == {"done": 0, "skipped": 4, "failed": 0}
+        assert b.run() == Counts(done=0, skipped=4, failed=0)
     assert len(stand_ins["train"]) == 4
     assert [ln.split(" | ")[0] for ln in lines] == [
         f"[{i}/4] {k}: finished earlier; skipped" for i, k in enumerate(rows, 1)]
@@ -218,14 +220,14 @@ def test_a_failing_run_is_recorded_and_the_others_go_on(tmp_path, stand_ins):
     stand_ins["fail"].add(("ls", 0))
     lines = []
     with closing(_bench(tmp_path, lines)) as b:
-        assert b.run() == {"done": 3, "skipped": 0, "failed": 1}
+        assert b.run() == Counts(done=3, skipped=0, failed=1)
     rows = _rows(tmp_path)
     assert rows["tiny/ls/0"]["status"] == "failed" and "RuntimeError: ls diverged" in rows["tiny/ls/0"]["error"]
     assert "Traceback" in rows["tiny/ls/0"]["error"] and rows["tiny/ls/1"]["status"] == "done"
     assert lines[1].startswith("[2/4] tiny/ls/0: FAILED: RuntimeError: ls diverged | ")
     stand_ins["fail"].clear()  # the next bench retries it, and only it
     with closing(_bench(tmp_path)) as b:
-        assert b.run() == {"done": 1, "skipped": 3, "failed": 0}
+        assert b.run() == Counts(done=1, skipped=3, failed=0)
     assert stand_ins["train"][-1][:2] == ("ls", 0) and _rows(tmp_path)["tiny/ls/0"]["status"] == "done"
 
 
@@ -246,7 +248,7 @@ def test_a_run_held_by_another_process_is_waited_for_once(tmp_path, stand_ins, m
     lines = []
     b = _bench(tmp_path, lines)
     try:
-        assert b.run() == {"done": 3, "skipped": 1, "failed": 0}
+        assert b.run() == Counts(done=3, skipped=1, failed=0)
     finally:
         b.close()
         other.close()
@@ -262,15 +264,15 @@ def test_run_one_runs_exactly_one_run_of_its_grid(tmp_path, stand_ins):
         assert str(err.value) == "tiny/focal/0 is not a run of this bench (methods ce, ls; seeds [0, 1])"
         with pytest.raises(ValueError, match="tiny/ls/5 is not a run"):
             b.run_one(5, "ls")
-        assert b.run_one(1, "ls") == {"done": 1, "skipped": 0, "failed": 0}
+        assert b.run_one(1, "ls") == Counts(done=1, skipped=0, failed=0)
         assert [c[:2] for c in stand_ins["train"]] == [("ls", 1)]
-        assert b.run_one(1, "ls") == {"done": 0, "skipped": 1, "failed": 0}
+        assert b.run_one(1, "ls") == Counts(done=0, skipped=1, failed=0)
         other = Store(tmp_path / "runs.db")
         assert other.claim("tiny/ce/0", preset="tiny", method="ce", seed=0)
-        assert b.run_one(0, "ce") == {"done": 0, "skipped": 1, "failed": 0}  # held: skipped, not waited for
+        assert b.run_one(0, "ce") == Counts(done=0, skipped=1, failed=0)  # held: skipped, not waited for
         other.close()
         stand_ins["fail"].add(("ls", 0))
-        assert b.run_one(0, "ls") == {"done": 0, "skipped": 0, "failed": 1}
+        assert b.run_one(0, "ls") == Counts(done=0, skipped=0, failed=1)
     assert list(_rows(tmp_path)) == ["tiny/ls/1", "tiny/ce/0", "tiny/ls/0"]
 
 
@@ -282,12 +284,13 @@ def test_run_one_refuses_a_directory_of_other_values(tmp_path, stand_ins):
             b.run_one(1, "ls")
 
 
-def test_view_shares_everything_but_the_preset(tmp_path):
-    with closing(_bench(tmp_path)) as b:
+def test_the_run_factory_of_another_preset_shares_everything_but_the_preset(tmp_path):
+    with closing(_bench(tmp_path, data_dir="/dd", device="cpu")) as b:
         other = dataclasses.replace(TINY, robust_n=5)
-        v = b.view(other)
-        assert v.preset is other and b.preset is TINY
-        assert (v.store, v.out, v.dd, v._data, v.methods) == (b.store, b.out, b.dd, b._data, b.methods)
+        f = b.factory.with_preset(other)
+        assert f.preset is other and b.preset is TINY and b.factory.preset is TINY
+        assert (f.out, f.dd, f.data_dir, f.device, f.num_threads, f.env) == (
+            tmp_path, b.dd, "/dd", "cpu", 1, b.factory.env)
 
 
 # ------------------------------------------------------------------------------ one policy, one set of values
@@ -298,7 +301,7 @@ def _finished(out, method="ls", seed=0, preset=TINY, run_dir=True):
     with closing(Bench(preset, out, methods=[method], log=quiet)) as b:
         key = f"tiny/{method}/{seed}"
         d = out / "runs" / "tiny" / method / f"seed{seed}"
-        assert b.store.claim(key, preset="tiny", method=method, seed=seed, config=b._config_record(method, seed))
+        assert b.store.claim(key, preset="tiny", method=method, seed=seed, config=b.factory.config_record(method, seed))
         if run_dir:
             d.mkdir(parents=True)
             (d / "marker").write_text(key)
@@ -392,7 +395,7 @@ def test_a_stale_run_is_moved_aside_and_run_again(tmp_path, stand_ins):
     lines = []
     with closing(Bench(tuned, tmp_path, methods=["ls"], seeds=[0], log=lines.append)) as b:
         assert b.check_consistent() == [key]
-        assert b.run() == {"done": 2, "skipped": 0, "failed": 0}
+        assert b.run() == Counts(done=2, skipped=0, failed=0)
     moved = d.with_name("seed0~alpha=0.05")
     assert lines[0] == (f"{key}: run at {{'loss.alpha': 0.05}}, not this directory's selection; kept as "
                         "tiny/ls/0~alpha=0.05 and run again")
@@ -469,28 +472,28 @@ def test_config_record_holds_what_a_table_must_not_mix(tmp_path):
     preset = dataclasses.replace(TINY, train_by_method={"ls": {"lr": 0.1}}, data_dir="/d", ood="none",
                                  robust_n=30, severities=(1, 3))
     with closing(Bench(preset, tmp_path, methods=None, log=quiet)) as b:
-        rec = b._config_record("ls", 1)
+        rec = b.factory.config_record("ls", 1)
         assert rec == {"preset": "tiny", "method": "ls", "kind": "train", "seed": 1, "keep": preset.keep,
                        "hparams": {"loss.alpha": 0.05}, "loss": "ls", "train_method": "standard",
                        "dataset": "digits", "model": "mlp", "train": {**TINY.train, "milestones": [2, 3]},
                        "train_overrides": {"lr": 0.1}, "ood": "none", "robust_n": 30, "severities": [1, 3],
                        "data_dir": "/d"}
         assert preset.train["milestones"] == [0.5, 0.75]  # the preset itself is unchanged
-        assert b._config_record("maccal", 0)["maccal"] == dict(preset.maccal) and "csm" not in b._config_record(
-            "maccal", 0)
-        assert b._config_record("csm", 0)["csm"] == dict(preset.csm) and "maccal" not in b._config_record("csm", 0)
+        record = b.factory.config_record
+        assert record("maccal", 0)["maccal"] == dict(preset.maccal) and "csm" not in record("maccal", 0)
+        assert record("csm", 0)["csm"] == dict(preset.csm) and "maccal" not in record("csm", 0)
         assert "maccal" not in rec and "csm" not in rec
     plain = dataclasses.replace(TINY, train={k: v for k, v in TINY.train.items() if k != "milestones"})
     no_milestones = dataclasses.replace(plain, train={**plain.train, "milestones": None})
     with closing(Bench(no_milestones, tmp_path / "p", log=quiet)) as b:
-        assert b._config_record("ce", 0)["train"]["milestones"] is None
+        assert b.factory.config_record("ce", 0)["train"]["milestones"] is None
     no_epochs = {k: v for k, v in TINY.train.items() if k != "epochs"}
     from calibkit.config import TrainConfig
 
     # epochs not set by the preset: TrainConfig's default
     with closing(Bench(dataclasses.replace(TINY, train={**no_epochs, "milestones": [0.5]}), tmp_path / "q",
                        log=quiet)) as b:
-        assert b._config_record("ce", 0)["train"]["milestones"] == [int(0.5 * TrainConfig.epochs)]
+        assert b.factory.config_record("ce", 0)["train"]["milestones"] == [int(0.5 * TrainConfig.epochs)]
 
 
 # ------------------------------------------------------------------------------ what each part is handed
@@ -507,7 +510,7 @@ def test_eval_data_loads_the_runs_split_and_caches_under_the_bench(tmp_path, mon
         first = b.eval_data(1)
         assert loads == [("digits", {"data_dir": "/dd", "seed": 1, "val_size": 200, "train_subset": 300})]
         assert first == (preset, "bundle-1", tmp_path / "cache", "/dd") and b.eval_data(0) is first
-        b.view(dataclasses.replace(preset, robust_n=7)).eval_data(0)
+        b.eval_data(0, preset=dataclasses.replace(preset, robust_n=7))
         assert len(loads) == 2 and loads[1][1]["seed"] == 0
 
 
@@ -517,7 +520,7 @@ def test_train_passes_the_generated_set_to_a_csm_run(tmp_path, monkeypatch):
     got = []
     monkeypatch.setattr(calibkit.train, "train", lambda cfg, out, **kw: got.append(cfg) or {"status": "done"})
     with closing(_bench(tmp_path, methods=["csm"])) as b:
-        b._train("csm", 0, tmp_path / "r", csm_data=tmp_path / "gen")
+        b.factory.train("csm", 0, tmp_path / "r", csm_data=tmp_path / "gen")
     assert got[0].csm_data == str(tmp_path / "gen") and got[0].method == METHODS["csm"].method
 
 
@@ -543,9 +546,7 @@ class _Progress:
 
 def test_progress_gets_a_bar_only_for_print_on_a_terminal_and_every_runs_duration(tmp_path, stand_ins,
                                                                                monkeypatch):
-    from calibkit.bench import progress
-
-    monkeypatch.setattr(progress, "RunProgress", _Progress)
+    monkeypatch.setattr(runner, "RunProgress", _Progress)
     _Progress.made.clear()
     stand_ins["fail"].add(("ls", 1))
     for tty in (True, False):
@@ -578,7 +579,7 @@ def test_run_asks_whether_each_method_and_seed_is_ready(tmp_path, stand_ins, mon
 
 def test_a_runs_record_names_the_code_it_ran(tmp_path, stand_ins):
     with closing(_bench(tmp_path)) as b:
-        b._env = {"git_commit": "abc123", "versions": {"torch": "x"}}
+        b.factory = dataclasses.replace(b.factory, env={"git_commit": "abc123", "versions": {"torch": "x"}})
         b.run_one(0, "ls")
     row = _rows(tmp_path)["tiny/ls/0"]
     assert row["git_commit"] == "abc123" and row["versions"] == {"torch": "x"}
@@ -591,14 +592,15 @@ def test_rank_1_of_a_torchrun_bench_trains_but_neither_evaluates_writes_nor_logs
     monkeypatch.setattr(runner.D, "setup", lambda device: D.Dist(rank=1, world=2))
     monkeypatch.setattr(runner.D, "barrier", lambda dd: None)
     monkeypatch.setattr(runner.D, "teardown", lambda dd: None)
-    sent = iter([(None, []), "claimed", (None, []), "done"])  # what rank 0 decided, in order
+    sent = iter([(None, []), Outcome.CLAIMED, (None, []), Outcome.DONE])  # what rank 0 decided, in order
     monkeypatch.setattr(runner, "broadcast", lambda value, dd: next(sent))
+    monkeypatch.setattr(attempts, "broadcast", lambda value, dd: next(sent))
     lines = []
     with closing(_bench(tmp_path, lines)) as b:
-        assert b.store is None and not (tmp_path / "runs.db").exists()
+        assert isinstance(b.store, NullStore) and not (tmp_path / "runs.db").exists()
         b.log("not shown")
-        assert b.run_one(0, "ls") == {"done": 1, "skipped": 0, "failed": 0}
-        assert b.run_one(1, "ls") == {"done": 0, "skipped": 1, "failed": 0}
+        assert b.run_one(0, "ls") == Counts(done=1, skipped=0, failed=0)
+        assert b.run_one(1, "ls") == Counts(done=0, skipped=1, failed=0)
         b.supersede(["tiny/ls/0"])  # rank 0 moves stale runs; this rank only waits for it
     assert [c[:2] for c in stand_ins["train"]] == [("ls", 0)] and stand_ins["eval"] == [] and lines == []
 
@@ -631,4 +633,4 @@ def test_recorded_selection_ignores_another_presets_tuning(tmp_path):
 
 def test_config_record_of_a_method_without_overrides(tmp_path):
     with closing(_bench(tmp_path)) as b:
-        assert b._config_record("ce", 0)["train_overrides"] == {}
+        assert b.factory.config_record("ce", 0)["train_overrides"] == {}

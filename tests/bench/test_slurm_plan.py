@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from calibkit.bench import results as R
 from calibkit.bench.grid import METHODS
 from calibkit.bench.slurm import _ranges
 from calibkit.cli import main
+from calibkit.store import files as R
 
 ONE_STAGE = [m for m in METHODS if m != "ce" and METHODS[m].kind == "train"]
 

@@ -9,8 +9,10 @@ import re
 import pytest
 import torch
 
-from calibkit.bench import grid
+from calibkit.bench import grid, tune
+from calibkit.bench.attempts import Counts
 from calibkit.bench.grid import KEEP_POLICIES, MARGINS, METHODS, PRESETS, TARGETS, Axis, Preset, with_keep
+from calibkit.bench.producers import RunFactory
 from calibkit.bench.space import apply_values, at_edge, candidates, current_values, with_loss_params
 from calibkit.bench.tune import Criterion, Tuner, cand_key, select, slug, val_metrics
 from calibkit.store import Store
@@ -212,7 +214,7 @@ def test_selection_never_reads_the_test_split(tmp_path, small_spaces, monkeypatc
     from calibkit import rundir
 
     counts, clean = _tune(tmp_path / "clean")
-    assert counts == {"done": 6, "skipped": 0, "failed": 0} and set(clean) == {"ls", "mbls"}
+    assert counts == Counts(done=6, skipped=0, failed=0) and set(clean) == {"ls", "mbls"}
 
     real_load = calibkit.data.load
 
@@ -223,7 +225,7 @@ def test_selection_never_reads_the_test_split(tmp_path, small_spaces, monkeypatc
 
     monkeypatch.setattr(calibkit.data, "load", poisoned)
     counts, dirty = _tune(tmp_path / "poisoned")
-    assert counts["done"] == 6
+    assert counts.done == 6
     # the poison reached the runs (their test labels are all wrong) ...
     ce = rundir.load_logits(tmp_path / "poisoned" / "runs" / "tiny" / "ce" / "seed7")
     ce_clean = rundir.load_logits(tmp_path / "clean" / "runs" / "tiny" / "ce" / "seed7")
@@ -263,10 +265,9 @@ def test_val_metrics_read_only_the_validation_tensors(tmp_path):
 
 
 def test_interrupted_tune_resumes_without_retraining(tmp_path, small_spaces, monkeypatch):
-    from calibkit.bench.runner import Bench
 
     trained, interrupt = [], [True]
-    real_train = Bench._train
+    real_train = RunFactory.train
 
     def counting(self, method, seed, run_dir, csm_data=None):
         trained.append(run_dir.name if method != "ce" else "ce")
@@ -275,7 +276,7 @@ def test_interrupted_tune_resumes_without_retraining(tmp_path, small_spaces, mon
             raise KeyboardInterrupt  # Ctrl-C during the third candidate, once
         return real_train(self, method, seed, run_dir, csm_data)
 
-    monkeypatch.setattr(Bench, "_train", counting)
+    monkeypatch.setattr(RunFactory, "train", counting)
     with pytest.raises(KeyboardInterrupt):
         _tune(tmp_path)
     first = _rows(tmp_path)
@@ -286,12 +287,12 @@ def test_interrupted_tune_resumes_without_retraining(tmp_path, small_spaces, mon
     trained.clear()
     counts, chosen = _tune(tmp_path)
     assert trained == ["alpha=0.1", "alpha=0.3", "margin=2", "margin=6"], "finished candidates never retrain"
-    assert counts == {"done": 4, "skipped": 2, "failed": 0} and set(chosen) == {"ls", "mbls"}
+    assert counts == Counts(done=4, skipped=2, failed=0) and set(chosen) == {"ls", "mbls"}
     again = _rows(tmp_path)
     for key in done:  # their rows were not rewritten
         assert again[key]["finished_at"] == first[key]["finished_at"] and again[key]["attempts"] == 1
     trained.clear()
-    assert _tune(tmp_path)[0] == {"done": 0, "skipped": 6, "failed": 0} and trained == []
+    assert _tune(tmp_path)[0] == Counts(done=0, skipped=6, failed=0) and trained == []
 
 
 def test_tune_refuses_a_directory_trained_with_other_settings(tmp_path, small_spaces, monkeypatch):
@@ -348,7 +349,7 @@ def test_bench_refuses_to_mix_hyperparameters_or_policies(tmp_path, one_thread):
     small = dataclasses.replace(TINY, robust_n=40, severities=(1,), n_boot=10)
     bench = Bench(small, tmp_path, methods=["ls"], num_threads=1, log=lambda *a, **k: None)
     try:
-        assert bench.run() == {"done": 2, "skipped": 0, "failed": 0}
+        assert bench.run() == Counts(done=2, skipped=0, failed=0)
     finally:
         bench.close()
     with Store(tmp_path / "runs.db", readonly=True) as s:
@@ -465,7 +466,7 @@ def test_default_preset_values_are_the_committed_selection():
 
 
 def _fake_train(fail=()):
-    """``Bench._train`` without training: validation logits whose confidence grows with LS's alpha
+    """``RunFactory.train`` without training: validation logits whose confidence grows with LS's alpha
     (all correct, so ECE = 1 - mean confidence falls as alpha grows); values in ``fail`` raise."""
 
     def train(self, method, seed, run_dir, csm_data=None):
@@ -485,12 +486,11 @@ def _fake_train(fail=()):
 
 @pytest.fixture
 def no_training(monkeypatch):
-    from calibkit.bench.runner import Bench
 
-    monkeypatch.setattr(Bench, "_train", _fake_train())
+    monkeypatch.setattr(RunFactory, "train", _fake_train())
     monkeypatch.setitem(METHODS, "ls", dataclasses.replace(METHODS["ls"], space={
         "loss.alpha": Axis((0.01, 0.1, 0.3), 0.05)}))
-    return lambda fail: monkeypatch.setattr(Bench, "_train", _fake_train(fail))
+    return lambda fail: monkeypatch.setattr(RunFactory, "train", _fake_train(fail))
 
 
 def _tuner(out, lines=None, **kw):
@@ -533,7 +533,7 @@ def test_tuner_trains_scores_selects_and_logs_each_candidate(tmp_path, no_traini
     lines = []
     tuner = _tuner(tmp_path, lines)
     try:
-        assert tuner.run() == {"done": 4, "skipped": 0, "failed": 0}
+        assert tuner.run() == Counts(done=4, skipped=0, failed=0)
         assert tuner.selection() == {"ls": {"loss.alpha": 0.3}}  # the most confident: all correct, lowest ECE
         tuned = tuner.tuned_preset()
         rec = tuner.record("ls", {"loss.alpha": 0.3})
@@ -557,7 +557,7 @@ def test_tuner_trains_scores_selects_and_logs_each_candidate(tmp_path, no_traini
     lines.clear()
     tuner = _tuner(tmp_path, lines)
     try:
-        assert tuner.run() == {"done": 0, "skipped": 4, "failed": 0}
+        assert tuner.run() == Counts(done=0, skipped=4, failed=0)
     finally:
         tuner.close()
     assert lines[0] == "[1/4] tune tiny/ce/7/default: finished earlier; skipped"
@@ -584,7 +584,7 @@ def test_a_failed_candidate_leaves_no_selection_and_says_so(tmp_path, no_trainin
     lines = []
     tuner = _tuner(tmp_path, lines)
     try:
-        assert tuner.run() == {"done": 3, "skipped": 0, "failed": 1}
+        assert tuner.run() == Counts(done=3, skipped=0, failed=1)
         assert "tune ls: 2 of 3 candidates finished; no selection yet (run the same command again)" in lines
         assert tuner.selection() == {}
         with pytest.raises(RuntimeError) as err:
@@ -645,8 +645,8 @@ def test_run_one_trains_one_named_candidate(tmp_path, no_training):
         with pytest.raises(ValueError) as err:
             tuner.run_one("tiny/ls/7/alpha=0.2")
         assert str(err.value) == "tiny/ls/7/alpha=0.2 is not a candidate of this tuning (4 candidates of ce, ls)"
-        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 1, "skipped": 0, "failed": 0}
-        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 1, "failed": 0}
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == Counts(done=1, skipped=0, failed=0)
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == Counts(done=0, skipped=1, failed=0)
     finally:
         tuner.close()
     rows = _rows(tmp_path)
@@ -678,17 +678,17 @@ def test_check_consistent_names_the_differing_settings(tmp_path, no_training):
         tuner.close()
 
 
-def test_the_tuners_bench_trains_ce_on_the_selection_seed_with_its_settings(tmp_path, no_training):
+def test_the_tuners_run_factory_trains_ce_on_the_selection_seed_with_its_settings(tmp_path, no_training):
     store = Store(tmp_path / "mine.db")
     logged = []
     tuner = Tuner(TINY, tmp_path, methods=["ls"], data_dir="somewhere", device="cpu", num_threads=1,
                   csm_store="gen", log=logged.append, store=store)
     try:
-        b = tuner.bench
-        assert (b.seeds, b.methods, b.data_dir, b.device, b.num_threads, b.csm_store) == (
-            [7], ["ce"], "somewhere", "cpu", 1, "gen")
-        assert b.store is store and tuner.store is store and tuner.dd is b.dd and tuner.out == tmp_path
-        b.log("x")
+        f = tuner.factory
+        assert (tuner.seed, f.preset, f.data_dir, f.device, f.num_threads, f.csm_store, f.out) == (
+            7, TINY, "somewhere", "cpu", 1, "gen", tmp_path)
+        assert tuner.store is store and tuner.dd is f.dd and tuner.out == tmp_path
+        tuner.log("x")
         assert logged == ["x"]
         rec = tuner.record("ls", {"loss.alpha": 0.1})
         assert rec["seed"] == 7 and rec["hparams"] == {"loss.alpha": 0.1} and rec["loss"] == "ls:alpha=0.1"
@@ -700,10 +700,9 @@ def test_the_tuners_bench_trains_ce_on_the_selection_seed_with_its_settings(tmp_
 
 def test_produce_hands_each_kind_its_view_seed_and_directory(tmp_path, no_training, monkeypatch):
     from calibkit.bench import twostage
-    from calibkit.bench.runner import Bench
 
     seen = []
-    monkeypatch.setattr(Bench, "_train", lambda self, m, seed, d, csm_data=None: seen.append(
+    monkeypatch.setattr(RunFactory, "train", lambda self, m, seed, d, csm_data=None: seen.append(
         ("train", current_values(self.preset, m), seed, d)) or {"run_dir": d})
     for name in ("maccal", "csm"):
         monkeypatch.setattr(twostage, f"produce_{name}", lambda view, seed, d, name=name: seen.append(
@@ -713,7 +712,8 @@ def test_produce_hands_each_kind_its_view_seed_and_directory(tmp_path, no_traini
         for method, values in (("ls", {"loss.alpha": 0.1}), ("maccal", {"maccal.eta": 4.0, "maccal.r_min": 0.3}),
                                ("csm", {"csm.sharpness": 1.0, "train.csm_weight": 4.0})):
             d = tmp_path / method
-            assert tuner._produce(method, values, d) == {"run_dir": d}
+            monkeypatch.setattr(tuner, "run_dir", lambda m, v, d=d: d)
+            assert tuner.produce(method, values) == {"run_dir": d}
             assert seen[-1] == ({"ls": "train"}.get(method, method), values, 7, d)
     finally:
         tuner.close()
@@ -791,7 +791,7 @@ def test_a_candidate_that_builds_on_ce_waits_while_another_process_trains_ce(tmp
     other = Store(tmp_path / "runs.db")
     try:
         tuner.refresh()
-        tuner._round(tuner.items(), {"done": 0, "skipped": 0, "failed": 0})
+        tuner._round(tuner.items(), Counts(done=0, skipped=0, failed=0))
         (items, ready), = captured
         maccal, ls = ("maccal", {"maccal.eta": 1.0, "maccal.r_min": 0.05}), ("ls", {"loss.alpha": 0.1})
         assert maccal in items and ready(maccal) is True and ready(ls) is True
@@ -814,21 +814,22 @@ def test_a_candidate_held_by_another_process_is_waited_for_or_skipped(tmp_path, 
     other = Store(tmp_path / "runs.db")
     try:
         assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={})
-        item, counts, waiting = ("ls", {"loss.alpha": 0.1}), {"done": 0, "skipped": 0, "failed": 0}, set()
-        assert tuner._attempt(item, counts, "[3/4]", waiting) is False  # the queue retries it later
-        assert tuner._attempt(item, counts, "[3/4]", waiting) is False
-        assert waiting == {"tiny/ls/7/alpha=0.1"} and counts == {"done": 0, "skipped": 0, "failed": 0}
+        item, counts, waiting = ("ls", {"loss.alpha": 0.1}), Counts(done=0, skipped=0, failed=0), set()
+        report = tune._Report(tuner.log, "[3/4]", waiting)
+        assert tuner._attempt(item, counts, report) is False  # the queue retries it later
+        assert tuner._attempt(item, counts, report) is False
+        assert waiting == {"tiny/ls/7/alpha=0.1"} and counts == Counts(done=0, skipped=0, failed=0)
         assert lines == ["[3/4] tune tiny/ls/7/alpha=0.1: running in another process; waiting for it"]  # said once
         lines.clear()
-        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 1, "failed": 0}  # nothing to wait in
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == Counts(done=0, skipped=1, failed=0)  # nothing to wait in
         assert lines == ["[1/1] tune tiny/ls/7/alpha=0.1: running in another process; skipped"]
         lines.clear()
-        assert tuner.run_one("tiny/ls/7/alpha=0.3") == {"done": 1, "skipped": 0, "failed": 0}
+        assert tuner.run_one("tiny/ls/7/alpha=0.3") == Counts(done=1, skipped=0, failed=0)
         assert lines[0] == "[1/1] tune tiny/ls/7/alpha=0.3: running"
-        assert tuner.run_one("tiny/ls/7/alpha=0.3") == {"done": 0, "skipped": 1, "failed": 0}
+        assert tuner.run_one("tiny/ls/7/alpha=0.3") == Counts(done=0, skipped=1, failed=0)
         assert lines[-1] == "[1/1] tune tiny/ls/7/alpha=0.3: finished earlier; skipped"
         row = _rows(tmp_path)["tiny/ls/7/alpha=0.3"]
-        assert row["git_commit"] == tuner.bench._env["git_commit"] and row["train_time_s"] == 1.5
+        assert row["git_commit"] == tuner.factory.env["git_commit"] and row["train_time_s"] == 1.5
     finally:
         other.close()
         tuner.close()
@@ -839,8 +840,8 @@ def test_a_failure_is_recorded_with_its_message(tmp_path, no_training):
     lines = []
     tuner = _tuner(tmp_path, lines)
     try:
-        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 0, "failed": 1}
-        assert tuner.run_one("tiny/ls/7/alpha=0.1") == {"done": 0, "skipped": 0, "failed": 1}  # retried
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == Counts(done=0, skipped=0, failed=1)
+        assert tuner.run_one("tiny/ls/7/alpha=0.1") == Counts(done=0, skipped=0, failed=1)  # retried
     finally:
         tuner.close()
     row = _rows(tmp_path)["tiny/ls/7/alpha=0.1"]

@@ -289,7 +289,7 @@ def test_produce_csm_trains_on_the_annotated_copy_and_records_it(ce_root, monkey
 
     trained = []
     bench = _bench(ce_root, sharpness=2.25)
-    bench._train = lambda method, seed, run_dir, csm_data=None: trained.append((method, seed, run_dir, csm_data)) or {
+    bench.train = lambda method, seed, run_dir, csm_data=None: trained.append((method, seed, run_dir, csm_data)) or {
         "run_dir": run_dir}
     made = twostage.produce_csm(bench, 0, ce_root / "r")
     dst = twostage._csm_cache(bench, 0)
@@ -301,7 +301,7 @@ def test_produce_csm_trains_on_the_annotated_copy_and_records_it(ce_root, monkey
     barriers = []
     monkeypatch.setattr(D, "barrier", barriers.append)
     other = _bench(ce_root, sharpness=2.25, rank=1)  # rank 1: rank 0 annotated; it only reads the copy
-    other._train = bench._train
+    other.train = bench.train
     monkeypatch.setattr(twostage, "csm_store", lambda *a: pytest.fail("rank 1 annotated"))
     assert twostage.produce_csm(other, 0, ce_root / "r1")["extra"]["csm_store"] == str(dst)
     assert trained[-1] == ("csm", 0, ce_root / "r1", dst) and barriers == [other.dd]

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from calibkit.bench.attempts import Counts
 from calibkit.bench.grid import PRESETS
 from calibkit.store import Store
 from tests.helpers.formats import fake_fmnist
@@ -33,7 +34,7 @@ def smoke(tmp_path_factory, one_thread):
 
 @pytest.mark.slow
 def test_seg_smoke_runs_every_method(smoke):
-    assert smoke["counts"] == {"done": 3, "skipped": 0, "failed": 0}
+    assert smoke["counts"] == Counts(done=3, skipped=0, failed=0)
     rows = Store(smoke["out"] / "runs.db", readonly=True).runs("seg-smoke")
     assert sorted(r["method"] for r in rows) == ["ce", "fedlas_mbls", "mbls"]
     for r in rows:

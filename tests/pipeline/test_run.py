@@ -96,7 +96,7 @@ def test_tune_then_bench_at_the_selection(tiny, tmp_path):
     cands = store.candidates("tiny", "ls")
     store.close()
     assert sorted(c["hparams"]["loss.alpha"] for c in cands) == [0.05, 0.1]
-    assert tuned.counts["done"] == 3 and tuned.counts["failed"] == 0  # CE (the reference) and the grid
+    assert tuned.counts.done == 3 and tuned.counts.failed == 0  # CE (the reference) and the grid
     (chosen,) = [c["hparams"] for c in cands if c["selected"]]
     assert tuned.selection == {"ls": chosen} and tuned.report.json.is_file()
     assert f"alpha={chosen['loss.alpha']:g}" in tuned.report.text.split("\nLS ", 1)[1].split("\n")[0]
@@ -104,7 +104,7 @@ def test_tune_then_bench_at_the_selection(tiny, tmp_path):
                                               report=False, **QUIET))
     assert bench.tuning.counts == {"done": 0, "skipped": 3, "failed": 0}  # the selection is reused
     assert bench.preset.loss_for("ls") == f"ls:alpha={chosen['loss.alpha']}"
-    assert bench.counts["done"] == 2 and read_effective(out, "tiny") == bench.preset
+    assert bench.counts.done == 2 and read_effective(out, "tiny") == bench.preset
 
 
 def test_the_workers_seam_releases_before_the_first_run_and_counts_failed_workers(tiny, tmp_path):

@@ -126,7 +126,7 @@ def test_heartbeat_thread_refreshes_only_the_owners_running_claims(make):
     assert db.get("p/ce/0")["heartbeat_at"] > db._clock() - 5
     assert db.get("p/ls/0")["heartbeat_at"] == 1000.0 and db.get("p/mbls/0")["heartbeat_at"] == 1000.0
     db.close()
-    assert db._beat_thread is None
+    assert not db._heartbeat.running and db._heartbeat.stopped_reason is None
 
 
 def test_import_row_is_idempotent_and_stores_paths_relative(make):
@@ -231,16 +231,16 @@ def test_postgres_errors_are_one_line(pg_url, tmp_path):
 
 
 def test_bench_waits_for_runs_held_elsewhere_and_never_counts_them_finished(make):
-    from calibkit.bench.attempts import claim_outcome, work_queue
+    from calibkit.bench.attempts import Outcome, claim_outcome, work_queue
 
     db, other = make(grace_s=100, heartbeat_s=10), make(grace_s=100, heartbeat_s=10)
     assert _claim(other, "p/ce/0") and _claim(other, "p/ls/0")
     other.finish("p/ls/0", metrics={})
-    assert claim_outcome(db, "runs", "p/ce/0", _claim(db, "p/ce/0")) == "elsewhere"
-    assert claim_outcome(db, "runs", "p/ls/0", _claim(db, "p/ls/0")) == "done"
-    assert claim_outcome(db, "runs", "p/x/0", _claim(db, "p/x/0")) == "claimed"
+    assert claim_outcome(db, "runs", "p/ce/0", _claim(db, "p/ce/0")) == Outcome.ELSEWHERE
+    assert claim_outcome(db, "runs", "p/ls/0", _claim(db, "p/ls/0")) == Outcome.DONE
+    assert claim_outcome(db, "runs", "p/x/0", _claim(db, "p/x/0")) == Outcome.CLAIMED
     assert db.claim_candidate("p/ls/0/a", preset="p", method="ls", seed=0, hparams={})
-    assert claim_outcome(other, "tuning", "p/ls/0/a", False) == "elsewhere"
+    assert claim_outcome(other, "tuning", "p/ls/0/a", False) == Outcome.ELSEWHERE
     # work_queue retries an item whose attempt returns False, pausing when a pass makes no progress.
     calls, sleeps = [], []
     held = {"b": 2}

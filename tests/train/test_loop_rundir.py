@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from calibkit import rundir
-from calibkit.bench import results as R
 from calibkit.config import TrainConfig
+from calibkit.store import files as R
 from calibkit.train import loop
 
 
