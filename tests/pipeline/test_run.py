@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from calibkit.bench.attempts import Counts
 from calibkit.bench.grid import PRESETS
 from calibkit.bench.presetfile import dump_preset, read_effective
 from calibkit.errors import UserError
@@ -63,13 +64,13 @@ def test_counts_are_what_the_store_records_and_a_second_call_skips(tiny, tmp_pat
     first = run_bench(tiny, out, opts)
     rows = _rows(out)
     assert sorted(rows) == ["tiny/ce/0", "tiny/ls/0"]  # CE, the reference, always runs
-    assert first.counts == {"done": 2, "skipped": 0, "failed": 0} and first.failures == []
+    assert first.counts == Counts(done=2, skipped=0, failed=0) and first.failures == []
     assert all(r["status"] == "done" for r in rows.values())
     assert first.report is None and first.tuning is None and first.main
     assert first.store == str(out / "runs.db")
     assert read_effective(out, "tiny") == first.preset == load(tiny)  # the effective preset is recorded
     second = run_bench(tiny, out, dataclasses.replace(opts, report=True, figures=False))
-    assert second.counts == {"done": 0, "skipped": 2, "failed": 0}
+    assert second.counts == Counts(done=0, skipped=2, failed=0)
     assert _rows(out) == rows  # nothing retrained or rewritten
     assert second.report["paths"]["md"].is_file() and "Ranking by test ECE" in second.report["text"]
 
@@ -102,7 +103,7 @@ def test_tune_then_bench_at_the_selection(tiny, tmp_path):
     assert f"alpha={chosen['loss.alpha']:g}" in tuned.report.text.split("\nLS ", 1)[1].split("\n")[0]
     bench = run_bench(tiny, out, BenchOptions(methods=("ls",), seeds=(0,), tune=True, max_extensions=0,
                                               report=False, **QUIET))
-    assert bench.tuning.counts == {"done": 0, "skipped": 3, "failed": 0}  # the selection is reused
+    assert bench.tuning.counts == Counts(done=0, skipped=3, failed=0)  # the selection is reused
     assert bench.preset.loss_for("ls") == f"ls:alpha={chosen['loss.alpha']}"
     assert bench.counts.done == 2 and read_effective(out, "tiny") == bench.preset
 
@@ -122,5 +123,5 @@ def test_the_workers_seam_releases_before_the_first_run_and_counts_failed_worker
     result = run_bench(tiny, out, BenchOptions(seeds=(0,), methods=("ce",), report=False, **QUIET),
                        sharing=Sharing(start=start, finish=finish))
     assert seen == [("start", True, {}), ("finish", False, ["tiny/ce/0"])]
-    assert result.counts == {"done": 1, "skipped": 0, "failed": 1}
+    assert result.counts == Counts(done=1, skipped=0, failed=1)
     assert result.worker_failures == ["worker worker-1 exited with status 1; see its log"] and result.failures == []
