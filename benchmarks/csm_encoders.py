@@ -36,6 +36,7 @@ from calibkit.methods.csm.store import ANNOT_TENSORS, load_store
 from calibkit.metrics import evaluate
 from calibkit.rundir import load_logits, read_tensors
 from calibkit.seed_bootstrap import seed_paired_interval
+from calibkit.store import Store
 
 ENCODERS = ("classifier", "efficientnet_lite0")
 
@@ -64,9 +65,10 @@ def run_variants(base, out: Path, seeds) -> dict:
 
 
 def annotation(out: Path, preset, seed: int) -> dict:
-    sharp = float(preset.csm.get("sharpness", 4.0))
-    suffix = "" if preset.csm["encoder"] == "classifier" else f"-{preset.csm['encoder']}"
-    return read_tensors(out / "cache" / "csm" / preset.name / f"seed{seed}-s{sharp:g}{suffix}" / ANNOT_TENSORS)
+    """The annotated copy the CSM run of ``seed`` trained on, as its record names it."""
+    with Store(out / "runs.db", readonly=True) as store:
+        (row,) = [r for r in store.runs(preset.name) if r["method"] == "csm" and r["seed"] == seed]
+    return read_tensors(Path(row["extra"]["csm_store"]) / ANNOT_TENSORS)
 
 
 def pearson(a: torch.Tensor, b: torch.Tensor) -> float:

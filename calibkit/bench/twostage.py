@@ -110,7 +110,6 @@ def csm_store(runs, seed: int) -> Path:
             "and pass it with --csm-store")
     dst = _csm_cache(runs, seed)
     ce = _ce_run(runs, seed)
-    split = ClassifierEncoder(ce)  # the prototypes' images: the training split of the seed's CE run
     enc = _encoder(runs, ce)
     meta_path = dst / ANNOT_META
     if meta_path.is_file() and (dst / ANNOT_TENSORS).is_file():
@@ -128,6 +127,8 @@ def csm_store(runs, seed: int) -> Path:
         # After the copy, which gives tmp the source folder's mode: mkdtemp's is private (0700), a
         # source's may be too; the annotated set is read by every worker.
         tmp.chmod(0o755)
+        # the prototypes' images: the training split of the seed's CE run (the classifier encoder is that run)
+        split = enc if isinstance(enc, ClassifierEncoder) else ClassifierEncoder(ce)
         images, labels = split.training_split()
         annotate_store(tmp, enc, images, labels, sharpness=_sharpness(runs),
                        extra_meta={"source_store": str(src), "bench_preset": runs.preset.name,
