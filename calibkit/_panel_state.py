@@ -15,14 +15,15 @@ State, all float64 on the device of the data:
 The sort-based entries come from one sort of the confidences into blocks of ties
 (:func:`calibkit.functional.estimators.tie_blocks`): smooth ECE, the sweep, KS, AURC, E-AURC and
 AUGRC are functions of the blocks, and on the CPU AECE's equal-mass edges (order statistics) are
-read from them instead of a second selection. This part runs on the calling thread whatever
-``torch.get_num_threads()`` says (the pass over the matrix, :mod:`calibkit.functional.panel`, is
-the part spread over threads). Measured on 2 shared cores (docs/performance.md): splitting the
-sort over threads and running these estimators as jobs on a thread pool cost more CPU time than
-it saved wall time (the jobs hand the GIL back and forth between many short numpy calls, and a
-second core is rarely idle), and a two-branch split (AECE selected apart on a helper thread while
-this one sorts) was slower than one thread. Nothing process-global is changed here, so the
-panel may run in several threads of the caller at once.
+read from them instead of a second selection. This part runs on the calling thread. On the CPU
+with two threads or more, a large batch's classwise sums, NLL and Brier are computed by helper
+threads while the caller works out the top label and then this sort-based part
+(:mod:`calibkit.functional.panel_cpu`): ``panel_from_state`` asks for the sums only once the
+sort-based part is done. Measured on 2 cores (docs/performance.md): running the sort-based
+estimators themselves as jobs on a thread pool cost more CPU time than it saved wall time (the
+jobs hand the GIL back and forth between many short numpy calls), while the full part, a few long
+numpy calls per 2 MiB block, overlaps well with them. Nothing process-global is changed here, so
+the panel may run in several threads of the caller at once.
 """
 
 from __future__ import annotations
@@ -108,13 +109,27 @@ def _hist_aece_sums(hist: torch.Tensor, n_bins: int) -> BinSums:
 
 
 def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()) -> dict[str, float]:
-    """The panel (python floats) from the state; one device-to-host transfer."""
-    n_bins, k, device = layout.n_bins, layout.k, sums.device.type
-    c = ok = w = aece = None
+    """The panel (python floats) from the state; one device-to-host transfer.
+
+    ``sums`` is the state's sums, or a callable returning them: on the CPU in the exact state (all
+    values already checked) it is called after the sort-based part, so batches whose sums are
+    still being computed on helper threads (:meth:`calibkit.metrics.CalibrationAccumulator.update`)
+    finish meanwhile.
+    """
+    n_bins, k = layout.n_bins, layout.k
+    c = ok = w = aece = done = None
+    if not layout.hist:
+        c, ok, w = _samples(conf, correct, weight, check.device)
+        # the sort-based part first (see the docstring), unless a batch left its value checks
+        # to be raised below (device path): bad values must raise before anything reads them
+        if check.device.type == "cpu" and c.numel() and float(check[1]) == float("-inf"):
+            done = _sorted_part(layout, None, c, ok, w)
+    sums = sums() if callable(sums) else sums
+    device = sums.device.type
     if layout.hist:
         aece = _hist_aece_sums(layout.view(sums, "hist"), n_bins)
     else:
-        c, ok, w = _samples(conf, correct, weight, sums.device)
+        assert c is not None and ok is not None
         if device != "cpu" or not c.numel():  # on the device, to come back in the one transfer
             zeros = BinSums(*torch.zeros(3, n_bins, dtype=torch.float64))
             aece = equal_mass_sums(c, ok, n_bins, w) if c.numel() else zeros
@@ -128,12 +143,8 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     n = float(head[0])
     if n == 0:
         raise UserError("no samples accumulated (N = 0): call update() with data first")
-    # The one sort (exact state; a second transfer off the CPU) and everything read from its
-    # blocks, on this thread (see the module docstring for why).
-    blocks = _blocks(layout, sums, c, ok, w)
-    done = {"areas": block_areas(*blocks), **block_estimators(*blocks)}
-    if aece is None:  # CPU samples: AECE's edges are order statistics, read from the sorted blocks
-        done["aece"] = equal_mass_sums(c, ok, n_bins, w, blocks=None if w is not None else blocks)
+    if done is None:  # the one sort (exact state; a second transfer off the CPU), on this thread
+        done = _sorted_part(layout, sums, c, ok, w)
     aece = BinSums(*host[layout.size + 5 :].view(3, n_bins)) if aece is not None else done["aece"]
     errors = binned_errors(BinSums(*layout.view(sums, "bins")))
     cw = layout.view(sums, "classwise")
@@ -148,6 +159,16 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     if layout.confusion and float(head[1]) > 0:
         out["miou"] = float(iou_from_confusion(layout.view(sums, "confusion")))
     return out
+
+
+def _sorted_part(layout: Layout, host_sums, c, ok, w) -> dict:
+    """Everything read from the tie blocks (one sort): smooth ECE, the sweep, KS, the selective
+    areas, and on the CPU in the exact state AECE, whose equal-mass edges are order statistics."""
+    blocks = _blocks(layout, host_sums, c, ok, w)
+    done = {"areas": block_areas(*blocks), **block_estimators(*blocks)}
+    if not layout.hist and c.device.type == "cpu" and c.numel():
+        done["aece"] = equal_mass_sums(c, ok, layout.n_bins, w, blocks=None if w is not None else blocks)
+    return done
 
 
 def _samples(conf, correct, weight, device):
@@ -172,7 +193,7 @@ def _blocks(layout: Layout, host_sums, c, ok, w):
     (exact state; moved to the host in a second transfer), or the non-empty fine-histogram bins
     at their mean confidence (fixed state: exact when no fine bin holds two different values)."""
     if not layout.hist:
-        return tie_blocks(c, ok, w, threads=1)
+        return tie_blocks(c, ok, w)
     count, conf, correct = (t.numpy() for t in layout.view(host_sums, "hist"))
     keep = count > 0
     return conf[keep] / count[keep], count[keep], correct[keep]

@@ -117,6 +117,9 @@ class CalibrationAccumulator:
         self._conf: list[torch.Tensor] = []
         self._correct: list[torch.Tensor] = []
         self._weight: list[torch.Tensor | None] = []
+        # CPU batches whose classwise sums, NLL and Brier are still being computed on helper
+        # threads (panel_sums(defer=True)); added to the sums, in order, by _settle()
+        self._pending: list = []
 
     # -- state ---------------------------------------------------------------------------------
     def _allocate(self, k: int, dense: bool, device) -> None:
@@ -128,12 +131,22 @@ class CalibrationAccumulator:
     def _allocated(self) -> tuple[Layout, torch.Tensor, torch.Tensor]:
         """Layout, sums and checks of a state that exists (after the first batch, a merge or a sync)."""
         assert self._layout is not None and self._sums is not None and self._check is not None
+        self._settle()
         return self._layout, self._sums, self._check
+
+    def _settle(self) -> torch.Tensor | None:
+        """Add the pending batches' sums (waiting for their helper threads) and return the sums."""
+        while self._pending:
+            s = self._pending.pop(0).settle()
+            assert self._layout is not None and self._sums is not None
+            self._sums += batch_vector(self._layout, s).to(self._sums.device)
+        return self._sums
 
     @property
     def n(self) -> int:
         """Number of samples accumulated."""
-        return 0 if self._sums is None else int(round(float(self._sums[0])))
+        sums = self._settle()
+        return 0 if sums is None else int(round(float(sums[0])))
 
     @property
     def _bins(self) -> torch.Tensor:
@@ -153,7 +166,8 @@ class CalibrationAccumulator:
         count from the device, so that the classwise sums gather exactly the entries they need
         instead of a buffer sized for the worst case: one host synchronisation, several times
         less work on the device. Same result."""
-        s = panel_sums(probs, labels, self.n_bins, ignore_index=self.ignore_index, allow_empty=True, exact=wait)
+        s = panel_sums(probs, labels, self.n_bins, ignore_index=self.ignore_index, allow_empty=True, exact=wait,
+                       defer=True)
         if s is None:  # every label ignored
             return self
         if self.num_classes is None:
@@ -167,7 +181,10 @@ class CalibrationAccumulator:
                              "per sample; for pixels (dense inputs) use a new one, or state='fixed'")
         layout, sums, check = self._allocated()
         dev = sums.device
-        sums += batch_vector(layout, s).to(dev)
+        if s.pending is not None:  # the exact state's per-sample arrays below are all compute() needs first
+            self._pending.append(s)
+        else:
+            sums += batch_vector(layout, s).to(dev)
         if s.check is not None:
             self._check = fold_check(check, s)
         if not layout.hist:
@@ -251,8 +268,9 @@ class CalibrationAccumulator:
         (``miou`` added when dense batches were seen)."""
         if self._sums is None:
             raise UserError("no samples accumulated (N = 0): call update() with data first")
-        layout, sums, check = self._allocated()
-        return panel_from_state(layout, sums, check, self._conf, self._correct, self._weight)
+        assert self._layout is not None and self._check is not None
+        # unsettled: the sort-based part runs while pending batches finish on their helper threads
+        return panel_from_state(self._layout, self._settle, self._check, self._conf, self._correct, self._weight)
 
     def state_bytes(self) -> int:
         """Bytes held by the state (sums, checks and per-sample arrays)."""

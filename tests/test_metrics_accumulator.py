@@ -364,3 +364,68 @@ def test_ood_scores_of_binary_probabilities():
     h = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1)) / math.log(2)  # by hand, normalised by log 2
     assert float(F.entropy_score(p)[1]) == pytest.approx(h, abs=1e-12)
     assert F.entropy_score(p)[0] == 1.0 and F.entropy_score(p)[3] == 0.0
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """CPU blocks of 1 KiB (a few rows), so small batches span many blocks and the accumulator
+    defers their full part to helper threads (at two threads or more)."""
+    from calibkit.functional import panel_cpu
+
+    monkeypatch.setattr(panel_cpu, "_BLOCK_BYTES", 1 << 10)
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_deferred_batches_give_the_one_thread_state_exactly(gen, small_blocks):
+    # Helper threads compute the classwise sums, NLL and Brier of each batch while the caller goes
+    # on; the state they settle into is bit-for-bit the one-thread state, whatever reads it first
+    # (compute, n, merge, a later update).
+    batches = [_data(gen, n, k=6, dtype=dtype) for n, dtype in ((700, torch.float32), (333, torch.float64))]
+
+    def state(threads):
+        torch.set_num_threads(threads)
+        acc = CalibrationAccumulator()
+        for p, y in batches:
+            acc.update(p, y)
+        return acc
+
+    one = state(1)
+    assert not one._pending
+    for threads in (2, 3):
+        acc = state(threads)
+        assert len(acc._pending) == 1  # the last batch; a later update settled the first
+        assert acc.n == 1033 and not acc._pending
+        assert torch.equal(acc._sums, one._sums)
+        assert acc.compute() == one.compute()
+        fresh = state(threads)  # compute() on unsettled batches: the sort-based part first, then the sums
+        assert fresh.compute() == one.compute() and not fresh._pending
+        merged = CalibrationAccumulator().merge(state(threads))  # merge settles the other side
+        assert torch.equal(merged._sums, one._sums)
+
+
+def test_evaluate_is_the_same_at_any_thread_count(gen, small_blocks):
+    probs, labels = _data(gen, 2000, k=9, dtype=torch.float32)
+    got = {}
+    for threads in (1, 2, 4):
+        torch.set_num_threads(threads)
+        got[threads] = evaluate(probs, labels)
+    assert got[1] == got[2] == got[4]
+
+
+def test_a_bad_block_raises_in_update_and_stops_the_helpers(gen, small_blocks):
+    from calibkit.functional import panel_cpu
+
+    probs, labels = _data(gen, 600, k=6, dtype=torch.float32)
+    torch.set_num_threads(2)
+    acc = CalibrationAccumulator().update(probs, labels)
+    assert acc._pending and acc.n == 600  # reading n settles the batch and joins its helper
+    bad = probs.clone()
+    bad[550, 0] = float("nan")  # in a late block: the helpers have started by then
+    started = threading.active_count()
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        acc.update(bad, labels)
+    assert threading.active_count() == started  # cancelled and joined, none left running
+    assert acc.n == 600 and acc.compute() == CalibrationAccumulator().update(probs, labels).compute()
+    assert panel_cpu._BLOCK_BYTES == 1 << 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +37,8 @@ class PanelSums:
         dense, binary: the input layout (see :class:`calibkit.functional.inputs.Rows`).
         k: the number of classes ``K``.
         dtype: the dtype of the probabilities (their row-sum tolerance depends on it).
+        pending: the classwise sums, NLL and Brier still being computed on helper threads
+            (``panel_sums(..., defer=True)`` on the CPU), else ``None``: see :meth:`settle`.
     """
 
     top: BinSums
@@ -53,6 +56,14 @@ class PanelSums:
     binary: bool = False
     k: int = 0
     dtype: torch.dtype = torch.float32
+    pending: Any = None
+
+    def settle(self) -> PanelSums:
+        """Wait for the pending part, if any, and fill ``classwise``, ``nll`` and ``brier``."""
+        if self.pending is not None:
+            self.classwise, self.nll, self.brier = self.pending.result()
+            self.pending = None
+        return self
 
 
 def max_entries_above(n_bins: int, dtype: torch.dtype) -> int:

@@ -175,20 +175,32 @@ def test_order_statistics_and_equal_mass_edges(gen):
     assert torch.equal(edges, values.sort().values[[0, 25, 50, 75, 100]])
 
 
-def test_cpu_path_over_many_blocks_equals_the_torch_path(gen):
-    # 40,000 x 10 float32 rows span two blocks of the CPU path (about 1 MiB, 26,208 rows each):
-    # every per-block sum must accumulate, not overwrite.
-    probs = _probs(gen, 40_000, 10, 3.0, torch.float32)
-    labels = torch.randint(0, 10, (40_000,), generator=gen)
-    assert 40_000 > panel._BLOCK_BYTES // (10 * 4)
-    cpu, dev = panel_sums(probs, labels, 15, True), _panel_sums_torch(probs, labels, 15, True)
+@pytest.mark.parametrize("threads,defer", [(1, False), (2, False), (2, True), (3, True)])
+def test_cpu_path_over_many_blocks_equals_the_torch_path(gen, threads, defer):
+    # 120,000 x 10 float32 rows span three blocks of the CPU path (about 2 MiB, 52,416 rows each):
+    # every per-block sum must accumulate, not overwrite, whether the full part runs with the top
+    # label, or deferred on helper threads (panel_sums(defer=True)) and settled afterwards.
+    from calibkit.functional import panel_cpu
+
+    probs = _probs(gen, 120_000, 10, 3.0, torch.float32)
+    labels = torch.randint(0, 10, (120_000,), generator=gen)
+    assert 120_000 > 2 * panel_cpu._BLOCK_BYTES // (10 * 4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        cpu = panel_sums(probs, labels, 15, True, defer=defer)
+    finally:
+        torch.set_num_threads(before)
+    assert (cpu.pending is not None) == defer  # 3 blocks: enough for 2 and 3 threads
+    assert cpu.settle().pending is None
+    dev = _panel_sums_torch(probs, labels, 15, True)
     for part in ("top", "classwise"):
         a, b = getattr(cpu, part), getattr(dev, part)
         assert torch.equal(a.count, b.count) and torch.equal(a.correct, b.correct)
         torch.testing.assert_close(a.conf, b.conf, rtol=1e-6, atol=1e-6)  # float32 row groups
     assert float(cpu.nll) == pytest.approx(float(dev.nll), rel=1e-9)
     assert float(cpu.brier) == pytest.approx(float(dev.brier), rel=1e-6)
-    assert cpu.classwise.count.sum() == 40_000 * 10
+    assert cpu.classwise.count.sum() == 120_000 * 10
 
 
 def test_many_bins_take_the_binary_search(gen):
