@@ -47,6 +47,7 @@ from calibkit.functional.selective import block_areas
 __all__ = ["Layout", "batch_vector", "fold_check", "neutral_check", "panel_from_state"]
 
 _HEAD = 5  # N, N_dense, correct, nll, brier
+_SPLIT_BLOCKS = 1 << 16  # tie blocks from which the sort-based part is split over two threads
 
 
 class Layout:
@@ -165,10 +166,22 @@ def _sorted_part(layout: Layout, host_sums, c, ok, w) -> dict:
     """Everything read from the tie blocks (one sort): smooth ECE, the sweep, KS, the selective
     areas, and on the CPU in the exact state AECE, whose equal-mass edges are order statistics."""
     blocks = _blocks(layout, host_sums, c, ok, w)
-    done = {"areas": block_areas(*blocks), **block_estimators(*blocks)}
-    if not layout.hist and c.device.type == "cpu" and c.numel():
-        done["aece"] = equal_mass_sums(c, ok, layout.n_bins, w, blocks=None if w is not None else blocks)
-    return done
+
+    def second():
+        done = {"areas": block_areas(*blocks)}
+        if not layout.hist and c.device.type == "cpu" and c.numel():
+            done["aece"] = equal_mass_sums(c, ok, layout.n_bins, w, blocks=None if w is not None else blocks)
+        return done
+
+    if torch.get_num_threads() > 1 and len(blocks[0]) > _SPLIT_BLOCKS:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            half = pool.submit(second)
+            done = block_estimators(*blocks)
+            done.update(half.result())
+        return done
+    return {**block_estimators(*blocks), **second()}
 
 
 def _samples(conf, correct, weight, device):

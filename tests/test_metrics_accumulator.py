@@ -369,10 +369,13 @@ def test_ood_scores_of_binary_probabilities():
 @pytest.fixture
 def small_blocks(monkeypatch):
     """CPU blocks of 1 KiB (a few rows), so small batches span many blocks and the accumulator
-    defers their full part to helper threads (at two threads or more)."""
+    defers their full part to helper threads (at two threads or more); and the sort-based part
+    split over two threads from 16 tie blocks on."""
+    from calibkit import _panel_state
     from calibkit.functional import panel_cpu
 
     monkeypatch.setattr(panel_cpu, "_BLOCK_BYTES", 1 << 10)
+    monkeypatch.setattr(_panel_state, "_SPLIT_BLOCKS", 16)
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
@@ -405,12 +408,17 @@ def test_deferred_batches_give_the_one_thread_state_exactly(gen, small_blocks):
         assert torch.equal(merged._sums, one._sums)
 
 
-def test_evaluate_is_the_same_at_any_thread_count(gen, small_blocks):
+@pytest.mark.parametrize("ignored", [False, True])
+def test_evaluate_is_the_same_at_any_thread_count(gen, small_blocks, ignored):
     probs, labels = _data(gen, 2000, k=9, dtype=torch.float32)
+    probs = torch.cat([probs, probs[:300]])  # tied confidences too
+    labels = torch.cat([labels, labels[:300]])
+    if ignored:  # rows dropped before the passes
+        labels[::5] = -1
     got = {}
     for threads in (1, 2, 4):
         torch.set_num_threads(threads)
-        got[threads] = evaluate(probs, labels)
+        got[threads] = evaluate(probs, labels, ignore_index=-1 if ignored else None)
     assert got[1] == got[2] == got[4]
 
 
