@@ -12,7 +12,11 @@ coverage, whether it lies within 1 point of ``1 - alpha``, and, to tell a proper
 from a property of the sets, the mean and standard deviation of the coverage over ``--splits``
 random splits of the 10,000 rows into 5,000 threshold rows and 5,000 test rows (each with its own
 randomisation seed): conformal coverage of one split of 5,000 rows varies by about
-``sqrt(alpha (1 - alpha) (1/5000 + 1/5000))`` = 0.6 points at ``alpha = 0.1``.
+``sqrt(alpha (1 - alpha) (1/5000 + 1/5000))`` = 0.6 points at ``alpha = 0.1``. The last two
+columns put the fixed split's coverage in standard deviations of those random splits, and test
+whether the two halves are exchangeable at all (the guarantee of split conformal prediction needs
+it): the top-label accuracy of rows 0-4999 and of rows 5000-9999, and the two-proportion z
+statistic of their difference (pooled variance; ``|z| > 1.96`` rejects equal accuracy at 5%).
 
 Usage::
 
@@ -57,11 +61,16 @@ def row(path: Path, alpha: float, n_boot: int, splits: int) -> list:
     for seed in range(splits):
         perm = torch.from_numpy(np.random.default_rng(seed).permutation(len(y)))
         covs.append(_coverage(p, y, perm[:5000], perm[5000:], alpha, seed))
+    hit = (p.argmax(1) == y).double()
+    a, b = float(hit[:5000].mean()), float(hit[5000:].mean())
+    pooled = float(hit.mean())
+    z = (a - b) / np.sqrt(pooled * (1 - pooled) * (1 / 5000 + 1 / 5000))
     return [path.stem, x.shape[1], f"{n['aurc'] * 100:.2f} / {t['aurc'] * 100:.2f}",
             f"{n['augrc'] * 100:.2f} / {t['augrc'] * 100:.2f}",
             f"{n['coverage'] * 100:.1f} / {t['coverage'] * 100:.1f}",
             f"{n['size']:.2f} / {t['size']:.2f}", size_d, f"{full * 100:.2f}",
-            "yes" if abs(full - (1 - alpha)) <= 0.01 else "no", f"{np.mean(covs) * 100:.2f} ± {np.std(covs) * 100:.2f}"]
+            "yes" if abs(full - (1 - alpha)) <= 0.01 else "no", f"{np.mean(covs) * 100:.2f} ± {np.std(covs) * 100:.2f}",
+            f"{(full - np.mean(covs)) / np.std(covs):+.1f}", f"{a * 100:.2f} / {b * 100:.2f} ({z:+.2f})"]
 
 
 def main(argv=None) -> int:
@@ -78,8 +87,9 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     print(f"| model | K | AURC x100 none / TS | AUGRC x100 none / TS | APS coverage % none / TS (alpha = "
           f"{args.alpha:g}), half/half | mean set size none / TS | size TS - none [95% CI] | APS coverage %, all 5,000 "
-          f"val rows | within 1 pt | coverage % over {args.splits} random 5,000/5,000 splits (mean ± sd) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"val rows | within 1 pt | coverage % over {args.splits} random 5,000/5,000 splits (mean ± sd) | fixed split "
+          "in sd | accuracy % rows 0-4999 / 5000-9999 (z) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in files:
         print("| " + " | ".join(map(str, row(path, args.alpha, args.n_boot, args.splits))) + " |", flush=True)
     print(f"\n{len(files)} models in {time.perf_counter() - start:.0f} s")

@@ -84,6 +84,8 @@ def _top_block(plan: _Plan, start: int, x: np.ndarray) -> None:
     plan.conf[start : start + r] = m
     plan.correct[start : start + r] = pred == plan.y[start : start + r]
     plan.pred[start : start + r] = pred
+    if plan.per_row is not None:  # the sum of squares (Brier) here: it balances the two parts' times
+        np.einsum("ij,ij->i", x, x, out=plan.per_row[1][start : start + r])
 
 
 def _full_block(plan: _Plan, start: int, x: np.ndarray) -> dict:
@@ -94,7 +96,6 @@ def _full_block(plan: _Plan, start: int, x: np.ndarray) -> dict:
     flat = x.reshape(-1)
     assert plan.per_row is not None
     flat.take(np.arange(0, r * k, k) + plan.y[start : start + r], out=plan.per_row[0][start : start + r])
-    np.einsum("ij,ij->i", x, x, out=plan.per_row[1][start : start + r])
     part: dict = {"cw_count": None, "cw_conf": None}
     if n_bins > 1:
         hit = np.flatnonzero(x > inner[0])  # the entries above 1 / B, compared in `work`
@@ -159,48 +160,79 @@ def _full_sums(plan: _Plan, parts: list[dict]) -> tuple[BinSums, torch.Tensor, t
     return classwise, nll, brier
 
 
+def _top_sums(plan: _Plan) -> BinSums:
+    """The top label's equal-width sums from the per-row confidences and correctness."""
+    bins = _count_below(plan.conf, plan.inner.astype(np.float64))  # exact upcasts: same bins
+    return BinSums(
+        count=torch.from_numpy(np.bincount(bins, minlength=plan.n_bins).astype(np.float64)),
+        conf=torch.from_numpy(np.bincount(bins, weights=plan.conf, minlength=plan.n_bins)),
+        correct=torch.from_numpy(np.bincount(bins, weights=plan.correct, minlength=plan.n_bins)),
+    )
+
+
 class FullPass:
     """The full part of :func:`panel_sums_cpu` running on helper threads; :meth:`result` joins.
 
     ``helpers`` threads take blocks from a shared counter as soon as they are made; the thread
     that calls :meth:`result` takes the blocks still left, then waits for the helpers. Each
     block's part is kept at its index and the parts are added in block order, so the result is
-    the same as the one-pass computation's whatever the threads did. The first error of a block
-    is raised by :meth:`result`.
+    the same as the one-pass computation's whatever the threads did. The thread that finishes the
+    last block also works out the final sums, the top label's bins among them (it waits for the
+    caller's :meth:`top_done`, or :meth:`cancel`), so that the caller, busy meanwhile, finds them
+    ready. The first error of a block is raised by :meth:`result`.
     """
 
     def __init__(self, plan: _Plan, helpers: int):
         self._plan = plan
         self._next = itertools.count()  # next() on a count is atomic under the GIL
         self._parts: list[dict | None] = [None] * len(plan.starts)
+        self._remaining = len(plan.starts)
+        self._lock = threading.Lock()
+        self._top = threading.Event()
+        self._final: tuple | None = None
         self._errors: list[BaseException] = []
         self._threads = [threading.Thread(target=self._work, name=f"calibkit-panel-{i}", daemon=True)
                          for i in range(helpers)]
         for t in self._threads:
             t.start()
 
+    def top_done(self) -> None:
+        """The caller has filled every row's confidence and correctness."""
+        self._top.set()
+
     def _work(self) -> None:
         plan = self._plan
         try:
             while (i := next(self._next)) < len(plan.starts) and not self._errors:
                 self._parts[i] = _full_only(plan, plan.starts[i])
+                with self._lock:
+                    self._remaining -= 1
+                    last = self._remaining == 0
+                if last:  # the final sums, once the caller's top label is done (moments away: the parts are balanced)
+                    self._top.wait()
+                    if not self._errors:
+                        self._final = self._finish()
         except BaseException as err:  # kept for result(), which re-raises it on the caller's thread
             self._errors.append(err)
+
+    def _finish(self) -> tuple:
+        return (_top_sums(self._plan), *_full_sums(self._plan, self._parts))  # type: ignore[arg-type]
 
     def cancel(self) -> None:
         """Stop the helpers after their current block (the top-label part failed: nothing will be read)."""
         self._errors.append(RuntimeError("cancelled"))
+        self._top.set()  # a helper waiting for the top label goes on, sees the error and stops
         for t in self._threads:
             t.join()
 
-    def result(self) -> tuple[BinSums, torch.Tensor, torch.Tensor]:
-        """``(classwise, nll, brier)`` once every block is done."""
+    def result(self) -> tuple[BinSums, BinSums, torch.Tensor, torch.Tensor]:
+        """``(top, classwise, nll, brier)`` once every block is done (after :meth:`top_done`)."""
         self._work()
         for t in self._threads:
             t.join()
         if self._errors:
             raise self._errors[0]
-        return _full_sums(self._plan, self._parts)  # type: ignore[arg-type]
+        return self._final if self._final is not None else self._finish()  # type: ignore[return-value]
 
 
 def panel_sums_cpu(probs: torch.Tensor, labels: torch.Tensor, n_bins: int, full: bool,
@@ -209,7 +241,8 @@ def panel_sums_cpu(probs: torch.Tensor, labels: torch.Tensor, n_bins: int, full:
 
     ``defer`` (with ``full``): return after the top-label part, with the full part running on
     ``torch.get_num_threads() - 1`` helper threads behind ``out.pending`` (a :class:`FullPass`;
-    :meth:`PanelSums.settle` fills ``classwise``, ``nll`` and ``brier``). With one thread, or
+    ``top`` is ``None`` until :meth:`PanelSums.settle` fills it with ``classwise``, ``nll`` and
+    ``brier``). With one thread, or
     fewer blocks than threads, the full part is done here and nothing is pending.
     """
     plan = _Plan(probs, labels, n_bins, full)
@@ -226,15 +259,11 @@ def panel_sums_cpu(probs: torch.Tensor, labels: torch.Tensor, n_bins: int, full:
         parts = _map(_both, plan, threads)
     else:
         _map(_top_only, plan, threads)
-    bins = _count_below(plan.conf, plan.inner.astype(np.float64))  # exact upcasts: same bins
-    top = BinSums(
-        count=torch.from_numpy(np.bincount(bins, minlength=n_bins).astype(np.float64)),
-        conf=torch.from_numpy(np.bincount(bins, weights=plan.conf, minlength=n_bins)),
-        correct=torch.from_numpy(np.bincount(bins, weights=plan.correct, minlength=n_bins)),
-    )
-    out = PanelSums(top=top, conf=torch.from_numpy(plan.conf), correct=torch.from_numpy(plan.correct),
-                    pred=torch.from_numpy(plan.pred), labels=labels, n=plan.n)
+    top = None if pending is not None else _top_sums(plan)  # pending: the helpers add the top label's bins
+    out = PanelSums(top=top, conf=torch.from_numpy(plan.conf),  # type: ignore[arg-type]
+                    correct=torch.from_numpy(plan.correct), pred=torch.from_numpy(plan.pred), labels=labels, n=plan.n)
     if pending is not None:
+        pending.top_done()
         out.pending = pending
     elif full:
         out.classwise, out.nll, out.brier = _full_sums(plan, parts)

@@ -37,8 +37,9 @@ class PanelSums:
         dense, binary: the input layout (see :class:`calibkit.functional.inputs.Rows`).
         k: the number of classes ``K``.
         dtype: the dtype of the probabilities (their row-sum tolerance depends on it).
-        pending: the classwise sums, NLL and Brier still being computed on helper threads
-            (``panel_sums(..., defer=True)`` on the CPU), else ``None``: see :meth:`settle`.
+        pending: the top label's bins, the classwise sums, NLL and Brier still being computed on
+            helper threads (``panel_sums(..., defer=True)`` on the CPU; ``top`` is ``None`` until
+            then), else ``None``: see :meth:`settle`.
     """
 
     top: BinSums
@@ -59,9 +60,9 @@ class PanelSums:
     pending: Any = None
 
     def settle(self) -> PanelSums:
-        """Wait for the pending part, if any, and fill ``classwise``, ``nll`` and ``brier``."""
+        """Wait for the pending part, if any, and fill ``top``, ``classwise``, ``nll`` and ``brier``."""
         if self.pending is not None:
-            self.classwise, self.nll, self.brier = self.pending.result()
+            self.top, self.classwise, self.nll, self.brier = self.pending.result()
             self.pending = None
         return self
 
