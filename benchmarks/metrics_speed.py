@@ -15,8 +15,9 @@ Timed side by side in one run, in interleaved rounds (best of ``--repeats``):
 
 On the CPU every job is timed at 1 torch thread and at torch's default thread count (the number
 in effect when the script starts, or ``--threads``), in one run, and the ratios are printed side
-by side: calibkit's panel spreads its pass over the matrix (blocks of rows) over the threads and
-runs its sort-based part on one, torchmetrics' binning uses torch's threads. Rounds interleave
+by side: at 2 threads or more calibkit's panel runs the top label and the sort-based part on the
+calling thread while a helper computes the classwise sums, NLL and Brier
+(``calibkit/functional/panel_cpu.py``); torchmetrics' binning uses torch's threads. Rounds interleave
 the thread counts and the jobs, and the load average at the start of each round is printed.
 Each job's best wall time is printed with its best process CPU time; at 1 thread the CPU-time
 ratio is printed too, since on a shared machine it moves much less with the other jobs than the
