@@ -124,7 +124,7 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
         # the sort-based part first (see the docstring), unless a batch left its value checks
         # to be raised below (device path): bad values must raise before anything reads them
         if check.device.type == "cpu" and c.numel() and float(check[1]) == float("-inf"):
-            done = _sorted_part(layout, None, c, ok, w)
+            done = _sorted_part(layout, None, c, ok, w, with_aece=True)
     sums = sums() if callable(sums) else sums
     device = sums.device.type
     if layout.hist:
@@ -145,7 +145,7 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     if n == 0:
         raise UserError("no samples accumulated (N = 0): call update() with data first")
     if done is None:  # the one sort (exact state; a second transfer off the CPU), on this thread
-        done = _sorted_part(layout, sums, c, ok, w)
+        done = _sorted_part(layout, sums, c, ok, w, with_aece=aece is None)
     aece = BinSums(*host[layout.size + 5 :].view(3, n_bins)) if aece is not None else done["aece"]
     errors = binned_errors(BinSums(*layout.view(sums, "bins")))
     cw = layout.view(sums, "classwise")
@@ -162,14 +162,15 @@ def panel_from_state(layout: Layout, sums, check, conf=(), correct=(), weight=()
     return out
 
 
-def _sorted_part(layout: Layout, host_sums, c, ok, w) -> dict:
+def _sorted_part(layout: Layout, host_sums, c, ok, w, with_aece: bool) -> dict:
     """Everything read from the tie blocks (one sort): smooth ECE, the sweep, KS, the selective
-    areas, and on the CPU in the exact state AECE, whose equal-mass edges are order statistics."""
+    areas, and with ``with_aece`` (CPU samples, exact state) AECE, whose equal-mass edges are
+    order statistics."""
     blocks = _blocks(layout, host_sums, c, ok, w)
 
     def second():
         done = {"areas": block_areas(*blocks)}
-        if not layout.hist and c.device.type == "cpu" and c.numel():
+        if with_aece:
             done["aece"] = equal_mass_sums(c, ok, layout.n_bins, w, blocks=None if w is not None else blocks)
         return done
 

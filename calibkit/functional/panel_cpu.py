@@ -21,8 +21,8 @@ Called at once, both parts run block by block in one pass. With ``defer=True`` (
 :class:`calibkit.metrics.CalibrationAccumulator`) the top-label part runs first and the full part
 is handed to :class:`FullPass`: helper threads start on its blocks at once, and the caller joins
 them when it asks for the result, after it has done its own sort-based work on the top label in
-the meantime (docs/performance.md: at two threads this is what brings the panel under
-torchmetrics' ECE).
+the meantime (docs/performance.md: at two threads this brought the panel from 1.32-1.39x
+torchmetrics' ECE to 0.82-1.09x, median 0.95x).
 
 Half-precision blocks are upcast to float32 and compared with the edges rounded to the input
 dtype (then upcast, exactly), which gives the bins of the input dtype.
@@ -242,8 +242,8 @@ def panel_sums_cpu(probs: torch.Tensor, labels: torch.Tensor, n_bins: int, full:
     ``defer`` (with ``full``): return after the top-label part, with the full part running on
     ``torch.get_num_threads() - 1`` helper threads behind ``out.pending`` (a :class:`FullPass`;
     ``top`` is ``None`` until :meth:`PanelSums.settle` fills it with ``classwise``, ``nll`` and
-    ``brier``). With one thread, or
-    fewer blocks than threads, the full part is done here and nothing is pending.
+    ``brier``). With one thread, or fewer blocks than threads, the full part is done here and
+    nothing is pending.
     """
     plan = _Plan(probs, labels, n_bins, full)
     threads = torch.get_num_threads()
