@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from calibkit.errors import UserError, UserRuntimeError
+from calibkit.methods.maccal.defaults import DEFAULTS
 from calibkit.methods.maccal.masking import (
     check_int,
     check_keep_rate,
@@ -26,23 +27,6 @@ from calibkit.methods.maccal.masking import (
 )
 
 __all__ = ["DEFAULTS", "fit_masked_head", "check_features"]
-
-# Stage-2 defaults: the keep-rate rule (r_init, eta, r_min), the deployed predictor (mc_samples)
-# and calibkit's optimiser decision; docs/maccal.md says how each was chosen.
-DEFAULTS = {
-    "r_init": 0.9,
-    "eta": 2.0,
-    "r_min": 0.1,
-    "epochs": 30,
-    "lr": 0.01,
-    "momentum": 0.9,
-    "weight_decay": 5e-4,
-    "batch_size": 128,
-    "grad_clip": 2.0,
-    "n_bins": 15,
-    "seed": 0,
-    "mc_samples": 64,
-}
 
 
 def check_features(name: str, feats: torch.Tensor, labels: torch.Tensor, dim: int, num_classes: int) -> None:
