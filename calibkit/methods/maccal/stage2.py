@@ -175,13 +175,7 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
     model, opt, sched = _trainable_copy(head, loss_fn, lr, momentum, weight_decay, epochs)
 
     def score(keep_rate: float) -> dict:
-        with torch.no_grad():
-            probs = deployed_proba(val_feats, model.weight, model.bias, keep_rate, mc_samples, seed)
-            bare = torch.softmax(model(val_feats).float(), dim=1)
-        bare_scores = _scores(bare, val_labels, n_bins, prefix="unmasked_val_")
-        return {**_scores(probs, val_labels, n_bins),
-                "unmasked_val_conf": bare_scores["unmasked_val_conf"],
-                "unmasked_val_ece": bare_scores["unmasked_val_ece"]}
+        return _score_deployed(model, val_feats, val_labels, keep_rate, mc_samples, seed, n_bins)
 
     t_start = time.perf_counter()
     records = [{"epoch": 0, "keep_rate": r, "next_keep_rate": r, "train_loss": None, "lr": None,
@@ -207,6 +201,25 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
                     "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
         r = r_next
 
+    return _best_head_and_history(head, best, records, t_start)
+
+
+def _score_deployed(model: nn.Linear, val_feats: torch.Tensor, val_labels: torch.Tensor, keep_rate: float,
+                    mc_samples: int, seed: int, n_bins: int) -> dict:
+    """The validation scores of the deployed predictor at ``keep_rate``, with the bare head's
+    confidence and ECE beside them."""
+    with torch.no_grad():
+        probs = deployed_proba(val_feats, model.weight, model.bias, keep_rate, mc_samples, seed)
+        bare = torch.softmax(model(val_feats).float(), dim=1)
+    bare_scores = _scores(bare, val_labels, n_bins, prefix="unmasked_val_")
+    return {**_scores(probs, val_labels, n_bins),
+            "unmasked_val_conf": bare_scores["unmasked_val_conf"],
+            "unmasked_val_ece": bare_scores["unmasked_val_ece"]}
+
+
+def _best_head_and_history(head: nn.Linear, best: dict, records: list[dict], t_start: float):
+    """A frozen copy of ``head`` holding the best epoch's weights, and the history dict that
+    :func:`fit_masked_head` documents."""
     best_head = copy.deepcopy(head)
     best_head.load_state_dict(best["state"])
     best_head.eval().requires_grad_(False)
