@@ -99,6 +99,19 @@ def _train_epoch(model: nn.Linear, opt, feats, labels, r: float, gen, batch_size
     return loss_sum / n
 
 
+def _checked_inputs(head: nn.Linear, train_feats, train_labels, val_feats, val_labels):
+    """The features and labels checked against ``head`` and moved to its device (features in its
+    dtype, labels as int64)."""
+    if not isinstance(head, nn.Linear):
+        raise UserError(f"head must be an nn.Linear, got {type(head).__name__}")
+    K, D = head.weight.shape
+    check_features("train", train_feats, train_labels, D, K)
+    check_features("val", val_feats, val_labels, D, K)
+    device, dtype = head.weight.device, head.weight.dtype
+    return (train_feats.to(device, dtype), train_labels.to(device).long(),
+            val_feats.to(device, dtype), val_labels.to(device).long())
+
+
 def _trainable_copy(head: nn.Linear, loss_fn, lr, momentum, weight_decay, epochs):
     """A trainable copy of ``head``, SGD over it (and the loss's own parameters), cosine schedule."""
     model = copy.deepcopy(head).eval()
@@ -159,16 +172,10 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
         ``time_s``), ``best_epoch``, ``best_keep_rate``, ``best_val_ece``, ``keep_rates``
         (r_1..r_E) and ``wall_time_s``.
     """
-    if not isinstance(head, nn.Linear):
-        raise UserError(f"head must be an nn.Linear, got {type(head).__name__}")
     r = _check_hparams(r_init, eta, r_min, epochs, batch_size, mc_samples)
-    K, D = head.weight.shape
-    check_features("train", train_feats, train_labels, D, K)
-    check_features("val", val_feats, val_labels, D, K)
-
-    device, dtype = head.weight.device, head.weight.dtype
-    train_feats, val_feats = train_feats.to(device, dtype), val_feats.to(device, dtype)
-    train_labels, val_labels = train_labels.to(device).long(), val_labels.to(device).long()
+    train_feats, train_labels, val_feats, val_labels = _checked_inputs(head, train_feats, train_labels,
+                                                                       val_feats, val_labels)
+    device = head.weight.device
     loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
 
     gen = torch.Generator(device=device).manual_seed(int(seed))
