@@ -50,7 +50,7 @@ class DatasetSpec:
             is written; empty: the base install reads it.
     """
 
-    read: Callable[[str | None], RawData]
+    read: Callable[..., RawData]
     default_dir: str | None
     needs_dir: bool
     val_size: int | float
@@ -344,7 +344,7 @@ def load(
             "train_checksum": train_checksum,
             **raw.record,
         },
-        data_dir=None if not spec.needs_dir else os.path.abspath(folder),
+        data_dir=None if not spec.needs_dir else os.path.abspath(str(folder)),
         modality=raw.modality,
         vocab=raw.vocab,
     )

@@ -11,6 +11,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -189,7 +190,7 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
                 "time_s": 0.0, **score(r)}]
     if progress:
         progress(records[0])
-    best = {"ece": math.inf, "state": None, "epoch": None, "r": None}
+    best: dict[str, Any] = {"ece": math.inf, "state": None, "epoch": None, "r": None}
     for epoch in range(1, epochs + 1):
         lr_now = opt.param_groups[0]["lr"]
         train_loss = _train_epoch(model, opt, train_feats, train_labels, r, gen, batch_size, loss_fn, grad_clip)
