@@ -158,7 +158,7 @@ class TrainConfig:
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise UserError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
-        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        kinds = {f.name: str(f.type) for f in dataclasses.fields(cls)}  # strings: postponed annotations
         return cls(**{k: _coerce(k, kinds[k], v) for k, v in values.items()})
 
     def resolved_milestones(self) -> list[int]:
@@ -300,6 +300,7 @@ def parse_count_or_fraction(text: str) -> int | float:
     Raises:
         ValueError: neither an integer >= 1 nor a fraction in (0, 1).
     """
+    value: int | float | None
     try:
         value = int(text)
     except ValueError:

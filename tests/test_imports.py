@@ -136,3 +136,38 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
 def test_modules_that_once_formed_cycles_import_first(module):
     proc = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_help_and_version_load_no_torch():
+    # `calibkit --help`, `--version` and every subcommand's --help only read argparse tables: loading
+    # torch would cost seconds of start-up. One interpreter tries them in turn and names the first
+    # that loaded torch.
+    code = (
+        "import contextlib, io, sys\n"
+        "from calibkit.cli import COMMANDS, main\n"
+        "for argv in [['--help'], ['--version']] + [[c, '--help'] for c in COMMANDS]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    if 'torch' in sys.modules:\n"
+        "        sys.exit('torch loaded by calibkit ' + ' '.join(argv))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_maccal_package_names_load_on_first_use():
+    # The package defers its modules (so the command line's help stays light) yet every public name
+    # resolves, to the object its defining module holds.
+    import calibkit.methods.maccal as maccal
+    from calibkit.methods.maccal import defaults, stage2
+
+    assert set(maccal.__all__) <= set(dir(maccal))
+    for name in maccal.__all__:
+        assert getattr(maccal, name) is not None
+    assert maccal.DEFAULTS is defaults.DEFAULTS is stage2.DEFAULTS
+    assert maccal.fit_masked_head is stage2.fit_masked_head
+    with pytest.raises(AttributeError, match="no_such_name"):
+        maccal.no_such_name  # noqa: B018

@@ -27,7 +27,7 @@ public); see docs/maccal.md. --mc-samples 0 deploys the unmasked head instead.
 
 
 def register(subparsers) -> None:
-    from calibkit.methods.maccal import DEFAULTS as D
+    from calibkit.methods.maccal.defaults import DEFAULTS as D
 
     p = subparsers.add_parser(
         "maccal", help="MaC-Cal stage 2: retrain the head of a finished run under adaptive random masks",

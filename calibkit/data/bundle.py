@@ -141,7 +141,8 @@ class DataBundle:
     @property
     def image_size(self) -> tuple[int, int]:
         """(H, W) of every image."""
-        return tuple(self.train.images.shape[-2:])
+        h, w = self.train.images.shape[-2:]
+        return int(h), int(w)
 
 
 def index_checksum(index) -> str:
@@ -195,8 +196,8 @@ def stratified_split(labels, size: int, seed: int, stream: int = 0) -> tuple[np.
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), int(stream)]))
     classes, counts = np.unique(labels, return_counts=True)
     quotas = stratified_quotas(counts, size)
-    drawn = [rng.permutation(np.flatnonzero(labels == c))[:q] for c, q in zip(classes, quotas)]
-    drawn = np.sort(np.concatenate(drawn)).astype(np.int64)  # n >= 1, so there is at least one class
+    per_class = [rng.permutation(np.flatnonzero(labels == c))[:q] for c, q in zip(classes, quotas)]
+    drawn = np.sort(np.concatenate(per_class)).astype(np.int64)  # n >= 1, so there is at least one class
     rest = np.setdiff1d(np.arange(n, dtype=np.int64), drawn, assume_unique=True)
     return rest, drawn
 

@@ -29,7 +29,7 @@ def _numpy_globals() -> dict:
     try:  # numpy >= 2 moved the implementation module; old pickles still name numpy.core
         from numpy._core import multiarray
     except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core import multiarray
+        from numpy.core import multiarray  # type: ignore[no-redef]
     allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): _codecs.encode}
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
         allowed[(module, "_reconstruct")] = multiarray._reconstruct
@@ -106,7 +106,7 @@ def read_cifar10(data_dir: str) -> RawData:
     root = _resolve(data_dir, "cifar-10-batches-py", "test_batch")
     parts = [read_cifar_batch(os.path.join(root, f"data_batch_{i}"), b"labels") for i in range(1, 6)]
     test = read_cifar_batch(os.path.join(root, "test_batch"), b"labels")
-    names = _names_from_meta(os.path.join(root, "batches.meta"), b"label_names", CIFAR10_CLASSES)
+    names = _names_from_meta(os.path.join(root, "batches.meta"), b"label_names", CIFAR10_CLASSES) or []
     for lab in [p[1] for p in parts] + [test[1]]:
         _check_range(lab, len(names), root)
     return RawData(

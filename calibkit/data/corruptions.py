@@ -141,7 +141,7 @@ _CHROMA_Q = [
 ] + [99] * 32  # fmt: skip
 
 
-def quant_table(base: list[int], quality: int) -> torch.Tensor:
+def quant_table(base: list[int], quality: float) -> torch.Tensor:
     """IJG scaling of a base quantisation table: quality 50 = the table itself, higher = finer."""
     q = min(max(int(quality), 1), 100)
     scale = 5000 / q if q < 50 else 200 - 2 * q

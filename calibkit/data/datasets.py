@@ -50,7 +50,7 @@ class DatasetSpec:
             is written; empty: the base install reads it.
     """
 
-    read: Callable[[str | None], RawData]
+    read: Callable[..., RawData]
     default_dir: str | None
     needs_dir: bool
     val_size: int | float
@@ -221,6 +221,51 @@ def _check_split_sizes(name: str, num_classes: int, val, train_subset) -> None:
                           f"(at least {num_classes} images give every class one)", stacklevel=3)
 
 
+def _check_folder(name: str, spec, folder) -> None:
+    """The data set's file or folder exists and is of the right kind (the message says how to get it)."""
+    if folder is None:
+        raise UserError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
+    if spec.is_file and os.path.isdir(folder):
+        raise UserError(f"data set {name!r}: {folder} is a folder, not a file. {spec.how_to_get}")
+    if spec.is_file and not os.path.isfile(folder):
+        raise FileNotFoundError(f"data set {name!r}: file {folder} does not exist. {spec.how_to_get}")
+    if not spec.is_file and os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"data set {name!r}: {folder} is a file, not a folder. {spec.how_to_get}")
+    if not spec.is_file and not os.path.isdir(folder):
+        raise FileNotFoundError(f"data set {name!r}: folder {folder} does not exist. {spec.how_to_get}")
+
+
+def _validation_split(name: str, spec, raw: RawData, seed: int, val_size):
+    """``(train, val, val_checksum, rule)``: the protocol's fixed validation split, or a seeded
+    class-stratified draw of ``val_size`` images (a count, or a fraction when < 1) from the
+    official training split (stream 0 of ``seed``)."""
+    if raw.val is not None:  # validation fixed by the protocol
+        if val_size is not None and val_size != len(raw.val):
+            raise UserError(f"{name} has a fixed validation split of {len(raw.val)} images; got val_size={val_size}")
+        return raw.train, raw.val, _content_checksum(raw.val), "fixed by the protocol"
+    size = spec.val_size if val_size is None else val_size
+    if isinstance(size, float) and not size.is_integer():
+        if not 0 < size < 1:
+            raise UserError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
+        size = int(round(size * len(raw.train)))
+    train_idx, val_idx = stratified_split(raw.train.labels.numpy(), int(size), seed, stream=0)
+    return (raw.train.subset(train_idx), raw.train.subset(val_idx), index_checksum(val_idx),
+            "class-stratified seeded draw from the official training split")
+
+
+def _training_subset(name: str, train, train_subset, seed: int):
+    """``(train, train_checksum)``: a seeded class-stratified subset of ``train_subset`` images
+    (stream 1 of ``seed``), or the whole split and ``None`` when no subset is asked for."""
+    if train_subset is None:
+        return train, None
+    if not 1 <= int(train_subset) <= len(train):
+        raise UserError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
+    if int(train_subset) == len(train):
+        return train, None
+    _, keep = stratified_split(train.labels.numpy(), int(train_subset), seed, stream=1)
+    return train.subset(keep), index_checksum(keep)
+
+
 def load(
     name: str,
     data_dir: str | None = None,
@@ -261,49 +306,16 @@ def load(
     spec = DATASETS[name]
     folder = data_dir if data_dir is not None else spec.default_dir
     if spec.needs_dir:
-        if folder is None:
-            raise UserError(f"data set {name!r} needs data_dir (--data-dir): {spec.how_to_get}")
-        if spec.is_file and os.path.isdir(folder):
-            raise UserError(f"data set {name!r}: {folder} is a folder, not a file. {spec.how_to_get}")
-        if spec.is_file and not os.path.isfile(folder):
-            raise FileNotFoundError(f"data set {name!r}: file {folder} does not exist. {spec.how_to_get}")
-        if not spec.is_file and os.path.exists(folder) and not os.path.isdir(folder):
-            raise UserError(f"data set {name!r}: {folder} is a file, not a folder. {spec.how_to_get}")
-        if not spec.is_file and not os.path.isdir(folder):
-            raise FileNotFoundError(f"data set {name!r}: folder {folder} does not exist. {spec.how_to_get}")
+        _check_folder(name, spec, folder)
     if spec.modality == "segmentation":
         return load_segmentation(name, spec, folder, seed, val_size, train_subset)
     raw = _read_raw(name, spec, folder)
     _check_raw(name, raw, folder if spec.needs_dir else None)
 
-    if raw.val is not None:  # validation fixed by the protocol
-        if val_size is not None and val_size != len(raw.val):
-            raise UserError(f"{name} has a fixed validation split of {len(raw.val)} images; got val_size={val_size}")
-        train, val = raw.train, raw.val
-        checksum = _content_checksum(val)
-        rule = "fixed by the protocol"
-    else:
-        size = spec.val_size if val_size is None else val_size
-        if isinstance(size, float) and not size.is_integer():
-            if not 0 < size < 1:
-                raise UserError(f"val_size must be an image count or a fraction in (0, 1), got {size}")
-            size = int(round(size * len(raw.train)))
-        size = int(size)
-        train_idx, val_idx = stratified_split(raw.train.labels.numpy(), size, seed, stream=0)
-        train, val = raw.train.subset(train_idx), raw.train.subset(val_idx)
-        checksum = index_checksum(val_idx)
-        rule = "class-stratified seeded draw from the official training split"
-
+    train, val, checksum, rule = _validation_split(name, spec, raw, seed, val_size)
     num_classes = len(raw.class_names)
     _check_split_sizes(name, num_classes, val, train_subset)
-    train_checksum = None
-    if train_subset is not None:
-        if not 1 <= int(train_subset) <= len(train):
-            raise UserError(f"train_subset must be in [1, {len(train)}] for {name}, got {train_subset}")
-        if int(train_subset) < len(train):
-            _, keep = stratified_split(train.labels.numpy(), int(train_subset), seed, stream=1)
-            train = train.subset(keep)
-            train_checksum = index_checksum(keep)
+    train, train_checksum = _training_subset(name, train, train_subset, seed)
 
     mean, std = ((), ()) if raw.modality in ("text", "features") else channel_stats(train.images)
     for split_name, part in (("train", train), ("val", val), ("test", raw.test)):
@@ -332,7 +344,7 @@ def load(
             "train_checksum": train_checksum,
             **raw.record,
         },
-        data_dir=None if not spec.needs_dir else os.path.abspath(folder),
+        data_dir=None if not spec.needs_dir else os.path.abspath(str(folder)),
         modality=raw.modality,
         vocab=raw.vocab,
     )

@@ -305,7 +305,7 @@ def class_split(labels, num_classes: int, test_frac: float, val_frac: float, cap
         ValueError: a class left without training documents.
     """
     labels = np.asarray(labels)
-    parts = ([], [], [])
+    parts: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
     for k in range(num_classes):
         idx = np.flatnonzero(labels == k)
         idx = idx[np.random.default_rng([seed, k]).permutation(len(idx))][:cap]
@@ -316,7 +316,8 @@ def class_split(labels, num_classes: int, test_frac: float, val_frac: float, cap
         parts[2].append(idx[:n_test])
         parts[1].append(idx[n_test:n_test + n_val])
         parts[0].append(idx[n_test + n_val:])
-    return tuple(np.sort(np.concatenate(p)).astype(np.int64) for p in parts)
+    train, val, test = (np.sort(np.concatenate(p)).astype(np.int64) for p in parts)
+    return train, val, test
 
 
 def snapshot(folder, docs: list[Document]) -> dict:

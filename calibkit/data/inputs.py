@@ -24,6 +24,8 @@ no normalisation. ``"features"``: float32 inputs ``(N, ...)`` of the ``tensors``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from calibkit.errors import UserError
@@ -52,7 +54,7 @@ class ImageInputs:
         if mean_t.numel() != std_t.numel() or not bool((std_t > 0).all()):
             raise UserError(f"mean/std must be C floats with std > 0, got {mean_t.tolist()} / {std_t.tolist()}")
         self.crop_pad, self.hflip = int(crop_pad), bool(hflip)
-        self._stats = {}  # device -> (mean, std) shaped (C, 1, 1)
+        self._stats: dict = {}  # device -> (mean, std) shaped (C, 1, 1)
         self._mean, self._std = mean_t, std_t
 
     @classmethod
@@ -170,11 +172,12 @@ class FeatureInputs:
         return self.eval_batch(x), y
 
 
-INPUTS: dict[str, type] = {"image": ImageInputs, "segmentation": SegmentationInputs, "text": TokenInputs,
-                           "features": FeatureInputs}
+# Each pipeline is a class with the classmethods from_bundle and from_info.
+INPUTS: dict[str, Any] = {"image": ImageInputs, "segmentation": SegmentationInputs, "text": TokenInputs,
+                          "features": FeatureInputs}
 
 
-def _pipeline(modality: str) -> type:
+def _pipeline(modality: str) -> Any:
     if modality not in INPUTS:
         raise UserError(f"unknown modality {modality!r}; known: {', '.join(INPUTS)}")
     return INPUTS[modality]

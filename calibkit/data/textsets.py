@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from calibkit.errors import UserError
 from . import debian, newsgroups
 from .bundle import RawData, Split, index_checksum
 from .tokenizer import Vocabulary
+
+if TYPE_CHECKING:
+    from .wordpiece import WordPieceTokenizer
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ def _take(texts, labels, index) -> tuple[list[str], list[int]]:
 def encode_splits(train, val, test, class_names, settings: TextSettings, record: dict) -> RawData:
     """``(texts, labels)`` per split -> RawData of token ids, vocabulary built on ``train`` (or the
     pretrained tokenizer that ``settings.tokenizer`` names)."""
+    vocab: Vocabulary | WordPieceTokenizer
     if settings.tokenizer == "minilm":
         from .wordpiece import WordPieceTokenizer
 

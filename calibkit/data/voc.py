@@ -108,8 +108,8 @@ def _fit(image, mask: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"mask {mask.shape[::-1]} and image {(w, h)} differ in size")
     s = size / max(w, h)
     nw, nh = max(1, round(w * s)), max(1, round(h * s))
-    img = np.asarray(image.convert("RGB").resize((nw, nh), Image.BILINEAR))
-    msk = np.asarray(Image.fromarray(mask).resize((nw, nh), Image.NEAREST))
+    img = np.asarray(image.convert("RGB").resize((nw, nh), Image.Resampling.BILINEAR))
+    msk = np.asarray(Image.fromarray(mask).resize((nw, nh), Image.Resampling.NEAREST))
     out_img = np.zeros((size, size, 3), dtype=np.uint8)
     out_msk = np.full((size, size), VOID, dtype=np.uint8)
     out_img[:nh, :nw], out_msk[:nh, :nw] = img, msk

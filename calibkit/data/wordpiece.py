@@ -60,7 +60,7 @@ class WordPieceTokenizer:
 
     def decode(self, ids) -> str:
         """The text of ``ids``, special tokens left out (for inspection)."""
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=True))
 
     def to_dict(self) -> dict:
         """JSON-ready: what identifies the encoding (the vocabulary file's SHA-256 and the length)."""

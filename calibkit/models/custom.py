@@ -50,6 +50,8 @@ def import_factory(spec: str):
         module = sys.modules.get(key)
         if module is None:
             loader_spec = importlib.util.spec_from_file_location(key, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise UserError(f"model {spec!r}: {path} cannot be imported as a Python module")
             module = importlib.util.module_from_spec(loader_spec)
             with _import_errors(spec, module_name):
                 loader_spec.loader.exec_module(module)
@@ -123,11 +125,12 @@ def check_contract(model, x: torch.Tensor, num_classes: int, name: str = "model"
         problems.append(f"head has {head.out_features} outputs, the data has {num_classes} classes")
     if problems:
         raise UserError(f"{name} misses calibkit's model contract: " + "; ".join(problems))
+    assert isinstance(head, nn.Linear)  # for the type checker: a problem above otherwise
     was = model.training
     model.eval()
     try:
         with torch.no_grad():
-            feats = model.forward_features(x)
+            feats = model.forward_features(x)  # type: ignore[operator]  # checked above
             logits = model(x)
     except Exception as exc:
         raise UserError(f"{name}: a forward pass on inputs {x.dtype} {tuple(x.shape)} failed "

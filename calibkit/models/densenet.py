@@ -57,7 +57,7 @@ class DenseNet(nn.Module):
         super().__init__()
         planes = 2 * growth
         self.conv1 = nn.Conv2d(in_channels, planes, 3, 1, 1, bias=False)
-        stages = []
+        stages: list[nn.Module] = []
         for i, n in enumerate(blocks):
             for _ in range(n):
                 stages.append(DenseLayer(planes, growth))

@@ -153,7 +153,8 @@ class EfficientNetLite(PretrainedMixin, nn.Module):
             raise UserError(f"efficientnet_lite0 takes grey (1) or RGB (3) images, got in_channels={in_channels}")
         self.size = int(size)
         self.stem = ConvBN(3, STEM, 3, 2)
-        blocks, cin = [], STEM
+        blocks: list[nn.Module] = []
+        cin = STEM
         total = sum(r for *_, r in BLOCK_ARGS)
         for expansion, kernel, stride, cout, repeats in BLOCK_ARGS:
             for j in range(repeats):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -95,7 +96,8 @@ class MiniLMClassifier(PretrainedMixin, nn.Module):
 
     def backbone_blocks(self) -> list[nn.Module]:
         """The embeddings and the 6 transformer layers, input to output."""
-        return [self.encoder.embeddings, *self.encoder.encoder.layer]
+        bert: Any = self.encoder  # a transformers BertModel: its parts are not typed as modules
+        return [bert.embeddings, *bert.encoder.layer]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """int64 token ids (N, L) -> the mean of the non-[PAD] token features (N, 384)."""
@@ -119,4 +121,4 @@ def minilm(num_classes: int = 2, in_channels: int = VOCAB_SIZE) -> MiniLMClassif
     return MiniLMClassifier(num_classes, in_channels, pretrained=True)
 
 
-minilm.input_kind = "tokens"  # known before building (calibkit.models.input_kind)
+minilm.input_kind = "tokens"  # type: ignore[attr-defined]  # known before building (calibkit.models.input_kind)

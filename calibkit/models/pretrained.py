@@ -24,6 +24,7 @@ training loop multiplies into the scheduled learning rate at every step.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 import torch.nn as nn
 
@@ -38,6 +39,11 @@ def require(module: str, model: str):
     naming the package and the extra that installs it (``pip install 'calibkit[pretrained]'``)."""
     extras.require(module, f"model {model!r}")
     return importlib.import_module(module)
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The pretrained blocks of a model that :func:`is_pretrained` accepts, input to output."""
+    return list(model.backbone_blocks())  # type: ignore[operator]  # nn.Module does not declare it
 
 
 def is_pretrained(model) -> bool:
@@ -78,7 +84,7 @@ def set_trainable(model: nn.Module, part: str) -> None:
     if not is_pretrained(model):
         raise UserError(f"finetune: {part!r} needs a model with a pretrained backbone "
                          f"(efficientnet_lite0, minilm); {type(model).__name__} has none")
-    blocks = list(model.backbone_blocks())
+    blocks = _blocks(model)
     if count > len(blocks):
         raise UserError(f"finetune: {part!r} asks for more blocks than the backbone's {len(blocks)}")
     for i, block in enumerate(blocks):
@@ -91,7 +97,7 @@ def backbone_parameter_ids(model: nn.Module) -> set[int]:
     """``id`` of every parameter of the model's pretrained blocks (empty without a backbone)."""
     if not is_pretrained(model):
         return set()
-    return {id(p) for block in model.backbone_blocks() for p in block.parameters()}
+    return {id(p) for block in _blocks(model) for p in block.parameters()}
 
 
 def param_groups(model: nn.Module, extra=(), backbone_lr_scale: float = DEFAULT_BACKBONE_LR_SCALE) -> list[dict]:
@@ -113,13 +119,21 @@ def param_groups(model: nn.Module, extra=(), backbone_lr_scale: float = DEFAULT_
     return groups
 
 
-class PretrainedMixin:
-    """``train(mode)`` that keeps fully frozen backbone blocks in evaluation mode."""
+# The mixin is used as ``class Model(PretrainedMixin, nn.Module)``; to the type checker it is a module.
+if TYPE_CHECKING:
+    _ModuleForTypes = nn.Module
+else:
+    _ModuleForTypes = object
+
+
+class PretrainedMixin(_ModuleForTypes):
+    """``train(mode)`` that keeps fully frozen backbone blocks in evaluation mode (mixed into an
+    ``nn.Module`` that has ``backbone_blocks``)."""
 
     def train(self, mode: bool = True):
         super().train(mode)
         if mode:
-            for block in self.backbone_blocks():
+            for block in _blocks(self):
                 if not any(p.requires_grad for p in block.parameters()):
                     block.eval()
         return self

@@ -87,4 +87,5 @@ def gpool_cnn_small(num_classes: int = 20, in_channels: int = 20000) -> GlobalPo
     return GlobalPoolingCNN(num_classes, in_channels, embed_dim=64, channels=64, hidden=64)
 
 
-gpool_cnn.input_kind = gpool_cnn_small.input_kind = "tokens"  # known before building (calibkit.models.input_kind)
+# known before building (calibkit.models.input_kind)
+gpool_cnn.input_kind = gpool_cnn_small.input_kind = "tokens"  # type: ignore[attr-defined]

@@ -55,7 +55,7 @@ class PostActBlock(nn.Module):
         self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(planes)
         self.dropout = dropout
-        self.shortcut = nn.Identity()
+        self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_planes != planes:
             self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
 

@@ -181,6 +181,57 @@ def _resolve_generator(generator, device):
     return generator.eval().to(dev), "in-memory", state_hash(generator)
 
 
+def _manifest(cfg, gen_name: str, gen_hash: str, num_groups: int, seed: int, steps: int, guidance: float,
+              groups_per_shard: int, precision: str) -> dict:
+    """The store's manifest: its identity (every setting that changes an image) and its layout."""
+    manifest = {
+        "format": STORE_FORMAT, "version": 1, "generator": gen_name,
+        "generator_hash": gen_hash, "num_classes": cfg.num_classes,
+        "image_shape": [cfg.in_channels, cfg.data_size, cfg.data_size], "seed": int(seed),
+        "steps": int(steps), "guidance": float(guidance), "sampler": "edm-heun sigma 0.002..80 rho 7",
+        "group_size": GROUP_SIZE, "groups_per_shard": int(groups_per_shard), "num_groups": int(num_groups),
+        "pairs": "all unordered (c1 < c2) in lexicographic order, cycled; lam = linspace(0, 1, 8)",
+    }
+    if precision != "fp32":  # stores written before the option existed are float32 and lack the key
+        manifest["precision"] = precision
+    return manifest
+
+
+def _write_manifest(store_dir: Path, manifest: dict, rank: int) -> None:
+    """Refuse a store written with other settings (growing one whose shards are all full is
+    allowed: they stay valid as they are); rank 0 then writes the manifest if it changed."""
+    path = store_dir / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in {**old, **manifest}.items()
+                if k != "generator" and old.get(k) != manifest.get(k)}
+        grow = set(diff) == {"num_groups"} and manifest["num_groups"] > old["num_groups"] \
+            and old["num_groups"] % manifest["groups_per_shard"] == 0
+        if diff and not grow:
+            raise UserError(f"store {store_dir} was generated with other settings {diff}; use a new --out")
+    if rank == 0 and (not path.exists() or json.loads(path.read_text()) != manifest):
+        atomic_write(path, json.dumps(manifest, indent=2).encode())
+
+
+def _write_shard(store_dir: Path, k: int, out: dict, manifest: dict, batch_size: int, device_type: str) -> int:
+    """Shard ``k``'s images, then its index (written last: it marks the shard done). Returns the
+    number of images written."""
+    from safetensors.torch import save
+
+    img_path, idx_path = shard_paths(store_dir, k)
+    atomic_write(img_path, save({key: out[key].contiguous() for key in
+                                 ("images", "group", "member", "c1", "c2", "lam")}))
+    m = manifest
+    records = [json.dumps({"group": int(out["group"][i]), "member": int(out["member"][i]), "seed": m["seed"],
+                           "c1": int(out["c1"][i]), "c2": int(out["c2"][i]),
+                           "lam": round(float(out["lam"][i]), 6), "guidance": m["guidance"],
+                           "steps": m["steps"], "generator_hash": m["generator_hash"],
+                           "precision": m.get("precision", "fp32"), "batch_size": batch_size, "device": device_type})
+               for i in range(len(out["group"]))]
+    atomic_write(idx_path, ("\n".join(records) + "\n").encode())
+    return len(records)
+
+
 def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: int = 20,
                    guidance: float = 1.0, groups_per_shard: int = 16, distributed="env",
                    progress: bool = True, device="auto", batch_size: int | None = None,
@@ -222,29 +273,9 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
     model, gen_name, gen_hash = _resolve_generator(generator, device)
     dev = next(model.parameters()).device
     bs = batch_size or default_batch_size(dev)
-    cfg = model.config
-    manifest = {
-        "format": STORE_FORMAT, "version": 1, "generator": gen_name,
-        "generator_hash": gen_hash, "num_classes": cfg.num_classes,
-        "image_shape": [cfg.in_channels, cfg.data_size, cfg.data_size], "seed": int(seed),
-        "steps": int(steps), "guidance": float(guidance), "sampler": "edm-heun sigma 0.002..80 rho 7",
-        "group_size": GROUP_SIZE, "groups_per_shard": int(groups_per_shard), "num_groups": int(num_groups),
-        "pairs": "all unordered (c1 < c2) in lexicographic order, cycled; lam = linspace(0, 1, 8)",
-    }
-    if precision != "fp32":  # stores written before the option existed are float32 and lack the key
-        manifest["precision"] = precision
-    path = store_dir / MANIFEST
-    if path.exists():
-        old = json.loads(path.read_text())
-        diff = {k: (old.get(k), v) for k, v in {**old, **manifest}.items()
-                if k != "generator" and old.get(k) != manifest.get(k)}
-        # Growing a store is allowed when its old shards are all full: they stay valid as they are.
-        grow = set(diff) == {"num_groups"} and num_groups > old["num_groups"] \
-            and old["num_groups"] % groups_per_shard == 0
-        if diff and not grow:
-            raise UserError(f"store {store_dir} was generated with other settings {diff}; use a new --out")
-    if rank == 0 and (not path.exists() or json.loads(path.read_text()) != manifest):
-        atomic_write(path, json.dumps(manifest, indent=2).encode())
+    manifest = _manifest(model.config, gen_name, gen_hash, num_groups, seed, steps, guidance,
+                         groups_per_shard, precision)
+    _write_manifest(store_dir, manifest, rank)
 
     todo = [k for k in range(rank, num_shards(manifest), world) if not shard_done(store_dir, k)]
     if progress and rank == 0:
@@ -254,19 +285,7 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
     for done_shards, k in enumerate(todo, start=1):
         groups = range(k * groups_per_shard, min((k + 1) * groups_per_shard, num_groups))
         out = sample_groups(model, groups, seed, steps, guidance, batch_size=bs, precision=precision)
-        from safetensors.torch import save
-
-        img_path, idx_path = shard_paths(store_dir, k)
-        atomic_write(img_path, save({key: out[key].contiguous() for key in
-                                     ("images", "group", "member", "c1", "c2", "lam")}))
-        records = [json.dumps({"group": int(out["group"][i]), "member": int(out["member"][i]), "seed": int(seed),
-                               "c1": int(out["c1"][i]), "c2": int(out["c2"][i]),
-                               "lam": round(float(out["lam"][i]), 6), "guidance": float(guidance),
-                               "steps": int(steps), "generator_hash": manifest["generator_hash"],
-                               "precision": precision, "batch_size": bs, "device": dev.type})
-                   for i in range(len(out["group"]))]
-        atomic_write(idx_path, ("\n".join(records) + "\n").encode())  # index last: marks the shard done
-        n_img += len(records)
+        n_img += _write_shard(store_dir, k, out, manifest, bs, dev.type)
         if progress:
             dt = time.perf_counter() - t0
             eta = dt / done_shards * (len(todo) - done_shards) / 60

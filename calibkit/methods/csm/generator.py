@@ -140,7 +140,8 @@ class CondDenoiser(nn.Module):
         if y.shape != (b, self.config.num_classes):
             raise UserError(f"y must have shape ({b}, {self.config.num_classes}), got {tuple(y.shape)}")
         c_skip, c_out, c_in, c_noise = (c.view(b, 1, 1, 1) for c in self.precond(sigma))
-        f = self.unet(c_in * x, c_noise.view(b), class_labels=self.class_proj(y.to(x.dtype))).sample
+        # diffusers types UNet2DModel without a __call__ signature mypy can see
+        f = self.unet(c_in * x, c_noise.view(b), class_labels=self.class_proj(y.to(x.dtype))).sample  # type: ignore[operator]
         return c_skip * x + c_out * f
 
 

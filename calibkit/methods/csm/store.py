@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -86,7 +87,8 @@ def load_store(store_dir) -> dict:
         raise UserError(f"store {store_dir} is incomplete: {len(missing)} shard(s) missing (first: {missing[0]}); "
                          "rerun the same `calibkit csm generate` command to finish it")
     parts = [load_file(shard_paths(store_dir, k)[0]) for k in range(num_shards(manifest))]
-    out = {key: torch.cat([p[key] for p in parts]) for key in ("images", "group", "member", "c1", "c2", "lam")}
+    keys = ("images", "group", "member", "c1", "c2", "lam")
+    out: dict[str, Any] = {key: torch.cat([p[key] for p in parts]) for key in keys}
     expected = manifest["num_groups"] * manifest["group_size"]
     if out["images"].shape[0] != expected:
         raise UserError(f"store {store_dir} holds {out['images'].shape[0]} images, expected {expected}")

@@ -52,6 +52,44 @@ def _ema_decay(step: int, decay: float) -> float:
     return min(decay, (1 + step) / (10 + step))
 
 
+def _resume(state_path: Path, fingerprint: dict, model, ema, opt, gen: torch.Generator, device) -> tuple[int, float]:
+    """Load the training state saved at ``state_path`` into the networks, the optimiser and the
+    generator; refuse a state written with other settings. Returns ``(step, elapsed seconds)``."""
+    state = torch.load(state_path, weights_only=True, map_location=device)
+    saved = json.loads(state["fingerprint"])
+    if saved != json.loads(json.dumps(fingerprint)):
+        raise UserError(f"{state_path} was written with different settings: {saved}; "
+                         "use a new --out directory or the same settings")
+    model.load_state_dict(state["model"])
+    ema.load_state_dict(state["ema"])
+    opt.load_state_dict(state["opt"])
+    gen.set_state(state["rng"].cpu())
+    return int(state["step"]), float(state["elapsed"])
+
+
+def _train_step(model, ema, opt, x_all: torch.Tensor, onehot: torch.Tensor, gen: torch.Generator,
+                train_cfg: GeneratorTrainConfig, step: int) -> float:
+    """One optimisation step on a random batch (the draws in a fixed order from ``gen``: batch,
+    class dropout, then the EDM noise), then the EMA update. ``onehot``: ``(N, K)`` class vectors
+    of the training images. Returns the batch's loss."""
+    idx = torch.randint(x_all.shape[0], (train_cfg.batch_size,), generator=gen).to(x_all.device)
+    y = onehot[idx]
+    drop = (torch.rand(train_cfg.batch_size, generator=gen) < train_cfg.p_uncond).to(x_all.device)
+    y[drop] = 0.0  # the zero vector is the unconditional input of classifier-free guidance
+    for g in opt.param_groups:
+        g["lr"] = train_cfg.lr * min(1.0, (step + 1) / max(1, train_cfg.warmup_steps))
+    loss = edm_loss(model, x_all[idx], y, gen)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+    opt.step()
+    d = _ema_decay(step, train_cfg.ema_decay)
+    with torch.no_grad():
+        for pe, pm in zip(ema.parameters(), model.parameters()):
+            pe.lerp_(pm, 1 - d)
+    return loss.item()
+
+
 def train_generator(images, labels, out_dir, train_cfg: GeneratorTrainConfig,
                     gen_cfg: GeneratorConfig | None = None, checkpoint_every: int = 100,
                     extra_meta: dict | None = None, progress: bool = True, device="cpu") -> CondDenoiser:
@@ -96,22 +134,13 @@ def train_generator(images, labels, out_dir, train_cfg: GeneratorTrainConfig,
 
     state_path = out_dir / STATE_NAME
     if state_path.exists():
-        state = torch.load(state_path, weights_only=True, map_location=device)
-        saved = json.loads(state["fingerprint"])
-        if saved != json.loads(json.dumps(fingerprint)):
-            raise UserError(f"{state_path} was written with different settings: {saved}; "
-                             "use a new --out directory or the same settings")
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["rng"].cpu())
-        step, elapsed = int(state["step"]), float(state["elapsed"])
+        step, elapsed = _resume(state_path, fingerprint, model, ema, opt, gen, device)
         if progress:
             print(f"resuming from step {step} ({elapsed:.0f} s so far)", flush=True)
 
     x_all = to_model_space(images, gen_cfg).to(device)  # (N, C, S, S) float, padded once
     labels = labels.to(device)
-    eye = torch.eye(gen_cfg.num_classes, device=device)
+    onehot = torch.eye(gen_cfg.num_classes, device=device)[labels]  # (N, K), indexed per batch
     n_params = sum(p.numel() for p in model.parameters())
 
     def checkpoint():
@@ -128,23 +157,9 @@ def train_generator(images, labels, out_dir, train_cfg: GeneratorTrainConfig,
     model.train()
     t_last, loss_sum, n_sum = time.perf_counter(), 0.0, 0
     while step < train_cfg.steps:
-        idx = torch.randint(x_all.shape[0], (train_cfg.batch_size,), generator=gen).to(device)
-        y = eye[labels[idx]]
-        drop = (torch.rand(train_cfg.batch_size, generator=gen) < train_cfg.p_uncond).to(device)
-        y[drop] = 0.0  # the zero vector is the unconditional input of classifier-free guidance
-        for g in opt.param_groups:
-            g["lr"] = train_cfg.lr * min(1.0, (step + 1) / max(1, train_cfg.warmup_steps))
-        loss = edm_loss(model, x_all[idx], y, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
-        opt.step()
-        d = _ema_decay(step, train_cfg.ema_decay)
-        with torch.no_grad():
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - d)
+        loss = _train_step(model, ema, opt, x_all, onehot, gen, train_cfg, step)
         step += 1
-        loss_sum, n_sum = loss_sum + loss.item(), n_sum + 1
+        loss_sum, n_sum = loss_sum + loss, n_sum + 1
         now = time.perf_counter()
         elapsed += now - t_last
         t_last = now

@@ -32,18 +32,32 @@ Modules: :mod:`.masking` (mask, rule, deployed predictor), :mod:`.stage2` (the t
 :mod:`.estimator` (:class:`MaCCal`, :func:`extract_features`), :mod:`.run` (run directories).
 """
 
-from calibkit.methods.maccal.estimator import MaCCal, NotFittedError, extract_features
-from calibkit.methods.maccal.masking import (
-    MC_SEED_OFFSET,
-    bernoulli_mask,
-    deployed_proba,
-    masked_linear,
-    mc_logits,
-    mc_predict_proba,
-    update_keep_rate,
-)
-from calibkit.methods.maccal.run import MACCAL_JSON, RULE, load_maccal, run_maccal
-from calibkit.methods.maccal.stage2 import DEFAULTS, fit_masked_head
+import importlib
+
+# Each public name and the module that defines it. The package loads a module (and torch) only when
+# one of its names is first read, so that ``calibkit maccal --help`` can show the defaults quickly.
+_WHERE = {
+    "DEFAULTS": "defaults",
+    "MACCAL_JSON": "run", "RULE": "run", "load_maccal": "run", "run_maccal": "run",
+    "MC_SEED_OFFSET": "masking", "bernoulli_mask": "masking", "deployed_proba": "masking",
+    "masked_linear": "masking", "mc_logits": "masking", "mc_predict_proba": "masking",
+    "update_keep_rate": "masking",
+    "MaCCal": "estimator", "NotFittedError": "estimator", "extract_features": "estimator",
+    "fit_masked_head": "stage2",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     "DEFAULTS",

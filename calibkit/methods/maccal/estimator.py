@@ -206,14 +206,15 @@ def extract_features(model: nn.Module, data, feature_fn: Callable | None = None,
         if not hasattr(model, "forward_features"):
             raise UserError(f"{type(model).__name__} has no forward_features(); pass "
                              "feature_fn=lambda model, x: ... (the network up to its last linear layer)")
-        feature_fn = type(model).forward_features
+        feature_fn = type(model).forward_features  # type: ignore[attr-defined]  # checked just above
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
     batch_size = eval_batch_size(device, batch_size)
     was_training = model.training
     model.eval()
-    feats, labels = [], []
+    feats: list[torch.Tensor] = []
+    labels: list[torch.Tensor | None] = []
     try:
         for x, y in _batches(data, batch_size):
             f = feature_fn(model, x.to(device))
@@ -226,5 +227,5 @@ def extract_features(model: nn.Module, data, feature_fn: Callable | None = None,
         model.train(was_training)
     if not feats:
         raise UserError("extract_features: data is empty")
-    has_labels = all(y is not None for y in labels)
-    return torch.cat(feats), (torch.cat(labels) if has_labels else None)
+    known = [y for y in labels if y is not None]
+    return torch.cat(feats), (torch.cat(known) if len(known) == len(labels) else None)

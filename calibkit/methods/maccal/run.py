@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,7 +67,7 @@ def _device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _stage1_features(stage1: Path, info1: dict, data_dir, dev, batch_size: int):
+def _stage1_features(stage1: Path, info1: dict, data_dir, dev, batch_size: int | None):
     """The stage-1 model (frozen, on ``dev``), its data bundle and the train/val/test features."""
     from calibkit import rundir
     from calibkit.data import load
@@ -154,10 +155,12 @@ def run_maccal(stage1_dir, out_dir, *, r_init: float = DEFAULTS["r_init"], eta: 
                              - rundir.load_logits(stage1)["val_logits"].float()).abs().max())
 
     loss_spec = cfg.loss if loss == "stage1" else loss
-    hparams = {"r_init": r_init, "eta": eta, "r_min": r_min, "epochs": epochs, "lr": lr, "momentum": momentum,
-               "weight_decay": weight_decay, "batch_size": batch_size, "grad_clip": grad_clip,
-               "n_bins": n_bins, "seed": seed, "mc_samples": mc_samples}
-    est = MaCCal(model.head, loss=loss_spec, **hparams).fit(*feats["train"], *feats["val"],
+    hparams: dict[str, Any] = {
+        "r_init": r_init, "eta": eta, "r_min": r_min, "epochs": epochs, "lr": lr, "momentum": momentum,
+        "weight_decay": weight_decay, "batch_size": batch_size, "grad_clip": grad_clip,
+        "n_bins": n_bins, "seed": seed, "mc_samples": mc_samples}
+    (train_x, train_y), (val_x, val_y) = feats["train"], feats["val"]
+    est = MaCCal(model.head, loss=loss_spec, **hparams).fit(train_x, train_y, val_x, val_y,
                                                             progress=_progress_logger(log, epochs))
     t0 = time.perf_counter()
     with torch.no_grad():

@@ -11,12 +11,14 @@ import copy
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from calibkit.errors import UserError, UserRuntimeError
+from calibkit.methods.maccal.defaults import DEFAULTS
 from calibkit.methods.maccal.masking import (
     check_int,
     check_keep_rate,
@@ -26,23 +28,6 @@ from calibkit.methods.maccal.masking import (
 )
 
 __all__ = ["DEFAULTS", "fit_masked_head", "check_features"]
-
-# Stage-2 defaults: the keep-rate rule (r_init, eta, r_min), the deployed predictor (mc_samples)
-# and calibkit's optimiser decision; docs/maccal.md says how each was chosen.
-DEFAULTS = {
-    "r_init": 0.9,
-    "eta": 2.0,
-    "r_min": 0.1,
-    "epochs": 30,
-    "lr": 0.01,
-    "momentum": 0.9,
-    "weight_decay": 5e-4,
-    "batch_size": 128,
-    "grad_clip": 2.0,
-    "n_bins": 15,
-    "seed": 0,
-    "mc_samples": 64,
-}
 
 
 def check_features(name: str, feats: torch.Tensor, labels: torch.Tensor, dim: int, num_classes: int) -> None:
@@ -115,6 +100,19 @@ def _train_epoch(model: nn.Linear, opt, feats, labels, r: float, gen, batch_size
     return loss_sum / n
 
 
+def _checked_inputs(head: nn.Linear, train_feats, train_labels, val_feats, val_labels):
+    """The features and labels checked against ``head`` and moved to its device (features in its
+    dtype, labels as int64)."""
+    if not isinstance(head, nn.Linear):
+        raise UserError(f"head must be an nn.Linear, got {type(head).__name__}")
+    K, D = head.weight.shape
+    check_features("train", train_feats, train_labels, D, K)
+    check_features("val", val_feats, val_labels, D, K)
+    device, dtype = head.weight.device, head.weight.dtype
+    return (train_feats.to(device, dtype), train_labels.to(device).long(),
+            val_feats.to(device, dtype), val_labels.to(device).long())
+
+
 def _trainable_copy(head: nn.Linear, loss_fn, lr, momentum, weight_decay, epochs):
     """A trainable copy of ``head``, SGD over it (and the loss's own parameters), cosine schedule."""
     model = copy.deepcopy(head).eval()
@@ -175,36 +173,24 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
         ``time_s``), ``best_epoch``, ``best_keep_rate``, ``best_val_ece``, ``keep_rates``
         (r_1..r_E) and ``wall_time_s``.
     """
-    if not isinstance(head, nn.Linear):
-        raise UserError(f"head must be an nn.Linear, got {type(head).__name__}")
     r = _check_hparams(r_init, eta, r_min, epochs, batch_size, mc_samples)
-    K, D = head.weight.shape
-    check_features("train", train_feats, train_labels, D, K)
-    check_features("val", val_feats, val_labels, D, K)
-
-    device, dtype = head.weight.device, head.weight.dtype
-    train_feats, val_feats = train_feats.to(device, dtype), val_feats.to(device, dtype)
-    train_labels, val_labels = train_labels.to(device).long(), val_labels.to(device).long()
+    train_feats, train_labels, val_feats, val_labels = _checked_inputs(head, train_feats, train_labels,
+                                                                       val_feats, val_labels)
+    device = head.weight.device
     loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
 
     gen = torch.Generator(device=device).manual_seed(int(seed))
     model, opt, sched = _trainable_copy(head, loss_fn, lr, momentum, weight_decay, epochs)
 
     def score(keep_rate: float) -> dict:
-        with torch.no_grad():
-            probs = deployed_proba(val_feats, model.weight, model.bias, keep_rate, mc_samples, seed)
-            bare = torch.softmax(model(val_feats).float(), dim=1)
-        bare_scores = _scores(bare, val_labels, n_bins, prefix="unmasked_val_")
-        return {**_scores(probs, val_labels, n_bins),
-                "unmasked_val_conf": bare_scores["unmasked_val_conf"],
-                "unmasked_val_ece": bare_scores["unmasked_val_ece"]}
+        return _score_deployed(model, val_feats, val_labels, keep_rate, mc_samples, seed, n_bins)
 
     t_start = time.perf_counter()
     records = [{"epoch": 0, "keep_rate": r, "next_keep_rate": r, "train_loss": None, "lr": None,
                 "time_s": 0.0, **score(r)}]
     if progress:
         progress(records[0])
-    best = {"ece": math.inf, "state": None, "epoch": None, "r": None}
+    best: dict[str, Any] = {"ece": math.inf, "state": None, "epoch": None, "r": None}
     for epoch in range(1, epochs + 1):
         lr_now = opt.param_groups[0]["lr"]
         train_loss = _train_epoch(model, opt, train_feats, train_labels, r, gen, batch_size, loss_fn, grad_clip)
@@ -223,6 +209,25 @@ def fit_masked_head(head: nn.Linear, train_feats: torch.Tensor, train_labels: to
                     "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
         r = r_next
 
+    return _best_head_and_history(head, best, records, t_start)
+
+
+def _score_deployed(model: nn.Linear, val_feats: torch.Tensor, val_labels: torch.Tensor, keep_rate: float,
+                    mc_samples: int, seed: int, n_bins: int) -> dict:
+    """The validation scores of the deployed predictor at ``keep_rate``, with the bare head's
+    confidence and ECE beside them."""
+    with torch.no_grad():
+        probs = deployed_proba(val_feats, model.weight, model.bias, keep_rate, mc_samples, seed)
+        bare = torch.softmax(model(val_feats).float(), dim=1)
+    bare_scores = _scores(bare, val_labels, n_bins, prefix="unmasked_val_")
+    return {**_scores(probs, val_labels, n_bins),
+            "unmasked_val_conf": bare_scores["unmasked_val_conf"],
+            "unmasked_val_ece": bare_scores["unmasked_val_ece"]}
+
+
+def _best_head_and_history(head: nn.Linear, best: dict, records: list[dict], t_start: float):
+    """A frozen copy of ``head`` holding the best epoch's weights, and the history dict that
+    :func:`fit_masked_head` documents."""
     best_head = copy.deepcopy(head)
     best_head.load_state_dict(best["state"])
     best_head.eval().requires_grad_(False)
