@@ -75,8 +75,8 @@ def _held_by_worker(out, parent: int):
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_worker_killed_mid_run_is_taken_over_and_the_bench_ends_with_the_clean_metrics(clean, tmp_path):
     out = tmp_path / "b"
-    bench = subprocess.Popen(_command(out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=ROOT)
+    bench = subprocess.Popen(_command(out) + ["--no-report"], env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         held = None
         while held is None and bench.poll() is None:
@@ -93,7 +93,7 @@ def test_a_worker_killed_mid_run_is_taken_over_and_the_bench_ends_with_the_clean
             bench.communicate()
     assert bench.returncode == 0, stdout[-2000:] + stderr[-2000:]
     assert f"worker worker-1 was killed by SIGKILL; see {out / 'logs' / 'worker-1.log'}" in stderr
-    assert "0 failed" in stdout and "Ranking by test ECE" in stdout
+    assert "; 0 failed;" in stdout
     rows = _rows(out)
     assert sorted(rows) == sorted(_rows(clean[0])) and all(r["status"] == "done" for r in rows.values())
     taken = rows[key]
