@@ -250,7 +250,7 @@ def test_a_cancelled_ce_task_leaves_nothing_stuck_and_the_same_command_finishes_
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "2 run(s) missing" in proc.stderr, proc.stderr
     said = cli(args, env, tmp_path)  # the same submission command, nothing running
-    assert "submitted ce" in said and "submitted maccal" in said and "cancelled" not in said
+    assert "submitted ce" in said and "submitted maccal" in said and "stuck on a dependency" not in said
     wait_idle(out)
     assert cli(args + ["--status"], env, tmp_path).strip().splitlines()[-1] == "bench smoke: 2 done"
     assert not queue(out)
