@@ -45,6 +45,26 @@ def work_queue(items, ready, attempt, poll_s: float = POLL_S, sleep=time.sleep) 
         pending = later
 
 
+def reaping_sleep(reap, log, sleep=time.sleep, step_s: float = 0.5):
+    """The pause of :func:`work_queue` for a process whose ``--workers`` it started itself: sleeps
+    ``poll_s`` in steps of ``step_s``, calling ``reap()`` (one line per worker that has ended badly
+    since the last call, the worker reaped) at each step, and returns as soon as one has ended, so
+    that the runs it held are taken over at once (a reaped process's claims are dead:
+    :func:`calibkit.store.common.owner_alive`). Each line goes to ``log``."""
+    def pause(poll_s: float) -> None:
+        end = time.monotonic() + poll_s
+        while True:
+            lines = reap()
+            for line in lines:
+                log(line)
+            left = end - time.monotonic()
+            if lines or left <= 0:
+                return
+            sleep(min(step_s, left))
+
+    return pause
+
+
 class Outcome(enum.Enum):
     """What a claim meant."""
 

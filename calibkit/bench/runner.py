@@ -37,7 +37,7 @@ import torch
 from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.bench import evaluation
-from calibkit.bench.attempts import Counts, Task, attempt, broadcast, work_queue
+from calibkit.bench.attempts import Counts, Task, attempt, broadcast, reaping_sleep, work_queue
 from calibkit.bench.grid import METHODS, Preset, grid_methods
 from calibkit.bench.paths import RETIRED, run_dir_for
 from calibkit.bench.producers import RunFactory, train_config
@@ -172,21 +172,30 @@ class Bench:
         busy = any(self.store.busy_elsewhere(run_key(self.preset.name, n, seed)) for n in METHODS[method].needs)
         return not broadcast(busy, self.dd)
 
-    def run(self) -> Counts:
+    def run(self, reap=None) -> Counts:
         """Run every pending (seed, method); returns the :class:`~calibkit.bench.attempts.Counts`
-        of done, skipped and failed runs."""
+        of done, skipped and failed runs. ``reap``: the ``--workers`` processes' watcher
+        (:func:`calibkit.bench.workers.reaper`); while waiting for a run another process holds,
+        a worker that ends is noticed within half a second and its runs taken over at once."""
         self.supersede(self.check_consistent())
         counts = Counts()
         items = [(seed, method) for seed in self.seeds for method in self.methods]
         progress = RunProgress(len(items), write=self.log,
                                bar=self.dd.is_main and self.log is print and sys.stderr.isatty())
         report = _Report(progress, self.log, self._waiting)
+        pause = {} if reap is None else {"sleep": reaping_sleep(reap, self.log)}
         try:
             work_queue(items, lambda item: self.needs_ready(item[1], item[0]),
-                       lambda item: attempt(self._task(*item), self.store, self.dd, counts, report, self.failures))
+                       lambda item: attempt(self._task(*item), self.store, self.dd, counts, report, self.failures),
+                       **pause)
         finally:
             progress.close()
         return counts
+
+    def unfinished(self) -> list[str]:
+        """The keys of this bench's runs that are not ``done`` in the store (read by rank 0)."""
+        keys = [run_key(self.preset.name, m, s) for s in self.seeds for m in self.methods]
+        return [k for k in keys if self.store.status(k) != "done"]
 
     def run_one(self, seed: int, method: str) -> Counts:
         """Produce, evaluate and record the one run ``(seed, method)`` (what a scheduler's task

@@ -19,6 +19,15 @@ key map beside it (``NNN-<stage>.keys``: ``INDEX KEY`` per line; ``NNN`` numbers
 
 A run already ``done`` (its result file) or queued/running in ``squeue`` is not submitted again,
 so running the same command after a failure or a cancellation submits exactly what is missing.
+
+Dependencies that can never be met (decided here; docs/cluster.md): a task that depends on another
+(``aftercorr``/``afterok``) is submitted with ``--kill-on-invalid-dep=yes``, so that SLURM cancels
+it as soon as the task it waits for ends without success (failed, cancelled, timed out): the queue
+empties by itself and the same submission command submits the upstream run and its dependents
+again. A dependent left pending anyway (submitted by an older calibkit, or a cluster that keeps
+such jobs) is what ``squeue`` calls ``PENDING`` with the reason ``DependencyNeverSatisfied``: its
+state is ``stuck`` (``--status`` says "stuck: its dependency failed", ``--collect`` counts it as
+missing and exits 1), and the submission command cancels it (``scancel``) before submitting it again.
 With ``--gpus-per-run N > 1`` a task asks for N GPUs and runs
 ``python -m torch.distributed.run --standalone --nproc_per_node N -m calibkit ...``.
 
@@ -43,8 +52,11 @@ from calibkit.bench import slurm_values as V
 from calibkit.errors import UserError, UserRuntimeError
 from calibkit.store import files as R
 
-# squeue states of a task that runs; every other state squeue lists counts as queued.
+# squeue states of a task that runs; every other state squeue lists counts as queued, except ...
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}
+# ... a pending task whose dependency can never be satisfied: squeue_states calls it STUCK.
+STUCK = "STUCK"
+NEVER_REASON = "DependencyNeverSatisfied"
 # A stage name (a file name, a shell variable of the submit script): ce, train, maccal, csm, tune-*.
 _STAGE = re.compile(r"[a-z][a-z0-9-]*")
 # A job to depend on: a job id, a task of an array (JOB_INDEX), or a dry run's $variable.
@@ -135,27 +147,33 @@ def submissions(out) -> list[dict]:
 
 
 def squeue_states(job_ids) -> dict[str, str] | None:
-    """``{"JOB_TASK": state}`` of this user's queued and running tasks (None: no squeue here)."""
+    """``{"JOB_TASK": state}`` of this user's queued and running tasks (None: no squeue here).
+
+    The state is squeue's (``PENDING``, ``RUNNING``, ...), except :data:`STUCK` for a pending task
+    whose reason is :data:`NEVER_REASON` (what it waits for ended without success)."""
     wanted = {str(j) for j in job_ids}
     if not wanted:
         return {}
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "-u", str(os.getuid()), "-o", "%F|%K|%T"], capture_output=True,
-                             text=True, check=True).stdout
+        out = subprocess.run(["squeue", "-h", "-r", "-u", str(os.getuid()), "-o", "%F|%K|%T|%r"],
+                             capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     states = {}
     for line in out.splitlines():
         job, _, rest = line.strip().partition("|")
-        task, _, state = rest.partition("|")
+        task, _, rest = rest.partition("|")
+        state, _, reason = rest.partition("|")
         if job in wanted:
-            states[f"{job}_{task if task not in ('N/A', '') else 0}"] = state
+            stuck = state == "PENDING" and reason.strip() == NEVER_REASON
+            states[f"{job}_{task if task not in ('N/A', '') else 0}"] = STUCK if stuck else state
     return states
 
 
 def key_states(out, keys: list[str], table: str = "runs", recorded: dict | None = None) -> dict[str, tuple[str, str]]:
-    """``{key: (state, detail)}``: done / failed from the result files, queued / running from
-    ``squeue``, ``not submitted``, or ``failed`` for a task that ended without a result.
+    """``{key: (state, detail)}``: done / failed from the result files, queued / running / stuck
+    (pending on a dependency that failed) from ``squeue``, ``not submitted``, or ``failed`` for a
+    task that ended without a result.
 
     ``recorded``: ``{key: (state, detail)}`` read from the bench's database
     (:func:`calibkit.bench.collect.recorded_states`): a run it holds as done is done (a local
@@ -183,6 +201,9 @@ def key_states(out, keys: list[str], table: str = "runs", recorded: dict | None 
             states[key] = recorded[key]
         elif live in RUNNING:
             states[key] = ("running", f"task {task}")
+        elif live == STUCK:
+            states[key] = ("stuck", f"task {task} is stuck: its dependency failed, it can never start (the same "
+                                    "submission command cancels it and submits the run again)")
         elif live is not None:
             states[key] = ("queued", f"task {task} {live.lower()}")
         elif status == "failed":
@@ -195,6 +216,33 @@ def key_states(out, keys: list[str], table: str = "runs", recorded: dict | None 
         else:
             states[key] = ("not submitted", "")
     return states
+
+
+def stuck_tasks(states: dict[str, tuple[str, str]]) -> list[str]:
+    """The ``JOB_TASK`` of every ``stuck`` key among :func:`key_states`'s ``states``."""
+    return [detail.split()[1] for state, detail in states.values() if state == "stuck"]
+
+
+def cancel_stuck(states: dict[str, tuple[str, str]], dry_run: bool = False, log=print) -> list[str]:
+    """Cancel (``scancel``) the tasks stuck on a dependency that failed, so that their runs can be
+    submitted again; returns them. A dry run only says what it would cancel.
+
+    Raises:
+        RuntimeError: scancel failed (nothing was submitted).
+    """
+    tasks = stuck_tasks(states)
+    if not tasks:
+        return []
+    words = ", ".join(tasks)
+    if dry_run:
+        log(f"dry run: would cancel {len(tasks)} task(s) stuck on a dependency that failed: {words}")
+        return tasks
+    proc = subprocess.run(["scancel", *tasks], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserRuntimeError(f"scancel {' '.join(tasks)} failed: {proc.stderr.strip() or proc.stdout.strip()}; "
+                               "cancel them yourself, then run the same submission command again")
+    log(f"cancelled {len(tasks)} task(s) stuck on a dependency that failed: {words}")
+    return tasks
 
 
 # -- writing and submitting ------------------------------------------------------------------------
@@ -313,7 +361,9 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
             kind, _, job = dep.partition(":")
             if kind not in ("afterok", "aftercorr", "afterany") or not _JOB.fullmatch(job):
                 raise UserError(f"not a job dependency: {dep!r}")
-        sbatch = ["sbatch", "--parsable"] + ([f"--dependency={','.join(deps)}"] if deps else []) + [str(script)]
+        # cancelled by SLURM as soon as what it waits for ends without success (never left pending)
+        waits = [f"--dependency={','.join(deps)}", "--kill-on-invalid-dep=yes"] if deps else []
+        sbatch = ["sbatch", "--parsable", *waits, str(script)]
         var = array.stage.replace("-", "_")
         lines.append(f"{var}=$({' '.join(shlex.quote(a) if not a.startswith('--dependency') else a for a in sbatch)})")
         if dry_run:

@@ -2,14 +2,16 @@
 
 A key is left out when its result file says ``done`` or a task of an earlier submission still
 has it queued or running (:func:`calibkit.bench.slurm.key_states`); a two-stage array whose CE
-run is queued or running in an earlier submission waits for that task (``afterok``).
+run is queued or running in an earlier submission waits for that task (``afterok``). A task stuck
+on a dependency that failed is cancelled first (:func:`calibkit.bench.slurm.cancel_stuck`) and its
+key submitted again.
 """
 
 from __future__ import annotations
 
 from calibkit.bench.grid import METHODS, REFERENCE
 from calibkit.bench.producers import PRODUCERS
-from calibkit.bench.slurm import Array, SlurmOptions, key_states, submit
+from calibkit.bench.slurm import Array, SlurmOptions, cancel_stuck, key_states, submit
 from calibkit.bench.slurm_values import check_argv
 from calibkit.store import run_key
 
@@ -136,15 +138,17 @@ def submit_tune(args, preset, bench_after: bool = False, dry_run: bool = False) 
     try:
         opts = options(args)
         argv = {command: task_argv(args, command) for command in ("bench", "tune", "select")}
-        arrays, _ = tune_arrays(args.out, tuner, opts)
+        arrays, states = tune_arrays(args.out, tuner, opts)
         if bench_after:
             seeds = list(args.seeds if args.seeds is not None else preset.seeds)
             from calibkit.bench.grid import grid_methods
 
             methods, _ = grid_methods(preset, args.methods)
             sel = [("afterok", "tune-select")] if any(a.stage == "tune-select" for a in arrays) else []
-            more, _ = bench_arrays(args.out, preset, seeds, methods, opts, after=sel)
+            more, bench_states = bench_arrays(args.out, preset, seeds, methods, opts, after=sel)
             arrays += more
+            states = {**states, **bench_states}
+        cancel_stuck(states, dry_run=dry_run)
         return submit(args.out, arrays, argv, opts, dry_run=dry_run) if arrays else {}
     finally:
         tuner.close()
@@ -160,7 +164,8 @@ def submit_bench(args, preset, dry_run: bool = False) -> dict:
     methods, _ = grid_methods(preset, args.methods)
     opts = options(args)
     argv = {"bench": task_argv(args, "bench")}
-    arrays, _ = bench_arrays(args.out, preset, seeds, methods, opts)
+    arrays, states = bench_arrays(args.out, preset, seeds, methods, opts)
+    cancel_stuck(states, dry_run=dry_run)
     return submit(args.out, arrays, argv, opts, dry_run=dry_run) if arrays else {}
 
 

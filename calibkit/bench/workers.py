@@ -23,6 +23,13 @@ pipe open until the worker has exited, so its end means that the caller is gone 
 interrupted in ``runs.db`` and the next ``calibkit bench`` resumes it. The pipe works on every
 platform, unlike Linux's ``PR_SET_PDEATHSIG``, and cannot miss a parent that died first.
 
+The caller also watches its workers (:func:`reaper`): while it waits for a run a worker holds, it
+polls them every half second, and one that has ended, whatever ended it (an error, SIGTERM,
+SIGKILL from the OOM killer), is reaped at once. A reaped process no longer exists, so the claims it
+held are dead (:func:`calibkit.store.common.owner_alive`, which also calls a zombie dead) and the
+caller takes its runs over at its next look. The summary counts runs by their final state: a
+worker that died while the others finished its runs is reported, not counted as a failed run.
+
 On a machine with C cores, N = C processes of one thread each is usually fastest (the default
 preset's runs are single-threaded by design: two OpenMP threads per process were measured much
 slower than one on a busy 2-core machine).
@@ -35,6 +42,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from calibkit.errors import UserError
@@ -213,6 +221,37 @@ def warm_up(device: str) -> None:
         torch.cuda.init()
 
 
+def _ending(rc: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it)."""
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def reaper(procs: list) -> Callable[[], list[str]]:
+    """A watcher of the released ``procs`` (``(Popen, log)`` pairs, filled by the caller): each call
+    reaps those that have ended (``Popen.poll``) and returns one line per worker that ended badly
+    since the last call, naming it, how it ended and its log."""
+    told: set[int] = set()
+
+    def reap() -> list[str]:
+        lines = []
+        for proc, log in procs:
+            rc = proc.poll()
+            if rc is None or proc.pid in told:
+                continue
+            told.add(proc.pid)
+            if rc != 0:
+                lines.append(f"{log.stem} (pid {proc.pid}) {_ending(rc)}; the runs it held are taken over "
+                             f"(its log: {log})")
+        return lines
+
+    return reap
+
+
 def wait_workers(procs, interrupted: bool = False) -> list[str]:
     """Wait for the extra workers (terminate them first when the caller was interrupted); returns
     one line per worker that failed."""
@@ -223,5 +262,5 @@ def wait_workers(procs, interrupted: bool = False) -> list[str]:
         rc = proc.wait()
         _tell(proc, None)  # only now: the open pipe tells the worker that this process lives
         if rc != 0 and not interrupted:
-            failed.append(f"worker {log.stem} exited with status {rc}; see {log}")
+            failed.append(f"worker {log.stem} {_ending(rc)}; see {log}")
     return failed

@@ -152,7 +152,7 @@ def worker_sharing(args, waiting: list, head: str, noun: str):
         return Sharing(released=True)
     if not waiting:
         return Sharing()
-    from calibkit.bench.workers import release_workers, wait_workers
+    from calibkit.bench.workers import reaper, release_workers, wait_workers
 
     workers: list = []
 
@@ -161,4 +161,5 @@ def worker_sharing(args, waiting: list, head: str, noun: str):
         waiting.clear()
         print(f"{head}: {args.workers} processes share the {noun} (the others log to {args.out}/logs/worker-K.log)")
 
-    return Sharing(start=start, finish=lambda interrupted: wait_workers(workers, interrupted=interrupted))
+    return Sharing(start=start, finish=lambda interrupted: wait_workers(workers, interrupted=interrupted),
+                   reap=reaper(workers))

@@ -142,12 +142,16 @@ class Sharing:
         start: called once every check has passed, CSM's set is built, the selection made and the
             preset recorded, just before the first run (the caller releases its workers).
         finish: called after the runs, with whether they were interrupted; returns one line per
-            worker that failed (counted as failures).
+            worker that failed (reported; a bench counts its runs by their final state).
+        reap: called while waiting for a run another process holds; reaps the workers that have
+            ended and returns one line per worker that ended badly since the last call (their
+            runs are then taken over at once; :func:`calibkit.bench.workers.reaper`).
     """
 
     released: bool = False
     start: Callable[[], None] | None = None
     finish: Callable[[bool], list[str]] | None = None
+    reap: Callable[[], list[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,8 +197,9 @@ class BenchResult:
 
     Attributes:
         preset: the preset the runs used (at the selected values with ``tune``).
-        counts: runs ``done`` here, ``skipped`` (finished earlier) and ``failed`` (with the
-            workers that failed).
+        counts: runs ``done`` here, ``skipped`` (finished earlier) and ``failed``; when a
+            ``--workers`` process failed, ``failed`` counts the bench's runs by their final state
+            (those not done once every worker has ended: a dead worker's taken-over runs are done).
         failures: one line per run that failed in this process, with its reason.
         worker_failures: one line per ``--workers`` process that failed.
         store: how messages name the results database.

@@ -183,13 +183,17 @@ def _grid(preset: Preset, out, options: BenchOptions, sharing: Sharing) -> Bench
             write_effective(preset, out)
         if sharing.start is not None:
             sharing.start()
-        counts = bench.run()
+        counts = bench.run(reap=sharing.reap)
         interrupted = False
     finally:
-        bench.close()
-        if sharing.finish is not None:
-            problems = sharing.finish(interrupted)
-    counts.failed += len(problems)
+        try:
+            if sharing.finish is not None:
+                problems = sharing.finish(interrupted)
+            if problems and not interrupted and bench.dd.is_main:
+                # counted by their final state: a dead worker's runs were taken over and may be done
+                counts.failed = len(bench.unfinished())
+        finally:
+            bench.close()
     return BenchResult(preset, counts, bench.failures, describe_store(out, options.store), main=bench.dd.is_main,
                        worker_failures=problems)
 

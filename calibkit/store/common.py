@@ -7,7 +7,9 @@ bench directory is kept absolute. So a bench directory can be moved, copied or m
 
 Leases: a claim names its owner ``host:pid:token`` and carries ``heartbeat_at`` (seconds since the
 epoch), refreshed by the owner every ``heartbeat_s``. A claim made on this host is alive while
-its process is; one made on another host is alive while its heartbeat is younger than ``grace_s``.
+its process is (a zombie, a process that has ended but whose parent has not reaped it yet, is
+dead: ``kill(pid, 0)`` alone would call it alive); one made on another host is alive while its
+heartbeat is younger than ``grace_s``.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def lease_settings(heartbeat_s: float | None = None, grace_s: float | None = Non
 def owner_alive(owner: str | None, heartbeat_at: float | None, now: float, grace_s: float) -> bool:
     """Whether the claim of ``owner`` still holds.
 
-    Same host: while the process lives (pid check; the heartbeat is not needed). Another host:
+    Same host: while the process lives (pid check, a zombie counting as dead; the heartbeat is
+    not needed). Another host:
     while its heartbeat is younger than ``grace_s`` (a claim without a heartbeat has expired).
     A malformed owner never holds a claim.
     """
@@ -123,8 +126,21 @@ def owner_alive(owner: str | None, heartbeat_at: float | None, now: float, grace
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether process ``pid`` has ended and waits to be reaped (Linux: state ``Z`` or ``X`` in
+    ``/proc/PID/stat``). False where ``/proc`` cannot tell (another system, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) S ...": the name may hold spaces and parentheses, the state follows the last ')'
+    fields = stat[stat.rfind(b")") + 1:].split()
+    return bool(fields) and fields[0] in (b"Z", b"X")
 
 
 def _inside(path: str, root: str) -> bool:

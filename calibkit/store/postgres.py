@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from calibkit.errors import UserError
 from calibkit.store.base import BaseStore
 from calibkit.store.common import KEY_COLUMN, SCHEMA_VERSION, StoreError
+from calibkit.store.pgowner import check_owned, split_shared
 from calibkit.store.secrets import redact, scrub
 
 SCHEMA = """
@@ -112,19 +113,23 @@ class PostgresStore(BaseStore):
     Args:
         url: ``postgresql://user:password@host:port/dbname`` (libpq syntax; ``?host=/socket/dir``
             for a Unix socket).
+            ``calibkit_shared=1`` among its parameters: the database may hold other applications'
+            tables, or calibkit's tables of another role (:mod:`calibkit.store.pgowner`).
         root: the bench directory the stored paths are relative to (``--out``).
         readonly, heartbeat_s, grace_s: as for :class:`calibkit.store.Store`.
         retry_s: how long an operation whose connection was lost reconnects and runs again
             (default: ``CALIBKIT_STORE_RETRY_S``, else :data:`RETRY_S`).
 
     Raises:
-        StoreError: the server cannot be reached, or the database holds a newer schema.
+        StoreError: the server cannot be reached, the database holds a newer schema, or it is not
+            calibkit's (:func:`calibkit.store.pgowner.check_owned`).
     """
 
     _LOCK = " FOR UPDATE"
 
     def __init__(self, url: str, root, readonly: bool = False, heartbeat_s: float | None = None,
                  grace_s: float | None = None, log=None, retry_s: float | None = None):
+        url, self.shared = split_shared(url)
         self.url, self.where, self.readonly = url, redact(url), readonly
         self.path = self.where
         self.retry_s = retry_setting(retry_s)
@@ -198,6 +203,7 @@ class PostgresStore(BaseStore):
         self._con = con
 
     def _check_or_create(self) -> None:
+        check_owned(self._con, self.where, self.shared)  # another application's, another role's: refused
         tables = {r[0] for r in self._con.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
         if tables and "runs" in tables:

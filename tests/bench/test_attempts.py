@@ -4,7 +4,17 @@ import dataclasses
 
 import pytest
 
-from calibkit.bench.attempts import Counts, Outcome, Task, attempt, broadcast, claim_outcome, run_recorded, work_queue
+from calibkit.bench.attempts import (
+    Counts,
+    Outcome,
+    Task,
+    attempt,
+    broadcast,
+    claim_outcome,
+    reaping_sleep,
+    run_recorded,
+    work_queue,
+)
 from calibkit.distributed import Dist
 from calibkit.store import NullStore, Store
 from calibkit.train.preempt import Preempted
@@ -38,6 +48,32 @@ def test_work_queue_pauses_only_after_a_pass_without_progress():
     log.clear()
     work_queue(["x", "y"], lambda item: True, log.append, sleep=lambda s: log.append(("sleep", s)))
     assert log == ["x", "y"]  # nothing postponed: no pause
+
+
+def test_reaping_sleep_returns_as_soon_as_a_worker_has_ended():
+    answers = [[], [], ["worker-1 (pid 7) was killed by SIGKILL"], []]
+    slept, logged = [], []
+    pause = reaping_sleep(lambda: answers.pop(0), logged.append, sleep=slept.append, step_s=0.5)
+    pause(5.0)
+    # two steps of half a second, then the third look finds the dead worker: no more sleeping
+    assert slept == [0.5, 0.5] and logged == ["worker-1 (pid 7) was killed by SIGKILL"]
+    assert answers == [[]]
+
+
+def test_reaping_sleep_sleeps_the_whole_pause_when_nothing_ends(monkeypatch):
+    import time
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    looks = []
+    reaping_sleep(lambda: looks.append(1) or [], print, sleep=sleep, step_s=0.5)(1.2)
+    assert slept == [0.5, 0.5, pytest.approx(0.2)] and len(looks) == 4  # a look after the last step too
 
 
 def test_claim_outcome_reads_the_status_in_the_table_it_names(tmp_path):

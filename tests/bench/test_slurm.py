@@ -230,3 +230,49 @@ def test_tune_through_slurm_selects_what_a_local_tune_selects(cluster, env, tmp_
         assert ca[key]["metrics"] == cb[key]["metrics"] and ca[key]["selected"] == cb[key]["selected"], key
         assert ca[key]["criterion"] == cb[key]["criterion"]
     assert sum(r["selected"] for r in cb.values()) == 1
+
+
+def test_a_cancelled_ce_task_leaves_nothing_stuck_and_the_same_command_finishes_the_bench(cluster, env, tmp_path):
+    # MaC-Cal waits on the CE task (aftercorr); 40 epochs for a CE run that scancel can reach mid-run
+    args = ["bench", "--preset", "smoke", "--out", "c", "--methods", "maccal", "--executor", "slurm", "--epochs", "40",
+            "--name", "smoke"]
+    said = cli(args, env, tmp_path)
+    assert "submitted ce" in said and "submitted maccal" in said
+    out = tmp_path / "c"
+    ce_run = out / "runs" / "smoke" / "ce" / "seed0"
+    wait_until(lambda: (ce_run / "config.json").exists(), 300, "the CE run to start training")
+    subprocess.run(["scancel", f"{stage_job(out, 'ce')}_0"], check=True)
+    # SLURM cancels the MaC-Cal task that can no longer start: the queue empties by itself
+    wait_idle(out, timeout=120)
+    status = cli(args + ["--status"], env, tmp_path)
+    assert status.strip().splitlines()[-1] == "bench smoke: 2 failed", status
+    proc = subprocess.run([sys.executable, "-m", "calibkit", *args, "--collect", "--no-report"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "2 run(s) missing" in proc.stderr, proc.stderr
+    said = cli(args, env, tmp_path)  # the same submission command, nothing running
+    assert "submitted ce" in said and "submitted maccal" in said and "stuck on a dependency" not in said
+    wait_idle(out)
+    assert cli(args + ["--status"], env, tmp_path).strip().splitlines()[-1] == "bench smoke: 2 done"
+    assert not queue(out)
+    assert "2 new result(s) imported" in cli(args + ["--collect", "--no-report"], env, tmp_path)
+
+
+def test_a_task_left_pending_on_a_failed_dependency_is_read_as_stuck_and_cancelled(cluster, tmp_path):
+    # what a submission made without --kill-on-invalid-dep (or a cluster keeping such jobs) leaves
+    from calibkit.bench import slurm as S
+
+    def sbatch(*words) -> str:
+        return subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *words], capture_output=True, text=True,
+                              check=True).stdout.strip().split(";")[0]
+
+    upstream = sbatch("--wrap", "sleep 120")
+    # an array of one task, as calibkit submits
+    waiting = sbatch("--array=0", f"--dependency=afterok:{upstream}", "--kill-on-invalid-dep=no", "--wrap", "true")
+    try:
+        subprocess.run(["scancel", upstream], check=True)
+        wait_until(lambda: S.squeue_states([waiting]) == {f"{waiting}_0": S.STUCK}, 60, "the dependent to be stuck")
+        states = {"p/maccal/0": ("stuck", f"task {waiting}_0 is stuck: its dependency failed")}
+        assert S.cancel_stuck(states, log=lambda line: None) == [f"{waiting}_0"]
+        wait_until(lambda: S.squeue_states([waiting]) == {}, 60, "the stuck task to leave the queue")
+    finally:
+        subprocess.run(["scancel", upstream, waiting], capture_output=True)

@@ -274,6 +274,50 @@ def test_submit_bench_hands_the_planned_arrays_to_submit(monkeypatch, tmp_path):
     assert SP.submit_bench(args, PRESETS["smoke"]) == {} and len(calls) == 1
 
 
+def test_submit_bench_cancels_the_tasks_stuck_on_a_failed_dependency_then_submits_their_runs(monkeypatch, tmp_path,
+                                                                                             capsys):
+    from calibkit.bench import slurm as S
+    from calibkit.bench.grid import PRESETS
+
+    order = []
+    monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: order.append(
+        ("submit", [(a.stage, a.tasks, a.after, a.after_jobs) for a in arrays], dry_run)) or {"x": 1})
+    stuck = "task 41_0 is stuck: its dependency failed, it can never start"
+    _states(monkeypatch, {"smoke/ce/0": ("failed", "task 40_0 ended without a result"),
+                          "smoke/maccal/0": ("stuck", stuck), "smoke/ls/0": ("done", "/d")}, [])
+    ran = []
+
+    def run(cmd, capture_output=False, text=False):
+        ran.append(cmd)
+        order.append(("scancel", cmd[1:]))
+        return Namespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(S.subprocess, "run", run)
+    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls", "maccal"], seeds=[0], data_dir=None,
+                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
+                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
+                     signal=None)
+    assert SP.submit_bench(args, PRESETS["smoke"]) == {"x": 1}
+    # the stuck task is cancelled first, then CE and MaC-Cal are submitted again (MaC-Cal after the new CE)
+    assert order == [("scancel", ["41_0"]),
+                     ("submit", [("ce", {0: "smoke/ce/0"}, [], []),
+                                 ("maccal", {0: "smoke/maccal/0"}, [("aftercorr", "ce")], [])], False)]
+    assert capsys.readouterr().out == "cancelled 1 task(s) stuck on a dependency that failed: 41_0\n"
+    # a dry run cancels nothing and says so
+    order.clear()
+    SP.submit_bench(args, PRESETS["smoke"], dry_run=True)
+    assert [o[0] for o in order] == ["submit"] and len(ran) == 1
+    assert capsys.readouterr().out == "dry run: would cancel 1 task(s) stuck on a dependency that failed: 41_0\n"
+    # scancel refused: nothing submitted, one line saying what to do
+    monkeypatch.setattr(S.subprocess, "run", lambda cmd, capture_output=False, text=False: Namespace(
+        returncode=1, stdout="", stderr="scancel: error: Kill job error on job id 41_0: Access/permission denied"))
+    order.clear()
+    with pytest.raises(RuntimeError, match=r"^scancel 41_0 failed: scancel: error: Kill job error .* denied; "
+                                           r"cancel them yourself, then run the same submission command again$"):
+        SP.submit_bench(args, PRESETS["smoke"])
+    assert order == []
+
+
 def test_status_lines_of_a_bench_with_its_tuning_candidates(tmp_path):
     from calibkit.bench.grid import PRESETS
 

@@ -41,11 +41,20 @@ def test_squeue_states_reads_this_users_tasks_of_the_wanted_jobs(monkeypatch):
     calls = _fake_run(monkeypatch,
                       {"squeue": lambda cmd: "12|3|RUNNING\n13|N/A|PENDING\n 14||PENDING \n99|1|RUNNING\n"})
     assert S.squeue_states(["12", 13, "14"]) == {"12_3": "RUNNING", "13_0": "PENDING", "14_0": "PENDING"}
-    assert calls == [["squeue", "-h", "-r", "-u", str(os.getuid()), "-o", "%F|%K|%T"]]
+    assert calls == [["squeue", "-h", "-r", "-u", str(os.getuid()), "-o", "%F|%K|%T|%r"]]
     assert S.squeue_states([]) == {} and len(calls) == 1  # nothing to ask about: squeue is not run
     for failure in (OSError(2, "No such file or directory: 'squeue'"), (1, "", "slurm_load_jobs error")):
         _fake_run(monkeypatch, {"squeue": lambda cmd, f=failure: f})
         assert S.squeue_states(["12"]) is None  # no queue to read here
+
+
+def test_a_task_pending_on_a_dependency_that_can_never_be_met_is_stuck(monkeypatch):
+    _fake_run(monkeypatch, {"squeue": lambda cmd: "12|0|PENDING|DependencyNeverSatisfied\n12|1|PENDING|Dependency\n"
+                                                  "13|N/A|PENDING|Resources\n14|2|RUNNING|None\n"
+                                                  "15|0|PENDING|\n16|0|RUNNING\n"})
+    assert S.squeue_states(["12", "13", "14", "15", "16"]) == {
+        "12_0": S.STUCK, "12_1": "PENDING", "13_0": "PENDING", "14_2": "RUNNING", "15_0": "PENDING",
+        "16_0": "RUNNING"}
 
 
 def _submitted(out, job, tasks, script):
@@ -78,6 +87,11 @@ def test_key_states_from_result_files_and_the_queue(tmp_path, monkeypatch):
     # a task still pending is queued, with its state
     _fake_run(monkeypatch, {"squeue": lambda cmd: "40|2|PENDING\n"})
     assert S.key_states(out, [keys[2]])[keys[2]] == ("queued", "task 40_2 pending")
+    # pending on a dependency that failed: stuck, with what to do
+    _fake_run(monkeypatch, {"squeue": lambda cmd: "40|2|PENDING|DependencyNeverSatisfied\n"})
+    assert S.key_states(out, [keys[2]])[keys[2]] == (
+        "stuck", "task 40_2 is stuck: its dependency failed, it can never start (the same submission command "
+                 "cancels it and submits the run again)")
     # without squeue nothing can be said of submitted tasks: they are not called failed
     _fake_run(monkeypatch, {"squeue": lambda cmd: OSError(2, "no squeue")})
     assert S.key_states(out, [keys[4]])[keys[4]] == ("not submitted", "")
@@ -101,8 +115,10 @@ def test_submit_records_each_job_and_chains_the_real_ids(tmp_path, monkeypatch):
     assert ids == {"ce": "101", "maccal": "102", "select": "103"}  # ";cluster" is not part of the id
     sdir = tmp_path.resolve() / "slurm"
     assert calls == [["sbatch", "--parsable", str(sdir / "001-ce.sh")],
-                     ["sbatch", "--parsable", "--dependency=aftercorr:101,afterok:7_1", str(sdir / "001-maccal.sh")],
-                     ["sbatch", "--parsable", "--dependency=afterok:101", str(sdir / "001-select.sh")]]
+                     ["sbatch", "--parsable", "--dependency=aftercorr:101,afterok:7_1", "--kill-on-invalid-dep=yes",
+                      str(sdir / "001-maccal.sh")],
+                     ["sbatch", "--parsable", "--dependency=afterok:101", "--kill-on-invalid-dep=yes",
+                      str(sdir / "001-select.sh")]]
     subs = S.submissions(tmp_path)
     assert [(s["number"], s["stage"], s["job_id"], s["tasks"]) for s in subs] == [
         (1, "ce", "101", {"0": "p/ce/0", "1": "p/ce/1"}), (1, "maccal", "102", {"1": "p/maccal/1"}),
@@ -120,8 +136,9 @@ def test_submit_records_each_job_and_chains_the_real_ids(tmp_path, monkeypatch):
     q = lambda p: "'" + str(p) + "'"  # noqa: E731  (shlex.quote of a path with a space)
     assert (sdir / "001-submit.sh").read_text() == (
         f"#!/bin/sh\nset -e\nce=$(sbatch --parsable {q(sdir / '001-ce.sh')})\n"
-        f"maccal=$(sbatch --parsable --dependency=aftercorr:101,afterok:7_1 {q(sdir / '001-maccal.sh')})\n"
-        f"select=$(sbatch --parsable --dependency=afterok:101 {q(sdir / '001-select.sh')})\n")
+        f"maccal=$(sbatch --parsable --dependency=aftercorr:101,afterok:7_1 --kill-on-invalid-dep=yes "
+        f"{q(sdir / '001-maccal.sh')})\n"
+        f"select=$(sbatch --parsable --dependency=afterok:101 --kill-on-invalid-dep=yes {q(sdir / '001-select.sh')})\n")
     # the next submission is numbered after it
     jobs = iter(["201"])
     S.submit(tmp_path, _arrays()[:1], argv, S.SlurmOptions(), log=said.append)

@@ -7,7 +7,6 @@ import pytest
 
 from calibkit.bench.workers import worker_argv
 from calibkit.commands import bench as bench_cmd
-from calibkit.store import Store
 from tests.conftest import PYTHON, ROOT
 
 
@@ -32,24 +31,6 @@ def test_worker_arguments_are_the_same_bench_with_one_worker_and_no_report():
     bare = p.parse_args(["bench", "--out", "o", "--workers", "2"])
     child = p.parse_args(worker_argv(bare))
     assert child.seeds is None and child.methods is None and child.keep is None and child.data_dir is None
-
-
-def test_two_workers_share_the_smoke_runs(tmp_path, cli_env):
-    out = tmp_path / "b"
-    methods = ["ls", "mbls", "focal", "flsd", "dfl"]
-    res = subprocess.run([PYTHON, "-m", "calibkit", "bench", "--preset", "smoke", "--out", str(out), "--seeds", "0",
-                          "--methods", *methods, "--workers", "2", "--num-threads", "1"],
-                         env=cli_env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rows = Store(out / "runs.db", readonly=True).runs("smoke", status=None)
-    assert sorted(r["method"] for r in rows) == sorted(["ce", *methods])
-    assert all(r["status"] == "done" for r in rows)
-    # two processes trained them: two owners (host:pid:token), each run claimed by exactly one
-    owners = {r["owner"].rsplit(":", 1)[0] for r in rows}
-    assert len(owners) == 2, owners
-    log = (out / "logs" / "worker-1.log").read_text()
-    assert "bench smoke:" in log and "report" not in log.lower().split("bench smoke:")[-1]
-    assert "Ranking by test ECE" in res.stdout  # the report is written once, by the calling process
 
 
 def test_a_bench_that_fails_its_checks_leaves_no_trace_and_no_worker(tmp_path, cli_env):
@@ -378,3 +359,34 @@ def test_release_twice_into_the_same_log_folder_keeps_the_first_benchs_lines(tmp
     # each start is one header line with its own command, passwords masked
     assert re.fullmatch(head + r"calibkit bench --store postgresql://u:\*\*\*@db/x \(worker 1; 2 processes\) ====",
                         lines[2]), lines[2]
+
+
+def test_reaper_reaps_ended_workers_and_names_each_bad_ending_once(tmp_path):
+    import signal
+    import sys
+    import time
+
+    from calibkit.bench.workers import reaper
+
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for code in
+             ("import time; time.sleep(60)", "raise SystemExit(0)", "raise SystemExit(3)")]
+    released = [(p, tmp_path / f"worker-{k}.log") for k, p in enumerate(procs, start=1)]
+    reap = reaper(released)
+    try:
+        for p in procs[1:]:
+            p.wait()
+        assert reap() == [f"worker-3 (pid {procs[2].pid}) exited with status 3; the runs it held are taken over "
+                          f"(its log: {tmp_path / 'worker-3.log'})"]
+        assert reap() == []  # told once
+        procs[0].send_signal(signal.SIGKILL)
+        t0 = time.time()
+        while not (lines := reap()):
+            assert time.time() - t0 < 10
+            time.sleep(0.05)
+        assert lines == [f"worker-1 (pid {procs[0].pid}) was killed by SIGKILL; the runs it held are taken over "
+                         f"(its log: {tmp_path / 'worker-1.log'})"]
+        assert procs[0].returncode == -signal.SIGKILL  # reaped: no zombie left
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -103,6 +103,18 @@ def test_lease_rule_other_host_by_heartbeat_same_host_by_pid(make):
     dead.wait()
     _set(db, "p/ce/0", owner=f"{socket.gethostname()}:{dead.pid}:feed", heartbeat_at=other._clock())
     assert _claim(other)
+    if os.path.isdir("/proc/self"):  # This host, a fresh heartbeat, a zombie (killed, not reaped): taken at once.
+        zombie = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            zombie.kill()
+            t0 = time.time()
+            while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                assert time.time() - t0 < 10
+                time.sleep(0.01)
+            _set(db, "p/ce/0", owner=f"{socket.gethostname()}:{zombie.pid}:feed", heartbeat_at=other._clock())
+            assert not other.busy_elsewhere("p/ce/0") and _claim(other)
+        finally:
+            zombie.wait()
 
 
 def test_failing_a_claim_taken_over_leaves_the_new_owner_alone(make):

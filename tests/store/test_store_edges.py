@@ -66,6 +66,65 @@ def test_claim_of_a_live_process_on_this_host_is_kept_and_a_dead_one_taken(tmp_p
     assert row["owner"] == db.owner and row["attempts"] == 2
 
 
+def _state(pid: int) -> str:
+    stat = open(f"/proc/{pid}/stat").read()
+    return stat[stat.rfind(")") + 1:].split()[0]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_claim_of_a_zombie_on_this_host_is_taken_at_once(tmp_path):
+    # A process killed by SIGKILL stays a zombie until its parent reaps it: kill(pid, 0) still
+    # succeeds, yet it can never finish its run.
+    import signal
+    import time
+
+    path = tmp_path / "runs.db"
+    key = _claimed(path)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _set_owner(path, key, f"{socket.gethostname()}:{proc.pid}:feedbeef")
+        db = Store(path)
+        assert db.busy_elsewhere(key)  # alive
+        os.kill(proc.pid, signal.SIGKILL)
+        t0 = time.time()
+        while _state(proc.pid) != "Z":  # not reaped: still in the process table
+            assert time.time() - t0 < 10, "the killed process did not become a zombie"
+            time.sleep(0.01)
+        os.kill(proc.pid, 0)  # what the pid check alone sees: a process
+        assert not db.busy_elsewhere(key)
+        assert db.claim(key, preset="p", method="ce", seed=0) and db.get(key)["owner"] == db.owner
+        db.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_owner_alive_reads_the_state_after_the_last_parenthesis(monkeypatch):
+    # a process name may hold spaces and parentheses ("(a) Z b"): only the field after the last ')' counts
+    import builtins
+    import io
+
+    from calibkit.store import common
+
+    stats = {}
+    real_open = builtins.open
+
+    def fake_open(path, *a, **k):
+        if isinstance(path, str) and path in stats:
+            return io.BytesIO(stats[path])
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    me = os.getpid()
+    host = socket.gethostname()
+    stats[f"/proc/{me}/stat"] = f"{me} (a) Z b) S 1 2 3".encode()
+    assert common.owner_alive(f"{host}:{me}:x", None, 0.0, 60.0)
+    stats[f"/proc/{me}/stat"] = f"{me} (a) S b) Z 1 2 3".encode()
+    assert not common.owner_alive(f"{host}:{me}:x", None, 0.0, 60.0)
+    stats[f"/proc/{me}/stat"] = f"{me} (py) X 1".encode()  # dead, being removed
+    assert not common.owner_alive(f"{host}:{me}:x", None, 0.0, 60.0)
+
+
 @pytest.mark.parametrize("owner", [None, "garbage", "host:notapid:x", "a:b"])
 def test_malformed_owner_is_not_alive(tmp_path, owner):
     path = tmp_path / "runs.db"
