@@ -107,7 +107,7 @@ def test_differentiable_paths_keep_their_graph_for_torch_input():
     loss.backward()
     assert logits.grad is not None and logits.grad.abs().sum() > 0
     p = torch.softmax(logits, 1)
-    assert F.nll(p, torch.from_numpy(y)).requires_grad
+    assert F.nll(p, torch.from_numpy(y)).requires_grad and F.brier(p, torch.from_numpy(y)).requires_grad
     # the same loss for numpy input is a float of the same value
     assert F.mbls(z, y) == pytest.approx(float(loss), rel=1e-12)
 

@@ -20,9 +20,8 @@ What ``validation_step`` must return: a dict holding the batch's logits and inte
 sit beside them), or a ``(logits, labels)`` tuple. Logits: ``(n, K)``, or ``(n,)`` positive-class
 logits of a binary model. They are detached and kept on the CPU (float64 after fitting starts).
 
-One process: under several processes (DDP) each rank fits on the validation rows it saw, and
-logs its own figures (the logged value is rank 0's unless ``sync_dist`` is set by the caller's
-logger); gather the outputs yourself for a global fit.
+One process: under several processes (DDP) each rank fits on the validation rows it saw and logs
+its own figures; gather the outputs yourself for a global fit.
 
 Example:
     >>> from calibkit.integrations.lightning import CalibrationCallback           # doctest: +SKIP
