@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import Any, TypeVar
 
 import torch
 
@@ -187,6 +188,9 @@ def _plain(v):
     return list(v) if isinstance(v, tuple) else v
 
 
+_P = TypeVar("_P", bound="Params")
+
+
 class Params:
     """scikit-learn's estimator protocol for hyperparameters: ``get_params``, ``set_params``.
 
@@ -212,7 +216,7 @@ class Params:
                 out.update({f"{k}__{sub}": sv for sub, sv in v.get_params(deep=True).items()})
         return out
 
-    def set_params(self, **params):
+    def set_params(self: _P, **params: Any) -> _P:
         """Set hyperparameters by name (``name__sub`` reaches into a nested one); returns ``self``.
 
         An unknown name raises :class:`~calibkit.errors.UserError` listing the valid ones. Values
