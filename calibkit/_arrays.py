@@ -28,9 +28,19 @@ __all__ = ["array_io", "to_numpy_side", "wants_torch"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_Tensor = torch.Tensor
+
+
 def wants_torch(args: tuple, kwargs: dict) -> bool:
-    """Whether any positional or keyword argument is a ``torch.Tensor``."""
-    return any(isinstance(a, torch.Tensor) for a in args) or any(isinstance(v, torch.Tensor) for v in kwargs.values())
+    """Whether any positional or keyword argument is a ``torch.Tensor`` (plain loops: this runs on
+    every call of every wrapped function, losses in training loops included)."""
+    for a in args:
+        if isinstance(a, _Tensor):
+            return True
+    for v in kwargs.values():
+        if isinstance(v, _Tensor):
+            return True
+    return False
 
 
 def to_numpy_side(value):
