@@ -49,21 +49,21 @@ class Tiny(lightning.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
-def _fit(callback, tuple_output=False, epochs=2):
+def _fit(callback, root, tuple_output=False, epochs=2):
     torch.manual_seed(0)
     module = Tiny(tuple_output)
     train = torch.utils.data.DataLoader(_data(512, 0), batch_size=64, shuffle=True)
     val = torch.utils.data.DataLoader(_data(300, 1), batch_size=64)
     trainer = lightning.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                num_sanity_val_steps=1, callbacks=[callback])
+                                num_sanity_val_steps=1, callbacks=[callback], default_root_dir=root)
     trainer.fit(module, train, val)
     return module, trainer, val
 
 
-def test_callback_fits_and_logs_figures_that_match_a_recomputation():
+def test_callback_fits_and_logs_figures_that_match_a_recomputation(tmp_path):
     cb = CalibrationCallback("temperature", n_bins=10, n_folds=3, seed=1)
-    module, trainer, val = _fit(cb)
+    module, trainer, val = _fit(cb, tmp_path)
     assert [h["epoch"] for h in cb.history_] == [0, 1]  # one row per validation epoch, sanity check excluded
     last = cb.history_[-1]
     assert last["n"] == 300
@@ -87,10 +87,10 @@ def test_callback_fits_and_logs_figures_that_match_a_recomputation():
         assert float(trainer.callback_metrics["calibration/" + key]) == pytest.approx(last[key], rel=1e-6)
 
 
-def test_tuple_outputs_and_a_calibrator_instance():
+def test_tuple_outputs_and_a_calibrator_instance(tmp_path):
     template = VectorScaling(max_iter=50)
     cb = CalibrationCallback(template, n_folds=2, prefix="cal/")
-    _, trainer, _ = _fit(cb, tuple_output=True, epochs=1)
+    _, trainer, _ = _fit(cb, tmp_path, tuple_output=True, epochs=1)
     assert isinstance(cb.calibrator_, VectorScaling) and cb.calibrator_ is not template
     assert cb.calibrator_.max_iter == 50 and not hasattr(template, "n_classes_")  # the template is never fitted
     assert "cal/ece_after" in trainer.callback_metrics
