@@ -51,6 +51,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_labels, check_probs
 from calibkit.calibrators._base import NotFittedError
 from calibkit.errors import UserError
@@ -84,6 +85,7 @@ def conformal_quantile(scores, alpha: float) -> float:
     return math.inf if m > n else float(torch.sort(s).values[m - 1])
 
 
+@array_io
 def class_scores(probs, score: str = "aps", u=None, k_reg: int = 0, lam: float = 0.0) -> torch.Tensor:
     """Scores ``s(x, k)`` of every class, ``(N, K)`` float64 (module docstring).
 
@@ -228,6 +230,7 @@ class SplitConformal:
         self.n_classes_ = int(k)
         return self
 
+    @array_io
     def predict_set(self, probs, u=None) -> torch.Tensor:
         """Prediction sets, an ``(N, K)`` boolean mask: ``sets[i, k]`` is class ``k`` in row ``i``'s set.
 
@@ -263,6 +266,7 @@ def _out(value, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.float64, device=like.device)
 
 
+@array_io
 def coverage(sets, labels) -> torch.Tensor:
     """Fraction of rows whose set contains the label, a 0-dim float64 tensor.
     ``sets``: ``(N, K)`` boolean mask; ``labels``: ``(N,)`` in ``[0, K)``."""
@@ -270,12 +274,14 @@ def coverage(sets, labels) -> torch.Tensor:
     return _out(s.gather(1, y[:, None]).double().mean(), s)
 
 
+@array_io
 def mean_set_size(sets) -> torch.Tensor:
     """Mean number of classes per set, a 0-dim float64 tensor."""
     s = _sets(sets)
     return _out(s.sum(1).double().mean(), s)
 
 
+@array_io
 def size_stratified_coverage(sets, labels, alpha: float, bins=None) -> dict:
     """Coverage per set-size bin and the size-stratified coverage violation (SSCV).
 
@@ -311,6 +317,7 @@ def size_stratified_coverage(sets, labels, alpha: float, bins=None) -> dict:
     return {"bins": bins, "count": count.to(s.device), "coverage": cov.to(s.device), "sscv": _out(worst, s)}
 
 
+@array_io
 def class_conditional_coverage(sets, labels, n_classes: int) -> torch.Tensor:
     """Coverage among the rows of each true class, ``(n_classes,)`` float64 (NaN for a class with no
     row). ``n_classes`` must equal the sets' ``K``."""

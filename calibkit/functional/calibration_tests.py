@@ -52,6 +52,7 @@ import math
 import numpy as np
 import torch
 
+from calibkit._arrays import array_io
 from calibkit.errors import UserError
 
 __all__ = ["spiegelhalter_z", "ks_calibration_test", "sup_abs_brownian_sf"]
@@ -106,6 +107,7 @@ def sup_abs_brownian_sf(t: float) -> float:
     return min(max(1.0 - 4 / math.pi * cdf, 0.0), 1.0)
 
 
+@array_io
 def spiegelhalter_z(probs, labels, ignore_index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Spiegelhalter's Z test of top-label calibration, ``(Z, p_value)``.
 
@@ -126,6 +128,7 @@ def spiegelhalter_z(probs, labels, ignore_index: int | None = None) -> tuple[tor
     return _pair(z, math.erfc(abs(z) / math.sqrt(2)), probs)
 
 
+@array_io
 def ks_calibration_test(probs, labels, ignore_index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """KS-type test of top-label calibration, ``(KS, p_value)``.
 

@@ -54,6 +54,7 @@ import math
 import numpy as np
 import torch
 
+from calibkit._arrays import array_io
 from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
 
@@ -268,6 +269,7 @@ def _out(value: float, probs) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64, device=dev)
 
 
+@array_io
 def smooth_ece(probs, labels, ignore_index: int | None = None, return_sigma: bool = False):
     """Smooth ECE (Blasiok & Nakkiran, ICLR 2024) of the top label, a 0-dim float64 tensor.
 
@@ -280,6 +282,7 @@ def smooth_ece(probs, labels, ignore_index: int | None = None, return_sigma: boo
     return (_out(value, probs), sigma) if return_sigma else _out(value, probs)
 
 
+@array_io
 def ece_sweep(probs, labels, p: int = 1, ignore_index: int | None = None, return_bins: bool = False):
     """Monotonic-sweep ECE (Roelofs et al., AISTATS 2022) of the top label, a 0-dim float64 tensor.
 
@@ -294,6 +297,7 @@ def ece_sweep(probs, labels, p: int = 1, ignore_index: int | None = None, return
     return (_out(value, probs), b) if return_bins else _out(value, probs)
 
 
+@array_io
 def ks_error(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
     """Kolmogorov-Smirnov calibration error (Gupta et al., ICLR 2021) of the top label.
 

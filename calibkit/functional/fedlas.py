@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, trusting, upcast
 from calibkit.errors import UserError
 from calibkit.functional._loss_parts import (
@@ -23,6 +24,7 @@ from calibkit.functional._loss_parts import (
 )
 
 
+@array_io
 def feature_l1_norms(features) -> torch.Tensor:
     """L1 norms ``||sg(z_i)||_1`` of penultimate features (N, D) -> (N,), validated and detached."""
     z = as_tensor(features, "features")
@@ -35,6 +37,7 @@ def feature_l1_norms(features) -> torch.Tensor:
     return upcast(z).detach().abs().sum(dim=1)
 
 
+@array_io
 def fedlas_nci(norms: torch.Tensor, mu, sigma) -> torch.Tensor:
     """FeDLaS norm-confidence index ``gamma_i = (||sg(z_i)||_1 - mu) / (sigma + 1e-3)``, shape (N,).
 
@@ -45,6 +48,7 @@ def fedlas_nci(norms: torch.Tensor, mu, sigma) -> torch.Tensor:
     return (norms - mu) / (sigma + 1e-3)
 
 
+@array_io
 def fedlas_alpha(nci: torch.Tensor, psi: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
     """FeDLaS adaptive smoothing ``alpha_i = a * 2 * sigmoid(beta * psi_i * gamma_i)``, in (0, 2a).
 
@@ -53,6 +57,7 @@ def fedlas_alpha(nci: torch.Tensor, psi: torch.Tensor, alpha: float, beta: float
     return alpha * 2 * torch.sigmoid(beta * psi * nci)
 
 
+@array_io
 def weighted_label_smoothing(logits, targets, alpha, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Label smoothing with a per-sample weight: ``mean_i[(1 - a_i) NLL_i + a_i mean_k(-log p_ik)]``.
 
@@ -68,6 +73,7 @@ def weighted_label_smoothing(logits, targets, alpha, ignore_index: int | None = 
     return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)), valid)
 
 
+@array_io
 def weighted_mbls(logits, targets, alpha, margin: float, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """MbLS with a per-sample weight in convex form (FeDLaS-MbLS, spec section 3).
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_labels
 from calibkit.errors import UserError
 
@@ -66,6 +67,7 @@ def _predictions(x: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tor
     return x.argmax(1)
 
 
+@array_io
 def mean_iou(probs_or_preds, labels, num_classes: int, ignore_index: int | None = None) -> torch.Tensor:
     """Mean IoU over classes (module docstring for the definition).
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from calibkit._arrays import array_io
 from calibkit._validation import check_logits, upcast
 from calibkit.functional._loss_parts import (  # IGNORE_INDEX and _check_number are read from here too
     IGNORE_INDEX,
@@ -71,6 +72,7 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- baselines
+@array_io
 def cross_entropy(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Cross-entropy ``mean_i(-log p_{i,y_i})``.
 
@@ -88,6 +90,7 @@ def cross_entropy(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> t
     return _mean(-logp_y, valid)
 
 
+@array_io
 def label_smoothing(logits, targets, alpha: float = 0.05, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Label smoothing ``(1 - a) * (-log p_y) + a * mean_k(-log p_k)`` (Szegedy et al., CVPR 2016).
 
@@ -102,6 +105,7 @@ def label_smoothing(logits, targets, alpha: float = 0.05, ignore_index: int | No
     return _mean((1 - alpha) * (-logp_y) + alpha * (-logp.mean(dim=1)), valid)
 
 
+@array_io
 def focal(logits, targets, gamma: float = 3.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Focal loss ``-(1 - p_y)^g log p_y`` (Lin et al., ICCV 2017; Mukhoti et al., NeurIPS 2020).
 
@@ -116,6 +120,7 @@ def focal(logits, targets, gamma: float = 3.0, ignore_index: int | None = IGNORE
     return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y), valid)
 
 
+@array_io
 def flsd(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """FLSD-53 (Mukhoti et al., NeurIPS 2020): focal loss with a per-sample ``g``.
 
@@ -129,6 +134,7 @@ def flsd(logits, targets, ignore_index: int | None = IGNORE_INDEX) -> torch.Tens
     return _mean(-(_one_minus(-torch.expm1(logp_y)) ** gamma * logp_y), valid)
 
 
+@array_io
 def ecp(logits, targets, beta: float = 0.1, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Confidence penalty ``CE - b * H(p) / K`` (Pereyra et al., ICLR-W 2017).
 
@@ -142,6 +148,7 @@ def ecp(logits, targets, beta: float = 0.1, ignore_index: int | None = IGNORE_IN
     return _mean(-logp_y - beta * entropy / logits.shape[1], valid)
 
 
+@array_io
 def margin_penalty(logits, margin: float = 10.0, targets=None, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """MbLS penalty ``mean_{i,k} relu(d_ik - m)`` over all N x K entries (0-dim tensor).
 
@@ -160,6 +167,7 @@ def margin_penalty(logits, margin: float = 10.0, targets=None, ignore_index: int
     return _mean(_gap_penalty(upcast(logits), margin), valid)
 
 
+@array_io
 def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1,
          ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Margin-based label smoothing ``CE + lam * mean_{i,k} relu(d_ik - m)`` (Liu et al., CVPR 2022).
@@ -178,6 +186,7 @@ def mbls(logits, targets, margin: float = 10.0, lam: float = 0.1,
     return _mean(-logp_y, valid) + lam * _mean(_gap_penalty(logits, margin), valid)
 
 
+@array_io
 def acls(logits, targets, alpha: float = 0.1, lam1: float = 1.0, lam2: float = 0.1,
          margin: float = 10.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Adaptive and conditional label smoothing ``CE + a * R`` (Park et al., ICCV 2023).
@@ -207,6 +216,7 @@ def acls(logits, targets, alpha: float = 0.1, lam1: float = 1.0, lam2: float = 0
     return _mean(-logp_y, valid) + alpha * (lam1 * first + lam2 * second)
 
 
+@array_io
 def dual_focal(logits, targets, gamma: float = 5.0, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Dual focal loss ``-(1 - p_y + p_j)^g log p_y`` (Tao et al., ICML 2023).
 
@@ -224,6 +234,7 @@ def dual_focal(logits, targets, gamma: float = 5.0, ignore_index: int | None = I
     return _mean(-(_one_minus(1 - p_y + p_j) ** gamma * logp_y), valid)
 
 
+@array_io
 def adafocal(logits, targets, gamma, ignore_index: int | None = IGNORE_INDEX) -> torch.Tensor:
     """Focal loss with a per-sample ``g`` that may be negative (AdaFocal, Ghosh et al., NeurIPS 2022).
 

@@ -34,6 +34,7 @@ import math
 
 import torch
 
+from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_n_bins, check_probs, upcast
 from calibkit.errors import UserError
 from calibkit.functional.binning import binned_errors, equal_mass_sums
@@ -86,6 +87,7 @@ def _equal_width(probs, labels, n_bins, ignore_index, debias=False):
     return binned_errors(_sums(probs, labels, n_bins, ignore_index=ignore_index).top, debias)
 
 
+@array_io
 def ece(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> torch.Tensor:
     """Expected calibration error, top label, equal-width bins.
 
@@ -102,11 +104,13 @@ def ece(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> tor
     return _equal_width(probs, labels, n_bins, ignore_index)["ece"]
 
 
+@array_io
 def mce(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> torch.Tensor:
     """Maximum calibration error: ``max_b |acc_b - conf_b|`` over the non-empty equal-width bins."""
     return _equal_width(probs, labels, n_bins, ignore_index)["mce"]
 
 
+@array_io
 def rmsce(probs, labels, n_bins: int = 15, debias: bool = False, ignore_index: int | None = None) -> torch.Tensor:
     """Root-mean-square (L2) calibration error ``sqrt(sum_b (n_b/N)(acc_b - conf_b)^2)``.
 
@@ -118,6 +122,7 @@ def rmsce(probs, labels, n_bins: int = 15, debias: bool = False, ignore_index: i
     return _equal_width(probs, labels, n_bins, ignore_index, debias)["rmsce"]
 
 
+@array_io
 def over_under_ece(probs, labels, n_bins: int = 15,
                    ignore_index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Over- and under-confidence parts of the ECE, ``(O-ECE, U-ECE)``; ``O + U = ECE``.
@@ -128,6 +133,7 @@ def over_under_ece(probs, labels, n_bins: int = 15,
     return err["o_ece"], err["u_ece"]
 
 
+@array_io
 def adaptive_ece(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> torch.Tensor:
     """Adaptive (equal-mass) ECE.
 
@@ -139,6 +145,7 @@ def adaptive_ece(probs, labels, n_bins: int = 15, ignore_index: int | None = Non
     return binned_errors(equal_mass_sums(s.conf, s.correct, n_bins, s.weight))["ece"]
 
 
+@array_io
 def classwise_ece(probs, labels, n_bins: int = 15, ignore_index: int | None = None) -> torch.Tensor:
     """Classwise ECE: the mean over classes of each class's equal-width ECE.
 
@@ -154,6 +161,7 @@ def _p_label(probs, labels) -> torch.Tensor:
     return probs.gather(1, labels.view(-1, 1)).squeeze(1)
 
 
+@array_io
 def nll(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
     """Negative log-likelihood ``mean_i -log p_{i, y_i}``.
 
@@ -165,6 +173,7 @@ def nll(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
     return -p_y.log().mean()
 
 
+@array_io
 def brier(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
     """Multiclass Brier score ``mean_i sum_k (p_ik - [y_i = k])^2``.
 
@@ -178,6 +187,7 @@ def brier(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
     return (sq - 2 * _p_label(probs, labels).double() + 1).mean()
 
 
+@array_io
 def accuracy(probs, labels, ignore_index: int | None = None) -> torch.Tensor:
     """Top-1 accuracy; the prediction is the first index of the maximum probability."""
     top = _sums(probs, labels, ignore_index=ignore_index).top
@@ -197,6 +207,7 @@ def _check_scores(x, name: str) -> torch.Tensor:
     return x.double()
 
 
+@array_io
 def ood_auroc(scores_in, scores_out) -> torch.Tensor:
     """Area under the ROC curve for telling OOD (positive) from in-distribution (negative).
 
@@ -223,6 +234,7 @@ def ood_auroc(scores_in, scores_out) -> torch.Tensor:
     return u / (n_in * n_out)
 
 
+@array_io
 def fpr_at_95_tpr(scores_in, scores_out, tpr: float = 0.95) -> torch.Tensor:
     """False-positive rate on in-distribution data at the threshold that catches ``tpr`` of OOD.
 
@@ -248,6 +260,7 @@ def _score_rows(probs) -> torch.Tensor:
     return check_probs(p)
 
 
+@array_io
 def entropy_score(probs) -> torch.Tensor:
     """Normalised predictive entropy ``H(p) / log K`` per sample, in [0, 1]; shape ``(N,)`` float64."""
     probs = _score_rows(probs)
@@ -255,6 +268,7 @@ def entropy_score(probs) -> torch.Tensor:
     return -torch.special.xlogy(p, p).sum(1) / math.log(probs.shape[1])
 
 
+@array_io
 def max_confidence_score(probs) -> torch.Tensor:
     """OOD score ``1 - max_k p_ik`` per sample (higher = less confident); shape ``(N,)`` float64."""
     probs = _score_rows(probs)

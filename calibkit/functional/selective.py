@@ -57,6 +57,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from calibkit._arrays import array_io
 from calibkit._validation import as_tensor
 from calibkit.errors import UserError
 
@@ -163,6 +164,7 @@ def _out(value, probs) -> torch.Tensor:
     return torch.as_tensor(value, dtype=torch.float64, device=dev)
 
 
+@array_io
 def risk_coverage_curve(probs, labels, confidence=None,
                         ignore_index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Risk-coverage curve ``(coverage, risk)``, two ``(M,)`` float64 tensors.
@@ -187,6 +189,7 @@ def risk_coverage_curve(probs, labels, confidence=None,
     return _out(cum_n / cum_n[-1], probs), _out(np.cumsum(e) / cum_n, probs)
 
 
+@array_io
 def aurc(probs, labels, confidence=None, ignore_index: int | None = None) -> torch.Tensor:
     """Area under the risk-coverage curve (Geifman et al., ICLR 2019), a 0-dim float64 tensor.
 
@@ -201,6 +204,7 @@ def aurc(probs, labels, confidence=None, ignore_index: int | None = None) -> tor
     return _out(_areas(n, e)["aurc"], probs)
 
 
+@array_io
 def eaurc(probs, labels, confidence=None, ignore_index: int | None = None) -> torch.Tensor:
     """Excess AURC: :func:`aurc` minus the AURC of the oracle ranking with the same errors.
 
@@ -214,6 +218,7 @@ def eaurc(probs, labels, confidence=None, ignore_index: int | None = None) -> to
     return _out(_areas(n, e)["eaurc"], probs)
 
 
+@array_io
 def augrc(probs, labels, confidence=None, ignore_index: int | None = None) -> torch.Tensor:
     """Area under the generalized risk-coverage curve (Traub et al., NeurIPS 2024).
 
@@ -227,6 +232,7 @@ def augrc(probs, labels, confidence=None, ignore_index: int | None = None) -> to
     return _out(_areas(n, e)["augrc"], probs)
 
 
+@array_io
 def selective_risk(probs, labels, coverage: float = 0.9, confidence=None,
                    ignore_index: int | None = None) -> torch.Tensor:
     """Risk (0/1 error of the argmax) among the ``k = ceil(coverage * N)`` most confident rows.

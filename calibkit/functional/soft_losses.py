@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from calibkit._arrays import array_io
 from calibkit._validation import check_logits, check_probs, upcast
 from calibkit.errors import UserError
 from calibkit.functional._loss_parts import _dense
@@ -23,6 +24,7 @@ def _prepare_soft(logits, soft_targets):
     return logits, soft.to(device=logits.device, dtype=logits.dtype)
 
 
+@array_io
 def soft_cross_entropy(logits, soft_targets) -> torch.Tensor:
     """Cross-entropy with soft labels ``mean_i(-sum_k y_ik log p_ik)`` (Mixup, RegMixup).
 
@@ -33,6 +35,7 @@ def soft_cross_entropy(logits, soft_targets) -> torch.Tensor:
     return -(soft * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
 
 
+@array_io
 def soft_l2(logits, soft_targets) -> torch.Tensor:
     """CSM's loss on generated samples ``mean_i sum_k (p_ik - y_ik)^2`` (Luo et al., ICML 2025).
 

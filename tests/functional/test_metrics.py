@@ -62,7 +62,8 @@ def test_outputs_are_0dim_float64_and_numpy_accepted(gen):
     for fn in [F.ece, F.adaptive_ece, F.classwise_ece, F.mce, F.rmsce, F.nll, F.brier, F.accuracy]:
         out = fn(probs, labels)
         assert out.dtype == torch.float64 and out.dim() == 0
-        assert fn(probs.numpy(), labels.numpy()).item() == out.item()
+        got = fn(probs.numpy(), labels.numpy())  # numpy in: a python float of the same value
+        assert type(got) is float and got == out.item()
 
 
 def test_pitfall1_confidence_exactly_one_has_no_phantom_bin():
@@ -302,8 +303,8 @@ def test_ood_auroc_parity_with_sklearn(gen):
     y = np.r_[np.zeros(300), np.ones(200)]
     ref = sk.roc_auc_score(y, np.r_[s_in.numpy(), s_out.numpy()])
     assert F.ood_auroc(s_in, s_out).item() == pytest.approx(ref, abs=1e-12)
-    assert F.ood_auroc([0.1, 0.2], [0.3, 0.4]).item() == 1.0
-    assert F.ood_auroc([0.5, 0.5], [0.5]).item() == 0.5
+    assert F.ood_auroc([0.1, 0.2], [0.3, 0.4]) == 1.0  # lists are numpy's side: python floats
+    assert F.ood_auroc([0.5, 0.5], [0.5]) == 0.5
 
 
 def test_fpr_at_95_tpr(gen):

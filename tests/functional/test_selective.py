@@ -246,8 +246,8 @@ def test_outputs_are_float64():
     for f in (aurc, augrc, eaurc, selective_risk):
         v = f(p.float(), y)
         assert v.dtype == torch.float64 and v.dim() == 0
-    cov, risk = risk_coverage_curve(p.numpy(), y.numpy())
-    assert cov.dtype == risk.dtype == torch.float64
+    cov, risk = risk_coverage_curve(p.numpy(), y.numpy())  # numpy in, numpy out
+    assert isinstance(cov, np.ndarray) and cov.dtype == risk.dtype == np.float64
 
 
 def test_coverage_rounding_guard():

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from calibkit._arrays import array_io
 from calibkit.distributed import eval_batch_size
 from calibkit.errors import UserError
 from calibkit.methods.maccal.masking import check_int, deployed_proba, mc_logits
@@ -127,9 +128,11 @@ class MaCCal:
             raise NotFittedError("this MaCCal is not fitted yet; call fit(train_features, train_labels, "
                                  "val_features, val_labels) first")
 
+    @array_io
     @torch.no_grad()
     def predict_proba(self, features, unmasked: bool = False) -> torch.Tensor:
-        """``(N, K)`` float32 probabilities of the deployed predictor for ``(N, D)`` features.
+        """``(N, K)`` float32 probabilities of the deployed predictor for ``(N, D)`` features
+        (a numpy array for numpy features, a tensor for a tensor: :mod:`calibkit._arrays`).
 
         ``unmasked=True`` returns ``softmax(head_(features))`` instead: deterministic, one head
         evaluation, but **not** the predictor the keep rate was steered by (with
@@ -145,13 +148,15 @@ class MaCCal:
         x = x.to(w.device, w.dtype)
         return deployed_proba(x, w, b, self.keep_rate_, 0 if unmasked else self.mc_samples, self.seed)
 
+    @array_io
     def predict_log_proba(self, features, unmasked: bool = False) -> torch.Tensor:
         """``log(max(predict_proba, tiny))``: logits whose softmax is the deployed prediction."""
-        return mc_logits(self.predict_proba(features, unmasked=unmasked))
+        return mc_logits(self.predict_proba(_as_tensor(features), unmasked=unmasked))
 
+    @array_io
     def predict(self, features) -> torch.Tensor:
         """``(N,)`` predicted classes of the deployed predictor."""
-        return self.predict_proba(features).argmax(dim=1)
+        return self.predict_proba(_as_tensor(features)).argmax(dim=1)
 
 
 def _as_tensor(a) -> torch.Tensor:

@@ -294,8 +294,12 @@ def test_maccal_object_follows_the_scikit_learn_conventions():
         bare = torch.softmax(est.head_(x_va), 1)
     assert torch.equal(est.predict_proba(x_va, unmasked=True), bare)
     assert est.keep_rate_ < 1 and not torch.allclose(bare, p)
-    # Numpy input works like tensors.
-    torch.testing.assert_close(est.predict_proba(x_va.numpy()), p)
+    # Numpy input works like tensors and gives numpy back.
+    q = est.predict_proba(x_va.numpy())
+    assert type(q).__name__ == "ndarray"
+    torch.testing.assert_close(torch.from_numpy(q), p)
+    assert (est.predict(x_va.numpy()) == p.argmax(1).numpy()).all()
+    torch.testing.assert_close(torch.from_numpy(est.predict_log_proba(x_va.numpy())), est.predict_log_proba(x_va))
 
 
 def test_maccal_rejects_bad_input():
