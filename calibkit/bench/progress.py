@@ -117,6 +117,7 @@ class Phases:
         self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self.now = now
         self.times: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}  # CPU seconds of this process per phase (time.process_time)
 
     def phase(self, name: str, total: int | None = None, say: bool = True) -> _Phase:
         """A context manager for one phase; ``tick()`` on it advances the bar by one of ``total`` steps.
@@ -132,11 +133,11 @@ class _Phase:
     def __init__(self, phases: Phases, name: str, total: int | None, say: bool = True):
         self.phases, self.name, self.total, self.say = phases, name, total, say
         self._bar = None
-        self._start = 0.0
+        self._start = self._cpu = 0.0
 
     def __enter__(self) -> _Phase:
         p = self.phases
-        self._start = p.now()
+        self._start, self._cpu = p.now(), time.process_time()
         if p.quiet or not self.say:
             return self
         if p.bar:
@@ -155,6 +156,7 @@ class _Phase:
     def __exit__(self, *exc) -> None:
         p = self.phases
         p.times[self.name] = p.times.get(self.name, 0.0) + p.now() - self._start
+        p.cpu[self.name] = p.cpu.get(self.name, 0.0) + time.process_time() - self._cpu
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -32,7 +32,7 @@ from calibkit.report.figures import Figure, _pyplot, _save
 __all__ = ["ece_interval_figure", "pair_reliability_figure", "smooth_figure", "risk_coverage_figure",
            "evidence_figures"]
 
-SIZE = (4.6, 3.9)  # inches at DPI 100: ~460 px wide, three fit side by side on a 1,400 px page
+SIZE = (4.6, 3.3)  # inches at DPI 100: ~460 x 330 px; three side by side fit the first screen of a 1,400 px page
 
 
 def ece_interval_figure(summary: dict, probs, selections: dict, n_boot: int, seed: int, path: Path) -> Figure:
@@ -154,5 +154,4 @@ def evidence_section(ctx) -> list:
     figs = evidence_figures(ctx)
     if not figs:
         return []
-    return [Section("The evidence, at a glance", "Test set. Each figure's caption says what it shows; the tables "
-                    "below hold every number.", figures=figs, terminal=False, anchor="evidence", lead=True)]
+    return [Section("The evidence, at a glance (test set)", figures=figs, terminal=False, anchor="evidence", lead=True)]
