@@ -146,3 +146,14 @@ def test_with_overrides_replaces_only_the_named_fields():
     assert (q.seeds, q.robust_n, q.n_boot, q.name) == ((3,), 10, 50, "p") and p.seeds == (0, 1)
     with pytest.raises(TypeError, match=re.escape("unexpected keyword argument 'colour'")):
         with_overrides(p, colour="red")
+
+
+@pytest.mark.parametrize("name", ["smoke", "text-smoke", "text-pretrained-smoke", "fmnist-pretrained-smoke"])
+def test_smoke_presets_run_the_margin_losses_at_margin_1(name):
+    # at the default margin 10 their penalty never fires in 1-2 epochs and they train exactly as CE
+    from calibkit.bench.grid import PRESETS, grid_methods
+
+    p = PRESETS[name]
+    margin = [m for m in ("mbls", "acls") if m in grid_methods(p)[0]]
+    assert margin and all(p.loss_for(m) == f"{m}:margin=1" for m in margin)
+    assert "margin 1" in p.note
