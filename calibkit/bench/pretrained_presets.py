@@ -30,6 +30,9 @@ from __future__ import annotations
 
 from calibkit.bench.builtin_presets import SMOKE_LOSSES
 
+# text-pretrained-smoke trains 2 steps of the new head: its largest logit gap stays below 0.6 (CE,
+# validation, seed 0 on the tests' synthetic index), so even margin 1 never fires there; 0.1 does.
+
 TEXT_TRAIN = dict(
     augment=False, optimizer="adam", lr=1e-3, weight_decay=0.0, batch_size=32, schedule="multistep",
     milestones=[], grad_clip=2.0, finetune="last:2", backbone_lr_scale=0.1,
@@ -45,9 +48,9 @@ PRETRAINED_PRESETS = {
     "text-pretrained-smoke": dict(
         dataset="debian-minilm", model="minilm", seeds=(0,), modality="text", methods="text",
         train={**TEXT_TRAIN, "epochs": 1, "train_subset": 64},
-        losses={"mbls": SMOKE_LOSSES["mbls"]}, maccal={"epochs": 1}, ood="debian-heldout", severities=(), n_boot=100,
+        losses={"mbls": "mbls:margin=0.1"}, maccal={"epochs": 1}, ood="debian-heldout", severities=(), n_boot=100,
         num_threads=1,
-        note="the text methods on MiniLM, tiny, one epoch, MbLS at margin 1: checks the pretrained text pipeline "
+        note="the text methods on MiniLM, tiny, one epoch, MbLS at margin 0.1: checks the pretrained text pipeline "
         "(a test runs it)",
     ),
     "text-pretrained": dict(

@@ -148,12 +148,13 @@ def test_with_overrides_replaces_only_the_named_fields():
         with_overrides(p, colour="red")
 
 
-@pytest.mark.parametrize("name", ["smoke", "text-smoke", "text-pretrained-smoke", "fmnist-pretrained-smoke"])
-def test_smoke_presets_run_the_margin_losses_at_margin_1(name):
+@pytest.mark.parametrize("name, margin", [("smoke", "1"), ("text-smoke", "1"), ("text-pretrained-smoke", "0.1"),
+                                          ("fmnist-pretrained-smoke", "1")])
+def test_smoke_presets_run_the_margin_losses_at_a_small_margin(name, margin):
     # at the default margin 10 their penalty never fires in 1-2 epochs and they train exactly as CE
     from calibkit.bench.grid import PRESETS, grid_methods
 
     p = PRESETS[name]
-    margin = [m for m in ("mbls", "acls") if m in grid_methods(p)[0]]
-    assert margin and all(p.loss_for(m) == f"{m}:margin=1" for m in margin)
-    assert "margin 1" in p.note
+    losses = [m for m in ("mbls", "acls") if m in grid_methods(p)[0]]
+    assert losses and all(p.loss_for(m) == f"{m}:margin={margin}" for m in losses)
+    assert f"margin {margin}:" in p.note or f"margin {margin}," in p.note
