@@ -98,6 +98,7 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "calibkit", "bench", "--preset", "smoke", "--out", str(src),
                             "--no-report", "--quiet"], check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
         builds = {"now": build(cold_copy(src, tmp / "now"), ROOT, {})}
+        phases(builds["now"])
         if args.threads:
             builds["threads"] = build(cold_copy(src, tmp / "threads"), ROOT, {"num_threads": None})
         if args.before:
@@ -110,12 +111,16 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(builds: dict) -> None:
-    now = builds["now"]
+def phases(now: dict) -> None:
+    """This checkout's phases (printed as soon as its build ends: the others can take minutes)."""
     print(f"{'phase (this checkout)':<62} {'wall s':>8} {'CPU s':>8}")
     for name, sec in now["times"].items():
         print(f"{name:<62} {sec:8.2f} {now['phase_cpu'][name]:8.2f}")
-    print()
+    print(flush=True)
+
+
+def report(builds: dict) -> None:
+    now = builds["now"]
     print(f"{'build':<10} {'build wall s':>13} {'build CPU s':>12} {'process wall s':>15} {'process CPU s':>14} "
           f"{'CPU / now':>10}")
     for key, b in builds.items():
