@@ -167,3 +167,18 @@ stop-slurm() {
     done
     unset CALIBKIT_TEST_SLURM
 }
+
+# ---- Chromium (no server) ---------------------------------------------------------------------------
+# Debian's headless-capable browser, for the test that renders the bench report's index.html
+# (tests/report/test_report_browser.py; it skips where no chromium is found).
+install-chromium() {
+    if command -v chromium >/dev/null 2>&1; then return 0; fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+            || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+    else
+        echo "services: chromium not found (install the Debian package chromium); the browser test will skip" >&2
+        return 0
+    fi
+}
+# ---- end Chromium -----------------------------------------------------------------------------------

@@ -90,3 +90,73 @@ class RunProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class Phases:
+    """Says which phase of a long job (the report build, a calibration) is running, and times each.
+
+    On a terminal (stderr a tty) each phase shows a tqdm bar over its steps, removed when it ends;
+    elsewhere (a log, a pipe, CI) each phase writes one line to stderr when it starts, e.g.
+    ``report: fitting 14 post-hoc calibrators on 15 runs``. ``quiet`` writes nothing. Either way
+    :attr:`times` holds every phase's wall time in seconds, in order (the report-build benchmark
+    reads it), and :meth:`summary` one line of them.
+
+    Args:
+        label: the prefix of every line (``report``, ``calibrate``).
+        quiet: write nothing.
+        bar: tqdm bars instead of lines (default: when stderr is a terminal).
+        write: where lines go (default: stderr, flushed).
+        now: the clock (a parameter so that tests can drive it).
+    """
+
+    def __init__(self, label: str, quiet: bool = False, bar: bool | None = None, write=None,
+                 now=time.monotonic):
+        self.label = label
+        self.quiet = quiet
+        self.bar = sys.stderr.isatty() if bar is None else bar
+        self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.now = now
+        self.times: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}  # CPU seconds of this process per phase (time.process_time)
+
+    def phase(self, name: str, total: int | None = None, say: bool = True) -> _Phase:
+        """A context manager for one phase; ``tick()`` on it advances the bar by one of ``total`` steps.
+        ``say=False``: timed, but neither a line nor a bar (a phase known to take well under a second)."""
+        return _Phase(self, name, total, say)
+
+    def summary(self) -> str:
+        parts = ", ".join(f"{name} {sec:.1f} s" for name, sec in self.times.items())
+        return f"{self.label}: {sum(self.times.values()):.1f} s ({parts})"
+
+
+class _Phase:
+    def __init__(self, phases: Phases, name: str, total: int | None, say: bool = True):
+        self.phases, self.name, self.total, self.say = phases, name, total, say
+        self._bar = None
+        self._start = self._cpu = 0.0
+
+    def __enter__(self) -> _Phase:
+        p = self.phases
+        self._start, self._cpu = p.now(), time.process_time()
+        if p.quiet or not self.say:
+            return self
+        if p.bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, desc=f"{p.label}: {self.name}", leave=False, dynamic_ncols=True,
+                             file=sys.stderr)
+        else:
+            p._write(f"{p.label}: {self.name}")
+        return self
+
+    def tick(self, n: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def __exit__(self, *exc) -> None:
+        p = self.phases
+        p.times[self.name] = p.times.get(self.name, 0.0) + p.now() - self._start
+        p.cpu[self.name] = p.cpu.get(self.name, 0.0) + time.process_time() - self._cpu
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -67,6 +67,8 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="processes on this machine sharing the runs (default 1; one per core is usually fastest)")
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress: neither a line per run nor the report's phases (the tables are still printed)")
     # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)
     p.add_argument("--await-start", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -95,7 +97,8 @@ def options_from_args(args):
     return BenchOptions(seeds=args.seeds, methods=args.methods, data_dir=args.data_dir, device=args.device,
                         num_threads=args.num_threads, csm_store=args.csm_store, csm_build=args.csm_build,
                         store=args.store, keep=args.keep, tune=args.tune, max_extensions=args.max_extensions,
-                        report=False)  # written below, once the summary is out
+                        report=False,  # written below, once the summary is out
+                        **({"log": lambda *a, **k: None} if getattr(args, "quiet", False) else {}))
 
 
 def _run(args, waiting: list) -> int:
@@ -129,7 +132,12 @@ def _run(args, waiting: list) -> int:
     sys.stdout.flush()  # the summary first, then the lines on stderr
     print_failures("bench", result.failures, result.store)
     if not args.no_report:
-        rep = write_report(args.out, result.preset.name, options)
+        from calibkit.bench.progress import Phases
+
+        phases = Phases("report", quiet=args.quiet)
+        rep = write_report(args.out, result.preset.name, options, progress=phases)
+        if not args.quiet:
+            print(phases.summary(), file=sys.stderr, flush=True)
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")

@@ -20,6 +20,7 @@ def register(subparsers) -> None:
                    "read it from that environment variable (default: DIR/runs.db)")
     p.add_argument("--alpha", type=float, default=0.1,
                    help="miscoverage of the conformal prediction sets, in (0, 1) (default 0.1: 90%% coverage)")
+    p.add_argument("--quiet", action="store_true", help="no progress (the phases of the build and their times)")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)
@@ -27,6 +28,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import sys
     from pathlib import Path
 
     from calibkit.bench.collect import collect
@@ -47,7 +49,13 @@ def run(args) -> int:
         from calibkit.bench.presetfile import read_preset_file
 
         name = read_preset_file(name).name
-    rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha)
+    from calibkit.bench.progress import Phases
+
+    phases = Phases("report", quiet=args.quiet)
+    rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha,
+                       progress=phases, num_threads=args.num_threads or 1)
+    if not args.quiet:
+        print(phases.summary(), file=sys.stderr, flush=True)
     print(rep["text"])
     print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")
     return 0

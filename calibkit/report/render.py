@@ -29,6 +29,8 @@ class Section:
         terminal: also printed in the terminal (title, text and tables).
         anchor: the HTML id (derived from the title when empty).
         terminal_text: the text printed in the terminal instead of ``text`` (None: ``text``).
+        lead: part of the first screen: the leading sections come before the table of contents,
+            their figures side by side (HTML).
     """
 
     title: str
@@ -38,6 +40,7 @@ class Section:
     terminal: bool = True
     anchor: str = ""
     terminal_text: str | None = None
+    lead: bool = False
 
 
 def _plain(text: str, width: int | None = None) -> str:
@@ -63,9 +66,21 @@ def to_text(title: str, sections: list[Section], width: int | None) -> str:
     return "\n".join(parts)
 
 
+def anchor_of(s: Section) -> str:
+    return s.anchor or re.sub(r"[^a-z0-9]+", "-", s.title.lower()).strip("-")
+
+
+def _ordered(sections: list[Section]) -> tuple[list[Section], list[Section]]:
+    """``(lead, rest)``: the first screen's sections, then the others, each in their order."""
+    return [s for s in sections if s.lead], [s for s in sections if not s.lead]
+
+
 def to_markdown(title: str, intro: str, sections: list[Section]) -> str:
+    lead, rest = _ordered(sections)
     out = [f"# {title}", "", intro, ""]
-    for s in sections:
+    for s in lead + rest:
+        if s is (rest[0] if rest else None):
+            out += ["## Contents", "", *[f"- [{r.title}](#{anchor_of(r)})" for r in rest], ""]
         out += [f"## {s.title}", ""]
         if s.text:
             out += [s.text, ""]
@@ -120,15 +135,28 @@ STYLE = (
     "td.best{font-weight:bold;background:#e3f4e1}td.rowbest{font-style:italic;text-decoration:underline}"
     "code{background:#f3f3f3;padding:0 3px;border-radius:3px}"
     "figure{margin:1.2em 0}img{max-width:100%}figcaption{font-size:14px;color:#444;margin-top:.3em}"
+    "div.lead{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}"
+    "div.lead figure{margin:.4em 0;flex:1 1 360px;max-width:560px}div.lead figcaption{font-size:12px}"
+    "nav#contents ol{columns:2;font-size:14px}"
 )
 
 
 def to_html(title: str, intro: str, sections: list[Section]) -> str:
-    """A self-contained page (figures embedded as data URIs)."""
+    """A self-contained page (figures embedded as data URIs) that reads top-down: the title, the
+    leading sections (the recommendation and its figures, side by side), a table of contents of
+    the other sections, the other sections."""
+    lead, rest = _ordered(sections)
     parts = [f"<h1>{inline(title)}</h1>", _paragraphs(intro)]
-    for s in sections:
-        anchor = s.anchor or re.sub(r"[^a-z0-9]+", "-", s.title.lower()).strip("-")
-        parts += [f'<h2 id="{anchor}">{inline(s.title)}</h2>', _paragraphs(s.text)]
+    for s in lead:
+        parts += [f'<h2 id="{anchor_of(s)}">{inline(s.title)}</h2>', _paragraphs(s.text)]
+        parts += [html_table(t) for t in s.tables]
+        if s.figures:
+            parts.append('<div class="lead">' + "".join(_img(f) for f in s.figures) + "</div>")
+    if rest:
+        items = "".join(f'<li><a href="#{anchor_of(s)}">{inline(s.title)}</a></li>' for s in rest)
+        parts.append(f'<nav id="contents"><h2>Contents</h2><ol>{items}</ol></nav>')
+    for s in rest:
+        parts += [f'<h2 id="{anchor_of(s)}">{inline(s.title)}</h2>', _paragraphs(s.text)]
         parts += [html_table(t) for t in s.tables]
         parts += [_img(f) for f in s.figures]
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(_plain(title))}</title>"

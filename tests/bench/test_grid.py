@@ -146,3 +146,15 @@ def test_with_overrides_replaces_only_the_named_fields():
     assert (q.seeds, q.robust_n, q.n_boot, q.name) == ((3,), 10, 50, "p") and p.seeds == (0, 1)
     with pytest.raises(TypeError, match=re.escape("unexpected keyword argument 'colour'")):
         with_overrides(p, colour="red")
+
+
+@pytest.mark.parametrize("name, margin", [("smoke", "1"), ("text-smoke", "1"), ("text-pretrained-smoke", "0.1"),
+                                          ("fmnist-pretrained-smoke", "1")])
+def test_smoke_presets_run_the_margin_losses_at_a_small_margin(name, margin):
+    # at the default margin 10 their penalty never fires in 1-2 epochs and they train exactly as CE
+    from calibkit.bench.grid import PRESETS, grid_methods
+
+    p = PRESETS[name]
+    losses = [m for m in ("mbls", "acls") if m in grid_methods(p)[0]]
+    assert losses and all(p.loss_for(m) == f"{m}:margin={margin}" for m in losses)
+    assert f"margin {margin}:" in p.note or f"margin {margin}," in p.note

@@ -57,3 +57,36 @@ def test_bar_on_a_terminal_and_lines_above_it(capsys, monkeypatch):
     shown = RunProgress(2)
     assert shown._bar is not None and shown._bar.total == 2
     shown.close()
+
+
+def test_phases_say_one_line_each_off_a_terminal_and_time_every_phase():
+    from calibkit.bench.progress import Phases
+
+    t, lines = [0.0], []
+    p = Phases("report", bar=False, write=lines.append, now=lambda: t[0])
+    with p.phase("fitting calibrators"):
+        t[0] += 3.0
+    with p.phase("a table", say=False):  # timed, not announced
+        t[0] += 0.25
+    with p.phase("fitting calibrators"):  # a phase met twice adds up
+        t[0] += 1.0
+    assert lines == ["report: fitting calibrators"] * 2
+    assert p.times == {"fitting calibrators": 4.0, "a table": 0.25}
+    assert set(p.cpu) == set(p.times) and all(v >= 0 for v in p.cpu.values())
+    assert p.summary() == "report: 4.2 s (fitting calibrators 4.0 s, a table 0.2 s)"
+
+
+def test_quiet_phases_write_nothing_and_a_terminal_gets_a_bar_that_is_removed(capsys):
+    from calibkit.bench.progress import Phases
+
+    lines = []
+    quiet = Phases("report", quiet=True, bar=True, write=lines.append)
+    with quiet.phase("x", total=2) as ph:
+        ph.tick()
+        assert ph._bar is None
+    assert lines == [] and capsys.readouterr().err == "" and set(quiet.times) == {"x"}
+    shown = Phases("report", bar=True, write=lines.append)
+    with shown.phase("drawing", total=2) as ph:
+        ph.tick(2)
+        assert ph._bar is not None and ph._bar.n == 2
+    assert ph._bar is None and lines == [] and "report: drawing" in capsys.readouterr().err

@@ -104,9 +104,10 @@ def test_when_every_row_is_corrupt_the_error_names_them(tmp_path):
 def test_the_cli_warns_in_one_line_and_builds_the_rest(tmp_path, cli_env):
     make_bench(tmp_path)
     _corrupt(tmp_path, CORRUPTIONS["metric is text"][0])
-    res = subprocess.run([PYTHON, "-m", "calibkit", "report", str(tmp_path), "--n-boot", "50"], capture_output=True,
-                         text=True, env={**cli_env, "COLUMNS": "200"}, timeout=300)
+    res = subprocess.run([PYTHON, "-m", "calibkit", "report", str(tmp_path), "--n-boot", "50", "--quiet"],
+                         capture_output=True, text=True, env={**cli_env, "COLUMNS": "200"}, timeout=300)
     assert res.returncode == 0, res.stderr
+    # --quiet: the warning is the only line on stderr (no progress lines)
     assert res.stderr.splitlines() == ["calibkit report: warning: t/ls/1: metrics.before.ece: expected a finite "
                                        "number, got 'abc'; left out of the report"]
     assert "report:" in res.stdout and np.isfinite(float(_row(res.stdout, "LS")[2]))

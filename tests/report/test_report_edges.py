@@ -694,6 +694,9 @@ def test_markdown(tmp_path):
     md = render.to_markdown("Title", "Intro.", s)
     assert md.splitlines() == [
         "# Title", "", "Intro.", "",
+        # no leading section: the contents come first
+        "## Contents", "", "- [First `part`](#first-part)", "- [Hidden](#hidden)", "- [Empty](#empty)",
+        "- [Short](#my-anchor)", "- [Pictures & more](#pictures-more)", "",
         "## First `part`", "", "Mean ± std, **bold** and `code`.", "", "Second paragraph.", "",
         "| Method | ECE |", "|---|--:|", "| A\\|B | **1.00 ± 0.10** |", "| C | 2.00 |", "",
         "## Hidden", "", "not in the terminal", "",
@@ -725,6 +728,9 @@ def test_html(tmp_path):
     t = render.html_table(s[0].tables[0])
     assert body == (
         "<h1>Title <strong>b</strong> ±</h1><p>Intro <code>c</code>.</p><p>More.</p>"
+        '<nav id="contents"><h2>Contents</h2><ol><li><a href="#first-part">First <code>part</code></a></li>'
+        '<li><a href="#hidden">Hidden</a></li><li><a href="#empty">Empty</a></li>'
+        '<li><a href="#my-anchor">Short</a></li><li><a href="#pictures-more">Pictures &amp; more</a></li></ol></nav>'
         '<h2 id="first-part">First <code>part</code></h2>'
         "<p>Mean ± std, <strong>bold</strong> and <code>code</code>.</p><p>Second paragraph.</p>" + t
         + '<h2 id="hidden">Hidden</h2><p>not in the terminal</p>' + t
@@ -734,6 +740,21 @@ def test_html(tmp_path):
         + f'<figure><img alt="A &quot;quoted&quot; &lt;caption&gt; with `x`" src="data:image/png;base64,{data}">'
         + '<figcaption>A "quoted" &lt;caption&gt; with <code>x</code></figcaption></figure>')
     assert f"<style>{render.STYLE}</style>" in page
+
+
+def test_leading_sections_come_first_with_their_figures_side_by_side_then_the_contents(tmp_path):
+    s = _sections(tmp_path)
+    lead = Section("Lead", "the decision", figures=list(s[-1].figures), anchor="lead", lead=True)
+    pictures, *rest = s[::-1]  # the leading section is given last: the renderers move it to the top
+    page = render.to_html("T", "I.", [*rest[::-1], lead])
+    body = page[page.index("<body>") + 6:page.index("</body>")]
+    order = [body.index(x) for x in ('<h2 id="lead">', '<div class="lead"><figure>', '<nav id="contents">',
+                                     '<h2 id="first-part">')]
+    assert order == sorted(order)
+    assert '<a href="#lead">' not in body  # the contents list the other sections only
+    md = render.to_markdown("T", "I.", [*rest[::-1], lead]).splitlines()
+    assert md.index("## Lead") < md.index("## Contents") < md.index("## First `part`")
+    assert "- [Lead](#lead)" not in md
 
 
 # ----------------------------------------------------------------------------- build and figures
