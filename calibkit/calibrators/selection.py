@@ -66,6 +66,9 @@ __all__ = ["NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", 
            "choose", "select_calibrator", "mean_scores", "unfittable"]
 
 DEFAULT_RULE = SelectionRule()  # frozen: one instance serves as every default
+#: Metric differences of at most this size are ties (float rounding: two temperature-scaled copies
+#: of one model differ by 1e-16), so they never make a challenger win.
+TIE = 1e-12
 
 
 @dataclass
@@ -110,10 +113,13 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
     est = getattr(challenger, rule.select_by) - getattr(default, rule.select_by)
     scale, unit = (100, " x100") if rule.select_by == "ece" else (1, "")
     a, b = challenger.samples, default.samples
+    below = est < -TIE  # a difference within float rounding is a tie, never a win
+    if not rule.significance:
+        return below, f"{scale * est:+.4f}{unit} (point estimates: the rule has no significance step)"
     if a is None or b is None or a.shape != b.shape:
-        return est < 0, f"{scale * est:+.4f}{unit} (no resamples: point estimates)"
+        return below, f"{scale * est:+.4f}{unit} (no resamples: point estimates)"
     lo, hi = bootstrap_interval(a - b, est, rule.level, "basic")
-    return hi < 0, f"{scale * est:+.4f} [{scale * lo:+.4f}, {scale * hi:+.4f}]{unit}"
+    return below and hi < 0, f"{scale * est:+.4f} [{scale * lo:+.4f}, {scale * hi:+.4f}]{unit}"
 
 
 def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule: SelectionRule) -> str | None:
@@ -157,6 +163,7 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE)
         else:
             excluded[name] = why
     order = {n: i for i, n in enumerate(scores)}
+    order[default] = -1  # the default first among equal metrics
     by_metric = sorted(eligible, key=lambda n: (getattr(scores[n], rule.select_by), order[n]))
     winners: list[str] = []
     beaten: dict[str, str] = {}
