@@ -183,11 +183,11 @@ for mod in "${MODULES[@]}"; do
   for t in ${TESTS[$mod]}; do [ -f "$ROOT/${t%%::*}" ] && tests+=("$t"); done  # a file or file::test
   box="$WORK/$(echo "$mod" | tr / _)"
   rm -rf "$box" && mkdir -p "$box"
-  cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$ROOT/docs" "$box/"  # some tests load a benchmarks/ script or read docs/
+  cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$ROOT/docs" "$ROOT/tools" "$box/"  # some tests load a benchmarks/ or tools/ script or read docs/
   cat > "$box/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["calibkit"]
-also_copy = ["benchmarks", "docs"]
+also_copy = ["benchmarks", "docs", "tools"]
 only_mutate = ["$mod"]
 pytest_add_cli_args_test_selection = $(toml_list "${tests[@]}")
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not slow"]
