@@ -43,11 +43,11 @@ DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real
 
 #: The rules compared: label -> rule (the first is calibkit's default).
 RULES = {
-    "nll (default)": SelectionRule(),
-    "nll, no significance step": SelectionRule(significance=False),
-    "brier": SelectionRule(select_by="brier"),
-    "brier, no significance step": SelectionRule(select_by="brier", significance=False),
-    "ece": SelectionRule(select_by="ece"),
+    "nll, significance step": SelectionRule(significance=True),
+    "nll, no significance step (the default)": SelectionRule(),
+    "brier, significance step": SelectionRule(select_by="brier", significance=True),
+    "brier, no significance step": SelectionRule(select_by="brier"),
+    "ece, significance step (--select-by ece)": SelectionRule(select_by="ece"),
 }
 FIXED = ("temperature", "sms")
 

@@ -139,7 +139,8 @@ def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> dict | 
         if below:
             winners.append((m, c))
         else:
-            notes[(m, c)] = f"not significantly below {label(REFERENCE)} + {ce.chosen}: difference {text}"
+            word = "significantly below" if rule.uses_significance else "below"
+            notes[(m, c)] = f"not {word} {label(REFERENCE)} + {ce.chosen}: difference {text}"
     pair = winners[0] if winners else default
     return {"pair": pair, "default": default, "ranking": [pair] + [p for p in ranked if p != pair], "notes": notes}
 
@@ -283,12 +284,9 @@ def recommendation_text(rec: dict) -> str:
            }.get(rec.get("basis", "validation"), f"chosen on the validation split ({val_text})")
     lines = [f"**Use: {pair}**, {how}.",
              "",
-             f"How: each method's calibrator is {rule.default} unless another one has a significantly lower "
-             f"{rule.n_folds}-fold cross-fitted validation {metric} without losing accuracy "
-             f"({100 * rule.acc_tolerance:g} points){nll}; the pair is {label(d_m)} + {d_c} unless another pair is "
-             f"significantly better in the same way. Then each method + its calibrator is compared with CE + "
-             f"temperature scaling on test, once, Holm-corrected over the methods (confirmatory); a method it "
-             f"confirms better is recommended even where validation could not separate it.",
+             _how(rule, metric, nll, f"{label(d_m)} + {d_c}") + " Then each method + its calibrator is compared "
+             "with CE + temperature scaling on test, once, Holm-corrected over the methods (confirmatory); a method "
+             "it confirms better is recommended even where validation could not separate it.",
              "",
              "Evidence: validation chooses (the test split takes no part in any choice, so its numbers are not "
              "selected on); the test split tests the comparisons fixed by those choices, each read once and "
@@ -310,6 +308,16 @@ def recommendation_text(rec: dict) -> str:
         lines += [""] + conf
     lines += ["", rec["sentence"]]
     return "\n".join(lines)
+
+
+def _how(rule: SelectionRule, metric: str, nll: str, default_pair: str) -> str:
+    keep = f"without losing accuracy ({100 * rule.acc_tolerance:g} points){nll}"
+    if rule.uses_significance:
+        return (f"How: each method's calibrator is {rule.default} unless another one has a significantly lower "
+                f"{rule.n_folds}-fold cross-fitted validation {metric} {keep}; the pair is {default_pair} unless "
+                "another pair is significantly better in the same way.")
+    return (f"How: each method's calibrator is the one with the lowest {rule.n_folds}-fold cross-fitted validation "
+            f"{metric} {keep} ({rule.default} on ties); the pair is the lowest such pair ({default_pair} on ties).")
 
 
 def validation_table(selections: dict):

@@ -49,7 +49,7 @@ def test_a_tie_between_winners_goes_to_the_first_in_registry_order_and_a_tie_wit
     assert choose(swapped).chosen == "matrix"  # the order of the candidates decides a tie, nothing else
     # a challenger equal to the default (to float rounding) never displaces it, with or without significance
     equal = _scored({NONE: 0.50, "temperature": 0.40, "vector": 0.40 - 1e-16})
-    for rule in (SelectionRule(), SelectionRule(significance=False)):
+    for rule in (SelectionRule(significance=True), SelectionRule()):
         got = choose(equal, rule)
         assert got.chosen == "temperature" and got.ranking[0] == "temperature", rule
 
@@ -64,11 +64,12 @@ def test_a_non_default_rule_ranks_by_its_own_metric():
     assert choose(nll, SelectionRule(select_by="nll")).chosen == "spline"
     sel = choose(brier, SelectionRule(select_by="brier"))
     assert sel.chosen == "sms" and sel.ranking == ["sms", "spline", "temperature", NONE]
-    assert sel.rule.describe().startswith("temperature unless another calibrator") and "BRIER" in sel.rule.describe()
+    assert sel.rule.describe().startswith("the lowest 5-fold cross-fitted BRIER")
+    assert SelectionRule(select_by="ece").describe().startswith("temperature unless another calibrator")
     # without the significance step the lowest point estimate wins even inside the noise
     noisy = {n: replace(s, samples=s.nll + 0.2 * _noise(i)) for i, (n, s) in enumerate(scores.items())}
-    assert choose(noisy, SelectionRule()).chosen == "temperature"
-    lowest = choose(noisy, SelectionRule(significance=False))
+    assert choose(noisy, SelectionRule(significance=True)).chosen == "temperature"
+    lowest = choose(noisy, SelectionRule())
     assert lowest.chosen == "spline"
     assert lowest.rule.describe().startswith("the lowest 5-fold cross-fitted NLL")
 
@@ -79,7 +80,7 @@ def test_an_insignificant_challenger_is_named_with_its_interval_in_the_printed_t
               "sms": CrossFitScore(**dict(BASE, nll=0.39))}
     scores = {n: replace(s, samples=s.nll + 0.05 * _noise(i)) for i, (n, s) in enumerate(scores.items())}
     del e
-    sel = choose(scores)
+    sel = choose(scores, SelectionRule(significance=True))
     assert sel.chosen == "temperature"
     assert sel.notes["sms"].startswith("not significantly below temperature: difference -0.0100 [")
     assert f"| sms | 6.00 | 0.3900 | 0.2000 | 90.00 | 0.00 | {sel.notes['sms']} |" in validation_table(sel)

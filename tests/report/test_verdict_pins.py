@@ -91,16 +91,19 @@ def test_the_block_prints_the_rule_the_pair_was_chosen_by():
            "seeds": 2, "ece": None, "nll": None, "acc": None, "d_ece": None, "runner_up": None, "sentence": "S."}
     text = recommendation_text(rec)
     assert text.startswith("**Use: CE + temperature**, chosen on the validation split (cross-fitted BRIER 0.1234).")
-    assert "significantly lower 4-fold cross-fitted validation BRIER without losing accuracy (0.5 points);" in text
+    assert ("How: each method's calibrator is the one with the lowest 4-fold cross-fitted validation BRIER without "
+            "losing accuracy (0.5 points) (temperature on ties); the pair is the lowest such pair (CE + temperature "
+            "on ties).") in text
     assert " or raising NLL" not in text and text.endswith("S.")
     ece = recommendation_text(dict(rec, rule=SelectionRule(select_by="ece")))
     assert "(cross-fitted ECE 2.00 x100)" in ece and " or raising NLL" in ece
+    assert "unless another one has a significantly lower 5-fold cross-fitted validation ECE" in ece
 
 
 def test_a_pair_must_beat_the_default_pair_significantly_under_a_non_default_rule():
     g = torch.Generator().manual_seed(1)
     e = torch.randn(300, generator=g, dtype=torch.float64)
-    rule = SelectionRule(select_by="brier")
+    rule = SelectionRule(select_by="brier", significance=True)
 
     def sel(brier, sd):
         s = {NONE: CrossFitScore(acc=0.9, ece=0.05, nll=0.5, brier=brier + 0.05, changed=0.0),
