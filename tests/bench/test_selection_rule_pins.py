@@ -41,3 +41,31 @@ def test_a_non_default_metric_and_window_choose_differently():
     assert Criterion().describe() == ("candidates below the best by > 1 accuracy point and > 1.96 standard errors of "
                                       "the accuracy difference excluded")
     assert Criterion(acc_z=0.0, max_acc_drop=0.05).describe() == "candidates > 5 accuracy point below the best excluded"
+
+
+def test_the_window_and_tie_boundaries_are_inclusive():
+    # floor alone (acc_z = 0): a candidate exactly at best - floor (within float rounding) stays eligible
+    crit = Criterion(max_acc_drop=0.25, acc_z=0.0)
+    at_edge = [_c(0.0, 0.5, ece=0.03), _c(0.1, 0.5 - 0.25 - 1e-12, ece=0.01), _c(0.3, 0.5 - 0.25 - 5e-12, ece=0.0)]
+    assert eligible(at_edge, crit) == [0, 1]
+    assert select(at_edge, SPACE, crit) == 1
+    # a metric exactly best + tie is tied: the published value wins
+    edge_tie = [_c(0.0, 0.9, ece=0.02), _c(0.2, 0.9, ece=0.02 + 1e-4)]
+    assert select(edge_tie, SPACE) == 1
+
+
+def test_distances_from_the_published_values_are_summed_in_units_of_each_axis_range():
+    import pytest
+
+    space = {"a": Axis((2.0, 12.0), 7.0), "b": Axis((1.0, 2.0), 1.5)}
+    # candidate 0 is 1.5 / 10 = 0.15 from the published values, candidate 1 is 0.2 / 1 = 0.2: 0 wins the tie
+    cands = [{"hparams": {"a": 8.5, "b": 1.5}, "metrics": {"acc": 0.9, "ece": 0.02}},
+             {"hparams": {"a": 7.0, "b": 1.7}, "metrics": {"acc": 0.9, "ece": 0.02}}]
+    assert select(cands, space) == 0
+    assert select(cands[::-1], space) == 1
+    both = [{"hparams": {"a": 8.0, "b": 1.6}, "metrics": {"acc": 0.9, "ece": 0.02}},   # 0.1 + 0.1
+            {"hparams": {"a": 7.0, "b": 1.65}, "metrics": {"acc": 0.9, "ece": 0.02}}]  # 0 + 0.15
+    assert select(both, space) == 1  # the sum over axes, not the last axis alone
+    with pytest.raises(ValueError) as refused:
+        select([], space)
+    assert str(refused.value) == "no finished candidates to select from"
