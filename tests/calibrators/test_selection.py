@@ -172,7 +172,8 @@ def test_rule_checks_its_values():
     assert "5-fold cross-fitted NLL" in SelectionRule().describe()
     assert "5-fold cross-fitted ECE" in ECE.describe()
     assert ECE.describe().startswith("temperature unless another calibrator")
-    assert SelectionRule().describe().startswith("the lowest 5-fold cross-fitted NLL among temperature and")
+    assert SelectionRule().describe().startswith("the lowest 5-fold cross-fitted NLL on the validation split among "
+                                                  "temperature and the calibrators with")
     for kw, match in (({"n_boot": 5}, "n_boot"), ({"level": 1.0}, "level")):
         with pytest.raises(ValueError, match=match):
             SelectionRule(**kw)
