@@ -59,8 +59,9 @@ def test_the_recommendation_never_reads_the_test_split(tmp_path):
     a.mkdir(), b.mkdir()
     clean, poisoned = _summary(a), _summary(b, poison_test=True)
     pa, pb = CalibratedProbs(), CalibratedProbs()
-    ra = recommendation(clean, pa, method_selections(clean, pa), n_boot=50)
-    rb = recommendation(poisoned, pb, method_selections(poisoned, pb), n_boot=50)
+    sig = SelectionRule(significance=True)  # the pair must beat CE + TS significantly on validation
+    ra = recommendation(clean, pa, method_selections(clean, pa, sig), sig, n_boot=50)
+    rb = recommendation(poisoned, pb, method_selections(poisoned, pb, sig), sig, n_boot=50)
     assert (ra["method"], ra["calibrator"], ra["runner_up"]) == (rb["method"], rb["calibrator"], rb["runner_up"])
     assert ra["ece"]["value"] != rb["ece"]["value"]  # the test numbers did change
     # LS (x1.1) and CE (x3) are both calibrated by a temperature: nothing beats CE + TS significantly
