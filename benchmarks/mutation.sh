@@ -3,12 +3,15 @@
 #
 #   benchmarks/mutation.sh [MODULE...]      e.g. benchmarks/mutation.sh calibkit/store/base.py
 #   benchmarks/mutation.sh extended         every module of train/, bench/, data/, integrations/
+#   benchmarks/mutation.sh choosing         the modules where calibkit chooses (calibrator, method
+#                                           pair, confirmatory verdict, tuning rule)
 #
 # Each module is mutated in its own sandbox (a copy of calibkit/ and tests/ under $MUTATION_DIR,
 # default /tmp/calibkit-mutation) whose mutmut configuration names only that module and only the
 # test files that exercise it; mutmut then runs, for each mutant, only the tests that call the
 # mutated function. One worker per CPU core; MUTATION_CHILDREN overrides it.
-# Prints one line per module and, last, `killed K of N mutants` (K counts killed and timed-out
+# Prints one line per module and, last, `killed K of N mutants`, preceded by the same count over the
+# choosing modules of the run (`choosing modules: killed K of N`) (K counts killed and timed-out
 # mutants, N every mutant generated, including those no selected test reaches in-process: mutmut
 # maps tests to functions by tracing the pytest process, so code reached only in subprocesses
 # (CLI calls, spawned DDP workers) counts as not reached). Tests marked slow are left out.
@@ -123,7 +126,16 @@ declare -A TESTS=(
   [calibkit/integrations/__init__.py]="tests/integrations/test_integrations.py"
   [calibkit/integrations/huggingface.py]="tests/integrations/test_integrations.py"
   [calibkit/integrations/torchmetrics.py]="tests/integrations/test_integrations.py tests/test_metrics_cuda.py tests/integrations/test_torchmetrics.py"
+  # the choosing modules (CHOOSING below)
+  [calibkit/calibrators/selection.py]="tests/calibrators/test_selection.py tests/calibrators/test_selection_pins.py tests/report/test_verdict_pins.py"
+  [calibkit/calibrators/crossfit.py]="tests/calibrators/test_selection.py tests/calibrators/test_selection_pins.py"
+  [calibkit/report/verdict.py]="tests/report/test_verdict.py tests/report/test_verdict_pins.py tests/report/test_confirm.py"
+  [calibkit/report/confirm.py]="tests/report/test_confirm.py tests/report/test_verdict_pins.py"
+  [calibkit/bench/selection_rule.py]="tests/bench/test_tune_rule.py tests/bench/test_selection_rule_pins.py"
 )
+# where calibkit chooses: their kill rate is reported on its own line as well
+CHOOSING=(calibkit/bench/selection_rule.py calibkit/report/confirm.py calibkit/calibrators/selection.py
+          calibkit/calibrators/crossfit.py calibkit/report/verdict.py)
 # the issue's core modules (functional/, losses, metrics, calibrators, methods/, bench/evaluation,
 # report, store); the other entries of TESTS are measured on request
 DEFAULT=(calibkit/methods/csm/store.py calibkit/bench/evaluation.py calibkit/calibrators/temperature.py
@@ -158,10 +170,12 @@ EXTENDED=(calibkit/bench/paths.py calibkit/train/schedule.py calibkit/data/svhn.
 MODULES=("$@")
 [ ${#MODULES[@]} -eq 0 ] && MODULES=("${DEFAULT[@]}")
 [ "${MODULES[*]}" = extended ] && MODULES=("${EXTENDED[@]}")
+[ "${MODULES[*]}" = choosing ] && MODULES=("${CHOOSING[@]}")
+is_choosing() { local c; for c in "${CHOOSING[@]}"; do [ "$c" = "$1" ] && return 0; done; return 1; }
 
 toml_list() { local out="" x; for x in "$@"; do out+="\"$x\", "; done; echo "[${out%, }]"; }
 
-K=0; N=0; T0=$SECONDS
+K=0; N=0; CK=0; CN=0; T0=$SECONDS
 for mod in "${MODULES[@]}"; do
   t0=$SECONDS
   [ -n "${TESTS[$mod]+x}" ] || { echo "mutation.sh: error: no test selection for $mod" >&2; exit 1; }
@@ -169,11 +183,11 @@ for mod in "${MODULES[@]}"; do
   for t in ${TESTS[$mod]}; do [ -f "$ROOT/${t%%::*}" ] && tests+=("$t"); done  # a file or file::test
   box="$WORK/$(echo "$mod" | tr / _)"
   rm -rf "$box" && mkdir -p "$box"
-  cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$ROOT/docs" "$box/"  # some tests load a benchmarks/ script or read docs/
+  cp -r "$ROOT/calibkit" "$ROOT/tests" "$ROOT/benchmarks" "$ROOT/docs" "$ROOT/tools" "$box/"  # some tests load a benchmarks/ or tools/ script or read docs/
   cat > "$box/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["calibkit"]
-also_copy = ["benchmarks", "docs"]
+also_copy = ["benchmarks", "docs", "tools"]
 only_mutate = ["$mod"]
 pytest_add_cli_args_test_selection = $(toml_list "${tests[@]}")
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-m", "not slow"]
@@ -202,6 +216,8 @@ PY
 )
   echo "$mod: killed $k of $n (survived $s, no tests $nt, timeout $to) in $((SECONDS - t0)) s; survivors in $box/survivors.txt"
   K=$((K + k)); N=$((N + n))
+  if is_choosing "$mod"; then CK=$((CK + k)); CN=$((CN + n)); fi
 done
 echo "all modules: $((SECONDS - T0)) s with $CHILDREN workers"
+[ "$CN" -gt 0 ] && echo "choosing modules: killed $CK of $CN mutants"
 echo "killed $K of $N mutants"

@@ -18,9 +18,11 @@ nested cross-validation, so the held-out part has a small say in that one choice
 ``docs/calibrators.md``). The test split is never read here. The cross-fitting lives in
 :mod:`calibkit.calibrators.crossfit` (its names are re-exported here); this module applies the rule.
 
-**The rule** (:class:`SelectionRule`, ``docs/calibrators.md``). Temperature scaling is the default:
-one parameter, no prediction changed, the baseline the literature compares against. Another
-calibrator replaces it only on significant validation evidence:
+**The rule** (:class:`SelectionRule`, ``docs/calibrators.md``). By default the calibrator with the
+lowest cross-fitted **NLL** among the eligible ones is chosen (a proper score: it rewards calibration
+and sharpness together and, unlike the ECE, has no binning bias); temperature scaling, the default
+candidate, keeps ties. ``select_by="brier"`` ranks by the Brier score; ``select_by="ece"`` by the
+ECE, and that rule keeps the significance step below (``SelectionRule.uses_significance``):
 
 * **guards.** Temperature scaling is eligible when its cross-fitted accuracy is within
   ``acc_tolerance`` of the uncalibrated model's (always: it never changes a prediction) and, under
@@ -31,18 +33,20 @@ calibrator replaces it only on significant validation evidence:
   affine maps' small two-way changes pass) and, under the ECE rule, its cross-fitted NLL is not above
   the default's (ECE alone can be driven down by a map that is sharp in the wrong places; a map with
   a worse proper score than the one-parameter map is not trusted on its ECE);
-* **significance.** An eligible challenger wins only when the paired bootstrap interval (``level``,
-  ``n_boot`` resamples of the validation rows, the same draws for every calibrator, basic interval)
-  of its cross-fitted ``select_by`` metric minus the default's lies wholly below 0. Among such
-  challengers the lowest cross-fitted metric wins; with none, the default stays. Scores without
-  resampled values (hand-made) are compared on their point estimates.
+* **significance** (the ECE rule, or ``significance=True``). An eligible challenger wins only when
+  the paired bootstrap interval (``level``, ``n_boot`` resamples of the validation rows, the same
+  draws for every calibrator, basic interval) of its cross-fitted ``select_by`` metric minus the
+  default's lies wholly below 0. Among such challengers the lowest cross-fitted metric wins; with
+  none, the default stays. Scores without resampled values (hand-made) are compared on their point
+  estimates.
 
 On the real-outputs test bed a plain "lowest cross-fitted ECE" chose, on two models of eight, a
 calibrator whose test ECE was significantly above temperature scaling's: differences of ECE of a few
 tenths of a point between calibrators are mostly noise at 5,000 validation rows, and the
 significance step is what keeps such a difference from deciding (``benchmarks/real_outputs.py``).
-``select_by="nll"`` or ``"brier"`` ranks by a proper score instead (accuracy guard and significance
-step unchanged).
+Under NLL the step costs more than it saves: on the same test bed the lowest cross-fitted NLL had a
+lower test-NLL regret than the same rule with the step (``benchmarks/selection_regret.py``), so
+the proper-score rules leave it out unless asked.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ __all__ = ["NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", 
            "choose", "select_calibrator", "mean_scores", "unfittable"]
 
 DEFAULT_RULE = SelectionRule()  # frozen: one instance serves as every default
+#: Metric differences of at most this size are ties (float rounding: two temperature-scaled copies
+#: of one model differ by 1e-16), so they never make a challenger win.
+TIE = 1e-12
 
 
 @dataclass
@@ -110,10 +117,13 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
     est = getattr(challenger, rule.select_by) - getattr(default, rule.select_by)
     scale, unit = (100, " x100") if rule.select_by == "ece" else (1, "")
     a, b = challenger.samples, default.samples
+    below = est < -TIE  # a difference within float rounding is a tie, never a win
+    if not rule.uses_significance:
+        return below, f"{scale * est:+.4f}{unit} (point estimates: the rule has no significance step)"
     if a is None or b is None or a.shape != b.shape:
-        return est < 0, f"{scale * est:+.4f}{unit} (no resamples: point estimates)"
+        return below, f"{scale * est:+.4f}{unit} (no resamples: point estimates)"
     lo, hi = bootstrap_interval(a - b, est, rule.level, "basic")
-    return hi < 0, f"{scale * est:+.4f} [{scale * lo:+.4f}, {scale * hi:+.4f}]{unit}"
+    return below and hi < 0, f"{scale * est:+.4f} [{scale * lo:+.4f}, {scale * hi:+.4f}]{unit}"
 
 
 def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule: SelectionRule) -> str | None:
@@ -157,6 +167,7 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE)
         else:
             excluded[name] = why
     order = {n: i for i, n in enumerate(scores)}
+    order[default] = -1  # the default first among equal metrics
     by_metric = sorted(eligible, key=lambda n: (getattr(scores[n], rule.select_by), order[n]))
     winners: list[str] = []
     beaten: dict[str, str] = {}
@@ -167,7 +178,8 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE)
         (winners.append(name) if below else beaten.__setitem__(name, text))
     chosen = winners[0] if winners else default
     ranking = [chosen] + [n for n in by_metric if n != chosen]
-    notes = {n: f"not significantly below {default}: difference {t}" for n, t in beaten.items()}
+    word = "significantly below" if rule.uses_significance else "below"
+    notes = {n: f"not {word} {default}: difference {t}" for n, t in beaten.items()}
     return Selection(rule=rule, scores=dict(scores), chosen=chosen, ranking=ranking, excluded=excluded,
                      default=default, notes=notes)
 

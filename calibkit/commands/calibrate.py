@@ -19,10 +19,12 @@ class (the K and K x K parameter calibrators cannot be fitted reliably). With fe
 classes, matrix and dirichlet are not fitted; the validation table says why.
 
 The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
-is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by ece): the lowest
-cross-fitted ECE among the calibrators whose cross-fitted accuracy is at most --acc-tolerance points
-(default 0.5) below the uncalibrated model's and whose cross-fitted NLL is not above it; the
-uncalibrated model is always a candidate. --select-by nll|brier ranks by a proper score instead.
+is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by nll): the lowest
+cross-fitted NLL (a proper score: calibration and sharpness together) among the calibrators whose
+cross-fitted accuracy is at most --acc-tolerance points (default 0.5) below the uncalibrated model's
+(temperature scaling on ties); the uncalibrated model is always a candidate. --select-by brier ranks
+by the Brier score; --select-by ece by the ECE, guarded by NLL, and a challenger must then beat
+temperature scaling significantly. ECE is always shown.
 The output starts with the recommendation (test ECE, NLL, accuracy with bootstrap intervals, the
 paired difference from temperature scaling, the runner-up), then the validation table the choice
 was made on, then every calibrator's test numbers for reference (never a ranking): ECE x100 with
@@ -57,9 +59,9 @@ def register(subparsers) -> None:
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed, an integer >= 0 (default 0)")
     p.add_argument("--dpi", type=int, default=120, help="resolution of the reliability diagrams (default 120)")
-    p.add_argument("--select-by", choices=("ece", "nll", "brier"), default="ece",
-                   help="cross-fitted validation metric that chooses the calibrator (default ece, guarded by "
-                        "accuracy and NLL)")
+    p.add_argument("--select-by", choices=("ece", "nll", "brier"), default="nll",
+                   help="cross-fitted validation metric that chooses the calibrator (default nll, a proper score; "
+                        "ece is guarded by accuracy and NLL)")
     p.add_argument("--acc-tolerance", type=float, default=0.5, metavar="POINTS",
                    help="largest accepted drop of cross-fitted accuracy, in points (default 0.5)")
     p.add_argument("--folds", type=int, default=5, help="cross-fitting folds of the validation split (default 5)")
@@ -379,8 +381,9 @@ def _test_numbers(sel, probs, test_y, seconds, args, timer):
         pair = {sel.chosen: probs[sel.chosen]}
         if ref is not None and sel.chosen != ref:
             pair[ref] = probs[ref]
-        extra = {"d_ece": diffs.get(sel.chosen) if sel.chosen != ref else None, "d_nll": None, "d_acc": None}
-        for m in ("nll", "acc"):
+        extra = {"d_ece": diffs.get(sel.chosen) if sel.chosen != ref else None, "d_nll": None, "d_acc": None,
+                 "d_brier": None}
+        for m in ("nll", "acc", "brier"):
             cis, d = bootstrap_cis(m, pair, test_y, reference=ref if ref in pair else None, **boot)
             extra[f"{m}_ci"], extra[f"d_{m}"] = cis[sel.chosen], d.get(sel.chosen) if sel.chosen != ref else None
     rows = posthoc.test_rows(probs, test_y, intervals, diffs, panels, seconds)

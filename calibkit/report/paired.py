@@ -40,7 +40,7 @@ def _pairs(runs_a, runs_b):
 
 def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs, metric: str = "ece",
                  after_a: str = NONE, after_b: str = NONE, n_boot: int = 1000, seed: int = 0,
-                 level: float = 0.95) -> dict | None:
+                 level: float = 0.95, with_samples: bool = False) -> dict | None:
     """Paired bootstrap of the seed-averaged ``metric`` of ``runs_a`` (after ``after_a``) minus
     that of ``runs_b`` (after ``after_b``).
 
@@ -50,7 +50,8 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
 
     Returns:
         ``{"diff", "lo", "hi", "significant", "direction", "seeds", "levels", "identical",
-        "metric"}`` (``seeds``: shared seeds; ``levels``: 1 or 2), or None when no seed is shared
+        "metric"}`` (``seeds``: shared seeds; ``levels``: 1 or 2; with ``with_samples``, also
+        ``"samples"``, the ``(n_boot,)`` resampled differences), or None when no seed is shared
         (or a segmentation run is asked for a metric other than ECE).
 
     Raises:
@@ -83,9 +84,12 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
         estimates.append(res.estimate)
     res = seed_paired_interval(estimates, torch.stack(diffs), level, seed, auto_levels(len(pairs), same_runs(pairs)))
     lo, hi = res["lo"], res["hi"]
-    return {"diff": res["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
-            "direction": direction(lo, hi, metric), "seeds": len(pairs), "levels": res["levels"],
-            "identical": identical, "metric": metric}
+    out = {"diff": res["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+           "direction": direction(lo, hi, metric), "seeds": len(pairs), "levels": res["levels"],
+           "identical": identical, "metric": metric}
+    if with_samples:
+        out["samples"] = res["samples"]
+    return out
 
 
 def seed_interval(runs: list[dict], probs: CalibratedProbs, metric: str, after: str = NONE, n_boot: int = 1000,

@@ -58,10 +58,18 @@ def test_rows(probs: dict, labels: torch.Tensor, intervals: dict, diffs: dict, p
     rows = []
     for name, p in probs.items():
         rows.append({"calibrator": name, "seconds": seconds.get(name, 0.0),
-                     **{k: panels[name][k] for k in ("ece", "cece", "nll", "acc")},
+                     **{k: panels[name][k] for k in ("ece", "cece", "nll", "brier", "acc")},
+                     **{f"{k}_gain": gain(panels[NONE][k], panels[name][k]) for k in ("nll", "brier")},
                      **guard_stats(p, base_pred, labels, base_acc),
                      "ece_ci": intervals[name], "vs_ts": diffs.get(name)})
     return rows
+
+
+def gain(uncalibrated: float, calibrated: float) -> float:
+    """The post-hoc improvement of a proper score: its relative decrease from the uncalibrated
+    model's, ``(uncalibrated - calibrated) / uncalibrated`` (> 0: better; NaN when the uncalibrated
+    score is 0), the figure the post-hoc benchmark literature compares calibrators by."""
+    return (uncalibrated - calibrated) / uncalibrated if uncalibrated > 0 else float("nan")
 
 
 def _ci(r, scale=100.0, digits=2) -> str:
@@ -83,8 +91,9 @@ def nll_text(row: dict) -> str:
     return text
 
 
-def sentence(chosen: str, vs_ts, ref_present: bool) -> str:
-    """What the evidence supports, in one plain sentence (``vs_ts``: chosen - TS paired ECE difference on test)."""
+def sentence(chosen: str, vs_ts, ref_present: bool, metric: str = "nll") -> str:
+    """What the evidence supports, in one plain sentence (``vs_ts``: the chosen calibrator's paired
+    test difference from temperature scaling in ``metric``, the rule's metric)."""
     from calibkit.report.data import direction
 
     if chosen == NONE:
@@ -95,26 +104,29 @@ def sentence(chosen: str, vs_ts, ref_present: bool) -> str:
                 "and it never changes a prediction.")
     if not ref_present or vs_ts is None:
         return f"{chosen} is the choice on validation (temperature scaling was not among the calibrators fitted)."
-    way = direction(vs_ts.low, vs_ts.high, "ece")
+    name = metric.upper()
+    way = direction(vs_ts.low, vs_ts.high, metric)
     if way == "better":
-        return (f"{chosen} was chosen on validation and also has a significantly lower test ECE "
+        return (f"{chosen} was chosen on validation and also has a significantly lower test {name} "
                 "than temperature scaling.")
     if way == "worse":
-        return (f"{chosen} was chosen on validation but has a significantly higher test ECE than temperature scaling: "
-                "the validation split did not separate them; temperature scaling is the safer choice.")
-    return (f"{chosen} was chosen on validation; on test its ECE is not distinguishable from temperature scaling's, "
-            "which keeps every prediction with one parameter: either is supported by this evidence.")
+        return (f"{chosen} was chosen on validation but has a significantly higher test {name} than temperature "
+                "scaling: the validation split did not separate them; temperature scaling is the safer choice.")
+    return (f"{chosen} was chosen on validation; on test its {name} is not distinguishable from temperature "
+            "scaling's, which keeps every prediction with one parameter: either is supported by this evidence.")
 
 
 def recommendation(sel: Selection, rows: list[dict], extra: dict) -> dict:
     """The recommendation block's numbers: ``extra`` holds the chosen calibrator's intervals
     (``"nll_ci"``, ``"acc_ci"``) and its paired differences from TS (``"d_ece"``, ``"d_nll"``,
-    ``"d_acc"``; None when it is TS or TS was not fitted)."""
+    ``"d_acc"``, ``"d_brier"``; None when it is TS or TS was not fitted); the sentence reads the
+    difference in the rule's metric."""
     by = {r["calibrator"]: r for r in rows}
     chosen = by[sel.chosen]
     return {"chosen": sel.chosen, "rule": sel.rule.describe(), "runner_up": sel.runner_up,
             "row": chosen, "none": by[NONE], **extra,
-            "sentence": sentence(sel.chosen, extra.get("d_ece"), REFERENCE in by)}
+            "sentence": sentence(sel.chosen, extra.get(f"d_{sel.rule.select_by}"), REFERENCE in by,
+                                 sel.rule.select_by)}
 
 
 def recommendation_text(rec: dict) -> str:
@@ -160,8 +172,8 @@ def validation_table(sel: Selection) -> str:
 
 def test_table(rows: list[dict], chosen: str) -> str:
     """Test numbers, the chosen calibrator first, then the rest in registry order: for reference only."""
-    head = ["calibrator", "ECE x100 [95% CI]", "dECE vs TS x100 [95% CI]", "cwECE x100", "NLL", "acc %",
-            "d acc", "changed %", "fit s"]
+    head = ["calibrator", "ECE x100 [95% CI]", "dECE vs TS x100 [95% CI]", "cwECE x100", "NLL",
+            "NLL / Brier gain %", "acc %", "d acc", "changed %", "fit s"]
     ordered = [r for r in rows if r["calibrator"] == chosen] + [r for r in rows if r["calibrator"] != chosen]
     lines = ["## Test split: every calibrator, for reference (not a ranking; the choice is made on validation)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -171,6 +183,7 @@ def test_table(rows: list[dict], chosen: str) -> str:
         delta = ("(reference)" if r["calibrator"] == REFERENCE else "-") if d is None else _diff(d, "ece")
         name = f"**{r['calibrator']}** (chosen)" if r["calibrator"] == chosen else r["calibrator"]
         lines.append(f"| {name} | {_ci(r['ece_ci'])} | {delta} | {100 * r['cece']:.2f} | {nll_text(r)} | "
+                     f"{100 * r['nll_gain']:+.1f} / {100 * r['brier_gain']:+.1f} | "
                      f"{100 * r['acc']:.2f} | {100 * r['d_acc']:+.2f} | {100 * r['changed']:.2f} | "
                      f"{r['seconds']:.2f} |")
     notes = []
@@ -180,6 +193,8 @@ def test_table(rows: list[dict], chosen: str) -> str:
         notes.append(f"{NLL_FLAG}N (P%): N test rows give their true class a probability below {ZERO_P:g}, and "
                      "they make P% of the NLL sum (each such row adds about 708 = -log of the smallest float64).")
     notes.append("* / !: the paired 95% interval of the difference lies wholly below / above 0.")
+    notes.append("NLL / Brier gain %: the post-hoc improvement of each proper score, 100 (uncalibrated - "
+                 "calibrated) / uncalibrated, on test (> 0: better than the uncalibrated model).")
     return "\n".join(lines + [""] + notes)
 
 

@@ -139,7 +139,8 @@ def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> dict | 
         if below:
             winners.append((m, c))
         else:
-            notes[(m, c)] = f"not significantly below {label(REFERENCE)} + {ce.chosen}: difference {text}"
+            word = "significantly below" if rule.uses_significance else "below"
+            notes[(m, c)] = f"not {word} {label(REFERENCE)} + {ce.chosen}: difference {text}"
     pair = winners[0] if winners else default
     return {"pair": pair, "default": default, "ranking": [pair] + [p for p in ranked if p != pair], "notes": notes}
 
@@ -152,19 +153,42 @@ def _interval(runs, probs, metric, after, n_boot, seed):
 
 def recommendation(summary: dict, probs: CalibratedProbs, selections: dict, rule: SelectionRule = DEFAULT_RULE,
                    n_boot: int = 1000, seed: int = 0) -> dict | None:
-    """The pair and its test evidence (None without CE runs or any eligible pair)."""
+    """The pair, its test evidence and the confirmatory comparisons (None without CE runs).
+
+    The pair is the validation choice (:func:`choose_pair`) unless the confirmatory comparisons
+    (:func:`calibkit.report.confirm.confirmatory`) confirm on test that some methods + their
+    calibrators beat CE + temperature scaling and the validation pair is not among them: then the
+    recommendation is the confirmed pair with the lowest cross-fitted validation metric (the test
+    split says *whether* a method beats CE + TS, validation still ranks), and ``basis`` says so.
+    """
+    from calibkit.report.confirm import confirmatory, confirmed_better, validation_power
     from calibkit.report.paired import paired_delta
 
     choice = choose_pair(selections, rule)
     if choice is None:
         return None
-    method, cal = choice["pair"]
+    conf = confirmatory(summary, probs, selections, rule.select_by, n_boot, seed)
+    better = confirmed_better(conf)
+    val_pair = choice["pair"]
+    basis = "validation"
+    if better and val_pair not in [(m, selections[m].chosen) for m in better]:
+        metric_of = lambda m: getattr(selections[m].scores[selections[m].chosen], rule.select_by)  # noqa: E731
+        best = min(better, key=lambda m: (metric_of(m), better.index(m)))
+        method, cal, basis = best, selections[best].chosen, "confirmatory"
+    else:
+        method, cal = val_pair
+        if better:
+            basis = "validation and confirmatory"
     ranked = choice["ranking"]
     runs, ce_runs = summary[method]["runs"], summary[REFERENCE]["runs"]
+    t = probs.logits(runs[0])
     out = {"method": method, "calibrator": cal, "runner_up": ranked[1] if len(ranked) > 1 else None,
            "rule": rule, "seeds": len(runs), "val": selections[method].scores[cal], "default": choice["default"],
-           "runner_up_note": choice["notes"].get(ranked[1]) if len(ranked) > 1 else None}
-    for metric in ("ece", "nll", "acc"):
+           "runner_up_note": choice["notes"].get(ranked[1]) if len(ranked) > 1 else None,
+           "val_pair": val_pair, "basis": basis, "confirmatory": conf,
+           "val_rows": min(len(t["val_labels"]), MAX_SELECTION_ROWS) if "val_labels" in t else None,
+           "power": validation_power(selections, val_pair, ranked[1] if len(ranked) > 1 else None)}
+    for metric in dict.fromkeys(("ece", "nll", "acc", rule.select_by)):
         out[metric] = _interval(runs, probs, metric, cal, n_boot, seed)
         out[f"d_{metric}"] = (None if (method, cal) == (REFERENCE, "temperature") else
                               paired_delta(runs, ce_runs, probs, metric, after_a=cal, after_b="temperature",
@@ -174,37 +198,55 @@ def recommendation(summary: dict, probs: CalibratedProbs, selections: dict, rule
 
 
 def sentence(rec: dict) -> str:
-    """One plain sentence of what the evidence supports."""
+    """One plain sentence of what the evidence supports (it never contradicts the confirmatory results)."""
+    from calibkit.report.confirm import confirmed_better
     from calibkit.report.data import direction
 
-    method, cal, d = rec["method"], rec["calibrator"], rec.get("d_ece")
+    method, cal = rec["method"], rec["calibrator"]
+    metric = rec["rule"].select_by if "rule" in rec else "ece"
+    d, name = rec.get(f"d_{metric}"), metric.upper()
     pair = f"{label(method)} + {cal}"
     levels = ("seeds and test samples" if (d or {}).get("levels") == 2 else "test samples only")
+    conf = rec.get("confirmatory")
+    better = confirmed_better(conf)
+    if better:
+        t = conf["tests"][method]
+        n = len(conf["tests"])
+        why = (f"its confirmatory test {name} difference from CE + temperature scaling is {t['diff']:+.4g} "
+               f"(Holm-adjusted p = {t['p_holm']:.3g} over {n} method(s))")
+        if rec.get("basis") == "confirmatory":
+            vm, vc = rec["val_pair"]
+            return (f"{pair} beats CE + temperature scaling on test: {why}. The validation split could not "
+                    f"separate it (it chose {label(vm)} + {vc}); the test comparison was declared before the test "
+                    "split was read and was read once, so it is the stronger evidence.")
+        return f"{pair} was chosen on validation and is confirmed on test: {why}."
     if method == REFERENCE:
+        tested = "" if not conf else " nor in the Holm-corrected confirmatory tests on test"
         if cal == "temperature":
-            return ("No training-time method beats CE + temperature scaling on validation here: train with CE and "
-                    "apply temperature scaling.")
-        return (f"No training-time method beats CE on validation here; its best calibrator is {cal} (on test "
-                f"{_delta_words(d)} CE + temperature scaling; intervals cover {levels}).")
-    way = direction(d["lo"], d["hi"], "ece") if d else None
+            return (f"No training-time method beats CE + temperature scaling, on validation{tested}: train with CE "
+                    "and apply temperature scaling.")
+        return (f"No training-time method beats CE on validation{tested}; its best calibrator is {cal} (on test "
+                f"{_delta_words(d, metric)} CE + temperature scaling in {name}; intervals cover {levels}).")
+    way = direction(d["lo"], d["hi"], metric) if d else None
     if way == "better":
-        return (f"{pair} was chosen on validation and has a significantly lower test ECE than CE + temperature "
-                f"scaling (intervals cover {levels}).")
+        return (f"{pair} was chosen on validation and has a significantly lower test {name} than CE + temperature "
+                f"scaling (intervals cover {levels}), but the Holm-corrected confirmatory test over all methods does "
+                "not confirm it.")
     if way == "worse":
-        return (f"{pair} was chosen on validation but its test ECE is significantly above CE + temperature scaling's "
-                f"(intervals cover {levels}): the validation split did not separate them; CE + temperature scaling "
-                "is the safer choice.")
+        return (f"{pair} was chosen on validation but its test {name} is significantly above CE + temperature "
+                f"scaling's (intervals cover {levels}): the validation split did not separate them; CE + temperature "
+                "scaling is the safer choice.")
     return (f"{pair} was chosen on validation, but on test it is not distinguishable from CE + temperature scaling "
             f"(intervals cover {levels}): the evidence does not show that a training-time method beats CE + "
             "temperature scaling here.")
 
 
-def _delta_words(d: dict | None) -> str:
+def _delta_words(d: dict | None, metric: str = "ece") -> str:
     from calibkit.report.data import direction
 
     if not d:
         return "it equals"
-    way = direction(d["lo"], d["hi"], "ece")
+    way = direction(d["lo"], d["hi"], metric)
     return {"better": "it is significantly below", "worse": "it is significantly above"}.get(way, "it is "
                                                                                                "indistinguishable from")
 
@@ -226,19 +268,29 @@ def _d(d: dict | None, scale: float, digits: int) -> str:
 
 def recommendation_text(rec: dict) -> str:
     """The block at the top of the bench report (Markdown; the terminal strips its marks)."""
+    from calibkit.report.confirm import confirmatory_lines, power_line
+
     rule, v = rec["rule"], rec["val"]
     pair = f"{label(rec['method'])} + {rec['calibrator']}"
     d_m, d_c = rec["default"]
     metric = rule.select_by.upper()
     value = getattr(v, rule.select_by) * (100 if rule.select_by == "ece" else 1)
     nll = " or raising NLL" if rule.select_by == "ece" else ""
-    lines = [f"**Use: {pair}**, chosen on the validation split (cross-fitted {metric} "
-             f"{value:.{2 if rule.select_by == 'ece' else 4}f}{' x100' if rule.select_by == 'ece' else ''}).",
+    val_text = (f"cross-fitted {metric} {value:.{2 if rule.select_by == 'ece' else 4}f}"
+                f"{' x100' if rule.select_by == 'ece' else ''}")
+    how = {"confirmatory": f"confirmed better than CE + temperature scaling on the test split ({val_text} on "
+                           "validation)",
+           "validation and confirmatory": f"chosen on the validation split ({val_text}) and confirmed on test"
+           }.get(rec.get("basis", "validation"), f"chosen on the validation split ({val_text})")
+    lines = [f"**Use: {pair}**, {how}.",
              "",
-             f"How: each method's calibrator is {rule.default} unless another one has a significantly lower "
-             f"{rule.n_folds}-fold cross-fitted validation {metric} without losing accuracy "
-             f"({100 * rule.acc_tolerance:g} points){nll}; the pair is {label(d_m)} + {d_c} unless another pair is "
-             f"significantly better in the same way.",
+             _how(rule, metric, nll, f"{label(d_m)} + {d_c}") + " Then each method + its calibrator is compared "
+             "with CE + temperature scaling on test, once, Holm-corrected over the methods (confirmatory); a method "
+             "it confirms better is recommended even where validation could not separate it.",
+             "",
+             "Evidence: validation chooses (the test split takes no part in any choice, so its numbers are not "
+             "selected on); the test split tests the comparisons fixed by those choices, each read once and "
+             "corrected for their number, so a confirmed difference is not luck of the choosing.",
              "",
              f"- Test, mean over {rec['seeds']} seed(s), 95% intervals: ECE x100 {_ci(rec['ece'], 100, 2)}, "
              f"NLL {_ci(rec['nll'], 1, 4)}, accuracy % {_ci(rec['acc'], 100, 2)}."]
@@ -248,8 +300,24 @@ def recommendation_text(rec: dict) -> str:
     ru = rec["runner_up"]
     note = f" ({rec['runner_up_note']})" if rec.get("runner_up_note") else ""
     lines += ["", f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}{note}."]
+    power = power_line(rec)
+    if power:
+        lines += ["", power]
+    conf = confirmatory_lines(rec.get("confirmatory"))
+    if conf:
+        lines += [""] + conf
     lines += ["", rec["sentence"]]
     return "\n".join(lines)
+
+
+def _how(rule: SelectionRule, metric: str, nll: str, default_pair: str) -> str:
+    keep = f"without losing accuracy ({100 * rule.acc_tolerance:g} points){nll}"
+    if rule.uses_significance:
+        return (f"How: each method's calibrator is {rule.default} unless another one has a significantly lower "
+                f"{rule.n_folds}-fold cross-fitted validation {metric} {keep}; the pair is {default_pair} unless "
+                "another pair is significantly better in the same way.")
+    return (f"How: each method's calibrator is the one with the lowest {rule.n_folds}-fold cross-fitted validation "
+            f"{metric} {keep} ({rule.default} on ties); the pair is the lowest such pair ({default_pair} on ties).")
 
 
 def validation_table(selections: dict):

@@ -235,3 +235,25 @@ def test_the_bench_command_refuses_a_bad_value_and_writes_nothing(tmp_path):
     assert res.returncode == 1 and res.stderr == ("calibkit bench: error: preset t: robust_n: must be an integer >= 0 "
                                                   "(test images corrupted; 0: all), got -1\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_validation_split_too_small_to_separate_typical_differences_is_warned(tmp_path):
+    import math
+    import warnings
+
+    from calibkit.bench.presetcheck import detectable_nll
+
+    # by hand: (1.959964 + 0.841621) x 0.12 / sqrt(500) = 0.015035; rows for 0.01: (0.336190 / 0.01)^2 = 1130.24
+    assert detectable_nll(500) == pytest.approx(2.801585 * 0.12 / math.sqrt(500), rel=1e-6)
+    preset, path = _preset(tmp_path, BASE + "[train]\nval_size = 500\n")
+    with pytest.warns(UserWarning) as seen:
+        check_preset(preset, source=path)
+    assert [str(w.message) for w in seen] == [
+        f"{path}: val_size 500: the validation split detects NLL differences of about 0.015 or more (two-sided 5%, "
+        "power 80%, per-row sd 0.12); typical differences between calibrators or methods are about 0.01: "
+        "validation cannot separate them (too little data to tell). Use val_size >= 1131 for that, or rely on the "
+        "report's confirmatory test-split comparisons."]
+    preset, path = _preset(tmp_path, BASE + "[train]\nval_size = 2000\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_preset(preset, source=path)  # 0.0075 < 0.01: no warning

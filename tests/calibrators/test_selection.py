@@ -16,6 +16,8 @@ from calibkit.calibrators.selection import (
     select_calibrator,
 )
 
+ECE = SelectionRule(select_by="ece")  # the ECE rule (the default rule ranks by NLL)
+
 
 def _overconfident(n=2000, k=5, sharpen=3.0, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -38,7 +40,7 @@ def test_folds_partition_the_rows_near_equally_and_are_seeded():
 
 def test_cross_fitted_scores_equal_a_direct_out_of_fold_computation():
     z, y = _overconfident()
-    rule = SelectionRule(n_folds=4, seed=1)
+    rule = SelectionRule(select_by="ece", n_folds=4, seed=1)
     scores, fitted = cross_fit(z, y, ["temperature"], rule)
     # independent: cold fits per fold, held-out predictions pooled
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))
@@ -82,17 +84,17 @@ def test_a_calibrator_that_buys_ece_with_accuracy_is_never_chosen():
     # the measured CIFAR-10 DenseNet case: histogram binning had the lowest ECE and lost 5 points
     scores = _scores(none=BASE, temperature=dict(acc=0.92, ece=0.0095, nll=0.2251, brier=0.11, changed=0.0),
                      histogram=dict(acc=0.8746, ece=0.0073, nll=0.22, brier=0.13, changed=0.06))
-    sel = choose(scores)
+    sel = choose(scores, ECE)
     assert sel.chosen == "temperature"
     assert "histogram" in sel.excluded and "4.54 points below" in sel.excluded["histogram"]
     # within the tolerance the same map is eligible; a larger tolerance lets it win
-    assert choose(scores, SelectionRule(acc_tolerance=0.05)).chosen == "histogram"
+    assert choose(scores, SelectionRule(select_by="ece", acc_tolerance=0.05)).chosen == "histogram"
 
 
 def test_the_nll_guard_applies_to_the_ece_rule_only():
     scores = _scores(none=BASE, temperature=dict(acc=0.92, ece=0.012, nll=0.30, brier=0.11, changed=0.0),
                      spline=dict(acc=0.92, ece=0.008, nll=1.12, brier=0.118, changed=0.0))
-    sel = choose(scores)
+    sel = choose(scores, ECE)
     assert sel.chosen == "temperature" and "NLL 1.1200 is above 0.3000" in sel.excluded["spline"]
     assert choose(scores, SelectionRule(select_by="nll")).chosen == "temperature"
     assert choose(scores, SelectionRule(select_by="brier")).ranking == ["temperature", "spline", NONE]
@@ -101,9 +103,9 @@ def test_the_nll_guard_applies_to_the_ece_rule_only():
 def test_the_uncalibrated_model_wins_when_nothing_helps_and_ties_keep_registry_order():
     scores = _scores(none=dict(BASE, ece=0.004), temperature=dict(BASE, ece=0.006, nll=0.36),
                      vector=dict(BASE, ece=0.006, nll=0.36))
-    assert choose(scores).chosen == NONE
+    assert choose(scores, ECE).chosen == NONE
     tied = _scores(none=BASE, temperature=dict(BASE, ece=0.01), vector=dict(BASE, ece=0.01))
-    assert choose(tied).ranking[:2] == ["temperature", "vector"]
+    assert choose(tied, ECE).ranking[:2] == ["temperature", "vector"]
     failed = dict(scores, dirichlet=CrossFitScore(error="needs 3 rows"))
     assert choose(failed).excluded["dirichlet"] == "fit failed: needs 3 rows"
     with pytest.raises(ValueError, match="'none'"):
@@ -126,11 +128,11 @@ def test_a_challenger_must_beat_temperature_scaling_significantly():
     # resampled differences: close - ts centred on -0.001 with sd 0.002 (interval holds 0); far - ts on -0.006
     scores = {NONE: _with(base, 0.05 + noise), "temperature": _with(ts, 0.010 + noise),
               "vector": _with(close, 0.009 + 2 * noise), "dirichlet": _with(far, 0.004 + 0.5 * noise)}
-    sel = choose({k: scores[k] for k in (NONE, "temperature", "vector")})
+    sel = choose({k: scores[k] for k in (NONE, "temperature", "vector")}, ECE)
     assert sel.chosen == "temperature" and sel.default == "temperature"
     assert sel.notes["vector"].startswith("not significantly below temperature: difference -0.1000 [")
     assert sel.ranking == ["temperature", "vector", NONE]
-    assert choose(scores).chosen == "dirichlet"  # wholly below 0: the challenger wins
+    assert choose(scores, ECE).chosen == "dirichlet"  # wholly below 0: the challenger wins
     # the interval is the basic bootstrap interval of the resampled differences
     from calibkit.bootstrap import bootstrap_interval
 
@@ -141,7 +143,7 @@ def test_a_challenger_must_beat_temperature_scaling_significantly():
 def test_the_default_falls_back_to_the_uncalibrated_model_when_temperature_fails_a_guard():
     scores = _scores(none=dict(BASE, nll=0.04, ece=0.003), temperature=dict(BASE, nll=0.041, ece=0.002),
                      vector=dict(BASE, nll=0.039, ece=0.0025))
-    sel = choose(scores)
+    sel = choose(scores, ECE)
     assert sel.default == NONE and "NLL 0.0410 is above 0.0400" in sel.excluded["temperature"]
     assert sel.chosen == "vector"  # point estimates (no resamples): below the default's ECE
     assert choose(scores, SelectionRule(default="matrix")).default == NONE  # not among the candidates
@@ -167,8 +169,11 @@ def test_rule_checks_its_values():
                       ({"n_bins": 0}, "n_bins")):
         with pytest.raises(ValueError, match=match):
             SelectionRule(**kw)
-    assert "5-fold cross-fitted ECE" in SelectionRule().describe()
-    assert SelectionRule().describe().startswith("temperature unless another calibrator")
+    assert "5-fold cross-fitted NLL" in SelectionRule().describe()
+    assert "5-fold cross-fitted ECE" in ECE.describe()
+    assert ECE.describe().startswith("temperature unless another calibrator")
+    assert SelectionRule().describe().startswith("the lowest 5-fold cross-fitted NLL on the validation split among "
+                                                  "temperature and the calibrators with")
     for kw, match in (({"n_boot": 5}, "n_boot"), ({"level": 1.0}, "level")):
         with pytest.raises(ValueError, match=match):
             SelectionRule(**kw)

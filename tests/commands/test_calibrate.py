@@ -185,8 +185,8 @@ def test_the_choice_never_reads_the_test_rows(files, capsys):
         for score in sel["scores"].values():
             score.pop("seconds")
     assert a == b
-    assert a["rule"] == {"select_by": "ece", "acc_tolerance": 0.005, "n_folds": 5, "n_bins": 15, "seed": 0,
-                         "default": "temperature", "level": 0.95, "n_boot": 1000}
+    assert a["rule"] == {"select_by": "nll", "acc_tolerance": 0.005, "n_folds": 5, "n_bins": 15, "seed": 0,
+                         "default": "temperature", "level": 0.95, "n_boot": 1000, "significance": False}
 
 
 def test_a_calibrator_that_loses_accuracy_is_not_chosen_even_with_the_lowest_test_ece(tmp_path, capsys):

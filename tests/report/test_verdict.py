@@ -59,14 +59,17 @@ def test_the_recommendation_never_reads_the_test_split(tmp_path):
     a.mkdir(), b.mkdir()
     clean, poisoned = _summary(a), _summary(b, poison_test=True)
     pa, pb = CalibratedProbs(), CalibratedProbs()
-    ra = recommendation(clean, pa, method_selections(clean, pa), n_boot=50)
-    rb = recommendation(poisoned, pb, method_selections(poisoned, pb), n_boot=50)
+    sig = SelectionRule(significance=True)  # the pair must beat CE + TS significantly on validation
+    ra = recommendation(clean, pa, method_selections(clean, pa, sig), sig, n_boot=50)
+    rb = recommendation(poisoned, pb, method_selections(poisoned, pb, sig), sig, n_boot=50)
     assert (ra["method"], ra["calibrator"], ra["runner_up"]) == (rb["method"], rb["calibrator"], rb["runner_up"])
     assert ra["ece"]["value"] != rb["ece"]["value"]  # the test numbers did change
     # LS (x1.1) and CE (x3) are both calibrated by a temperature: nothing beats CE + TS significantly
     assert (ra["method"], ra["calibrator"], ra["default"]) == ("ce", "temperature", ("ce", "temperature"))
     assert ra["seeds"] == 2 and ra["d_ece"] is None
-    assert ra["sentence"].startswith("No training-time method beats CE + temperature scaling on validation here")
+    assert ra["val_pair"] == rb["val_pair"] == ("ce", "temperature")  # the validation choice
+    assert ra["sentence"].startswith("No training-time method beats CE + temperature scaling, on validation nor in "
+                                     "the Holm-corrected confirmatory tests on test")
     text = recommendation_text(ra)
     assert text.startswith("**Use: CE + temperature**") and "Runner-up on validation" in text
     assert "Minus CE + temperature" not in text  # it is CE + TS
@@ -86,21 +89,24 @@ def test_the_sentence_follows_the_paired_test_difference():
     assert "its best calibrator is vector" in sentence({"method": "ce", "calibrator": "vector", "d_ece": None})
 
 
+ECE = SelectionRule(select_by="ece")  # the ECE rule (the default rule ranks by NLL)
+
+
 def _sel(acc, nll, ece, chosen="temperature"):
     scores = {NONE: CrossFitScore(acc=acc, ece=0.08, nll=nll + 0.1, brier=0.2, changed=0.0),
               "temperature": CrossFitScore(acc=acc, ece=ece, nll=nll, brier=0.19, changed=0.0)}
-    return choose(scores)
+    return choose(scores, ECE)
 
 
 def test_the_pair_keeps_ce_accuracy_and_nll_and_must_beat_ce_significantly():
     sels = {"ce": _sel(0.90, 0.30, 0.010), "ls": _sel(0.88, 0.29, 0.004), "focal": _sel(0.897, 0.29, 0.006),
             "mbls": _sel(0.91, 0.45, 0.002)}
     # ls loses 2 points of CE's 90% (> 0.5); mbls's NLL is above CE + TS's 0.30; no resamples: point estimates
-    got = choose_pair(sels)
+    got = choose_pair(sels, ECE)
     assert got["default"] == ("ce", "temperature") and got["pair"] == ("focal", "temperature")
     assert got["ranking"] == [("focal", "temperature"), ("ce", "temperature")]
     assert choose_pair(sels, SelectionRule(select_by="nll"))["pair"] == ("focal", "temperature")
-    assert choose_pair({"ls": sels["ls"]}) is None  # no CE runs: no baseline to guard against
+    assert choose_pair({"ls": sels["ls"]}, ECE) is None  # no CE runs: no baseline to guard against
     # with resamples, focal's 0.4-point edge within noise of +-1 point does not displace CE + TS
     from dataclasses import replace
 
@@ -110,7 +116,7 @@ def test_the_pair_keeps_ce_accuracy_and_nll_and_must_beat_ce_significantly():
         s = sels[m].scores
         s["temperature"] = replace(s["temperature"], samples=s["temperature"].ece + noise * (2 if m == "focal" else 1))
         s[NONE] = replace(s[NONE], samples=s[NONE].ece + noise)
-    got = choose_pair(sels)
+    got = choose_pair(sels, ECE)
     assert got["pair"] == ("ce", "temperature")
     assert got["notes"][("focal", "temperature")].startswith("not significantly below CE + temperature: difference")
 

@@ -1,0 +1,174 @@
+"""Regret of calibkit's calibrator choice on the real-outputs test bed, under each selection rule.
+
+For every ``.npz`` of the real-outputs folder (``probs`` (10000, K) and ``labels``; see its README)
+and every repeat, the 10,000 rows are split into a validation half and a test half: repeat 0 is the
+README's split (rows 0-4999 validation), repeat ``r > 0`` a random half drawn with seed ``r``.
+Logits = log(probs), probabilities raised to the smallest positive float32 first.
+
+On each split every calibrator is cross-fitted once on the validation half
+(:func:`calibkit.calibrators.crossfit.cross_fit_predictions`) and fitted on the whole half; each rule
+then chooses from the same out-of-fold predictions (its own resamples, :func:`with_samples`), so the
+rules differ in the rule alone. Every fitted calibrator (and the uncalibrated model) is scored on
+the test half; the **regret** of a choice is its test NLL (or Brier score) minus the lowest test NLL
+(Brier) of any candidate on that split, in hindsight. Fixed temperature scaling and fixed SMS are
+scored the same way. ``acc loss`` is the largest drop of test accuracy below the uncalibrated
+model's of any chosen calibrator, in points.
+
+Usage::
+
+    python benchmarks/selection_regret.py [FOLDER] [--repeats 3] [--n-boot 1000] [--cache DIR]
+
+Prints the per-model mean regrets and the mean over models (markdown). With ``--cache DIR`` each
+split's result is kept in ``DIR/<model>__<repeat>.json`` and read back by a later run (a run cut
+short resumes); ``--only-cached`` prints the table of the splits already there, naming the models
+left out. Files are processed smallest K first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import calibkit.functional as F
+from calibkit.calibrators.crossfit import cross_fit_predictions, with_samples
+from calibkit.calibrators.selection import NONE, SelectionRule, choose
+
+DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs"
+
+#: The rules compared: label -> rule (the first is calibkit's default).
+RULES = {
+    "nll, significance step": SelectionRule(significance=True),
+    "nll, no significance step (the default)": SelectionRule(),
+    "brier, significance step": SelectionRule(select_by="brier", significance=True),
+    "brier, no significance step": SelectionRule(select_by="brier"),
+    "ece, significance step (--select-by ece)": SelectionRule(select_by="ece"),
+}
+FIXED = ("temperature", "sms")
+
+
+def load(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits, labels)`` of one file: log of the probabilities clipped at the smallest positive float32."""
+    with np.load(path, allow_pickle=False) as f:
+        probs, labels = f["probs"], f["labels"]
+    tiny = float(np.finfo(np.float32).tiny)
+    return torch.log(torch.as_tensor(probs, dtype=torch.float64).clamp(min=tiny)), torch.as_tensor(labels).long()
+
+
+def split(n: int, repeat: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation and test indices of one repeat (repeat 0: the first and second halves)."""
+    idx = torch.arange(n) if repeat == 0 else torch.randperm(n, generator=torch.Generator().manual_seed(repeat))
+    return idx[: n // 2], idx[n // 2:]
+
+
+def one_split(z: torch.Tensor, y: torch.Tensor, repeat: int, n_boot: int) -> dict:
+    """``{label: {"nll", "brier", "acc_loss", "chosen"}}`` regrets of every rule and fixed choice on one split."""
+    val, test = split(len(y), repeat)
+    base_rule = SelectionRule(n_boot=n_boot)
+    scores, fitted, oof, yv = cross_fit_predictions(z[val], y[val], rule=base_rule)
+    zt, yt = z[test], y[test]
+    test_probs = {NONE: torch.softmax(zt, 1)}
+    test_probs.update({n: c.predict_proba(zt).double() for n, c in fitted.items()})
+    num = {n: {"nll": float(F.nll(p, yt)), "brier": float(F.brier(p, yt)), "acc": float(F.accuracy(p, yt))}
+           for n, p in test_probs.items()}
+    best = {m: min(v[m] for v in num.values()) for m in ("nll", "brier")}
+
+    def regret(name: str) -> dict:
+        return {"nll": num[name]["nll"] - best["nll"], "brier": num[name]["brier"] - best["brier"],
+                "acc_loss": 100 * (num[NONE]["acc"] - num[name]["acc"]), "chosen": name}
+
+    out = {}
+    for label, rule in RULES.items():
+        from dataclasses import replace
+
+        rule = replace(rule, n_boot=n_boot)
+        out[label] = regret(choose(with_samples(scores, oof, yv, rule), rule).chosen)
+    for name in FIXED:
+        out[f"always {name}"] = regret(name)
+    return out
+
+
+def _load_all(path: Path, repeats: int, n_boot: int, cache: Path | None, only_cached: bool) -> list[dict] | None:
+    runs = []
+    for r in range(repeats):
+        file = None if cache is None else cache / f"{path.stem}__{r}__{n_boot}.json"
+        if file is not None and file.is_file():
+            runs.append(json.loads(file.read_text()))
+            continue
+        if only_cached:
+            return None
+        z, y = load(path)
+        runs.append(one_split(z, y, r, n_boot))
+        if file is not None:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps(runs[-1]))
+    return runs
+
+
+def table(per_model: dict, repeats: int) -> str:
+    labels = list(next(iter(per_model.values()))[0])
+    head = ["choice"] + [m for m in per_model] + ["**mean NLL regret**", "**mean Brier regret**", "max acc loss"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label in labels:
+        cells, nlls, briers, losses = [], [], [], []
+        for runs in per_model.values():
+            n = sum(r[label]["nll"] for r in runs) / len(runs)
+            b = sum(r[label]["brier"] for r in runs) / len(runs)
+            nlls.append(n)
+            briers.append(b)
+            losses += [r[label]["acc_loss"] for r in runs]
+            cells.append(f"{n:.4f} / {b:.4f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | **{sum(nlls) / len(nlls):.4f}** | "
+                     f"**{sum(briers) / len(briers):.4f}** | {max(losses):+.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", default=str(DEFAULT))
+    ap.add_argument("--repeats", type=int, default=3, help="validation/test splits per file (default 3)")
+    ap.add_argument("--n-boot", type=int, default=1000, help="resamples of the significance step (default 1000)")
+    ap.add_argument("--cache", metavar="DIR", help="keep each split's result here and reuse it")
+    ap.add_argument("--only-cached", action="store_true", help="print the table of the cached splits only")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        print("--repeats must be >= 1", file=sys.stderr)
+        return 2
+    files = sorted(Path(args.folder).glob("*.npz"))
+    if not files:
+        print(f"no .npz files in {args.folder}", file=sys.stderr)
+        return 1
+    files.sort(key=lambda f: (np.load(f, allow_pickle=False)["probs"].shape[1], f.name))
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    per_model, missing = {}, []
+    cache = Path(args.cache) if args.cache else None
+    for path in files:
+        runs = _load_all(path, args.repeats, args.n_boot, cache, args.only_cached)
+        if runs is None:
+            missing.append(path.stem)
+            continue
+        per_model[path.stem] = runs
+        chosen = {k: "/".join(r[k]["chosen"] for r in runs) for k in RULES}
+        regrets = {k: round(sum(r[k]["nll"] for r in runs) / len(runs), 4) for k in runs[0]}
+        print(f"{path.stem}: chosen {chosen}; mean NLL regret {regrets} ({time.perf_counter() - start:.0f} s so far)",
+              file=sys.stderr)
+    if not per_model:
+        print("no model finished", file=sys.stderr)
+        return 1
+    print(f"Test-NLL / test-Brier regret (mean over {args.repeats} validation/test split(s) per model), "
+          "and the largest test accuracy loss of the choice (points):\n")
+    print(table(per_model, args.repeats))
+    if missing:
+        print(f"\nNot finished (left out of the means): {', '.join(missing)}")
+    print(f"\n{len(per_model)} models x {args.repeats} split(s) in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
