@@ -13,13 +13,15 @@ Decisions where the spec is silent:
 
 * ``--split`` is **stratified**: each class's rows are permuted (a generator seeded with
   ``--seed``, the bootstrap seed, so one number reproduces a whole call) and the first
-  ``round(FRACTION * n_c)`` of class ``c`` go to validation (at least one row of a class with two or
-  more rows goes to each side). Stratifying keeps every class on both sides, which the per-class
-  calibrators (vector, matrix, Dirichlet scaling) and classwise ECE need, and makes the two splits'
-  class frequencies equal up to rounding; the split's validation size is then within K rows of
-  ``FRACTION * N``.
-* ``--split`` with a file that has ``val_*``/``test_*`` entries splits its plain entries only, so it
-  is refused when those are absent (the message says to drop ``--split``).
+  ``round(FRACTION * n_c)`` (halves rounded up) of class ``c`` go to validation (at least one row
+  of a class with two or more rows goes to each side; a class of one row goes to validation).
+  Stratifying keeps every class on both sides, which the per-class calibrators (vector, matrix,
+  Dirichlet scaling) and classwise ECE need, and makes the two splits' class frequencies equal up
+  to rounding; the validation size is then within K rows of ``FRACTION * N``.
+* ``--split`` splits the file's plain entries (``logits``/``probs``, ``labels``, or the names of the
+  key options); a file without them is refused with the entries it holds. Without ``--split``,
+  ``--from`` reads the ``val_*``/``test_*`` entries, and a file without them is refused with a
+  message that names ``--split``.
 * ``--out`` defaults to ``DIR/calibration`` for ``--run DIR`` (the results stay with the run; no
   file of the run is touched), and to ``STEM-calibration`` beside ``--from STEM.npz`` or ``--val``.
 """
