@@ -129,7 +129,7 @@ def run_logits(run) -> Path:
     path = run / RUN_LOGITS
     if path.is_file():
         return path
-    inside = sorted(p.parent for p in run.glob(f"*/*/*/{RUN_LOGITS}"))[:3]  # a bench's OUT/runs: PRESET/METHOD/SEED
+    inside = sorted(p.parent for p in run.glob(f"*/*/*/{RUN_LOGITS}"))[:3]  # OUT/runs: PRESET/METHOD/seedS
     inside = inside or sorted(p.parent for p in run.glob(f"**/{RUN_LOGITS}"))[:3]
     hint = (f"; runs found below it: {', '.join(map(str, inside))}" if inside else
             "; a run writes it when its training finishes (calibkit train, calibkit bench)")
