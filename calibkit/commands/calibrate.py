@@ -9,6 +9,12 @@ from calibkit.commands.scorefile import read_scores  # noqa: F401  (looked up he
 from calibkit.errors import UserError
 
 EPILOG = """\
+Input, one of: --val FILE --test FILE; --from FILE, with val_*/test_* entries (val_logits,
+val_labels, test_logits, test_labels) or split by --split FRACTION (the share for validation,
+stratified by class, seeded by --seed); --run DIR, a finished calibkit run (DIR/logits.safetensors).
+--logits-key/--probs-key/--labels-key name other entries (after the val_/test_ prefix, if any).
+--out defaults to DIR/calibration for --run, else STEM-calibration beside the input file.
+
 Each file (.npz, .safetensors or .pt) holds 'logits' (N, K) and 'labels' (N,), or 'probs' (N, K)
 instead of 'logits' (then logits = log(probs), probabilities below 1e-300 raised to it first;
 softmax(log p) = p); a file with both is refused. 1-D entries are binary positive-class logits (or
@@ -33,11 +39,15 @@ its interval, the paired difference from TS (* significantly lower, ! higher), c
 predictions the calibrator changed. Then, for reference, each calibrator's selective prediction
 (AURC, AUGRC) and APS conformal sets at --alpha (default 0.1): the calibrator refitted on one half of
 the validation rows, the set threshold on the other half, coverage and mean set size on test, with
-paired intervals against TS. Writes DIR/report/calibrators.md, results.json, selection.json, sets.json
-and reliability_<name>.png; --save NAME also writes DIR/NAME.safetensors + DIR/NAME.json for
-`calibkit apply` and calibkit.calibrators.load. Bad files change nothing on disk.
+paired intervals against TS. Writes DIR/report/calibrators.md, results.json, selection.json, sets.json,
+reliability_<name>.png and index.html (the tables, the reliability diagrams before/after); --save
+writes the chosen calibrator as DIR/NAME.safetensors + DIR/NAME.json (NAME: its own name; the
+uncalibrated choice, none, as temperature 1), --save NAME that one, for `calibkit apply` and
+calibkit.calibrators.load. Bad files change nothing on disk.
 
-example:
+examples:
+  calibkit calibrate --from outputs.npz --split 0.5 --save
+  calibkit calibrate --run runs/smoke/runs/smoke/ce/seed0 --save
   calibkit calibrate --val val.npz --test test.npz --out calib --save dirichlet
 """
 
