@@ -29,3 +29,14 @@ def test_the_note_is_labelled_when_the_runs_changed_the_preset():
     three = replace(preset, train={**preset.train, "epochs": 3})  # the effective preset of --epochs 3
     assert note_for_runs("smoke+epochs=3", three, _rows(["ce"], [0, 1], {"*": 3})) == labelled
     assert note_for_runs("smoke", replace(preset, note=""), same) == ""
+
+
+def test_the_built_report_states_the_runs_settings_under_its_title(tmp_path):
+    from calibkit.report import build_report
+    from tests.report.test_report import make_bench
+
+    make_bench(tmp_path, methods=("ce", "ls"), seeds=(1,))
+    rep = build_report(tmp_path, n_boot=20, figures=False, width=0)
+    want = "Runs: 2 methods (ce, ls), 1 seed (1), epochs not recorded."  # make_bench records no epochs
+    assert rep["text"].splitlines()[1] == want
+    assert want in (tmp_path / "report" / "report.md").read_text().split("\n## ")[0]  # in the intro
