@@ -23,7 +23,7 @@ that callers already catch:
 
 from __future__ import annotations
 
-__all__ = ["UserError", "UserKeyError", "UserRuntimeError", "shown_name", "closest", "nearest"]
+__all__ = ["UserError", "UserKeyError", "UserRuntimeError", "shown_name"]
 
 
 class UserError(ValueError):
@@ -53,16 +53,3 @@ def shown_name(exc: BaseException) -> str:
 
 _SHOWN = {UserError: "ValueError", UserKeyError: "KeyError", UserRuntimeError: "RuntimeError"}
 
-
-def closest(name: str, valid) -> str | None:
-    """The entry of ``valid`` nearest to the misspelt ``name`` (``difflib``'s ratio at least 0.5), or None."""
-    import difflib
-
-    close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
-    return close[0] if close else None
-
-
-def nearest(name: str, valid) -> str:
-    """`` (nearest valid name: X)`` for an error message, or ``""`` when nothing is close (:func:`closest`)."""
-    close = closest(name, valid)
-    return f" (nearest valid name: {close})" if close else ""

@@ -54,7 +54,7 @@ import tomllib
 
 from calibkit.bench.grid import BENCH_METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
 from calibkit.errors import UserError
-from calibkit.errors import nearest as nearest  # re-exported: where the preset checks import it
+from calibkit.suggest import nearest as nearest  # re-exported: where the preset checks import it
 
 TABLES = ("train", "losses", "train_by_method", "maccal", "csm", "space")
 TOP_KEYS = tuple(f.name for f in dataclasses.fields(Preset) if f.name not in TABLES + ("spaces",))

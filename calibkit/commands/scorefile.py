@@ -80,8 +80,11 @@ def scores_of(data: dict, where, require_labels: bool = True, keys: Keys = PLAIN
                          "never guesses which one you meant), or name one with --logits-key / --probs-key")
     if not present:
         wanted = " or ".join(f"'{n}'" for n, _ in keys.score_names())
+        split = any(str(k).startswith(("val_", "test_")) for k in data) and not keys.prefix
+        hint = ("; it holds val_*/test_* entries: give it alone as --from FILE (without --split), or --run for a "
+                "run's logits.safetensors" if split else "")
         raise UserError(f"{where}: no {wanted} entry (found: {found(data)}); name the entry with --logits-key "
-                         "(logits) or --probs-key (probabilities)")
+                         f"(logits) or --probs-key (probabilities){hint}")
     key, kind = present[0]
     try:
         x = torch.as_tensor(np.asarray(data[key])) if not isinstance(data[key], torch.Tensor) else data[key]

@@ -4,7 +4,7 @@ argparse answers ``calibkit calibarte`` with a bare "invalid choice" and checks 
 options before it reports unknown ones, so ``calibkit calibrate --valid x`` would say that
 ``--val`` is required without saying that ``--valid`` is unknown. :func:`check_argv` looks at the
 command line first, with the parser's own tables, and refuses the first unknown subcommand or
-option with the nearest valid name (:func:`calibkit.errors.closest`, the rule of the preset
+option with the nearest valid name (:func:`calibkit.suggest.closest`, the rule of the preset
 names), or the list of valid ones when none is close.
 
 What counts as known follows argparse: an option string of the (sub)command, ``--name=value``, or
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from calibkit.errors import closest
+from calibkit.suggest import closest
 
 
 class Typo(Exception):

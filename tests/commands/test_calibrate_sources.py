@@ -116,6 +116,10 @@ def test_missing_entries_are_listed_and_key_options_name_them(tmp_path, capsys):
                  "--out", str(tmp_path / "o"), *FAST]) == 0
     rows = {r["calibrator"]: r for r in json.loads((tmp_path / "o" / "report" / "results.json").read_text())}
     assert rows["none"]["ece"] == pytest.approx(float(F.ece(torch.softmax(z[60:], 1), y[60:])), abs=1e-12)
+    np.savez(tmp_path / "run.npz", val_logits=z[:60].numpy(), val_labels=y[:60].numpy())
+    assert main(["calibrate", "--from", str(tmp_path / "run.npz"), "--split", "0.5", *FAST]) == 1
+    assert capsys.readouterr().err.endswith("; it holds val_*/test_* entries: give it alone as --from FILE (without "
+                                            "--split), or --run for a run's logits.safetensors\n")
     assert not (tmp_path / "o" / "temperature.json").exists()  # no --save: nothing saved
 
 
