@@ -52,4 +52,3 @@ def shown_name(exc: BaseException) -> str:
 
 
 _SHOWN = {UserError: "ValueError", UserKeyError: "KeyError", UserRuntimeError: "RuntimeError"}
-

@@ -117,13 +117,10 @@ def html_report(report: Path, text: str, chosen: str, val: tuple, test: tuple) -
 
 
 def save_chosen(sel, name: str, out: Path, logits) -> None:
-    """Save ``sel``'s calibrator ``name`` (one of ``CHOSEN_NAMES``: the chosen one) to ``out``; print where."""
+    """Save ``sel``'s calibrator ``name`` (``"none"``: the identity, module docstring) to ``out``; print where."""
     from calibkit.calibrators import save
     from calibkit.calibrators.selection import NONE
-    from calibkit.commands.calibrate import CHOSEN_NAMES
 
-    if name in CHOSEN_NAMES:
-        name = sel.chosen
     if name == NONE:
         cal = identity(logits)
     elif name in sel.fitted:

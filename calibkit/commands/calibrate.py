@@ -185,7 +185,7 @@ def run(args) -> int:
     with timer("html"):
         html = calibout.html_report(report, text, sel.chosen, (src.val_name, len(val_y)), (src.test_name, len(test_y)))
     if args.save:
-        calibout.save_chosen(sel, args.save, out, test_x)
+        calibout.save_chosen(sel, sel.chosen if args.save in CHOSEN_NAMES else args.save, out, test_x)
     print(f"\nreport: {report / 'calibrators.md'} and {html}")
     if args.timings:
         print("\ntime (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timer.spent.items()))

@@ -48,7 +48,7 @@ def test_saving_the_uncalibrated_choice_writes_the_identity(tmp_path, capsys, sh
     g = torch.Generator().manual_seed(0)
     z = torch.randn(*shape, generator=g, dtype=torch.float64) * 3
     sel = SimpleNamespace(chosen="none", fitted={})
-    save_chosen(sel, "best", tmp_path, z)
+    save_chosen(sel, sel.chosen, tmp_path, z)
     assert "saved none (the uncalibrated model: temperature scaling with T = 1)" in capsys.readouterr().out
     cal = load(tmp_path / "none")
     want = torch.sigmoid(z) if z.dim() == 1 else torch.softmax(z, 1)

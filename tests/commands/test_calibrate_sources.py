@@ -84,8 +84,10 @@ def _run_dir(path, n=240, k=3):
 def test_a_run_directory_is_read_with_its_own_splits(tmp_path, capsys):
     run = tmp_path / "runs" / "smoke" / "ce" / "0"
     (zv, yv), (zt, yt) = _run_dir(run)
-    assert main(["calibrate", "--run", str(run), *FAST]) == 0
+    assert main(["calibrate", "--run", str(run), "--save", "best", *FAST]) == 0  # best: the chosen one
     assert "val_logits" in capsys.readouterr().out
+    chosen = json.loads((run / "calibration" / "report" / "selection.json").read_text())["chosen"]
+    assert load(run / "calibration" / chosen).n_classes_ == 3
     rows = {r["calibrator"]: r for r in json.loads((run / "calibration" / "report" / "results.json").read_text())}
     assert rows["none"]["ece"] == pytest.approx(float(F.ece(torch.softmax(zt, 1), yt)), abs=1e-12)
     from calibkit.calibrators import TemperatureScaling
