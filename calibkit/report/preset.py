@@ -82,7 +82,7 @@ def note_for_runs(name: str, preset, done: list[dict]) -> str:
     if not note:
         return ""
     seeds = {r["seed"] for r in done}
-    epochs = {(r.get("config") or {}).get("epochs") for r in done}
+    epochs = {e for r in done if (e := (r.get("config") or {}).get("epochs")) is not None}  # unrecorded: unknown
     want = preset.train.get("epochs")  # None: TrainConfig's default, whatever the runs recorded
-    same = "+" not in name and seeds == set(preset.seeds) and (want is None or epochs == {want})
+    same = "+" not in name and seeds == set(preset.seeds) and (want is None or not epochs or epochs == {want})
     return note if same else f"The preset as written (these runs changed its settings, see above): {note}"

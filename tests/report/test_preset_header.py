@@ -29,6 +29,7 @@ def test_the_note_is_labelled_when_the_runs_changed_the_preset():
     three = replace(preset, train={**preset.train, "epochs": 3})  # the effective preset of --epochs 3
     assert note_for_runs("smoke+epochs=3", three, _rows(["ce"], [0, 1], {"*": 3})) == labelled
     assert note_for_runs("smoke", replace(preset, note=""), same) == ""
+    assert note_for_runs("smoke", preset, [{"method": "ce", "seed": s} for s in (0, 1)]) == preset.note  # unknown
 
 
 def test_the_built_report_states_the_runs_settings_under_its_title(tmp_path):
