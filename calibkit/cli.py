@@ -132,7 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from calibkit.commands.typos import Typo, check_argv
+
     parser = build_parser()
+    try:
+        check_argv(parser, sys.argv[1:] if argv is None else list(argv))
+    except Typo as exc:  # before argparse, which would report a missing required option first
+        print(f"{exc.prog}: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -40,7 +40,7 @@ def _lines(text: str) -> list[str]:
                                  KeyError("temperature"), ValueError("a plain ValueError inside calibkit")])
 def test_an_unexpected_exception_in_a_command_prints_its_traceback_and_the_bug_line(monkeypatch, argv, capsys,
                                                                                      exc):
-    def broken(path, require_labels=True):
+    def broken(path, require_labels=True, **keys):
         raise exc
 
     monkeypatch.setattr(calibrate, "read_scores", broken)
@@ -54,7 +54,7 @@ def test_an_unexpected_exception_in_a_command_prints_its_traceback_and_the_bug_l
 
 
 def test_a_bug_traceback_masks_passwords(monkeypatch, argv, capsys):
-    def broken(path, require_labels=True):
+    def broken(path, require_labels=True, **keys):
         raise RuntimeError("lost postgresql://calib:s3cretPW@db.example/bench")
 
     monkeypatch.setattr(calibrate, "read_scores", broken)
@@ -82,7 +82,7 @@ def test_a_bad_input_is_exactly_one_line_without_a_traceback(tmp_path, capsys):
                                        (StoreError("runs.db is not an SQLite database"),
                                         "runs.db is not an SQLite database")])
 def test_every_user_error_class_is_one_line(monkeypatch, argv, capsys, exc, line):
-    def refuse(path, require_labels=True):
+    def refuse(path, require_labels=True, **keys):
         raise exc
 
     monkeypatch.setattr(calibrate, "read_scores", refuse)
@@ -91,7 +91,7 @@ def test_every_user_error_class_is_one_line(monkeypatch, argv, capsys, exc, line
 
 
 def test_a_gpu_out_of_memory_is_one_line(monkeypatch, argv, capsys):
-    def full(path, require_labels=True):
+    def full(path, require_labels=True, **keys):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(calibrate, "read_scores", full)

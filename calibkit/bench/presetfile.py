@@ -46,7 +46,6 @@ directory, as command-line paths are).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
 from pathlib import Path
@@ -55,6 +54,7 @@ import tomllib
 
 from calibkit.bench.grid import BENCH_METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
 from calibkit.errors import UserError
+from calibkit.suggest import nearest as nearest  # re-exported: where the preset checks import it
 
 TABLES = ("train", "losses", "train_by_method", "maccal", "csm", "space")
 TOP_KEYS = tuple(f.name for f in dataclasses.fields(Preset) if f.name not in TABLES + ("spaces",))
@@ -69,12 +69,6 @@ CSM_ENCODERS = ("classifier", "efficientnet_lite0")
 # Preset.modality: anything but "image" skips the methods that mix or generate images
 MODALITIES = ("image", "text", "features")
 NONE = "none"  # a None TrainConfig value in TOML
-
-
-def nearest(name: str, valid) -> str:
-    """`` (nearest valid name: X)`` for an error message, or ``""`` when nothing is close."""
-    close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.5)
-    return f" (nearest valid name: {close[0]})" if close else ""
 
 
 def _unknown(what: str, name, valid, where: str = "") -> ValueError:

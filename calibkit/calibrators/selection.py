@@ -110,33 +110,38 @@ class Selection:
                 "scores": scores}
 
 
-def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRule) -> tuple[bool, str]:
-    """Whether ``challenger``'s metric is significantly below ``default``'s, and the interval as text."""
+def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRule,
+           default_name: str = "the default") -> tuple[bool, str]:
+    """Whether ``challenger``'s metric is significantly below ``default``'s, and the status text
+    (:func:`calibkit.calibrators.wording.comparison_note`)."""
     from calibkit.bootstrap import bootstrap_interval
+    from calibkit.calibrators.wording import comparison_note
 
     est = getattr(challenger, rule.select_by) - getattr(default, rule.select_by)
-    scale, unit = (100, " x100") if rule.select_by == "ece" else (1, "")
+    scale, metric = {"ece": (100, "ECE x100"), "nll": (1, "NLL")}.get(rule.select_by, (1, rule.select_by.capitalize()))
     a, b = challenger.samples, default.samples
     below = est < -TIE  # a difference within float rounding is a tie, never a win
     if not rule.uses_significance:
-        return below, f"{scale * est:+.4f}{unit} (point estimates: the rule has no significance step)"
+        return below, comparison_note(default_name, metric, scale * est, why="the rule has no significance step")
     if a is None or b is None or a.shape != b.shape:
-        return below, f"{scale * est:+.4f}{unit} (no resamples: point estimates)"
+        return below, comparison_note(default_name, metric, scale * est)
     lo, hi = bootstrap_interval(a - b, est, rule.level, "basic")
-    return below and hi < 0, f"{scale * est:+.4f} [{scale * lo:+.4f}, {scale * hi:+.4f}]{unit}"
+    return below and hi < 0, comparison_note(default_name, metric, scale * est, scale * lo, scale * hi)
 
 
-def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule: SelectionRule) -> str | None:
-    """Why ``name`` is not eligible (None when it is)."""
+def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule: SelectionRule,
+           nll_name: str = "the default") -> str | None:
+    """Why ``name`` is not eligible (None when it is); ``nll_name`` names whose NLL ``nll_ref`` is."""
+    from calibkit.calibrators.wording import accuracy_below, nll_above
+
     if s.error is not None:
         return s.error if s.error.startswith(NOT_FITTED) else f"fit failed: {s.error}"
     if name == NONE:
         return None
     if s.acc < ref.acc - rule.acc_tolerance - 1e-12:
-        return (f"accuracy {100 * s.acc:.2f}% is {100 * (ref.acc - s.acc):.2f} points below the uncalibrated "
-                f"{100 * ref.acc:.2f}% (tolerance {100 * rule.acc_tolerance:g})")
+        return accuracy_below(s.acc, ref.acc, rule.acc_tolerance)
     if rule.select_by == "ece" and not s.nll <= nll_ref + 1e-12:
-        return f"NLL {s.nll:.4f} is above {nll_ref:.4f}"
+        return nll_above(s.nll, nll_ref, nll_name)
     return None
 
 
@@ -153,7 +158,7 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE)
     default = rule.default if rule.default in scores else NONE
     excluded = {}
     if default != NONE:
-        why = _guard(default, scores[default], ref, ref.nll, rule)
+        why = _guard(default, scores[default], ref, ref.nll, rule, "the uncalibrated model")
         if why is not None:
             excluded[default], default = why, NONE
     nll_ref = scores[default].nll
@@ -161,7 +166,7 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE)
     for name, s in scores.items():
         if name == default or name in excluded:
             continue
-        why = _guard(name, s, ref, nll_ref, rule)
+        why = _guard(name, s, ref, nll_ref, rule, default)
         if why is None:
             eligible.append(name)
         else:
@@ -174,12 +179,11 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE)
     for name in by_metric:
         if name == default:
             continue
-        below, text = _below(scores[name], scores[default], rule)
+        below, text = _below(scores[name], scores[default], rule, default)
         (winners.append(name) if below else beaten.__setitem__(name, text))
     chosen = winners[0] if winners else default
     ranking = [chosen] + [n for n in by_metric if n != chosen]
-    word = "significantly below" if rule.uses_significance else "below"
-    notes = {n: f"not {word} {default}: difference {t}" for n, t in beaten.items()}
+    notes = dict(beaten)
     return Selection(rule=rule, scores=dict(scores), chosen=chosen, ranking=ranking, excluded=excluded,
                      default=default, notes=notes)
 

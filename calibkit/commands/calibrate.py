@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.commands.calibsources import add_source_options
+from calibkit.commands.scorefile import read_scores  # noqa: F401  (looked up here at call time: tests replace it)
 from calibkit.errors import UserError
 
 EPILOG = """\
+Input, one of: --val FILE --test FILE; --from FILE, with val_*/test_* entries (val_logits,
+val_labels, test_logits, test_labels) or split by --split FRACTION (the share for validation,
+stratified by class, seeded by --seed); --run DIR, a finished calibkit run (DIR/logits.safetensors).
+--logits-key/--probs-key/--labels-key name other entries (after the val_/test_ prefix, if any).
+--out defaults to DIR/calibration for --run, else STEM-calibration beside the input file.
+
 Each file (.npz, .safetensors or .pt) holds 'logits' (N, K) and 'labels' (N,), or 'probs' (N, K)
 instead of 'logits' (then logits = log(probs), probabilities below 1e-300 raised to it first;
 softmax(log p) = p); a file with both is refused. 1-D entries are binary positive-class logits (or
@@ -33,13 +41,21 @@ its interval, the paired difference from TS (* significantly lower, ! higher), c
 predictions the calibrator changed. Then, for reference, each calibrator's selective prediction
 (AURC, AUGRC) and APS conformal sets at --alpha (default 0.1): the calibrator refitted on one half of
 the validation rows, the set threshold on the other half, coverage and mean set size on test, with
-paired intervals against TS. Writes DIR/report/calibrators.md, results.json, selection.json, sets.json
-and reliability_<name>.png; --save NAME also writes DIR/NAME.safetensors + DIR/NAME.json for
-`calibkit apply` and calibkit.calibrators.load. Bad files change nothing on disk.
+paired intervals against TS. Writes DIR/report/calibrators.md, results.json, selection.json, sets.json,
+reliability_<name>.png and index.html (the tables, the reliability diagrams before/after); --save
+writes the chosen calibrator as DIR/NAME.safetensors + DIR/NAME.json (NAME: its own name; the
+uncalibrated choice, none, as temperature 1), --save NAME that one, for `calibkit apply` and
+calibkit.calibrators.load. Bad files change nothing on disk.
 
-example:
+examples:
+  calibkit calibrate --from outputs.npz --split 0.5 --save
+  calibkit calibrate --run runs/smoke/runs/smoke/ce/seed0 --save
   calibkit calibrate --val val.npz --test test.npz --out calib --save dirichlet
 """
+
+
+CHOSEN = "chosen"  # --save without a name
+CHOSEN_NAMES = (CHOSEN, "best")  # --save values that mean the chosen calibrator
 
 
 def register(subparsers) -> None:
@@ -50,11 +66,13 @@ def register(subparsers) -> None:
         "with bootstrap intervals and the paired difference from temperature scaling; write DIR/report/.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--val", required=True, metavar="FILE", help="validation logits/probs + labels (fitting)")
-    p.add_argument("--test", required=True, metavar="FILE", help="test logits/probs + labels (scoring)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    add_source_options(p)
+    p.add_argument("--out", metavar="DIR", help="output directory (default: RUN/calibration for --run, else "
+                                                 "STEM-calibration beside the input file)")
     p.add_argument("--calibrators", metavar="A,B", help="comma-separated subset of the registry (default: all)")
-    p.add_argument("--save", metavar="NAME", help="store this fitted calibrator as DIR/NAME.safetensors + .json")
+    p.add_argument("--save", metavar="NAME", nargs="?", const=CHOSEN,
+                   help="store a fitted calibrator as DIR/NAME.safetensors + .json; without NAME (or with 'chosen' "
+                        "or 'best'): the chosen one")
     p.add_argument("--n-bins", type=int, default=15, help="bins of the binned errors (default 15)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed, an integer >= 0 (default 0)")
@@ -74,86 +92,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def read_scores(path, require_labels: bool = True):
-    """``(logits, labels, source)`` of a ``.npz`` / ``.safetensors`` / ``.pt`` file.
-
-    ``logits``: float64 ``(N, K)`` or binary ``(N,)``; from ``probs`` when the file has no
-    ``logits`` (``log``, or ``logit`` for 1-D, of the probabilities raised to at least 1e-300);
-    ``labels``: int64 ``(N,)`` in ``[0, K)`` (``None`` when absent and not required);
-    ``source``: ``"logits"`` or ``"probs"``. Raises ``ValueError`` / ``FileNotFoundError`` naming the file
-    (a folder, a damaged or pickled file, both ``logits`` and ``probs``, fewer than 2 columns, ...).
-    """
-    from pathlib import Path
-
-    import numpy as np
-    import torch
-
-    from calibkit._validation import check_labels, check_probs
-    from calibkit.data.tensors import check_is_file
-
-    path = Path(path)
-    check_is_file(path)
-    data = _read_file(path)
-    if "logits" in data and "probs" in data:
-        raise UserError(f"{path}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses "
-                         "which one you meant)")
-    key = "logits" if "logits" in data else "probs" if "probs" in data else None
-    if key is None:
-        raise UserError(f"{path}: no 'logits' or 'probs' entry (found: {', '.join(sorted(data)) or 'nothing'})")
-    try:
-        x = torch.as_tensor(np.asarray(data[key])) if not isinstance(data[key], torch.Tensor) else data[key]
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"{path}: '{key}' is not a numeric array ({exc})") from None
-    if not x.dtype.is_floating_point or x.dim() not in (1, 2) or x.shape[0] == 0:
-        raise UserError(f"{path}: '{key}' must be a non-empty float array of shape (N, K) or (N,), "
-                         f"got {x.dtype} {tuple(x.shape)}")
-    if x.dim() == 2 and x.shape[1] < 2:
-        what = "no classes (0 columns)" if x.shape[1] == 0 else "a single column"
-        raise UserError(f"{path}: '{key}' has {what}, shape {tuple(x.shape)}; expected (N, K) with K >= 2 classes, "
-                         "or binary positive-class scores as a 1-D (N,) array")
-    x = x.double()
-    if not bool(torch.isfinite(x).all()):
-        raise UserError(f"{path}: '{key}' contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s)")
-    if key == "probs":
-        try:
-            check_probs(torch.stack([1 - x, x], 1) if x.dim() == 1 else x, name=f"{path}: 'probs'")
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        p = x.clamp(min=1e-300)
-        x = torch.log(p) - torch.log((1 - x).clamp(min=1e-300)) if x.dim() == 1 else torch.log(p)
-    labels = data.get("labels")
-    if labels is None:
-        if require_labels:
-            raise UserError(f"{path}: no 'labels' entry")
-        return x, None, key
-    y = np.asarray(labels) if not isinstance(labels, torch.Tensor) else labels
-    k = 2 if x.dim() == 1 else x.shape[1]
-    try:
-        y = check_labels(y, k, x.shape[0])
-    except ValueError as exc:
-        raise UserError(f"{path}: {exc}") from None
-    return x, y, key
-
-
-def _read_file(path):
-    from calibkit.data.tensors import read_npz, read_pt
-
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
-        return read_npz(path)
-    if suffix == ".pt":
-        return read_pt(path)
-    if suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path))
-        except Exception as exc:  # the reader raises its own types for a damaged file
-            reason = (str(exc).strip().splitlines() or [""])[0][:120]
-            raise UserError(f"{path}: not a readable .safetensors file ({type(exc).__name__}: {reason})") from None
-    raise UserError(f"{path}: unsupported file type {suffix or '(none)'}; use .npz, .safetensors or .pt")
-
-
 def _choose(spec):
     from calibkit.calibrators import CALIBRATORS
 
@@ -168,9 +106,9 @@ def _choose(spec):
 
 
 def _check_args(args, names):
-    from calibkit.commands import check_paths_given
+    from calibkit.commands.calibsources import check_sources
 
-    check_paths_given(val=args.val, test=args.test, out=args.out)
+    check_sources(args)
     for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10),
                                ("--folds", args.folds, 2)):
         if value < least:
@@ -181,7 +119,7 @@ def _check_args(args, names):
         raise UserError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
     if not 0 <= args.acc_tolerance <= 100:  # also refuses NaN
         raise UserError(f"--acc-tolerance must be a number of points in [0, 100], got {args.acc_tolerance}")
-    if args.save is not None and args.save not in names:
+    if args.save is not None and args.save not in CHOSEN_NAMES and args.save not in names:
         raise UserError(f"--save {args.save!r}: not among the calibrators fitted here ({', '.join(names)})")
 
 
@@ -195,23 +133,26 @@ def run(args) -> int:
     _check_args(args, names)
     rule = SelectionRule(select_by=args.select_by, acc_tolerance=args.acc_tolerance / 100, n_folds=args.folds,
                          n_bins=args.n_bins)
-    val_x, val_y, val_src = read_scores(args.val)
-    test_x, test_y, test_src = read_scores(args.test)
+    from calibkit.commands.calibsources import read_sources
+
+    src = read_sources(args, read=read_scores)
+    (val_x, val_y), (test_x, test_y) = src.val, src.test
     if val_x.dim() != test_x.dim() or (val_x.dim() == 2 and val_x.shape[1] != test_x.shape[1]):
         shape = lambda x: "binary (N,)" if x.dim() == 1 else f"K = {x.shape[1]}"  # noqa: E731
-        raise UserError(f"{args.val} has {shape(val_x)} but {args.test} has {shape(test_x)}: "
+        raise UserError(f"{src.val_name} has {shape(val_x)} but {src.test_name} has {shape(test_x)}: "
                          "validation and test must come from the same model")
     if len(val_y) < args.folds:
-        raise UserError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
+        raise UserError(f"{src.val_name}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
+    args.val_name = src.val_name  # what the warnings call the validation side
     _check_rows(args, val_x, names)
     _warn_one_class(args, val_y, 2 if val_x.dim() == 1 else val_x.shape[1])
-    _warn_same_data(args, (val_x, val_y), (test_x, test_y))
+    _warn_same_data(args, src)
 
     from calibkit.report import posthoc
 
     timer = _Timer()
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
-    if args.save and args.save not in sel.fitted:  # its fit failed on a fold: nothing to save
+    if args.save and args.save not in CHOSEN_NAMES and args.save not in sel.fitted:  # its fit failed on a fold
         raise UserError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
     from calibkit.report import sets
@@ -221,17 +162,21 @@ def run(args) -> int:
                                        n_boot=args.n_boot, seed=args.seed)
     text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
                         posthoc.test_table(rows, sel.chosen), sets.calibrator_sets_table(set_res, args.alpha)])
-    print(f"fitted on {args.val} ({len(val_y)} rows, {val_src}); scored on {args.test} ({len(test_y)} rows, "
-          f"{test_src})\n")
+    print(f"fitted on {src.val_name} ({len(val_y)} rows, {src.val_src}); scored on {src.test_name} ({len(test_y)} "
+          f"rows, {src.test_src})\n")
     print(text)
 
-    out = Path(args.out)
+    from calibkit.commands import calibout
+    from calibkit.commands.calibsources import default_out
+
+    out = Path(args.out) if args.out is not None else default_out(args)
     report = out / "report"
     report.mkdir(parents=True, exist_ok=True)
     with timer("figures"):
         _figures(report, probs, test_y, args)
     (report / "calibrators.md").write_text(
-        f"# Post-hoc calibrators\n\nFitted and chosen on `{args.val}` ({len(val_y)} rows), scored on `{args.test}` "
+        f"# Post-hoc calibrators\n\nFitted and chosen on `{src.val_name}` ({len(val_y)} rows), scored on "
+        f"`{src.test_name}` "
         f"({len(test_y)} rows); {args.n_boot} bootstrap resamples, 95% intervals, ECE with {args.n_bins} bins.\n\n"
         f"{text}\n\n" + "\n".join(f"![{n}](reliability_{n}.png)" for n in probs) + "\n")
     (report / "results.json").write_text(json.dumps(
@@ -239,12 +184,11 @@ def run(args) -> int:
     (report / "selection.json").write_text(json.dumps(sel.to_dict(), indent=2))
     (report / "sets.json").write_text(json.dumps({"alpha": args.alpha, "score": sets.SCORE, "calibrators": set_res},
                                                  indent=2))
+    with timer("html"):
+        html = calibout.html_report(report, text, sel.chosen, (src.val_name, len(val_y)), (src.test_name, len(test_y)))
     if args.save:
-        from calibkit.calibrators import save
-
-        st, js = save(sel.fitted[args.save], out / args.save)
-        print(f"\nsaved {args.save}: {st} + {js}")
-    print(f"\nreport: {report / 'calibrators.md'}")
+        calibout.save_chosen(sel, sel.chosen if args.save in CHOSEN_NAMES else args.save, out, test_x)
+    print(f"\nreport: {report / 'calibrators.md'} and {html}")
     if args.timings:
         print("\ntime (s): " + ", ".join(f"{k} {v:.2f}" for k, v in timer.spent.items()))
     return 0
@@ -263,11 +207,12 @@ def _check_rows(args, val_x, names) -> None:
 
     n, k = val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1]
     refused = {name: why for name in names if (why := unfittable(name, n, k)) is not None}
-    if args.save in refused:
+    if args.save in refused:  # (CHOSEN_NAMES are never refused: the chosen one was fitted)
         raise UserError(f"--save {args.save!r}: {refused[args.save]}")
     if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only
         skipped = f"; not fitted: {', '.join(refused)} (fewer rows than classes)" if refused else ""
-        warnings.warn(f"{args.val}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per class): "
+        warnings.warn(f"{args.val_name}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per "
+                      "class): "
                       "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
                       f"fitted reliably, and their fits may be slow{skipped}", stacklevel=2)
 
@@ -280,26 +225,29 @@ def _warn_one_class(args, val_y, k: int) -> None:
 
     classes = val_y.unique()
     if len(classes) == 1:
-        warnings.warn(f"{args.val}: validation labels hold one class ({int(classes[0])}) only: every calibrator is "
-                      f"fitted and chosen without an example of the other {k - 1} class(es), so the fits and the "
-                      "choice say little; use a validation split with every class", stacklevel=2)
+        warnings.warn(f"{args.val_name}: validation labels hold one class ({int(classes[0])}) only: every "
+                      f"calibrator is fitted and chosen without an example of the other {k - 1} class(es), so the "
+                      "fits and the choice say little; use a validation split with every class", stacklevel=2)
 
 
-def _warn_same_data(args, val, test) -> None:
-    """Warn when ``--val`` and ``--test`` are one file, or hold the same logits and labels."""
+def _warn_same_data(args, src) -> None:
+    """Warn when ``--val`` and ``--test`` are one file, or the two sides hold the same logits and labels
+    (a split of one file has disjoint rows; its ``val_*`` and ``test_*`` entries may still be equal)."""
     import warnings
     from pathlib import Path
 
     import torch
 
-    if same_file(Path(args.val), Path(args.test)):
+    if args.val is not None and same_file(Path(args.val), Path(args.test)):
         what = "are the same file"
-    elif all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(val, test)):
+    elif all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(src.val, src.test)):
         what = "hold identical logits and labels"
     else:
         return
-    warnings.warn(f"--val {args.val} and --test {args.test} {what}: calibration and evaluation use the same "
-                  "data, so the test numbers are not held out", stacklevel=2)
+    sides = (f"--val {args.val} and --test {args.test}" if args.val is not None else
+             f"{src.val_name} and {src.test_name}")
+    warnings.warn(f"{sides} {what}: calibration and evaluation use the same data, so the test numbers are not "
+                  "held out", stacklevel=2)
 
 
 def same_file(a, b) -> bool:

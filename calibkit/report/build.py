@@ -385,17 +385,20 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
     text_title = title + (f", {len(pending)} unfinished ({unfinished})" if pending else "")
     if width is None:
         width = shutil.get_terminal_size((100, 24)).columns
-    note = recorded.note if recorded is not None else ""
-    if note:  # the preset's note under the title, wrapped like the rest of the text
-        import textwrap
+    from calibkit.report.preset import effective_settings, note_for_runs
 
-        text_title += "\n" + (textwrap.fill(note, width) if width else note)
+    settings = f"Runs: {effective_settings(done)}."  # the header says what ran, not what the preset's note says
+    note = note_for_runs(preset, recorded, done)
+    import textwrap
+
+    for line in (settings, note) if note else (settings,):  # under the title, wrapped like the rest of the text
+        text_title += "\n" + (textwrap.fill(line, width) if width else line)
     text = to_text(text_title, sections, width)
 
     first = done[0]
     versions = ", ".join(f"{k} {v}" for k, v in sorted((first.get("versions") or {}).items()))
     intro = (f"Preset `{preset}`: {len(done)} finished runs of {len(summary)} methods; CE (`{REFERENCE}`) is the "
-             f"reference. Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
+             f"reference. {settings} Git commit `{first.get('git_commit') or 'unknown'}`; {versions}.")
     if pending:
         intro += f"\n\nUnfinished runs: {unfinished}."
     if skipped:

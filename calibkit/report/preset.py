@@ -54,3 +54,35 @@ def preset_section(ctx) -> list:
     text = (f"{preset.note}\n\n" if preset.note else "") + where
     return [Section(f"Preset {ctx.preset}", text, [Table(["setting", "value"], preset_rows(preset), key_columns=2)],
                     terminal=False)]
+
+
+def effective_settings(done: list[dict]) -> str:
+    """What the finished runs ``done`` were run with, read from the runs themselves (never from the
+    preset's note, which describes the preset as written): methods, seeds and epochs, e.g.
+    ``"2 methods (ce, ls), 1 seed (0), 3 epochs"``. Epochs that differ by method are given as a range."""
+    methods = list(dict.fromkeys(r["method"] for r in done))
+    seeds = sorted({r["seed"] for r in done})
+    epochs = sorted({e for r in done if (e := (r.get("config") or {}).get("epochs")) is not None})
+    if not epochs:
+        ep = "epochs not recorded"
+    elif len(epochs) == 1:
+        ep = f"{epochs[0]} epoch{'s' if epochs[0] != 1 else ''}"
+    else:
+        ep = f"{epochs[0]}-{epochs[-1]} epochs (by method)"
+    return (f"{len(methods)} method{'s' if len(methods) != 1 else ''} ({', '.join(map(str, methods))}), "
+            f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({', '.join(map(str, seeds))}), {ep}")
+
+
+def note_for_runs(name: str, preset, done: list[dict]) -> str:
+    """The preset's note as the report shows it: as written when it describes ``done`` (a preset
+    without command-line changes, ``+`` in its name, whose seeds and epochs the runs used), else
+    labelled as the description of the preset as written, so that a "2 seeds" in it is not read as a
+    fact about runs of one seed (:func:`effective_settings` gives the facts)."""
+    note = preset.note if preset is not None else ""
+    if not note:
+        return ""
+    seeds = {r["seed"] for r in done}
+    epochs = {e for r in done if (e := (r.get("config") or {}).get("epochs")) is not None}  # unrecorded: unknown
+    want = preset.train.get("epochs")  # None: TrainConfig's default, whatever the runs recorded
+    same = "+" not in name and seeds == set(preset.seeds) and (want is None or not epochs or epochs == {want})
+    return note if same else f"The preset as written (these runs changed its settings, see above): {note}"

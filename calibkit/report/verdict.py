@@ -135,12 +135,11 @@ def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> dict | 
     for m, c in ranked:
         if (m, c) == default:
             continue
-        below, text = _below(selections[m].scores[c], d_score, rule)
+        below, text = _below(selections[m].scores[c], d_score, rule, f"{label(REFERENCE)} + {ce.chosen}")
         if below:
             winners.append((m, c))
         else:
-            word = "significantly below" if rule.uses_significance else "below"
-            notes[(m, c)] = f"not {word} {label(REFERENCE)} + {ce.chosen}: difference {text}"
+            notes[(m, c)] = text
     pair = winners[0] if winners else default
     return {"pair": pair, "default": default, "ranking": [pair] + [p for p in ranked if p != pair], "notes": notes}
 

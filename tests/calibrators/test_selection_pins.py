@@ -82,7 +82,7 @@ def test_an_insignificant_challenger_is_named_with_its_interval_in_the_printed_t
     del e
     sel = choose(scores, SelectionRule(significance=True))
     assert sel.chosen == "temperature"
-    assert sel.notes["sms"].startswith("not significantly below temperature: difference -0.0100 [")
+    assert sel.notes["sms"].startswith("not significantly below temperature: NLL difference -0.0100 [")
     assert f"| sms | 6.00 | 0.3900 | 0.2000 | 90.00 | 0.00 | {sel.notes['sms']} |" in validation_table(sel)
 
 

@@ -298,7 +298,7 @@ def test_damaged_files_folders_and_ambiguous_arrays_are_one_line_each(files, cap
                       "classes, or binary positive-class scores as a 1-D (N,) array", capsys)
     both = _bad(tmp, "both.npz", logits=zv.numpy(), probs=torch.softmax(zv, 1).numpy(), labels=yv.numpy())
     _rejects(tmp, both, f"{both}: holds both 'logits' and 'probs'; keep one of them (calibkit never guesses which "
-                        "one you meant)", capsys)
+                        "one you meant), or name one with --logits-key / --probs-key", capsys)
     huge = yv.numpy().astype(np.uint64)
     huge[7] = 2**64 - 1
     big = _bad(tmp, "big.npz", logits=zv.numpy(), labels=huge)
@@ -324,7 +324,7 @@ def test_validation_labels_of_one_class_are_a_warning_naming_the_file():
 
     from calibkit.commands.calibrate import _warn_one_class
 
-    args = SimpleNamespace(val="dir/val.npz")
+    args = SimpleNamespace(val_name="dir/val.npz")
     with pytest.warns(UserWarning) as seen:  # a warning, not a refusal: every calibrator can still be fitted
         _warn_one_class(args, torch.full((40,), 2), 4)
     assert [str(w.message) for w in seen] == [
@@ -356,10 +356,11 @@ def test_the_same_data_for_val_and_test_is_a_warning(tmp_path, capsys):
         args = SimpleNamespace(val=str(val), test=str(tmp_path / test))
         with pytest.warns(UserWarning, match=f"^--val {re.escape(str(val))} and --test .*{test} {what}: calibration "
                                              "and evaluation use the same data, so the test numbers are not held out$"):
-            _warn_same_data(args, (zv, yv), (zv.clone(), yv.clone()))
+            _warn_same_data(args, SimpleNamespace(val=(zv, yv), test=(zv.clone(), yv.clone())))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_same_data(SimpleNamespace(val=str(val), test="t.npz"), (zv, yv), (zv, (yv + 1) % 4))  # other labels
+        _warn_same_data(SimpleNamespace(val=str(val), test="t.npz"),  # other labels
+                        SimpleNamespace(val=(zv, yv), test=(zv, (yv + 1) % 4)))
 
 
 def test_fewer_rows_than_classes_warns_and_leaves_the_square_maps_unfitted(tmp_path, capsys):

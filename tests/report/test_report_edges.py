@@ -810,7 +810,8 @@ def test_build_report_in_process(tmp_path, monkeypatch):
     rep_dir = tmp_path / "report"
     md = (rep_dir / "report.md").read_text()
     assert md.startswith("# calibkit bench: preset smoke, 6 finished runs\n\nPreset `smoke`: 6 finished runs of 3 "
-                         "methods; CE (`ce`) is the reference. Git commit `c0ce`; python 3.0, torch 9.0.\n\n"
+                         "methods; CE (`ce`) is the reference. Runs: 3 methods (ce, ls, focal), 2 seeds (0, 1), "
+                         "epochs not recorded. Git commit `c0ce`; python 3.0, torch 9.0.\n\n"
                          "Unfinished runs: smoke/mbls/0 (running), smoke/acls/0 (running).\n")
     assert "mean over 2 seed(s); 1 = lowest ECE" in md and "paired bootstrap (200 resamples)" in md
     titles = [s.title for s in rep["sections"]]

@@ -118,7 +118,8 @@ def test_the_pair_keeps_ce_accuracy_and_nll_and_must_beat_ce_significantly():
         s[NONE] = replace(s[NONE], samples=s[NONE].ece + noise)
     got = choose_pair(sels, ECE)
     assert got["pair"] == ("ce", "temperature")
-    assert got["notes"][("focal", "temperature")].startswith("not significantly below CE + temperature: difference")
+    assert got["notes"][("focal", "temperature")].startswith(
+        "not significantly below CE + temperature: ECE x100 difference ")
 
 
 def test_cross_fitted_scores_are_cached_and_a_damaged_cache_is_recomputed(tmp_path):

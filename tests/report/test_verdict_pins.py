@@ -113,4 +113,4 @@ def test_a_pair_must_beat_the_default_pair_significantly_under_a_non_default_rul
     sels = {"ce": sel(0.20, 0.01), "ls": sel(0.19, 0.05), "mbls": sel(0.17, 0.011)}
     got = choose_pair(sels, rule)
     assert got["pair"] == ("mbls", "temperature")  # -0.03 with near-shared noise: significant
-    assert got["notes"][("ls", "temperature")].startswith("not significantly below CE + temperature: difference")
+    assert got["notes"][("ls", "temperature")].startswith("not significantly below CE + temperature: Brier difference")
