@@ -29,6 +29,15 @@ computed: ``1 - p_k <= qhat``). The APS and RAPS scores grow with the rank, so t
 top classes of the ranking; they can be empty (e.g. ``u p_1 > qhat``): calibkit does not add the
 top class, which would change the coverage.
 
+**qhat at the score's maximum.** The non-randomised APS score of a class is a cumulative sum of
+probabilities, at most 1 (plus RAPS's penalty ``lam * max(0, r - k_reg)``). On a confident model
+many calibration scores are exactly 1.0 (the true class's cumulative sum reaches 1 in float64),
+and ``qhat`` can land on that value: a class is then in the set when its cumulative sum is
+``<= 1.0``, which for the classes past the point where the sum reaches 1 depends on rounding in
+the summation order, not on the model. ``fit`` then emits a :class:`QhatAtMaximumWarning` naming
+the count of tied calibration scores; the randomised scores (``randomized=True``, APS or RAPS)
+almost surely avoid the tie.
+
 **Randomisation.** ``u`` is uniform on ``[0, 1)``, one per row, the same for every class of the
 row, drawn by ``numpy.random.default_rng([seed, 0])`` for the calibration rows (in row order) and
 ``default_rng([seed, 1])`` for the rows of each :meth:`SplitConformal.predict_set` call (a fresh
@@ -46,6 +55,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -56,7 +66,7 @@ from calibkit._validation import as_tensor, check_labels, check_probs
 from calibkit.calibrators._base import NotFittedError
 from calibkit.errors import UserError
 
-__all__ = ["SplitConformal", "class_scores", "conformal_quantile", "coverage", "mean_set_size",
+__all__ = ["QhatAtMaximumWarning", "SplitConformal", "class_scores", "conformal_quantile", "coverage", "mean_set_size",
            "size_stratified_coverage", "class_conditional_coverage", "RAPS_LAMBDAS", "RAPS_TUNE_FRACTION"]
 
 _SCORES = ("lac", "aps", "raps")
@@ -124,6 +134,26 @@ def _true_ranks(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """1-based rank of the true class (descending probability, lower index first on ties)."""
     idx = torch.sort(p, dim=1, descending=True, stable=True).indices
     return (idx == y[:, None]).int().argmax(1) + 1
+
+
+class QhatAtMaximumWarning(UserWarning):
+    """``qhat`` equals the largest value of a non-randomised APS/RAPS score (module docstring)."""
+
+
+def _warn_qhat_at_maximum(s: torch.Tensor, qhat: float, score: str, lam: float) -> None:
+    """Warn when ``qhat`` is a maximum of the cumulative score: ``1 + lam j`` for an integer ``j >= 0``
+    (``j = 0`` for APS), within 1e-9."""
+    if not math.isfinite(qhat):
+        return
+    j = max(0, round((qhat - 1) / lam)) if lam > 0 else 0
+    if abs(qhat - (1 + lam * j)) > 1e-9:
+        return
+    tied = int(((s - qhat).abs() <= 1e-9).sum())
+    warnings.warn(f"SplitConformal: qhat = {qhat!r} is the largest value the non-randomised {score.upper()} score "
+                  f"takes ({tied} of {s.numel()} calibration scores are equal to it); a class is then in the set "
+                  "when its cumulative probability is <= qhat, which depends on the floating-point order of the "
+                  "summation; use randomized=True (randomised APS or RAPS), or a larger alpha",
+                  QhatAtMaximumWarning, stacklevel=3)
 
 
 class SplitConformal:
@@ -226,6 +256,8 @@ class SplitConformal:
             self.k_reg_, self.lam_ = int(k_reg), float(lam)
         s = _true_scores(p, y, self.score, u, self.k_reg_ or 0, self.lam_ or 0.0)
         self.qhat_ = conformal_quantile(s, self.alpha)
+        if self.score != "lac" and not self.randomized:
+            _warn_qhat_at_maximum(s, self.qhat_, self.score, self.lam_ or 0.0)
         self.n_calib_ = int(s.numel())
         self.n_classes_ = int(k)
         return self

@@ -22,6 +22,25 @@ resamples are drawn as their cell counts, one multinomial draw of ``N`` over the
 ``(bin 0 wrong, bin 0 correct, bin 1 wrong, ...)`` with probabilities the cells' shares of the
 rows: the same distribution as drawing row indices, at a cost independent of ``N``. The draw
 uses ``numpy.random.default_rng(seed)`` (``seed = 0`` by default), so a band is reproducible.
+It answers "how sure is this bar's height", **not** "is this bar consistent with calibration": a
+bar can have a bootstrap band that misses the diagonal by chance alone (on simulated calibrated
+models, a 90% band holds the calibrated value in 80-84% of the bins, 63% of those under 20 rows,
+and in every bin at once in 11-12% of the simulations; ``docs/metrics.md``).
+
+**Consistency band** (``band_kind="consistency"``, Broecker and Smith, 2007, "consistency
+bars"): the spread of the bars of a **perfectly calibrated** model with the same confidences. If
+the labels were drawn ``y_i ~ Bernoulli(c_i)`` from the observed confidences, bin ``b``'s correct
+count would be Poisson-binomial with mean ``sum c_i = n_b conf_b``; calibkit uses the binomial
+``Bin(n_b, conf_b)`` with the same mean (exact quantiles from its probability mass function, no
+sampling), whose tails bound the Poisson-binomial's (Hoeffding, 1956), so the band errs on the wide
+side. The band of bin ``b`` is ``[k_lo / n_b, k_hi / n_b]`` with ``k_lo`` the ``t``-quantile and
+``k_hi`` the ``(1 - t)``-quantile of that binomial, ``t = (1 - level) / 2``: a calibrated model's
+bar lies inside with probability at least ``level``. ``simultaneous=True`` uses
+``t = (1 - level) / (2 m)`` over the ``m`` non-empty bins (Bonferroni), so that **every** bar lies
+inside at once with probability at least ``level``. The band sits around the diagonal (at each
+bin's mean confidence); a bar outside it is evidence of miscalibration at that level.
+Coverage measured by simulation: ``benchmarks/reliability_band_coverage.py`` and
+``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -43,7 +62,11 @@ from calibkit.functional.binning import (
 )
 from calibkit.functional.inputs import to_rows
 
-__all__ = ["ReliabilityCurve", "reliability_curve", "bootstrap_band", "reliability_diagram", "confidence_histogram"]
+__all__ = ["ReliabilityCurve", "reliability_curve", "bootstrap_band", "consistency_band", "reliability_diagram",
+           "confidence_histogram", "BAND_KINDS"]
+
+#: The bands a reliability diagram can show (module docstring).
+BAND_KINDS = ("bootstrap", "consistency")
 
 
 @dataclass
@@ -57,9 +80,12 @@ class ReliabilityCurve:
         accuracy: accuracy per bin (NaN for empty bins).
         ece: expected calibration error of the same bins.
         n: number of samples.
-        band_lo, band_hi: bootstrap interval of the accuracy per bin (NaN for empty bins), or
-            ``None`` without ``band`` (module docstring).
+        band_lo, band_hi: the band per bin (NaN for empty bins), or ``None`` without ``band``:
+            the bootstrap interval of the accuracy, or the consistency band of a calibrated
+            model (module docstring).
         band_level: its coverage level, or ``None``.
+        band_kind: ``"bootstrap"`` or ``"consistency"``, or ``None``; band_simultaneous: whether
+            the level holds for all bins at once (consistency band only).
     """
 
     edges: np.ndarray
@@ -71,21 +97,27 @@ class ReliabilityCurve:
     band_lo: np.ndarray | None = None
     band_hi: np.ndarray | None = None
     band_level: float | None = None
+    band_kind: str | None = None
+    band_simultaneous: bool = False
 
 
 def reliability_curve(probs, labels, n_bins: int = 15, ignore_index: int | None = None, band: bool = False,
-                      level: float = 0.9, n_boot: int = 1000, seed: int = 0) -> ReliabilityCurve:
+                      level: float = 0.9, n_boot: int = 1000, seed: int = 0, band_kind: str = "bootstrap",
+                      simultaneous: bool = False) -> ReliabilityCurve:
     """Bin the top-label confidences of ``probs`` and the correctness against ``labels``.
 
     Every layout of the metrics: ``(N, K)``, binary ``(N,)`` positive-class probabilities
     (confidence ``max(p, 1 - p)``), dense ``(N, K, *spatial)``, with ``ignore_index``.
     ``band=True`` adds the bootstrap interval of each bin's accuracy (module docstring):
     ``level`` in ``(0, 1)``, ``n_boot >= 2`` resamples, integer ``seed >= 0`` (checked even
-    without ``band``).
+    without ``band``). ``band_kind="consistency"`` adds the consistency band of a calibrated model
+    instead (pointwise, or for all bins at once with ``simultaneous=True``; ``n_boot`` and ``seed``
+    unused: its quantiles are exact).
     """
     from calibkit.functional.metrics import _sums
 
     _check_band_args(level, n_boot, seed)
+    _check_kind(band_kind, simultaneous)
     s = _sums(probs, labels, check_n_bins(n_bins), ignore_index=ignore_index)
     sums = BinSums(*(t.cpu() for t in (s.top.count, s.top.conf, s.top.correct)))
     count = sums.count.numpy()
@@ -100,10 +132,47 @@ def reliability_curve(probs, labels, n_bins: int = 15, ignore_index: int | None 
         ece=float(binned_errors(sums)["ece"]),
         n=int(round(float(sums.count.sum()))),
     )
-    if band:
+    if band and band_kind == "consistency":
+        curve.band_lo, curve.band_hi = consistency_band(count, sums.conf.numpy(), level, simultaneous)
+    elif band:
         curve.band_lo, curve.band_hi = bootstrap_band(count, sums.correct.numpy(), level, n_boot, seed)
-        curve.band_level = float(level)
+    if band:
+        curve.band_level, curve.band_kind = float(level), band_kind
+        curve.band_simultaneous = bool(simultaneous and band_kind == "consistency")
     return curve
+
+
+def _check_kind(band_kind, simultaneous) -> None:
+    if band_kind not in BAND_KINDS:
+        raise UserError(f"band_kind must be one of {', '.join(BAND_KINDS)}, got {band_kind!r}")
+    if not isinstance(simultaneous, bool):
+        raise UserError(f"simultaneous must be True or False, got {simultaneous!r}")
+    if simultaneous and band_kind != "consistency":
+        raise UserError("simultaneous=True is for band_kind='consistency' (the bootstrap band is per bin)")
+
+
+def consistency_band(count, conf_sum, level: float = 0.9, simultaneous: bool = False):
+    """The consistency band of a calibrated model from the bin counts ``count`` and the sums of
+    the confidences ``conf_sum`` (``(B,)`` each): ``(lo, hi)`` float64 arrays ``(B,)``, NaN for
+    empty bins (method: module docstring; exact binomial quantiles)."""
+    _check_band_args(level, 2, 0)
+    count = np.rint(np.asarray(count, np.float64))
+    conf_sum = np.asarray(conf_sum, np.float64)
+    full = count > 0
+    tail = (1 - level) / (2 * max(1, int(full.sum())) if simultaneous else 2)
+    lo, hi = np.full(len(count), np.nan), np.full(len(count), np.nan)
+    for b in np.flatnonzero(full):
+        n = int(count[b])
+        c = min(max(conf_sum[b] / n, 0.0), 1.0)
+        k = torch.arange(n + 1, dtype=torch.float64)
+        nt, ct = torch.tensor(float(n), dtype=torch.float64), torch.tensor(c, dtype=torch.float64)
+        log_pmf = (torch.lgamma(nt + 1) - torch.lgamma(k + 1) - torch.lgamma(nt - k + 1)
+                   + torch.xlogy(k, ct) + torch.xlogy(nt - k, 1 - ct))
+        cdf = torch.cumsum(torch.exp(log_pmf), 0).numpy()
+        cdf /= cdf[-1]
+        lo[b] = np.searchsorted(cdf, tail) / n  # least k with P(X <= k) >= t
+        hi[b] = min(int(np.searchsorted(cdf, 1 - tail)), n) / n
+    return lo, hi
 
 
 def _check_band_args(level, n_boot, seed) -> None:
@@ -151,7 +220,7 @@ def _new_axes(ax, figsize=(4.5, 4.5)):
 
 def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | None = None,
                         show_counts: bool = True, band: bool = False, level: float = 0.9, n_boot: int = 1000,
-                        seed: int = 0):
+                        seed: int = 0, band_kind: str = "bootstrap", simultaneous: bool = False):
     """Bars of accuracy per confidence bin, with the gap to the diagonal shaded.
 
     Each non-empty bin draws a blue bar of height ``acc_b``; the gap between ``acc_b`` and the
@@ -167,14 +236,17 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
         ax: matplotlib Axes to draw on (a new Agg figure when ``None``).
         title: text placed before the ECE in the title.
         show_counts: write the count above each bar.
-        band: shade the bootstrap interval of each non-empty bin's accuracy over the bin's width
-            (grey, a step band around the bar tops; method in the module docstring).
+        band: shade a band over each non-empty bin's width (grey, a step band; the legend names
+            which): ``band_kind="bootstrap"``, the bootstrap interval of the accuracy around the
+            bar tops; ``"consistency"``, where a calibrated model's bars would lie, around the
+            diagonal (``simultaneous=True``: all bins at once). Methods in the module docstring.
         level, n_boot, seed: the band's coverage level, resamples and seed.
 
     Returns:
         The Axes drawn on.
     """
-    curve = reliability_curve(probs, labels, n_bins, band=band, level=level, n_boot=n_boot, seed=seed)
+    curve = reliability_curve(probs, labels, n_bins, band=band, level=level, n_boot=n_boot, seed=seed,
+                              band_kind=band_kind, simultaneous=simultaneous)
     ax = _new_axes(ax)
     lo, width = curve.edges[:-1], np.diff(curve.edges)
     full = curve.count > 0
@@ -216,9 +288,14 @@ def _draw_band(ax, curve: ReliabilityCurve, n_boot: int) -> None:
     if not has.any():
         return
     x = np.repeat(curve.edges, 2)[1:-1]  # each bin's (lo, hi)
+    if curve.band_kind == "consistency":
+        which = "all bins at once" if curve.band_simultaneous else "per bin"
+        text = f"{100 * curve.band_level:g}% consistency band of a calibrated model ({which})"
+    else:
+        text = f"{100 * curve.band_level:g}% bootstrap band of the accuracy ({n_boot} resamples)"
     ax.fill_between(x, np.repeat(np.where(has, curve.band_lo, 0), 2), np.repeat(np.where(has, curve.band_hi, 0), 2),
                     where=np.repeat(has, 2), facecolor=(0.1, 0.1, 0.1, 0.3), edgecolor="black", lw=0.8, zorder=3,
-                    label=f"{100 * curve.band_level:g}% bootstrap band of the accuracy ({n_boot} resamples)")
+                    label=text)
 
 
 def confidence_histogram(probs, labels=None, n_bins: int = 15, ax=None, title: str | None = None):

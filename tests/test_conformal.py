@@ -5,6 +5,7 @@ calibration/test splits (vectorised), the metrics, and the input checks."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -348,3 +349,31 @@ def test_print_measured(capsys):
     with capsys.disabled():
         for (score, rnd), (mean, se, size) in sorted(MEASURED.items()):
             print(f"\n{score:4s} randomized={rnd!s:5s} coverage {mean:.4f} +- {se:.4f}  mean size {size:.3f}")
+
+
+def _confident_probs(n, k, seed):
+    """Rows whose top entry is exactly 1.0 in float64 (logit gaps of 50), the true class on top in
+    80% of them: non-randomised APS gives those rows the score 1.0 exactly."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, k, (n,), generator=g)
+    z = torch.randn(n, k, generator=g, dtype=torch.float64)
+    right = torch.rand(n, generator=g) < 0.8
+    z[torch.arange(n), torch.where(right, y, (y + 1) % k)] += 50.0
+    return torch.softmax(z, 1), y
+
+
+def test_qhat_at_the_score_maximum_warns_and_randomised_aps_does_not():
+    from calibkit.conformal import QhatAtMaximumWarning
+
+    p, y = _confident_probs(300, 5, 0)
+    scores = class_scores(p, "aps", None).gather(1, y[:, None]).squeeze(1)
+    assert int((scores == 1.0).sum()) > 200  # the tie the warning is about
+    with pytest.warns(QhatAtMaximumWarning, match=r"qhat = 1\.0 .*randomized=True"):
+        cp = SplitConformal("aps", alpha=0.1, randomized=False).fit(p, y)
+    assert cp.qhat_ == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", QhatAtMaximumWarning)
+        SplitConformal("aps", alpha=0.1, randomized=True).fit(p, y)  # u p_1 < 1 almost surely
+        SplitConformal("lac", alpha=0.1).fit(p, y)  # LAC's set at qhat = 1 is every class: no rounding issue
+        mixed = torch.softmax(torch.randn(300, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64), 1)
+        SplitConformal("aps", alpha=0.1, randomized=False).fit(mixed, mixed.argmax(1))  # qhat < 1: no warning

@@ -204,3 +204,71 @@ def test_band_refuses_bad_arguments(kwargs, match):
         reliability_curve(probs, labels, band=True, **kwargs)
     with pytest.raises(ValueError, match=match):
         reliability_diagram(probs, labels, band=True, **kwargs)
+
+
+def _binomial_quantiles_by_hand(n, c, tail):
+    """Quantiles of Bin(n, c) from math.comb: the least k with P(X <= k) >= t and >= 1 - t."""
+    cdf, lo, hi = 0.0, None, None
+    for k in range(n + 1):
+        cdf += math.comb(n, k) * c**k * (1 - c) ** (n - k)
+        if lo is None and cdf >= tail - 1e-12:
+            lo = k
+        if hi is None and cdf >= 1 - tail - 1e-12:
+            hi = k
+    return lo, hi
+
+
+def test_consistency_band_is_the_binomial_quantile_interval():
+    from calibkit.plots import consistency_band
+
+    count = np.array([40.0, 0.0, 7.0, 120.0])
+    conf_sum = np.array([40 * 0.35, 0.0, 7 * 0.8, 120 * 0.93])
+    for simultaneous, tail in ((False, 0.05), (True, 0.1 / 6)):  # Bonferroni over the 3 non-empty bins
+        lo, hi = consistency_band(count, conf_sum, 0.9, simultaneous)
+        assert np.isnan(lo[1]) and np.isnan(hi[1])
+        for b in (0, 2, 3):
+            n = int(count[b])
+            k_lo, k_hi = _binomial_quantiles_by_hand(n, conf_sum[b] / n, tail)
+            assert lo[b] == pytest.approx(k_lo / n) and hi[b] == pytest.approx(k_hi / n)
+    # the band is around the diagonal (the mean confidence), not around the bar
+    lo, hi = consistency_band(count, conf_sum, 0.9)
+    assert np.all(lo[[0, 2, 3]] <= conf_sum[[0, 2, 3]] / count[[0, 2, 3]])
+    assert np.all(conf_sum[[0, 2, 3]] / count[[0, 2, 3]] <= hi[[0, 2, 3]])
+
+
+def test_consistency_band_covers_a_calibrated_model():
+    """Labels drawn from the confidences themselves: most bars fall inside the pointwise band, and
+    all bars inside the simultaneous one in most draws (the figures of docs/metrics.md come from
+    benchmarks/reliability_band_coverage.py; here a quick check with 40 draws)."""
+    rng = np.random.default_rng(0)
+    inside, joint = [], []
+    for _ in range(40):
+        n, k = 2000, 5
+        c = 1 - 0.75 * rng.beta(1, 4, size=n)
+        pred = rng.integers(0, k, size=n)
+        labels = np.where(rng.random(n) < c, pred, (pred + rng.integers(1, k, size=n)) % k)
+        probs = np.repeat(((1 - c) / (k - 1))[:, None], k, axis=1)
+        probs[np.arange(n), pred] = c
+        cur = reliability_curve(torch.from_numpy(probs), torch.from_numpy(labels), 10, band=True,
+                                band_kind="consistency")
+        full = cur.count > 0
+        inside.extend(((cur.band_lo <= cur.accuracy) & (cur.accuracy <= cur.band_hi))[full].tolist())
+        sim = reliability_curve(torch.from_numpy(probs), torch.from_numpy(labels), 10, band=True,
+                                band_kind="consistency", simultaneous=True)
+        joint.append(bool(((sim.band_lo <= sim.accuracy) & (sim.accuracy <= sim.band_hi))[full].all()))
+        assert cur.band_kind == "consistency" and sim.band_simultaneous
+    assert np.mean(inside) >= 0.85 and np.mean(joint) >= 0.8
+
+
+def test_the_diagram_names_its_band():
+    probs, labels = _model(torch.Generator().manual_seed(0), 500)
+    texts = {}
+    for kind in ("bootstrap", "consistency"):
+        ax = reliability_diagram(probs, labels, band=True, band_kind=kind, n_boot=50)
+        texts[kind] = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("bootstrap band of the accuracy" in t for t in texts["bootstrap"])
+    assert any("consistency band of a calibrated model (per bin)" in t for t in texts["consistency"])
+    with pytest.raises(ValueError, match="band_kind"):
+        reliability_curve(probs, labels, band=True, band_kind="percentile")
+    with pytest.raises(ValueError, match="simultaneous"):
+        reliability_curve(probs, labels, band=True, simultaneous=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from calibkit.calibrators._base import NotFittedError, ProbabilitiesAsLogitsWarning
 from calibkit.calibrators.bbq import BBQ
-from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning
+from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning, UniformHistogramBinning
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
 from calibkit.calibrators.io import load, save
 from calibkit.calibrators.registry import CALIBRATORS
@@ -40,5 +40,5 @@ from calibkit.calibrators.temperature import TemperatureScaling, evaluate_before
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "TemperatureScaling", "VectorScaling", "MatrixScaling",
            "DirichletCalibration", "EnsembleTemperatureScaling", "HistogramBinning", "IsotonicCalibration",
            "SplineCalibration", "ScalingBinning", "PlattScaling", "BetaCalibration", "BBQ",
-           "StructuredVectorScaling", "StructuredMatrixScaling", "CALIBRATORS", "evaluate_before_after_ts",
-           "save", "load"]
+           "StructuredVectorScaling", "StructuredMatrixScaling", "UniformHistogramBinning", "CALIBRATORS",
+           "evaluate_before_after_ts", "save", "load"]

@@ -13,8 +13,9 @@ finite, and its range:
 * vector / matrix / Dirichlet: ``weight_`` ``(K,)`` / ``(K, K)``, ``bias_`` ``(K,)``, finite;
   Dirichlet's ``lam_``, ``mu_`` finite and >= 0, ``cv_nll_`` a mapping to finite numbers;
 * ETS: ``weights_`` ``(3,)``, >= 0, summing to 1 (within 1e-9);
-* histogram / scaling-binning: ``edges_`` ``(K, B - 1)`` non-decreasing in ``[0, 1]``,
-  ``values_`` ``(K, B)`` in ``[0, 1]`` (``B`` = ``n_bins``);
+* histogram (both binnings) / scaling-binning: ``edges_`` ``(G, B - 1)`` non-decreasing in
+  ``[0, 1]``, ``values_`` ``(G, B)`` in ``[0, 1]`` (``B`` = ``n_bins``; ``G = 1`` for top-label
+  histogram binning, else ``K``);
 * isotonic: ``knots_x_``, ``knots_y_`` ``(G, L)`` (``G = 1`` with ``irm``, else ``K``), ``knots_x_``
   non-decreasing, ``knots_y_`` in ``[0, 1]``, ``n_knots_`` ``(G,)`` int64 in ``[1, L]``;
 * spline: ``coef_`` ``(n_knots,)``, ``knots_x_``, ``knots_y_`` ``(1, L)`` finite with
@@ -101,6 +102,10 @@ def _bins(state, k, n_bins):
     _tensor(state, "values_", (k, n_bins), lo=0.0, hi=1.0)
 
 
+def _hist_groups(params, k):
+    return 1 if params.get("multiclass") == "top_label" else k
+
+
 def _knots(state, groups, knots_y_range):
     x = state["knots_x_"]
     width = x.shape[1] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
@@ -176,7 +181,8 @@ _CHECKS = {
     "matrix": lambda state, params, k: _affine(state, k, matrix=True),
     "dirichlet": _dirichlet,
     "ets": _ets,
-    "histogram": lambda state, params, k: _bins(state, k, params["n_bins"]),
+    "histogram": lambda state, params, k: _bins(state, _hist_groups(params, k), params["n_bins"]),
+    "histogram_uniform": lambda state, params, k: _bins(state, _hist_groups(params, k), params["n_bins"]),
     "isotonic": lambda state, params, k: _knots(state, 1 if params["irm"] else k, (0.0, 1.0)),
     "spline": lambda state, params, k: (_tensor(state, "coef_", (params["n_knots"],)), _knots(state, 1, (None, None))),
     "scaling_binning": _scaling_binning,

@@ -19,6 +19,17 @@ For each class ``k``, on the pairs ``(p_ik, 1[y_i = k])`` of the validation set 
   BBQ averages the models' predictions weighted by their normalised scores
   ``P(D | M) / sum_M' P(D | M')`` (every model kept, no pruning).
 
+**Degenerate bins** (calibkit's choice; the paper assumes scores strictly inside ``(0, 1)``): on
+a confident model many ``p_k`` are exactly 1.0 (or 0.0) in float64, so a bin ``(1, 1]`` (or
+``(0, 0]``) has the midpoint 1 (or 0) and the prior ``Beta(a, 0)`` (or ``Beta(0, b)``) is improper:
+``Gamma(0)`` is infinite, the score ``inf - inf`` is NaN and, before this rule, every weight and
+every prediction was NaN, then uniform. The prior mean is therefore clipped to
+``[1e-6, 1 - 1e-6]``: both Beta parameters stay positive, every score is finite, and a bin's
+prediction ``(n1 + a) / (n + N'/B)`` lies strictly inside ``(0, 1)``. A row whose levels all come
+out 0 (impossible with this rule; kept as a guard) keeps ``p``; rows are then floored at ``floor``
+(:func:`calibkit.calibrators._toplabel.floor_rows`, default ``1e-6``) so that float32 rounding
+cannot make a 0 either.
+
 The average of step functions is a step function: calibkit stores it as one table per class,
 every model's inner edge sorted (``knots_``) and the averaged value above each (``levels_``), so
 predicting costs one search per class, not one per model. Then ``q = g / sum_j g_j``; with two
@@ -33,10 +44,14 @@ import math
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._toplabel import DEFAULT_FLOOR, check_floor, floor_rows
 from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
 
 __all__ = ["BBQ", "bin_range"]
+
+#: The prior mean of a bin is kept in ``[_EDGE, 1 - _EDGE]`` (module docstring, "Degenerate bins").
+_EDGE = 1e-6
 
 
 def bin_range(n: int, c: float) -> list[int]:
@@ -93,7 +108,7 @@ def _model_tables(s: torch.Tensor, t: torch.Tensor, n_bins: list[int], ess: floa
     model, lo, hi, edge_bin = _layout(n_bins, dev)
     rows = (cuts[:, hi] - cuts[:, lo]).to(s.dtype)
     ones = pos.gather(1, cuts[:, hi]) - pos.gather(1, cuts[:, lo])
-    mid = (bounds[:, lo] + bounds[:, hi]) / 2
+    mid = ((bounds[:, lo] + bounds[:, hi]) / 2).clamp(_EDGE, 1 - _EDGE)  # a bin at 0 or 1: Beta(a, 0) is improper
     prior = ess / torch.tensor(n_bins, dtype=s.dtype, device=dev)[model]  # N' / B per bin
     a, b = prior * mid, prior * (1 - mid)
     log_ml = (torch.lgamma(prior) - torch.lgamma(rows + prior) + torch.lgamma(ones + a) - torch.lgamma(a)
@@ -127,6 +142,7 @@ class BBQ(Calibrator):
     Args:
         c: the range constant ``C``: ``B`` from ``N^(1/3) / C`` to ``C N^(1/3)`` (default 10).
         ess: the equivalent sample size ``N'`` of the prior (default 2).
+        floor: the least probability before renormalising (default 1e-6; 0: none).
 
     Attributes:
         n_bins_: ``(M,)`` int64, the models' bin counts.
@@ -138,9 +154,10 @@ class BBQ(Calibrator):
 
     _STATE = ("n_bins_", "weights_", "knots_", "levels_")
 
-    def __init__(self, c: float = 10.0, ess: float = 2.0):
+    def __init__(self, c: float = 10.0, ess: float = 2.0, floor: float = DEFAULT_FLOOR):
         self.c = c
         self.ess = ess
+        self.floor = floor
 
     def _check_params(self):
         for name in ("c", "ess"):
@@ -149,6 +166,7 @@ class BBQ(Calibrator):
                 raise UserError(f"{name} must be a finite number > 0, got {v!r}")
         if self.c < 1:
             raise UserError(f"c must be >= 1 (B runs from N^(1/3) / c to c N^(1/3)), got {self.c!r}")
+        check_floor(self.floor)
 
     def _fit(self, z, y):
         k = z.shape[1]
@@ -169,6 +187,6 @@ class BBQ(Calibrator):
         idx = torch.searchsorted(self.knots_.contiguous(), s.contiguous())  # knots < s: bins (lo, hi]
         g = self.levels_.gather(1, idx).T
         if k == 2:
-            return torch.cat([1 - g, g], 1)
+            return floor_rows(torch.cat([1 - g, g], 1), self.floor)
         total = g.sum(1, keepdim=True)
-        return torch.where(total > 0, g / torch.where(total > 0, total, 1.0), torch.full_like(g, 1.0 / k))
+        return floor_rows(torch.where(total > 0, g / torch.where(total > 0, total, 1.0), p.T), self.floor)

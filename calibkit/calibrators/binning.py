@@ -4,8 +4,15 @@ et al., 2020) and scaling-binning (Kumar et al., 2019).
 
 Each fits one map ``g_k`` per class ``k`` on the pairs ``(p_ik, 1[y_i = k])`` of the validation
 set (``p = softmax(z)``) and predicts ``q_ik = g_k(p_ik) / sum_j g_j(p_ij)``; a row where every
-``g_j`` is 0 becomes uniform ``1 / K`` (never 0 / 0 = NaN). The renormalisation can change the
+``g_j`` is 0 keeps its uncalibrated probabilities (never 0 / 0 = NaN, nor a uniform row where
+the model was confident). The renormalisation can change the
 argmax (one-vs-rest maps are fitted independently); ``docs/calibrators.md`` says how often.
+Histogram binning is top-label by default (:class:`HistogramBinning`), which never changes it.
+
+No exact zeros: a map is 0 wherever its class had no positive in the validation rows around, so
+every calibrator here floors the final row at ``floor`` (default ``1e-6``) and renormalises
+(:func:`calibkit.calibrators._toplabel.floor_rows`: order and prediction kept, a row moves by at
+most ``K floor``); ``floor=0`` is the opt-in to the unfloored maps.
 """
 
 from __future__ import annotations
@@ -14,17 +21,20 @@ import torch
 
 from calibkit._validation import check_n_bins
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._toplabel import DEFAULT_FLOOR, check_floor, floor_rows, spread_top
 from calibkit.calibrators.temperature import _fit_nll
 from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
 
-__all__ = ["HistogramBinning", "IsotonicCalibration", "ScalingBinning", "pav_tables", "interpolate"]
+__all__ = ["HistogramBinning", "IsotonicCalibration", "ScalingBinning", "UniformHistogramBinning", "pav_tables",
+           "interpolate"]
 
 
-def _normalise(g: torch.Tensor) -> torch.Tensor:
-    """Rows of ``g`` ``(N, K)`` divided by their sums; all-zero rows -> uniform."""
+def _normalise(g: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Rows of ``g`` ``(N, K)`` divided by their sums; an all-zero row (no map gives any class a
+    chance: no information) keeps its row of ``fallback``, the uncalibrated probabilities."""
     s = g.sum(1, keepdim=True)
-    return torch.where(s > 0, g / torch.where(s > 0, s, 1.0), torch.full_like(g, 1.0 / g.shape[1]))
+    return torch.where(s > 0, g / torch.where(s > 0, s, 1.0), fallback)
 
 
 # ---------------------------------------------------------------------------------- equal-mass bins
@@ -69,34 +79,101 @@ def apply_bins(edges: torch.Tensor, means: torch.Tensor, values: torch.Tensor) -
     return means.gather(1, _bin_of(edges, values.T)).T
 
 
+def fit_uniform_bins(values: torch.Tensor, targets: torch.Tensor, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equal-width bins of ``[0, 1]`` for each column of ``values`` ``(N, K)`` and the mean of
+    ``targets`` per bin: inner edges ``b / B`` (``b = 1..B-1``), membership ``(e_b, e_{b+1}]`` as in
+    :func:`fit_bins`. A bin that holds no validation value predicts its midpoint ``(b + 1/2) / B``
+    (no evidence to move the identity map there). Returns ``(edges (K, B - 1), means (K, B))``."""
+    n, k = values.shape
+    dev = values.device
+    grid = torch.arange(1, n_bins, dtype=torch.float64, device=dev) / n_bins
+    edges = grid.expand(k, n_bins - 1).contiguous()
+    idx = _bin_of(edges, values.T.double())
+    zero = torch.zeros(k, n_bins, dtype=torch.float64, device=dev)
+    count = zero.scatter_add(1, idx, torch.ones_like(idx, dtype=torch.float64))
+    total = zero.scatter_add(1, idx, targets.T.double())
+    mid = (torch.arange(n_bins, dtype=torch.float64, device=dev) + 0.5) / n_bins
+    return edges, torch.where(count > 0, total / count.clamp(min=1), mid)
+
+
+_MULTICLASS = ("top_label", "ovr")
+
+
 class HistogramBinning(Calibrator):
-    """Histogram binning, one-vs-rest: for each class ``k``, ``B`` equal-mass bins of the validation
-    ``p_k = softmax(z)_k``, each predicting the fraction of its samples labelled ``k``; then the
-    row is renormalised (module docstring). Bins: :func:`fit_bins`.
+    """Histogram binning (Zadrozny and Elkan, 2001) with ``B`` equal-mass bins (:func:`fit_bins`),
+    each predicting the fraction of its validation samples that are positive.
+
+    * ``multiclass="top_label"`` (default): one histogram of the top-label confidence
+      ``c = max_k p_k`` against the correctness ``1[argmax p = y]`` (top-label histogram binning,
+      Gupta and Ramdas, 2022); the top class gets its bin's accuracy and the other classes share
+      the rest in proportion to their probabilities
+      (:func:`~calibkit.calibrators._toplabel.spread_top`), so the prediction never changes.
+    * ``multiclass="ovr"``: one histogram per class ``k`` on ``p_k`` against ``1[y = k]``, the row
+      renormalised (module docstring); the renormalisation moves the argmax on coarse bins (11% of
+      the predictions of the CIFAR-10 real outputs, ``docs/calibrators.md``).
+
+    Every row is then floored at ``floor`` and renormalised (no exact zeros where a bin held no
+    positive; :func:`~calibkit.calibrators._toplabel.floor_rows`; ``floor=0`` allows them).
 
     Args:
-        n_bins: bins per class (default 15).
+        n_bins: bins per histogram (default 15).
+        multiclass: ``"top_label"`` (default) or ``"ovr"``.
+        floor: the least probability before renormalising (default 1e-6).
 
     Attributes:
-        edges_: ``(K, B - 1)`` inner edges.
-        values_: ``(K, B)`` per-bin frequencies (float64).
+        edges_: ``(G, B - 1)`` inner edges (``G = 1`` top-label, ``K`` one-vs-rest).
+        values_: ``(G, B)`` per-bin frequencies (float64).
     """
 
     _STATE = ("edges_", "values_")
+    _UNIFORM = False
 
-    def __init__(self, n_bins: int = 15):
+    def __init__(self, n_bins: int = 15, multiclass: str = "top_label", floor: float = DEFAULT_FLOOR):
         self.n_bins = n_bins
+        self.multiclass = multiclass
+        self.floor = floor
 
     def _check_params(self):
         check_n_bins(self.n_bins)
+        if self.multiclass not in _MULTICLASS:
+            raise UserError(f"multiclass must be one of {', '.join(_MULTICLASS)}, got {self.multiclass!r}")
+        check_floor(self.floor)
 
     def _fit(self, z, y):
         p = torch.softmax(z, 1)
-        onehot = torch.nn.functional.one_hot(y, z.shape[1]).double()
-        self.edges_, self.values_ = fit_bins(p, onehot, self.n_bins)
+        fit = fit_uniform_bins if self._UNIFORM else fit_bins
+        if self.multiclass == "top_label":
+            conf, pred = p.max(1)
+            self.edges_, self.values_ = fit(conf[:, None], (pred == y).double()[:, None], self.n_bins)
+        else:
+            self.edges_, self.values_ = fit(p, torch.nn.functional.one_hot(y, z.shape[1]).double(), self.n_bins)
 
     def _predict(self, z):
-        return _normalise(apply_bins(self.edges_, self.values_, torch.softmax(z, 1)))
+        p = torch.softmax(z, 1)
+        if self.multiclass == "top_label":
+            q = spread_top(p, apply_bins(self.edges_, self.values_, p.max(1).values[:, None])[:, 0])
+        else:
+            q = _normalise(apply_bins(self.edges_, self.values_, p), p)
+        return floor_rows(q, self.floor)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        """As :meth:`Calibrator.from_dict`; a file saved before ``multiclass`` existed holds
+        one-vs-rest bins, so it loads with ``multiclass="ovr"``."""
+        if isinstance(d, dict) and isinstance(d.get("params"), dict) and "multiclass" not in d["params"]:
+            d = {**d, "params": {**d["params"], "multiclass": "ovr"}}
+        return super().from_dict(d)
+
+
+class UniformHistogramBinning(HistogramBinning):
+    """Histogram binning with ``B`` **equal-width** bins of ``[0, 1]`` (:func:`fit_uniform_bins`; an
+    empty bin predicts its midpoint); otherwise as :class:`HistogramBinning` (same arguments,
+    state and conventions)."""
+
+    _UNIFORM = True
+
+    def __init__(self, n_bins: int = 15, multiclass: str = "top_label", floor: float = DEFAULT_FLOOR):
+        super().__init__(n_bins, multiclass, floor)
 
 
 # ---------------------------------------------------------------------------------- isotonic
@@ -182,7 +259,7 @@ class IsotonicCalibration(Calibrator):
     """Isotonic regression, one-vs-rest: for each class ``k``, ``g_k`` is the non-decreasing
     least-squares fit to the validation pairs ``(p_ik, 1[y_i = k])`` (:func:`pav_tables`),
     linearly interpolated between its knots and clipped outside the fitted range (values in
-    ``[0, 1]``); ``q_k = g_k(p_k) / sum_j g_j(p_j)``, an all-zero row -> uniform.
+    ``[0, 1]``); ``q_k = g_k(p_k) / sum_j g_j(p_j)``, an all-zero row keeps ``p``; then the floor.
 
     ``irm=True``: one map shared by all classes, fitted on the ``N K`` pooled pairs
     (Zhang et al., 2020, "IRM"); it preserves the ordering of the classes within a row up to
@@ -190,6 +267,8 @@ class IsotonicCalibration(Calibrator):
 
     Args:
         irm: one shared map instead of one per class (default False).
+        floor: the least probability before renormalising (default 1e-6; 0 allows the exact zeros
+            of a map fitted to 0 below its first positive).
 
     Attributes:
         knots_x_, knots_y_: ``(G, L)`` padded knot tables (``G = K``, or 1 with ``irm``);
@@ -198,12 +277,14 @@ class IsotonicCalibration(Calibrator):
 
     _STATE = ("knots_x_", "knots_y_", "n_knots_")
 
-    def __init__(self, irm: bool = False):
+    def __init__(self, irm: bool = False, floor: float = DEFAULT_FLOOR):
         self.irm = irm
+        self.floor = floor
 
     def _check_params(self):
         if not isinstance(self.irm, bool):
             raise UserError(f"irm must be True or False, got {self.irm!r}")
+        check_floor(self.floor)
 
     def _fit(self, z, y):
         p = torch.softmax(z, 1)
@@ -219,7 +300,7 @@ class IsotonicCalibration(Calibrator):
         p = torch.softmax(z, 1)
         v = p.reshape(1, -1) if self.irm else p.T
         g = interpolate(self.knots_x_, self.knots_y_, self.n_knots_, v)
-        return _normalise(g.reshape(p.shape) if self.irm else g.T)
+        return floor_rows(_normalise(g.reshape(p.shape) if self.irm else g.T, p), self.floor)
 
 
 # ---------------------------------------------------------------------------------- scaling-binning
@@ -243,6 +324,7 @@ class ScalingBinning(Calibrator):
         fit_fraction: share of the validation rows used to fit ``T`` (default 0.5; 1 = all rows
             for both steps).
         seed: seed of the split (default 0).
+        floor: the least probability before renormalising (default 1e-6).
 
     Attributes:
         temperature_: ``T``.
@@ -252,13 +334,15 @@ class ScalingBinning(Calibrator):
 
     _STATE = ("temperature_", "edges_", "values_")
 
-    def __init__(self, n_bins: int = 15, fit_fraction: float = 0.5, seed: int = 0):
+    def __init__(self, n_bins: int = 15, fit_fraction: float = 0.5, seed: int = 0, floor: float = DEFAULT_FLOOR):
         self.n_bins = n_bins
         self.fit_fraction = fit_fraction
         self.seed = seed
+        self.floor = floor
 
     def _check_params(self):
         check_n_bins(self.n_bins)
+        check_floor(self.floor)
         if not 0 < self.fit_fraction <= 1:
             raise UserError(f"fit_fraction must be in (0, 1], got {self.fit_fraction!r}")
 
@@ -278,4 +362,6 @@ class ScalingBinning(Calibrator):
         self.edges_, self.values_ = fit_bins(s, s, self.n_bins)
 
     def _predict(self, z):
-        return _normalise(apply_bins(self.edges_, self.values_, torch.softmax(z / self.temperature_, 1)))
+        s = torch.softmax(z / self.temperature_, 1)
+        q = _normalise(apply_bins(self.edges_, self.values_, s), s)
+        return floor_rows(q, self.floor)

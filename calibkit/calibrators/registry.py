@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.bbq import BBQ
-from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning
+from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning, UniformHistogramBinning
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from calibkit.calibrators.sigmoid import BetaCalibration, PlattScaling
@@ -32,4 +32,5 @@ CALIBRATORS: dict[str, type[Calibrator | TemperatureScaling]] = {
     "bbq": BBQ,
     "svs": StructuredVectorScaling,
     "sms": StructuredMatrixScaling,
+    "histogram_uniform": UniformHistogramBinning,
 }

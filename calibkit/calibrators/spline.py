@@ -30,7 +30,8 @@ Choices the paper leaves open, and calibkit's:
   is the smallest ``alpha`` in ``[0, 1]`` with
   ``(1 - q_top) ((1 - alpha) m + alpha / (K - 1)) <= q_top / (1 + 1e-6)`` (0 where the
   proportional shares already stay below; the margin ``1 + 1e-6`` survives float32 rounding), so
-  the prediction never changes and the order of the other classes is kept. Only where
+  the prediction never changes and the order of the other classes is kept
+  (:func:`calibkit.calibrators._toplabel.spread_top`, shared with top-label histogram binning). Only where
   ``f(c) < 1 / (1 + (K - 1) / (1 + 1e-6))`` (just above ``1 / K``), where no distribution keeps
   the top class first, is ``q_top`` raised to that value. A row whose top two probabilities
   already tie keeps its own probabilities (``q_top = c``).
@@ -42,6 +43,9 @@ Choices the paper leaves open, and calibkit's:
   hands the argmax to the runner-up on those same rows (accuracy falls, and the new top class's
   probability is not calibrated by anything). Mixing the other classes with the uniform share
   keeps both the spline's top-label estimate and the prediction.
+* No exact zeros: ``f`` reaches 1 on confident validation sets (and the other classes then get 0),
+  so the row is floored at ``floor`` (default 1e-6) and renormalised
+  (:func:`calibkit.calibrators._toplabel.floor_rows`; order and prediction kept).
 """
 
 from __future__ import annotations
@@ -49,12 +53,11 @@ from __future__ import annotations
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._toplabel import DEFAULT_FLOOR, check_floor, floor_rows, spread_top
 from calibkit.calibrators.binning import interpolate
 from calibkit.errors import UserError
 
 __all__ = ["SplineCalibration", "natural_cubic_basis"]
-
-_MARGIN = 1e-6  # the other classes stay below q_top / (1 + _MARGIN): strictly below, also in float32
 
 
 def natural_cubic_basis(s: torch.Tensor, knots: torch.Tensor, derivative: bool = False) -> torch.Tensor:
@@ -75,6 +78,8 @@ class SplineCalibration(Calibrator):
 
     Args:
         n_knots: knots of the natural cubic spline, ``>= 2`` (default 6, the paper's setting).
+        floor: the least probability before the row is renormalised
+            (:func:`~calibkit.calibrators._toplabel.floor_rows`; default 1e-6, 0 allows exact zeros).
 
     Attributes:
         coef_: ``(n_knots,)`` spline coefficients in :func:`natural_cubic_basis`;
@@ -84,12 +89,14 @@ class SplineCalibration(Calibrator):
 
     _STATE = ("coef_", "knots_x_", "knots_y_", "n_knots_")
 
-    def __init__(self, n_knots: int = 6):
+    def __init__(self, n_knots: int = 6, floor: float = DEFAULT_FLOOR):
         self.n_knots = n_knots
+        self.floor = floor
 
     def _check_params(self):
         if isinstance(self.n_knots, bool) or not isinstance(self.n_knots, int) or self.n_knots < 2:
             raise UserError(f"n_knots must be an integer >= 2, got {self.n_knots!r}")
+        check_floor(self.floor)
 
     def _fit(self, z, y):
         conf, pred = torch.softmax(z, 1).max(1)
@@ -114,20 +121,5 @@ class SplineCalibration(Calibrator):
 
     def _predict(self, z):
         p = torch.softmax(z, 1)
-        k = p.shape[1]
-        top2, idx = p.topk(2, dim=1)
-        c, p2 = top2[:, 0], top2[:, 1]
-        others = p.scatter(1, idx[:, :1], 0.0)
-        rest = others.sum(1)  # 1 - c, summed from the entries so that the shares add up exactly
-        q = interpolate(self.knots_x_, self.knots_y_, self.n_knots_, c[None, :])[0].clamp(0, 1)
-        q = q.clamp(min=1 / (1 + (k - 1) / (1 + _MARGIN)))  # the least q_top that can stay first
-        cap = q / (1 + _MARGIN)  # every other class stays at or below this
-        u = 1.0 / (k - 1)
-        share = torch.where(rest[:, None] > 0, others / torch.where(rest > 0, rest, 1.0)[:, None],
-                            torch.full_like(p, u))
-        m = torch.where(rest > 0, p2 / torch.where(rest > 0, rest, 1.0), torch.full_like(rest, u))  # largest share
-        over = (1 - q) * m - cap  # > 0: the runner-up's proportional share would reach q_top
-        alpha = torch.where((over > 0) & (m > u), over / ((1 - q) * (m - u)).clamp(min=1e-300), 0.0).clamp(0, 1)
-        out = (1 - q)[:, None] * ((1 - alpha)[:, None] * share + alpha[:, None] * u)
-        out = out.scatter(1, idx[:, :1], q[:, None])
-        return torch.where((c > p2)[:, None], out, p)  # an input tie keeps its own probabilities
+        q = interpolate(self.knots_x_, self.knots_y_, self.n_knots_, p.max(1).values[None, :])[0]
+        return floor_rows(spread_top(p, q), self.floor)

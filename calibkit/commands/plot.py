@@ -9,7 +9,8 @@ from calibkit.errors import UserError
 EPILOG = """\
 Writes four PNG files into DIR (or --out):
   reliability.png      reliability_ts.png      (accuracy vs confidence per bin, with the gap and
-                                               the 90% bootstrap band of each bin's accuracy)
+                                               the 90% consistency band: where a calibrated
+                                               model's bars would lie, per bin)
   confidence.png       confidence_ts.png       (histogram of confidences, mean accuracy/confidence)
 The *_ts files use the temperature fitted on the validation logits.
 
@@ -75,7 +76,8 @@ def run(args) -> int:
         ("", logits["test_logits"].double().softmax(1), name),
         ("_ts", ts.predict_proba(logits["test_logits"]), f"{name}, TS T={ts.temperature_:.2f}"),
     ):
-        for stem, draw, extra in (("reliability", plots.reliability_diagram, {"band": True}),
+        band = {"band": True, "band_kind": "consistency"}
+        for stem, draw, extra in (("reliability", plots.reliability_diagram, band),
                                   ("confidence", plots.confidence_histogram, {})):
             fig, ax = plt.subplots(figsize=(4.5, 4.5))
             draw(probs, labels, n_bins=args.n_bins, ax=ax, title=title, **extra)

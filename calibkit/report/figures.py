@@ -54,14 +54,16 @@ def method_figure(row: dict, path: Path) -> Figure:
     probs_ts /= probs_ts.sum(1, keepdims=True)
     name = f"{label(row['method'])} (seed {row['seed']})"
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.6))
-    # the grey band: 90% bootstrap interval of each bin's accuracy (1000 resamples, seed 0)
-    reliability_diagram(probs, labels, ax=axes[0], title=f"{name}: before TS", band=True)
-    reliability_diagram(probs_ts, labels, ax=axes[1], title=f"{name}: after TS (T = {temperature:.2f})", band=True)
+    # the grey band: where a calibrated model's bars would lie, 90% per bin (consistency band, calibkit.plots)
+    reliability_diagram(probs, labels, ax=axes[0], title=f"{name}: before TS", band=True, band_kind="consistency")
+    reliability_diagram(probs_ts, labels, ax=axes[1], title=f"{name}: after TS (T = {temperature:.2f})", band=True,
+                        band_kind="consistency")
     confidence_histogram(probs, labels, ax=axes[2], title=f"{name}: confidence, before TS")
     fig.tight_layout()
     caption = (f"{name}: reliability diagrams of the test set before and after temperature scaling "
-               f"(T = {temperature:.2f}, fitted on the validation set), with the 90% bootstrap band of each bin's "
-               "accuracy, and the histogram of its confidences.")
+               f"(T = {temperature:.2f}, fitted on the validation set), with the 90% consistency band of a calibrated "
+               "model (where its bars would lie, per bin; a bar outside is evidence of miscalibration), and the "
+               "histogram of its confidences.")
     return Figure(_save(fig, path), caption)
 
 

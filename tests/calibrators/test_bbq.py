@@ -86,3 +86,70 @@ def test_tied_scores_stay_in_one_bin():
 def test_bad_hyperparameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
         BBQ(**kwargs).fit(torch.randn(20, 3), torch.arange(20) % 3)
+
+
+def _confident_logits(n, k, seed):
+    """Over-confident logits: gaps of 50 on most rows, so softmax's top entry is exactly 1.0 in
+    float64 (the CIFAR case: hundreds of validation probabilities at 1.0)."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, k, (n,), generator=g)
+    z = torch.randn(n, k, generator=g, dtype=torch.float64)
+    right = torch.rand(n, generator=g) < 0.9
+    z[torch.arange(n), torch.where(right, y, (y + 1) % k)] += 50.0
+    return z, y
+
+
+def test_probabilities_at_exactly_one_give_finite_weights_and_informative_rows():
+    z, y = _confident_logits(400, 4, 0)
+    p = torch.softmax(z, 1)
+    assert int((p == 1).sum()) > 300  # the failing case: before the fix every weight was NaN, every row 1/K
+    cal = BBQ().fit(z, y)
+    assert bool(torch.isfinite(cal.weights_).all()) and bool(torch.isfinite(cal.levels_).all())
+    torch.testing.assert_close(cal.weights_.sum(1), torch.ones(4, dtype=torch.float64))
+    q = cal.predict_proba(z)
+    assert bool(torch.isfinite(q).all()) and bool((q > 0).all())
+    assert float((q.max(1).values - q.min(1).values).min()) > 1e-3  # no uniform row
+    # informative: the true class gets more than 1/K on average, and the argmax is mostly kept (equal-
+    # frequency bins mix the ties at 1.0 with the largest tiny scores, so a few rows do move)
+    assert float(q[torch.arange(400), y].mean()) > 0.5
+    assert float((q.argmax(1) == p.argmax(1)).double().mean()) > 0.85
+
+
+def test_degenerate_bins_match_the_definition_with_the_clipped_prior_mean():
+    """Scores at exactly 0 and 1: the direct definition with the bin midpoint clipped to
+    [1e-6, 1 - 1e-6] (the documented rule) gives the same weights and map."""
+    s = [0.0, 0.0, 0.0, 0.2, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    y = [0, 0, 1, 0, 1, 1, 1, 0, 1, 1]
+
+    # A binary logit of +-inf is not allowed, so build (0, z) logits with z = +-800: sigmoid is 0/1 exactly.
+    z = torch.tensor([-800.0 if v == 0 else 800.0 if v == 1 else math.log(v / (1 - v)) for v in s],
+                     dtype=torch.float64)
+    assert torch.sigmoid(z).tolist() == s
+    cal = BBQ(c=2.0, floor=0.0).fit(z, torch.tensor(y))
+    assert bool(torch.isfinite(cal.weights_).all())
+    # the same computation in plain python with the clipped midpoints
+    n = len(s)
+    srt = sorted(s)
+    root = n ** (1 / 3)
+    logs, maps = [], []
+    for b in range(max(1, math.floor(root / 2.0)), min(n, math.ceil(2.0 * root)) + 1):
+        edges = [srt[math.ceil(j * n / b) - 1] for j in range(1, b)]
+        bounds = [0.0] + edges + [1.0]
+        log_ml, values = 0.0, []
+        for j in range(b):
+            members = [t for v, t in zip(s, y) if sum(v > e for e in edges) == j]
+            rows, ones = len(members), sum(members)
+            mid = min(max((bounds[j] + bounds[j + 1]) / 2, 1e-6), 1 - 1e-6)
+            a, bb = 2.0 / b * mid, 2.0 / b * (1 - mid)
+            log_ml += (math.lgamma(2.0 / b) - math.lgamma(rows + 2.0 / b) + math.lgamma(ones + a) - math.lgamma(a)
+                       + math.lgamma(rows - ones + bb) - math.lgamma(bb))
+            values.append((ones + a) / (rows + 2.0 / b))
+        logs.append(log_ml)
+        maps.append((edges, values))
+    top = max(logs)
+    w = [math.exp(v - top) for v in logs]
+    w = [v / sum(w) for v in w]
+    torch.testing.assert_close(cal.weights_[0], torch.tensor(w, dtype=torch.float64), rtol=1e-9, atol=1e-12)
+    expected = [sum(wm * vals[sum(v > e for e in edges)] for wm, (edges, vals) in zip(w, maps)) for v in s]
+    torch.testing.assert_close(cal.predict_proba(z), torch.tensor(expected, dtype=torch.float64), rtol=1e-9,
+                               atol=1e-12)

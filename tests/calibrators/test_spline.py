@@ -34,7 +34,7 @@ def test_top_label_recalibration_matches_a_second_construction():
     y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
     z = 2.5 * z  # over-confident
     z[:30] = z[30:60]  # tied confidences
-    cal = SplineCalibration().fit(z, y)
+    cal = SplineCalibration(floor=0.0).fit(z, y)  # the construction itself; the default floor below
     conf, pred = torch.softmax(z, 1).max(1)
     zt = 2.5 * torch.randn(1000, 8, generator=g, dtype=torch.float64) * 2
     pt = torch.softmax(zt, 1)
@@ -58,6 +58,10 @@ def test_top_label_recalibration_matches_a_second_construction():
     alpha = ((rest - prop).gather(1, runner) / (1 / 7 - prop.gather(1, runner)))[:, 0]
     mix = (1 - alpha)[:, None] * prop + alpha[:, None] / 7
     torch.testing.assert_close(rest.scatter(1, top, 0.0), mix.scatter(1, top, 0.0), rtol=0, atol=1e-12)
+    # the default floor 1e-6: max(q, 1e-6) renormalised, row by row
+    floored = q.clamp(min=1e-6)
+    floored = floored / floored.sum(1, keepdim=True)
+    torch.testing.assert_close(SplineCalibration().fit(z, y).predict_proba(zt), floored, rtol=0, atol=1e-15)
     cap = qt / (1 + 1e-6)
     second = q.scatter(1, top, -1.0).max(1).values
     assert bool((alpha > -1e-12).all()) and bool((second <= cap * (1 + 1e-12)).all())

@@ -190,8 +190,9 @@ def test_the_choice_never_reads_the_test_rows(files, capsys):
 
 
 def test_a_calibrator_that_loses_accuracy_is_not_chosen_even_with_the_lowest_test_ece(tmp_path, capsys):
-    """Many classes and few validation rows per class: histogram binning changes predictions and loses
-    accuracy; under the default rule it is excluded, whatever its ECE."""
+    """Many classes and few validation rows per class: one-vs-rest isotonic regression changes
+    predictions and loses accuracy; under the default rule it is excluded, whatever its ECE.
+    (Histogram binning is top-label by default and keeps every prediction.)"""
     g = torch.Generator().manual_seed(5)
     z = torch.randn(3000, 20, generator=g, dtype=torch.float64) * 1.5
     y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
@@ -199,16 +200,16 @@ def test_a_calibrator_that_loses_accuracy_is_not_chosen_even_with_the_lowest_tes
     np.savez(tmp_path / "v.npz", logits=z[:1500].numpy(), labels=y[:1500].numpy())
     np.savez(tmp_path / "t.npz", logits=z[1500:].numpy(), labels=y[1500:].numpy())
     sel = _run_calibrate(tmp_path, tmp_path / "v.npz", tmp_path / "t.npz", tmp_path / "o",
-                         "--calibrators", "temperature,histogram")
-    hist, base = sel["scores"]["histogram"], sel["scores"]["none"]
+                         "--calibrators", "temperature,isotonic")
+    hist, base = sel["scores"]["isotonic"], sel["scores"]["none"]
     assert hist["acc"] < base["acc"] - 0.005 and hist["changed"] > 0.05  # the constructed case holds
-    assert sel["chosen"] == "temperature" and "histogram" in sel["excluded"]
+    assert sel["chosen"] == "temperature" and "isotonic" in sel["excluded"]
     rows = {r["calibrator"]: r for r in json.loads((tmp_path / "o" / "report" / "results.json").read_text())}
     base_pred = torch.softmax(z[1500:], 1).argmax(1)
-    hp = CALIBRATORS["histogram"]().fit(z[:1500], y[:1500]).predict_proba(z[1500:])
-    assert rows["histogram"]["changed"] == pytest.approx(float((hp.argmax(1) != base_pred).double().mean()), abs=1e-12)
+    hp = CALIBRATORS["isotonic"]().fit(z[:1500], y[:1500]).predict_proba(z[1500:])
+    assert rows["isotonic"]["changed"] == pytest.approx(float((hp.argmax(1) != base_pred).double().mean()), abs=1e-12)
     acc = float((hp.argmax(1) == y[1500:]).double().mean())
-    assert rows["histogram"]["d_acc"] == pytest.approx(acc - float((base_pred == y[1500:]).double().mean()), abs=1e-12)
+    assert rows["isotonic"]["d_acc"] == pytest.approx(acc - float((base_pred == y[1500:]).double().mean()), abs=1e-12)
     assert rows["temperature"]["changed"] == 0.0 and rows["temperature"]["d_acc"] == 0.0
 
 

@@ -961,9 +961,9 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
         logits = rundir.read_tensors(run["logits_path"])["test_logits"].double()
         ref, axes = plt.subplots(1, 3)
         reliability_diagram(logits.softmax(1).numpy(), labels.numpy(), ax=axes[0], title="LS (seed 0): before TS",
-                            band=True)
+                            band=True, band_kind="consistency")
         reliability_diagram((logits / 2).softmax(1).numpy(), labels.numpy(), ax=axes[1],
-                            title="LS (seed 0): after TS (T = 2.00)", band=True)
+                            title="LS (seed 0): after TS (T = 2.00)", band=True, band_kind="consistency")
         confidence_histogram(logits.softmax(1).numpy(), labels.numpy(), ax=axes[2],
                              title="LS (seed 0): confidence, before TS")
         for got, want in zip(rel_ls.axes, axes):
@@ -974,14 +974,14 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
             assert np.allclose([p.get_x() for p in got.patches], [p.get_x() for p in want.patches], atol=1e-12)
             # the lines too: the diagonal, and the histogram's mean confidence and accuracy
             assert [list(ln.get_xdata()) for ln in got.lines] == [list(ln.get_xdata()) for ln in want.lines]
-            # and the bootstrap band of the reliability diagrams (the same seed: the same band)
+            # and the consistency band of the reliability diagrams (exact quantiles: the same band)
             bands = [[p.vertices.tolist() for c in ax.collections for p in c.get_paths()] for ax in (got, want)]
             assert bands[0] == bands[1]
         assert len(rel_ls.axes[0].collections) == len(rel_ls.axes[1].collections) == 1
         assert figures["reliability_ls"].caption == (
             "LS (seed 0): reliability diagrams of the test set before and after temperature scaling (T = 2.00, "
-            "fitted on the validation set), with the 90% bootstrap band of each bin's accuracy, and the histogram "
-            "of its confidences.")
+            "fitted on the validation set), with the 90% consistency band of a calibrated model (where its bars "
+            "would lie, per bin; a bar outside is evidence of miscalibration), and the histogram of its confidences.")
     finally:
         plt.close("all")
     # no figures: no section, nothing drawn
