@@ -30,13 +30,15 @@ import torch
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators._ovr import ovr_pairs, ovr_rows
 from calibkit.calibrators.binning import interpolate, pav_tables
+from calibkit.errors import UserError
 
 __all__ = ["CenteredIsotonicCalibration", "cir_knots"]
 
 
-def cir_knots(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def cir_knots(x: torch.Tensor, v: torch.Tensor, keep_edges: bool = True) -> tuple[torch.Tensor, ...]:
     """CIR knot tables of sorted scores ``x`` ``(G, N)`` (ascending in each row) and their isotonic
-    fitted values ``v`` ``(G, N)`` (steps 2 of the module docstring). Returns ``xs, ys`` ``(G, L)``
+    fitted values ``v`` ``(G, N)`` (step 2 of the module docstring; ``keep_edges=False`` centres the
+    levels 0 and 1 as well). Returns ``xs, ys`` ``(G, L)``
     and ``length`` ``(G,)`` in the layout of :func:`~calibkit.calibrators.binning.pav_tables`."""
     g, n = x.shape
     dev = x.device
@@ -58,7 +60,7 @@ def cir_knots(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     first[1:] = grp[1:] != grp[:-1]
     last = torch.ones(n_lv, dtype=torch.bool, device=dev)
     last[:-1] = grp[1:] != grp[:-1]
-    edge = (val == 0) | (val == 1)
+    edge = ((val == 0) | (val == 1)) & keep_edges
     left = torch.where(edge | first, lo, mean)
     right = torch.where(edge | (last & ~first), hi, mean)
     px = torch.stack([left, right], 1).reshape(-1)
@@ -80,6 +82,10 @@ def cir_knots(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 class CenteredIsotonicCalibration(Calibrator):
     """Centred isotonic regression (CIR), one-vs-rest; the rule is in the module docstring.
 
+    Args:
+        keep_edges: level sets at 0 or 1 keep both ends instead of being centred (default True, the
+            paper's and the reference's rule).
+
     ``K = 2`` (and binary logits): one map, of the positive class. Outputs: rows floored at
     ``1e-12`` and renormalised (:mod:`calibkit.calibrators._ovr`).
 
@@ -90,8 +96,12 @@ class CenteredIsotonicCalibration(Calibrator):
 
     _STATE = ("knots_x_", "knots_y_", "n_knots_")
 
-    def __init__(self):
-        pass
+    def __init__(self, keep_edges: bool = True):
+        self.keep_edges = keep_edges
+
+    def _check_params(self):
+        if not isinstance(self.keep_edges, bool):
+            raise UserError(f"keep_edges must be True or False, got {self.keep_edges!r}")
 
     def _fit(self, z, y):
         s, t = ovr_pairs(z, y)
@@ -100,7 +110,7 @@ class CenteredIsotonicCalibration(Calibrator):
         tables = pav_tables(s.reshape(-1), t.reshape(-1), group, g)
         xs = s.sort(dim=1).values
         v = interpolate(*tables, xs)
-        self.knots_x_, self.knots_y_, self.n_knots_ = cir_knots(xs, v)
+        self.knots_x_, self.knots_y_, self.n_knots_ = cir_knots(xs, v, self.keep_edges)
 
     def _predict(self, z):
         s, _ = ovr_pairs(z)

@@ -31,6 +31,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators._ovr import ovr_pairs, ovr_rows, run_tables
+from calibkit.errors import UserError
 
 __all__ = ["VennAbersCalibration", "venn_abers_tables"]
 
@@ -176,7 +177,7 @@ def _bridges(px, py, prev, succ, length, dy: float) -> np.ndarray:
     return out.reshape(g, width)
 
 
-def venn_abers_tables(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def venn_abers_tables(x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``(scores (G, L), n_scores (G,), p0 (G, L + 1), p1 (G, L + 1))`` of the validation scores ``x``
     ``(G, N)`` with 0/1 targets ``t`` ``(G, N)``: the distinct sorted scores of each row (padded with
     2) and ``p0``, ``p1`` at each insertion position ``j = 0..m`` (module docstring)."""
@@ -204,6 +205,10 @@ class VennAbersCalibration(Calibrator):
     """Inductive Venn-Abers calibration, one-vs-rest, merged ``p1 / (1 - p0 + p1)``; the rule is in
     the module docstring.
 
+    Args:
+        merge: ``"log"`` (default): ``p1 / (1 - p0 + p1)``, the merge that minimises the worse of the
+            two log losses (Vovk and Petej); ``"mean"``: ``(p0 + p1) / 2``, the Brier-score one.
+
     Attributes:
         scores_: ``(G, L)`` distinct validation scores of each map (``G = K``, 1 when ``K = 2``),
             padded with 2;
@@ -213,8 +218,12 @@ class VennAbersCalibration(Calibrator):
 
     _STATE = ("scores_", "n_scores_", "p0_", "p1_")
 
-    def __init__(self):
-        pass
+    def __init__(self, merge: str = "log"):
+        self.merge = merge
+
+    def _check_params(self):
+        if self.merge not in ("log", "mean"):
+            raise UserError(f"merge must be 'log' (p1 / (1 - p0 + p1)) or 'mean' ((p0 + p1) / 2), got {self.merge!r}")
 
     def _fit(self, z, y):
         s, t = ovr_pairs(z, y)
@@ -227,4 +236,5 @@ class VennAbersCalibration(Calibrator):
         right = torch.searchsorted(self.scores_.contiguous(), s, right=True)
         left = torch.searchsorted(self.scores_.contiguous(), s, right=False)
         p0, p1 = self.p0_.gather(1, right), self.p1_.gather(1, left)
-        return ovr_rows(p1 / (1 - p0 + p1), z.shape[1])
+        p = p1 / (1 - p0 + p1) if self.merge == "log" else (p0 + p1) / 2
+        return ovr_rows(p, z.shape[1])

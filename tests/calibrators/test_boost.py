@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from calibkit.calibrators import LightGBMCalibration
-from calibkit.calibrators import boost
+from calibkit.calibrators import LightGBMCalibration, boost
 from calibkit.errors import UserError
 
 

@@ -92,3 +92,13 @@ def test_no_exact_zero_and_increasing_between_levels():
         dx, dy = cal.knots_x_[k, 1:n].diff(), cal.knots_y_[k, :n].diff()
         assert bool((cal.knots_x_[k, 1:n] >= cal.knots_x_[k, : n - 1]).all()) and bool((dy >= 0).all())
         del dx
+
+
+def test_keep_edges_false_centres_the_zero_level():
+    x = torch.arange(1.0, 7.0, dtype=torch.float64)[None]
+    v = torch.tensor([[0, 0, 0.5, 0.5, 1, 1]], dtype=torch.float64)
+    xs, ys, n = cir_knots(x, v, keep_edges=False)
+    # first level {1, 2}: (1, 0), (1.5, 0); middle (3.5, 1/2); last {5, 6}: (5.5, 1), (6, 1)
+    torch.testing.assert_close(xs[0, : int(n[0])], torch.tensor([1.0, 1.5, 3.5, 5.5, 6.0], dtype=torch.float64))
+    xs, ys, n = cir_knots(x, v)  # the ends kept: (1, 0), (2, 0), (3.5, 1/2), (5, 1), (6, 1)
+    torch.testing.assert_close(xs[0, : int(n[0])], torch.tensor([1.0, 2.0, 3.5, 5.0, 6.0], dtype=torch.float64))

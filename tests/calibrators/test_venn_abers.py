@@ -62,3 +62,15 @@ def test_binary_is_one_map_of_the_positive_class():
     for i in range(5):
         p0, p1 = _direct(p, y.numpy().astype(float), p[i])
         assert cal.predict_proba(s[i : i + 1]).item() == pytest.approx(p1 / (1 - p0 + p1), abs=1e-10)
+
+
+def test_mean_merge_and_bad_merge():
+    g = torch.Generator().manual_seed(7)
+    s = torch.randn(40, generator=g, dtype=torch.float64)
+    y = (torch.rand(40, generator=g, dtype=torch.float64) < torch.sigmoid(s)).long()
+    cal = VennAbersCalibration(merge="mean").fit(s, y)
+    p = torch.sigmoid(s).numpy()
+    p0, p1 = _direct(p, y.numpy().astype(float), p[3])
+    assert cal.predict_proba(s[3:4]).item() == pytest.approx((p0 + p1) / 2, abs=1e-10)
+    with pytest.raises(ValueError, match="merge"):
+        VennAbersCalibration(merge="max").fit(s, y)
