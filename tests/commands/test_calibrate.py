@@ -38,7 +38,7 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     text = capsys.readouterr().out
     rows = json.loads((out / "report" / "results.json").read_text())
     names = [r["calibrator"] for r in rows]
-    from calibkit.commands.calibrate import OPT_IN
+    from calibkit.calibrators.boost import OPT_IN
 
     assert names == ["none"] + [n for n in CALIBRATORS if n not in OPT_IN]  # registry order, never ranked
     assert "lightgbm" in OPT_IN and "lightgbm" not in names  # opt-in: fitted only when named
