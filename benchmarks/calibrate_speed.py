@@ -14,7 +14,7 @@ interleaved runs means much).
 
 Usage::
 
-    python benchmarks/calibrate_speed.py [--repeats 1] [--num-threads N] [--baseline DIR]
+    python benchmarks/calibrate_speed.py [--repeats 1] [--num-threads N] [--baseline DIR] [--sizes 10,100]
 """
 
 from __future__ import annotations
@@ -74,13 +74,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--num-threads", type=int, default=None, help="passed to calibkit (default: its own default)")
     ap.add_argument("--baseline", metavar="DIR", help="a folder holding another calibkit package to compare with")
+    ap.add_argument("--sizes", default="10,100", help="the K to run, comma-separated (default 10,100)")
     args = ap.parse_args(argv)
     here = str(Path(__file__).resolve().parents[1])
     threads = [] if args.num_threads is None else ["--num-threads", str(args.num_threads)]
     startup, _ = run(_calibkit() + ["--version"])
     print(f"start-up (calibkit --version): {startup:.2f} s; load average {os.getloadavg()[0]:.1f}")
     ok = True
-    for k in (10, 100):
+    for k in (int(v) for v in args.sizes.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             source = write_split(k, folder)
