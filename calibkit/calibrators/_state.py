@@ -27,7 +27,13 @@ finite, and its range:
   ``levels_`` ``(G, E + 1)`` in ``[0, 1]``;
 * SVS / SMS: ``temperature_`` > 0, ``mix_`` in ``(0, 1)``, ``weight_`` ``(K,)`` / ``(K, K)``,
   ``bias_`` ``(K,)`` finite, ``reg_`` a mapping of the penalty names to finite numbers >= 0,
-  ``n_iter_`` an integer >= 0.
+  ``n_iter_`` an integer >= 0;
+* CIR: ``knots_x_``, ``knots_y_`` ``(G, L)`` (``G = K``, 1 when ``K = 2``), ``knots_x_``
+  non-decreasing, ``knots_y_`` in ``[0, 1]``, ``n_knots_`` ``(G,)`` int64 in ``[1, L]``;
+* Venn-Abers: ``scores_`` ``(G, L)`` non-decreasing, ``n_scores_`` ``(G,)`` int64 in ``[1, L]``,
+  ``p0_``, ``p1_`` ``(G, L + 1)`` in ``[0, 1]``;
+* one-vs-rest spline: ``coef_`` ``(G, n_knots)`` finite, the knot tables as CIR's without the range;
+* LightGBM: ``models_`` a list of ``n_folds`` (1 when ``n_folds = 0``) LightGBM model texts.
 """
 
 from __future__ import annotations
@@ -175,6 +181,24 @@ def _structured(state, params, k, matrix):
         raise StateError("reg_", f"must map {', '.join(names)} to finite numbers >= 0, got {_show(reg)}")
 
 
+def _venn_abers(state, params, k):
+    groups = 1 if k == 2 else k
+    x = state["scores_"]
+    width = x.shape[1] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
+    _tensor(state, "scores_", (groups, width), rows_sorted=True)
+    _tensor(state, "n_scores_", (groups,), dtype=torch.int64, lo=1, hi=max(width, 1))
+    _tensor(state, "p0_", (groups, width + 1), lo=0.0, hi=1.0)
+    _tensor(state, "p1_", (groups, width + 1), lo=0.0, hi=1.0)
+
+
+def _lightgbm(state, params, k):
+    models = state["models_"]
+    n = params["n_folds"] or 1
+    if not (isinstance(models, list) and len(models) == n
+            and all(isinstance(m, str) and m.startswith("tree") for m in models)):
+        raise StateError("models_", f"must be a list of {n} LightGBM model texts, got {_show(models)}")
+
+
 _CHECKS = {
     "temperature": _temperature,
     "vector": lambda state, params, k: _affine(state, k, matrix=False),
@@ -191,6 +215,11 @@ _CHECKS = {
     "bbq": _bbq,
     "svs": lambda state, params, k: _structured(state, params, k, matrix=False),
     "sms": lambda state, params, k: _structured(state, params, k, matrix=True),
+    "cir": lambda state, params, k: _knots(state, 1 if k == 2 else k, (0.0, 1.0)),
+    "venn_abers": _venn_abers,
+    "spline_ovr": lambda state, params, k: (_tensor(state, "coef_", (1 if k == 2 else k, params["n_knots"])),
+                                            _knots(state, 1 if k == 2 else k, (None, None))),
+    "lightgbm": _lightgbm,
 }
 
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.bbq import BBQ
 from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning, UniformHistogramBinning
+from calibkit.calibrators.boost import LightGBMCalibration
+from calibkit.calibrators.cir import CenteredIsotonicCalibration
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from calibkit.calibrators.sigmoid import BetaCalibration, PlattScaling
 from calibkit.calibrators.spline import SplineCalibration
+from calibkit.calibrators.spline_ovr import OneVsRestSplineCalibration
 from calibkit.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 from calibkit.calibrators.temperature import TemperatureScaling
+from calibkit.calibrators.venn_abers import VennAbersCalibration
 
 __all__ = ["CALIBRATORS"]
 
@@ -33,4 +37,8 @@ CALIBRATORS: dict[str, type[Calibrator | TemperatureScaling]] = {
     "svs": StructuredVectorScaling,
     "sms": StructuredMatrixScaling,
     "histogram_uniform": UniformHistogramBinning,
+    "cir": CenteredIsotonicCalibration,
+    "venn_abers": VennAbersCalibration,
+    "spline_ovr": OneVsRestSplineCalibration,
+    "lightgbm": LightGBMCalibration,
 }

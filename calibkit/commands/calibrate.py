@@ -38,14 +38,16 @@ paired difference from temperature scaling, the runner-up), then the validation 
 was made on, then every calibrator's test numbers for reference (never a ranking): ECE x100 with
 its interval, the paired difference from TS (* significantly lower, ! higher), classwise ECE, NLL
 (flagged when rows get a zero true-class probability), accuracy, its change and the share of
-predictions the calibrator changed. Then, for reference, each calibrator's selective prediction
-(AURC, AUGRC) and APS conformal sets at --alpha (default 0.1): the calibrator refitted on one half of
+predictions the calibrator changed. Then, for reference, the selective prediction (AURC, AUGRC) and
+APS conformal sets at --alpha (default 0.1) of the uncalibrated model, temperature scaling and the
+chosen calibrator (--full-report: of every calibrator): the calibrator refitted on one half of
 the validation rows, the set threshold on the other half, coverage and mean set size on test, with
 paired intervals against TS. Writes DIR/report/calibrators.md, results.json, selection.json, sets.json,
-reliability_<name>.png and index.html (the tables, the reliability diagrams before/after); --save
-writes the chosen calibrator as DIR/NAME.safetensors + DIR/NAME.json (NAME: its own name; the
-uncalibrated choice, none, as temperature 1), --save NAME that one, for `calibkit apply` and
-calibkit.calibrators.load. Bad files change nothing on disk.
+reliability_<name>.png (of the same calibrators as the sets) and index.html (the tables, the
+reliability diagrams before/after); --save writes the chosen calibrator as DIR/NAME.safetensors +
+DIR/NAME.json (NAME: its own name; the uncalibrated choice, none, as temperature 1), --save NAME that
+one, for `calibkit apply` and calibkit.calibrators.load. Bad files change nothing on disk. LightGBM
+(extra boost) runs only when --calibrators names it.
 
 examples:
   calibkit calibrate --from outputs.npz --split 0.5 --save
@@ -85,6 +87,9 @@ def register(subparsers) -> None:
     p.add_argument("--folds", type=int, default=5, help="cross-fitting folds of the validation split (default 5)")
     p.add_argument("--alpha", type=float, default=0.1,
                    help="miscoverage of the conformal prediction sets, in (0, 1) (default 0.1: 90%% coverage)")
+    p.add_argument("--full-report", action="store_true",
+                   help="conformal sets and reliability diagrams of every calibrator (default: of the chosen one, "
+                        "temperature scaling and the uncalibrated model only)")
     p.add_argument("--timings", action="store_true", help="print where the time went")
     from calibkit.commands import add_num_threads
 
@@ -95,8 +100,10 @@ def register(subparsers) -> None:
 def _choose(spec):
     from calibkit.calibrators import CALIBRATORS
 
-    if spec is None:
-        return list(CALIBRATORS)
+    if spec is None:  # the opt-in calibrators run only when named
+        from calibkit.calibrators.boost import OPT_IN
+
+        return [n for n in CALIBRATORS if n not in OPT_IN]
     names = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [n for n in names if n not in CALIBRATORS]
     if bad or not names:
@@ -157,8 +164,9 @@ def run(args) -> int:
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
     from calibkit.report import sets
 
+    shown = _shown(probs, sel.chosen, args.full_report)
     with timer("sets"):
-        set_res = sets.calibrator_sets((val_x, val_y), (test_x, test_y), probs, alpha=args.alpha,
+        set_res = sets.calibrator_sets((val_x, val_y), (test_x, test_y), shown, alpha=args.alpha,
                                        n_boot=args.n_boot, seed=args.seed)
     text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
                         posthoc.test_table(rows, sel.chosen), sets.calibrator_sets_table(set_res, args.alpha)])
@@ -173,12 +181,12 @@ def run(args) -> int:
     report = out / "report"
     report.mkdir(parents=True, exist_ok=True)
     with timer("figures"):
-        _figures(report, probs, test_y, args)
+        _figures(report, shown, test_y, args)
     (report / "calibrators.md").write_text(
         f"# Post-hoc calibrators\n\nFitted and chosen on `{src.val_name}` ({len(val_y)} rows), scored on "
         f"`{src.test_name}` "
         f"({len(test_y)} rows); {args.n_boot} bootstrap resamples, 95% intervals, ECE with {args.n_bins} bins.\n\n"
-        f"{text}\n\n" + "\n".join(f"![{n}](reliability_{n}.png)" for n in probs) + "\n")
+        f"{text}\n\n" + "\n".join(f"![{n}](reliability_{n}.png)" for n in shown) + "\n")
     (report / "results.json").write_text(json.dumps(
         [dict(posthoc.jsonable_row(r), selected=r["calibrator"] == sel.chosen) for r in rows], indent=2))
     (report / "selection.json").write_text(json.dumps(sel.to_dict(), indent=2))
@@ -336,6 +344,16 @@ def _test_numbers(sel, probs, test_y, seconds, args, timer):
             extra[f"{m}_ci"], extra[f"d_{m}"] = cis[sel.chosen], d.get(sel.chosen) if sel.chosen != ref else None
     rows = posthoc.test_rows(probs, test_y, intervals, diffs, panels, seconds)
     return rows, posthoc.recommendation(sel, rows, extra)
+
+
+def _shown(probs: dict, chosen: str, full: bool) -> dict:
+    """The calibrators whose sets and reliability diagrams are computed: every one with --full-report,
+    else the uncalibrated model, temperature scaling and the chosen one (the sets refit each
+    calibrator and the figures take ~0.15 s each: most of the time after the fits)."""
+    from calibkit.calibrators.selection import NONE
+    from calibkit.report.posthoc import REFERENCE
+
+    return probs if full else {n: p for n, p in probs.items() if n in (NONE, REFERENCE, chosen)}
 
 
 def _figures(report, probs, labels, args) -> None:

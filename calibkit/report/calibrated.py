@@ -38,10 +38,12 @@ class NoValidationLogits(UserError):
 
 
 def calibrator_names() -> list[str]:
-    """``["none", *CALIBRATORS]``: the columns of the methods x calibrators table, in order."""
+    """``["none", *CALIBRATORS]``: the columns of the methods x calibrators table, in order, without
+    the opt-in ones (:data:`calibkit.calibrators.boost.OPT_IN`)."""
     from calibkit.calibrators import CALIBRATORS
+    from calibkit.calibrators.boost import OPT_IN
 
-    return [NONE] + list(CALIBRATORS)
+    return [NONE] + [n for n in CALIBRATORS if n not in OPT_IN]
 
 
 def _check_name(name: str) -> None:

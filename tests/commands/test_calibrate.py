@@ -38,7 +38,10 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     text = capsys.readouterr().out
     rows = json.loads((out / "report" / "results.json").read_text())
     names = [r["calibrator"] for r in rows]
-    assert names == ["none"] + list(CALIBRATORS)  # registry order, never ranked by a test number
+    from calibkit.calibrators.boost import OPT_IN
+
+    assert names == ["none"] + [n for n in CALIBRATORS if n not in OPT_IN]  # registry order, never ranked
+    assert "lightgbm" in OPT_IN and "lightgbm" not in names  # opt-in: fitted only when named
     sel = json.loads((out / "report" / "selection.json").read_text())
     assert [r["calibrator"] for r in rows if r["selected"]] == [sel["chosen"]]
     by = {r["calibrator"]: r for r in rows}
@@ -46,7 +49,7 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     assert by["temperature"]["ece"] == pytest.approx(float(F.ece(ts, yt)), abs=1e-12)
     assert by["none"]["ece"] == pytest.approx(float(F.ece(torch.softmax(zt, 1), yt)), abs=1e-12)
     assert by["temperature"]["vs_ts"] is None
-    for name in CALIBRATORS:
+    for name in names[1:]:
         if name != "temperature":
             p = CALIBRATORS[name]().fit(zv, yv).predict_proba(zt)
             assert by[name]["ece"] == pytest.approx(float(F.ece(p, yt)), abs=1e-12)
@@ -56,13 +59,17 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     assert f"**Use: {sel['chosen']}**" in text and f"**{sel['chosen']}** (chosen)" in text
     md = (out / "report" / "calibrators.md").read_text()
     assert "dECE vs TS" in md
-    assert all((out / "report" / f"reliability_{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
-    assert all(f"![{n}](reliability_{n}.png)" in md for n in names)
-    # selective prediction and APS sets, every calibrator, against a direct computation for TS
+    # figures and sets of the uncalibrated model, TS and the chosen calibrator only (--full-report: all)
+    shown = [n for n in names if n in ("none", "temperature", sel["chosen"])]
+    assert sorted(p.name for p in (out / "report").glob("reliability_*.png")) == sorted(
+        f"reliability_{n}.png" for n in shown)
+    assert all((out / "report" / f"reliability_{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in shown)
+    assert all(f"![{n}](reliability_{n}.png)" in md for n in shown)
+    # selective prediction and APS sets against a direct computation for TS
     from calibkit.report.sets import conformal_rows
 
     sets = json.loads((out / "report" / "sets.json").read_text())
-    assert sets["alpha"] == 0.1 and list(sets["calibrators"]) == names
+    assert sets["alpha"] == 0.1 and list(sets["calibrators"]) == shown
     direct = conformal_rows(zv, yv, zt, yt, "temperature", alpha=0.1, seed=0)
     assert sets["calibrators"]["temperature"]["size"] == pytest.approx(float(direct["size"].double().mean()))
     assert sets["calibrators"]["temperature"]["aurc"] == pytest.approx(float(F.aurc(ts, yt)))
@@ -76,6 +83,17 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     with np.load(tmp / "applied.npz") as f:
         np.testing.assert_array_equal(f["probs"], saved.predict_proba(zt).numpy())
         np.testing.assert_array_equal(f["labels"], yt.numpy())
+
+
+def test_full_report_has_every_calibrators_sets_and_figure(files):
+    tmp, _, _ = files
+    out = tmp / "full"
+    assert main(["calibrate", "--val", str(tmp / "val.npz"), "--test", str(tmp / "test.npz"), "--out", str(out),
+                 "--n-boot", "10", "--dpi", "20", "--calibrators", "temperature,vector,isotonic", "--full-report"]) == 0
+    names = ["none", "temperature", "vector", "isotonic"]
+    assert list(json.loads((out / "report" / "sets.json").read_text())["calibrators"]) == names
+    assert sorted(p.name for p in (out / "report").glob("reliability_*.png")) == sorted(
+        f"reliability_{n}.png" for n in names)
 
 
 def test_probs_files_and_other_formats(files, capsys):
