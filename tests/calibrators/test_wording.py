@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from calibkit.calibrators.crossfit import NONE, CrossFitScore
-from calibkit.calibrators.selection import choose
+from calibkit.calibrators.selection import SelectionRule, choose
 from calibkit.calibrators.wording import accuracy_below, comparison_note, distinct, nll_above
 
 
@@ -52,7 +52,7 @@ def test_the_uncalibrated_row_far_above_temperature_reads_as_significantly_worse
         return CrossFitScore(acc=0.9, ece=ece, nll=nll, brier=0.1, changed=0.0, samples=samples)
 
     sel = choose({NONE: score(0.0517, 0.40, 0.0517 + noise), "temperature": score(0.0100, 0.30, 0.0100 + noise),
-                  "histogram": score(0.0090, 0.300004, 0.0090 + noise)})
+                  "histogram": score(0.0090, 0.300004, 0.0090 + noise)}, SelectionRule(select_by="ece"))
     assert sel.chosen == "temperature"
     assert sel.notes[NONE].startswith("significantly above temperature (worse): ECE x100 difference +4.1700 [")
     # the NLL guard: 0.300004 vs 0.3 would both print 0.3000
