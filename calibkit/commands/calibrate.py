@@ -201,7 +201,7 @@ def run(args) -> int:
                          "validation and test must come from the same model")
     if len(val_y) < args.folds:
         raise UserError(f"{args.val}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
-    _check_rows(args, val_x, names)
+    _check_rows(args, val_x, val_y, names)
     _warn_one_class(args, val_y, 2 if val_x.dim() == 1 else val_x.shape[1])
     _warn_same_data(args, (val_x, val_y), (test_x, test_y))
 
@@ -251,16 +251,18 @@ def run(args) -> int:
 ROWS_PER_CLASS = 2  # fewer validation rows than this many per class: the warning of _check_rows
 
 
-def _check_rows(args, val_x, names) -> None:
-    """Warn when the validation split has fewer than ``ROWS_PER_CLASS`` rows per class (the K and
-    K x K parameter calibrators cannot be fitted reliably); refuse ``--save`` of a calibrator that
-    :func:`calibkit.calibrators.selection.unfittable` leaves unfitted."""
+def _check_rows(args, val_x, val_y, names) -> None:
+    """Warn when the validation split has fewer than ``ROWS_PER_CLASS`` rows in all, or fewer than
+    :data:`calibkit.calibrators.evidence.MIN_ROWS_PER_CLASS` rows of some class (named); refuse
+    ``--save`` of a calibrator that cross-fitting leaves unfitted (:func:`calibkit.calibrators.selection.unfittable`,
+    :func:`calibkit.calibrators.evidence.unestimable`)."""
     import warnings
 
+    from calibkit.calibrators.evidence import thin_warning, unestimable
     from calibkit.calibrators.selection import unfittable
 
     n, k = val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1]
-    refused = {name: why for name in names if (why := unfittable(name, n, k)) is not None}
+    refused = {name: why for name in names if (why := unfittable(name, n, k) or unestimable(name, val_y, k))}
     if args.save in refused:
         raise UserError(f"--save {args.save!r}: {refused[args.save]}")
     if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only
@@ -268,6 +270,8 @@ def _check_rows(args, val_x, names) -> None:
         warnings.warn(f"{args.val}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per class): "
                       "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
                       f"fitted reliably, and their fits may be slow{skipped}", stacklevel=2)
+    if (text := thin_warning(val_y, k, args.val)) is not None:
+        warnings.warn(text, stacklevel=2)
 
 
 def _warn_one_class(args, val_y, k: int) -> None:
@@ -341,12 +345,13 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     import torch
 
     from calibkit.calibrators import CALIBRATORS
+    from calibkit.calibrators.evidence import unestimable
     from calibkit.calibrators.selection import NONE, choose, cross_fit, unfittable
 
     fitted, seconds = {}, {}
     k = 2 if val_x.dim() == 1 else val_x.shape[1]
     for name in names:  # the full fits first, timed alone (the "fit s" column)
-        if unfittable(name, val_x.shape[0], k) is not None:
+        if unfittable(name, val_x.shape[0], k) is not None or unestimable(name, val_y, k) is not None:
             continue  # cross_fit gives it its reason
         start = time.perf_counter()
         with timer(f"fit {name}"):
