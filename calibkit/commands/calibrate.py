@@ -206,6 +206,7 @@ def run(args) -> int:
     _warn_same_data(args, (val_x, val_y), (test_x, test_y))
 
     from calibkit.report import posthoc
+    from calibkit.report.tables import md_code
 
     timer = _Timer()
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
@@ -229,7 +230,8 @@ def run(args) -> int:
     with timer("figures"):
         _figures(report, probs, test_y, args)
     (report / "calibrators.md").write_text(
-        f"# Post-hoc calibrators\n\nFitted and chosen on `{args.val}` ({len(val_y)} rows), scored on `{args.test}` "
+        f"# Post-hoc calibrators\n\nFitted and chosen on {md_code(args.val)} ({len(val_y)} rows), scored on "
+        f"{md_code(args.test)} "
         f"({len(test_y)} rows); {args.n_boot} bootstrap resamples, 95% intervals, ECE with {args.n_bins} bins.\n\n"
         f"{text}\n\n" + "\n".join(f"![{n}](reliability_{n}.png)" for n in probs) + "\n")
     (report / "results.json").write_text(json.dumps(
