@@ -176,7 +176,7 @@ def _is_int(v) -> bool:
 
 
 def _check_numbers(preset, where: str) -> None:
-    for key, low, why in (("tune_seed", 0, ""), ("n_boot", 1, " (bootstrap resamples)"),
+    for key, low, why in (("tune_seed", 0, ""), ("n_boot", 10, " (bootstrap resamples; fewer give no interval)"),
                           ("robust_n", 0, " (test images corrupted; 0: all)"), ("checkpoint_every", 1, "")):
         value = getattr(preset, key)
         if not _is_int(value) or value < low:

@@ -166,11 +166,12 @@ def _choose(spec):
 
 
 def _check_args(args, names):
+    from calibkit.bootstrap import MIN_RESAMPLES
     from calibkit.commands import check_paths_given
 
     check_paths_given(val=args.val, test=args.test, out=args.out)
-    for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10),
-                               ("--folds", args.folds, 2)):
+    for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, MIN_RESAMPLES),
+                               ("--dpi", args.dpi, 10), ("--folds", args.folds, 2)):
         if value < least:
             raise UserError(f"{flag} must be >= {least}, got {value}")
     if args.seed < 0:  # one rule with bench --seeds and tune --seed
