@@ -39,6 +39,7 @@ set: every resample would be that sample, and the zero-width interval would read
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -181,11 +182,16 @@ def _resolve(metric):
     raise UserError(f"metric must be a name or a callable, got {type(metric).__name__}")
 
 
+#: fewer resamples than this: no interval (``bootstrap_ci`` and the commands' ``--n-boot`` refuse).
+MIN_RESAMPLES = 10
+
+
 def _check_args(n_resamples, level, method):
     if method not in INTERVALS:
         raise UserError(f"unknown interval method {method!r}; expected one of {', '.join(INTERVALS)}")
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
-        raise UserError(f"n_resamples must be an integer >= 1, got {n_resamples!r}")
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < MIN_RESAMPLES:
+        raise UserError(f"n_resamples must be an integer >= {MIN_RESAMPLES} (fewer resamples give no interval: one "
+                        f"gives [x, x]), got {n_resamples!r}")
     if not 0 < level < 1:
         raise UserError(f"level must be in (0, 1), got {level!r}")
 
@@ -245,7 +251,12 @@ def bootstrap_interval(samples, estimate: float, level: float = 0.95, method: st
 
 
 def _result(estimate, samples, level, method, bounds) -> BootstrapResult:
+    """The reported interval holds its estimate: a basic interval that a skewed resample distribution
+    puts wholly on one side of the estimate (ECE near 0: ``0.69 [0.00, 0.67]``) is extended to it, which
+    only widens it (``docs/metrics.md``, "Minimum samples")."""
     low, high = bootstrap_interval(samples, estimate, level, method, bounds)
+    if math.isfinite(estimate):
+        low, high = min(low, estimate), max(high, estimate)
     return BootstrapResult(estimate, low, high, level, samples, method, float(samples.mean()) - estimate)
 
 

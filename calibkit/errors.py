@@ -23,7 +23,7 @@ that callers already catch:
 
 from __future__ import annotations
 
-__all__ = ["UserError", "UserKeyError", "UserRuntimeError", "shown_name"]
+__all__ = ["UserError", "UserFileNotFoundError", "UserKeyError", "UserRuntimeError", "shown_name"]
 
 
 class UserError(ValueError):
@@ -41,6 +41,11 @@ class UserRuntimeError(UserError, RuntimeError):
     """A :class:`UserError` that is also a ``RuntimeError``: a run stopped for a reason the user can change."""
 
 
+class UserFileNotFoundError(UserError, FileNotFoundError):
+    """A :class:`UserError` that is also a ``FileNotFoundError``: a file or folder the user named is missing
+    (the message names it and the next step)."""
+
+
 def shown_name(exc: BaseException) -> str:
     """The class name a one-line report gives ``exc`` (``FAILED: ValueError: ...``).
 
@@ -51,4 +56,5 @@ def shown_name(exc: BaseException) -> str:
     return _SHOWN.get(type(exc), type(exc).__name__)
 
 
-_SHOWN = {UserError: "ValueError", UserKeyError: "KeyError", UserRuntimeError: "RuntimeError"}
+_SHOWN = {UserError: "ValueError", UserKeyError: "KeyError", UserRuntimeError: "RuntimeError",
+          UserFileNotFoundError: "FileNotFoundError"}

@@ -67,8 +67,10 @@ def test_defaults_and_single_resample():
     b = bootstrap_ci("ece", probs.flip(1), labels, n_resamples=1000, seed=0)
     torch.testing.assert_close(diff.samples, a.samples - b.samples)  # seed 0 and 15 bins by default
     assert diff.estimate == pytest.approx(float(F.ece(probs, labels, 15) - F.ece(probs.flip(1), labels, 15)))
-    one = bootstrap_ci("acc", probs, labels, n_resamples=1, seed=3)
-    assert torch.equal(one.samples, by_hand("acc", probs, labels, 1, 3))
+    few = bootstrap_ci("acc", probs, labels, n_resamples=10, seed=3)  # MIN_RESAMPLES
+    assert torch.equal(few.samples, by_hand("acc", probs, labels, 10, 3))
+    with pytest.raises(ValueError, match="n_resamples must be an integer >= 10"):
+        bootstrap_ci("acc", probs, labels, n_resamples=9)
     # bootstrap_interval defaults: level 0.95, the basic interval
     s = torch.arange(101, dtype=torch.float64)  # quantiles 2.5 and 97.5
     assert bootstrap_interval(s, 50.0) == pytest.approx((2 * 50 - 97.5, 2 * 50 - 2.5))
@@ -86,7 +88,9 @@ def test_basic_interval_is_clipped_to_the_metrics_range_only():
     q = torch.quantile(res.samples, torch.tensor([0.025, 0.975], dtype=torch.float64))
     free = bootstrap_ci(lambda p, y: F.ece(p, y), probs, labels, n_resamples=200, seed=1)  # a callable: not clipped
     assert torch.equal(free.samples, res.samples)
-    assert (free.low, free.high) == pytest.approx((-float(q[1]), -float(q[0])))
+    # the basic interval is (-q_hi, -q_lo); the reported one is extended to hold the estimate 0
+    assert bootstrap_interval(free.samples, 0.0) == pytest.approx((-float(q[1]), -float(q[0])))
+    assert (free.low, free.high) == pytest.approx((-float(q[1]), max(-float(q[0]), 0.0)))
     assert free.low < 0
 
 
@@ -113,10 +117,26 @@ def test_argument_errors_are_named_in_full():
     with pytest.raises(ValueError, match=r"^unknown interval method 'BASIC'; expected one of basic, percentile$"):
         bootstrap_interval(torch.zeros(3), 0.0, method="BASIC")
     for bad in (True, 2.5, 0):
-        with pytest.raises(ValueError, match=rf"^n_resamples must be an integer >= 1, got {bad!r}$"):
+        with pytest.raises(ValueError, match=rf"^n_resamples must be an integer >= 10 \(fewer resamples give no "
+                                             rf"interval: one gives \[x, x\]\), got {bad!r}$"):
             bootstrap_ci("ece", probs, labels, n_resamples=bad)
     for bad in (0.0, 1.0):
         with pytest.raises(ValueError, match=rf"^level must be in \(0, 1\), got {bad!r}$"):
             bootstrap_ci("ece", probs, labels, level=bad)
     with pytest.raises(ValueError, match=r"^labels has 20 entries but the predictions have 10 rows$"):
         paired_bootstrap_diff(probs, probs[:10], labels, "ece")  # each model is checked against the labels
+
+
+def test_a_reported_interval_always_holds_its_estimate():
+    """Skewed resamples put the basic interval wholly on one side of the estimate; the reported one is
+    extended to it (every resample above the estimate: ``[2e - q_hi, 2e - q_lo]`` lies below e)."""
+    from calibkit.bootstrap import _result
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        est = float(torch.rand((), generator=g))
+        samples = est + torch.rand(50, generator=g, dtype=torch.float64) * float(torch.rand((), generator=g))
+        raw = bootstrap_interval(samples, est, 0.95, "basic", (0.0, 1.0))
+        res = _result(est, samples, 0.95, "basic", (0.0, 1.0))
+        assert res.low <= est <= res.high
+        assert res.low == min(raw[0], est) and res.high == max(raw[1], est)  # widened, never narrowed

@@ -1,7 +1,8 @@
 """Bad-input audit of the calibkit command line.
 
 Feeds bad and edge inputs to ``calibkit`` (calibrate, apply, compare, report, preset, bench,
-tune, and own data for the bench) and classifies each result:
+tune, own data for the bench, and the Python API: the pipeline's options and the statistics'
+minimums) and classifies each result:
 
 - clean:   the expectation is met exactly. "refuse": exit 1 (exit 2 when argparse itself
            rejects the option), one message line on stderr naming every key word, no traceback,
@@ -1355,6 +1356,61 @@ def own_data_cases():
     add(S, "image folder missing", "refuse", ["imgs"], imgcase({}))
 
 
+# ---------------------------------------------------------------- the Python API
+
+API = "__api__"  # argv[0] of a case run as Python code in the case's folder instead of a command line
+
+
+def api_cases():
+    """The bench's and the tuning's refusals through ``calibkit.pipeline`` (a refusal is a UserError,
+    shown as exit 1 with its message, and nothing created)."""
+    S = "api"
+    head = "from calibkit.pipeline import BenchOptions as B, TuneOptions as T, run_bench, run_tune\n"
+    for name, code, keys in (
+        ("report='no'", "B(report='no')", ["report"]),
+        ("seeds=(2**70,)", "run_bench('smoke', 'out', B(seeds=(2**70,)))", ["seeds"]),
+        ("device='tpu'", "run_bench('smoke', 'out', B(device='tpu'))", ["tpu"]),
+        ("store='mysql://x'", "run_bench('smoke', 'out', B(store='mysql://x'))", ["store"]),
+        ("log=None", "run_bench('smoke', 'out', B(log=None))", ["log"]),
+        ("a dict for the options", "run_bench('smoke', 'out', {'seeds': [0]})", ["BenchOptions"]),
+        ("out=None", "run_bench('smoke', None, B(seeds=(0,)))", ["out"]),
+        ("missing preset file", "import pathlib; run_bench(pathlib.Path('gone.toml'), 'out', B(seeds=(0,)))",
+         ["gone.toml"]),
+        ("unknown preset name", "run_bench('no_such_preset', 'out', B(seeds=(0,)))", ["no_such_preset"]),
+        ("a Preset named a/b", "from dataclasses import replace; from calibkit.bench.presetfile import load_preset; "
+         "run_bench(replace(load_preset('smoke'), name='a/b'), 'out', B(seeds=(0,)))", ["a/b"]),
+        ("missing CSM store", "run_bench('smoke', 'out', B(seeds=(0,), csm_store='nostore'))", ["nostore"]),
+        ("tune: a dict", "run_tune('smoke', 'out', {'seed': 0})", ["TuneOptions"]),
+        ("tune: seed -1", "run_tune('smoke', 'out', T(seed=-1))", ["seed"]),
+        ("bootstrap_ci n_resamples=1", "import torch; from calibkit.bootstrap import bootstrap_ci; "
+         "bootstrap_ci('ece', torch.full((20, 2), 0.5), torch.arange(20) % 2, n_resamples=1)", ["n_resamples"]),
+        ("spiegelhalter_z on one row", "import torch; from calibkit.functional.calibration_tests import "
+         "spiegelhalter_z; spiegelhalter_z(torch.tensor([[0.9, 0.1]]), torch.tensor([0]))", ["spiegelhalter_z"]),
+        ("ks_calibration_test on one row", "import torch; from calibkit.functional.calibration_tests import "
+         "ks_calibration_test; ks_calibration_test(torch.tensor([[0.9, 0.1]]), torch.tensor([0]))",
+         ["ks_calibration_test"]),
+    ):
+        add(S, name, "refuse", keys, lambda d, code=code: [API, head + code])
+
+    def no_class_4(d):  # K = 5, validation without class 4
+        x, y = logits_labels(200, 5, 0)
+        npz(d, "val.npz", logits=x[y != 4], labels=y[y != 4])
+        x, y = logits_labels(100, 5, 1)
+        npz(d, "test.npz", logits=x, labels=y)
+        return cal_argv("val.npz", "test.npz", "--n-boot", "20", "--calibrators", "temperature,vector,histogram")
+    add("edges", "calibrate: validation without class 4", "warn", ["class 4"], no_class_4)
+    add("edges", "calibrate: --save of a map that needs class 4", "refuse", ["--save", "class 4"],
+        lambda d: no_class_4(d) + ["--save", "vector"])
+
+    def n_boot(v):
+        def prep(d):
+            good_pair(d)
+            return cal_argv("val.npz", "test.npz", "--n-boot", v)
+        return prep
+    for v in ("1", "9"):
+        add("edges", f"calibrate --n-boot {v}", "refuse", ["--n-boot"], n_boot(v))
+
+
 # ---------------------------------------------------------------- running and classifying
 
 def snapshot(d: Path) -> dict:
@@ -1384,6 +1440,18 @@ def sqlite_side(rel: str, before: dict) -> bool:
     return False
 
 
+def run_api(code: str):
+    """Run ``code``: a UserError is a refusal (exit 1, its message on stderr), anything else a crash."""
+    from calibkit.errors import UserError
+
+    try:
+        exec(compile(code, "<api case>", "exec"), {})  # noqa: S102 - the audit's own case code
+    except UserError as exc:
+        print(f"calibkit: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_inprocess(argv, d: Path):
     from calibkit.cli import main
 
@@ -1395,7 +1463,7 @@ def run_inprocess(argv, d: Path):
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             warnings.simplefilter("always")
             try:
-                rc = main(argv)
+                rc = run_api(argv[1]) if argv[:1] == [API] else main(argv)
             except SystemExit as exc:
                 code = exc.code
                 rc = 0 if code is None else code if isinstance(code, int) else 1
@@ -1530,6 +1598,7 @@ def build_cases():
     preset_cases()
     bench_cases()
     own_data_cases()
+    api_cases()
 
 
 def main(argv=None) -> int:
@@ -1557,7 +1626,8 @@ def main(argv=None) -> int:
     root = Path(tempfile.mkdtemp(prefix="calibkit-audit-"))
     start = time.perf_counter()
     try:
-        build_fixtures(root)
+        if any(c.surface not in ("api", "edges") for c in cases):  # these cases need no fixture
+            build_fixtures(root)
         results = []
         for i, c in enumerate(cases):
             r = run_case(c, root, i)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibkit.errors import UserError
+from calibkit.errors import UserError, UserFileNotFoundError
 
 
 def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None, csm_build=False,
@@ -124,7 +124,7 @@ def check_csm_store_given(csm_store, csm: bool = False) -> None:
     path = Path(csm_store)
     if not path.exists():
         build = " and pass --csm-build" if csm else ""
-        raise FileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
+        raise UserFileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
                                 f"generate`, or leave --csm-store out{build})")
     if not path.is_dir():
         raise UserError(f"--csm-store {csm_store}: is a file, not a folder (a generated set is a folder)")
@@ -200,13 +200,13 @@ def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="
         read_manifest(src)  # not a generated set: raises naming the folder
         return
     if csm_store is not None:
-        raise FileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
+        raise UserFileNotFoundError(f"--csm-store {csm_store}: no such folder (make a generated set with `calibkit csm "
                                 "generate`, or leave --csm-store out and pass --csm-build)")
     if bundle.modality != "image":
         raise UserError(f"csm: {preset.dataset} is {bundle.modality}, not images; CSM does not apply: leave csm "
                          "out of --methods")
     if not csm_build:
-        raise FileNotFoundError(csmbuild.cost_line(preset, bundle, seeds, device))
+        raise UserFileNotFoundError(csmbuild.cost_line(preset, bundle, seeds, device))
     from calibkit.extras import require
 
     require("diffusers", "building a CSM generated set (--csm-build)")

@@ -45,7 +45,7 @@ import math
 import os
 from pathlib import Path
 
-from calibkit.errors import UserError
+from calibkit.errors import UserError, UserFileNotFoundError
 
 # The severities calibkit.data.corruptions.corrupt accepts.
 SEVERITY_LEVELS = (1, 2, 3, 4, 5)
@@ -106,8 +106,10 @@ def check_values(preset, where: str = "", seeds=None, methods=None, data_dir=Non
         calibkit.extras.MissingExtra: a package the data set or the OOD set needs.
     """
     from calibkit.bench.grid import grid_methods
+    from calibkit.bench.presetfile import check_name
     from calibkit.data import DATASETS, check_dataset
 
+    check_name(preset.name, where)  # a Preset made in Python skips the file's check; the name makes folders
     if preset.dataset not in DATASETS:
         from calibkit.bench.presetfile import nearest
 
@@ -139,12 +141,19 @@ def check_values(preset, where: str = "", seeds=None, methods=None, data_dir=Non
     return chosen
 
 
+MAX_SEED = 2**63 - 1  # the largest seed a SQLite or PostgreSQL integer column holds
+
+
 def check_seeds(seeds, label: str) -> None:
     """A non-empty list of distinct integers >= 0; ``label`` names the key or the flag."""
     seeds = list(seeds)
     bad = [s for s in seeds if not _is_int(s) or s < 0]
     if bad:
         raise UserError(f"{label}: every seed must be an integer >= 0, got {bad[0]!r}")
+    huge = [s for s in seeds if s > MAX_SEED]
+    if huge:
+        raise UserError(f"{label}: every seed must be at most 2**63 - 1 (the results database stores 64-bit "
+                        f"integers), got {huge[0]!r}")
     if len(set(seeds)) != len(seeds):
         raise UserError(f"{label}: repeated seed in {seeds}")
     if not seeds:
@@ -203,7 +212,7 @@ def _is_int(v) -> bool:
 
 
 def _check_numbers(preset, where: str) -> None:
-    for key, low, why in (("tune_seed", 0, ""), ("n_boot", 1, " (bootstrap resamples)"),
+    for key, low, why in (("tune_seed", 0, ""), ("n_boot", 10, " (bootstrap resamples; fewer give no interval)"),
                           ("robust_n", 0, " (test images corrupted; 0: all)"), ("checkpoint_every", 1, "")):
         value = getattr(preset, key)
         if not _is_int(value) or value < low:
@@ -234,16 +243,16 @@ def _check_paths(preset, where: str, data_dir) -> None:
             raise UserError(f"{label}: {str(folder)!r} is a folder, not a file ({preset.dataset} reads one .npz or "
                              ".safetensors file)")
         if spec.is_file and not path.is_file():
-            raise FileNotFoundError(f"{label}: no such file {str(folder)!r} ({preset.dataset} reads one .npz or "
+            raise UserFileNotFoundError(f"{label}: no such file {str(folder)!r} ({preset.dataset} reads one .npz or "
                                     ".safetensors file)")
         if not spec.is_file and path.exists() and not path.is_dir():
             raise UserError(f"{label}: {str(folder)!r} is a file, not a folder ({preset.dataset} reads a folder)")
         if not spec.is_file and not path.is_dir():
-            raise FileNotFoundError(f"{label}: no such folder {str(folder)!r}")
+            raise UserFileNotFoundError(f"{label}: no such folder {str(folder)!r}")
     if preset.ood == preset.dataset and preset.ood not in OOD_SETS + (NO_OOD,):  # as load_ood refuses it
         raise UserError(f"{where}ood: the OOD set must differ from the data set, got {preset.ood!r}")
     if is_user_set(preset.ood) and not os.path.exists(preset.ood):
-        raise FileNotFoundError(f"{where}ood: no such folder or file {preset.ood!r} (an OOD set is none, noise, "
+        raise UserFileNotFoundError(f"{where}ood: no such folder or file {preset.ood!r} (an OOD set is none, noise, "
                                 "digits, a data set name, a folder of images or an .npz/.safetensors file)")
 
 
@@ -258,7 +267,8 @@ def check_csm(csm: dict, where: str) -> None:
                         f"{nearest(csm['encoder'], CSM_ENCODERS)}")
     store = csm.get("store")
     if store is not None and (not isinstance(store, str) or not Path(store).is_dir()):
-        raise FileNotFoundError(f"{where}store: no such folder {store!r} (a generated set of `calibkit csm generate`)")
+        raise UserFileNotFoundError(f"{where}store: no such folder {store!r} (a generated set of "
+                                    "`calibkit csm generate`)")
 
 
 def check_maccal(values: dict, where: str) -> None:

@@ -53,7 +53,7 @@ from pathlib import Path
 import tomllib
 
 from calibkit.bench.grid import BENCH_METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
-from calibkit.errors import UserError
+from calibkit.errors import UserError, UserFileNotFoundError
 from calibkit.suggest import nearest as nearest  # re-exported: where the preset checks import it
 
 TABLES = ("train", "losses", "train_by_method", "maccal", "csm", "space")
@@ -261,7 +261,8 @@ def parse_preset(text: str, source: str = "preset") -> Preset:
 def read_preset_file(path) -> Preset:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"preset file {path} not found")
+        raise UserFileNotFoundError(f"preset file {path} not found; give an existing preset TOML file or a "
+                                    "shipped preset's name (see calibkit preset --help)")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

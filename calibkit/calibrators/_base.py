@@ -31,6 +31,7 @@ import torch
 
 from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_labels, check_logits, prob_sum_tol, upcast
+from calibkit.calibrators.evidence import warn_absent
 from calibkit.errors import UserError
 
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "Params", "check_not_probabilities",
@@ -262,7 +263,8 @@ class Calibrator(Params):
         check_init(self, init)
         z, y, binary = fit_inputs(val_logits, val_labels, name)
         self._check_params()
-        if init is None:
+        if init is None:  # a warm start is a fold of a checked fit (cross-fitting): warned once, there
+            warn_absent(self, y, z.shape[1])
             self._fit(z, y)
         else:
             if init.n_classes_ != z.shape[1] or init.binary_ != binary:

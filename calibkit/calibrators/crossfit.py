@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from calibkit.calibrators.evidence import unestimable
 from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.errors import UserError
 
@@ -224,7 +225,7 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
     k = 2 if x.dim() == 1 else x.shape[1]
     for name in names:
         start = time.perf_counter()
-        refused = unfittable(name, x.shape[0], k)
+        refused = unfittable(name, x.shape[0], k) or unestimable(name, y, k)
         if refused is not None:
             fitted.pop(name, None)
             scores[name] = CrossFitScore(error=refused)

@@ -113,11 +113,12 @@ def _choose(spec):
 
 
 def _check_args(args, names):
+    from calibkit.bootstrap import MIN_RESAMPLES
     from calibkit.commands.calibsources import check_sources
 
     check_sources(args)
-    for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, 1), ("--dpi", args.dpi, 10),
-                               ("--folds", args.folds, 2)):
+    for flag, value, least in (("--n-bins", args.n_bins, 1), ("--n-boot", args.n_boot, MIN_RESAMPLES),
+                               ("--dpi", args.dpi, 10), ("--folds", args.folds, 2)):
         if value < least:
             raise UserError(f"{flag} must be >= {least}, got {value}")
     if args.seed < 0:  # one rule with bench --seeds and tune --seed
@@ -151,11 +152,12 @@ def run(args) -> int:
     if len(val_y) < args.folds:
         raise UserError(f"{src.val_name}: {len(val_y)} validation rows, fewer than --folds {args.folds}")
     args.val_name = src.val_name  # what the warnings call the validation side
-    _check_rows(args, val_x, names)
+    _check_rows(args, val_x, val_y, names)
     _warn_one_class(args, val_y, 2 if val_x.dim() == 1 else val_x.shape[1])
     _warn_same_data(args, src)
 
     from calibkit.report import posthoc
+    from calibkit.report.tables import md_code
 
     timer = _Timer()
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
@@ -183,8 +185,8 @@ def run(args) -> int:
     with timer("figures"):
         _figures(report, shown, test_y, args)
     (report / "calibrators.md").write_text(
-        f"# Post-hoc calibrators\n\nFitted and chosen on `{src.val_name}` ({len(val_y)} rows), scored on "
-        f"`{src.test_name}` "
+        f"# Post-hoc calibrators\n\nFitted and chosen on {md_code(src.val_name)} ({len(val_y)} rows), scored on "
+        f"{md_code(src.test_name)} "
         f"({len(test_y)} rows); {args.n_boot} bootstrap resamples, 95% intervals, ECE with {args.n_bins} bins.\n\n"
         f"{text}\n\n" + "\n".join(f"![{n}](reliability_{n}.png)" for n in shown) + "\n")
     (report / "results.json").write_text(json.dumps(
@@ -205,16 +207,18 @@ def run(args) -> int:
 ROWS_PER_CLASS = 2  # fewer validation rows than this many per class: the warning of _check_rows
 
 
-def _check_rows(args, val_x, names) -> None:
-    """Warn when the validation split has fewer than ``ROWS_PER_CLASS`` rows per class (the K and
-    K x K parameter calibrators cannot be fitted reliably); refuse ``--save`` of a calibrator that
-    :func:`calibkit.calibrators.selection.unfittable` leaves unfitted."""
+def _check_rows(args, val_x, val_y, names) -> None:
+    """Warn when the validation split has fewer than ``ROWS_PER_CLASS`` rows in all, or fewer than
+    :data:`calibkit.calibrators.evidence.MIN_ROWS_PER_CLASS` rows of some class (named); refuse
+    ``--save`` of a calibrator that cross-fitting leaves unfitted (:func:`calibkit.calibrators.selection.unfittable`,
+    :func:`calibkit.calibrators.evidence.unestimable`)."""
     import warnings
 
+    from calibkit.calibrators.evidence import thin_warning, unestimable
     from calibkit.calibrators.selection import unfittable
 
     n, k = val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1]
-    refused = {name: why for name in names if (why := unfittable(name, n, k)) is not None}
+    refused = {name: why for name in names if (why := unfittable(name, n, k) or unestimable(name, val_y, k))}
     if args.save in refused:  # (CHOSEN_NAMES are never refused: the chosen one was fitted)
         raise UserError(f"--save {args.save!r}: {refused[args.save]}")
     if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only
@@ -223,6 +227,8 @@ def _check_rows(args, val_x, names) -> None:
                       "class): "
                       "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
                       f"fitted reliably, and their fits may be slow{skipped}", stacklevel=2)
+    if (text := thin_warning(val_y, k, args.val_name)) is not None:
+        warnings.warn(text, stacklevel=2)
 
 
 def _warn_one_class(args, val_y, k: int) -> None:
@@ -299,12 +305,13 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     import torch
 
     from calibkit.calibrators import CALIBRATORS
+    from calibkit.calibrators.evidence import unestimable
     from calibkit.calibrators.selection import NONE, choose, cross_fit, unfittable
 
     fitted, seconds = {}, {}
     k = 2 if val_x.dim() == 1 else val_x.shape[1]
     for name in names:  # the full fits first, timed alone (the "fit s" column)
-        if unfittable(name, val_x.shape[0], k) is not None:
+        if unfittable(name, val_x.shape[0], k) is not None or unestimable(name, val_y, k) is not None:
             continue  # cross_fit gives it its reason
         start = time.perf_counter()
         with timer(f"fit {name}"):

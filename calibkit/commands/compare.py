@@ -50,8 +50,10 @@ def run(args) -> int:
     out = Path(args.dir)
     if args.store is None and not (out / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
-    if args.n_boot is not None and args.n_boot < 1:
-        raise UserError(f"--n-boot must be >= 1, got {args.n_boot}")
+    from calibkit.bootstrap import MIN_RESAMPLES
+
+    if args.n_boot is not None and args.n_boot < MIN_RESAMPLES:
+        raise UserError(f"--n-boot must be >= {MIN_RESAMPLES} (fewer resamples give no interval), got {args.n_boot}")
     from calibkit.report.build import _load
     from calibkit.report.calibrated import CalibratedProbs
     from calibkit.report.data import label, summarize, usable_rows

@@ -40,8 +40,10 @@ def run(args) -> int:
             print(f"collect {args.dir}: {counts['imported']} new result(s) imported into {args.dir}/runs.db")
     if args.store is None and not (Path(args.dir) / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
-    if args.n_boot is not None and args.n_boot < 1:
-        raise UserError(f"--n-boot must be >= 1, got {args.n_boot}")
+    from calibkit.bootstrap import MIN_RESAMPLES
+
+    if args.n_boot is not None and args.n_boot < MIN_RESAMPLES:
+        raise UserError(f"--n-boot must be >= {MIN_RESAMPLES} (fewer resamples give no interval), got {args.n_boot}")
     if not 0 < args.alpha < 1:  # also refuses NaN
         raise UserError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
     name = args.preset

@@ -55,11 +55,17 @@ import torch
 from calibkit._arrays import array_io
 from calibkit.errors import UserError
 
-__all__ = ["spiegelhalter_z", "ks_calibration_test", "sup_abs_brownian_sf"]
+__all__ = ["MIN_ROWS", "spiegelhalter_z", "ks_calibration_test", "sup_abs_brownian_sf"]
 
 
-def _top(probs, labels, ignore_index):
-    """Validated ``(confidence, correct)`` float64 numpy arrays ``(P,)`` (ignored rows removed)."""
+#: fewer scored rows than this: the tests refuse (their normal and Brownian approximations say
+#: nothing on a handful of rows; one row gave p = 0.035 and 0.07).
+MIN_ROWS = 10
+
+
+def _top(probs, labels, ignore_index, owner: str):
+    """Validated ``(confidence, correct)`` float64 numpy arrays ``(P,)`` (ignored rows removed),
+    at least :data:`MIN_ROWS` of them."""
     from calibkit.functional.metrics import _sums
 
     s = _sums(probs, labels, 1, ignore_index=ignore_index)
@@ -68,6 +74,9 @@ def _top(probs, labels, ignore_index):
     if s.weight is not None:
         keep = s.weight.detach().cpu().numpy() > 0
         c, a = c[keep], a[keep]
+    if c.size < MIN_ROWS:
+        raise UserError(f"{owner} needs at least {MIN_ROWS} scored rows, got {c.size}: its p-value rests on a "
+                        "large-sample approximation; test on more rows")
     return c, a
 
 
@@ -117,7 +126,7 @@ def spiegelhalter_z(probs, labels, ignore_index: int | None = None) -> tuple[tor
     (typically over-confidence). Inputs as the metrics (``(N, K)``, binary ``(N,)``, dense with
     ``ignore_index``). Streams in O(1) memory (two running sums). See the module docstring.
     """
-    c, a = _top(probs, labels, ignore_index)
+    c, a = _top(probs, labels, ignore_index, "spiegelhalter_z")
     w = 1.0 - 2.0 * c
     num = float(np.sum((a - c) * w))
     var = float(np.sum(w * w * c * (1.0 - c)))
@@ -141,7 +150,7 @@ def ks_calibration_test(probs, labels, ignore_index: int | None = None) -> tuple
     """
     from calibkit.functional.estimators import tie_blocks
 
-    c, a = _top(probs, labels, ignore_index)
+    c, a = _top(probs, labels, ignore_index, "ks_calibration_test")
     values, count, correct = tie_blocks(c, a)
     n = float(count.sum())
     dev = np.abs(np.cumsum(correct - values * count))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +13,7 @@ from calibkit.bench.grid import KEEP_POLICIES, Preset
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.errors import UserError
 
-__all__ = ["BenchOptions", "BenchResult", "Sharing", "TuneOptions", "TuneReport", "TuneResult"]
+__all__ = ["BenchOptions", "BenchResult", "Sharing", "TuneOptions", "TuneReport", "TuneResult", "checked", "check_out"]
 
 
 def _seeds(values) -> tuple[int, ...] | None:
@@ -31,9 +33,43 @@ def _names(name: str, values) -> tuple[str, ...] | None:
     return tuple(values)
 
 
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+
+
+def _flag(name: str, value) -> None:
+    if not isinstance(value, bool):  # "no" or 0 would otherwise count as their truth value
+        raise UserError(f"{name} must be True or False, got {value!r}")
+
+
+def _path_or_none(name: str, value) -> None:
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise UserError(f"{name}: expected a path (a str or os.PathLike) or None, got {value!r}")
+
+
+def _store(value) -> None:
+    """The store's scheme, as ``--store`` takes it (the server itself is checked before the first write)."""
+    from calibkit.store import is_url, redact
+
+    if value is None:
+        return
+    if not isinstance(value, str) or not (value.startswith("env:") or is_url(value)):
+        shown = redact(value) if isinstance(value, str) else repr(value)
+        raise UserError(f"store: expected None (OUT/runs.db), a postgresql:// URL or env:NAME, got {shown!r}")
+
+
 def _check_common(opts) -> None:
-    """The checks :class:`TuneOptions` and :class:`BenchOptions` share (``opts`` is either)."""
+    """The checks :class:`TuneOptions` and :class:`BenchOptions` share (``opts`` is either): every
+    field's type, range and name, the store's scheme and the device's spelling, so that a bad
+    option is refused when the options are made, before anything is written."""
     object.__setattr__(opts, "methods", _names("methods", opts.methods))
+    for name in ("csm_build", "report"):
+        _flag(name, getattr(opts, name))
+    for name in ("data_dir", "csm_store"):
+        _path_or_none(name, getattr(opts, name))
+    _store(opts.store)
+    if not callable(opts.log):
+        raise UserError(f"log must be a callable taking print's arguments (lambda *a, **k: None for none), "
+                        f"got {opts.log!r}")
     if opts.num_threads is not None and (isinstance(opts.num_threads, bool) or not isinstance(opts.num_threads, int)
                                          or opts.num_threads < 1):
         raise UserError(f"num_threads must be an integer >= 1 (or None: the preset's), got {opts.num_threads!r}")
@@ -41,8 +77,8 @@ def _check_common(opts) -> None:
         raise UserError(f"max_extensions must be an integer >= 0 (0: never extend a grid), got {opts.max_extensions!r}")
     if opts.keep is not None and opts.keep not in KEEP_POLICIES:
         raise UserError(f"keep: unknown checkpoint policy {opts.keep!r}; choose one of {', '.join(KEEP_POLICIES)}")
-    if not isinstance(opts.device, str):
-        raise UserError(f"device: expected a string (auto, cpu, cuda or cuda:N), got {opts.device!r}")
+    if not isinstance(opts.device, str) or not DEVICE.fullmatch(opts.device):
+        raise UserError(f"device: unknown device {opts.device!r} (use auto, cpu, cuda or cuda:N)")
 
 
 @dataclass(frozen=True)
@@ -120,6 +156,8 @@ class BenchOptions:
     def __post_init__(self) -> None:
         _check_common(self)
         object.__setattr__(self, "seeds", _seeds(self.seeds))
+        for name in ("tune", "figures"):
+            _flag(name, getattr(self, name))
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise UserError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), "
                             f"got {self.alpha!r}")
@@ -129,6 +167,22 @@ class BenchOptions:
         return TuneOptions(methods=self.methods, data_dir=self.data_dir, device=self.device,
                            num_threads=self.num_threads, csm_store=self.csm_store, store=self.store, keep=self.keep,
                            max_extensions=self.max_extensions, log=self.log, report=False)
+
+
+def checked(options, cls):
+    """``options`` (None: ``cls()``), refused unless it is a ``cls`` (a dict or another options object)."""
+    if options is None:
+        return cls()
+    if not isinstance(options, cls):
+        raise UserError(f"options: expected a calibkit.pipeline.{cls.__name__} (or None), got a "
+                        f"{type(options).__name__}; build one with {cls.__name__}(**your_dict)")
+    return options
+
+
+def check_out(out) -> None:
+    """The output directory's type (its place on disk is checked with the preset)."""
+    if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+        raise UserError(f"out: expected the output directory's path (a non-empty str or os.PathLike), got {out!r}")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,16 @@ from calibkit.bench.presetfile import load_preset, read_preset_file, write_effec
 from calibkit.bench.runner import Bench
 from calibkit.bench.tune import Tuner
 from calibkit.errors import UserError, UserRuntimeError
-from calibkit.pipeline.options import BenchOptions, BenchResult, Sharing, TuneOptions, TuneReport, TuneResult
+from calibkit.pipeline.options import (
+    BenchOptions,
+    BenchResult,
+    Sharing,
+    TuneOptions,
+    TuneReport,
+    TuneResult,
+    check_out,
+    checked,
+)
 from calibkit.report.tuning import tuning_text, write_tuning_figure, write_tuning_json
 from calibkit.store import describe_store
 
@@ -120,7 +129,8 @@ def run_tune(preset: PresetLike, out, options: TuneOptions | None = None, *, sha
     Raises:
         UserError: a bad preset, option, data set or output directory (nothing written).
     """
-    options, sharing = options or TuneOptions(), sharing or Sharing()
+    options, sharing = checked(options, TuneOptions), sharing or Sharing()
+    check_out(out)
     base = load(preset, options.keep)
     if not sharing.released:  # before anything is created: a tuning that cannot run leaves no trace
         check_tune(base, out, methods=_seq(options.methods), seed=options.seed, data_dir=options.data_dir,
@@ -152,7 +162,8 @@ def run_bench(preset: PresetLike, out, options: BenchOptions | None = None, *, s
         UserError: a bad preset, option, data set or output directory (then nothing was written,
             ``out`` included), or, with ``tune``, candidates that failed.
     """
-    options, sharing = options or BenchOptions(), sharing or Sharing()
+    options, sharing = checked(options, BenchOptions), sharing or Sharing()
+    check_out(out)
     base = load(preset, options.keep)
     if not sharing.released:  # every precondition before anything is created
         check_bench(base, out, seeds=_seq(options.seeds), methods=_seq(options.methods), data_dir=options.data_dir,

@@ -12,9 +12,10 @@ import html
 import re
 import textwrap
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 from calibkit.report.figures import Figure
-from calibkit.report.tables import BEST_MARK, Table, md_table, text_table
+from calibkit.report.tables import BEST_MARK, Table, md_escape, md_table, text_table
 
 
 @dataclass
@@ -76,18 +77,22 @@ def _ordered(sections: list[Section]) -> tuple[list[Section], list[Section]]:
 
 
 def to_markdown(title: str, intro: str, sections: list[Section]) -> str:
+    """``report.md``: every text escaped by :func:`md_escape` (user notes, names and paths land as text,
+    never as HTML or links); the figures' links and the table of contents' anchors are the only links."""
     lead, rest = _ordered(sections)
-    out = [f"# {title}", "", intro, ""]
+    out = [f"# {md_escape(title)}", "", md_escape(intro), ""]
     for s in lead + rest:
         if s is (rest[0] if rest else None):
-            out += ["## Contents", "", *[f"- [{r.title}](#{anchor_of(r)})" for r in rest], ""]
-        out += [f"## {s.title}", ""]
+            out += ["## Contents", "", *[f"- [{md_escape(r.title)}](#{anchor_of(r)})" for r in rest], ""]
+        out += [f"## {md_escape(s.title)}", ""]
         if s.text:
-            out += [s.text, ""]
+            out += [md_escape(s.text), ""]
         for t in s.tables:
             out += [md_table(t), ""]
         for f in s.figures:
-            out += [f"![{f.caption}](figures/{f.path.name})", "", f"*{f.caption}*", ""]
+            one = " ".join(f.caption.split())  # one line: a blank line would end the image
+            alt = one.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]").replace("<", "&lt;")
+            out += [f"![{alt}](figures/{quote(f.path.name)})", "", f"*{md_escape(one)}*", ""]
     return "\n".join(out)
 
 

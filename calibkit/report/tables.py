@@ -6,6 +6,7 @@ renderer (:mod:`calibkit.report.render`) reads the same object.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from calibkit.bench.grid import REFERENCE
@@ -287,10 +288,40 @@ def _wrapped_text_table(header: list[str], rows: list[list[str]], widths: list[i
     return "\n".join(out)
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+
+
+def md_escape(text: str) -> str:
+    """``text`` safe in Markdown: outside code spans, ``<`` and ``>`` become entities (no raw HTML,
+    no autolink), and a ``]`` followed by ``(``, ``[`` or ``:`` is followed by a backslash (no inline
+    link or image, no reference link or definition; a plain ``[0.1, 0.2]`` stays as it is); code spans and
+    ``**bold**`` are kept. Applied to every text of ``report.md`` (user notes, names, paths)."""
+    out, last = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append(_md_plain(text[last:m.start()]))
+        out.append(m.group(0))
+        last = m.end()
+    out.append(_md_plain(text[last:]))
+    return "".join(out)
+
+
+def _md_plain(text: str) -> str:
+    text = text.replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("](", "]\\(").replace("][", "]\\[").replace("]:", "]\\:")
+
+
+def md_code(text: str) -> str:
+    """``text`` as one Markdown code span, whatever backticks it holds (a fence longer than its longest run)."""
+    runs = [len(r) for r in re.findall(r"`+", text)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def md_table(table: Table) -> str:
     """GitHub Markdown table; best cells of their column in bold, of their row in italics."""
     def esc(c):
-        return c.replace("|", "\\|")
+        return md_escape(c).replace("|", "\\|")
 
     def cell(i, j, c):
         c = esc(c)

@@ -47,7 +47,7 @@ def test_the_base_preset_is_valid(tmp_path):
     (("seeds = [0]", "seeds = []"), "seeds: give at least one seed"),
     (("seeds = [0]", "seeds = [-1]"), "seeds: every seed must be an integer >= 0, got -1"),
     (("seeds = [0]", "seeds = [0, 0]"), "seeds: repeated seed in [0, 0]"),
-    (("", "n_boot = 0\n"), "n_boot: must be an integer >= 1 (bootstrap resamples), got 0"),
+    (("", "n_boot = 0\n"), "n_boot: must be an integer >= 10 (bootstrap resamples; fewer give no interval), got 0"),
     (("", "robust_n = -1\n"), "robust_n: must be an integer >= 0 (test images corrupted; 0: all), got -1"),
     (("", "severities = [9]\n"), "severities: every severity must be one of 1, 2, 3, 4, 5, got 9"),
     (("", "num_threads = 0\n"), "num_threads: must be an integer >= 1 (leave it out for torch's default), got 0"),

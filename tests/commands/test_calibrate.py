@@ -144,7 +144,7 @@ def test_bad_input_one_line_exit_1_nothing_written(files, capsys):
     cases.append((str(tmp / "junk.npz"), r"junk.npz: not a readable .npz file \(not an intact zip archive"))
     for val, match in cases:
         out = tmp / "never"
-        rc = main(["calibrate", "--val", val, "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "5"])
+        rc = main(["calibrate", "--val", val, "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "10"])
         err = capsys.readouterr().err
         assert rc == 1 and err.count("\n") == 1 and err.startswith("calibkit calibrate: error:"), err
         import re
@@ -274,7 +274,7 @@ def test_empty_paths_and_a_negative_seed_are_refused_before_anything_is_written(
                         ([["--seed", "-1"]], "--seed must be an integer >= 0, got -1")):
         argv = {"--val": "val.npz", "--test": "test.npz", "--out": "o"}
         argv.update(dict(extra))
-        rc = main(["calibrate", *[a for kv in argv.items() for a in kv], "--n-boot", "5"])
+        rc = main(["calibrate", *[a for kv in argv.items() for a in kv], "--n-boot", "10"])
         assert rc == 1 and capsys.readouterr().err == f"calibkit calibrate: error: {want}\n"
         assert sorted(p.name for p in tmp.iterdir()) == before
 
@@ -285,7 +285,7 @@ def test_empty_paths_and_a_negative_seed_are_refused_before_anything_is_written(
 def _rejects(tmp, val, want, capsys):
     """``calibrate --val VAL`` fails with exactly ``calibkit calibrate: error: <want>``, nothing written."""
     out = tmp / "never"
-    rc = main(["calibrate", "--val", str(val), "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "5"])
+    rc = main(["calibrate", "--val", str(val), "--test", str(tmp / "test.npz"), "--out", str(out), "--n-boot", "10"])
     assert rc == 1 and capsys.readouterr().err == f"calibkit calibrate: error: {want}\n"
     assert not out.exists()
 

@@ -55,10 +55,11 @@ def test_spiegelhalter_by_hand():
     # c = 0.8, 0.8, 0.6, 0.9 and a = 1, 0, 1, 1; weights 1 - 2c = -0.6, -0.6, -0.2, -0.8
     # numerator: 0.2(-0.6) - 0.8(-0.6) + 0.4(-0.2) + 0.1(-0.8) = 0.20
     # variance: 0.36*0.16 + 0.36*0.16 + 0.04*0.24 + 0.64*0.09 = 0.1824
-    p, y = rows([0.8, 0.8, 0.6, 0.9], [1, 0, 1, 1])
+    # the four rows three times over (the tests need MIN_ROWS = 10): numerator 0.60, variance 0.5472
+    p, y = rows([0.8, 0.8, 0.6, 0.9] * 3, [1, 0, 1, 1] * 3)
     z, pv = spiegelhalter_z(p, y)
-    assert float(z) == pytest.approx(0.2 / math.sqrt(0.1824), abs=1e-12)
-    assert float(pv) == pytest.approx(math.erfc(0.2 / math.sqrt(0.1824) / math.sqrt(2)), abs=1e-12)
+    assert float(z) == pytest.approx(0.6 / math.sqrt(0.5472), abs=1e-12)
+    assert float(pv) == pytest.approx(math.erfc(0.6 / math.sqrt(0.5472) / math.sqrt(2)), abs=1e-12)
     assert z.dtype == pv.dtype == torch.float64 and z.dim() == 0
 
 
@@ -76,20 +77,21 @@ def test_ks_by_hand_and_equal_to_ks_error():
     # sorted: 0.6 correct | 0.8 correct, 0.8 wrong | 0.9 correct
     # cumulative a - c at block ends: 0.4, 0.4 + 1 - 1.6 = -0.2, -0.2 + 0.1 = -0.1 -> KS = 0.4 / 4
     # V = 0.24 + 2 * 0.16 + 0.09 = 0.65 -> T = 0.4 / sqrt(0.65)
-    p, y = rows([0.8, 0.6, 0.9, 0.8], [0, 1, 1, 1])
+    # three times over: block ends 1.2, 1.2 + 3 - 4.8 = -0.6, -0.3 -> KS = 1.2 / 12; V = 1.95, T = 1.2 / sqrt(1.95)
+    p, y = rows([0.8, 0.6, 0.9, 0.8] * 3, [0, 1, 1, 1] * 3)
     ks, pv = ks_calibration_test(p, y)
     assert float(ks) == pytest.approx(0.1, abs=1e-15)
-    assert float(pv) == pytest.approx(sup_abs_brownian_sf(0.4 / math.sqrt(0.65)), abs=1e-15)
+    assert float(pv) == pytest.approx(sup_abs_brownian_sf(1.2 / math.sqrt(1.95)), abs=1e-14)
     p, y = datasets(300, 2, reps=1)
     assert float(ks_calibration_test(p[0], y[0])[0]) == float(ks_error(p[0], y[0]))
 
 
 def test_degenerate_variance():
-    p, y = rows([1.0, 1.0, 1.0], [1, 1, 1])
+    p, y = rows([1.0] * 12, [1] * 12)
     for f in (spiegelhalter_z, ks_calibration_test):
         stat, pv = f(p, y)
         assert float(stat) == 0.0 and float(pv) == 1.0
-    p, y = rows([1.0, 1.0, 1.0], [1, 0, 1])  # a wrong prediction at confidence 1
+    p, y = rows([1.0] * 12, [1, 0, 1] * 4)  # wrong predictions at confidence 1
     assert float(spiegelhalter_z(p, y)[0]) == math.inf and float(spiegelhalter_z(p, y)[1]) == 0.0
     assert float(ks_calibration_test(p, y)[1]) == 0.0
 
@@ -192,3 +194,15 @@ def _print_rates(reps=REPS):  # pragma: no cover - the figures of docs/metrics.m
     print("calibrated binary", rejection_rates(*_binary_null(reps)))
     print("calibrated, 4 tied confidences", rejection_rates(*_tied_null(reps)))
     print("over-confident", rejection_rates(*datasets(300, 13, temperature=0.7, reps=reps)))
+
+
+def test_fewer_rows_than_the_minimum_are_refused():
+    from calibkit.functional.calibration_tests import MIN_ROWS
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(MIN_ROWS, generator=g, dtype=torch.float64)
+    y = (torch.rand(MIN_ROWS, generator=g, dtype=torch.float64) < p).long()
+    for f in (spiegelhalter_z, ks_calibration_test):
+        f(p, y)  # the minimum itself is accepted
+        with pytest.raises(ValueError, match=f"^{f.__name__} needs at least {MIN_ROWS} scored rows, got 1: "):
+            f(p[:1], y[:1])

@@ -704,7 +704,8 @@ def test_markdown(tmp_path):
         "## Empty", "",
         "## Short", "", "long text", "",
         "## Pictures & more", "",
-        '![A "quoted" <caption> with `x`](figures/f.png)', "", '*A "quoted" <caption> with `x`*']
+        # user text is escaped (no raw HTML in report.md); code spans are kept
+        '![A "quoted" &lt;caption> with `x`](figures/f.png)', "", '*A "quoted" &lt;caption&gt; with `x`*']
     assert md.endswith("`x`*\n")
 
 
