@@ -45,6 +45,7 @@ import math
 import os
 from pathlib import Path
 
+from calibkit.bench.presetpower import warn_small_validation
 from calibkit.errors import UserError, UserFileNotFoundError
 
 # The severities calibkit.data.corruptions.corrupt accepts.
@@ -170,41 +171,6 @@ def warn_tune_seed(preset, seed: int, seeds, label: str = "tune_seed") -> None:
         warnings.warn(f"{label} {seed} is also an evaluation seed of preset {preset.name} (seeds "
                       f"{', '.join(map(str, seeds))}): the selection sees the randomness of a run whose test numbers "
                       f"are reported; choose a seed outside them (the shipped presets tune on 100)", stacklevel=2)
-
-
-#: Per-row standard deviation of the test-NLL difference between two calibrators of one model
-#: (0.02-0.27 on the real-outputs test bed, median about 0.12; ``docs/metrics.md``).
-ROW_SD_NLL = 0.12
-#: A typical NLL difference between two calibrators (or two methods after calibration) worth telling apart.
-TYPICAL_NLL_DIFFERENCE = 0.01
-
-
-def detectable_nll(n_rows: int, row_sd: float = ROW_SD_NLL) -> float:
-    """The NLL difference ``n_rows`` validation rows detect (two-sided 5%, power 80%):
-    ``(z_0.975 + z_0.8) row_sd / sqrt(n_rows)``."""
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf
-    return (z(0.975) + z(0.8)) * row_sd / math.sqrt(n_rows)
-
-
-def warn_small_validation(preset, where: str = "") -> None:
-    """Warn when the preset's ``val_size`` cannot separate a typical NLL difference
-    (:data:`TYPICAL_NLL_DIFFERENCE`) on validation: the choice of a calibrator or a method pair then
-    rests on noise, and only the report's confirmatory test-split comparisons can tell."""
-    import warnings
-
-    n = (preset.train or {}).get("val_size")
-    if not _is_int(n) or n < 1:
-        return  # the data set's own split (its size is known only when the data are loaded)
-    mde = detectable_nll(n)
-    if mde > TYPICAL_NLL_DIFFERENCE:
-        need = math.ceil(n * (mde / TYPICAL_NLL_DIFFERENCE) ** 2)
-        warnings.warn(f"{where}val_size {n}: the validation split detects NLL differences of about {mde:.3f} or "
-                      f"more (two-sided 5%, power 80%, per-row sd {ROW_SD_NLL}); typical differences between "
-                      f"calibrators or methods are about {TYPICAL_NLL_DIFFERENCE}: validation cannot separate them "
-                      f"(too little data to tell). Use val_size >= {need} for that, or rely on the report's "
-                      "confirmatory test-split comparisons.", stacklevel=2)
 
 
 def _is_int(v) -> bool:

@@ -27,7 +27,7 @@ from calibkit.report.preset import preset_section, recorded_preset
 from calibkit.report.protocol import protocol_section
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
-from calibkit.report.tuning import current_runs
+from calibkit.report.tuning import load_current_runs
 from calibkit.report.verdict import (
     DEFAULT_RULE,
     method_selections,
@@ -36,7 +36,7 @@ from calibkit.report.verdict import (
     validation_table,
 )
 from calibkit.rundir import atomic_write
-from calibkit.store import describe_store, open_store
+from calibkit.store import describe_store
 
 
 @dataclass
@@ -281,24 +281,6 @@ def torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-def _load(out_dir: Path, preset: str | None, location: str | None = None) -> tuple[str, list]:
-    store = open_store(out_dir, location, readonly=True)
-    where = describe_store(out_dir, location)
-    try:
-        presets = store.presets()
-        if not presets:
-            raise UserError(f"{where} holds no runs yet")
-        if preset is None:
-            preset = presets[-1]
-        elif preset not in presets:
-            raise UserError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
-        # a damaged cell: named, row left out; runs moved aside by a re-tuning or at other values
-        # than the directory's selection: left out (one value per method)
-        return preset, current_runs(store.runs(preset, status=None, tolerant=True), store, preset)[0]
-    finally:
-        store.close()
-
-
 def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
                  figures: bool = True, width: int | None = None, store: str | None = None,
                  alpha: float = 0.1, progress: Phases | None = None, num_threads: int | None = 1) -> dict:
@@ -336,7 +318,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
 
 
 def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, phases: Phases) -> dict:
-    preset, rows = _load(out_dir, preset, store)
+    preset, rows = load_current_runs(out_dir, preset, store)
     recorded_keys = {r["run_key"] for r in rows}
     # A finished row the report cannot read is named, left out with a warning, and the rest reported.
     rows, skipped = usable_rows(rows)

@@ -19,7 +19,8 @@ from pathlib import Path
 from calibkit.bench.grid import METHODS, REFERENCE, Axis
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, eligible
 from calibkit.bench.space import at_edge
-from calibkit.store import open_store
+from calibkit.errors import UserError
+from calibkit.store import describe_store, open_store
 
 
 def _label(method: str) -> str:
@@ -280,3 +281,23 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix[1:]))
     plt.close(fig)
     return path
+
+
+def load_current_runs(out_dir, preset: str | None, location: str | None = None) -> tuple[str, list]:
+    """``(preset, rows)``: the runs of ``preset`` (default: the last one recorded) the report shows, read
+    from the bench directory's store (or ``location``)."""
+    store = open_store(out_dir, location, readonly=True)
+    where = describe_store(out_dir, location)
+    try:
+        presets = store.presets()
+        if not presets:
+            raise UserError(f"{where} holds no runs yet")
+        if preset is None:
+            preset = presets[-1]
+        elif preset not in presets:
+            raise UserError(f"no runs of preset {preset!r} in {where}; found: {', '.join(presets)}")
+        # a damaged cell: named, row left out; runs moved aside by a re-tuning or at other values
+        # than the directory's selection: left out (one value per method)
+        return preset, current_runs(store.runs(preset, status=None, tolerant=True), store, preset)[0]
+    finally:
+        store.close()

@@ -241,7 +241,7 @@ def test_a_validation_split_too_small_to_separate_typical_differences_is_warned(
     import math
     import warnings
 
-    from calibkit.bench.presetcheck import detectable_nll
+    from calibkit.bench.presetpower import detectable_nll
 
     # by hand: (1.959964 + 0.841621) x 0.12 / sqrt(500) = 0.015035; rows for 0.01: (0.336190 / 0.01)^2 = 1130.24
     assert detectable_nll(500) == pytest.approx(2.801585 * 0.12 / math.sqrt(500), rel=1e-6)
