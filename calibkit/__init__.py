@@ -28,7 +28,9 @@ _LAZY = {
     **dict.fromkeys(
         ["TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration", "EnsembleTemperatureScaling",
          "HistogramBinning", "IsotonicCalibration", "SplineCalibration", "ScalingBinning", "PlattScaling",
-         "BetaCalibration", "BBQ", "StructuredVectorScaling", "StructuredMatrixScaling", "CALIBRATORS",
+         "BetaCalibration", "BBQ", "StructuredVectorScaling", "StructuredMatrixScaling", "UniformHistogramBinning",
+         "CenteredIsotonicCalibration", "VennAbersCalibration", "OneVsRestSplineCalibration", "LightGBMCalibration",
+         "CALIBRATORS",
          "NotFittedError", "ProbabilitiesAsLogitsWarning", "save", "load"],
         "calibkit.calibrators"),
     # metrics: the panel, streaming, intervals

@@ -10,7 +10,7 @@ import torch
 from calibkit import errors
 from calibkit.cli import BUG, main
 from calibkit.commands import calibrate
-from calibkit.errors import UserError, UserKeyError, UserRuntimeError, shown_name
+from calibkit.errors import UserError, UserFileNotFoundError, UserKeyError, UserRuntimeError, shown_name
 from calibkit.store.common import StoreError
 
 BUG_LINE = "calibkit calibrate: error: this is a bug in calibkit: please report it with the traceback above"
@@ -109,8 +109,9 @@ def test_the_user_error_classes_keep_the_classes_callers_catch():
 
 
 def test_shown_name_is_the_builtin_class_a_user_error_stands_for():
-    assert [shown_name(e("x")) for e in (UserError, UserKeyError, UserRuntimeError)] == \
-        ["ValueError", "KeyError", "RuntimeError"]
+    assert [shown_name(e("x")) for e in (UserError, UserKeyError, UserRuntimeError, UserFileNotFoundError)] == \
+        ["ValueError", "KeyError", "RuntimeError", "FileNotFoundError"]
     assert shown_name(StoreError("x")) == "StoreError"
     assert shown_name(IndexError("x")) == "IndexError"
-    assert set(errors.__all__) == {"UserError", "UserKeyError", "UserRuntimeError", "shown_name"}
+    assert set(errors.__all__) == {"UserError", "UserKeyError", "UserRuntimeError", "UserFileNotFoundError",
+                                   "shown_name"}

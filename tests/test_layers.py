@@ -24,13 +24,14 @@ LAYERS = [
     # Checks and settings that read no tensors of other parts: input validation, the training
     # config, the torch.distributed setup, atomic file writes, the results database (store knows
     # nothing of runs).
-    ("foundation", {"_validation", "config", "distributed", "diskio", "store"}),
+    # The numpy/torch boundary of the public functions and the nearest-name suggestion are leaves too.
+    ("foundation", {"_validation", "config", "distributed", "diskio", "store", "_arrays", "suggest"}),
     # Pure tensor functions, readable and testable alone.
     ("functional", {"functional"}),
     # What is computed from probabilities and logits: metrics (and their bootstraps and panel
     # state), losses, calibrators, conformal prediction, plots, the torchmetrics wrapper.
     ("measures", {"_panel_state", "bootstrap", "grouped_bootstrap", "seed_bootstrap", "selective_bootstrap",
-                  "metrics", "losses", "calibrators", "conformal", "plots", "integrations"}),
+                  "metrics", "losses", "calibrators", "conformal", "plots", "curves", "integrations"}),
     # What produces a trained model: data sets, models, the training loop, the two-stage methods,
     # and the run directory they all write and read.
     ("training", {"data", "models", "train", "methods", "rundir"}),

@@ -125,6 +125,9 @@ class Phases:
         return _Phase(self, name, total, say)
 
     def summary(self) -> str:
+        """One line of every phase's time ("" when no phase ran)."""
+        if not self.times:
+            return ""
         parts = ", ".join(f"{name} {sec:.1f} s" for name, sec in self.times.items())
         return f"{self.label}: {sum(self.times.values()):.1f} s ({parts})"
 

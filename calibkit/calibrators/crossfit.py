@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from calibkit.calibrators.evidence import unestimable
+from calibkit.calibrators.evidence import NOT_FITTED, unestimable
 from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.errors import UserError
 
 NONE = "none"  # the uncalibrated model, always a candidate
 SELECT_BY = ("ece", "nll", "brier")
-NOT_FITTED = "not fitted: "  # the start of the error of a calibrator refused before any fit (:func:`unfittable`)
 
 
 def unfittable(name: str, n_rows: int, k: int) -> str | None:
@@ -185,7 +184,8 @@ def _out_of_fold(name: str, x: torch.Tensor, y: torch.Tensor, parts: list[torch.
 
 def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
               fitted: dict | None = None) -> tuple[dict[str, CrossFitScore], dict]:
-    """Out-of-fold scores of every calibrator in ``names`` (default: the registry) and of ``"none"``.
+    """Out-of-fold scores of every calibrator in ``names`` (default: the registry less its opt-in
+    calibrators) and of ``"none"``.
 
     Args:
         logits: ``(N, K)`` (or binary ``(N,)``) validation logits; labels: ``(N,)``.
@@ -213,7 +213,11 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
     """
     x = torch.as_tensor(logits).double().cpu()
     y = torch.as_tensor(labels).long().cpu()
-    names = list(CALIBRATORS) if names is None else list(names)
+    if names is None:  # the registry without the opt-in calibrators, which run only when named
+        from calibkit.calibrators.boost import OPT_IN
+
+        names = [n for n in CALIBRATORS if n not in OPT_IN]
+    names = list(names)
     unknown = [n for n in names if n not in CALIBRATORS]
     if unknown:
         raise UserError(f"unknown calibrator {', '.join(map(repr, unknown))}; expected one of {', '.join(CALIBRATORS)}")

@@ -28,14 +28,19 @@ import warnings
 
 import torch
 
-__all__ = ["MIN_ROWS_PER_CLASS", "CLASS_FREE", "ClassEvidenceWarning", "class_counts", "thin_classes",
-           "absent_classes", "name_classes", "thin_warning", "needs_every_class", "unestimable", "warn_absent"]
+__all__ = ["MIN_ROWS_PER_CLASS", "CLASS_FREE", "CLASS_FREE_TYPES", "NOT_FITTED", "ClassEvidenceWarning",
+           "class_counts", "thin_classes", "absent_classes", "name_classes", "thin_warning", "needs_every_class", "unestimable", "warn_absent"]
 
 #: fewer validation rows of a class than this: the class is named in a warning.
 MIN_ROWS_PER_CLASS = 2
 
 #: registered calibrators without per-class parameters: they keep a class without validation rows reachable.
 CLASS_FREE = frozenset({"temperature", "ets", "spline", "scaling_binning"})
+#: The classes of :data:`CLASS_FREE`, by name (the registry imports every calibrator module, which
+#: import this one: a name keeps the import one-way).
+CLASS_FREE_TYPES = frozenset({"TemperatureScaling", "EnsembleTemperatureScaling", "SplineCalibration",
+                              "ScalingBinning"})
+NOT_FITTED = "not fitted: "  # the start of the error of a calibrator refused before any fit
 
 _LISTED = 10  # classes named in a message before "and N more"
 
@@ -86,19 +91,15 @@ def thin_warning(labels, k: int, source: str = "validation") -> str | None:
 def needs_every_class(name_or_type) -> bool:
     """Whether a calibrator (registry name, class or instance) has per-class parameters, i.e. is not
     in :data:`CLASS_FREE`. A calibrator outside the registry counts as needing every class."""
-    from calibkit.calibrators.registry import CALIBRATORS
-
     if isinstance(name_or_type, str):
         return name_or_type not in CLASS_FREE
     cls = name_or_type if isinstance(name_or_type, type) else type(name_or_type)
-    return not any(cls is CALIBRATORS[n] for n in CLASS_FREE)
+    return not (cls.__name__ in CLASS_FREE_TYPES and cls.__module__.startswith("calibkit.calibrators."))
 
 
 def unestimable(name: str, labels, k: int) -> str | None:
     """Why calibrator ``name`` is left out of the choice on these validation ``labels`` (a text
     starting with ``"not fitted: "``), or None: it needs every class and some class has no row."""
-    from calibkit.calibrators.crossfit import NOT_FITTED
-
     if not needs_every_class(name):
         return None
     absent = absent_classes(labels, k)

@@ -136,7 +136,7 @@ def _run(args, waiting: list) -> int:
 
         phases = Phases("report", quiet=args.quiet)
         rep = write_report(args.out, result.preset.name, options, progress=phases)
-        if not args.quiet:
+        if not args.quiet and phases.summary():
             print(phases.summary(), file=sys.stderr, flush=True)
         print()
         print(rep["text"])

@@ -54,12 +54,12 @@ def run(args) -> int:
 
     if args.n_boot is not None and args.n_boot < MIN_RESAMPLES:
         raise UserError(f"--n-boot must be >= {MIN_RESAMPLES} (fewer resamples give no interval), got {args.n_boot}")
-    from calibkit.report.build import _load
+    from calibkit.report.tuning import load_current_runs
     from calibkit.report.calibrated import CalibratedProbs
     from calibkit.report.data import label, summarize, usable_rows
     from calibkit.report.paired import compare_methods, compare_text
 
-    preset, rows = _load(out, args.preset, args.store)
+    preset, rows = load_current_runs(out, args.preset, args.store)
     from calibkit.report.preset import recorded_preset
 
     recorded = recorded_preset(out, preset)  # the directory's own preset file, else a shipped one

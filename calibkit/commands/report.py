@@ -56,7 +56,7 @@ def run(args) -> int:
     phases = Phases("report", quiet=args.quiet)
     rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha,
                        progress=phases, num_threads=args.num_threads or 1)
-    if not args.quiet:
+    if not args.quiet and phases.summary():
         print(phases.summary(), file=sys.stderr, flush=True)
     print(rep["text"])
     print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")

@@ -26,7 +26,7 @@ def test_sidecar_describes_the_calibrator(tmp_path):
     _, js = save(cal, tmp_path / "sub" / "iso")
     meta = json.loads(js.read_text())
     assert meta["format"] == "calibkit-calibrator" and meta["calibrator"] == "isotonic"
-    assert meta["params"] == {"irm": False} and meta["state"] == {"n_classes_": 4, "binary_": False}
+    assert meta["params"] == {"irm": False, "floor": 1e-6} and meta["state"] == {"n_classes_": 4, "binary_": False}
     assert meta["tensors"] == ["knots_x_", "knots_y_", "n_knots_"]
     ts_st, ts_js = save(TemperatureScaling().fit(z, cal.predict_proba(z).argmax(1)), tmp_path / "ts")
     assert json.loads(ts_js.read_text())["tensors"] == [] and load(ts_st).temperature_ > 0

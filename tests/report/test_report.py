@@ -137,8 +137,8 @@ def test_report_files_hold_database_numbers(tmp_path, cli_env):
     assert cell in md and cell in page
     assert cell.replace("±", "+-") in out.stdout
     # Self-contained: every figure embedded, none linked; one reliability figure per method + 2 summaries
-    # + the methods x calibrators heatmap.
-    assert page.count("data:image/png;base64,") == 3 + 2 + 1
+    # + the methods x calibrators heatmap + the recommendation's three evidence figures + the risk-coverage curves.
+    assert page.count("data:image/png;base64,") == 3 + 2 + 1 + 3 + 1
     assert "src=\"figures/" not in page
     for method in ("ce", "ls", "focal"):
         png = tmp_path / "report" / "figures" / f"reliability_{method}.png"
@@ -313,6 +313,7 @@ class _Broken:
 
 def test_the_calibrator_table_loops_over_the_registry_and_survives_a_failing_entry(tmp_path, monkeypatch):
     from calibkit.calibrators import CALIBRATORS
+    from calibkit.report.calibrated import calibrator_names
 
     monkeypatch.setitem(CALIBRATORS, "identity", _Identity)
     monkeypatch.setitem(CALIBRATORS, "broken", _Broken)
@@ -324,7 +325,7 @@ def test_the_calibrator_table_loops_over_the_registry_and_survives_a_failing_ent
     lines = rep["text"].splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("Method (ECE)"))
     header = re.split(r"\s{2,}", lines[head])
-    assert header == ["Method (ECE)", "none", *CALIBRATORS] and header[-2:] == ["identity", "broken"]
+    assert header == ["Method (ECE)", *calibrator_names()] and header[-2:] == ["identity", "broken"]
     ce = re.split(r"\s{2,}", lines[head + 2].strip())
     assert ce[0] == "CE" and ce[-1] == "-" and ce[1].rstrip("<>") == ce[header.index("identity")].rstrip("<>")
     assert "Failed (shown as -): broken on t/ce/0: cannot fit this" in rep["text"]
