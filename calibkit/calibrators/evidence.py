@@ -29,7 +29,8 @@ import warnings
 import torch
 
 __all__ = ["MIN_ROWS_PER_CLASS", "CLASS_FREE", "CLASS_FREE_TYPES", "NOT_FITTED", "ClassEvidenceWarning",
-           "class_counts", "thin_classes", "absent_classes", "name_classes", "thin_warning", "needs_every_class", "unestimable", "warn_absent"]
+           "class_counts", "thin_classes", "absent_classes", "name_classes", "thin_warning", "needs_every_class",
+           "unestimable", "warn_absent"]
 
 #: fewer validation rows of a class than this: the class is named in a warning.
 MIN_ROWS_PER_CLASS = 2

@@ -54,10 +54,10 @@ def run(args) -> int:
 
     if args.n_boot is not None and args.n_boot < MIN_RESAMPLES:
         raise UserError(f"--n-boot must be >= {MIN_RESAMPLES} (fewer resamples give no interval), got {args.n_boot}")
-    from calibkit.report.tuning import load_current_runs
     from calibkit.report.calibrated import CalibratedProbs
     from calibkit.report.data import label, summarize, usable_rows
     from calibkit.report.paired import compare_methods, compare_text
+    from calibkit.report.tuning import load_current_runs
 
     preset, rows = load_current_runs(out, args.preset, args.store)
     from calibkit.report.preset import recorded_preset

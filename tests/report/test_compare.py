@@ -179,7 +179,8 @@ def test_direction_and_marks():
 @pytest.mark.parametrize("argv,line", [
     (["ce", "ce"], "A and B are both 'ce': a method compared with itself differs by 0 everywhere; name two "
      "different methods (e.g. ls ce)"),
-    (["ls", "ce", "--after", ""], "--after: unknown calibrator ''; expected one of " + ", ".join(calibrator_names()[1:])),
+    (["ls", "ce", "--after", ""],
+     "--after: unknown calibrator ''; expected one of " + ", ".join(calibrator_names()[1:])),
 ])
 def test_compare_refuses_a_method_against_itself_and_an_empty_calibrator(argv, line, tmp_path, capsys):
     from calibkit.cli import main
