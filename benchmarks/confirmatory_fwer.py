@@ -24,26 +24,12 @@ import time
 
 import torch
 
-from calibkit.report.confirm import basic_p_value, holm
+from calibkit.report.confirm import holm, null_p_values
 
 
 def p_values(n_methods: int, n_rows: int, n_boot: int, sim: int) -> dict:
     """The p-values of ``n_methods`` null methods against CE on one simulated test set."""
-    g = torch.Generator().manual_seed(1_000_000 + sim)
-    z = torch.randn(n_rows, 3, generator=g, dtype=torch.float64) * 1.5
-    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
-
-    def losses():
-        logp = torch.log_softmax(z + torch.randn(z.shape, generator=g, dtype=torch.float64), 1)
-        return -logp.gather(1, y.view(-1, 1)).squeeze(1)
-
-    ce = losses()
-    idx = torch.randint(0, n_rows, (n_boot, n_rows), generator=g)
-    out = {}
-    for m in range(n_methods):
-        d = losses() - ce
-        out[m] = basic_p_value(d[idx].mean(1), float(d.mean()))
-    return out
+    return null_p_values(n_methods, n_rows, n_boot, seed=1_000_000 + sim)
 
 
 def main(argv=None) -> int:

@@ -176,3 +176,29 @@ def validation_power(selections: dict, pair: tuple, other: tuple | None) -> dict
         return None
     se = float((a - b).std())
     return {"se": se, "detectable": detectable(se)} if math.isfinite(se) else None
+
+
+def null_p_values(n_methods: int, n_rows: int, n_boot: int, seed: int) -> dict[int, float]:
+    """The p-values of :func:`basic_p_value` for ``n_methods`` null methods against CE on one simulated
+    test set (the family-wise error check of ``docs/metrics.md``; ``benchmarks/confirmatory_fwer.py``).
+
+    Every model is the truth (3 classes, logits ``1.5 N(0, 1)``, labels drawn from them) plus its own
+    independent ``N(0, 1)`` noise, so every expected test NLL is the same. The resampled NLL difference
+    is the mean of the per-row differences over the resampled rows (what the paired bootstrap of the
+    NLL computes), one draw of rows shared by the methods.
+    """
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n_rows, 3, generator=g, dtype=torch.float64) * 1.5
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+
+    def losses():
+        logp = torch.log_softmax(z + torch.randn(z.shape, generator=g, dtype=torch.float64), 1)
+        return -logp.gather(1, y.view(-1, 1)).squeeze(1)
+
+    ce = losses()
+    idx = torch.randint(0, n_rows, (n_boot, n_rows), generator=g)
+    out = {}
+    for m in range(n_methods):
+        d = losses() - ce
+        out[m] = basic_p_value(d[idx].mean(1), float(d.mean()))
+    return out

@@ -14,6 +14,7 @@ from calibkit.report.confirm import (
     confirmatory_lines,
     detectable,
     holm,
+    null_p_values,
     power_line,
     validation_power,
 )
@@ -52,25 +53,7 @@ def test_detectable_is_z_alpha_plus_z_power_standard_errors():
 
 
 def _null_p_values(n_methods, n_rows, n_boot, sim):
-    """p-values of ``n_methods`` null methods against CE on one simulated test set: every model is the
-    truth plus its own independent noise of one scale, so every expected test NLL is the same. The
-    resampled NLL difference is the mean of the per-row differences over the resampled rows (what
-    the paired bootstrap of the NLL computes), one draw of rows shared by the methods."""
-    g = torch.Generator().manual_seed(1000 + sim)
-    z = torch.randn(n_rows, 3, generator=g, dtype=torch.float64) * 1.5
-    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
-
-    def losses():
-        logp = torch.log_softmax(z + torch.randn(z.shape, generator=g, dtype=torch.float64), 1)
-        return -logp.gather(1, y.view(-1, 1)).squeeze(1)
-
-    ce = losses()
-    idx = torch.randint(0, n_rows, (n_boot, n_rows), generator=g)
-    ps = {}
-    for m in range(n_methods):
-        d = losses() - ce
-        ps[m] = basic_p_value(d[idx].mean(1), float(d.mean()))
-    return ps
+    return null_p_values(n_methods, n_rows, n_boot, seed=1000 + sim)
 
 
 def test_the_paired_nll_bootstrap_is_the_mean_of_resampled_row_differences():
