@@ -51,7 +51,7 @@ class ClassEvidenceWarning(UserWarning):
 
 
 def class_counts(labels, k: int) -> torch.Tensor:
-    """Rows per class ``0 .. k-1`` of integer ``labels`` (int64, length ``k``)."""
+    """Rows per class (classes 0 to k - 1) of integer ``labels``: int64, length ``k``."""
     y = torch.as_tensor(labels).long().reshape(-1).cpu()
     return torch.bincount(y.clamp(0, max(k - 1, 0)), minlength=k)[:k]
 
@@ -67,7 +67,7 @@ def absent_classes(labels, k: int) -> list[int]:
 
 
 def name_classes(classes: list[int]) -> str:
-    """``"class 4"``, ``"classes 3, 7"``, or the first ten and ``"and N more"``."""
+    """The classes as words: class 4; classes 3, 7; or the first ten followed by and N more."""
     if len(classes) == 1:
         return f"class {classes[0]}"
     shown = ", ".join(map(str, classes[:_LISTED]))
@@ -100,7 +100,7 @@ def needs_every_class(name_or_type) -> bool:
 
 def unestimable(name: str, labels, k: int) -> str | None:
     """Why calibrator ``name`` is left out of the choice on these validation ``labels`` (a text
-    starting with ``"not fitted: "``), or None: it needs every class and some class has no row."""
+    starting with :data:`NOT_FITTED`), or None: it needs every class and some class has no row."""
     if not needs_every_class(name):
         return None
     absent = absent_classes(labels, k)
