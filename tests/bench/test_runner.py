@@ -167,7 +167,8 @@ def test_smoke_preset_end_to_end_with_interruption(tmp_path, cli_env):
         cell = f"{r['metrics']['before']['ece'] * 100:.2f}"
         assert f"| {METHODS[r['method']].label} | 1 | {r['metrics']['before']['acc'] * 100:.2f} | {cell} |" in md
         assert f"<td>{cell}</td>" in page
-    assert page.count("data:image/png;base64,") == len(SMOKE_METHODS) + 2 + 1  # + the methods x calibrators heatmap
+    # + the methods x calibrators heatmap + the three evidence figures + the risk-coverage curves
+    assert page.count("data:image/png;base64,") == len(SMOKE_METHODS) + 2 + 1 + 3 + 1
 
     # 5. `calibkit report` rebuilds the same tables from the database alone.
     rep = subprocess.run([PYTHON, "-m", "calibkit", "report", str(out)], env=cli_env, capture_output=True,
