@@ -30,6 +30,7 @@ import numpy as np
 from calibkit._validation import check_probs
 from calibkit.functional.binning import top_label
 from calibkit.functional.inputs import to_rows
+from calibkit.plots import _new_axes
 
 __all__ = ["SmoothCurve", "smooth_reliability_curve", "smooth_reliability_diagram", "risk_coverage_plot"]
 
@@ -116,17 +117,6 @@ def smooth_reliability_curve(probs, labels, sigma: float | None = None, n_points
     return SmoothCurve(t, confidence, accuracy, density, float(sigma), smece, n)
 
 
-def _axes(ax, figsize=(4.5, 4.5)):
-    if ax is not None:
-        return ax
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    FigureCanvasAgg(fig)
-    return fig.add_subplot(1, 1, 1)
-
-
 def smooth_reliability_diagram(curves: dict, ax=None, title: str | None = None):
     """Smooth reliability curves (``{name: (probs, labels)}`` or ``{name: SmoothCurve}``) on one Axes.
 
@@ -134,7 +124,7 @@ def smooth_reliability_diagram(curves: dict, ax=None, title: str | None = None):
     too few rows are near ``t`` to say anything); the legend names each curve's smooth ECE and
     bandwidth. Returns the Axes.
     """
-    ax = _axes(ax)
+    ax = _new_axes(ax)
     ax.plot([0, 1], [0, 1], ls="--", color="0.4", lw=1, label="perfect calibration")
     for name, value in curves.items():
         curve = value if isinstance(value, SmoothCurve) else smooth_reliability_curve(*value)
@@ -156,7 +146,7 @@ def risk_coverage_plot(curves: dict, ax=None, title: str | None = None):
     """Risk-coverage curves (``{name: (probs, labels)}``) on one Axes, each with its AURC in the legend."""
     from calibkit.functional import aurc, risk_coverage_curve
 
-    ax = _axes(ax)
+    ax = _new_axes(ax)
     for name, (p, y) in curves.items():
         cov, risk = (np.asarray(v, dtype=float) for v in risk_coverage_curve(p, y))
         ax.step(cov, 100 * risk, where="post", lw=1.6, label=f"{name}: AURC x100 {100 * float(aurc(p, y)):.2f}")
