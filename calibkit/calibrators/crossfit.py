@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from calibkit.calibrators.evidence import NOT_FITTED, unestimable
-from calibkit.calibrators.registry import CALIBRATORS
+from calibkit.calibrators.registry import CALIBRATORS, default_names
 from calibkit.errors import UserError
 
 NONE = "none"  # the uncalibrated model, always a candidate
@@ -214,9 +214,7 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
     x = torch.as_tensor(logits).double().cpu()
     y = torch.as_tensor(labels).long().cpu()
     if names is None:  # the registry without the opt-in calibrators, which run only when named
-        from calibkit.calibrators.boost import OPT_IN
-
-        names = [n for n in CALIBRATORS if n not in OPT_IN]
+        names = default_names()
     names = list(names)
     unknown = [n for n in names if n not in CALIBRATORS]
     if unknown:

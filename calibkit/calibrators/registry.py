@@ -6,7 +6,7 @@ from __future__ import annotations
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators.bbq import BBQ
 from calibkit.calibrators.binning import HistogramBinning, IsotonicCalibration, ScalingBinning, UniformHistogramBinning
-from calibkit.calibrators.boost import LightGBMCalibration
+from calibkit.calibrators.boost import OPT_IN, LightGBMCalibration
 from calibkit.calibrators.cir import CenteredIsotonicCalibration
 from calibkit.calibrators.ets import EnsembleTemperatureScaling
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, VectorScaling
@@ -17,7 +17,7 @@ from calibkit.calibrators.structured import StructuredMatrixScaling, StructuredV
 from calibkit.calibrators.temperature import TemperatureScaling
 from calibkit.calibrators.venn_abers import VennAbersCalibration
 
-__all__ = ["CALIBRATORS"]
+__all__ = ["CALIBRATORS", "default_names"]
 
 #: Registry of calibrators by name, in the order of the tables (tests loop over it).
 #: TemperatureScaling stands apart from the Calibrator base (it also takes dense logits).
@@ -42,3 +42,9 @@ CALIBRATORS: dict[str, type[Calibrator | TemperatureScaling]] = {
     "spline_ovr": OneVsRestSplineCalibration,
     "lightgbm": LightGBMCalibration,
 }
+
+
+def default_names() -> list[str]:
+    """The calibrators that run when none are named: the registry, in order, less the opt-in ones
+    (:data:`calibkit.calibrators.boost.OPT_IN`, which run only when named)."""
+    return [n for n in CALIBRATORS if n not in OPT_IN]

@@ -101,9 +101,9 @@ def _choose(spec):
     from calibkit.calibrators import CALIBRATORS
 
     if spec is None:  # the opt-in calibrators run only when named
-        from calibkit.calibrators.boost import OPT_IN
+        from calibkit.calibrators.registry import default_names
 
-        return [n for n in CALIBRATORS if n not in OPT_IN]
+        return default_names()
     names = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [n for n in names if n not in CALIBRATORS]
     if bad or not names:

@@ -40,10 +40,9 @@ class NoValidationLogits(UserError):
 def calibrator_names() -> list[str]:
     """``["none", *CALIBRATORS]``: the columns of the methods x calibrators table, in order, without
     the opt-in ones (:data:`calibkit.calibrators.boost.OPT_IN`)."""
-    from calibkit.calibrators import CALIBRATORS
-    from calibkit.calibrators.boost import OPT_IN
+    from calibkit.calibrators.registry import default_names
 
-    return [NONE] + [n for n in CALIBRATORS if n not in OPT_IN]
+    return [NONE] + default_names()
 
 
 def _check_name(name: str) -> None:

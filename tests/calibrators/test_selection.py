@@ -5,6 +5,8 @@ import torch
 
 import calibkit.functional as F
 from calibkit.calibrators import CALIBRATORS, TemperatureScaling
+from calibkit.calibrators.boost import OPT_IN
+from calibkit.calibrators.registry import default_names
 from calibkit.calibrators.selection import (
     NONE,
     CrossFitScore,
@@ -69,8 +71,9 @@ def test_overconfident_logits_choose_a_temperature_and_never_the_uncalibrated_mo
     sel = select_calibrator(z, y)
     assert sel.chosen != NONE and sel.scores[sel.chosen].ece < 0.5 * sel.scores[NONE].ece
     assert sel.ranking[0] == sel.chosen and sel.runner_up == sel.ranking[1]
-    assert set(sel.fitted) == set(CALIBRATORS)
-    assert set(sel.ranking) | set(sel.excluded) == {NONE, *CALIBRATORS}
+    # every default calibrator is fitted and ranked or excluded; the opt-in ones only when named
+    assert set(sel.fitted) == set(default_names()) == set(CALIBRATORS) - set(OPT_IN)
+    assert set(sel.ranking) | set(sel.excluded) == {NONE, *default_names()}
 
 
 def _scores(**kw):
