@@ -30,9 +30,11 @@ data:
 	fi
 
 # ruff (rules and exceptions in pyproject.toml) on everything written in Python; mypy on the core
-# packages and the training layer (the orchestration packages are read for their types, not reported: docs/design.md).
+# packages, the training layer and the orchestration (bench, pipeline, commands); report is read for
+# its types, not reported (docs/design.md).
 MYPY_CORE := calibkit/functional calibkit/losses calibkit/calibrators calibkit/metrics.py calibkit/store calibkit/train \
-             calibkit/data calibkit/models calibkit/methods calibkit/config.py
+             calibkit/data calibkit/models calibkit/methods calibkit/config.py \
+             calibkit/bench calibkit/pipeline calibkit/commands
 lint: $(VENV)/.installed
 	$(BIN)/ruff check calibkit tests tools benchmarks examples
 	$(BIN)/mypy $(MYPY_CORE)

@@ -21,7 +21,7 @@ from pathlib import Path
 from calibkit.errors import UserRuntimeError
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
     """Call ``write(tmp_path)`` for a temporary file beside ``path``, then move it onto ``path``."""
     path = Path(path)
     try:

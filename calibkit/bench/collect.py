@@ -73,9 +73,12 @@ def collect(out, preset: str | None = None, store=None) -> dict:
             except ValueError as exc:
                 bad.append(str(exc))
                 continue
+            assert doc is not None  # listed by the glob above: the file is there
             counts["imported" if store.import_row(doc["table"], _db_row(out, doc)) else "unchanged"] += 1
         for path in sorted(out.glob(f"tune/{preset or '*'}/selection/*.json")):
-            sel = R.read_doc(path, "selection")["row"]
+            found = R.read_doc(path, "selection")
+            assert found is not None  # listed by the glob above: the file is there
+            sel = found["row"]
             done = {r["cand_key"]: r for r in store.candidates(sel["preset"], sel["method"], sel["seed"])}
             row = done.get(sel["cand_key"])
             if row is None:

@@ -196,8 +196,9 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
     robust = None  # presets without severities (text: corruptions are image transforms) skip it
     if data.preset.severities and getattr(data.bundle, "modality", "image") == "image":
         idx = data.robust_index()
-        robust = robustness_metrics(predict, data.on("corrupted", device), data.bundle.test.labels[idx],
-                                    metrics["temperature"])
+        corrupted = data.on("corrupted", device)
+        assert isinstance(corrupted, dict)  # "corrupted" is a dict of image tensors, "ood" one tensor
+        robust = robustness_metrics(predict, corrupted, data.bundle.test.labels[idx], metrics["temperature"])
     return {"metrics": metrics, "ood": ood, "robustness": robust, "eval_time_s": time.time() - t0,
             "logits_path": str(run_dir / rundir.LOGITS)}
 

@@ -89,14 +89,15 @@ def extended_space(space: dict, record: dict | None) -> dict:
     return out
 
 
-def plan(space: dict, record: dict | None, winner: dict, limit: int = MAX_EXTENSIONS) -> tuple[dict, list[str]]:
+def plan(space: dict, record: dict | None, winner: dict,
+         limit: int = MAX_EXTENSIONS) -> tuple[dict | None, list[str]]:
     """The next record after a selection of ``winner`` in ``extended_space(space, record)``.
 
     Returns:
         ``(record, notes)``: ``record`` gains one value on every axis whose selection lies on an
         edge (if the axis has been extended fewer than ``limit`` times and the edge is
         not on its bound); ``notes`` says, per edge, what was added or why nothing was. The record
-        is returned unchanged (same object) when nothing was added.
+        is returned unchanged (same object, None when it was None) when nothing was added.
     """
     from calibkit.bench.space import at_edge
 

@@ -344,8 +344,9 @@ def _pretrained_presets() -> dict[str, Preset]:
     """The presets of the pretrained backbones (:mod:`calibkit.bench.pretrained_presets`)."""
     out = {}
     for name, values in PRETRAINED_PRESETS.items():
-        methods = {"text": TEXT_METHODS, "image-without-csm": tuple(m for m in BENCH_METHODS if m != "csm")}.get(
-            values.get("methods"), values.get("methods"))
+        named = values.get("methods")  # a group's name, or the methods themselves
+        groups = {"text": TEXT_METHODS, "image-without-csm": tuple(m for m in BENCH_METHODS if m != "csm")}
+        methods = groups.get(named, named) if isinstance(named, str) else named
         out[name] = Preset(name=name, **{**values, "methods": methods})
     return out
 

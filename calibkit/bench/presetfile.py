@@ -194,7 +194,7 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
     missing = [k for k in ("name", "dataset", "model", "seeds") if k not in doc]
     if missing:
         raise UserError(f"{where}missing key(s) {', '.join(missing)}")
-    kinds = {f.name: f.type for f in dataclasses.fields(Preset)}
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(Preset)}  # annotations are text (PEP 563)
     top = {}
     for key in TOP_KEYS:
         if key in doc:

@@ -28,6 +28,8 @@ runs every image method but CSM, whose generated set calibkit ships for Fashion-
 
 from __future__ import annotations
 
+from typing import Any
+
 from calibkit.bench.builtin_presets import SMOKE_LOSSES
 
 # text-pretrained-smoke trains 2 steps of the new head: its largest logit gap stays below 0.6 (CE,
@@ -44,7 +46,7 @@ IMAGE_TRAIN = dict(
 
 # name -> Preset fields; "methods": "text" stands for grid.TEXT_METHODS, "image-without-csm" for every
 # grid method but CSM (calibkit ships CSM's generated set for Fashion-MNIST only, not for digits)
-PRETRAINED_PRESETS = {
+PRETRAINED_PRESETS: dict[str, dict[str, Any]] = {
     "text-pretrained-smoke": dict(
         dataset="debian-minilm", model="minilm", seeds=(0,), modality="text", methods="text",
         train={**TEXT_TRAIN, "epochs": 1, "train_subset": 64},

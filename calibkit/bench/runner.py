@@ -237,7 +237,8 @@ class Bench:
 
     def _inconsistency(self) -> tuple[str | None, list[str]]:
         """``(problem, stale run keys)`` of :meth:`check_consistent` (read by rank 0)."""
-        selected, stale = self.recorded_selection(), []
+        selected = self.recorded_selection()
+        stale: list[str] = []
         for row in self.store.runs(self.preset.name):
             rec = row.get("config") or {}
             keep = rec.get("keep", (rec.get("train") or {}).get("keep", "best-acc"))
@@ -285,7 +286,7 @@ class Bench:
                                   str(new_dir / rundir.LOGITS) if new_dir else None)
             except KeyError:
                 continue  # lost the race to another worker
-            if old_dir is not None and old_dir.exists():
+            if old_dir is not None and new_dir is not None and old_dir.exists():  # new_dir is set with old_dir
                 old_dir.rename(new_dir)
             self.log(f"{key}: run at {row['config']['hparams']}, not this directory's selection; kept as "
                      f"{new_key} and run again")

@@ -183,7 +183,7 @@ def key_states(out, keys: list[str], table: str = "runs", recorded: dict | None 
     """
     out, recorded = Path(out), recorded or {}
     subs = submissions(out)
-    latest = {}  # key -> the last task submitted for it
+    latest: dict[str, tuple[str | None, dict | None]] = {}  # key -> the last task submitted for it
     for sub in subs:
         for idx, key in sub.get("tasks", {}).items():
             latest[key] = (f"{sub['job_id']}_{idx}", sub)
@@ -193,8 +193,8 @@ def key_states(out, keys: list[str], table: str = "runs", recorded: dict | None 
         path = R.result_path(out, key) if table == "runs" else R.candidate_path(out, key)
         doc = R.read_doc(path, table)
         status = doc["row"]["status"] if doc else None
-        task, sub = latest.get(key, (None, None))
-        live = (queue or {}).get(task)
+        task, _ = latest.get(key, (None, None))
+        live = (queue or {}).get(task) if task is not None else None
         if status == "done":
             states[key] = ("done", str(path.parent))
         elif recorded.get(key, ("",))[0] == "done":
@@ -206,7 +206,7 @@ def key_states(out, keys: list[str], table: str = "runs", recorded: dict | None 
                                     "submission command cancels it and submits the run again)")
         elif live is not None:
             states[key] = ("queued", f"task {task} {live.lower()}")
-        elif status == "failed":
+        elif status == "failed" and doc is not None:  # a status is read from a document
             last = (doc["row"].get("error") or "").strip().splitlines()[-1:] or ["no error recorded"]
             states[key] = ("failed", f"{path}: {last[0]}")
         elif task is not None and queue is not None:
@@ -273,7 +273,8 @@ def _check_array(array: Array) -> None:
         V.check_count("an array index", index, 0)
 
 
-def script_text(array: Array, name: str, keys_path: Path, logs: Path, argv: list[str], opts: SlurmOptions) -> str:
+def script_text(array: Array, name: str, keys_path: Path | str, logs: Path | str, argv: list[str],
+                opts: SlurmOptions) -> str:
     """The sbatch script of one array: look up the task's key, run calibkit, forward SIGUSR1.
 
     Every value is checked again here (:mod:`calibkit.bench.slurm_values`): the options, the
@@ -344,7 +345,8 @@ def submit(out, arrays: list[Array], argv: dict[str, list[str]], opts: SlurmOpti
     sdir, logs = out / "slurm", out / "slurm" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     number = _next_number(sdir)
-    ids, lines = {}, []
+    ids: dict[str, str] = {}  # stage -> its job id
+    lines: list[str] = []
     for array in arrays:
         base = f"{number:03d}-{array.stage}"
         keys_path = sdir / f"{base}.keys"

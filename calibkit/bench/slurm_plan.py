@@ -9,6 +9,8 @@ key submitted again.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from calibkit.bench.grid import METHODS, REFERENCE
 from calibkit.bench.producers import PRODUCERS
 from calibkit.bench.slurm import Array, SlurmOptions, cancel_stuck, key_states, submit
@@ -70,8 +72,13 @@ def _active_task(state: tuple[str, str]) -> str | None:
     return None
 
 
+def _built_on_ce(kind: str) -> Callable[[str], bool]:
+    """Whether a method is of ``kind`` and built on another run (CE's)."""
+    return lambda m: bool(METHODS[m].needs) and METHODS[m].kind == kind
+
+
 def bench_arrays(out, preset, seeds: list[int], methods: list[str], opts: SlurmOptions, prefix: str = "",
-                 command: str = "bench", after: list[tuple[str, str]] = (), key_of=None, table: str = "runs"):
+                 command: str = "bench", after: Sequence[tuple[str, str]] = (), key_of=None, table: str = "runs"):
     """The arrays of one bench (or, with ``key_of``/``table``, of a tuning's candidates)."""
     key_of = key_of or (lambda method, seed, values=None: run_key(preset.name, method, seed))
     states = key_states(out, [key_of(m, s) for s in seeds for m in methods], table)
@@ -106,10 +113,9 @@ def tune_arrays(out, tuner, opts: SlurmOptions):
     arrays = []
     ce_key = tuner.key(REFERENCE, {})
     # CE, the one-stage methods, then one array per kind of the methods built on CE's run
-    groups = [("tune-ce", "train", lambda m: m == REFERENCE),
+    groups: list[tuple[str, str, Callable[[str], bool]]] = [("tune-ce", "train", lambda m: m == REFERENCE),
               ("tune-train", "train", lambda m: m != REFERENCE and not METHODS[m].needs)]
-    groups += [(f"tune-{kind}", kind, lambda m, kind=kind: bool(METHODS[m].needs) and METHODS[m].kind == kind)
-               for kind in PRODUCERS if kind != "train"]
+    groups += [(f"tune-{kind}", kind, _built_on_ce(kind)) for kind in PRODUCERS if kind != "train"]
     for stage, kind, member in groups:
         tasks = {i: k for i, ((m, _), k) in enumerate(zip(items, keys)) if member(m) and states[k][0] not in _SKIP}
         if not tasks:
@@ -197,7 +203,7 @@ def status_lines(args, preset) -> tuple[list[str], dict]:
         tuner.close()
     width = max(map(len, states), default=0)
     lines = [f"{k:<{width}}  {s:<13}  {d}".rstrip() for k, (s, d) in states.items()]
-    counts = {}
+    counts: dict[str, int] = {}
     for s, _ in states.values():
         counts[s] = counts.get(s, 0) + 1
     return lines, counts

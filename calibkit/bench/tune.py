@@ -296,8 +296,8 @@ class Tuner:
             chosen[method] = dict(win["hparams"])
             base, old = space_for(self.preset, method), self.record_of(method)
             new, notes = plan(base, old, win["hparams"], self.max_extensions)
-            fresh = new is None or new.get("base") != base_grids(base)
-            record = {"base": base_grids(base), "added": {}, "steps": {}} if fresh else dict(new)
+            kept = new is not None and new.get("base") == base_grids(base)  # else a fresh record
+            record = dict(new) if new is not None and kept else {"base": base_grids(base), "added": {}, "steps": {}}
             record["no_effect"] = no_effect_axes(space, rows)
             record["notes"] = notes
             if record != old:

@@ -149,7 +149,7 @@ def produce_csm(runs, seed: int, run_dir: Path) -> dict:
 
     store = csm_store(runs, seed) if runs.dd.is_main else None
     D.barrier(runs.dd)
-    if not runs.dd.is_main:
+    if store is None:  # not rank 0: the copy rank 0 has built
         store = _csm_cache(runs, seed)
     made = runs.train("csm", seed, run_dir, csm_data=store)
     meta = json.loads((store / "annotations.json").read_text())

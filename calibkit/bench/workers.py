@@ -133,6 +133,7 @@ def run_with_workers(args, body, argv: list[str] | None = None):
 
 def _tell(proc: subprocess.Popen, line: str | None) -> None:
     """Write ``line`` to a waiting worker and keep its input open (None: close it)."""
+    assert proc.stdin is not None  # start_workers opens every worker with stdin=PIPE
     try:
         if line is not None:
             proc.stdin.write(line.encode() + b"\n")

@@ -32,12 +32,13 @@ def markdown_sections(text: str):
     sections: list[Section] = []
     for block in ("\n" + text).split("\n## ")[1:]:
         title, _, body = block.partition("\n")
-        section, paragraphs = Section(title.strip()), []
+        section = Section(title.strip())
+        paragraphs: list[str] = []
         table, kind = None, ""
         lines = body.splitlines()
         for n, line in enumerate(lines):
             ahead = lines[n + 1] if n + 1 < len(lines) else ""
-            if kind == "fixed" and line.strip():
+            if kind == "fixed" and table is not None and line.strip():  # "fixed" follows a table's header
                 table.rows.append(_columns(line))
                 continue
             if kind == "md" and line.startswith("|"):

@@ -163,6 +163,7 @@ def _generate(args) -> int:
 def _annotate(args) -> int:
     from calibkit.methods.csm.annotate import ClassifierEncoder, ClipEncoder, EfficientNetEncoder, annotate_store
 
+    enc: ClassifierEncoder | ClipEncoder | EfficientNetEncoder
     if args.encoder == "clip":
         require("transformers", "the CLIP encoder")  # before anything is written
     if args.encoder == "efficientnet_lite0":

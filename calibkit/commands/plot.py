@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from calibkit.errors import UserError
 
@@ -76,7 +77,7 @@ def run(args) -> int:
         ("", logits["test_logits"].double().softmax(1), name),
         ("_ts", ts.predict_proba(logits["test_logits"]), f"{name}, TS T={ts.temperature_:.2f}"),
     ):
-        band = {"band": True, "band_kind": "consistency"}
+        band: dict[str, Any] = {"band": True, "band_kind": "consistency"}
         for stem, draw, extra in (("reliability", plots.reliability_diagram, band),
                                   ("confidence", plots.confidence_histogram, {})):
             fig, ax = plt.subplots(figsize=(4.5, 4.5))
