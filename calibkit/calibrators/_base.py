@@ -31,6 +31,7 @@ import torch
 
 from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_labels, check_logits, prob_sum_tol, upcast
+from calibkit.calibrators._state import COMMON
 from calibkit.calibrators.evidence import warn_absent
 from calibkit.errors import UserError
 
@@ -244,7 +245,9 @@ class Calibrator(Params):
     """The shared protocol (one level of inheritance, no behaviour beyond checks and state I/O).
 
     Subclasses store each ``__init__`` argument under its own name (the hyperparameters,
-    :func:`param_names`), set ``_STATE`` (fitted attribute names, ending in ``_``) and implement
+    :func:`param_names`), set ``_STATE`` (fitted attribute names, ending in ``_``; a registered
+    calibrator reads them from :data:`calibkit.calibrators._state.FIELDS`, where each is declared
+    once with its check: ``_STATE = state_names("name")``) and implement
     ``_fit(z, y)`` and ``_predict(z)`` on float64 ``(N, K)`` logits, the latter returning float64
     ``(N, K)`` probabilities.
     """
@@ -335,7 +338,7 @@ class Calibrator(Params):
         tensors, the rest as JSON-ready python values (see :func:`calibkit.calibrators.save`)."""
         self._check_fitted()
         state = {}
-        for k in self._STATE + ("n_classes_", "binary_"):
+        for k in self._STATE + COMMON:
             v = getattr(self, k)
             state[k] = v.detach().cpu().contiguous() if isinstance(v, torch.Tensor) else v
         return {"params": {k: _plain(v) for k, v in self.get_params(deep=False).items()}, "state": state}
@@ -343,7 +346,7 @@ class Calibrator(Params):
     @classmethod
     def from_dict(cls, d: dict):
         """The calibrator described by :meth:`to_dict` (fitted when ``d`` holds a state)."""
-        return _from_dict(cls, d, cls._STATE + ("n_classes_", "binary_"))
+        return _from_dict(cls, d, cls._STATE + COMMON)
 
 
 def _from_dict(cls, d: dict, state_names: tuple[str, ...]):

@@ -1,4 +1,10 @@
-"""What a loaded calibrator's state must be, field by field (used by :func:`calibkit.calibrators.load`).
+"""A calibrator's saved state, declared once: its fields, in order, each with what it must be.
+
+:data:`FIELDS` maps every registered calibrator's name to its fitted attributes (ending in ``_``)
+and each one's check; it is the only list of them. A calibrator class reads its ``_STATE`` (what
+``to_dict``, :func:`calibkit.calibrators.save` and ``load`` carry) from it with
+:func:`state_names`, and :func:`check_state` (run by :func:`calibkit.calibrators.load`) runs the
+checks in that order. Every calibrator also records :data:`COMMON`, ``n_classes_`` and ``binary_``.
 
 A saved pair is data from outside the process: a hand-edited or corrupted file must be refused
 with one line naming the file and the field, never applied (a negative temperature inverts the
@@ -39,10 +45,18 @@ finite, and its range:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["check_state", "StateError"]
+__all__ = ["check_state", "StateError", "FIELDS", "COMMON", "state_names"]
+
+# What every fitted calibrator records besides its own fields: K of the fit and the binary layout.
+COMMON = ("n_classes_", "binary_")
+
+# A field's check, called as check(state, field, params, k) once the fields before it have passed:
+# ``state`` holds every field of the calibrator, ``params`` its hyperparameters, ``k`` its K.
+Check = Callable[[dict, str, dict, int], object]
 
 
 class StateError(ValueError):
@@ -97,139 +111,173 @@ def _tensor(state, field, shape, dtype=torch.float64, lo=None, hi=None, rows_sor
     return v
 
 
-def _affine(state, k, matrix):
-    _tensor(state, "weight_", (k, k) if matrix else (k,))
-    _tensor(state, "bias_", (k,))
-    _integer(state, "n_iter_", 0)
+def _width(v, dim: int = 2) -> int:
+    """The last size of ``v`` when it is a tensor of ``dim`` dimensions (else 0: its own check says why)."""
+    return v.shape[-1] if isinstance(v, torch.Tensor) and v.dim() == dim else 0
 
 
-def _bins(state, k, n_bins):
-    _tensor(state, "edges_", (k, n_bins - 1), lo=0.0, hi=1.0, rows_sorted=True)
-    _tensor(state, "values_", (k, n_bins), lo=0.0, hi=1.0)
+def _groups(k: int) -> int:
+    """One map per class, one when ``K = 2`` (the positive class's)."""
+    return 1 if k == 2 else k
 
 
 def _hist_groups(params, k):
     return 1 if params.get("multiclass") == "top_label" else k
 
 
-def _knots(state, groups, knots_y_range):
-    x = state["knots_x_"]
-    width = x.shape[1] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
-    _tensor(state, "knots_x_", (groups, width), rows_sorted=True)
-    _tensor(state, "knots_y_", (groups, width), lo=knots_y_range[0], hi=knots_y_range[1])
-    _tensor(state, "n_knots_", (groups,), dtype=torch.int64, lo=1, hi=max(width, 1))
+def _iterations(state, field, params, k):
+    _integer(state, field, 0)
 
 
-def _temperature(state, params, k):
-    _number(state, "temperature_", positive=True)
-    _integer(state, "n_iter_", 0)
+def _positive(state, field, params, k):
+    _number(state, field, positive=True)
 
 
-def _dirichlet(state, params, k):
-    _affine(state, k, matrix=True)
-    _number(state, "lam_")
-    _number(state, "mu_")
-    cv = state["cv_nll_"]
+def _non_negative(state, field, params, k):
+    _number(state, field)
+
+
+def _vector(state, field, params, k):
+    _tensor(state, field, (k,))
+
+
+def _matrix(state, field, params, k):
+    _tensor(state, field, (k, k))
+
+
+def _cv_nll(state, field, params, k):
+    cv = state[field]
     if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool)
                                            and isinstance(b, (int, float)) and math.isfinite(b)
                                            for a, b in cv.items()):
-        raise StateError("cv_nll_", f"must map each 'lam,mu' to a finite held-out NLL, got {_show(cv)}")
+        raise StateError(field, f"must map each 'lam,mu' to a finite held-out NLL, got {_show(cv)}")
 
 
-def _ets(state, params, k):
-    _number(state, "temperature_", positive=True)
-    w = _tensor(state, "weights_", (3,), lo=0.0)
+def _ets_weights(state, field, params, k):
+    w = _tensor(state, field, (3,), lo=0.0)
     if abs(float(w.sum()) - 1) > 1e-9:
-        raise StateError("weights_", f"must sum to 1, sum to {float(w.sum())!r}")
+        raise StateError(field, f"must sum to 1, sum to {float(w.sum())!r}")
 
 
-def _scaling_binning(state, params, k):
-    _number(state, "temperature_", positive=True)
-    _bins(state, k, params["n_bins"])
+def _bins(groups: Callable[[dict, int], int]) -> dict[str, Check]:
+    """``edges_`` and ``values_`` of ``groups(params, k)`` histograms of ``n_bins`` bins."""
+    return {
+        "edges_": lambda s, f, p, k: _tensor(s, f, (groups(p, k), p["n_bins"] - 1), lo=0.0, hi=1.0, rows_sorted=True),
+        "values_": lambda s, f, p, k: _tensor(s, f, (groups(p, k), p["n_bins"]), lo=0.0, hi=1.0),
+    }
 
 
-def _sigmoid(state, params, k, n_coef):
-    coef = _tensor(state, "coef_", (1 if k == 2 else k, n_coef))
-    if n_coef == 3 and bool((coef[:, :2] < 0).any()):
-        raise StateError("coef_", "beta calibration's a and b must be >= 0")
-    _integer(state, "n_iter_", 0)
+def _knots(groups: Callable[[dict, int], int], y_range: tuple[float | None, float | None]) -> dict[str, Check]:
+    """``knots_x_``, ``knots_y_`` ``(G, L)`` and ``n_knots_`` ``(G,)`` of ``G = groups(params, k)`` maps."""
+    return {
+        "knots_x_": lambda s, f, p, k: _tensor(s, f, (groups(p, k), _width(s[f])), rows_sorted=True),
+        "knots_y_": lambda s, f, p, k: _tensor(s, f, (groups(p, k), _width(s["knots_x_"])),
+                                               lo=y_range[0], hi=y_range[1]),
+        "n_knots_": lambda s, f, p, k: _tensor(s, f, (groups(p, k),), dtype=torch.int64, lo=1,
+                                               hi=max(_width(s["knots_x_"]), 1)),
+    }
 
 
-def _bbq(state, params, k):
-    groups = 1 if k == 2 else k
-    n_bins = state["n_bins_"]
-    models = n_bins.shape[0] if isinstance(n_bins, torch.Tensor) and n_bins.dim() == 1 else 0
-    n_bins = _tensor(state, "n_bins_", (models,), dtype=torch.int64, lo=1)
-    w = _tensor(state, "weights_", (groups, models), lo=0.0)
+def _sigmoid_coef(n_coef: int) -> Check:
+    def check(state, field, params, k):
+        coef = _tensor(state, field, (_groups(k), n_coef))
+        if n_coef == 3 and bool((coef[:, :2] < 0).any()):
+            raise StateError(field, "beta calibration's a and b must be >= 0")
+    return check
+
+
+def _bbq_weights(state, field, params, k):
+    models = _width(state["n_bins_"], dim=1)
+    w = _tensor(state, field, (_groups(k), models), lo=0.0)
     if models == 0 or float((w.sum(1) - 1).abs().max()) > 1e-9:
-        raise StateError("weights_", "each row must sum to 1")
-    n_edges = int((n_bins - 1).sum())
-    _tensor(state, "knots_", (groups, n_edges), lo=0.0, hi=1.0, rows_sorted=True)
-    _tensor(state, "levels_", (groups, n_edges + 1), lo=0.0, hi=1.0)
+        raise StateError(field, "each row must sum to 1")
 
 
-def _structured(state, params, k, matrix):
-    _number(state, "temperature_", positive=True)
-    if _number(state, "mix_", positive=True) >= 1:
-        raise StateError("mix_", f"must be below 1, got {_show(state['mix_'])}")
-    _affine(state, k, matrix)
+def _bbq_edges(state) -> int:
+    return int((state["n_bins_"] - 1).sum())
+
+
+def _mix(state, field, params, k):
+    if _number(state, field, positive=True) >= 1:
+        raise StateError(field, f"must be below 1, got {_show(state[field])}")
+
+
+def _penalties(matrix: bool) -> Check:
     names = ("intercept", "diagonal") + (("off_diagonal",) if matrix else ())
-    reg = state["reg_"]
-    numbers = isinstance(reg, dict) and all(not isinstance(v, bool) and isinstance(v, (int, float))
-                                            and math.isfinite(v) and v >= 0 for v in reg.values())
-    if not numbers or set(reg) != set(names):
-        raise StateError("reg_", f"must map {', '.join(names)} to finite numbers >= 0, got {_show(reg)}")
+
+    def check(state, field, params, k):
+        reg = state[field]
+        numbers = isinstance(reg, dict) and all(not isinstance(v, bool) and isinstance(v, (int, float))
+                                                and math.isfinite(v) and v >= 0 for v in reg.values())
+        if not numbers or set(reg) != set(names):
+            raise StateError(field, f"must map {', '.join(names)} to finite numbers >= 0, got {_show(reg)}")
+    return check
 
 
-def _venn_abers(state, params, k):
-    groups = 1 if k == 2 else k
-    x = state["scores_"]
-    width = x.shape[1] if isinstance(x, torch.Tensor) and x.dim() == 2 else 0
-    _tensor(state, "scores_", (groups, width), rows_sorted=True)
-    _tensor(state, "n_scores_", (groups,), dtype=torch.int64, lo=1, hi=max(width, 1))
-    _tensor(state, "p0_", (groups, width + 1), lo=0.0, hi=1.0)
-    _tensor(state, "p1_", (groups, width + 1), lo=0.0, hi=1.0)
+def _structured(matrix: bool) -> dict[str, Check]:
+    return {"temperature_": _positive, "mix_": _mix, "weight_": _matrix if matrix else _vector, "bias_": _vector,
+            "reg_": _penalties(matrix), "n_iter_": _iterations}
 
 
-def _lightgbm(state, params, k):
-    models = state["models_"]
+def _lightgbm_models(state, field, params, k):
+    models = state[field]
     n = params["n_folds"] or 1
     if not (isinstance(models, list) and len(models) == n
             and all(isinstance(m, str) and m.startswith("tree") for m in models)):
-        raise StateError("models_", f"must be a list of {n} LightGBM model texts, got {_show(models)}")
+        raise StateError(field, f"must be a list of {n} LightGBM model texts, got {_show(models)}")
 
 
-_CHECKS = {
-    "temperature": _temperature,
-    "vector": lambda state, params, k: _affine(state, k, matrix=False),
-    "matrix": lambda state, params, k: _affine(state, k, matrix=True),
-    "dirichlet": _dirichlet,
-    "ets": _ets,
-    "histogram": lambda state, params, k: _bins(state, _hist_groups(params, k), params["n_bins"]),
-    "histogram_uniform": lambda state, params, k: _bins(state, _hist_groups(params, k), params["n_bins"]),
-    "isotonic": lambda state, params, k: _knots(state, 1 if params["irm"] else k, (0.0, 1.0)),
-    "spline": lambda state, params, k: (_tensor(state, "coef_", (params["n_knots"],)), _knots(state, 1, (None, None))),
-    "scaling_binning": _scaling_binning,
-    "platt": lambda state, params, k: _sigmoid(state, params, k, 2),
-    "beta": lambda state, params, k: _sigmoid(state, params, k, 3),
-    "bbq": _bbq,
-    "svs": lambda state, params, k: _structured(state, params, k, matrix=False),
-    "sms": lambda state, params, k: _structured(state, params, k, matrix=True),
-    "cir": lambda state, params, k: _knots(state, 1 if k == 2 else k, (0.0, 1.0)),
-    "venn_abers": _venn_abers,
-    "spline_ovr": lambda state, params, k: (_tensor(state, "coef_", (1 if k == 2 else k, params["n_knots"])),
-                                            _knots(state, 1 if k == 2 else k, (None, None))),
-    "lightgbm": _lightgbm,
+_HISTOGRAM = _bins(_hist_groups)
+
+# Registry name -> its fitted fields, in the order they are saved and checked, each with its check.
+FIELDS: dict[str, dict[str, Check]] = {
+    "temperature": {"temperature_": _positive, "n_iter_": _iterations},
+    "vector": {"weight_": _vector, "bias_": _vector, "n_iter_": _iterations},
+    "matrix": {"weight_": _matrix, "bias_": _vector, "n_iter_": _iterations},
+    "dirichlet": {"weight_": _matrix, "bias_": _vector, "lam_": _non_negative, "mu_": _non_negative,
+                  "cv_nll_": _cv_nll, "n_iter_": _iterations},
+    "ets": {"temperature_": _positive, "weights_": _ets_weights},
+    "histogram": _HISTOGRAM,
+    "isotonic": _knots(lambda p, k: 1 if p["irm"] else k, (0.0, 1.0)),
+    "spline": {"coef_": lambda s, f, p, k: _tensor(s, f, (p["n_knots"],)), **_knots(lambda p, k: 1, (None, None))},
+    "scaling_binning": {"temperature_": _positive, **_bins(lambda p, k: k)},
+    "platt": {"coef_": _sigmoid_coef(2), "n_iter_": _iterations},
+    "beta": {"coef_": _sigmoid_coef(3), "n_iter_": _iterations},
+    "bbq": {"n_bins_": lambda s, f, p, k: _tensor(s, f, (_width(s[f], dim=1),), dtype=torch.int64, lo=1),
+            "weights_": _bbq_weights,
+            "knots_": lambda s, f, p, k: _tensor(s, f, (_groups(k), _bbq_edges(s)), lo=0.0, hi=1.0, rows_sorted=True),
+            "levels_": lambda s, f, p, k: _tensor(s, f, (_groups(k), _bbq_edges(s) + 1), lo=0.0, hi=1.0)},
+    "svs": _structured(matrix=False),
+    "sms": _structured(matrix=True),
+    "histogram_uniform": _HISTOGRAM,
+    "cir": _knots(lambda p, k: _groups(k), (0.0, 1.0)),
+    "venn_abers": {
+        "scores_": lambda s, f, p, k: _tensor(s, f, (_groups(k), _width(s[f])), rows_sorted=True),
+        "n_scores_": lambda s, f, p, k: _tensor(s, f, (_groups(k),), dtype=torch.int64, lo=1,
+                                                hi=max(_width(s["scores_"]), 1)),
+        "p0_": lambda s, f, p, k: _tensor(s, f, (_groups(k), _width(s["scores_"]) + 1), lo=0.0, hi=1.0),
+        "p1_": lambda s, f, p, k: _tensor(s, f, (_groups(k), _width(s["scores_"]) + 1), lo=0.0, hi=1.0)},
+    "spline_ovr": {"coef_": lambda s, f, p, k: _tensor(s, f, (_groups(k), p["n_knots"])),
+                   **_knots(lambda p, k: _groups(k), (None, None))},
+    "lightgbm": {"models_": _lightgbm_models},
 }
+
+
+def state_names(name: str) -> tuple[str, ...]:
+    """The fitted fields of the calibrator registered as ``name`` (its class's ``_STATE``), in order."""
+    return tuple(FIELDS[name])
 
 
 def check_state(name: str, cal) -> None:
     """Raise :class:`StateError` for the first invalid field of the loaded calibrator ``cal``
     (registry name ``name``), whose hyperparameters have already been checked."""
-    state = {k: getattr(cal, k) for k in type(cal)._STATE + ("n_classes_", "binary_")}
+    fields = FIELDS[name]
+    state = {f: getattr(cal, f) for f in (*fields, *COMMON)}
     k = _integer(state, "n_classes_", 2)
     if not isinstance(state["binary_"], bool):
         raise StateError("binary_", f"must be true or false, got {_show(state['binary_'])}")
     if state["binary_"] and k != 2:
         raise StateError("n_classes_", f"must be 2 for binary logits (binary_ is true), got {k}")
-    _CHECKS[name](state, cal.get_params(), k)
+    params = cal.get_params()
+    for field, check in fields.items():
+        check(state, field, params, k)

@@ -44,6 +44,7 @@ import math
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators._toplabel import DEFAULT_FLOOR, check_floor, floor_rows
 from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
@@ -152,7 +153,7 @@ class BBQ(Calibrator):
         levels_: ``(G, E + 1)`` the averaged prediction at and below the first knot, then just above each knot.
     """
 
-    _STATE = ("n_bins_", "weights_", "knots_", "levels_")
+    _STATE = state_names("bbq")
 
     def __init__(self, c: float = 10.0, ess: float = 2.0, floor: float = DEFAULT_FLOOR):
         self.c = c

@@ -21,6 +21,7 @@ import torch
 
 from calibkit._validation import check_n_bins
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators._toplabel import DEFAULT_FLOOR, check_floor, floor_rows, spread_top
 from calibkit.calibrators.temperature import _fit_nll
 from calibkit.errors import UserError
@@ -125,7 +126,7 @@ class HistogramBinning(Calibrator):
         values_: ``(G, B)`` per-bin frequencies (float64).
     """
 
-    _STATE = ("edges_", "values_")
+    _STATE = state_names("histogram")  # histogram_uniform's too
     _UNIFORM = False
 
     def __init__(self, n_bins: int = 15, multiclass: str = "top_label", floor: float = DEFAULT_FLOOR):
@@ -275,7 +276,7 @@ class IsotonicCalibration(Calibrator):
         n_knots_: ``(G,)`` knots per map.
     """
 
-    _STATE = ("knots_x_", "knots_y_", "n_knots_")
+    _STATE = state_names("isotonic")
 
     def __init__(self, irm: bool = False, floor: float = DEFAULT_FLOOR):
         self.irm = irm
@@ -332,7 +333,7 @@ class ScalingBinning(Calibrator):
         values_: ``(K, B)``.
     """
 
-    _STATE = ("temperature_", "edges_", "values_")
+    _STATE = state_names("scaling_binning")
 
     def __init__(self, n_bins: int = 15, fit_fraction: float = 0.5, seed: int = 0, floor: float = DEFAULT_FLOOR):
         self.n_bins = n_bins

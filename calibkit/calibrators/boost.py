@@ -27,6 +27,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators._ovr import ovr_rows
+from calibkit.calibrators._state import state_names
 from calibkit.errors import UserError
 from calibkit.extras import available
 
@@ -84,7 +85,7 @@ class LightGBMCalibration(Calibrator):
         models_: the fitted models as LightGBM's text format, one per fold (or one).
     """
 
-    _STATE = ("models_",)
+    _STATE = state_names("lightgbm")
 
     def __init__(self, n_folds: int = 5, n_rounds: int = 100, max_depth: int = 3, num_leaves: int = 8,
                  early_stopping: int = 50, seed: int = 0):

@@ -29,6 +29,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators._ovr import ovr_pairs, ovr_rows
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators.binning import interpolate, pav_tables
 from calibkit.errors import UserError
 
@@ -94,7 +95,7 @@ class CenteredIsotonicCalibration(Calibrator):
         n_knots_: ``(G,)`` knots per map.
     """
 
-    _STATE = ("knots_x_", "knots_y_", "n_knots_")
+    _STATE = state_names("cir")
 
     def __init__(self, keep_edges: bool = True):
         self.keep_edges = keep_edges

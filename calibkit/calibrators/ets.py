@@ -11,6 +11,7 @@ import itertools
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators.temperature import _fit_nll
 from calibkit.errors import UserError
 
@@ -76,7 +77,7 @@ class EnsembleTemperatureScaling(Calibrator):
         weights_: ``(3,)`` float64 tensor ``(w1, w2, w3)``.
     """
 
-    _STATE = ("temperature_", "weights_")
+    _STATE = state_names("ets")
 
     def __init__(self, t_min: float = 1e-2, t_max: float = 1e2):
         self.t_min = t_min

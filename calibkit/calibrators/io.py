@@ -86,7 +86,7 @@ def load(path):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from calibkit.calibrators._state import StateError, check_state
+    from calibkit.calibrators._state import COMMON, StateError, check_state
     from calibkit.calibrators.registry import CALIBRATORS
 
     st_path, json_path = paths(path)
@@ -119,7 +119,7 @@ def load(path):
     if missing:
         raise UserError(f"{st_path}: lacks the tensor(s) {', '.join(missing)}")
     cls = CALIBRATORS[name]
-    required = tuple(dict.fromkeys(cls._STATE + ("n_classes_", "binary_")))
+    required = cls._STATE + COMMON
     stray = sorted(set(tensors) - set(names))  # in the file, but not listed by the JSON
     if stray:
         raise UserError(f"{st_path}: unknown tensor(s) {', '.join(stray)}: {json_path.name} lists "

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators.temperature import _fit_nll
 from calibkit.errors import UserError
 
@@ -49,7 +50,7 @@ def _nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class _AffineScaling(Calibrator):
     """What vector and matrix scaling share: one parameter (``max_iter``), a weight and a bias."""
 
-    _STATE = ("weight_", "bias_", "n_iter_")
+    _STATE = state_names("vector")  # matrix's fields too
 
     def __init__(self, max_iter: int = 100):
         self.max_iter = max_iter
@@ -216,7 +217,7 @@ class DirichletCalibration(Calibrator):
         n_iter_: L-BFGS iterations of the final fit.
     """
 
-    _STATE = ("weight_", "bias_", "lam_", "mu_", "cv_nll_", "n_iter_")
+    _STATE = state_names("dirichlet")
 
     def __init__(self, lambdas: tuple[float, ...] = (1e5, 1e4, 1e3, 1e2), mus: tuple[float, ...] | None = None,
                  n_folds: int = 3, cv_max_iter: int = 25, max_iter: int = 100, seed: int = 0):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._state import state_names
 from calibkit.errors import UserError
 
 __all__ = ["PlattScaling", "BetaCalibration", "fit_logistic", "ovr_logits", "log_probs"]
@@ -131,7 +132,7 @@ def _check_max_iter(max_iter) -> None:
 class _OneVsRestSigmoid(Calibrator):
     """What Platt and beta calibration share: the groups, the targets, the renormalisation."""
 
-    _STATE = ("coef_", "n_iter_")
+    _STATE = state_names("platt")  # beta's fields too
 
     def __init__(self, max_iter: int = 100):
         self.max_iter = max_iter

@@ -53,6 +53,7 @@ from __future__ import annotations
 import torch
 
 from calibkit.calibrators._base import Calibrator
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators._toplabel import DEFAULT_FLOOR, check_floor, floor_rows, spread_top
 from calibkit.calibrators.binning import interpolate
 from calibkit.errors import UserError
@@ -87,7 +88,7 @@ class SplineCalibration(Calibrator):
         n_knots_: ``(1,)``.
     """
 
-    _STATE = ("coef_", "knots_x_", "knots_y_", "n_knots_")
+    _STATE = state_names("spline")
 
     def __init__(self, n_knots: int = 6, floor: float = DEFAULT_FLOOR):
         self.n_knots = n_knots

@@ -20,6 +20,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators._ovr import ovr_pairs, ovr_rows, run_tables
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators.binning import interpolate
 from calibkit.calibrators.spline import natural_cubic_basis
 from calibkit.errors import UserError
@@ -40,7 +41,7 @@ class OneVsRestSplineCalibration(Calibrator):
         n_knots_: ``(G,)`` knots per map.
     """
 
-    _STATE = ("coef_", "knots_x_", "knots_y_", "n_knots_")
+    _STATE = state_names("spline_ovr")
 
     def __init__(self, n_knots: int = 6):
         self.n_knots = n_knots

@@ -35,6 +35,7 @@ import warnings
 import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs, param_names
+from calibkit.calibrators._state import state_names
 from calibkit.calibrators.temperature import _fit_nll
 from calibkit.errors import UserError
 
@@ -108,7 +109,7 @@ class StructuredVectorScaling(_Structured):
         n_iter_: L-BFGS iterations run.
     """
 
-    _STATE = ("temperature_", "mix_", "weight_", "bias_", "reg_", "n_iter_")
+    _STATE = state_names("svs")
 
     def __init__(self, lambda_intercept: float = 1.0, lambda_diagonal: float = 1.0, max_iter: int = 100):
         self.lambda_intercept = lambda_intercept
@@ -157,7 +158,7 @@ class StructuredMatrixScaling(_Structured):
         n_iter_: L-BFGS iterations run.
     """
 
-    _STATE = ("temperature_", "mix_", "weight_", "bias_", "reg_", "n_iter_")
+    _STATE = state_names("sms")
 
     def __init__(self, lambda_intercept: float = 1.0, lambda_diagonal: float = 1.0, lambda_off_diagonal: float = 1.0,
                  max_iter: int = 1000):

@@ -32,6 +32,7 @@ from calibkit.calibrators._base import (
     check_init,
     check_not_probabilities,
 )
+from calibkit.calibrators._state import COMMON, state_names
 from calibkit.errors import UserError
 from calibkit.functional.binning import bin_sums, binned_errors, equal_width_bins
 from calibkit.metrics import evaluate
@@ -100,7 +101,7 @@ class TemperatureScaling(Params):
     """
 
     OBJECTIVES = ("nll", "ece")
-    _STATE = ("temperature_", "n_iter_", "n_classes_", "binary_")
+    _STATE = state_names("temperature")
     temperature_: float  # fitted state, set by fit
     n_iter_: int
 
@@ -194,13 +195,13 @@ class TemperatureScaling(Params):
         "binary_": bool}}`` (python values)."""
         self._check_fitted()
         return {"params": {k: _plain(v) for k, v in self.get_params(deep=False).items()},
-                "state": {k: getattr(self, k) for k in self._STATE}}
+                "state": {k: getattr(self, k) for k in self._STATE + COMMON}}
 
     @classmethod
     def from_dict(cls, d: dict) -> TemperatureScaling:
         """The calibrator described by :meth:`to_dict`; a state without ``n_classes_`` and
         ``binary_`` (written before they were recorded) is refused: refit and save again."""
-        return _from_dict(cls, d, cls._STATE)
+        return _from_dict(cls, d, cls._STATE + COMMON)
 
 
 def _check_any_logits(logits) -> torch.Tensor:

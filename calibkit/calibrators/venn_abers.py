@@ -31,6 +31,7 @@ import torch
 
 from calibkit.calibrators._base import Calibrator
 from calibkit.calibrators._ovr import ovr_pairs, ovr_rows, run_tables
+from calibkit.calibrators._state import state_names
 from calibkit.errors import UserError
 
 __all__ = ["VennAbersCalibration", "venn_abers_tables"]
@@ -216,7 +217,7 @@ class VennAbersCalibration(Calibrator):
         p0_, p1_: ``(G, L + 1)`` the two isotonic values at each insertion position.
     """
 
-    _STATE = ("scores_", "n_scores_", "p0_", "p1_")
+    _STATE = state_names("venn_abers")
 
     def __init__(self, merge: str = "log"):
         self.merge = merge

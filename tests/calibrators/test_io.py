@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from calibkit.calibrators import IsotonicCalibration, TemperatureScaling, load, save
+from calibkit.calibrators._state import COMMON, FIELDS, state_names
 from calibkit.calibrators.io import paths
+from calibkit.calibrators.registry import CALIBRATORS
 
 
 def _fitted():
@@ -171,3 +173,10 @@ def test_load_refuses_binary_state_with_k_other_than_2(tmp_path):
     js.write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"invalid n_classes_: must be 2 for binary logits \(binary_ is true\), got 4"):
         load(js)
+
+
+def test_each_calibrators_state_is_the_one_declared_in_fields():
+    assert list(FIELDS) == list(CALIBRATORS)  # one declaration per registered calibrator, in registry order
+    for name, cls in CALIBRATORS.items():
+        assert cls._STATE == state_names(name) == tuple(FIELDS[name]), name
+        assert all(f.endswith("_") for f in cls._STATE) and not set(cls._STATE) & set(COMMON), name
