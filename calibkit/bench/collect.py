@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from calibkit.bench.slurm import key_states, submissions
 from calibkit.errors import UserError
+from calibkit.store import Store, open_store
 from calibkit.store import files as R
 from calibkit.store.common import COLUMNS
 
@@ -55,8 +57,6 @@ def collect(out, preset: str | None = None, store=None) -> dict:
     Raises:
         ValueError: a result file is corrupt (nothing of it is imported; the others are).
     """
-    from calibkit.store import Store
-
     out = Path(out)
     files = R.result_files(out, preset)
     counts = {"files": len(files), "imported": 0, "unchanged": 0, "selections": 0}
@@ -164,8 +164,6 @@ def read_recorded(out, keys, table: str = "runs", store: str | None = None) -> d
     Raises:
         calibkit.store.StoreError: the database exists but cannot be used (corrupt, unreachable).
     """
-    from calibkit.store import open_store
-
     if store is None and not (Path(out) / "runs.db").is_file():
         return {}
     try:
@@ -186,8 +184,6 @@ def unfinished(out, keys, recorded: dict | None = None) -> list[tuple[str, str, 
     that a run submitted but neither finished nor in a queue this host can read (no ``squeue``
     here: a copy of the folder) is ``no result``: whether it still runs cannot be told from here.
     """
-    from calibkit.bench.slurm import key_states, submissions
-
     submitted = {k for sub in submissions(out) for k in sub.get("tasks", {}).values()}
     rows = []
     for key, (state, detail) in key_states(out, list(keys), recorded=recorded).items():
@@ -202,8 +198,6 @@ def unfinished(out, keys, recorded: dict | None = None) -> list[tuple[str, str, 
 def unrecorded(out, preset: str, recorded) -> list[dict]:
     """``{"run_key", "status"}`` of every run of ``preset`` submitted to SLURM from ``out`` that has
     no row among ``recorded`` (run keys) and no finished result file; status as :func:`unfinished`."""
-    from calibkit.bench.slurm import submissions
-
     recorded = set(recorded)
     keys = [k for k in dict.fromkeys(k for sub in submissions(out) for k in sub.get("tasks", {}).values())
             if k.count("/") == 2 and k.split("/")[0] == preset and k not in recorded]

@@ -28,10 +28,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
+import torch
+
+import calibkit.data  # calibkit.data.load read at each call, so a replaced loader is the one used
+from calibkit.bench.grid import grid_methods
+from calibkit.bench.runner import train_config
+from calibkit.bench.twostage import csm_source
+from calibkit.distributed import resolve_device
 from calibkit.errors import UserError
+from calibkit.extras import require
+from calibkit.methods.csm.generate import sample_groups
+from calibkit.methods.csm.generator import CondDenoiser, GeneratorConfig, edm_loss
+from calibkit.methods.csm.inputs import training_images_outside_validation
+from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
 
 # The build's settings (keys of Preset.csm); the values of the shipped Fashion-MNIST set.
 BUILD_DEFAULTS = {"build_steps": 4000, "build_batch_size": 64, "build_lr": 1e-3, "build_channels": (32, 64, 64),
@@ -74,12 +87,6 @@ def _groups(preset, bundle, cfg) -> int:
 def measure(preset, bundle, device="auto") -> dict:
     """Seconds per generator training step and sampled images per second on ``device``, measured
     now with untrained weights of the build's architecture (speed does not depend on the weights)."""
-    import torch
-
-    from calibkit.distributed import resolve_device
-    from calibkit.methods.csm.generate import sample_groups
-    from calibkit.methods.csm.generator import CondDenoiser, GeneratorConfig, edm_loss
-
     cfg = settings(preset)
     dev = resolve_device(device)
     gen_cfg = GeneratorConfig.for_images(bundle.num_classes, bundle.in_channels, bundle.image_size[0],
@@ -113,8 +120,6 @@ def cost_line(preset, bundle, seeds=None, device="auto") -> str:
     head = f"csm: no generated set for {preset.dataset}"
     how = "add --csm-build to build one in --out, pass --csm-store DIR, or leave csm out of --methods"
     try:
-        from calibkit.extras import require
-
         require("diffusers", "building a CSM generated set")
     except ImportError as exc:
         return f"{head}; {how} ({exc})"
@@ -133,12 +138,9 @@ def build(preset, out, seeds=None, data_dir=None, device="auto", log=print) -> P
     Raises:
         ValueError: the data set is not images (CSM does not apply).
     """
-    from calibkit.distributed import resolve_device
-    from calibkit.extras import require
+    # Imported at call time, so that a generate_store replaced on its module is the one used (the
+    # module cannot be imported by name instead: calibkit.methods.csm.generate is also a function).
     from calibkit.methods.csm.generate import generate_store
-    from calibkit.methods.csm.generator import GeneratorConfig
-    from calibkit.methods.csm.inputs import training_images_outside_validation
-    from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
 
     root, store = build_dir(out, preset, seeds), store_path(out, preset, seeds)
     if is_built(out, preset, seeds):
@@ -177,11 +179,9 @@ def build(preset, out, seeds=None, data_dir=None, device="auto", log=print) -> P
 
 def load_bundle(preset, seed: int, data_dir=None):
     """The data set as the bench's CE run of ``seed`` loads it (its training images count)."""
-    from calibkit.bench.runner import train_config
-    from calibkit.data import load
-
     cfg = train_config(preset, "ce", seed, data_dir)
-    return load(cfg.data, data_dir=cfg.data_dir, seed=seed, val_size=cfg.val_size, train_subset=cfg.train_subset)
+    return calibkit.data.load(cfg.data, data_dir=cfg.data_dir, seed=seed, val_size=cfg.val_size,
+                              train_subset=cfg.train_subset)
 
 
 def _jsonable(d: dict) -> dict:
@@ -196,11 +196,6 @@ def ensure(preset, out, seeds=None, methods=None, data_dir=None, device="auto", 
         preset's or the one shipped); else the path of the built set (built now unless a
         finished build is there).
     """
-    import os
-
-    from calibkit.bench.grid import grid_methods
-    from calibkit.bench.twostage import csm_source
-
     if "csm" not in grid_methods(preset, methods)[0]:
         return csm_store
     src = csm_source(preset, csm_store)

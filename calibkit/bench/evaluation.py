@@ -29,8 +29,16 @@ from pathlib import Path
 
 import torch
 
+import calibkit.data.ood  # its names read at each call, so a replaced one is the one used
+import calibkit.train.dense  # its names read at each call, so a replaced one is the one used
 from calibkit import rundir
+from calibkit.calibrators import evaluate_before_after_ts
+from calibkit.data import corruptions  # corruptions.corrupt read at each call, so a replaced one is used
+from calibkit.data.corruptions import CORRUPTIONS
+from calibkit.data.inputs import inputs_from_info
+from calibkit.data.ood import NO_OOD
 from calibkit.errors import UserError
+from calibkit.functional import accuracy, ece, entropy_score, fpr_at_95_tpr, max_confidence_score, ood_auroc
 
 
 class EvalData:
@@ -64,9 +72,7 @@ class EvalData:
     def ood_images(self) -> torch.Tensor:
         """uint8 OOD images shaped like the test images."""
         if self._ood is None:
-            from calibkit.data.ood import load_ood
-
-            self._ood = load_ood(self.preset.ood, like=self.bundle, data_dir=self.data_dir)
+            self._ood = calibkit.data.ood.load_ood(self.preset.ood, like=self.bundle, data_dir=self.data_dir)
         return self._ood
 
     def robust_index(self) -> torch.Tensor:
@@ -78,7 +84,6 @@ class EvalData:
         """``{"<corruption>/<severity>": uint8 images}`` for the fixed robustness subset."""
         if self._corrupted is not None:
             return self._corrupted
-        from calibkit.data.corruptions import CORRUPTIONS, corrupt
 
         idx = self.robust_index()
         # One order for the fresh and the cached sets (safetensors returns its keys sorted): the
@@ -101,7 +106,7 @@ class EvalData:
         out = {}
         for name in CORRUPTIONS:
             for s in self.preset.severities:
-                out[f"{name}/{s}"] = corrupt(clean, name, s, seed=0)
+                out[f"{name}/{s}"] = corruptions.corrupt(clean, name, s, seed=0)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             rundir.write_tensors(path, out)
@@ -119,8 +124,6 @@ def _num(d: dict) -> dict:
 
 def test_metrics(logits: dict) -> dict:
     """``{"before", "after", "temperature"}`` from a run's val/test logits."""
-    from calibkit.calibrators import evaluate_before_after_ts
-
     panels = evaluate_before_after_ts(logits["val_logits"], logits["val_labels"],
                                       logits["test_logits"], logits["test_labels"])
     return {"before": _num(panels["before"]), "after": _num(panels["after"]),
@@ -129,8 +132,6 @@ def test_metrics(logits: dict) -> dict:
 
 def ood_metrics(test_logits: torch.Tensor, ood_logits: torch.Tensor, name: str) -> dict:
     """AUROC and FPR@95%TPR of the entropy and max-confidence scores."""
-    from calibkit.functional import entropy_score, fpr_at_95_tpr, max_confidence_score, ood_auroc
-
     p_in, p_out = _probs(test_logits), _probs(ood_logits)
     out = {"dataset": name, "n_in": len(p_in), "n_out": len(p_out)}
     for tag, score in (("entropy", entropy_score), ("maxconf", max_confidence_score)):
@@ -142,8 +143,6 @@ def ood_metrics(test_logits: torch.Tensor, ood_logits: torch.Tensor, name: str) 
 
 def robustness_metrics(predict, corrupted: dict, labels: torch.Tensor, temperature: float) -> dict:
     """Per corruption and severity: acc, ECE, ECE after TS; means per severity and overall."""
-    from calibkit.functional import accuracy, ece
-
     per: dict[str, dict] = {}
     for key, images in corrupted.items():
         name, sev = key.split("/")
@@ -188,7 +187,6 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
     def predict(images):
         return rundir.predict_logits(model, images, norm, batch_size, device)
 
-    from calibkit.data.ood import NO_OOD
 
     ood = None  # ood "none": no OOD measurement
     if data.preset.ood != NO_OOD:
@@ -205,9 +203,6 @@ def evaluate_run(run_dir, data: EvalData, model=None, norm=None, device="cpu", b
 
 def _evaluate_dense_run(run_dir: Path, logits: dict, data: EvalData, model, norm, device, t0: float) -> dict:
     """A segmentation run: streamed pixel metrics of the whole test split before/after TS."""
-    from calibkit.data.inputs import inputs_from_info
-    from calibkit.train.dense import evaluate_dense
-
     if model is None:
         model, _, info = rundir.load_run(run_dir)
         norm = info if norm is None else norm
@@ -216,8 +211,8 @@ def _evaluate_dense_run(run_dir: Path, logits: dict, data: EvalData, model, norm
     if cached and cached.get("ts_objective") == "nll" and cached.get("n_bins") == 15:
         res = cached  # computed by the trainer over every test pixel (calibkit.train.dense)
     else:
-        res = evaluate_dense(model, data.bundle.test, inputs, logits["val_logits"], logits["val_labels"],
-                             device=device, batch_size=32)
+        res = calibkit.train.dense.evaluate_dense(model, data.bundle.test, inputs, logits["val_logits"],
+                                                  logits["val_labels"], device=device, batch_size=32)
     metrics = {"before": _num(res["before"]), "after": _num(res["after"]), "temperature": res["temperature"],
                "test_pixels": res["n_test_pixels"], "val_pixels": int(len(logits["val_labels"]))}
     return {"metrics": metrics, "ood": None, "robustness": None, "eval_time_s": time.time() - t0,

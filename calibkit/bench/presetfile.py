@@ -46,6 +46,7 @@ directory, as command-line paths are).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 from pathlib import Path
@@ -53,7 +54,12 @@ from pathlib import Path
 import tomllib
 
 from calibkit.bench.grid import BENCH_METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
+from calibkit.bench.space import loss_params
+from calibkit.config import TrainConfig
 from calibkit.errors import UserError, UserFileNotFoundError
+from calibkit.losses import LOSSES
+from calibkit.methods.maccal.run import run_maccal
+from calibkit.rundir import atomic_write
 from calibkit.suggest import nearest as nearest  # re-exported: where the preset checks import it
 
 TABLES = ("train", "losses", "train_by_method", "maccal", "csm", "space")
@@ -76,27 +82,16 @@ def _unknown(what: str, name, valid, where: str = "") -> ValueError:
 
 
 def _train_fields() -> dict:
-    from calibkit.config import TrainConfig
-
     return {f.name: f.type for f in dataclasses.fields(TrainConfig)}
 
 
 def _maccal_keys() -> list[str]:
-    import inspect
-
-    from calibkit.methods.maccal.run import run_maccal
-
     params = inspect.signature(run_maccal).parameters
     return [k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in ("data_dir", "device", "log")]
 
 
 def _loss_params(spec: str, where: str) -> list[str]:
     """The parameter names of a loss spec's loss (its name checked)."""
-    import inspect
-
-    from calibkit.bench.space import loss_params
-    from calibkit.losses import LOSSES
-
     name, given = loss_params(spec)
     if name.lower() not in LOSSES:
         raise _unknown("loss", name, list(LOSSES), where)
@@ -120,7 +115,6 @@ def _train_table(values, where: str, per_run_ok: bool = False) -> dict:
         if v == NONE and "None" in fields[k] and not fields[k].startswith("str"):
             v = None
         out[k] = v
-    from calibkit.config import TrainConfig
 
     try:
         TrainConfig.from_dict(out)  # the types of the values
@@ -349,8 +343,6 @@ def write_effective(preset: Preset, out, overwrite: bool = True) -> Path:
     The temporary file has a unique name: benches on several hosts sharing ``OUT`` write the same
     record at once (the text is the same, so whichever lands last is right).
     """
-    from calibkit.rundir import atomic_write
-
     path = effective_path(out, preset.name)
     if path.is_file() and not overwrite:
         return path

@@ -5,6 +5,8 @@ or methods usually are (``docs/metrics.md``, "Power")."""
 from __future__ import annotations
 
 import math
+import warnings
+from statistics import NormalDist
 
 __all__ = ["ROW_SD_NLL", "TYPICAL_NLL_DIFFERENCE", "detectable_nll", "warn_small_validation"]
 
@@ -18,8 +20,6 @@ TYPICAL_NLL_DIFFERENCE = 0.01
 def detectable_nll(n_rows: int, row_sd: float = ROW_SD_NLL) -> float:
     """The NLL difference ``n_rows`` validation rows detect (two-sided 5%, power 80%):
     ``(z_0.975 + z_0.8) row_sd / sqrt(n_rows)``."""
-    from statistics import NormalDist
-
     z = NormalDist().inv_cdf
     return (z(0.975) + z(0.8)) * row_sd / math.sqrt(n_rows)
 
@@ -28,8 +28,6 @@ def warn_small_validation(preset, where: str = "") -> None:
     """Warn when the preset's ``val_size`` cannot separate a typical NLL difference
     (:data:`TYPICAL_NLL_DIFFERENCE`) on validation: the choice of a calibrator or a method pair then
     rests on noise, and only the report's confirmatory test-split comparisons can tell."""
-    import warnings
-
     n = (preset.train or {}).get("val_size")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         return  # the data set's own split (its size is known only when the data are loaded)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import calibkit.train  # calibkit.train.train read at each call, so a replaced trainer is the one used
 from calibkit.bench import twostage
 from calibkit.bench.grid import METHODS, Preset
 from calibkit.bench.space import current_values
@@ -75,12 +76,10 @@ class RunFactory:
 
     def train(self, method: str, seed: int, run_dir: Path, csm_data=None) -> dict:
         """Train (or resume, or reuse) the run with :func:`calibkit.train.train`."""
-        from calibkit.train import train
-
         cfg = train_config(self.preset, method, seed, self.data_dir, self.device, self.num_threads, csm_data)
         # root: config.json records the generated set's path relative to the bench directory, which
         # may then be moved or copied with its runs (an interrupted run there still resumes).
-        summary = train(cfg, run_dir, progress=True, verbose=False, root=self.out)
+        summary = calibkit.train.train(cfg, run_dir, progress=True, verbose=False, root=self.out)
         if summary.get("status") != "done":
             raise RuntimeError(f"{run_dir}: training ended with status {summary.get('status')!r}")
         return {"run_dir": run_dir, "train_time_s": summary.get("wall_time_s"), "config": cfg.to_dict()}

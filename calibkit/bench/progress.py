@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
+from tqdm import tqdm
+
 
 def clock(seconds: float) -> str:
     """``M:SS`` or ``H:MM:SS``."""
@@ -46,8 +48,6 @@ class RunProgress:
         if bar is None:
             bar = sys.stderr.isatty()
         if bar and total:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total, unit="run", dynamic_ncols=True, position=0, leave=False,
                              bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}<{remaining}]")
 
@@ -78,8 +78,6 @@ class RunProgress:
             self.busy += seconds
         out = self.line(key, text)
         if self._bar is not None:
-            from tqdm import tqdm
-
             self._bar.update(1)
             tqdm.write(out, file=sys.stdout)
         else:
@@ -144,8 +142,6 @@ class _Phase:
         if p.quiet or not self.say:
             return self
         if p.bar:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=self.total, desc=f"{p.label}: {self.name}", leave=False, dynamic_ncols=True,
                              file=sys.stderr)
         else:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+import calibkit.data  # calibkit.data.load read at each call, so a replaced loader is the one used
 from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.bench import evaluation
@@ -124,14 +125,12 @@ class Bench:
         so one ``EvalData`` serves every seed and every ``preset`` (default: this bench's) that
         agrees on those. ``seed`` only picks which seed's split loads the test set the first time.
         """
-        from calibkit.data import load
-
         p = self.preset if preset is None else preset
         key = (p.dataset, p.ood, p.robust_n, tuple(p.severities))
         if key not in self._data:
             cfg = train_config(p, "ce", seed, self.data_dir)
-            bundle = load(cfg.data, data_dir=cfg.data_dir, seed=seed, val_size=cfg.val_size,
-                          train_subset=cfg.train_subset)
+            bundle = calibkit.data.load(cfg.data, data_dir=cfg.data_dir, seed=seed, val_size=cfg.val_size,
+                                        train_subset=cfg.train_subset)
             self._data[key] = evaluation.EvalData(p, bundle, self.out / "cache", self.data_dir)
         return self._data[key]
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from calibkit.bench.grid import METHODS, REFERENCE
+from calibkit.bench.collect import check_bench_folder, read_recorded
+from calibkit.bench.grid import METHODS, REFERENCE, grid_methods
+from calibkit.bench.presetargv import preset_argv
 from calibkit.bench.producers import PRODUCERS
 from calibkit.bench.slurm import Array, SlurmOptions, cancel_stuck, key_states, submit
 from calibkit.bench.slurm_values import check_argv
+from calibkit.bench.tune import Tuner
 from calibkit.store import run_key
+from calibkit.store.files import ResultFiles
 
 _SKIP = ("done", "queued", "running")
 
@@ -28,8 +32,6 @@ def task_argv(args, command: str) -> list[str]:
         ValueError: a value that cannot go into a job script (a control character, a password),
             naming its option (:func:`calibkit.bench.slurm_values.check_argv`).
     """
-    from calibkit.bench.presetargv import preset_argv
-
     argv = ["tune" if command in ("tune", "select") else "bench", *preset_argv(args), "--out", str(args.out),
             "--device", args.device]
     if command == "bench":
@@ -135,9 +137,6 @@ def tune_arrays(out, tuner, opts: SlurmOptions):
 
 def submit_tune(args, preset, bench_after: bool = False, dry_run: bool = False) -> dict:
     """``calibkit tune --executor slurm`` (with ``bench_after``: ``bench --tune``'s tuning part)."""
-    from calibkit.bench.tune import Tuner
-    from calibkit.store.files import ResultFiles
-
     tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
                   device="cpu", num_threads=args.num_threads, csm_store=args.csm_store, log=lambda *a, **k: None,
                   store=ResultFiles(args.out))
@@ -147,8 +146,6 @@ def submit_tune(args, preset, bench_after: bool = False, dry_run: bool = False) 
         arrays, states = tune_arrays(args.out, tuner, opts)
         if bench_after:
             seeds = list(args.seeds if args.seeds is not None else preset.seeds)
-            from calibkit.bench.grid import grid_methods
-
             methods, _ = grid_methods(preset, args.methods)
             sel = [("afterok", "tune-select")] if any(a.stage == "tune-select" for a in arrays) else []
             more, bench_states = bench_arrays(args.out, preset, seeds, methods, opts, after=sel)
@@ -164,7 +161,6 @@ def submit_bench(args, preset, dry_run: bool = False) -> dict:
     """``calibkit bench --executor slurm``: submit the grid's missing runs; ``{stage: job id}``."""
     if getattr(args, "tune", False):
         return submit_tune(args, preset, bench_after=True, dry_run=dry_run)
-    from calibkit.bench.grid import grid_methods
 
     seeds = list(args.seeds if args.seeds is not None else preset.seeds)
     methods, _ = grid_methods(preset, args.methods)
@@ -182,9 +178,6 @@ def status_lines(args, preset) -> tuple[list[str], dict]:
     Raises:
         FileNotFoundError, NotADirectoryError, ValueError: ``--out`` is not a bench's folder.
     """
-    from calibkit.bench.collect import check_bench_folder, read_recorded
-    from calibkit.bench.grid import grid_methods
-
     store = getattr(args, "store", None)
     check_bench_folder(args.out, store)
     seeds = list(args.seeds if args.seeds is not None else preset.seeds)
@@ -192,9 +185,6 @@ def status_lines(args, preset) -> tuple[list[str], dict]:
     keys = [run_key(preset.name, m, s) for s in seeds for m in methods]
     states = key_states(args.out, keys, recorded=read_recorded(args.out, keys, store=store))
     if getattr(args, "tune", False):
-        from calibkit.bench.tune import Tuner
-        from calibkit.store.files import ResultFiles
-
         tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
                       device="cpu",
                       log=lambda *a, **k: None, store=ResultFiles(args.out))

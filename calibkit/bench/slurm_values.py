@@ -34,6 +34,7 @@ import re
 import unicodedata
 
 from calibkit.errors import UserError
+from calibkit.store.secrets import redact
 
 _NAME = r"[A-Za-z0-9_][A-Za-z0-9_.:+-]*"
 _NAMES = {False: re.compile(_NAME), True: re.compile(rf"{_NAME}(?:,{_NAME})*")}
@@ -126,8 +127,6 @@ def sbatch_word(value: str) -> str:
 
 def check_word(option: str, value) -> str:
     """One word of a command line in a job script: one line, and no password in it."""
-    from calibkit.store.secrets import redact
-
     text = check_text(option, value)
     if redact(text) != text:
         raise UserError(f"{option}: holds a password, which is never written into a job script (other users "

@@ -8,6 +8,7 @@ the method's loss spec, ``train.<field>`` into its training overrides, ``maccal.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from calibkit.bench.grid import TARGETS, Preset, space_for
@@ -47,8 +48,6 @@ def with_loss_params(spec: str, values: dict) -> str:
 def candidates(method: str, preset: Preset | None = None, space: dict | None = None) -> list[dict]:
     """Every point of ``space`` (default: the method's under ``preset``,
     ``calibkit.bench.grid.space_for``; ``[{}]`` for a method with none), in grid order."""
-    import itertools
-
     space = space_for(preset, method) if space is None else space
     if not space:
         return [{}]

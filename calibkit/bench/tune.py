@@ -38,7 +38,10 @@ import json
 import time
 from pathlib import Path
 
+from safetensors import safe_open
+
 from calibkit import distributed as D
+from calibkit import rundir
 from calibkit.bench.attempts import POLL_S, Counts, Task, attempt, broadcast, work_queue
 from calibkit.bench.extend import MAX_EXTENSIONS, base_grids, extended_space, meta_key, no_effect_axes, plan
 from calibkit.bench.grid import METHODS, REFERENCE, Preset, applicable, space_for
@@ -47,6 +50,7 @@ from calibkit.bench.runner import open_runs
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, select  # noqa: F401  (this module's API)
 from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (slug: also this module's API)
 from calibkit.errors import UserError, UserRuntimeError
+from calibkit.metrics import evaluate
 from calibkit.store import run_key
 
 
@@ -65,11 +69,6 @@ def val_metrics(run_dir, n_bins: int = 15) -> dict:
         ``calibkit.metrics.evaluate`` of the softmax of the validation logits (acc, ece, nll, ...)
         plus ``n`` (validation images).
     """
-    from safetensors import safe_open
-
-    from calibkit import rundir
-    from calibkit.metrics import evaluate
-
     path = Path(run_dir) / rundir.LOGITS
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: the candidate's run did not finish")

@@ -26,9 +26,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import calibkit.methods.maccal  # its names read at each call, so a replaced one is the one used
+from calibkit import distributed as D
 from calibkit import rundir
 from calibkit.bench.paths import run_dir_for
 from calibkit.errors import UserRuntimeError
+from calibkit.methods.csm.annotate import ClassifierEncoder
+from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
 
 SHIPPED_STORES = {"fmnist": Path(__file__).resolve().parent.parent / "assets" / "csm" / "fmnist-groups"}
 
@@ -48,8 +52,6 @@ def _ce_run(runs, seed: int) -> Path:
 
 def produce_maccal(runs, seed: int, run_dir: Path) -> dict:
     """MaC-Cal stage 2 into ``run_dir`` (reused when already finished)."""
-    from calibkit.methods.maccal import run_maccal
-
     if not runs.dd.is_main:
         return {"run_dir": run_dir, "train_time_s": None}  # stage 2 is single-process: rank 0 runs it
     ce = _ce_run(runs, seed)
@@ -58,7 +60,7 @@ def produce_maccal(runs, seed: int, run_dir: Path) -> dict:
         if run_dir.exists():
             # An unfinished stage 2 holds no result (run_maccal writes config.json last); it restarts.
             shutil.rmtree(run_dir)
-        run_maccal(ce, run_dir, **{"seed": seed, **runs.preset.maccal}, data_dir=runs.data_dir,
+        calibkit.methods.maccal.run_maccal(ce, run_dir, **{"seed": seed, **runs.preset.maccal}, data_dir=runs.data_dir,
                    device=runs.device)
     record = json.loads((run_dir / "maccal.json").read_text())
     stage1 = rundir.load_info(ce)
@@ -91,7 +93,9 @@ def _csm_cache(runs, seed: int) -> Path:
 
 def _encoder(runs, ce: Path):
     """The encoder of the reannotation: the CE run of the seed, or the frozen pretrained backbone."""
-    from calibkit.methods.csm.annotate import ClassifierEncoder, EfficientNetEncoder
+    # Imported at call time, so that an encoder class replaced on its module is the one used (the
+    # module cannot be imported by name instead: calibkit.methods.csm.annotate is also a function).
+    from calibkit.methods.csm.annotate import EfficientNetEncoder
 
     if _encoder_name(runs) == "efficientnet_lite0":
         return EfficientNetEncoder(device=runs.device)
@@ -100,8 +104,7 @@ def _encoder(runs, ce: Path):
 
 def csm_store(runs, seed: int) -> Path:
     """The annotated copy of the generated set for ``seed`` (built once per bench directory)."""
-    from calibkit.methods.csm.annotate import ClassifierEncoder, annotate_store
-    from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
+    from calibkit.methods.csm.annotate import annotate_store  # at call time: as in _encoder
 
     src = csm_source(runs.preset, runs.csm_store)
     if src is None or not Path(src).is_dir():
@@ -145,8 +148,6 @@ def csm_store(runs, seed: int) -> Path:
 
 def produce_csm(runs, seed: int, run_dir: Path) -> dict:
     """CSM training run into ``run_dir`` on the annotated generated set (annotated by rank 0 only)."""
-    from calibkit import distributed as D
-
     store = csm_store(runs, seed) if runs.dd.is_main else None
     D.barrier(runs.dd)
     if store is None:  # not rank 0: the copy rank 0 has built

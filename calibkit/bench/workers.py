@@ -38,14 +38,20 @@ slower than one on a busy 2-core machine).
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
+import torch
+
+from calibkit.bench.presetargv import preset_argv
 from calibkit.errors import UserError
+from calibkit.store.secrets import redact
 
 # Carries ``--store``'s URL to the extra workers, whose command lines say ``--store env:NAME``: a
 # command line (``ps``) is visible to every user of the machine, a process's environment only to
@@ -56,8 +62,6 @@ STORE_ENV = "CALIBKIT_WORKER_STORE"
 def worker_argv(args) -> list[str]:
     """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report,
     waiting to be released (``--await-start``)."""
-    from calibkit.bench.presetargv import preset_argv
-
     argv = ["bench", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--no-report",
             "--workers", "1", "--await-start"]
     if args.seeds is not None:
@@ -79,8 +83,6 @@ def worker_argv(args) -> list[str]:
 def tune_worker_argv(args) -> list[str]:
     """The ``calibkit tune`` arguments of an extra worker of ``tune --workers N``: the same tuning,
     one worker, waiting to be released (it prints no table: the calling process does)."""
-    from calibkit.bench.presetargv import preset_argv
-
     argv = ["tune", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--workers", "1",
             "--await-start"]
     if args.methods is not None:
@@ -148,11 +150,6 @@ def release_workers(procs: list[subprocess.Popen], out, command: list[str] | Non
                     ) -> list[tuple[subprocess.Popen, Path]]:
     """Let the waiting workers run, each appending to ``OUT/logs/worker-K.log`` after a header line
     with the date and ``command`` (default: this process's arguments; passwords masked)."""
-    import shlex
-    from datetime import datetime
-
-    from calibkit.store.secrets import redact
-
     logs = Path(out) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     words = sys.argv[1:] if command is None else command
@@ -215,8 +212,6 @@ def watch_parent(stream) -> threading.Thread:
 def warm_up(device: str) -> None:
     """What a worker's first run would otherwise pay for while the others already train: the lazy
     imports of the first ``torch.optim`` optimizer and, on a GPU, the CUDA context."""
-    import torch
-
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     if (device == "auto" or device.startswith("cuda")) and torch.cuda.is_available():
         torch.cuda.init()

@@ -12,6 +12,7 @@ from calibkit.bench.attempts import Counts
 from calibkit.bench.grid import KEEP_POLICIES, Preset
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.errors import UserError
+from calibkit.store import is_url, redact
 
 __all__ = ["BenchOptions", "BenchResult", "Sharing", "TuneOptions", "TuneReport", "TuneResult", "checked", "check_out"]
 
@@ -48,8 +49,6 @@ def _path_or_none(name: str, value) -> None:
 
 def _store(value) -> None:
     """The store's scheme, as ``--store`` takes it (the server itself is checked before the first write)."""
-    from calibkit.store import is_url, redact
-
     if value is None:
         return
     if not isinstance(value, str) or not (value.startswith("env:") or is_url(value)):

@@ -29,6 +29,7 @@ import time
 from contextlib import contextmanager
 
 from calibkit.errors import UserError
+from calibkit.extras import MissingExtra
 from calibkit.store.base import BaseStore
 from calibkit.store.common import KEY_COLUMN, SCHEMA_VERSION, StoreError
 from calibkit.store.pgowner import check_owned, split_shared
@@ -99,10 +100,8 @@ def _refused(exc) -> bool:
 
 def _psycopg():
     try:
-        import psycopg
+        import psycopg  # the optional extra calibkit[postgres]: imported when a PostgreSQL store is opened
     except ImportError:
-        from calibkit.extras import MissingExtra
-
         raise MissingExtra("a PostgreSQL store needs psycopg 3: pip install 'calibkit[postgres]'") from None
     return psycopg
 

@@ -36,9 +36,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+import calibkit.data  # calibkit.data.load read at each call, so a replaced loader is the one used
 from calibkit import distributed as D
 from calibkit import rundir
+from calibkit.calibrators import TemperatureScaling
 from calibkit.errors import UserError
+from calibkit.metrics import CalibrationAccumulator
 from calibkit.train.evaluate import summary
 
 if TYPE_CHECKING:
@@ -94,8 +97,6 @@ def stream(model, split, inputs, batch_size: int | None, device, dd=None, temper
         ``softmax(logits / T)`` for each ``T``), and ``None`` or ``(logits (P, K), labels (P,),
         image (P,))`` of the labelled sampled pixels.
     """
-    from calibkit.metrics import CalibrationAccumulator
-
     dd = D.Dist(device=torch.device(device)) if dd is None else dd  # a single process unless told otherwise
     void = inputs.ignore_index
     n = len(split)
@@ -197,8 +198,6 @@ class DenseEvaluator:
 
 
 def _fit_temperature(val_logits, val_labels, objective: str = "nll", n_bins: int = 15) -> float:
-    from calibkit.calibrators import TemperatureScaling
-
     return float(TemperatureScaling(objective=objective, n_bins=n_bins).fit(val_logits, val_labels).temperature_)
 
 
@@ -224,9 +223,8 @@ def evaluate_dense(model, split, inputs, val_logits, val_labels, n_bins: int = 1
 
 def load_run_data(info: dict, cfg):
     """The data set a run was trained on, checked against the split recorded with the run."""
-    from calibkit.data import load
-
-    bundle = load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size, train_subset=cfg.train_subset)
+    bundle = calibkit.data.load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size,
+                                train_subset=cfg.train_subset)
     want = (info.get("split") or {}).get("val_checksum")
     if want and bundle.split.get("val_checksum") != want:
         raise UserError(f"the {cfg.data} validation split differs from the one this run was trained with "

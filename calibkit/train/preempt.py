@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import signal
 
+import torch
+import torch.distributed as dist
+
 _state = {"requested": False}
 
 
@@ -57,8 +60,6 @@ def agreed(dd) -> bool:
     flag = requested()
     if not dd.enabled:
         return flag
-    import torch
-    import torch.distributed as dist
 
     device = dd.device if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([int(flag)], device=device)

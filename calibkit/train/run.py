@@ -24,10 +24,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+import calibkit.data  # calibkit.data.load read at each call, so a replaced loader is the one used
 from calibkit import distributed as D
-from calibkit import rundir
+from calibkit import losses, rundir
 from calibkit.config import TrainConfig
+from calibkit.data.inputs import SegmentationInputs, inputs_for
 from calibkit.errors import UserError
+from calibkit.models import DENSE_MODELS, MODELS, input_kind, resolve
 from calibkit.train.dense import DenseEvaluator
 from calibkit.train.evaluate import ClassificationEvaluator
 from calibkit.train.keep import Keeper
@@ -71,8 +74,6 @@ def check_modality(cfg: TrainConfig, modality: str, kind: str) -> None:
 
 def _check_dense(cfg: TrainConfig, model: nn.Module, modality: str) -> None:
     """A dense (segmentation) model for segmentation data, a classifier for every other data set."""
-    from calibkit.models import DENSE_MODELS
-
     if bool(getattr(model, "dense", False)) != (modality == "segmentation"):
         kind = "segmentation data needs a dense model" if modality == "segmentation" else \
             f"{modality} data needs a classifier, not a dense model"
@@ -82,10 +83,8 @@ def _check_dense(cfg: TrainConfig, model: nn.Module, modality: str) -> None:
 
 def _load_data(cfg: TrainConfig, dd: D.Dist) -> DataBundle:
     """The config's data set and split, refused when it cannot train (no validation, too few images)."""
-    from calibkit.data import load
-
-    bundle = load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size,
-                  train_subset=cfg.train_subset)
+    bundle = calibkit.data.load(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, val_size=cfg.val_size,
+                                train_subset=cfg.train_subset)
     if len(bundle.val) == 0:
         raise UserError("val_size: the validation split is empty; model selection needs one")
     if (-(-len(bundle.train) // dd.world)) // (cfg.batch_size // dd.world) == 0:
@@ -95,8 +94,6 @@ def _load_data(cfg: TrainConfig, dd: D.Dist) -> DataBundle:
 
 def _resolve(cfg: TrainConfig) -> Callable[..., nn.Module]:
     """The builder of ``cfg.model`` (a name of ``MODELS`` or ``module:function``)."""
-    from calibkit.models import resolve
-
     try:
         return resolve(cfg.model)
     except ValueError as exc:
@@ -106,8 +103,6 @@ def _resolve(cfg: TrainConfig) -> Callable[..., nn.Module]:
 def _build_model(cfg: TrainConfig, builder: Callable[..., nn.Module], bundle: DataBundle,
                  device: torch.device) -> nn.Module:
     """The config's model for the data's classes and channels, checked against the data's modality."""
-    from calibkit.models import MODELS, input_kind
-
     if cfg.model in MODELS:  # known before building (an image model on a vocabulary would be huge)
         check_modality(cfg, bundle.modality, input_kind(builder))
     model = builder(num_classes=bundle.num_classes, in_channels=bundle.in_channels).to(device)
@@ -131,8 +126,6 @@ def _wrap(cfg: TrainConfig, dd: D.Dist, model: nn.Module) -> nn.Module:
 
 def _evaluator_for(inputs: ImageInputs | TokenInputs | FeatureInputs) -> Evaluator:
     """Per pixel for a segmentation pipeline, on whole logits for every other."""
-    from calibkit.data.inputs import SegmentationInputs
-
     return DenseEvaluator(inputs) if isinstance(inputs, SegmentationInputs) else ClassificationEvaluator()
 
 
@@ -141,9 +134,6 @@ def build_run(cfg: TrainConfig, dd: D.Dist, resume: dict | None, out: Path, log:
 
     With ``resume`` (a checkpoint read from ``out``), the run continues from its state.
     """
-    from calibkit import losses
-    from calibkit.data.inputs import inputs_for
-
     builder = _resolve(cfg)
     reseed_globals(cfg.seed)
     bundle = _load_data(cfg, dd)

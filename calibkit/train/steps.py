@@ -32,7 +32,9 @@ from dataclasses import dataclass
 import torch
 
 from calibkit import functional as F_
+from calibkit.data import mixup, regmixup
 from calibkit.errors import UserError
+from calibkit.methods.csm import dataset as csm_dataset  # CSMCompanion read at each call, so a replaced one is used
 
 
 @dataclass
@@ -63,8 +65,6 @@ class Mixup(Standard):
         self.num_classes, self.alpha = num_classes, mix_alpha
 
     def __call__(self, net, x, y, y_cpu, gens):
-        from calibkit.data import mixup
-
         x_mix, soft = mixup(x, y, self.num_classes, self.alpha, gens.aug)
         logits, _ = net(x_mix)
         return F_.soft_cross_entropy(logits, soft), logits, soft.argmax(1)
@@ -72,8 +72,6 @@ class Mixup(Standard):
 
 class RegMixup(Mixup):
     def __call__(self, net, x, y, y_cpu, gens):
-        from calibkit.data import regmixup
-
         b = len(y)
         x_cat, soft = regmixup(x, y, self.num_classes, self.alpha, gens.aug)
         all_logits, feats = net(x_cat)
@@ -116,9 +114,7 @@ def build_step(cfg, loss_fn, num_classes: int, inputs, seed: int):
     mix_alpha = cfg.mix_alpha or (0.2 if cfg.method == "mixup" else 10.0 if num_classes >= 100 else 20.0)
     companion = None
     if cfg.method == "csm":
-        from calibkit.methods.csm.dataset import CSMCompanion
-
-        companion = CSMCompanion(cfg.csm_data, num_classes, seed)
+        companion = csm_dataset.CSMCompanion(cfg.csm_data, num_classes, seed)
     return STEPS[cfg.method](loss_fn, num_classes=num_classes, mix_alpha=mix_alpha, companion=companion,
                              inputs=inputs, csm_weight=cfg.csm_weight, csm_per_real=cfg.csm_per_real,
                              csm_loss=cfg.csm_loss)
