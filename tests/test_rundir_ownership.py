@@ -1,4 +1,4 @@
-"""Who owns a directory (``calibkit.rundir.OWNERS``): ``plot --out``, ``bench --out`` and ``tune --out``
+"""Who owns a directory (``calibkit.bench.paths.OWNERS``): ``plot --out``, ``bench --out`` and ``tune --out``
 refuse a directory that belongs to another run or bench, in one line, before writing anything."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from calibkit import rundir
+from calibkit.bench import paths
 from tests.conftest import PYTHON
 
 
@@ -42,13 +43,13 @@ def test_directory_owner():
 
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        assert rundir.directory_owner(d / "absent") is None and rundir.directory_owner(d) is None
+        assert paths.directory_owner(d / "absent") is None and paths.directory_owner(d) is None
         (d / "notes.txt").write_text("x")
-        assert rundir.directory_owner(d) is None  # a plain folder belongs to no command
+        assert paths.directory_owner(d) is None  # a plain folder belongs to no command
         (d / "runs.db").write_bytes(b"")
-        assert rundir.directory_owner(d) == "a bench directory (calibkit bench/tune): it holds runs.db"
+        assert paths.directory_owner(d) == "a bench directory (calibkit bench/tune): it holds runs.db"
         (d / "config.json").write_text("{}")  # both: the run's marker is named first
-        assert rundir.directory_owner(d) == "a training run's directory (calibkit train): it holds config.json"
+        assert paths.directory_owner(d) == "a training run's directory (calibkit train): it holds config.json"
 
 
 def test_plot_refuses_another_runs_directory_and_a_bench(tmp_path, cli_env):

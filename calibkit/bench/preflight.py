@@ -16,6 +16,7 @@ import calibkit.extras  # its names read at each call, so a replaced one is the 
 import calibkit.store  # its names read at each call, so a replaced one is the one used
 from calibkit.bench import csmbuild
 from calibkit.bench.grid import METHODS, USER_DATASETS, applicable, space_for
+from calibkit.bench.paths import directory_owner
 from calibkit.bench.presetcheck import check_modality, check_values, warn_tune_seed
 from calibkit.bench.presetfile import check_recorded
 from calibkit.bench.runner import train_config
@@ -26,7 +27,7 @@ from calibkit.errors import UserError, UserFileNotFoundError
 from calibkit.methods.csm.store import read_manifest
 from calibkit.models import resolve
 from calibkit.models.custom import check_contract
-from calibkit.rundir import CONFIG, directory_owner
+from calibkit.rundir import CONFIG
 
 
 def check_bench(preset, out, seeds=None, methods=None, data_dir=None, csm_store=None, store=None, csm_build=False,

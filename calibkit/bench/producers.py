@@ -21,6 +21,7 @@ from pathlib import Path
 import calibkit.train  # calibkit.train.train read at each call, so a replaced trainer is the one used
 from calibkit.bench import twostage
 from calibkit.bench.grid import METHODS, Preset
+from calibkit.bench.paths import placement
 from calibkit.bench.space import current_values
 from calibkit.config import TrainConfig, resolve_milestones
 from calibkit.distributed import Dist
@@ -79,7 +80,7 @@ class RunFactory:
         cfg = train_config(self.preset, method, seed, self.data_dir, self.device, self.num_threads, csm_data)
         # root: config.json records the generated set's path relative to the bench directory, which
         # may then be moved or copied with its runs (an interrupted run there still resumes).
-        summary = calibkit.train.train(cfg, run_dir, progress=True, verbose=False, root=self.out)
+        summary = calibkit.train.train(cfg, run_dir, progress=True, verbose=False, place=placement(self.out))
         if summary.get("status") != "done":
             raise RuntimeError(f"{run_dir}: training ended with status {summary.get('status')!r}")
         return {"run_dir": run_dir, "train_time_s": summary.get("wall_time_s"), "config": cfg.to_dict()}

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 
 def _check_out(out, run_dir) -> None:
     """The PNGs go into the run's own directory, or a folder that is no other run's or bench's."""
-    from calibkit.rundir import directory_owner
+    from calibkit.bench.paths import directory_owner
 
     owner = None if out.resolve() == run_dir.resolve() else directory_owner(out)
     if owner:

@@ -39,7 +39,7 @@ from pathlib import Path
 from calibkit.errors import UserError, UserKeyError
 from calibkit.store.common import StoreError
 
-# The per-run records a scheduler's task writes (:func:`calibkit.rundir.only_records` reads them too).
+# The per-run records a scheduler's task writes (:func:`calibkit.bench.paths.only_records` reads them too).
 RECORD_FORMAT = FORMAT = "calibkit-result"
 RESULT = "result.json"
 CANDIDATE = "candidate.json"

@@ -47,7 +47,7 @@ from calibkit.train.evaluate import summary
 from calibkit.train.optim import set_lr
 from calibkit.train.run import build_run, reseed_globals
 from calibkit.train.schedule import learning_rate
-from calibkit.train.state import Log, Run
+from calibkit.train.state import Log, Placement, Run
 from calibkit.train.steps import EpochGenerators, EpochSums
 
 
@@ -57,35 +57,35 @@ def _epoch_rng(seed: int, epoch: int, rank: int, stream: int, device="cpu") -> t
     return torch.Generator(device=device).manual_seed(int(state) & (2**63 - 1))
 
 
-def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True, root=None) -> tuple[str, dict | None]:
+def _prepare_run_dir(out: Path, cfg: TrainConfig, main: bool = True,
+                     place: Placement | None = None) -> tuple[str, dict | None]:
     """Decide from what is on disk: ``("fresh", None)``, ``("resume", checkpoint)`` or ``("done", info)``.
 
     Refuses (``ValueError``) to touch a non-empty directory that is not a run, or a run made with a
     different config that has completed an epoch, so that results already written are never
     overwritten. A run of another config that ended before its first epoch (no ``history.json``,
     checkpoint or weights: e.g. a learning rate that diverged at once) holds nothing worth keeping
-    and starts again with the new config (it says so). A directory holding only the record of a
-    scheduler's attempt that ended before training wrote anything (:func:`calibkit.rundir.only_records`)
-    is calibkit's and starts fresh. With ``root`` (the bench directory), the configs' paths are
-    compared in the form recorded under it (:func:`calibkit.rundir.rooted`), so a moved bench
-    directory resumes its runs.
+    and starts again with the new config (it says so). A directory the placement calls ``fresh``
+    (a bench's: one holding only the record of a scheduler's attempt that ended before training
+    wrote anything, :func:`calibkit.bench.paths.only_records`) starts fresh. The configs are
+    compared in the form the placement records (a bench's: paths inside the bench directory
+    relative to it, :func:`calibkit.bench.paths.rooted`), so a moved bench directory resumes its runs.
     """
+    place = place or Placement()
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return "fresh", None
     if not out.is_dir():
         raise UserError(f"out: {out} exists and is not a directory")
     if not (out / rundir.CONFIG).is_file():
-        if rundir.only_records(out):
+        if place.fresh(out):
             if main:
                 print(f"{out}: holds only the record of an attempt that ended before training started; "
                       "starting the run", file=sys.stderr, flush=True)
             return "fresh", None
         raise UserError(f"out: {out} is not empty and holds no calibkit run; choose another directory")
     info = rundir.read_json(out / rundir.CONFIG)
-    old = TrainConfig.from_dict(info.get("config", {}))
-    if root is not None:
-        old = TrainConfig.from_dict(rundir.rooted_config(old.to_dict(), root, recorded=True))
-        cfg = TrainConfig.from_dict(rundir.rooted_config(cfg.to_dict(), root))
+    old = TrainConfig.from_dict(place.recorded(TrainConfig.from_dict(info.get("config", {})).to_dict()))
+    cfg = TrainConfig.from_dict(place.record(cfg.to_dict()))
     diff = cfg.differences(old)
     if diff and not any((out / name).exists() for name in (rundir.HISTORY, rundir.CHECKPOINT, rundir.MODEL)):
         if main:  # one line, from one rank
@@ -183,7 +183,7 @@ def _end_epoch(run: Run, out: Path, epoch: int, record: dict, force: bool = Fals
 
 
 def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True,
-          stop_after_epoch: int | None = None, root=None) -> dict:
+          stop_after_epoch: int | None = None, place: Placement | None = None) -> dict:
     """Train ``cfg`` into ``out_dir`` (resuming it if it holds an unfinished run of the same config).
 
     Under ``torchrun`` every process calls this; the data are sharded, metrics and logits are
@@ -196,9 +196,12 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         verbose: print one summary line per epoch.
         stop_after_epoch: end this call after that epoch (1-based), leaving a resumable run with
             status ``"running"`` -- what a killed run looks like; the next call continues it.
-        root: the bench directory the run belongs to (None: none): ``config.json`` records the
-            config's paths inside it relative to it (:func:`calibkit.rundir.rooted`), so the
-            directory can be moved or copied and its runs still resume.
+        place: what the directory the run sits in asks of it (:class:`calibkit.train.state.Placement`;
+            None: nothing): a bench's runs (:func:`calibkit.bench.paths.placement`) record the
+            config's paths inside the bench directory relative to it, so the directory can be moved
+            or copied and its runs still resume, and start in a run directory holding only the
+            records of their scheduler's earlier attempts (without it, such a directory is refused
+            as any directory that holds no run).
 
     Returns:
         A summary: status, epochs_done, best_epoch (the kept epoch), best_val_acc (its validation
@@ -212,7 +215,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
     run = None
     try:
         _check_process(cfg, dd)
-        state, found = _prepare_run_dir(out, cfg, dd.is_main, root)
+        state, found = _prepare_run_dir(out, cfg, dd.is_main, place)
         D.barrier(dd)  # every rank has read the directory before rank 0 writes into it
         if state == "done":
             assert found is not None  # "done" comes with the run's config.json
@@ -221,7 +224,7 @@ def train(cfg: TrainConfig, out_dir, progress: bool = True, verbose: bool = True
         if state == "resume" and dd.is_main and found is not None:  # always said: a resumed run is worth knowing about
             print(f"{out}: resuming after epoch {found['epoch']} ({rundir.CHECKPOINT})", flush=True)
         run = build_run(cfg, dd, found if state == "resume" else None, out, log)
-        info = _start_record(run, out, root)
+        info = _start_record(run, out, place or Placement())
         return _epochs(run, out, info, log, progress, stop_after_epoch)
     finally:
         del run  # the DDP wrapper goes before the process group (D.teardown)
@@ -239,10 +242,10 @@ def _check_process(cfg: TrainConfig, dd: D.Dist) -> None:
                          f"{dd.world} processes")
 
 
-def _start_record(run: Run, out: Path, root) -> dict:
+def _start_record(run: Run, out: Path, place: Placement) -> dict:
     """The run record of a started run (``config.json``, status running), written with the vocabulary."""
     cfg, dd, bundle = run.cfg, run.dd, run.bundle
-    record = cfg.to_dict() if root is None else rundir.rooted_config(cfg.to_dict(), root)
+    record = place.record(cfg.to_dict())
     info = {"config": record, "status": "running", "num_classes": bundle.num_classes,
             "in_channels": bundle.in_channels, "mean": list(map(float, bundle.mean)),
             "std": list(map(float, bundle.std)), "class_names": list(bundle.class_names),

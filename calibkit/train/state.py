@@ -28,6 +28,29 @@ if TYPE_CHECKING:
 Log = Callable[[str], object]
 
 
+def _as_is(config: dict) -> dict:
+    return config
+
+
+def _never(out: Path) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What the directory a run sits in asks of the training loop (the default: nothing).
+
+    ``record`` turns ``TrainConfig.to_dict()`` into the form ``config.json`` records, ``recorded``
+    turns a recorded config back into that form (a run compares the two when it resumes), and
+    ``fresh(out)`` says whether ``out``, not empty and without ``config.json``, holds nothing of a
+    run, so the run may start in it. A bench's runs get :func:`calibkit.bench.paths.placement`.
+    """
+
+    record: Callable[[dict], dict] = _as_is
+    recorded: Callable[[dict], dict] = _as_is
+    fresh: Callable[[Path], bool] = _never
+
+
 class Evaluator(Protocol):
     """How a run is measured: after every epoch, and once with the kept weights at the end."""
 

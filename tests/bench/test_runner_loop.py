@@ -165,18 +165,19 @@ def test_train_hands_its_config_to_train_and_checks_the_status(tmp_path, monkeyp
 
     got = []
 
-    def fake(cfg, out, progress=None, verbose=None, root=None):
-        got.append((cfg, out, progress, verbose, root))
+    def fake(cfg, out, progress=None, verbose=None, place=None):
+        got.append((cfg, out, progress, verbose, place))
         return {"status": status, "wall_time_s": 12.5}
 
     monkeypatch.setattr(calibkit.train, "train", fake)
     with closing(_bench(tmp_path, data_dir="/dd", device="cpu")) as b:
         status = "done"
         made = b.factory.train("ls", 1, tmp_path / "r", csm_data="/c")
-        cfg, out, progress, verbose, root = got[-1]
+        cfg, out, progress, verbose, place = got[-1]
         assert cfg == train_config(TINY, "ls", 1, "/dd", "cpu", 1, "/c") and out == tmp_path / "r"
         assert progress is True and verbose is False
-        assert root == tmp_path  # config.json records its paths relative to the bench directory
+        # config.json records its paths relative to the bench directory
+        assert place.record({"csm_data": str(tmp_path / "cache" / "set")})["csm_data"] == "cache/set"
         assert made == {"run_dir": tmp_path / "r", "train_time_s": 12.5, "config": cfg.to_dict()}
         status = "stopped"
         with pytest.raises(RuntimeError) as err:
