@@ -27,7 +27,8 @@ finite, and its range:
   ``levels_`` ``(G, E + 1)`` in ``[0, 1]``;
 * SVS / SMS: ``temperature_`` > 0, ``mix_`` in ``(0, 1)``, ``weight_`` ``(K,)`` / ``(K, K)``,
   ``bias_`` ``(K,)`` finite, ``reg_`` a mapping of the penalty names to finite numbers >= 0,
-  ``n_iter_`` an integer >= 0;
+  ``reg_scale_`` a finite number > 0, ``cv_nll_`` a mapping to finite numbers, ``n_iter_`` an
+  integer >= 0;
 * CIR: ``knots_x_``, ``knots_y_`` ``(G, L)`` (``G = K``, 1 when ``K = 2``), ``knots_x_``
   non-decreasing, ``knots_y_`` in ``[0, 1]``, ``n_knots_`` ``(G,)`` int64 in ``[1, L]``;
 * Venn-Abers: ``scores_`` ``(G, L)`` non-decreasing, ``n_scores_`` ``(G,)`` int64 in ``[1, L]``,
@@ -179,6 +180,12 @@ def _structured(state, params, k, matrix):
                                             and math.isfinite(v) and v >= 0 for v in reg.values())
     if not numbers or set(reg) != set(names):
         raise StateError("reg_", f"must map {', '.join(names)} to finite numbers >= 0, got {_show(reg)}")
+    _number(state, "reg_scale_", positive=True)
+    cv = state["cv_nll_"]
+    if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool)
+                                           and isinstance(b, (int, float)) and math.isfinite(b)
+                                           for a, b in cv.items()):
+        raise StateError("cv_nll_", f"must map each candidate scale to a finite held-out NLL, got {_show(cv)}")
 
 
 def _venn_abers(state, params, k):
