@@ -33,7 +33,8 @@ finite, and its range:
   ``levels_`` ``(G, E + 1)`` in ``[0, 1]``;
 * SVS / SMS: ``temperature_`` > 0, ``mix_`` in ``(0, 1)``, ``weight_`` ``(K,)`` / ``(K, K)``,
   ``bias_`` ``(K,)`` finite, ``reg_`` a mapping of the penalty names to finite numbers >= 0,
-  ``n_iter_`` an integer >= 0;
+  ``reg_scale_`` a finite number > 0, ``cv_nll_`` a mapping to finite numbers, ``n_iter_`` an
+  integer >= 0;
 * CIR: ``knots_x_``, ``knots_y_`` ``(G, L)`` (``G = K``, 1 when ``K = 2``), ``knots_x_``
   non-decreasing, ``knots_y_`` in ``[0, 1]``, ``n_knots_`` ``(G,)`` int64 in ``[1, L]``;
 * Venn-Abers: ``scores_`` ``(G, L)`` non-decreasing, ``n_scores_`` ``(G,)`` int64 in ``[1, L]``,
@@ -214,9 +215,17 @@ def _penalties(matrix: bool) -> Check:
     return check
 
 
+def _cv_scales(state, field, params, k):
+    cv = state[field]
+    if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool)
+                                           and isinstance(b, (int, float)) and math.isfinite(b)
+                                           for a, b in cv.items()):
+        raise StateError(field, f"must map each candidate scale to a finite held-out NLL, got {_show(cv)}")
+
+
 def _structured(matrix: bool) -> dict[str, Check]:
     return {"temperature_": _positive, "mix_": _mix, "weight_": _matrix if matrix else _vector, "bias_": _vector,
-            "reg_": _penalties(matrix), "n_iter_": _iterations}
+            "reg_scale_": _positive, "cv_nll_": _cv_scales, "reg_": _penalties(matrix), "n_iter_": _iterations}
 
 
 def _lightgbm_models(state, field, params, k):

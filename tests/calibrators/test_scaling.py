@@ -135,3 +135,29 @@ def test_dirichlet_memory_stays_linear_in_n():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         odir_objective(x, torch.zeros(n, dtype=torch.long), w, b, 1.0, 1.0).backward()
     assert max(sizes) <= n * k  # never an (N, K, K) tensor
+
+
+def test_dirichlet_keeps_a_class_absent_from_the_fit_above_zero_and_reachable():
+    """Class 2 of 3 has no validation row. Its unpenalised diagonal entry used to grow without bound
+    and give exact zeros at the default settings; its row of W is now held at temperature scaling's."""
+    from scipy.optimize import minimize_scalar
+
+    g = torch.Generator().manual_seed(0)
+    z = 2 * torch.randn(200, 3, generator=g, dtype=torch.float64)
+    y = _labels(g, z)
+    keep = y != 2
+    zv, yv = z[keep], y[keep]
+    zt = 2 * torch.randn(300, 3, generator=g, dtype=torch.float64)
+    zt[:100, 2] += 30.0  # the model is sure of class 2 on these rows (softmax still > 0 everywhere)
+    assert bool((torch.softmax(zt, 1) > 0).all())
+    with pytest.warns(UserWarning, match="class 2"):
+        cal = DirichletCalibration().fit(zv, yv)
+    for logits in (zt, zt.float()):
+        q = cal.predict_proba(logits)
+        assert bool((q > 0).all()), int((q == 0).sum())
+    x = torch.log_softmax(zv, 1)  # the temperature of these rows, fitted here by scipy
+    u = minimize_scalar(lambda a: float(torch.nn.functional.cross_entropy(x * np.exp(-a), yv)), bounds=(-5, 5),
+                        method="bounded", options={"xatol": 1e-10}).x
+    torch.testing.assert_close(cal.weight_[2], torch.tensor([0.0, 0.0, np.exp(-u)], dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+    assert bool((cal.predict_proba(zt[:100]).argmax(1) == 2).all())  # reachable where the model is sure of it

@@ -1,5 +1,7 @@
-"""Structured vector / matrix scaling: the objective written here from the definition, identity on
-calibrated data, a temperature-like shrink of 3x logits, strengths set by the validation rows only."""
+"""Structured vector / matrix scaling: the objective written here from the definition (at a given
+strength, ``n_folds=0``), identity on calibrated data, a temperature-like shrink of 3x logits,
+strengths set by the validation rows only, the strength chosen by the inner cross-validation
+against held-out NLLs computed here."""
 
 import math
 
@@ -64,7 +66,7 @@ def _map(zt, temp, eps, weight, bias):
 def test_fit_is_the_minimiser_of_the_stated_objective(cls, matrix):
     z, y = _data(k=4)
     z = z + torch.tensor([0.8, 0.0, -0.5, 0.2], dtype=torch.float64)  # class bias for the map to fix
-    cal = cls(max_iter=500).fit(z, y)
+    cal = cls(max_iter=500, n_folds=0).fit(z, y)
     temp, weight, bias, predict = _reference(z, y, matrix)
     assert cal.temperature_ == pytest.approx(temp, rel=1e-6)
     assert cal.mix_ == 1 / (len(y) + 1)
@@ -78,7 +80,8 @@ def test_fit_is_the_minimiser_of_the_stated_objective(cls, matrix):
 
 def test_lambda_multipliers_enter_the_objective():
     z, y = _data(k=3)
-    cal = StructuredMatrixScaling(lambda_intercept=0.5, lambda_diagonal=2.0, lambda_off_diagonal=0.1, max_iter=500)
+    cal = StructuredMatrixScaling(lambda_intercept=0.5, lambda_diagonal=2.0, lambda_off_diagonal=0.1, max_iter=500,
+                                   n_folds=0)
     cal.fit(z, y)
     _, weight, _, predict = _reference(z, y, True, (0.5, 2.0, 0.1))
     torch.testing.assert_close(cal.weight_, weight, atol=1e-4, rtol=0)
@@ -110,28 +113,78 @@ def test_logits_three_times_too_sharp_are_shrunk_like_a_temperature(name):
 
 def test_strengths_come_from_the_validation_rows_passed_to_fit_only():
     z, y = _data(n=3000, k=4)
-    half = StructuredMatrixScaling().fit(z[:1500], y[:1500])
-    full = StructuredMatrixScaling().fit(z, y)
+    half = StructuredMatrixScaling(n_folds=0).fit(z[:1500], y[:1500])
+    full = StructuredMatrixScaling(n_folds=0).fit(z, y)
     assert half.reg_["off_diagonal"] == pytest.approx(4 * 3 / 1500) and full.reg_["diagonal"] == pytest.approx(4 / 3000)
     state = {k: v.clone() for k, v in ((n, getattr(half, n)) for n in ("weight_", "bias_"))}
     half.predict_proba(z[1500:])  # predicting on other rows changes nothing
     assert all(torch.equal(getattr(half, n), v) for n, v in state.items())
-    again = StructuredMatrixScaling().fit(z[:1500], y[:1500])  # the held-out rows never entered
+    again = StructuredMatrixScaling(n_folds=0).fit(z[:1500], y[:1500])  # the held-out rows never entered
     assert torch.equal(again.weight_, half.weight_) and again.reg_ == half.reg_
 
 
 @pytest.mark.parametrize("cls", [StructuredVectorScaling, StructuredMatrixScaling])
-def test_warm_start_is_ignored(cls):
+def test_warm_start_reuses_the_chosen_strength_and_reaches_the_same_fit(cls):
     z, y = _data(n=3000, k=4)
-    init = cls().fit(z, y)
+    init = cls(reg_grid=(4.0, 0.25)).fit(z, y)
     sub = torch.arange(3000) % 5 != 0
-    cold = cls().fit(z[sub], y[sub])
-    warm = cls().fit(z[sub], y[sub], init=init)
-    assert torch.equal(warm.weight_, cold.weight_) and warm.n_iter_ == cold.n_iter_
+    at_init = cls(n_folds=0, lambda_intercept=init.reg_scale_, lambda_diagonal=init.reg_scale_,
+                  **({"lambda_off_diagonal": init.reg_scale_} if cls is StructuredMatrixScaling else {}))
+    cold = at_init.fit(z[sub], y[sub])
+    warm = cls(reg_grid=(16.0,)).fit(z[sub], y[sub], init=init)  # no search: init's s, whatever the grid
+    assert warm.reg_scale_ == init.reg_scale_ and warm.cv_nll_ == init.cv_nll_ and warm.reg_ == cold.reg_
+    # the same optimum, to the solver's tolerance (as against the scipy reference above)
+    torch.testing.assert_close(warm.predict_proba(z), cold.predict_proba(z), atol=1e-5, rtol=0)
+
+
+def _held_out_nll(z, y, folds, matrix, scale):
+    """Mean held-out NLL of the reference fit (scipy) at strength ``scale`` over ``folds``."""
+    total = 0.0
+    for f, test in enumerate(folds):
+        train = torch.cat([folds[j] for j in range(len(folds)) if j != f])
+        *_, predict = _reference(z[train], y[train], matrix, (scale,) * 3)
+        q = predict(z[test])
+        total += float(-torch.log(q[torch.arange(len(test)), y[test]]).sum())
+    return total / len(y)
+
+
+@pytest.mark.parametrize("cls,matrix", [(StructuredVectorScaling, False), (StructuredMatrixScaling, True)])
+def test_the_chosen_strength_has_the_lowest_held_out_nll(cls, matrix):
+    # few rows and a class-bias that the map must learn: neither the strongest nor the weakest candidate wins
+    z, y = _data(n=240, k=3, scale=2.0)
+    z = z + torch.tensor([1.5, 0.0, -1.0], dtype=torch.float64)
+    grid = (64.0, 8.0, 1.0, 0.125, 0.015625)
+    cal = cls(reg_grid=grid, n_folds=3, cv_max_iter=1000, seed=5).fit(z, y)
+    perm = torch.randperm(240, generator=torch.Generator().manual_seed(5))  # the documented folds
+    folds = [part.sort().values for part in perm.tensor_split(3)]
+    held = {s: _held_out_nll(z, y, folds, matrix, s) for s in grid}
+    assert cal.cv_nll_ == pytest.approx({repr(s): h for s, h in held.items()}, abs=1e-6)
+    assert cal.reg_scale_ == min(grid, key=lambda s: held[s])
+    assert grid[0] > cal.reg_scale_ > grid[-1]  # the case discriminates: an interior candidate wins
+    assert cal.reg_ == pytest.approx(cls(n_folds=0)._strengths(240, 3, cal.reg_scale_))
+    again = cls(reg_grid=grid, n_folds=3, cv_max_iter=1000, seed=5).fit(z, y)  # deterministic
+    assert again.reg_scale_ == cal.reg_scale_ and torch.equal(again.weight_, cal.weight_)
+    assert torch.equal(again.bias_, cal.bias_) and again.cv_nll_ == cal.cv_nll_
+
+
+@pytest.mark.parametrize("cls", [StructuredVectorScaling, StructuredMatrixScaling])
+def test_save_and_load_keep_the_chosen_strength(cls, tmp_path):
+    from calibkit.calibrators import load, save
+
+    z, y = _data(n=600, k=3)
+    cal = cls(reg_grid=(4.0, 0.25), seed=1).fit(z, y)
+    save(cal, tmp_path / "cal")
+    back = load(tmp_path / "cal")
+    assert back.reg_scale_ == cal.reg_scale_ and back.cv_nll_ == cal.cv_nll_ and back.reg_ == cal.reg_
+    assert back.get_params() == cal.get_params()
+    assert torch.equal(back.predict_proba(z), cal.predict_proba(z))
 
 
 @pytest.mark.parametrize("kwargs,match", [({"lambda_intercept": -1.0}, "lambda_intercept must be a finite number >= 0"),
-                                          ({"max_iter": 0}, "max_iter must be an integer >= 1")])
+                                          ({"max_iter": 0}, "max_iter must be an integer >= 1"),
+                                          ({"n_folds": 1}, "n_folds must be 0"),
+                                          ({"reg_grid": (1.0, 0.0)}, "reg_grid must be a non-empty tuple"),
+                                          ({"cv_max_iter": 0}, "cv_max_iter must be an integer >= 1")])
 def test_bad_hyperparameters(kwargs, match):
     with pytest.raises(ValueError, match=match):
         StructuredVectorScaling(**kwargs).fit(torch.randn(20, 3), torch.arange(20) % 3)
