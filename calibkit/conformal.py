@@ -69,8 +69,8 @@ from calibkit.calibrators._base import NotFittedError
 from calibkit.errors import UserError
 
 __all__ = ["QhatAtMaximumWarning", "SplitConformal", "class_scores", "conformal_quantile", "coverage", "mean_set_size",
-           "min_calibration_rows", "size_stratified_coverage", "class_conditional_coverage", "RAPS_LAMBDAS",
-           "RAPS_TUNE_FRACTION"]
+           "min_calibration_rows", "TooFewCalibrationRows", "size_stratified_coverage", "class_conditional_coverage",
+           "RAPS_LAMBDAS", "RAPS_TUNE_FRACTION"]
 
 _SCORES = ("lac", "aps", "raps")
 RAPS_LAMBDAS = (0.001, 0.01, 0.1, 0.2, 0.5)  # the lam candidates when lam is None (smallest first)
@@ -82,6 +82,10 @@ def _check_alpha(alpha) -> Fraction:
             or not 0 < float(alpha) < 1:
         raise UserError(f"alpha must be a number in (0, 1) (the allowed miscoverage), got {alpha!r}")
     return Fraction(str(float(alpha)))
+
+
+class TooFewCalibrationRows(UserError):
+    """Fewer calibration scores than :func:`min_calibration_rows`: no finite conformal threshold."""
 
 
 def min_calibration_rows(alpha: float) -> int:
@@ -102,9 +106,9 @@ def _quantile(scores, alpha: float, least: int = 1) -> float:
     if n == 0:
         raise UserError("scores is empty: no calibration rows")
     if n < least:
-        raise UserError(f"{n} calibration score(s) for alpha={float(alpha):g}: a conformal quantile needs at least "
-                        f"{least} (below it the threshold is +inf and every set holds every class); give at least "
-                        f"{least} calibration rows or raise alpha")
+        raise TooFewCalibrationRows(f"{n} calibration score(s) for alpha={float(alpha):g}: a conformal quantile "
+                                    f"needs at least {least} (below it the threshold is +inf and every set holds "
+                                    f"every class); give at least {least} calibration rows or raise alpha")
     if not bool(torch.isfinite(s).all()):
         raise UserError("scores contains NaN or infinite values")
     m = math.ceil((n + 1) * (1 - a))
