@@ -945,7 +945,9 @@ def preset_cases():
     add(S, "[csm] store missing", "refuse", ["mine.toml", "nostore"], chk(append='\n[csm]\nstore = "nostore"\n'))
     add(S, "[maccal] eta -1", "refuse", ["mine.toml", "eta"], chk(("[maccal]\n", "[maccal]\neta = -1.0\n")))
     add(S, "[maccal] unknown keyword", "refuse", ["mine.toml", "etaa"], chk(("[maccal]\n", "[maccal]\netaa = 1.0\n")))
-    add(S, "[losses] ls alpha 2", "refuse", ["mine.toml", "alpha"], chk(append='\n[losses]\nls = "ls:alpha=2"\n'))
+    # the smoke preset has a [losses] table of its own (mbls, acls): the bad entry goes into it
+    add(S, "[losses] ls alpha 2", "refuse", ["mine.toml", "alpha"],
+        chk(("[losses]\n", '[losses]\nls = "ls:alpha=2"\n')))
     add(S, "[space.ls] address it does not use (maccal.eta)", "refuse", ["mine.toml", "maccal.eta"],
         chk(append='\n[space.ls]\n"maccal.eta" = [1.0, 2.0]\n'))
     add(S, "[space.ce] (no search space)", "refuse", ["mine.toml", "ce"],
