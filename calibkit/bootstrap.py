@@ -250,13 +250,19 @@ def bootstrap_interval(samples, estimate: float, level: float = 0.95, method: st
     return min(max(2 * estimate - hi, bounds[0]), bounds[1]), min(max(2 * estimate - lo, bounds[0]), bounds[1])
 
 
+def holding(low: float, high: float, estimate: float) -> tuple[float, float]:
+    """``[low, high]`` extended to hold a finite ``estimate`` (it only widens): every interval calibkit
+    reports holds the estimate printed beside it (docs/metrics.md, "Minimum samples")."""
+    if math.isfinite(estimate):
+        return min(low, estimate), max(high, estimate)
+    return low, high
+
+
 def _result(estimate, samples, level, method, bounds) -> BootstrapResult:
     """The reported interval holds its estimate: a basic interval that a skewed resample distribution
     puts wholly on one side of the estimate (ECE near 0: ``0.69 [0.00, 0.67]``) is extended to it, which
     only widens it (``docs/metrics.md``, "Minimum samples")."""
-    low, high = bootstrap_interval(samples, estimate, level, method, bounds)
-    if math.isfinite(estimate):
-        low, high = min(low, estimate), max(high, estimate)
+    low, high = holding(*bootstrap_interval(samples, estimate, level, method, bounds), estimate)
     return BootstrapResult(estimate, low, high, level, samples, method, float(samples.mean()) - estimate)
 
 

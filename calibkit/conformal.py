@@ -18,8 +18,10 @@ classes ranked strictly above ``k``, and ``u`` a number in ``[0, 1]`` drawn once
 
 **Quantile.** With ``n`` calibration scores ``s_i = s(x_i, y_i)``, ``qhat`` is the ``m``-th
 smallest of them, ``m = ceil((n + 1)(1 - alpha))`` (the ``m / n`` empirical quantile, no
-interpolation); when ``m > n`` (``alpha < 1 / (n + 1)``), ``qhat = +inf`` and every set is all
-``K`` classes. ``m`` is computed exactly, reading ``alpha`` as the decimal it prints as
+interpolation). ``m > n`` (``n < (1 - alpha) / alpha``) would give ``qhat = +inf``, every set all
+``K`` classes: :func:`conformal_quantile` and :meth:`SplitConformal.fit` refuse fewer than
+:func:`min_calibration_rows` scores instead (calibkit's choice; the specification is silent).
+``m`` is computed exactly, reading ``alpha`` as the decimal it prints as
 (``alpha = 0.1`` is 1/10, so ``n = 9`` gives ``m = 9``, not 10 by rounding).
 
 **Sets.** ``C(x) = {k : s(x, k) <= qhat}``. Then ``P(y in C(x)) >= 1 - alpha`` for an
@@ -67,7 +69,8 @@ from calibkit.calibrators._base import NotFittedError
 from calibkit.errors import UserError
 
 __all__ = ["QhatAtMaximumWarning", "SplitConformal", "class_scores", "conformal_quantile", "coverage", "mean_set_size",
-           "size_stratified_coverage", "class_conditional_coverage", "RAPS_LAMBDAS", "RAPS_TUNE_FRACTION"]
+           "min_calibration_rows", "TooFewCalibrationRows", "size_stratified_coverage", "class_conditional_coverage",
+           "RAPS_LAMBDAS", "RAPS_TUNE_FRACTION"]
 
 _SCORES = ("lac", "aps", "raps")
 RAPS_LAMBDAS = (0.001, 0.01, 0.1, 0.2, 0.5)  # the lam candidates when lam is None (smallest first)
@@ -81,18 +84,42 @@ def _check_alpha(alpha) -> Fraction:
     return Fraction(str(float(alpha)))
 
 
-def conformal_quantile(scores, alpha: float) -> float:
-    """``qhat``: the ``ceil((n + 1)(1 - alpha))``-th smallest of the ``n`` scores, ``+inf`` when that
-    rank exceeds ``n`` (module docstring). ``scores``: ``(n,)`` finite numbers."""
+class TooFewCalibrationRows(UserError):
+    """Fewer calibration scores than :func:`min_calibration_rows`: no finite conformal threshold."""
+
+
+def min_calibration_rows(alpha: float) -> int:
+    """The fewest calibration scores whose conformal quantile is finite: ``ceil((1 - alpha) / alpha)``,
+    the smallest ``n`` with ``ceil((n + 1)(1 - alpha)) <= n`` (9 for ``alpha = 0.1``, 19 for 0.05),
+    computed exactly with ``alpha`` read as the decimal it prints as. (The specification sets no
+    minimum; calibkit's choice: docs/metrics.md, "Minimum samples".)"""
+    a = _check_alpha(alpha)
+    return math.ceil((1 - a) / a)
+
+
+def _quantile(scores, alpha: float, least: int = 1) -> float:
+    """:func:`conformal_quantile` with ``+inf`` for too few scores when ``least`` is 1 (RAPS's
+    tuning part, whose infinite quantile is a valid choice of ``k_reg``)."""
     a = _check_alpha(alpha)
     s = as_tensor(scores, "scores").detach().reshape(-1).double().cpu()
     n = s.numel()
     if n == 0:
         raise UserError("scores is empty: no calibration rows")
+    if n < least:
+        raise TooFewCalibrationRows(f"{n} calibration score(s) for alpha={float(alpha):g}: a conformal quantile "
+                                    f"needs at least {least} (below it the threshold is +inf and every set holds "
+                                    f"every class); give at least {least} calibration rows or raise alpha")
     if not bool(torch.isfinite(s).all()):
         raise UserError("scores contains NaN or infinite values")
     m = math.ceil((n + 1) * (1 - a))
     return math.inf if m > n else float(torch.sort(s).values[m - 1])
+
+
+def conformal_quantile(scores, alpha: float) -> float:
+    """``qhat``: the ``ceil((n + 1)(1 - alpha))``-th smallest of the ``n`` scores (module docstring).
+    ``scores``: ``(n,)`` finite numbers, at least :func:`min_calibration_rows` of them (fewer give
+    ``qhat = +inf``, sets of every class, and are refused with a ``UserError``)."""
+    return _quantile(scores, alpha, min_calibration_rows(alpha))
 
 
 @array_io
@@ -240,13 +267,13 @@ class SplitConformal:
                 tune, rest = perm[:n_t], perm[n_t:]
                 ut = None if u is None else u[tune.cpu()]
                 if k_reg is None:
-                    q = conformal_quantile(_true_ranks(p[tune], y[tune]).double(), self.alpha)
+                    q = _quantile(_true_ranks(p[tune], y[tune]).double(), self.alpha)
                     k_reg = k if q == math.inf else min(k, int(q))
                 if lam is None:
                     best = None
                     for cand in RAPS_LAMBDAS:
                         sc = class_scores(p[tune], "raps", ut, k_reg, cand)
-                        q = conformal_quantile(sc.gather(1, y[tune][:, None]).squeeze(1), self.alpha)
+                        q = _quantile(sc.gather(1, y[tune][:, None]).squeeze(1), self.alpha)
                         size = float((sc <= q).sum(1).double().mean())
                         if best is None or size < best[0]:
                             best = (size, cand)

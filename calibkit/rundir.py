@@ -138,7 +138,7 @@ def environment() -> dict:
 def _check_run_dir(run_dir) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} not found")
+        raise FileNotFoundError(f"run directory {run_dir} not found; give a folder that `calibkit train --out` wrote")
     if not (run_dir / CONFIG).is_file():
         raise FileNotFoundError(f"{run_dir} is not a calibkit run directory (no {CONFIG})")
     return run_dir

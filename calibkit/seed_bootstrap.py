@@ -127,12 +127,13 @@ def seed_paired_interval(estimates, samples, level: float = 0.95, seed: int = 0,
         bounds: clip the interval's ends to this range (default: none).
 
     Returns:
-        ``{"estimate", "lo", "hi", "levels", "seeds", "samples", "bias"}``: ``estimate`` =
+        ``{"estimate", "lo", "hi", "levels", "seeds", "samples", "bias"}`` (``[lo, hi]`` extended to
+        hold ``estimate``, as :func:`calibkit.bootstrap.holding`): ``estimate`` =
         ``mean(estimates)``, ``samples`` the ``(R,)`` resampled ``theta*_r``, ``bias`` =
         ``mean(samples) - estimate`` (the basic interval is centred on ``estimate - bias``),
         ``seeds`` = ``S``.
     """
-    from calibkit.bootstrap import bootstrap_interval
+    from calibkit.bootstrap import bootstrap_interval, holding
 
     estimates = np.asarray(estimates, dtype=np.float64)
     samples = torch.as_tensor(samples, dtype=torch.float64)
@@ -148,6 +149,6 @@ def seed_paired_interval(estimates, samples, level: float = 0.95, seed: int = 0,
     draws = seed_draws(n_seeds, n_res, seed) if levels == 2 else None
     thetas = resampled_means(samples, draws)
     estimate = float(np.mean(estimates))
-    lo, hi = bootstrap_interval(thetas, estimate, level, "basic", bounds)
+    lo, hi = holding(*bootstrap_interval(thetas, estimate, level, "basic", bounds), estimate)  # holds the estimate
     return {"estimate": estimate, "lo": lo, "hi": hi, "levels": levels, "seeds": n_seeds, "samples": thetas,
             "bias": float(thetas.mean()) - estimate}

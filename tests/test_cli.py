@@ -74,7 +74,8 @@ def test_train_help_lists_every_config_field(capsys):
     (["train", "--data", "digits", "--model", "resnet9000", "--epochs", "1"], "unknown model 'resnet9000'"),
     (["train", "--data", "digits", "--model", "mlp", "--loss", "nosuchloss", "--epochs", "1"], "nosuchloss"),
     (["train", "--data", "digits", "--method", "cutmix"], "method: must be one of"),
-    (["train", "--data", "digits", "--checkpoint-every", "0"], "checkpoint_every: must be >= 1, got 0"),
+    # (a number out of its option's range stops at argparse: tests/commands/test_numeric_options.py)
+    (["train", "--data", "digits", "--csm-per-real", "3"], "csm_per_real: must be an even number >= 2"),
     (["train", "--config", "no_such_preset"], "config 'no_such_preset' not found"),
     (["train", "--data", "nosuchdata", "--epochs", "1"], "nosuchdata"),
     (["eval", "{tmp}/missing"], "not found"),
@@ -223,7 +224,16 @@ def test_num_threads_is_applied_and_checked(tmp_path, capsys):
     try:
         assert main(["report", str(tmp_path), "--num-threads", "1"]) == 1  # no runs.db: a clean error ...
         assert torch.get_num_threads() == 1  # ... after the thread count was set
-        assert main(["eval", str(tmp_path), "--num-threads", "0"]) == 1
-        assert "--num-threads must be >= 1" in capsys.readouterr().err
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:  # refused while parsing (a bounded type) ...
+            main(["eval", str(tmp_path), "--num-threads", "0"])
+        assert exc.value.code == 2 and "argument --num-threads: must be an integer in [1, " in capsys.readouterr().err
+        from argparse import Namespace
+
+        from calibkit.commands import apply_num_threads
+        from calibkit.errors import UserError
+
+        with pytest.raises(UserError, match="--num-threads must be >= 1"):  # ... and by the step that applies it
+            apply_num_threads(Namespace(num_threads=0))
     finally:
         torch.set_num_threads(before)

@@ -44,3 +44,14 @@ def test_valid_command_lines_pass_untouched(argv):
             check_argv(build_parser(), argv)
         return
     check_argv(build_parser(), argv)
+
+
+def test_an_option_value_with_a_space_is_a_value_as_argparse_reads_it(capsys):
+    """``--sbatch-arg "--constraint=a100 x"``: argparse takes a token holding a space as a value, so the
+    typo check does too (SLURM's own check then refuses the value, naming --sbatch-arg)."""
+    from calibkit.cli import build_parser
+    from calibkit.commands.typos import Typo, check_argv
+
+    check_argv(build_parser(), ["bench", "--sbatch-arg", "--constraint=a100 x"])  # no Typo
+    with pytest.raises(Typo, match="unknown option --constraint"):
+        check_argv(build_parser(), ["bench", "--sbatch-arg", "--constraint=a100"])

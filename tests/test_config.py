@@ -93,8 +93,9 @@ def test_every_float_field_must_fit_in_float32(name):
 def test_lr_inf_on_the_command_line_writes_nothing(tmp_path, cli_env):
     res = subprocess.run([PYTHON, "-m", "calibkit", "train", "--data", "digits", "--model", "mlp", "--lr", "inf",
                           "--out", str(tmp_path / "run")], capture_output=True, text=True, env=cli_env, timeout=120)
-    assert res.returncode == 1
-    assert res.stderr == "calibkit train: error: lr: must be a finite number, got inf\n"
+    assert res.returncode == 2  # refused while the command line is parsed (the config refuses it too, above)
+    want = "calibkit train: error: argument --lr: must be a number in (0, 100], got 'inf'"
+    assert res.stderr.splitlines()[-1] == want
     assert not (tmp_path / "run").exists()
 
 

@@ -21,8 +21,10 @@ from calibkit.conformal import (
     conformal_quantile,
     coverage,
     mean_set_size,
+    min_calibration_rows,
     size_stratified_coverage,
 )
+from calibkit.errors import UserError
 
 
 def _data(n, k=10, scale=2.0, seed=0):
@@ -49,12 +51,30 @@ def _m(n, alpha_tenths):
 
 # --- the quantile rule ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("alpha, expected", [(0.1, 9), (0.2, 8), (0.15, 9), (0.3, 7), (0.5, 5), (0.05, math.inf)])
+@pytest.mark.parametrize("alpha, expected", [(0.1, 9), (0.2, 8), (0.15, 9), (0.3, 7), (0.5, 5)])
 def test_quantile_n9(alpha, expected):
-    # n = 9 scores 1/16 .. 9/16: m = ceil(10 (1 - alpha)); alpha = 0.1 -> m = 9 exactly (no rounding to 10);
-    # alpha = 0.05 -> m = ceil(9.5) = 10 > 9 -> +inf
+    # n = 9 scores 1/16 .. 9/16: m = ceil(10 (1 - alpha)); alpha = 0.1 -> m = 9 exactly (no rounding to 10)
     scores = torch.arange(1, 10, dtype=torch.float64) / 16
     assert conformal_quantile(scores[torch.randperm(9)], alpha) == expected / 16
+
+
+@pytest.mark.parametrize("alpha, least", [(0.1, 9), (0.05, 19), (0.2, 4), (0.15, 6), (0.3, 3), (0.5, 1), (0.01, 99),
+                                          (0.25, 3), (0.9, 1)])
+def test_minimum_calibration_rows_at_the_boundary(alpha, least):
+    # least = the smallest n with ceil((n + 1)(1 - alpha)) <= n, found here by counting in integers (alpha in
+    # hundredths): below it the quantile's rank passes n (an infinite threshold)
+    hundredths = round(alpha * 100)
+    smallest = next(n for n in range(1, 1000) if -(-(n + 1) * (100 - hundredths) // 100) <= n)
+    assert smallest == least == min_calibration_rows(alpha)
+    scores = torch.arange(1, least + 1, dtype=torch.float64)
+    assert math.isfinite(conformal_quantile(scores, alpha))  # the minimum is accepted, with a finite threshold
+    if least > 1:
+        with pytest.raises(UserError, match=f"^{least - 1} calibration score\\(s\\) for alpha={alpha:g}: a conformal "
+                           f"quantile needs at least {least} "):
+            conformal_quantile(scores[:-1], alpha)
+        probs = torch.stack([1 - scores[:-1] / 1000, scores[:-1] / 1000], 1)
+        with pytest.raises(UserError, match=f"needs at least {least} "):  # the fit refuses the same
+            SplitConformal("lac", alpha=alpha).fit(probs, torch.zeros(least - 1, dtype=torch.long))
 
 
 def test_quantile_exact_products():
@@ -64,7 +84,7 @@ def test_quantile_exact_products():
         assert conformal_quantile(torch.arange(n, dtype=torch.float64), alpha) == m - 1, (n, alpha)
 
 
-def test_lac_hand_case_and_inf():
+def test_lac_hand_case_and_too_few_rows():
     # K = 2, p_y = 1 - j/16 for j = 1..9: the LAC scores are j/16; alpha = 0.1 -> qhat = 9/16
     s = torch.arange(1, 10, dtype=torch.float64) / 16
     probs = torch.stack([1 - s, s], 1)
@@ -73,10 +93,9 @@ def test_lac_hand_case_and_inf():
     assert cp.qhat_ == 9 / 16 and cp.n_calib_ == 9 and cp.n_classes_ == 2
     test = torch.tensor([[0.5, 0.5], [7 / 16, 9 / 16], [6 / 16, 10 / 16], [1.0, 0.0]], dtype=torch.float64)
     assert cp.predict_set(test).tolist() == [[True, True], [True, True], [False, True], [True, False]]
-    cp = SplitConformal("lac", alpha=0.05).fit(probs, y)  # m = 10 > 9
-    assert cp.qhat_ == math.inf and bool(cp.predict_set(test).all())
-    cp = SplitConformal("aps", alpha=0.05, randomized=False).fit(probs, y)
-    assert cp.qhat_ == math.inf and bool(cp.predict_set(test).all())
+    for score in ("lac", "aps"):  # alpha = 0.05: m = 10 > 9, an infinite threshold: refused (19 rows needed)
+        with pytest.raises(UserError, match="needs at least 19 "):
+            SplitConformal(score, alpha=0.05, randomized=False).fit(probs, y)
 
 
 def test_lac_set_is_probability_threshold():

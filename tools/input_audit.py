@@ -60,6 +60,7 @@ class Case:
     proc: bool = False  # run as a subprocess
     env: dict = field(default_factory=dict)
     note: str = ""
+    check: Callable | None = None  # check(folder, stdout) -> a problem ("" when none), for a clean accept
 
 
 CASES: list[Case] = []
@@ -944,7 +945,9 @@ def preset_cases():
     add(S, "[csm] store missing", "refuse", ["mine.toml", "nostore"], chk(append='\n[csm]\nstore = "nostore"\n'))
     add(S, "[maccal] eta -1", "refuse", ["mine.toml", "eta"], chk(("[maccal]\n", "[maccal]\neta = -1.0\n")))
     add(S, "[maccal] unknown keyword", "refuse", ["mine.toml", "etaa"], chk(("[maccal]\n", "[maccal]\netaa = 1.0\n")))
-    add(S, "[losses] ls alpha 2", "refuse", ["mine.toml", "alpha"], chk(append='\n[losses]\nls = "ls:alpha=2"\n'))
+    # the smoke preset has a [losses] table of its own (mbls, acls): the bad entry goes into it
+    add(S, "[losses] ls alpha 2", "refuse", ["mine.toml", "alpha"],
+        chk(("[losses]\n", '[losses]\nls = "ls:alpha=2"\n')))
     add(S, "[space.ls] address it does not use (maccal.eta)", "refuse", ["mine.toml", "maccal.eta"],
         chk(append='\n[space.ls]\n"maccal.eta" = [1.0, 2.0]\n'))
     add(S, "[space.ce] (no search space)", "refuse", ["mine.toml", "ce"],
@@ -1392,6 +1395,8 @@ def api_cases():
     ):
         add(S, name, "refuse", keys, lambda d, code=code: [API, head + code])
 
+    minimum_cases()
+
     def no_class_4(d):  # K = 5, validation without class 4
         x, y = logits_labels(200, 5, 0)
         npz(d, "val.npz", logits=x[y != 4], labels=y[y != 4])
@@ -1409,6 +1414,89 @@ def api_cases():
         return prep
     for v in ("1", "9"):
         add("edges", f"calibrate --n-boot {v}", "refuse", ["--n-boot"], n_boot(v))
+
+
+def minimum_cases():
+    """The statistics' minimums (docs/metrics.md, "Minimum samples"): one below is refused naming
+    the minimum, the minimum itself is accepted."""
+    S = "api"
+    head = "import torch\n"
+    q = "from calibkit.conformal import conformal_quantile as q, SplitConformal as SC\n"
+    sel = "from calibkit.functional import risk_coverage_curve as rc, aurc, augrc, eaurc, selective_risk as sr\n"
+    two = "torch.tensor([[0.9, 0.1], [0.6, 0.4]]), torch.tensor([0, 1])"
+    one = "torch.tensor([[0.9, 0.1]]), torch.tensor([0])"
+    for name, code, expect, keys in (
+        ("conformal_quantile: 8 scores, alpha 0.1", q + "q(torch.arange(8.), 0.1)", "refuse", ["at least 9", "alpha"]),
+        ("conformal_quantile: 9 scores, alpha 0.1", q + "assert q(torch.arange(9.), 0.1) == 8", "accept", []),
+        ("conformal_quantile: 18 scores, alpha 0.05", q + "q(torch.arange(18.), 0.05)", "refuse", ["at least 19"]),
+        ("conformal_quantile: 19 scores, alpha 0.05", q + "q(torch.arange(19.), 0.05)", "accept", []),
+        ("SplitConformal.fit: 8 rows, alpha 0.1", q + "p = torch.rand(8, 3).softmax(1); SC('lac', 0.1).fit(p, "
+         "torch.arange(8) % 3)", "refuse", ["at least 9"]),
+        ("SplitConformal.fit: 9 rows, alpha 0.1", q + "p = torch.rand(9, 3).softmax(1); SC('lac', 0.1).fit(p, "
+         "torch.arange(9) % 3)", "accept", []),
+        ("risk_coverage_curve: 1 row", sel + f"rc({one})", "refuse", ["at least 2"]),
+        ("aurc: 1 row", sel + f"aurc({one})", "refuse", ["at least 2"]),
+        ("augrc / eaurc / selective_risk: 1 row", sel + f"augrc({one})", "refuse", ["at least 2"]),
+        ("selective curves: 2 rows", sel + f"rc({two}); aurc({two}); augrc({two}); eaurc({two}); sr({two})",
+         "accept", []),
+        ("aurc: 2 rows, one ignored", sel + "aurc(torch.tensor([[0.9, 0.1], [0.6, 0.4]]), torch.tensor([0, -1]), "
+         "ignore_index=-1)", "refuse", ["at least 2"]),
+    ):
+        add(S, name, expect, keys, lambda d, code=code: [API, head + code])
+
+
+TRIPLE = re.compile(r"([+-]?\d+\.\d+) \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]")
+
+
+def intervals_hold(*files, stdout=True, least=1):
+    """A check: the files (relative to the case folder) exist and, with stdout, hold at least
+    ``least`` printed intervals ``estimate [low, high]``, each holding its estimate as printed."""
+    from decimal import Decimal
+
+    def check(d: Path, out: str) -> str:
+        texts = [("stdout", out)] if stdout else []
+        for f in files:
+            if not (d / f).is_file():
+                return f"{f} not written"
+            texts.append((f, (d / f).read_text(errors="replace")))
+        found = 0
+        for where, text in texts:
+            for e, lo, hi in TRIPLE.findall(text):
+                found += 1
+                if not Decimal(lo) <= Decimal(e) <= Decimal(hi):
+                    return f"{where}: printed interval {e} [{lo}, {hi}] misses its estimate"
+        return "" if found >= least else f"only {found} printed interval(s)"
+    return check
+
+
+def format_cases():
+    """Every report format, accepted, with every printed interval holding its estimate: calibrate's
+    terminal text, calibrators.md and index.html; the bench report's terminal text, report.md and
+    index.html; compare's terminal table."""
+    S = "formats"
+
+    def calibrate(d):
+        good_pair(d)
+        return cal_argv("val.npz", "test.npz", "--n-boot", "50")
+    add(S, "calibrate: terminal, calibrators.md, index.html", "accept", [], calibrate,
+        check=intervals_hold("out/report/calibrators.md", "out/report/index.html", least=3))
+
+    def report(d):
+        return ["report", bench_copy(d), "--n-boot", "50", "--quiet"]
+    add(S, "report: terminal, report.md, index.html", "accept", [], report,
+        check=intervals_hold("bench/report/report.md", "bench/report/index.html", least=3))
+
+    def compare(d):
+        return ["compare", bench_copy(d), "ls", "ce", "--n-boot", "50"]
+    add(S, "compare: terminal table", "accept", [], compare, check=intervals_hold(least=1))
+
+    def report_alpha(d):  # the bench's validation half is below what alpha = 0.001 needs (999 rows)
+        return ["report", bench_copy(d), "--n-boot", "50", "--alpha", "0.001", "--quiet"]
+
+    def no_sets_said(d: Path, out: str) -> str:
+        text = (d / "bench/report/report.md").read_text() if (d / "bench/report/report.md").is_file() else ""
+        return "" if "No conformal sets" in text and "at least 999" in text else "report.md does not say why no sets"
+    add(S, "report --alpha 0.001: no sets, the reason said", "accept", [], report_alpha, check=no_sets_said)
 
 
 # ---------------------------------------------------------------- running and classifying
@@ -1567,6 +1655,10 @@ def run_case(c: Case, root: Path, index: int) -> dict:
     changed = sorted(k for k in set(before) | set(after)
                      if before.get(k) != after.get(k) and not sqlite_side(k, before))
     cls, why = classify(c, rc, out, err, changed)
+    if c.check and cls == "clean":
+        problem = c.check(d, out)
+        if problem:
+            cls, why = "bad", problem
     lines = message_lines(err)
     first = lines[0] if lines else ""
     for s in c.forbid:
@@ -1599,6 +1691,7 @@ def build_cases():
     bench_cases()
     own_data_cases()
     api_cases()
+    format_cases()
 
 
 def main(argv=None) -> int:

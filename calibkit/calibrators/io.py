@@ -92,7 +92,8 @@ def load(path):
     st_path, json_path = paths(path)
     for p in (json_path, st_path):
         if not p.is_file():
-            raise FileNotFoundError(f"calibrator file not found: {p}")
+            raise FileNotFoundError(f"calibrator file not found: {p}; give the path a calibrator was saved to "
+                                    "(`calibkit calibrate --save`, or the calibrator's save)")
     try:
         meta = json.loads(json_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from calibkit.commands import bounded as B
 from calibkit.errors import UserError
 
 
 def add_num_threads(parser) -> None:
     """Declare ``--num-threads N`` on a subcommand's parser (``calibkit.cli.main`` applies it)."""
-    parser.add_argument("--num-threads", type=int, metavar="N",
+    parser.add_argument("--num-threads", type=B.THREADS, metavar="N",
                         help="torch CPU threads (default: torch's; one is often fastest on a shared machine)")
 
 
@@ -57,15 +58,17 @@ def add_executor(parser) -> None:
     g.add_argument("--account", help="sbatch --account")
     g.add_argument("--qos", help="sbatch --qos")
     g.add_argument("--time", help="sbatch --time of every task (e.g. 12:00:00)")
-    g.add_argument("--gpus-per-run", type=int, default=0, metavar="N",
+    g.add_argument("--gpus-per-run", type=B.integer(0, 1024), default=0, metavar="N",
                    help="GPUs per run (default 0); N > 1 runs torchrun --standalone --nproc_per_node N in the task")
-    g.add_argument("--cpus-per-run", type=int, default=1, metavar="N", help="sbatch --cpus-per-task (default 1)")
+    g.add_argument("--cpus-per-run", type=B.count(100_000), default=1, metavar="N",
+                   help="sbatch --cpus-per-task (default 1)")
     g.add_argument("--mem", help="sbatch --mem of every task (e.g. 32G)")
-    g.add_argument("--array-parallelism", type=int, metavar="N", help="at most N tasks of an array at once (%%N)")
+    g.add_argument("--array-parallelism", type=B.count(10**6), metavar="N",
+                   help="at most N tasks of an array at once (%%N)")
     g.add_argument("--sbatch-arg", action="append", metavar="ARG",
                    help="one more sbatch option, passed through (repeatable), e.g. --sbatch-arg=--constraint=a100")
     g.add_argument("--requeue", action="store_true", help="sbatch --requeue: a preempted task runs again")
-    g.add_argument("--signal", type=int, metavar="S", help="SIGUSR1 S seconds before the time limit "
+    g.add_argument("--signal", type=B.count(65535), metavar="S", help="SIGUSR1 S seconds before the time limit "
                    "(--signal=B:USR1@S): the run checkpoints after its epoch, requeues its task and exits")
     g.add_argument("--status", action="store_true", help="print each run key's state (done, queued, running, "
                    "failed, not submitted) from the result files and squeue")

@@ -6,6 +6,7 @@ import argparse
 import sys
 import textwrap
 
+from calibkit.commands import bounded as B
 from calibkit.errors import UserError
 
 EPILOG = """\
@@ -46,7 +47,7 @@ def register(subparsers) -> None:
 
     add_preset_options(p, PRESETS)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, runs/, report/)")
-    p.add_argument("--seeds", type=int, nargs="+", metavar="S", help="seeds (default: the preset's)")
+    p.add_argument("--seeds", type=B.SEED, nargs="+", metavar="S", help="seeds (default: the preset's)")
     p.add_argument("--methods", nargs="+", metavar="M",
                    help=f"methods to run (default: the preset's list, else all): {', '.join(METHODS)}; CE is "
                         "always included; text presets skip mixup, regmixup and csm")
@@ -64,7 +65,7 @@ def register(subparsers) -> None:
     add_shared(p)
     add_num_threads(p)
     add_executor(p)
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=B.count(256), default=1, metavar="N",
                    help="processes on this machine sharing the runs (default 1; one per core is usually fastest)")
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
     p.add_argument("--quiet", action="store_true",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.commands import bounded as B
 from calibkit.commands.calibsources import add_source_options
 from calibkit.commands.scorefile import read_scores  # noqa: F401  (looked up here at call time: tests replace it)
 from calibkit.errors import UserError
@@ -75,17 +76,18 @@ def register(subparsers) -> None:
     p.add_argument("--save", metavar="NAME", nargs="?", const=CHOSEN,
                    help="store a fitted calibrator as DIR/NAME.safetensors + .json; without NAME (or with 'chosen' "
                         "or 'best'): the chosen one")
-    p.add_argument("--n-bins", type=int, default=15, help="bins of the binned errors (default 15)")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed, an integer >= 0 (default 0)")
-    p.add_argument("--dpi", type=int, default=120, help="resolution of the reliability diagrams (default 120)")
+    p.add_argument("--n-bins", type=B.N_BINS, default=15, help="bins of the binned errors (default 15)")
+    p.add_argument("--n-boot", type=B.N_BOOT, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=B.SEED, default=0, help="bootstrap seed, an integer >= 0 (default 0)")
+    p.add_argument("--dpi", type=B.DPI, default=120, help="resolution of the reliability diagrams (default 120)")
     p.add_argument("--select-by", choices=("ece", "nll", "brier"), default="nll",
                    help="cross-fitted validation metric that chooses the calibrator (default nll, a proper score; "
                         "ece is guarded by accuracy and NLL)")
-    p.add_argument("--acc-tolerance", type=float, default=0.5, metavar="POINTS",
+    p.add_argument("--acc-tolerance", type=B.number(0.0, 100.0), default=0.5, metavar="POINTS",
                    help="largest accepted drop of cross-fitted accuracy, in points (default 0.5)")
-    p.add_argument("--folds", type=int, default=5, help="cross-fitting folds of the validation split (default 5)")
-    p.add_argument("--alpha", type=float, default=0.1,
+    p.add_argument("--folds", type=B.integer(2, 1000), default=5,
+                   help="cross-fitting folds of the validation split (default 5)")
+    p.add_argument("--alpha", type=B.ALPHA, default=0.1,
                    help="miscoverage of the conformal prediction sets, in (0, 1) (default 0.1: 90%% coverage)")
     p.add_argument("--full-report", action="store_true",
                    help="conformal sets and reliability diagrams of every calibrator (default: of the chosen one, "

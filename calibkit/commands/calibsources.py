@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibkit.commands import bounded as B
 from calibkit.commands.scorefile import Keys, found, read_entries, read_scores, scores_of
 from calibkit.errors import UserError
 
@@ -44,7 +45,7 @@ def add_source_options(p) -> None:
     g.add_argument("--test", metavar="FILE", help="test logits/probs + labels (scoring)")
     g.add_argument("--from", dest="from_file", metavar="FILE",
                    help="one file: val_*/test_* entries, or plain entries split by --split")
-    g.add_argument("--split", type=float, metavar="FRACTION",
+    g.add_argument("--split", type=B.fraction(), metavar="FRACTION",
                    help="with --from: the share of rows for validation, in (0, 1), stratified by class, seeded "
                         "by --seed")
     g.add_argument("--run", metavar="DIR", help="a finished calibkit run: reads DIR/logits.safetensors")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.commands import bounded as B
 from calibkit.errors import UserError
 
 EPILOG = """\
@@ -34,7 +35,7 @@ def register(subparsers) -> None:
                    help="fit this calibrator of calibkit.calibrators.CALIBRATORS on each run's validation logits "
                    "first (e.g. temperature)")
     p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
-    p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
+    p.add_argument("--n-boot", type=B.N_BOOT, metavar="N", help="bootstrap resamples (default: the preset's)")
     p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database, or env:NAME to "
                    "read it from that environment variable (default: DIR/runs.db)")
     from calibkit.commands import add_num_threads

@@ -17,17 +17,11 @@ from __future__ import annotations
 
 import shlex
 
+from calibkit.commands import bounded as B
 from calibkit.errors import UserError
 from calibkit.extras import require
 
 DEVICE_HELP = "auto, cpu, cuda or cuda:N (default auto: the GPU when there is one)"
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise UserError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def register(sub) -> None:
@@ -37,19 +31,21 @@ def register(sub) -> None:
     t = csm.add_parser("train-generator", help="train the class-conditional EDM generator (resumable)")
     t.add_argument("--data", default="fmnist", help="data set name (calibkit.data.DATASETS)")
     t.add_argument("--data-dir", default=None)
-    t.add_argument("--steps", type=int, default=2000, help="total optimiser steps (raise to continue)")
-    t.add_argument("--batch-size", type=int, default=64)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--channels", type=_ints, default=(32, 64, 64), help="UNet widths, e.g. 32,64,64")
-    t.add_argument("--p-uncond", type=float, default=0.1, help="class dropout for guidance")
-    t.add_argument("--checkpoint-every", type=int, default=100)
-    t.add_argument("--num-threads", type=int, default=None,
+    t.add_argument("--steps", type=B.STEPS, default=2000, help="total optimiser steps (raise to continue)")
+    t.add_argument("--batch-size", type=B.BATCH, default=64)
+    t.add_argument("--seed", type=B.SEED, default=0)
+    t.add_argument("--lr", type=B.LR, default=1e-3)
+    t.add_argument("--channels", type=B.IntList(B.count(4096), tuple_=True), default=(32, 64, 64),
+                   help="UNet widths, e.g. 32,64,64")
+    t.add_argument("--p-uncond", type=B.number(0.0, 1.0, high_open=True), default=0.1,
+                   help="class dropout for guidance")
+    t.add_argument("--checkpoint-every", type=B.STEPS, default=100)
+    t.add_argument("--num-threads", type=B.THREADS, default=None,
                    help="torch CPU threads (1 is fastest on a busy machine; default: torch's choice)")
-    t.add_argument("--exclude-val-seeds", type=_ints, default=None, metavar="S,S,...",
+    t.add_argument("--exclude-val-seeds", type=B.IntList(B.SEED, tuple_=True), default=None, metavar="S,S,...",
                    help="train on the official training images outside the validation split of each of "
                         "these seeds (e.g. the benchmark's 0,1), instead of the training split of --seed")
-    t.add_argument("--val-size", type=float, default=None,
+    t.add_argument("--val-size", type=B.CountOrFraction(), default=None,
                    help="validation size of those splits (count, or fraction < 1; default: the data set's)")
     t.add_argument("--device", default="auto", help=DEVICE_HELP)
     t.add_argument("--out", required=True, help="output directory (resumed if it holds a checkpoint)")
@@ -57,14 +53,14 @@ def register(sub) -> None:
 
     g = csm.add_parser("generate", help="generate mixing groups into a store (torchrun-shardable, resumable)")
     g.add_argument("--generator", required=True, help="generator directory")
-    g.add_argument("--groups", type=int, required=True, help="number of groups of 8 images")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--steps", type=int, default=20, help="Heun sampler steps")
-    g.add_argument("--guidance", type=float, default=1.0, help="guidance weight w (1 = none)")
-    g.add_argument("--groups-per-shard", type=int, default=16)
-    g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads per process")
+    g.add_argument("--groups", type=B.count(10**8), required=True, help="number of groups of 8 images")
+    g.add_argument("--seed", type=B.SEED, default=0)
+    g.add_argument("--steps", type=B.count(100_000), default=20, help="Heun sampler steps")
+    g.add_argument("--guidance", type=B.number(0.0, 100.0), default=1.0, help="guidance weight w (1 = none)")
+    g.add_argument("--groups-per-shard", type=B.count(10**8), default=16)
+    g.add_argument("--num-threads", type=B.THREADS, default=None, help="torch CPU threads per process")
     g.add_argument("--device", default="auto", help=DEVICE_HELP + "; under torchrun, auto = cuda:LOCAL_RANK")
-    g.add_argument("--batch-size", type=int, default=None,
+    g.add_argument("--batch-size", type=B.BATCH, default=None,
                    help="images per sampler batch (default 64 on the CPU, 4096 on a GPU)")
     g.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: bfloat16 autocast of the network (faster on CPUs with AVX512-BF16 and on GPUs)")
@@ -81,7 +77,8 @@ def register(sub) -> None:
     a.add_argument("--clip-dir", default=None, help="local CLIPModel directory (--encoder clip)")
     a.add_argument("--data", default=None, help="data set of the prototypes (default: the run's)")
     a.add_argument("--data-dir", default=None)
-    a.add_argument("--sharpness", type=float, default=4.0, help="s in sigmoid(s (lam_hat - 0.5))")
+    a.add_argument("--sharpness", type=B.number(0.0, 1000.0, low_open=True), default=4.0,
+                   help="s in sigmoid(s (lam_hat - 0.5))")
     a.add_argument("--device", default="auto", help=DEVICE_HELP)
     a.set_defaults(func=_annotate)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.commands import bounded as B
+
 EPILOG = """\
 The temperature is fitted on the run's validation logits (NLL) and applied to its test logits.
 Calibration errors are printed x100, accuracy in %, NLL and Brier as they are.
@@ -27,7 +29,7 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run_dir", metavar="DIR", help="run directory written by calibkit train")
-    p.add_argument("--n-bins", type=int, default=15, help="bins of the binned calibration errors (default 15)")
+    p.add_argument("--n-bins", type=B.N_BINS, default=15, help="bins of the binned calibration errors (default 15)")
     p.add_argument("--ts-objective", choices=("nll", "ece"), default="nll",
                    help="fit T by validation NLL (default) or by the literature's grid search on validation ECE")
     from calibkit.commands import add_num_threads

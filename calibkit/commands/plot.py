@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from calibkit.commands import bounded as B
 from calibkit.errors import UserError
 
 EPILOG = """\
@@ -32,8 +33,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("run_dir", metavar="DIR", help="run directory written by calibkit train")
     p.add_argument("--out", metavar="DIR", help="where to write the PNGs (default: the run directory)")
-    p.add_argument("--n-bins", type=int, default=15, help="confidence bins (default 15)")
-    p.add_argument("--dpi", type=int, default=150, help="resolution of the PNGs (default 150)")
+    p.add_argument("--n-bins", type=B.N_BINS, default=15, help="confidence bins (default 15)")
+    p.add_argument("--dpi", type=B.DPI, default=150, help="resolution of the PNGs (default 150)")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)

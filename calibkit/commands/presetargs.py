@@ -6,14 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _count_or_fraction(text: str):
-    from calibkit.config import parse_count_or_fraction
-
-    try:
-        return parse_count_or_fraction(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from calibkit.commands import bounded as B
 
 
 def add_preset_options(p, names) -> None:
@@ -26,12 +19,12 @@ def add_preset_options(p, names) -> None:
                    "(with --data-dir the folder or the .npz/.safetensors file)")
     g.add_argument("--model", metavar="NAME", help="a calibkit.models name or your own 'package.module:factory' "
                    "(or 'file.py:factory')")
-    g.add_argument("--epochs", type=int, help="training epochs (explicit milestones scale with them)")
-    g.add_argument("--lr", type=float, help="learning rate")
-    g.add_argument("--batch-size", type=int, metavar="N", help="batch size")
-    g.add_argument("--val-size", type=_count_or_fraction, metavar="N|F",
+    g.add_argument("--epochs", type=B.EPOCHS, help="training epochs (explicit milestones scale with them)")
+    g.add_argument("--lr", type=B.LR, help="learning rate")
+    g.add_argument("--batch-size", type=B.BATCH, metavar="N", help="batch size")
+    g.add_argument("--val-size", type=B.CountOrFraction(), metavar="N|F",
                    help="validation split: a count (5000) or a fraction (0.1) of the training set")
-    g.add_argument("--train-subset", type=int, metavar="N", help="train on a stratified subset of N images")
+    g.add_argument("--train-subset", type=B.SUBSET, metavar="N", help="train on a stratified subset of N images")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
                    help="random crop/flip as the data set allows")
     g.add_argument("--ood", metavar="SET", help="OOD set: digits, noise, none, a data set name, or a folder or "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from calibkit.commands import bounded as B
 from calibkit.errors import UserError
 
 
@@ -15,10 +16,10 @@ def register(subparsers) -> None:
     p.add_argument("dir", metavar="DIR", help="a bench output directory (holding runs.db)")
     p.add_argument("--preset", metavar="NAME|FILE", help="which preset's runs: a preset name or a preset file (its "
                    "name is used) (default: the most recent in the database)")
-    p.add_argument("--n-boot", type=int, metavar="N", help="bootstrap resamples (default: the preset's)")
+    p.add_argument("--n-boot", type=B.N_BOOT, metavar="N", help="bootstrap resamples (default: the preset's)")
     p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database, or env:NAME to "
                    "read it from that environment variable (default: DIR/runs.db)")
-    p.add_argument("--alpha", type=float, default=0.1,
+    p.add_argument("--alpha", type=B.ALPHA, default=0.1,
                    help="miscoverage of the conformal prediction sets, in (0, 1) (default 0.1: 90%% coverage)")
     p.add_argument("--quiet", action="store_true", help="no progress (the phases of the build and their times)")
     from calibkit.commands import add_num_threads

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.commands import bounded as B
 from calibkit.errors import UserError, UserRuntimeError
 
 EPILOG = """\
@@ -31,7 +32,7 @@ def add_shared(p) -> None:
     p.add_argument("--csm-build", action="store_true",
                    help="with csm in the methods and no generated set: build one in DIR first (train the generator "
                    "on the training images outside every seed's validation split, then generate; resumable)")
-    p.add_argument("--max-extensions", type=int, default=2, metavar="K",
+    p.add_argument("--max-extensions", type=B.integer(0, 100), default=2, metavar="K",
                    help="times each grid axis may be extended when a selection lands on its edge (default 2; 0: "
                    "never)")
     p.add_argument("--keep", choices=KEEP_POLICIES,
@@ -66,13 +67,13 @@ def register(subparsers) -> None:
     p.add_argument("--methods", nargs="+", metavar="M",
                    help="methods to tune (default: all with a search space): "
                    f"{', '.join(m for m, s in METHODS.items() if s.space)}")
-    p.add_argument("--seed", type=int, metavar="S", help="selection seed (default: the preset's tune_seed)")
+    p.add_argument("--seed", type=B.SEED, metavar="S", help="selection seed (default: the preset's tune_seed)")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
     p.add_argument("--csm-store", metavar="DIR", help="CSM generated set (default: the one shipped)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     add_shared(p)
     add_num_threads(p)
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", type=B.count(256), default=1, metavar="N",
                    help="processes on this machine sharing the candidates (default 1; one per core is usually fastest)")
     # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)
     p.add_argument("--await-start", action="store_true", help=argparse.SUPPRESS)

@@ -10,7 +10,8 @@ names), or the list of valid ones when none is close.
 What counts as known follows argparse: an option string of the (sub)command, ``--name=value``, or
 a prefix of one or more options (argparse itself resolves a prefix and reports an ambiguous one).
 A misspelt subcommand gets the same answer. Only ``--long`` tokens are checked; a ``--`` ends the
-options. A token that is an option's value and starts with ``--`` is read as an option, as argparse reads it.
+options. A token that is an option's value and starts with ``--`` is read as an option, as argparse reads it,
+except one holding a space, which argparse takes as a value (``--sbatch-arg "--constraint=a b"``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def check_argv(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     for token in argv:
         if token == "--":
             return
-        if token.startswith("--") and len(token) > 2:
+        if token.startswith("--") and len(token) > 2 and " " not in token:
             flag = token.split("=", 1)[0]
             valid = _options(current)
             if not any(v.startswith(flag) for v in valid):

@@ -94,8 +94,17 @@ def _rows(probs, labels, confidence, ignore_index):
     return conf, err
 
 
+#: fewer scored rows than this: no risk-coverage curve, AURC, E-AURC, AUGRC or selective risk (a
+#: ranking needs two rows; one row's "curve" is the point (1, its error). docs/metrics.md).
+MIN_SELECTIVE_ROWS = 2
+
+
 def _groups(conf: np.ndarray, err: np.ndarray):
-    """Tied groups in descending confidence: ``(values, n_g, err_g)`` float64 arrays ``(M,)``."""
+    """Tied groups in descending confidence: ``(values, n_g, err_g)`` float64 arrays ``(M,)``;
+    refuses fewer than :data:`MIN_SELECTIVE_ROWS` rows."""
+    if len(conf) < MIN_SELECTIVE_ROWS:
+        raise UserError(f"{len(conf)} scored row(s): a risk-coverage curve and its areas need at least "
+                        f"{MIN_SELECTIVE_ROWS} (they rank rows by confidence; one row has no ranking); give more rows")
     order = np.argsort(-conf, kind="stable")
     c, e = conf[order], err[order]
     starts = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1]]))

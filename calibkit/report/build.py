@@ -246,16 +246,20 @@ def sets_section(ctx: ReportContext) -> list[Section]:
     from calibkit.report import sets
 
     rows = sets.SetRows(ctx.probs, ctx.alpha, ctx.out_dir / "cache" / "sets")
-    cells = ctx.sets = sets.method_sets(ctx.summary, rows, ctx.selections, n_boot=ctx.n_boot)
+    cells, too_few = sets.method_sets_or_selective(ctx.summary, rows, ctx.selections, ctx.n_boot)
+    ctx.sets = cells
     if not cells:
         return []
     text, short = sets.section_text(ctx.n_seeds, ctx.n_boot, ctx.alpha)
     if rows.failures:
         note = " No sets (shown as -): " + "; ".join(f"{c} on {m}: {e}" for (m, c), e in rows.failures.items())
         text, short = text + note, short + note
-    return [Section("Selective prediction and conformal sets", text,
-                    [sets.selective_table(cells), sets.sets_table(cells, ctx.alpha), sets.sets_grid_table(cells)],
-                    anchor="sets", terminal_text=short)]
+    if too_few:  # no tables of sets, the reason in the text
+        text, short = (t + f" No conformal sets: the threshold is fitted on half the validation rows; {too_few}."
+                       for t in (text, short))
+    tables = [sets.selective_table(cells)] + ([] if too_few else [sets.sets_table(cells, ctx.alpha),
+                                                                  sets.sets_grid_table(cells)])
+    return [Section("Selective prediction and conformal sets", text, tables, anchor="sets", terminal_text=short)]
 
 
 #: What the progress line says while a builder runs (the others: the builder's name in words).

@@ -95,8 +95,9 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
 def seed_interval(runs: list[dict], probs: CalibratedProbs, metric: str, after: str = NONE, n_boot: int = 1000,
                   seed: int = 0, level: float = 0.95) -> dict | None:
     """Bootstrap interval of the seed-averaged ``metric`` of ``runs``: ``{"value", "lo", "hi"}``
-    (basic interval, clipped to the metric's range), or None for segmentation runs."""
-    from calibkit.bootstrap import _RANGE, bootstrap_ci, bootstrap_interval
+    (basic interval, clipped to the metric's range and extended to hold ``value``), or None for
+    segmentation runs."""
+    from calibkit.bootstrap import _RANGE, bootstrap_ci, bootstrap_interval, holding
 
     samples, estimates = [], []
     for run in runs:
@@ -109,7 +110,7 @@ def seed_interval(runs: list[dict], probs: CalibratedProbs, metric: str, after: 
         return None
     value = float(np.mean(estimates))
     bounds = _RANGE.get(metric, (-np.inf, np.inf))
-    lo, hi = bootstrap_interval(torch.stack(samples).mean(0), value, level, "basic", bounds)
+    lo, hi = holding(*bootstrap_interval(torch.stack(samples).mean(0), value, level, "basic", bounds), value)
     return {"value": value, "lo": lo, "hi": hi}
 
 

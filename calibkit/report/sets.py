@@ -187,13 +187,14 @@ def _size_samples(sets: SetRows, row: dict, calibrator: str, n_boot: int, seed: 
 
 
 def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_boot: int = 1000, seed: int = 0,
-                level: float = 0.95) -> dict:
+                level: float = 0.95, conformal: bool = True) -> dict:
     """Per method (segmentation methods left out): ``{"chosen", "aurc", "augrc", "coverage", "size",
     "d_aurc", "d_size"}``. ``aurc``, ``augrc``: ``{calibrator: seed mean}`` for ``none`` and TS;
     ``coverage``, ``size``: the same for every calibrator of the report (one that cannot be fitted
     on half a run's validation rows is left out, its error in ``sets.failures``); ``d_aurc``, ``d_size``: the method
     after TS minus CE + TS, ``{"diff", "lo", "hi", "levels", "seeds"}`` (None for CE itself, or
-    without CE runs sharing a seed)."""
+    without CE runs sharing a seed). ``conformal=False``: the selective numbers only (``coverage`` and
+    ``size`` empty, ``d_size`` None), for validation splits too small for a conformal threshold."""
     from calibkit.functional.selective import augrc, aurc
 
     ref = summary.get(REFERENCE, {}).get("runs") or []
@@ -207,7 +208,7 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
         for c in (NONE, TS):
             cell["aurc"][c] = _mean(aurc(*sets.probs(r, c)) for r in runs)
             cell["augrc"][c] = _mean(augrc(*sets.probs(r, c)) for r in runs)
-        for c in calibrator_names():
+        for c in calibrator_names() if conformal else ():
             try:
                 rows = [sets.conformal(r, c) for r in runs]
             except (ValueError, RuntimeError) as exc:  # this calibrator cannot be fitted on half the rows
@@ -225,10 +226,22 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
                     raise UserError(f"{a['run_key']} and {b['run_key']} were tested on different test sets")
             cell["d_aurc"] = _paired(pairs, lambda r: float(aurc(*sets.probs(r, TS))),
                                      lambda r: sets.aurc_samples(r, TS, n_boot, seed), n_boot, seed, level)
-            cell["d_size"] = _paired(pairs, lambda r: float(sets.conformal(r, TS)["size"].double().mean()),
-                                     lambda r: _size_samples(sets, r, TS, n_boot, seed), n_boot, seed, level)
+            if conformal:
+                cell["d_size"] = _paired(pairs, lambda r: float(sets.conformal(r, TS)["size"].double().mean()),
+                                         lambda r: _size_samples(sets, r, TS, n_boot, seed), n_boot, seed, level)
         out[method] = cell
     return out
+
+
+def method_sets_or_selective(summary: dict, sets: SetRows, selections: dict | None, n_boot: int):
+    """``(cells, None)`` of :func:`method_sets`; ``(its selective cells, why)`` when the validation
+    half is below the conformal minimum (:class:`calibkit.conformal.TooFewCalibrationRows`)."""
+    from calibkit.conformal import TooFewCalibrationRows
+
+    try:
+        return method_sets(summary, sets, selections, n_boot=n_boot), None
+    except TooFewCalibrationRows as exc:
+        return method_sets(summary, sets, selections, n_boot=n_boot, conformal=False), str(exc)
 
 
 def _fmt_d(d: dict | None, scale: float, digits: int) -> str:

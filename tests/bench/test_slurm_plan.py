@@ -95,7 +95,7 @@ def test_only_a_submission_with_a_selection_job_says_grids_are_not_extended(tmp_
 
 @pytest.mark.parametrize("extra,message", [
     (["--signal", "60"], "--signal makes a task requeue itself; it needs --requeue"),
-    (["--gpus-per-run", "-1"], "--gpus-per-run must be >= 0"),
+    # --gpus-per-run -1 stops at argparse (tests/commands/test_numeric_options.py)
     (["--workers", "2"], "--workers is for --executor local"),
 ])
 def test_bad_options_are_one_line_errors(tmp_path, capsys, extra, message):

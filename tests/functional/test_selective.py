@@ -302,3 +302,29 @@ def test_levels_expanded_in_chunks_give_the_same_values(monkeypatch):
     chunked = {f.__name__: float(f(p, y)) for f in (aurc, eaurc, augrc)}
     for key in whole:
         assert chunked[key] == pytest.approx(whole[key], abs=1e-14), key
+
+
+# --- the minimum number of rows (docs/metrics.md, "Minimum samples") ---------------------------
+
+SELECTIVE = {"curve": risk_coverage_curve, "aurc": aurc, "eaurc": eaurc, "augrc": augrc, "risk": selective_risk}
+
+
+@pytest.mark.parametrize("name", sorted(SELECTIVE))
+def test_one_row_is_refused_and_two_rows_give_the_hand_values(name):
+    from calibkit.errors import UserError
+    from calibkit.functional.selective import MIN_SELECTIVE_ROWS
+
+    assert MIN_SELECTIVE_ROWS == 2
+    fn = SELECTIVE[name]
+    with pytest.raises(UserError, match=r"^1 scored row\(s\): a risk-coverage curve and its areas need at least 2 "):
+        fn(torch.tensor([[0.9, 0.1]]), torch.tensor([0]))
+    with pytest.raises(UserError, match="need at least 2 "):  # two rows, one of them ignored
+        fn(torch.tensor([[0.9, 0.1], [0.6, 0.4]]), torch.tensor([0, -1]), ignore_index=-1)
+    # two rows: confidence 0.9 correct, 0.6 wrong. Curve (1/2, 0), (1, 1/2); AURC = (0/1 + 1/2) / 2;
+    # the ranking is the oracle's, so E-AURC = 0; AUGRC = (0/2 + 1/2) / 2; risk at coverage 0.9 (k = 2) = 1/2
+    out = fn(torch.tensor([[0.9, 0.1], [0.6, 0.4]]), torch.tensor([0, 1]))
+    want = {"curve": ([0.5, 1.0], [0.0, 0.5]), "aurc": 0.25, "eaurc": 0.0, "augrc": 0.25, "risk": 0.5}[name]
+    if name == "curve":
+        assert [t.tolist() for t in out] == list(want)
+    else:
+        assert float(out) == pytest.approx(want, abs=1e-15)

@@ -268,9 +268,9 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
     if precision not in PRECISIONS:
         raise UserError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     rank, world, init_here = _dist_env(distributed)
+    model, gen_name, gen_hash = _resolve_generator(generator, device)  # before anything is written
     store_dir = Path(store_dir)
     store_dir.mkdir(parents=True, exist_ok=True)
-    model, gen_name, gen_hash = _resolve_generator(generator, device)
     dev = next(model.parameters()).device
     bs = batch_size or default_batch_size(dev)
     manifest = _manifest(model.config, gen_name, gen_hash, num_groups, seed, steps, guidance,

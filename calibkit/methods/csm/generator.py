@@ -223,7 +223,8 @@ def load_generator(path) -> CondDenoiser:
 
     path = Path(path)
     if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(f"{path} is not a generator directory (needs {CONFIG_NAME} and {WEIGHTS_NAME})")
+        raise FileNotFoundError(f"{path} is not a generator directory (needs {CONFIG_NAME} and {WEIGHTS_NAME}); "
+                                "give the --out folder of `calibkit csm train-generator`")
     meta = json.loads((path / CONFIG_NAME).read_text())
     model = CondDenoiser(GeneratorConfig.from_dict(meta["config"]))
     state = {k: v.float() for k, v in load_file(path / WEIGHTS_NAME).items()}

@@ -36,7 +36,8 @@ def stage1_run(stage1_dir) -> tuple[Path, dict]:
 
     path = Path(stage1_dir)
     if not path.is_dir():
-        raise FileNotFoundError(f"stage-1 run directory {path} not found")
+        raise FileNotFoundError(f"stage-1 run directory {path} not found; give a folder that `calibkit train --out` "
+                                "wrote")
     if not (path / rundir.CONFIG).is_file():
         raise FileNotFoundError(f"stage-1: {path} is not a calibkit run directory (no {rundir.CONFIG})")
     info = rundir.load_info(path)

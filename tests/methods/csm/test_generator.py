@@ -277,7 +277,8 @@ def test_load_needs_both_files_and_returns_a_frozen_model(tmp_path):
         (d / missing).unlink()
         with pytest.raises(FileNotFoundError) as err:
             load_generator(d)
-        assert str(err.value) == f"{d} is not a generator directory (needs {CONFIG_NAME} and {WEIGHTS_NAME})"
+        assert str(err.value) == (f"{d} is not a generator directory (needs {CONFIG_NAME} and {WEIGHTS_NAME}); "
+                                  "give the --out folder of `calibkit csm train-generator`")
 
 
 def test_hashes_by_hand(tmp_path):

@@ -182,7 +182,8 @@ def test_device_choice(monkeypatch):
 
 
 def test_stage1_refusals_name_the_problem(s1, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"^stage-1 run directory \S*nope not found$"):
+    with pytest.raises(FileNotFoundError, match=r"^stage-1 run directory \S*nope not found; give a folder "
+                       r"that `calibkit train --out` wrote$"):
         run_mod.stage1_run(tmp_path / "nope")
     empty = tmp_path / "empty"
     empty.mkdir()
