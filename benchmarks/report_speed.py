@@ -10,7 +10,8 @@ runs ``calibkit report COPY`` twice in fresh processes:
 
 Each build prints its phases on stderr (``report: TOTAL s (phase S s, ...)``, the line ``calibkit
 report`` ends with); the script reads that line and prints the phases side by side with the
-process's wall time (start-up and imports included). ``--before DIR`` does the same with the
+process's wall and CPU time (start-up and imports included; on a shared machine the CPU time is
+the comparable figure). ``--before DIR`` does the same with the
 calibkit package found under ``DIR`` (another checkout: ``PYTHONPATH=DIR``) on its own cold copy,
 so the two codes are measured in one run of the script on the same logits. Every build's terminal
 text (stdout: every table the report prints) must be identical, else the script exits 1.
@@ -28,8 +29,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -48,10 +51,13 @@ PHASE = re.compile(r"(.+?) ([\d.]+) s(?:, |$)")
 def calibkit(args: list, pythonpath: Path, cwd: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
     """Run ``python -m calibkit ARGS`` with ``pythonpath``'s calibkit; ``(wall seconds, result)``."""
     env = dict(os.environ, PYTHONPATH=str(pythonpath))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "calibkit", *map(str, args)], env=env, cwd=cwd,
                          capture_output=True, text=True)
     wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out.cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)  # type: ignore[attr-defined]
     if out.returncode != 0:
         sys.exit(f"calibkit {' '.join(map(str, args))} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return wall, out
@@ -73,7 +79,9 @@ def report(bench: Path, pythonpath: Path) -> dict:
         sys.exit(f"no phase summary on stderr of calibkit report {bench}:\n{out.stderr[-3000:]}")
     m = SUMMARY.match(lines[-1])
     phases = {name: float(sec) for name, sec in PHASE.findall(m.group(2))}
-    return {"wall": wall, "total": float(m.group(1)), "phases": phases, "text": out.stdout}
+    # the last line names the report's files, under this copy's own folder: compared as DIR
+    return {"wall": wall, "cpu": out.cpu, "total": float(m.group(1)), "phases": phases,
+            "text": out.stdout.replace(str(bench), "DIR")}
 
 
 def table(builds: dict) -> None:
@@ -87,6 +95,8 @@ def table(builds: dict) -> None:
         print(f"{n[:59]:<60}{cells}")
     print(f"{'all phases':<60}" + "".join(f"{builds[k]['total']:14.2f}" for k in keys))
     print(f"{'process wall (start-up and imports included)':<60}" + "".join(f"{builds[k]['wall']:14.2f}" for k in keys))
+    print(f"{'process CPU (user + system; the comparable figure)':<60}"
+          + "".join(f"{builds[k]['cpu']:14.2f}" for k in keys))
 
 
 def synthetic(path: Path, n: int = 10_000, k: int = 5, seed: int = 0) -> Path:
@@ -140,6 +150,10 @@ def main() -> int:
         first = next(iter(builds.values()))["text"]
         same = all(b["text"] == first for b in builds.values())
         print(f"printed report text identical between the builds: {'yes' if same else 'NO'}")
+        for key, b in builds.items():
+            if b["text"] != first:
+                diff = difflib.unified_diff(first.splitlines(), b["text"].splitlines(), next(iter(builds)), key, n=0)
+                print("\n".join(list(diff)[:40]))
         if args.newcomer:
             newcomer(tmp)
         return 0 if same else 1
