@@ -312,7 +312,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         ``{"text": terminal text, "summary", "deltas", "grid", "comparisons", "preset", "paths": {...}}``
         (``grid``: methods x calibrators, :func:`calibkit.report.calibrated.calibrator_grid`;
         ``comparisons``: :func:`calibkit.report.paired.comparisons`). The calibrated test
-        probabilities are cached under ``out_dir/cache/calibrated/``.
+        probabilities are cached under ``out_dir/cache/`` (keyed by content: :mod:`~calibkit.report.calibrated`).
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise UserError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), got {alpha!r}")

@@ -15,15 +15,20 @@ Why at report time, from the saved logits, and not at evaluation time into the d
 
 The price is fitting the calibrators when a report is built. The calibrated test probabilities are
 therefore cached: in memory for one report, and on disk under ``DIR/cache/calibrated/`` keyed by the
-logits file (path, size, modification time), the calibrator's ``repr`` (its hyperparameters) and
-the calibkit version, so a rebuilt report refits nothing. A cache file that cannot be read is
-recomputed, never trusted.
+*content* of the run's saved tensors (:func:`tensor_digest` of the validation logits and labels and
+the test logits), the calibrator's ``repr`` (its hyperparameters), :data:`CACHE_FORMAT` and the
+calibkit version, so a rebuilt report, ``calibkit compare`` and a copied or moved bench directory
+refit nothing, and logits rewritten in place are never served stale probabilities. A cache file
+that cannot be read is recomputed, never trusted.
+
+Each calibrator fitted here on a run's whole validation split is kept for the report
+(:meth:`CalibratedProbs.fitted`): the cross-fitting of :mod:`calibkit.report.verdict` starts from
+the same fit on the same rows instead of fitting it a second time.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import torch
@@ -31,6 +36,30 @@ import torch
 from calibkit.errors import UserError
 
 NONE = "none"  # the uncalibrated column
+#: Version of the report's cache files (calibrated probabilities, cross-fitted scores, conformal rows):
+#: raised whenever what they hold or how they are keyed changes, so that older files are never read.
+CACHE_FORMAT = 2
+#: The saved tensors that the calibrated test probabilities depend on.
+FIT_AND_TEST = ("val_logits", "val_labels", "test_logits")
+
+
+def tensor_digest(tensors: dict, names) -> str:
+    """SHA-256 (hex) of the named tensors' names, dtypes, shapes and bytes: the content key of the caches."""
+    h = hashlib.sha256()
+    for name in names:
+        t = tensors[name].detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{tuple(tensors[name].shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_file(cache_dir: Path, row: dict, stem: str, ident: str, suffix: str) -> Path:
+    """``cache_dir/RUN__STEM__HASH.SUFFIX``: ``HASH`` of ``ident`` (which must hold the content digest)
+    with :data:`CACHE_FORMAT` and the calibkit version; ``RUN`` only makes the files readable."""
+    from calibkit import __version__
+
+    digest = hashlib.sha256(f"{ident}|format {CACHE_FORMAT}|{__version__}".encode()).hexdigest()[:24]
+    return cache_dir / f"{row['run_key'].replace('/', '_')}__{stem}__{digest}.{suffix}"
 
 
 class NoValidationLogits(UserError):
@@ -62,6 +91,8 @@ class CalibratedProbs:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self._mem: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._logits: dict[str, dict] = {}
+        self._digests: dict[tuple, str] = {}
+        self._fitted: dict[str, dict] = {}  # logits path -> {calibrator: fitted on every validation row}
         self.failures: dict[tuple[str, str], str] = {}  # (run key, calibrator) -> error (calibrator_grid)
 
     def logits(self, row: dict) -> dict:
@@ -78,6 +109,17 @@ class CalibratedProbs:
                 raise UserError(f"{path}: missing entries {sorted(missing)}")
             self._logits[path] = tensors
         return self._logits[path]
+
+    def digest(self, row: dict, names=FIT_AND_TEST) -> str:
+        """:func:`tensor_digest` of the run's saved tensors ``names`` (computed once per report)."""
+        key = (row["logits_path"], tuple(names))
+        if key not in self._digests:
+            self._digests[key] = tensor_digest(self.logits(row), names)
+        return self._digests[key]
+
+    def fitted(self, row: dict) -> dict:
+        """``{calibrator: instance}`` fitted by this object on the run's whole validation split so far."""
+        return dict(self._fitted.get(row["logits_path"], {}))
 
     def groups(self, row: dict):
         """The test image of every stored test pixel (segmentation runs), else None."""
@@ -113,6 +155,7 @@ class CalibratedProbs:
         from calibkit.calibrators import CALIBRATORS
 
         cal = CALIBRATORS[name]().fit(t["val_logits"], t["val_labels"].long())
+        self._fitted.setdefault(row["logits_path"], {})[name] = cal
         # float64 test logits, as the bench's own evaluation (evaluate_before_after_ts) applies TS
         probs = torch.as_tensor(cal.predict_proba(t["test_logits"].double())).double()
         if path is not None:
@@ -125,14 +168,9 @@ class CalibratedProbs:
     def _cache_path(self, row: dict, name: str) -> Path | None:
         if self.cache_dir is None:
             return None
-        from calibkit import __version__
         from calibkit.calibrators import CALIBRATORS
 
-        st = os.stat(row["logits_path"])
-        ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|"
-                 f"{CALIBRATORS[name]()!r}|{__version__}")
-        digest = hashlib.sha256(ident.encode()).hexdigest()[:20]
-        return self.cache_dir / f"{row['run_key'].replace('/', '_')}__{name}__{digest}.safetensors"
+        return cache_file(self.cache_dir, row, name, f"{self.digest(row)}|{CALIBRATORS[name]()!r}", "safetensors")
 
 
 #: The metrics of the methods x calibrators table: (panel key, header, scale, decimals). ``changed``

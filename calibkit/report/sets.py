@@ -28,8 +28,6 @@ per-row resampling would not be the image-level bootstrap their other intervals 
 
 from __future__ import annotations
 
-import hashlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +36,7 @@ import torch
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.errors import UserError
-from calibkit.report.calibrated import NONE, CalibratedProbs, calibrator_names
+from calibkit.report.calibrated import FIT_AND_TEST, NONE, CalibratedProbs, cache_file, calibrator_names
 
 ALPHA = 0.1  # the default miscoverage of the conformal sets
 SCORE = "aps"  # the conformal score of the report's sets
@@ -127,17 +125,14 @@ class SetRows:
         return out
 
     def _cache_path(self, row: dict, calibrator: str) -> Path | None:
+        """Keyed by the content of the run's saved tensors, as :mod:`calibkit.report.calibrated`'s cache."""
         if self.cache_dir is None:
             return None
-        from calibkit import __version__
         from calibkit.calibrators import CALIBRATORS
 
-        st = os.stat(row["logits_path"])
         what = repr(CALIBRATORS[calibrator]()) if calibrator != NONE else NONE
-        ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|{what}|{SCORE}|"
-                 f"{self.alpha!r}|{__version__}")
-        digest = hashlib.sha256(ident.encode()).hexdigest()[:20]
-        return self.cache_dir / f"{row['run_key'].replace('/', '_')}__{calibrator}__{digest}.safetensors"
+        ident = f"{self.probs.digest(row, FIT_AND_TEST + ('test_labels',))}|{what}|{SCORE}|{self.alpha!r}"
+        return cache_file(self.cache_dir, row, calibrator, ident, "safetensors")
 
     def selective(self, row: dict, calibrator: str):
         """:class:`calibkit.selective_bootstrap.SelectiveRows` of the run's test probabilities after ``calibrator``."""

@@ -27,22 +27,27 @@ which depends only on the row count (the same rows for every run of a seed, so p
 Cross-fitting ten calibrators five times on every pixel would dominate the report's time, and pixels
 of one image are not independent samples anyway. ``calibkit calibrate`` uses every row.
 
-Cross-fitted scores are cached under ``DIR/cache/selection/`` keyed by the logits file (path, size,
-modification time), the rule, the row cap and the calibkit version, as the calibrated probabilities are.
+Cross-fitted scores are cached under ``DIR/cache/selection/``, keyed as the calibrated
+probabilities are (:mod:`calibkit.report.calibrated`) by content: the digest of the run's validation
+logits and labels, the calibrators' names and hyperparameters, the rule's fields that the scores
+depend on (:func:`rule_key`), the row cap, the cache format and the calibkit version. A rebuilt
+report, a copied bench directory and a rule that differs only in how it chooses from the scores
+(``acc_tolerance``, ``default``, ``level``, ``significance``) reuse them. When the report has
+already fitted a calibrator on the run's whole validation split (its calibrated tables), the
+cross-fitting starts from that fit (:meth:`~calibkit.report.calibrated.CalibratedProbs.fitted`)
+instead of fitting it again: the same fit on the same rows, so the same scores.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.calibrators.selection import NONE, CrossFitScore, SelectionRule, choose, cross_fit, mean_scores
-from calibkit.report.calibrated import CalibratedProbs
+from calibkit.report.calibrated import CalibratedProbs, cache_file
 from calibkit.report.data import label
 
 DEFAULT_RULE = SelectionRule()
@@ -50,15 +55,21 @@ DEFAULT_RULE = SelectionRule()
 MAX_SELECTION_ROWS = 10_000
 
 
-def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule) -> Path | None:
+def rule_key(rule: SelectionRule) -> dict:
+    """The rule's fields that cross-fitted scores depend on: the folds and their seed, the ECE's bins,
+    and the metric, count and seed of the resamples. The others only choose from the scores."""
+    return {k: v for k, v in rule.to_dict().items() if k in ("select_by", "n_folds", "n_bins", "seed", "n_boot")}
+
+
+def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule, probs: CalibratedProbs) -> Path | None:
     if cache_dir is None:
         return None
-    from calibkit import __version__
+    from calibkit.calibrators.registry import CALIBRATORS, default_names
 
-    st = os.stat(row["logits_path"])
-    ident = (f"{os.path.abspath(row['logits_path'])}|{st.st_size}|{st.st_mtime_ns}|"
-             f"{json.dumps(rule.to_dict(), sort_keys=True)}|{MAX_SELECTION_ROWS}|{__version__}")
-    return cache_dir / f"{row['run_key'].replace('/', '_')}__{hashlib.sha256(ident.encode()).hexdigest()[:20]}.json"
+    names = ",".join(f"{n}={CALIBRATORS[n]()!r}" for n in default_names())
+    ident = (f"{probs.digest(row, ('val_logits', 'val_labels'))}|{names}|{json.dumps(rule_key(rule), sort_keys=True)}|"
+             f"{MAX_SELECTION_ROWS}")
+    return cache_file(cache_dir, row, "crossfit", ident, "json")
 
 
 def selection_rows(n: int, cap: int | None = None):
@@ -76,7 +87,7 @@ def selection_rows(n: int, cap: int | None = None):
 def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_RULE,
                cache_dir: Path | None = None) -> dict[str, CrossFitScore]:
     """Cross-fitted validation scores of one run (``"none"`` and every calibrator)."""
-    path = _cache_file(cache_dir, row, rule)
+    path = _cache_file(cache_dir, row, rule, probs)
     if path is not None and path.is_file():
         try:
             return {k: CrossFitScore.from_dict(v) for k, v in json.loads(path.read_text()).items()}
@@ -89,7 +100,10 @@ def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_
         raise NoValidationLogits(f"{row['logits_path']}: no validation logits to choose a calibrator on")
     x, y = t["val_logits"], t["val_labels"].long()
     rows = selection_rows(len(y))
-    scores, _ = cross_fit(x if rows is None else x[rows], y if rows is None else y[rows], rule=rule)
+    if rows is None:  # the calibrators the report already fitted on these very rows are not refitted
+        scores, _ = cross_fit(x, y, rule=rule, fitted=probs.fitted(row))
+    else:
+        scores, _ = cross_fit(x[rows], y[rows], rule=rule)
     if path is not None:
         from calibkit.rundir import atomic_write
 
