@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -82,12 +83,14 @@ def one_split(z: torch.Tensor, y: torch.Tensor, repeat: int, n_boot: int) -> dic
         return {"nll": num[name]["nll"] - best["nll"], "brier": num[name]["brier"] - best["brier"],
                 "acc_loss": 100 * (num[NONE]["acc"] - num[name]["acc"]), "chosen": name}
 
-    out = {}
+    out, resampled = {}, {}
     for label, rule in RULES.items():
-        from dataclasses import replace
-
         rule = replace(rule, n_boot=n_boot)
-        out[label] = regret(choose(with_samples(scores, oof, yv, rule), rule).chosen)
+        # the resamples depend on the metric, resamples, seed and bins alone: rules sharing them share one draw
+        key = (rule.select_by, rule.n_boot, rule.seed, rule.n_bins)
+        if key not in resampled:
+            resampled[key] = with_samples(scores, oof, yv, rule)
+        out[label] = regret(choose(resampled[key], rule).chosen)
     for name in FIXED:
         out[f"always {name}"] = regret(name)
     return out
