@@ -165,7 +165,7 @@ def run(args) -> int:
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
     if args.save and args.save not in CHOSEN_NAMES and args.save not in sel.fitted:  # its fit failed on a fold
         raise UserError(f"--save {args.save!r}: {sel.scores[args.save].error}")
-    rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer)
+    rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer, len(val_y))
     from calibkit.report import sets
 
     shown = _shown(probs, sel.chosen, args.full_report)
@@ -331,7 +331,7 @@ def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     return sel, probs, seconds
 
 
-def _test_numbers(sel, probs, test_y, seconds, args, timer):
+def _test_numbers(sel, probs, test_y, seconds, args, timer, val_rows=None):
     """The test rows (panel, guards, intervals) and the recommendation's numbers."""
     from calibkit.bootstrap import bootstrap_cis
     from calibkit.metrics import evaluate
@@ -347,7 +347,7 @@ def _test_numbers(sel, probs, test_y, seconds, args, timer):
         if ref is not None and sel.chosen != ref:
             pair[ref] = probs[ref]
         extra = {"d_ece": diffs.get(sel.chosen) if sel.chosen != ref else None, "d_nll": None, "d_acc": None,
-                 "d_brier": None}
+                 "d_brier": None, "val_rows": val_rows}
         for m in ("nll", "acc", "brier"):
             cis, d = bootstrap_cis(m, pair, test_y, reference=ref if ref in pair else None, **boot)
             extra[f"{m}_ci"], extra[f"d_{m}"] = cis[sel.chosen], d.get(sel.chosen) if sel.chosen != ref else None

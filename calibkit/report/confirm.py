@@ -152,9 +152,13 @@ def confirmatory_lines(conf: dict | None) -> list[str]:
 
 def power_line(rec: dict) -> str | None:
     """The validation split's power line of the block: the smallest difference of the rule's metric
-    it detects (from the resamples of the runner-up pair minus the default pair)."""
+    (NLL, Brier score or ECE) it detects, from the resamples of the runner-up pair minus the chosen
+    pair; a line saying so when no other pair is eligible (None without resamples)."""
     p = rec.get("power")
     if not p:
+        if "rule" in rec and rec.get("runner_up", 0) is None:  # no other eligible pair: nothing to size
+            return ("- Power: no other pair is eligible on validation, so there is no difference between pairs "
+                    "for this validation split to detect.")
         return None
     metric = rec["rule"].select_by
     scale, digits, unit = (100, 2, " x100") if metric == "ece" else (1, 4, "")

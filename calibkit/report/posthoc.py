@@ -116,15 +116,54 @@ def sentence(chosen: str, vs_ts, ref_present: bool, metric: str = "nll") -> str:
             "scaling's, which keeps every prediction with one parameter: either is supported by this evidence.")
 
 
+def choice_power(sel: Selection) -> dict | None:
+    """The power of the validation split for the choice: the standard error of the cross-fitted
+    difference ``other - temperature scaling`` in the rule's metric (the standard deviation of its
+    paired resamples, one draw shared by every candidate) and the smallest difference it detects,
+    :func:`calibkit.report.confirm.detectable` (2.80 standard errors).
+
+    ``other`` is the chosen calibrator, or the runner-up when temperature scaling is chosen (the
+    difference the choice turned on). ``{"other", "se", "detectable"}``, or None when temperature
+    scaling was not fitted, there is no such ``other`` or a side has no resamples."""
+    from calibkit.report.confirm import detectable
+
+    other = sel.runner_up if sel.chosen == REFERENCE else sel.chosen
+    ts = sel.scores.get(REFERENCE)
+    if other is None or ts is None or ts.error is not None:
+        return None
+    a, b = sel.scores[other].samples, ts.samples
+    if a is None or b is None or a.shape != b.shape:
+        return None
+    se = float((a - b).std())
+    return {"other": other, "se": se, "detectable": detectable(se)} if math.isfinite(se) else None
+
+
+def power_text(power: dict | None, metric: str, val_rows: int | None) -> str | None:
+    """The block's power line (None without ``power``): the smallest difference from temperature
+    scaling, in the rule's metric, that the validation rows detect."""
+    from calibkit.report.confirm import ALPHA, POWER
+
+    if not power:
+        return None
+    scale, digits, unit = (100, 2, " x100") if metric == "ece" else (1, 4, "")
+    rows = f"with {val_rows} validation rows, " if val_rows else ""
+    return (f"- power: {rows}the smallest {metric.upper()}{unit} difference from temperature scaling this "
+            f"validation split detects (two-sided {100 * ALPHA:g}%, power {100 * POWER:g}%) is "
+            f"{scale * power['detectable']:.{digits}f} (2.80 x the bootstrap standard error "
+            f"{scale * power['se']:.{digits}f} of the cross-fitted {power['other']} minus temperature scaling); "
+            "a smaller difference that is not significant means too little data to tell, not no difference")
+
+
 def recommendation(sel: Selection, rows: list[dict], extra: dict) -> dict:
     """The recommendation block's numbers: ``extra`` holds the chosen calibrator's intervals
-    (``"nll_ci"``, ``"acc_ci"``) and its paired differences from TS (``"d_ece"``, ``"d_nll"``,
-    ``"d_acc"``, ``"d_brier"``; None when it is TS or TS was not fitted); the sentence reads the
-    difference in the rule's metric."""
+    (``"nll_ci"``, ``"acc_ci"``), its paired differences from TS (``"d_ece"``, ``"d_nll"``,
+    ``"d_acc"``, ``"d_brier"``; None when it is TS or TS was not fitted) and optionally
+    ``"val_rows"``; the sentence reads the difference in the rule's metric, ``"power"`` is
+    :func:`choice_power`."""
     by = {r["calibrator"]: r for r in rows}
     chosen = by[sel.chosen]
     return {"chosen": sel.chosen, "rule": sel.rule.describe(), "runner_up": sel.runner_up,
-            "row": chosen, "none": by[NONE], **extra,
+            "row": chosen, "none": by[NONE], "select_by": sel.rule.select_by, "power": choice_power(sel), **extra,
             "sentence": sentence(sel.chosen, extra.get(f"d_{sel.rule.select_by}"), REFERENCE in by,
                                  sel.rule.select_by)}
 
@@ -143,6 +182,9 @@ def recommendation_text(rec: dict) -> str:
         lines.append(f"- minus temperature scaling (paired, test): ECE x100 {_diff(rec['d_ece'], 'ece')}, NLL "
                      f"{_diff(rec['d_nll'], 'nll', 1, 4)}, accuracy points {_diff(rec['d_acc'], 'acc')}")
     lines.append(f"- runner-up on validation: {rec['runner_up'] or '(none eligible)'}")
+    power = power_text(rec.get("power"), rec.get("select_by", "nll"), rec.get("val_rows"))
+    if power:
+        lines.append(power)
     lines += ["", rec["sentence"]]
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """The confirmatory comparisons and the power line of the bench report (calibkit.report.confirm)."""
 
+from dataclasses import replace
 from statistics import NormalDist
 
 import pytest
@@ -162,3 +163,35 @@ def test_the_power_line_equals_a_hand_computation():
     assert f"is {(1.959964 + 0.841621) * se:.4f} (2.80 x the bootstrap standard error {se:.4f})" in line
     assert line.startswith("- Power: with 500 validation rows and 2 seed(s), the smallest NLL difference")
     assert validation_power({"ce": ce}, ("ce", "temperature"), None) is None
+
+
+@pytest.mark.parametrize("select_by", ["nll", "brier", "ece"])
+def test_the_power_line_is_printed_for_every_rule(select_by):
+    g = torch.Generator().manual_seed(2)
+    e = torch.randn(400, generator=g, dtype=torch.float64)
+    rule = SelectionRule(select_by=select_by)
+
+    def sel(value, sd):
+        scores = {NONE: CrossFitScore(acc=0.9, ece=0.06, nll=0.50, brier=0.25, changed=0.0),
+                  "temperature": CrossFitScore(acc=0.9, ece=value, nll=value + 0.2 if select_by == "nll" else 0.3,
+                                               brier=value + 0.1, changed=0.0)}
+        scores = {n: replace(s, samples=getattr(s, select_by) + sd * e) for n, s in scores.items()}
+        return choose(scores, rule)
+
+    sels = {"ce": sel(0.020, 0.004), "ls": sel(0.021, 0.010)}
+    from calibkit.report.verdict import choose_pair
+
+    pair = choose_pair(sels, rule)
+    assert pair["pair"] == ("ce", "temperature") and pair["ranking"][1] == ("ls", "temperature")
+    power = validation_power(sels, pair["pair"], pair["ranking"][1])
+    diffs = [0.001 + 0.006 * float(v) for v in e]  # (0.021 + 0.010 e) - (0.020 + 0.004 e)
+    mean = sum(diffs) / len(diffs)
+    se = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5
+    scale, digits, unit = (100, 2, " x100") if select_by == "ece" else (1, 4, "")
+    line = power_line({"power": power, "rule": rule, "val_rows": 400, "seeds": 1, "runner_up": pair["ranking"][1]})
+    assert line.startswith(f"- Power: with 400 validation rows and 1 seed(s), the smallest {select_by.upper()}{unit} "
+                           "difference between pairs")
+    assert (f"is {scale * (1.959964 + 0.841621) * se:.{digits}f} (2.80 x the bootstrap standard error "
+            f"{scale * se:.{digits}f})") in line
+    lone = power_line({"power": None, "rule": rule, "val_rows": 400, "seeds": 1, "runner_up": None})
+    assert lone.startswith("- Power: no other pair is eligible on validation")
