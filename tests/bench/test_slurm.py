@@ -91,34 +91,38 @@ def ranking(text: str) -> list[str]:
     return lines[start:end]
 
 
+# one method of every array kind: CE, a one-stage method, and the two built on CE's run (aftercorr)
+EVERY_STAGE = ["--methods", "ce", "ls", "maccal", "csm"]
+
+
 def test_smoke_grid_through_slurm_equals_the_local_bench(cluster, env, tmp_path):
     from calibkit.report import build_report
 
     t0 = time.time()
-    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--executor", "slurm"], env, tmp_path)
+    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--executor", "slurm", *EVERY_STAGE], env, tmp_path)
     assert "submitted ce" in said and "submitted maccal" in said and "after aftercorr:" in said
     # meanwhile, here (an absolute --out: runs.db keeps the paths as given, and the report below
     # reads them from this process's folder)
-    cli(["bench", "--preset", "smoke", "--out", str(tmp_path / "local"), "--no-report"], env, tmp_path)
+    cli(["bench", "--preset", "smoke", "--out", str(tmp_path / "local"), "--no-report", *EVERY_STAGE], env, tmp_path)
     wait_idle(tmp_path / "viaslurm")
     print(f"smoke grid through SLURM: {time.time() - t0:.0f} s")
-    status = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--status"], env, tmp_path)
-    assert status.strip().splitlines()[-1] == "bench smoke: 15 done", status
+    status = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--status", *EVERY_STAGE], env, tmp_path)
+    assert status.strip().splitlines()[-1] == "bench smoke: 4 done", status
     assert not (tmp_path / "viaslurm" / "runs.db").exists()  # no task opened it
-    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--collect"], env, tmp_path)
-    assert "15 new result(s) imported" in said
+    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--collect", *EVERY_STAGE], env, tmp_path)
+    assert "4 new result(s) imported" in said
     assert "0 new result(s) imported" in cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--collect",
-                                              "--no-report"], env, tmp_path)
+                                              "--no-report", *EVERY_STAGE], env, tmp_path)
     with Store(tmp_path / "local" / "runs.db", readonly=True) as a, \
             Store(tmp_path / "viaslurm" / "runs.db", readonly=True) as b:
         ra, rb = ({r["run_key"]: r for r in s.runs("smoke")} for s in (a, b))
-    assert len(ra) == 15 and ra.keys() == rb.keys()
+    assert len(ra) == 4 and ra.keys() == rb.keys()
     for key in ra:
         for col in ("metrics", "ood", "robustness", "config"):
             assert ra[key][col] == rb[key][col], (key, col)
         assert rb[key]["owner"].startswith("slurm:")
     tables = [ranking(build_report(tmp_path / d, preset="smoke", figures=False)["text"]) for d in ("local", "viaslurm")]
-    assert tables[0] == tables[1] and sum(bool(re.match(r"\d+ ", line)) for line in tables[0]) == 15  # 15 ranks
+    assert tables[0] == tables[1] and sum(bool(re.match(r"\d+ ", line)) for line in tables[0]) == 4  # 4 ranks
 
 
 def test_a_cancelled_task_is_the_only_run_resubmitted(cluster, env, tmp_path):

@@ -64,10 +64,18 @@ def _row(text, label):
     raise AssertionError(f"no row {label!r} in\n{text}")
 
 
-def test_table_numbers_equal_database(tmp_path):
-    make_bench(tmp_path)
-    rep = build_report(tmp_path, n_boot=200, figures=False, width=0)  # 0: tables never split
-    rows = Store(tmp_path / "runs.db", readonly=True).runs("t")
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One bench of :func:`make_bench` and its report (60 resamples; 0: tables never split), read
+    by the tests below that only read it."""
+    out = tmp_path_factory.mktemp("bench")
+    make_bench(out)
+    return out, build_report(out, n_boot=60, figures=False, width=0)
+
+
+def test_table_numbers_equal_database(built):
+    out, rep = built
+    rows = Store(out / "runs.db", readonly=True).runs("t")
     for method, label in (("ce", "CE"), ("ls", "LS")):
         cells = _row(rep["text"], label)
         assert cells[1] == "2"  # seeds
@@ -77,9 +85,8 @@ def test_table_numbers_equal_database(tmp_path):
             assert cells[2 + j] == expected, (method, key)
 
 
-def test_ece_difference_significance(tmp_path):
-    make_bench(tmp_path)
-    rep = build_report(tmp_path, n_boot=300, figures=False, width=0)
+def test_ece_difference_significance(built):
+    out, rep = built
     d = rep["deltas"]
     assert set(d) == {"ls", "focal"}
     # LS is far better calibrated than the over-confident CE: a negative, significant difference.
@@ -89,22 +96,21 @@ def test_ece_difference_significance(tmp_path):
     assert _row(rep["text"], "LS")[-1].endswith("*")
     assert not _row(rep["text"], "Focal")[-1].endswith("*")
     # The reported difference is the seed-averaged ECE difference of the database's numbers.
-    rows = Store(tmp_path / "runs.db", readonly=True).runs("t")
+    rows = Store(out / "runs.db", readonly=True).runs("t")
     ece = {(r["method"], r["seed"]): r["metrics"]["before"]["ece"] for r in rows}
     expected = np.mean([ece["ls", s] - ece["ce", s] for s in (0, 1)])
     assert d["ls"]["diff"] == pytest.approx(expected, abs=1e-9)
 
 
-def test_ece_difference_interval_is_the_basic_bootstrap_interval(tmp_path):
+def test_ece_difference_interval_is_the_basic_bootstrap_interval(built):
     """The dECE interval, recomputed resample by resample: the bootstrap seed 0 draws the same
     index sets for every seed's pair (N = 800 rows, 60 resamples: one draw of 60 x 800 indices);
     each resample's difference ece(LS) - ece(CE) is averaged over the seeds, and the interval is
     the basic one, [2 d - q_97.5, 2 d - q_2.5], around the seed-averaged difference d."""
     from calibkit.functional import ece
 
-    make_bench(tmp_path)
-    rep = build_report(tmp_path, n_boot=60, figures=False, width=0)
-    rows = {(r["method"], r["seed"]): r for r in Store(tmp_path / "runs.db", readonly=True).runs("t")}
+    out, rep = built
+    rows = {(r["method"], r["seed"]): r for r in Store(out / "runs.db", readonly=True).runs("t")}
     idx = torch.randint(0, N, (60, N), generator=torch.Generator().manual_seed(0))
     per_seed, point = [], []
     for seed in (0, 1):
@@ -288,7 +294,7 @@ def test_a_moved_bench_directory_still_reports(tmp_path):
     """The stored logits paths point into the old place; the report finds them under the new one."""
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
-    make_bench(old)
+    make_bench(old, methods=("ce", "ls"))
     want = build_report(old, n_boot=20, figures=False, width=0)
     old.rename(new)
     got = build_report(new, n_boot=20, figures=False, width=0)
