@@ -146,12 +146,18 @@ def _matrix(state, field, params, k):
     _tensor(state, field, (k, k))
 
 
-def _cv_nll(state, field, params, k):
-    cv = state[field]
-    if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool)
-                                           and isinstance(b, (int, float)) and math.isfinite(b)
-                                           for a, b in cv.items()):
-        raise StateError(field, f"must map each 'lam,mu' to a finite held-out NLL, got {_show(cv)}")
+def _held_out_nll(candidate: str) -> Check:
+    """A mapping of each ``candidate`` (a string key) to its finite held-out NLL."""
+    def check(state, field, params, k):
+        cv = state[field]
+        if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool)
+                                               and isinstance(b, (int, float)) and math.isfinite(b)
+                                               for a, b in cv.items()):
+            raise StateError(field, f"must map each {candidate} to a finite held-out NLL, got {_show(cv)}")
+    return check
+
+
+_cv_nll = _held_out_nll("'lam,mu'")
 
 
 def _ets_weights(state, field, params, k):
@@ -215,17 +221,11 @@ def _penalties(matrix: bool) -> Check:
     return check
 
 
-def _cv_scales(state, field, params, k):
-    cv = state[field]
-    if not isinstance(cv, dict) or not all(isinstance(a, str) and not isinstance(b, bool)
-                                           and isinstance(b, (int, float)) and math.isfinite(b)
-                                           for a, b in cv.items()):
-        raise StateError(field, f"must map each candidate scale to a finite held-out NLL, got {_show(cv)}")
-
 
 def _structured(matrix: bool) -> dict[str, Check]:
     return {"temperature_": _positive, "mix_": _mix, "weight_": _matrix if matrix else _vector, "bias_": _vector,
-            "reg_scale_": _positive, "cv_nll_": _cv_scales, "reg_": _penalties(matrix), "n_iter_": _iterations}
+            "reg_scale_": _positive, "cv_nll_": _held_out_nll("candidate scale"), "reg_": _penalties(matrix),
+            "n_iter_": _iterations}
 
 
 def _lightgbm_models(state, field, params, k):
