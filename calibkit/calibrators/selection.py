@@ -114,7 +114,7 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
            default_name: str = "the default") -> tuple[bool, str]:
     """Whether ``challenger``'s metric is significantly below ``default``'s, and the status text
     (:func:`calibkit.calibrators.wording.comparison_note`)."""
-    from calibkit.bootstrap import bootstrap_interval
+    from calibkit.bootstrap import bootstrap_interval, holding
     from calibkit.calibrators.wording import comparison_note
 
     est = getattr(challenger, rule.select_by) - getattr(default, rule.select_by)
@@ -125,7 +125,8 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
         return below, comparison_note(default_name, metric, scale * est, why="the rule has no significance step")
     if a is None or b is None or a.shape != b.shape:
         return below, comparison_note(default_name, metric, scale * est)
-    lo, hi = bootstrap_interval(a - b, est, rule.level, "basic")
+    # the printed interval holds its estimate; widening never changes the decision (est < 0 there)
+    lo, hi = holding(*bootstrap_interval(a - b, est, rule.level, "basic"), est)
     return below and hi < 0, comparison_note(default_name, metric, scale * est, scale * lo, scale * hi)
 
 

@@ -1,5 +1,7 @@
 """The cross-fitted choice of a calibrator on the validation split (calibkit.calibrators.selection)."""
 
+import re
+
 import pytest
 import torch
 
@@ -235,3 +237,21 @@ def test_square_maps_are_not_fitted_on_fewer_rows_than_classes_and_say_why():
     sel = choose(scores, SelectionRule(n_folds=3, n_boot=10))
     assert sel.excluded["matrix"] == reason and sel.excluded["dirichlet"] == reason  # no "fit failed" in front
     assert "matrix" not in sel.ranking
+
+
+def test_a_printed_comparison_interval_holds_its_estimate_and_keeps_the_decision():
+    """Resampled differences far below the estimate put the basic interval [2 d - q_hi, 2 d - q_lo]
+    wholly above it (here about [+0.03, +0.03]); the note widens it to hold d = -0.01, so it no
+    longer reads "significantly above" for a challenger whose estimate is below the default."""
+    from calibkit.calibrators.crossfit import CrossFitScore
+    from calibkit.calibrators.selection import _below
+
+    e = torch.linspace(-1, 1, 200, dtype=torch.float64)
+    challenger = CrossFitScore(ece=0.04, samples=0.0 + 0.001 * e)
+    default = CrossFitScore(ece=0.05, samples=0.05 + 0.0 * e)
+    significant, note = _below(challenger, default, ECE, "temperature")
+    lo, hi = (float(v) for v in re.search(r"\[([-+0-9.]+), ([-+0-9.]+)\]", note).groups())
+    est = float(re.search(r"difference ([-+0-9.]+) \[", note).group(1))
+    assert est == pytest.approx(-1.0) and lo <= est <= hi  # ECE x100
+    assert lo == pytest.approx(-1.0) and hi > 0 and not significant
+    assert note.startswith("not significantly below temperature")
