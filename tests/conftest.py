@@ -57,3 +57,16 @@ def pg_url():
             con.execute(f"DROP SCHEMA {schema} CASCADE")
     finally:
         pglock.release()
+
+
+# The files of the longest end-to-end tests (measured with --durations): collected first, so that
+# pytest-xdist's --dist loadfile, which hands files out in collection order, starts them at once
+# instead of leaving one worker alone with them at the end. Only the order changes.
+LONGEST_FIRST = ("tests/bench/test_slurm.py", "tests/bench/test_runner.py", "tests/train/test_text.py",
+                 "tests/test_readme.py", "tests/report/test_report.py", "tests/commands/test_segmentation_e2e.py",
+                 "tests/bench/test_pretrained_presets.py", "tests/bench/test_tune.py", "tests/report/test_data_rows.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
