@@ -139,6 +139,10 @@ class CalibratedProbs:
         labels = t["test_labels"].long()
         if name == NONE:
             return t["test_logits"].double().softmax(1), labels
+        # before the cache: its content key hashes the validation logits
+        if not {"val_logits", "val_labels"} <= set(t):
+            raise NoValidationLogits(f"{row['logits_path']}: no validation logits (val_logits, val_labels) to fit "
+                                     f"calibrator {name!r} on")
         path = self._cache_path(row, name)
         if path is not None and path.is_file():
             from calibkit.rundir import read_tensors
@@ -149,9 +153,6 @@ class CalibratedProbs:
                     return probs.double(), labels
             except (ValueError, KeyError):
                 pass  # a cache killed mid-write (or from elsewhere) is recomputed
-        if not {"val_logits", "val_labels"} <= set(t):
-            raise NoValidationLogits(f"{row['logits_path']}: no validation logits (val_logits, val_labels) to fit "
-                                     f"calibrator {name!r} on")
         from calibkit.calibrators import CALIBRATORS
 
         cal = CALIBRATORS[name]().fit(t["val_logits"], t["val_labels"].long())

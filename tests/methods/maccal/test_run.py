@@ -114,8 +114,10 @@ def test_quiet_still_says_where_it_wrote(runs, tmp_path, capsys):
                  "--mc-samples", "2", "--num-threads", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and str(out) in lines[0] and "test ECE" in lines[0]
-    assert main(["maccal", str(runs["s1"]), "--out", str(tmp_path / "t"), "--num-threads", "0"]) == 1
-    assert "--num-threads must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused while the command line is parsed
+        main(["maccal", str(runs["s1"]), "--out", str(tmp_path / "t"), "--num-threads", "0"])
+    assert refused.value.code == 2 and not (tmp_path / "t").exists()
+    assert "argument --num-threads: must be an integer in [1, 1024], got '0'" in capsys.readouterr().err
 
 
 def test_bad_stage1_and_out_dirs_give_clear_errors(runs, tmp_path, capsys):
