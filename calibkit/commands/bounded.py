@@ -32,8 +32,10 @@ class Bounded:
 
     Attributes:
         kind: ``int`` or ``float``.
-        low, high: the bounds (both finite).
-        low_open, high_open: whether the bound itself is excluded.
+        low: the lower bound (finite).
+        high: the upper bound (finite).
+        low_open: whether the lower bound itself is excluded.
+        high_open: whether the upper bound itself is excluded.
     """
 
     def __init__(self, kind: type, low: float, high: float, low_open: bool = False, high_open: bool = False):
