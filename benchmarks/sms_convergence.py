@@ -21,8 +21,8 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
+from real_outputs import DEFAULT, load  # the real-outputs files as every benchmark reads them
 
 from calibkit.calibrators import StructuredMatrixScaling
 
@@ -34,13 +34,10 @@ def _nll(cal, z, y):
 
 def main(folder: Path, models: list[str], repeat: int, max_iter: int) -> None:
     torch.set_num_threads(1)
-    tiny = float(np.finfo(np.float32).tiny)
     print("| model | max_iter | iterations | fit s (median) | validation NLL | test NLL | predictions differing % |")
     print("|---|---|---|---|---|---|---|")
     for name in models:
-        d = np.load(folder / f"{name}.npz")
-        z = torch.log(torch.from_numpy(d["probs"]).double().clamp(min=tiny))
-        y = torch.from_numpy(d["labels"]).long()
+        z, y = load(folder / f"{name}.npz")
         fits = {}
         for cap in (30, max_iter):
             times = []
@@ -61,8 +58,7 @@ def main(folder: Path, models: list[str], repeat: int, max_iter: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs"
-    ap.add_argument("folder", nargs="?", type=Path, default=default)
+    ap.add_argument("folder", nargs="?", type=Path, default=DEFAULT)
     ap.add_argument("--models", nargs="+", default=["cifar100_densenet-bc-100", "cifar10_wrn16-4"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-iter", type=int, default=1000)

@@ -18,8 +18,8 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
+from real_outputs import DEFAULT, load  # the real-outputs files as every benchmark reads them
 
 from calibkit.calibrators import StructuredMatrixScaling, StructuredVectorScaling
 
@@ -30,13 +30,10 @@ MODELS = ["cifar10_lenet5", "cifar10_wrn16-4", "cifar10_vgg16", "cifar10_cleanla
 
 def main(folder: Path, models: list[str], names: list[str]) -> None:
     torch.set_num_threads(1)
-    tiny = float(np.finfo(np.float32).tiny)
     print("| model | calibrator | n_folds | s | iterations | fit wall s | fit CPU s | test NLL |")
     print("|---|---|---|---|---|---|---|---|")
     for model in models:
-        d = np.load(folder / f"{model}.npz")
-        z = torch.log(torch.from_numpy(d["probs"]).double().clamp(min=tiny))
-        y = torch.from_numpy(d["labels"]).long()
+        z, y = load(folder / f"{model}.npz")
         for name in names:
             for n_folds in (0, 3):
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -52,8 +49,7 @@ def main(folder: Path, models: list[str], names: list[str]) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", nargs="?", type=Path,
-                    default=Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs")
+    ap.add_argument("folder", nargs="?", type=Path, default=DEFAULT)
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--calibrators", nargs="+", default=list(CLASSES), choices=list(CLASSES))
     a = ap.parse_args()
