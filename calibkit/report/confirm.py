@@ -88,7 +88,7 @@ def confirmatory(summary: dict, probs, selections: dict, metric: str = "nll", n_
     Holm-adjusted over the methods (module docstring); None without CE runs or other methods.
 
     Returns:
-        ``{"metric", "alpha", "tests": {method: {"calibrator", "diff", "lo", "hi", "p", "p_holm",
+        ``{"metric", "alpha", "n_boot", "tests": {method: {"calibrator", "diff", "lo", "hi", "p", "p_holm",
         "confirmed", "detectable", "seeds", "levels"}}}`` (``confirmed``: ``"better"``,
         ``"worse"`` or None; a method without shared seeds has no entry).
     """
@@ -116,7 +116,7 @@ def confirmatory(summary: dict, probs, selections: dict, metric: str = "nll", n_
         t["p_holm"] = adjusted[m]
         real = abs(t["diff"]) > TIE  # two copies of one model differ by float rounding: never "confirmed"
         t["confirmed"] = (("better" if t["diff"] < 0 else "worse") if adjusted[m] <= alpha and real else None)
-    return {"metric": metric, "alpha": alpha, "tests": tests}
+    return {"metric": metric, "alpha": alpha, "n_boot": n_boot, "tests": tests}
 
 
 def confirmed_better(conf: dict | None) -> list[str]:
@@ -145,9 +145,19 @@ def confirmatory_lines(conf: dict | None) -> list[str]:
             verdict = ("too little data to tell" if small else "not significant") + (
                 f" (detectable: {scale * t['detectable']:.{digits}f})")
         lines.append(f"  - {label(m)} + {t['calibrator']}: {scale * t['diff']:+.{digits}f} "
-                     f"[{scale * t['lo']:+.{digits}f}, {scale * t['hi']:+.{digits}f}], p = {t['p']:.3g}, "
-                     f"Holm p = {t['p_holm']:.3g}: {verdict}")
+                     f"[{scale * t['lo']:+.{digits}f}, {scale * t['hi']:+.{digits}f}], "
+                     f"{p_text('p', t['p'], conf.get('n_boot'))}, "
+                     f"{p_text('Holm p', t['p_holm'], conf.get('n_boot'), n)}: {verdict}")
     return lines
+
+
+def p_text(name: str, p: float, n_boot: int | None, family: int = 1) -> str:
+    """``"p = 0.0436"``; a bootstrap p-value of 0 as the bound its resamples give, ``"p < 2/n_boot"``
+    (the smallest nonzero value :func:`basic_p_value` takes is ``2 / n_boot``), times ``family`` for
+    Holm's adjusted value (at most ``family`` times the raw one)."""
+    if p == 0 and n_boot:
+        return f"{name} < {min(1.0, 2 * family / n_boot):.2g}"
+    return f"{name} = {p:.3g}"
 
 
 def power_line(rec: dict) -> str | None:

@@ -49,7 +49,25 @@ def _plain(text: str, width: int | None = None) -> str:
     text = text.replace("**", "").replace("`", "").replace("±", "+-")
     if not width:
         return text
-    return "\n\n".join(textwrap.fill(p, width) for p in text.split("\n\n"))
+    return "\n\n".join(_fill(p, width) for p in text.split("\n\n"))
+
+
+_BULLET = re.compile(r"^( *)- ")
+
+
+def _fill(paragraph: str, width: int) -> str:
+    """One paragraph wrapped to ``width``; a Markdown list keeps one item per line (nested items
+    indented, continuation lines hanging under the item's text)."""
+    if not any(_BULLET.match(line) for line in paragraph.splitlines()):
+        return textwrap.fill(paragraph, width)
+    items: list[tuple[str, list[str]]] = []  # (indent of the continuation lines, words' lines)
+    for line in paragraph.splitlines():
+        bullet = _BULLET.match(line)
+        if bullet or not items:
+            items.append((" " * (len(bullet.group(0)) if bullet else 0), [line]))
+        else:
+            items[-1][1].append(line.strip())
+    return "\n".join(textwrap.fill(" ".join(lines), width, subsequent_indent=indent) for indent, lines in items)
 
 
 def to_text(title: str, sections: list[Section], width: int | None) -> str:

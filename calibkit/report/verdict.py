@@ -212,7 +212,7 @@ def recommendation(summary: dict, probs: CalibratedProbs, selections: dict, rule
 
 def sentence(rec: dict) -> str:
     """One plain sentence of what the evidence supports (it never contradicts the confirmatory results)."""
-    from calibkit.report.confirm import confirmed_better
+    from calibkit.report.confirm import confirmed_better, p_text
     from calibkit.report.data import direction
 
     method, cal = rec["method"], rec["calibrator"]
@@ -226,7 +226,7 @@ def sentence(rec: dict) -> str:
         t = conf["tests"][method]
         n = len(conf["tests"])
         why = (f"its confirmatory test {name} difference from CE + temperature scaling is {t['diff']:+.4g} "
-               f"(Holm-adjusted p = {t['p_holm']:.3g} over {n} method(s))")
+               f"({p_text('Holm-adjusted p', t['p_holm'], conf.get('n_boot'), n)} over {n} method(s))")
         if rec.get("basis") == "confirmatory":
             vm, vc = rec["val_pair"]
             return (f"{pair} beats CE + temperature scaling on test: {why}. The validation split could not "

@@ -16,6 +16,7 @@ from calibkit.report.confirm import (
     detectable,
     holm,
     null_p_values,
+    p_text,
     power_line,
     validation_power,
 )
@@ -195,3 +196,14 @@ def test_the_power_line_is_printed_for_every_rule(select_by):
             f"{scale * se:.{digits}f})") in line
     lone = power_line({"power": None, "rule": rule, "val_rows": 400, "seeds": 1, "runner_up": None})
     assert lone.startswith("- Power: no other pair is eligible on validation")
+
+
+def test_a_zero_bootstrap_p_value_prints_the_bound_its_resamples_give():
+    # one resample of 1000 at or below 2 est: the smallest nonzero p-value, 2 / 1000
+    samples = torch.cat([torch.tensor([-1.0]), torch.linspace(1.5, 2.0, 999)])
+    assert basic_p_value(samples, 0.5) == pytest.approx(2 / 1000)
+    assert basic_p_value(samples[1:], 0.5) == 0  # none: the estimate 0 says only "below 2 / B"
+    assert p_text("p", 0.0, 1000) == "p < 0.002"
+    assert p_text("Holm p", 0.0, 1000, 14) == "Holm p < 0.028"  # Holm multiplies by at most 14
+    assert p_text("Holm p", 0.0, 10, 14) == "Holm p < 1"
+    assert p_text("p", 0.436, 1000) == "p = 0.436" and p_text("p", 0.0, None) == "p = 0"

@@ -689,6 +689,17 @@ def test_terminal_text(tmp_path):
     assert render._plain("**a** `b` ±") == "a b +-"
 
 
+def test_a_markdown_list_keeps_one_item_per_terminal_line():
+    text = ("Intro words here:\n- first item of several words\n  - nested item with more words\n"
+            "  - short\n\nafter the list")
+    out = render._plain(text, 16)
+    assert out.splitlines() == ["Intro words", "here:", "- first item of", "  several words",
+                                "  - nested item", "    with more", "    words", "  - short", "",
+                                "after the list"]
+    # the words in their order, every line within the width
+    assert out.split() == text.split() and max(map(len, out.splitlines())) <= 16
+
+
 def test_markdown(tmp_path):
     s = _sections(tmp_path)
     md = render.to_markdown("Title", "Intro.", s)
