@@ -62,7 +62,7 @@ def effective_settings(done: list[dict]) -> str:
     ``"2 methods (ce, ls), 1 seed (0), 3 epochs"``. Epochs that differ by method are given as a range."""
     methods = list(dict.fromkeys(r["method"] for r in done))
     seeds = sorted({r["seed"] for r in done})
-    epochs = sorted({e for r in done if (e := (r.get("config") or {}).get("epochs")) is not None})
+    epochs = sorted({e for r in done if (e := _epochs(r.get("config") or {})) is not None})
     if not epochs:
         ep = "epochs not recorded"
     elif len(epochs) == 1:
@@ -71,6 +71,16 @@ def effective_settings(done: list[dict]) -> str:
         ep = f"{epochs[0]}-{epochs[-1]} epochs (by method)"
     return (f"{len(methods)} method{'s' if len(methods) != 1 else ''} ({', '.join(map(str, methods))}), "
             f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} ({', '.join(map(str, seeds))}), {ep}")
+
+
+def _epochs(config: dict) -> int | None:
+    """The training epochs a run's row records: its method's override, else the preset's ``train``
+    settings (a bench's rows, :meth:`calibkit.bench.producers.RunFactory.config_record`), else a flat
+    ``epochs`` (a run's own ``config.json``)."""
+    for source in (config.get("train_overrides"), config.get("train"), config):
+        if isinstance(source, dict) and source.get("epochs") is not None:
+            return source["epochs"]
+    return None
 
 
 def note_for_runs(name: str, preset, done: list[dict]) -> str:

@@ -7,8 +7,9 @@ from calibkit.report.preset import effective_settings, note_for_runs
 
 
 def _rows(methods, seeds, epochs):
-    return [{"method": m, "seed": s, "config": {"epochs": epochs.get(m, epochs.get("*"))}} for m in methods
-            for s in seeds]
+    """Rows as a bench records them: the preset's training settings under ``train``."""
+    return [{"method": m, "seed": s, "config": {"train": {"epochs": epochs.get(m, epochs.get("*")), "lr": 0.1}}}
+            for m in methods for s in seeds]
 
 
 def test_the_settings_come_from_the_finished_runs():
@@ -17,6 +18,21 @@ def test_the_settings_come_from_the_finished_runs():
     assert (effective_settings(_rows(["ce", "maccal"], [1, 0], {"ce": 6, "maccal": 2}))
             == "2 methods (ce, maccal), 2 seeds (0, 1), 2-6 epochs (by method)")
     assert effective_settings([{"method": "ce", "seed": 0}]).endswith("epochs not recorded")
+    # a method's own training override wins over the preset's; a run's flat config.json is read too
+    over = [{"method": "ce", "seed": 0, "config": {"train": {"epochs": 40}}},
+            {"method": "ls", "seed": 0, "config": {"train": {"epochs": 40}, "train_overrides": {"epochs": 10}}},
+            {"method": "focal", "seed": 0, "config": {"epochs": 40}}]
+    assert effective_settings(over) == "3 methods (ce, ls, focal), 1 seed (0), 10-40 epochs (by method)"
+
+
+def test_a_bench_row_of_a_real_preset_states_its_epochs(tmp_path):
+    from calibkit.bench.producers import RunFactory
+    from calibkit.distributed import Dist
+
+    factory = RunFactory(PRESETS["smoke"], tmp_path, Dist())
+    rows = [{"method": m, "seed": 0, "config": factory.config_record(m, 0)} for m in ("ce", "maccal")]
+    epochs = PRESETS["smoke"].train["epochs"]
+    assert effective_settings(rows) == f"2 methods (ce, maccal), 1 seed (0), {epochs} epochs"
 
 
 def test_the_note_is_labelled_when_the_runs_changed_the_preset():
