@@ -31,6 +31,7 @@ from calibkit.report.tuning import load_current_runs
 from calibkit.report.verdict import (
     DEFAULT_RULE,
     method_selections,
+    metric_name,
     recommendation,
     recommendation_text,
     validation_table,
@@ -124,6 +125,8 @@ def calibrators_section(ctx: ReportContext) -> list[Section]:
         return []
     chosen = {m: s.chosen for m, s in (ctx.selections or {}).items()}
     rule = DEFAULT_RULE.describe()
+    first = next(iter((ctx.selections or {}).values()), None)
+    metric = metric_name(first.rule.select_by if first else DEFAULT_RULE.select_by)
     text = ("Every run's saved validation logits fit every post-hoc calibrator of "
             "`calibkit.calibrators.CALIBRATORS` (default settings; nothing retrained, nothing fitted on the "
             f"test set), applied to its saved test logits; `none` = the uncalibrated softmax. Mean over "
@@ -135,7 +138,7 @@ def calibrators_section(ctx: ReportContext) -> list[Section]:
             "a probability below 1e-12: each adds about 708 (-log of the smallest float64), so that NLL counts "
             "them rather than measuring calibration.")
     short = (f"Post-hoc calibrators fitted on the validation logits (none = uncalibrated), mean over {ctx.n_seeds} "
-             f"seed(s). First table: cross-fitted validation ECE x100, the numbers the choice is made on "
+             f"seed(s). First table: cross-fitted validation {metric}, the numbers the choice is made on "
              f"((...) = excluded by a guard); {ROW_BEST_MARK} = the calibrator chosen for that method. Then test "
              "ECE/cwECE x100, NLL (\u2020 = rows with a zero true-class probability) and changed predictions %, "
              "for reference only.")

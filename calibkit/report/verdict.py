@@ -334,12 +334,16 @@ def _how(rule: SelectionRule, metric: str, nll: str, default_pair: str) -> str:
 
 
 def validation_table(selections: dict):
-    """Methods x calibrators: mean cross-fitted validation ECE x100; the chosen calibrator of each
+    """Methods x calibrators: the mean cross-fitted validation score each method's calibrator is
+    chosen on (the rule's metric: NLL, Brier score, or ECE x100); the chosen calibrator of each
     method is marked (the row mark), excluded ones are in parentheses."""
     from calibkit.report.tables import Table
 
     methods = list(selections)
-    names = list(next(iter(selections.values())).scores) if selections else []
+    first = next(iter(selections.values()), None)
+    names = list(first.scores) if first else []
+    metric = first.rule.select_by if first else "nll"
+    scale, digits = (100, 2) if metric == "ece" else (1, 4)
     rows, chosen = [], set()
     for i, m in enumerate(methods):
         sel = selections[m]
@@ -349,9 +353,14 @@ def validation_table(selections: dict):
             if s is None or s.error is not None:
                 cells.append("-")
                 continue
-            text = f"{100 * s.ece:.2f}"
+            text = f"{scale * getattr(s, metric):.{digits}f}"
             cells.append(f"({text})" if n in sel.excluded else text)
             if n == sel.chosen:
                 chosen.add((i, j + 1))
         rows.append([label(m)] + cells)
-    return Table(["Method (val ECE, cross-fitted)"] + names, rows, set(), row_best=chosen)
+    return Table([f"Method (val {metric_name(metric)}, cross-fitted)"] + names, rows, set(), row_best=chosen)
+
+
+def metric_name(metric: str) -> str:
+    """``"NLL"``, ``"Brier"`` or ``"ECE x100"``: a selection metric as the tables print it."""
+    return {"ece": "ECE x100", "nll": "NLL", "brier": "Brier"}.get(metric, metric)

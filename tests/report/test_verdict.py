@@ -138,9 +138,13 @@ def test_validation_table_marks_the_chosen_calibrator_and_brackets_the_excluded(
     s = choose({NONE: CrossFitScore(acc=0.9, ece=0.05, nll=0.4, brier=0.2, changed=0.0),
                 "temperature": CrossFitScore(acc=0.9, ece=0.01, nll=0.3, brier=0.19, changed=0.0),
                 "histogram": CrossFitScore(acc=0.8, ece=0.005, nll=0.35, brier=0.2, changed=0.1)})
-    t = validation_table({"ce": s})
-    assert t.rows == [["CE", "5.00", "1.00", "(0.50)"]] and t.row_best == {(0, 2)} and not t.best
+    t = validation_table({"ce": s})  # the default rule chooses by NLL: the table shows NLL
+    assert t.header[0] == "Method (val NLL, cross-fitted)"
+    assert t.rows == [["CE", "0.4000", "0.3000", "(0.3500)"]] and t.row_best == {(0, 2)} and not t.best
     assert isinstance(s, Selection)
+    by_ece = choose(s.scores, SelectionRule(select_by="ece"))
+    t = validation_table({"ce": by_ece})
+    assert t.header[0] == "Method (val ECE x100, cross-fitted)" and t.rows == [["CE", "5.00", "1.00", "(0.50)"]]
 
 
 def test_a_run_above_the_row_cap_is_cross_fitted_on_a_draw_shared_by_every_run_of_that_size(tmp_path, monkeypatch):
