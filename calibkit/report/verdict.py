@@ -279,6 +279,23 @@ def _d(d: dict | None, scale: float, digits: int) -> str:
     return f"{scale * d['diff']:+.{digits}f} [{scale * d['lo']:+.{digits}f}, {scale * d['hi']:+.{digits}f}]{mark}"
 
 
+def _trade_off(rec: dict, select_by: str) -> str | None:
+    """A line for a recommended pair that is significantly worse than CE + temperature scaling on
+    test in a metric the rule did not choose by (the choice stands: it was made on validation)."""
+    from calibkit.report.data import direction
+
+    names = {"ece": ("ECE x100", 100, 2), "nll": ("NLL", 1, 4), "brier": ("Brier", 1, 4)}
+    worse = [(m, d) for m in ("ece", "nll", "brier") if m != select_by and (d := rec.get(f"d_{m}"))
+             and direction(d["lo"], d["hi"], d["metric"]) == "worse"]
+    if not worse:
+        return None
+    parts = ", ".join(f"{names[m][0]} {_d(d, names[m][1], names[m][2])}" for m, d in worse)
+    return (f"- Trade-off: on test this pair is significantly worse than CE + temperature scaling in {parts}, "
+            f"while the choice is by {names[select_by][0]}. The metrics measure different things and can disagree: "
+            "NLL and the Brier score are proper scores (calibration and sharpness together), the ECE one aspect of "
+            "calibration. Every pair's test ECE is in the methods x post-hoc calibrators tables.")
+
+
 def recommendation_text(rec: dict) -> str:
     """The block at the top of the bench report (Markdown; the terminal strips its marks)."""
     from calibkit.report.confirm import confirmatory_lines, power_line
@@ -310,6 +327,9 @@ def recommendation_text(rec: dict) -> str:
     if rec.get("d_ece") is not None:
         lines += ["", f"- Minus CE + temperature scaling (paired by seed, test): ECE x100 {_d(rec['d_ece'], 100, 2)}, "
                       f"NLL {_d(rec['d_nll'], 1, 4)}, accuracy points {_d(rec['d_acc'], 100, 2)}."]
+        trade = _trade_off(rec, rule.select_by)
+        if trade:
+            lines += ["", trade]
     ru = rec["runner_up"]
     note = f" ({rec['runner_up_note']})" if rec.get("runner_up_note") else ""
     lines += ["", f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}{note}."]

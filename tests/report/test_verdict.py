@@ -163,3 +163,19 @@ def test_a_run_above_the_row_cap_is_cross_fitted_on_a_draw_shared_by_every_run_o
     full, _ = cross_fit(t["val_logits"], t["val_labels"].long())
     for name in ("none", "temperature", "vector"):
         assert got[name].ece == pytest.approx(want[name].ece, abs=1e-12) and got[name].ece != full[name].ece
+
+
+def test_a_recommended_pair_worse_than_ce_ts_in_another_metric_says_so():
+    from calibkit.report.verdict import _trade_off
+
+    worse_ece = {"diff": 0.0068, "lo": 0.0043, "hi": 0.0122, "metric": "ece"}
+    unclear_ece = {"diff": 0.0010, "lo": -0.0020, "hi": 0.0040, "metric": "ece"}
+    better_nll = {"diff": -0.0132, "lo": -0.0187, "hi": -0.0076, "metric": "nll"}
+    line = _trade_off({"d_ece": worse_ece, "d_nll": better_nll}, "nll")
+    assert line.startswith("- Trade-off: on test this pair is significantly worse than CE + temperature scaling "
+                           "in ECE x100 +0.68 [+0.43, +1.22]")
+    assert "while the choice is by NLL" in line
+    assert _trade_off({"d_ece": unclear_ece, "d_nll": better_nll}, "nll") is None  # not significant: no line
+    assert _trade_off({"d_ece": worse_ece, "d_nll": better_nll}, "ece") is None  # the rule's own metric: no line
+    worse_nll = {"diff": 0.01, "lo": 0.002, "hi": 0.02, "metric": "nll"}
+    assert "in NLL +0.0100 [+0.0020, +0.0200]" in _trade_off({"d_ece": unclear_ece, "d_nll": worse_nll}, "ece")
