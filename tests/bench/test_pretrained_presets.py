@@ -1,4 +1,8 @@
-"""The presets of the pretrained backbones: declared as documented, and their smoke twins end to end."""
+"""The presets of the pretrained backbones: declared as documented, and their smoke twins end to end.
+
+The smoke twins are checked through their recorded runs (``--no-report``): the report reads only
+the saved logits, which every other bench test's report covers; what is particular to these
+presets is the training and evaluation of the pretrained backbones."""
 
 import subprocess
 import sys
@@ -59,7 +63,8 @@ def _check_rows(out, preset, methods):
 def test_text_pretrained_smoke_end_to_end(tmp_path, cli_env):
     index = write_synthetic_index(tmp_path / "lists", per_section=10)
     out = tmp_path / "bench"
-    r = _bench(["--preset", "text-pretrained-smoke", "--data-dir", str(index), "--out", str(out)], cli_env)
+    r = _bench(["--preset", "text-pretrained-smoke", "--data-dir", str(index), "--out", str(out), "--no-report"],
+               cli_env)
     assert r.returncode == 0, r.stdout + r.stderr
     _check_rows(out, "text-pretrained-smoke", TEXT_METHODS)
 
@@ -68,6 +73,6 @@ def test_text_pretrained_smoke_end_to_end(tmp_path, cli_env):
 @pytest.mark.slow
 def test_fmnist_pretrained_smoke_end_to_end(tmp_path, cli_env):
     out = tmp_path / "bench"
-    r = _bench(["--preset", "fmnist-pretrained-smoke", "--out", str(out)], cli_env)
+    r = _bench(["--preset", "fmnist-pretrained-smoke", "--out", str(out), "--no-report"], cli_env)
     assert r.returncode == 0, r.stdout + r.stderr
     _check_rows(out, "fmnist-pretrained-smoke", [m for m in BENCH_METHODS if m != "csm"])

@@ -4,6 +4,7 @@ left out with a warning, and the report is built from the others with exactly th
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import warnings
@@ -33,6 +34,23 @@ CORRUPTIONS = {
 }
 
 
+@pytest.fixture(scope="module")
+def untouched(tmp_path_factory):
+    """A bench of :func:`make_bench` (CE and LS, seeds 0 and 1) whose report caches are filled by one
+    build of the untouched runs. Each test below corrupts a copy of it: the caches are keyed by the
+    runs' logits (a copied directory refits nothing), so the copy's report recomputes only what the
+    corrupted row changes, and every test still builds its own report from its own database."""
+    out = tmp_path_factory.mktemp("untouched")
+    make_bench(out, methods=("ce", "ls"))  # the LS row to corrupt and the untouched CE rows
+    build_report(out, n_boot=50, figures=False, width=0)
+    shutil.rmtree(out / "report")  # each copy writes its own
+    return out
+
+
+def _copy(untouched, dest):
+    shutil.copytree(untouched, dest, dirs_exist_ok=True)
+
+
 def _corrupt(out, sql):
     con = sqlite3.connect(out / "runs.db")
     con.execute(sql + " WHERE run_key = 't/ls/1'")
@@ -41,9 +59,9 @@ def _corrupt(out, sql):
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPTIONS))
-def test_a_corrupt_row_is_named_and_left_out(case, tmp_path):
+def test_a_corrupt_row_is_named_and_left_out(case, untouched, tmp_path):
     sql, field = CORRUPTIONS[case]
-    make_bench(tmp_path, methods=("ce", "ls"))  # the corrupted LS row and the untouched CE rows
+    _copy(untouched, tmp_path)
     _corrupt(tmp_path, sql)
     with pytest.warns(UserWarning) as caught:
         rep = build_report(tmp_path, n_boot=50, figures=False, width=0)
@@ -101,8 +119,8 @@ def test_when_every_row_is_corrupt_the_error_names_them(tmp_path):
             build_report(tmp_path, n_boot=50, figures=False)
 
 
-def test_the_cli_warns_in_one_line_and_builds_the_rest(tmp_path, cli_env):
-    make_bench(tmp_path)
+def test_the_cli_warns_in_one_line_and_builds_the_rest(untouched, tmp_path, cli_env):
+    _copy(untouched, tmp_path)
     _corrupt(tmp_path, CORRUPTIONS["metric is text"][0])
     res = subprocess.run([PYTHON, "-m", "calibkit", "report", str(tmp_path), "--n-boot", "50", "--quiet"],
                          capture_output=True, text=True, env={**cli_env, "COLUMNS": "200"}, timeout=300)

@@ -91,7 +91,6 @@ def test_copied_and_moved_bench_directory_from_any_cwd(tmp_path, cli_env):
         ("runs/smoke/ce/seed0", "runs/smoke/ce/seed0/logits.safetensors"),
         ("runs/smoke/ls/seed0", "runs/smoke/ls/seed0/logits.safetensors")]
     finished = _raw(tmp_path / "a" / "runs.db", "SELECT run_key, finished_at FROM runs ORDER BY id")
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
     shutil.move(tmp_path / "a", tmp_path / "c")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -100,6 +99,10 @@ def test_copied_and_moved_bench_directory_from_any_cwd(tmp_path, cli_env):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "c" / "report" / "index.html").is_file() and "2 finished runs" in res.stdout
+    # A copy of it (its report caches too, keyed by content: the copy's report refits nothing; its
+    # report folder is removed, so the bench below must write one).
+    shutil.copytree(tmp_path / "c", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "report")
     # The bench again on the copy: both runs found finished (same rows), the report builds.
     res = subprocess.run([*cmd, "--out", str(tmp_path / "b")], cwd=elsewhere, env=cli_env, capture_output=True,
                          text=True, timeout=600)

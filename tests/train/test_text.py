@@ -131,7 +131,7 @@ def test_text_smoke_bench_end_to_end(tmp_path, index, cli_env):
         assert f"\n{label}" in r.stdout or r.stdout.startswith(label), label
     # image-only methods asked for by name are skipped with a message, not failed
     r = cli(["bench", "--preset", "text-smoke", "--data-dir", str(index), "--out", str(out), "--methods", "csm",
-             "mixup"], cli_env)
+             "mixup", "--no-report"], cli_env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "mixup, csm: skipped (they mix or generate images" in r.stdout
 
