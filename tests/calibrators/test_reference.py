@@ -86,7 +86,8 @@ def _data(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def one_thread_each():
     """One torch thread and one OpenMP thread (LightGBM): two threads on a busy 2-core machine ran
     these small fits several times slower."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")  # installed with scikit-learn
+    import threadpoolctl  # here, after the module's skip: a dependency of scikit-learn, which probmetrics requires
+
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     with threadpoolctl.threadpool_limits(1):
@@ -120,6 +121,11 @@ def test_the_synthetic_outputs_are_over_confident():
 
 
 def test_the_real_slice_holds_both_splits():
+    """Rows 0-999 (validation) and 5000-5999 (test) of the source, as its provenance file says."""
+    with np.load(SLICE, allow_pickle=False) as f:
+        rows, split = f["rows"], f["split"]
+    np.testing.assert_array_equal(rows, np.r_[0:1000, 5000:6000])
+    np.testing.assert_array_equal(split, rows >= 5000)
     p, y, pt, yt = _data("real")
     assert p.shape == (1000, 10) and pt.shape == (1000, 10)
     assert set(np.unique(y)) == set(range(10)) == set(np.unique(yt))
