@@ -1,13 +1,14 @@
 """calibkit's calibrators against the reference package ``probmetrics`` on the real-outputs test bed.
 
 For every model of ``../shared/data/real_outputs/`` (rows 0-4999 fit, rows 5000-9999 test; README
-there) and every calibrator the two libraries share, both are fitted on the same validation rows
-(calibkit on ``log p``, probmetrics on ``p``) and scored on the same test rows: test NLL of each,
-their difference (also with probmetrics' rows floored at calibkit's 1e-12 and renormalised, which
-removes the one convention that dominates where a row gives the true class ~0), and the share of
-test rows whose argmax differs. A calibrator whose reference
-needs a package that is not installed (``cir-model``, ``venn-abers``, ``lightgbm``) is skipped with
-a note. Prints one markdown table (the one in docs/calibrators.md).
+there) and every calibrator the two libraries share (the pairs and their like-for-like settings:
+``tests/helpers/reference.py``, which ``tests/calibrators/test_reference.py`` runs on small data), both
+are fitted on the same validation rows (calibkit on ``log p``, probmetrics on ``p``) and scored on the
+same test rows: test NLL of each, their difference (also with probmetrics' rows floored at calibkit's
+floor and renormalised, which removes the one convention that dominates where a row gives the true
+class ~0), and the share of test rows whose argmax differs. A calibrator whose reference needs a
+package that is not installed (``cir-model``, ``venn-abers``, ``lightgbm``) is skipped with a note.
+Prints one markdown table (the one in docs/calibrators.md).
 
 Usage::
 
@@ -18,81 +19,43 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs"
-TINY = float(np.finfo(np.float32).tiny)
-FLOOR = 1e-12  # calibkit's floor of the one-vs-rest rows (calibkit.calibrators._ovr.FLOOR)
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT.parent / "shared" / "data" / "real_outputs"
 
-
-def _reference(name: str):
-    """A fresh probmetrics calibrator standing for calibkit's ``name`` (None: not shared), and the
-    package it needs beyond probmetrics (None: none)."""
-    from probmetrics.calibrators import (
-        CDFSplineCalibrator,
-        ETSCalibrator,
-        LightGBMCalibrator,
-        MatrixScalingCalibrator,
-        MulticlassOneVsRestCalibrator,
-        VectorScalingCalibrator,
-    )
-    from probmetrics.calibrators.factory import get_calibrator
-
-    table = {
-        "temperature": (lambda: get_calibrator("temp-scaling"), None),
-        "vector": (VectorScalingCalibrator, None),
-        "matrix": (MatrixScalingCalibrator, None),
-        "ets": (ETSCalibrator, None),
-        "isotonic": (lambda: get_calibrator("isotonic"), None),
-        "svs": (lambda: get_calibrator("svs", svs_print_init_info=False), None),
-        "sms": (lambda: get_calibrator("sms", sms_print_init_info=False), None),
-        "cir": (lambda: get_calibrator("cir"), "cir_model"),
-        "venn_abers": (lambda: get_calibrator("ivap-ovr"), "venn_abers"),
-        "spline_ovr": (lambda: MulticlassOneVsRestCalibrator(CDFSplineCalibrator()), None),
-        "lightgbm": (LightGBMCalibrator, "lightgbm"),
-    }
-    return table.get(name, (None, None))
-
-
-def nll(q: np.ndarray, y: np.ndarray) -> float:
-    """Mean negative log-likelihood (an exact zero counts as ``-log(1e-300)``)."""
-    return float(-np.log(np.maximum(q[np.arange(len(y)), y], 1e-300)).mean())
+sys.path.insert(0, str(ROOT))
+from tests.helpers.reference import PAIRS, fit_ours, fit_reference, floored, nll  # noqa: E402
 
 
 def compare(path: Path, names: list[str]) -> list[dict]:
-    from calibkit.calibrators import CALIBRATORS
-
     with np.load(path, allow_pickle=False) as f:
         probs, labels = f["probs"].astype(np.float64), f["labels"]
     probs /= probs.sum(1, keepdims=True)
-    logits = torch.from_numpy(np.log(np.maximum(probs, TINY)))
     val, test = slice(0, 5000), slice(5000, 10000)
     rows = []
     for name in names:
-        make, needs = _reference(name)
-        if make is None:
+        if name not in PAIRS:
             continue
+        pair = PAIRS[name]
         row = {"model": path.stem, "calibrator": name}
-        if needs is not None and importlib.util.find_spec(needs) is None:
-            row["note"] = f"reference needs {needs} (not installed)"
+        if pair.needs is not None and importlib.util.find_spec(pair.needs) is None:
+            row["note"] = f"reference needs {pair.needs} (not installed)"
             rows.append(row)
             continue
         start = time.perf_counter()
-        ours = CALIBRATORS[name]().fit(logits[val], torch.from_numpy(labels[val]))
-        q_ours = ours.predict_proba(logits[test]).numpy()
+        q_ours = fit_ours(name, probs[val], labels[val], probs[test])
         row["s_ours"] = time.perf_counter() - start
         start = time.perf_counter()
-        ref = make().fit(probs[val], labels[val])
-        q_ref = np.asarray(ref.predict_proba(probs[test]), dtype=np.float64)
+        q_ref = fit_reference(name, probs[val], labels[val], probs[test])
         row["s_ref"] = time.perf_counter() - start
         y = labels[test]
-        floored = np.maximum(q_ref, FLOOR)
-        floored /= floored.sum(1, keepdims=True)
-        row.update(nll_ours=nll(q_ours, y), nll_ref=nll(q_ref, y), nll_ref_floor=nll(floored, y),
+        row.update(nll_ours=nll(q_ours, y), nll_ref=nll(q_ref, y), nll_ref_floor=nll(floored(q_ref, pair.floor), y),
                    argmax=float((q_ours.argmax(1) != q_ref.argmax(1)).mean()),
                    zeros_ref=int((q_ref[np.arange(len(y)), y] < 1e-12).sum()),
                    zeros_ours=int((q_ours[np.arange(len(y)), y] < 1e-12).sum()))
@@ -120,7 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrators", help="comma-separated calibkit names (default: every shared one)")
     args = ap.parse_args(argv)
     if importlib.util.find_spec("probmetrics") is None:
-        print("probmetrics is not installed: pip install probmetrics (it needs torch; keep calibkit's)")
+        print("probmetrics is not installed: pip install -e '.[test]' (it keeps calibkit's torch)")
         return 1
     from calibkit.calibrators import CALIBRATORS
 
@@ -131,7 +94,7 @@ def main(argv=None) -> int:
         files = [f for f in files if f.stem in keep]
     names = args.calibrators.split(",") if args.calibrators else list(CALIBRATORS)
     print("| model | calibrator | test NLL calibkit | test NLL probmetrics | difference | difference, both floored "
-          "at 1e-12 | argmax differs % | notes (true class < 1e-12: calibkit / probmetrics; fit+predict s) |")
+          "| argmax differs % | notes (true class < 1e-12: calibkit / probmetrics; fit+predict s) |")
     print("|---|---|---|---|---|---|---|---|")
     for f in files:
         compare(f, names)

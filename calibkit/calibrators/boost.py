@@ -14,8 +14,11 @@ renormalised (:mod:`._ovr`).
 
 Decisions: the defaults are the reference's (5 folds, depth 3, 8 leaves, 100 rounds, patience 50);
 its folds come from scikit-learn's ``StratifiedKFold``, calibkit deals its own (no scikit-learn
-dependency), so the two differ by the fold assignment (``docs/calibrators.md``). LightGBM runs on
-one thread, deterministically (measured: two OpenMP threads on a busy 2-core machine ran 60x slower).
+dependency), so the two differ by the fold assignment (``docs/calibrators.md``). The features are
+computed in float64; the reference casts the probabilities to float32 first, which merges values
+near 1 and moves LightGBM's bins (with the features computed alike, one model of each gives the same
+test NLL: ``tests/calibrators/test_reference.py``). LightGBM runs on one thread, deterministically
+(measured: two OpenMP threads on a busy 2-core machine ran 60x slower).
 """
 
 from __future__ import annotations
