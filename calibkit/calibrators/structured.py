@@ -50,6 +50,7 @@ from functools import partial
 import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs, param_names
+from calibkit.calibrators._softmax import nll_grad, softmax_curvature
 from calibkit.calibrators._state import state_names
 from calibkit.calibrators.scaling import _folds
 from calibkit.calibrators.temperature import _fit_nll
@@ -72,6 +73,11 @@ def _check_lambda(v, name: str) -> None:
 
 def _is_int(v, lo: int) -> bool:
     return not isinstance(v, bool) and isinstance(v, int) and v >= lo
+
+
+def _floor(h: torch.Tensor) -> torch.Tensor:
+    """A Hessian diagonal kept positive: entries below ``1e-10`` of the largest are raised to it."""
+    return h.clamp_min(1e-10 * float(h.max()) + 1e-300)
 
 
 #: The default candidates for ``s`` (``reg_scale_``, the multiplier of every ``lambda_*``): ``16`` to
@@ -137,9 +143,18 @@ class _Structured(Calibrator):
     def _objective(self, x, y, p, k, reg):
         return torch.nn.functional.cross_entropy(self._logits(x, p, k), y) + self._penalty(p, k, reg)
 
-    def _solve(self, x, y, reg, x0, max_iter):
+    @classmethod
+    def _value_grad(cls, x, y, p, k, reg):
+        """``(objective, gradient)`` of :meth:`_objective` at ``p``, the gradient in closed form."""
+        f, g = nll_grad(cls._logits(x, p, k), y)
+        return f + cls._penalty(p, k, reg), cls._map_grad(x, g, p, k, reg)
+
+    def _solve(self, x, y, reg, x0, max_iter, precondition=False):
+        """L-BFGS from ``x0``; ``precondition``: with the Hessian diagonal at ``x0`` (the fits run to the
+        solver's tolerance; the capped fits of the search keep the plain iteration)."""
         k = x.shape[1]
-        return lbfgs(partial(self._objective, x, y, k=k, reg=reg), x0, max_iter)
+        h = self._curvature(x, x0, k, reg) if precondition else None
+        return lbfgs(partial(self._value_grad, x, y, k=k, reg=reg), x0, max_iter, closed_form=True, precondition=h)
 
     def _choose_scale(self, z, y) -> tuple[float, dict[str, float], torch.Tensor]:
         """The ``reg_grid`` entry with the lowest held-out NLL over ``n_folds`` folds (ties: the earlier
@@ -182,7 +197,7 @@ class _Structured(Calibrator):
         n, k = z.shape
         self.temperature_, self.mix_, x = self._features(z, y)
         self.reg_ = self._strengths(n, k, self.reg_scale_)
-        p, self.n_iter_ = self._solve(x, y, self.reg_, start, self.max_iter)
+        p, self.n_iter_ = self._solve(x, y, self.reg_, start, self.max_iter, precondition=True)
         self._store(p, k)
 
     def _predict(self, z):
@@ -239,6 +254,15 @@ class StructuredVectorScaling(_Structured):
     def _penalty(p, k, reg):
         v, b = p[:k], p[k:]
         return reg["intercept"] * (b * b).sum() + reg["diagonal"] * (v * v).sum()
+
+    @staticmethod
+    def _map_grad(x, g, p, k, reg):
+        return torch.cat([(g * x).sum(0) + 2 * reg["diagonal"] * p[:k], g.sum(0) + 2 * reg["intercept"] * p[k:]])
+
+    @classmethod
+    def _curvature(cls, x, p, k, reg):
+        c = softmax_curvature(cls._logits(x, p, k))
+        return _floor(torch.cat([(c * x * x).sum(0) + 2 * reg["diagonal"], c.sum(0) + 2 * reg["intercept"]]))
 
     def _store(self, p, k):
         self.weight_, self.bias_ = 1 + p[:k].clone(), p[k:].clone()
@@ -313,6 +337,20 @@ class StructuredMatrixScaling(_Structured):
         diag = torch.diagonal(d)
         off = (d * d).sum() - (diag * diag).sum()
         return reg["intercept"] * (b * b).sum() + reg["diagonal"] * (diag * diag).sum() + reg["off_diagonal"] * off
+
+    @staticmethod
+    def _map_grad(x, g, p, k, reg):
+        d = p[:k * k].view(k, k)
+        gd = g.T @ x + 2 * reg["off_diagonal"] * d
+        gd.diagonal().add_(2 * (reg["diagonal"] - reg["off_diagonal"]) * torch.diagonal(d))
+        return torch.cat([gd.reshape(-1), g.sum(0) + 2 * reg["intercept"] * p[k * k:]])
+
+    @classmethod
+    def _curvature(cls, x, p, k, reg):
+        c = softmax_curvature(cls._logits(x, p, k))
+        hd = c.T @ (x * x) + 2 * reg["off_diagonal"]
+        hd.diagonal().add_(2 * (reg["diagonal"] - reg["off_diagonal"]))
+        return _floor(torch.cat([hd.reshape(-1), c.sum(0) + 2 * reg["intercept"]]))
 
     def _store(self, p, k):
         self.weight_ = torch.eye(k, dtype=p.dtype, device=p.device) + p[:k * k].view(k, k)
