@@ -14,12 +14,18 @@ __all__ = ["nll_grad", "softmax_curvature"]
 
 
 def nll_grad(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(f, G)``: the mean NLL of ``logits`` at labels ``y`` (a 0-d tensor) and its gradient in the logits."""
+    """``(f, G)``: the mean NLL of ``logits`` at labels ``y`` (a 0-d tensor) and its gradient in the logits.
+
+    One pass of ``exp`` over the ``(N, K)`` logits: ``e = exp(L - max_k L)``, ``f = mean(max + log sum e
+    - L_y)``, ``G = (e / sum e - onehot(y)) / N`` (finite for any finite logits).
+    """
     n = logits.shape[0]
-    log_p = torch.log_softmax(logits, 1)
     rows = torch.arange(n, device=logits.device)
-    f = -log_p[rows, y].mean()
-    g = log_p.exp_()
+    top = logits.amax(1, keepdim=True)
+    e = torch.exp(logits - top)
+    total = e.sum(1, keepdim=True)
+    f = (top.squeeze(1) + total.log().squeeze(1) - logits[rows, y]).mean()
+    g = e.div_(total)
     g[rows, y] -= 1.0
     return f, g.div_(n)
 
