@@ -14,7 +14,13 @@ every ``lambda = 1``), with the regularisation strength chosen on the validation
    (SMS), with ``l_b = s lambda_intercept K / N``, ``l_d = s lambda_diagonal K / N`` and
    ``l_o = s lambda_off_diagonal K (K - 1) / N`` (``N``, ``K``: the rows and classes being
    fitted). The objective is strictly convex; calibkit minimises it with its L-BFGS
-   (:func:`calibkit.calibrators._base.lbfgs`), float64, on the logits' device.
+   (:func:`calibkit.calibrators._base.lbfgs`), float64, on the logits' device, the gradient in
+   closed form (:mod:`calibkit.calibrators._softmax`). Decision (the paper and the spec name no
+   solver): the fits that run to the solver's tolerance (the final fit and a warm start) are
+   preconditioned by the objective's exact Hessian diagonal at their start point (``lbfgs``'s
+   ``precondition``), which changes the path, not the minimiser nor the stopping rule: on
+   CIFAR-100 WRN-16-4 (5,000 rows, ``s = 1/64``, from the identity map) 212 iterations instead of
+   922, to an objective 8e-10 lower. The capped fits of the search keep the plain iteration.
 4. **The strength** ``s`` (``reg_scale_``): the paper describes a grid search over the strengths;
    ``probmetrics`` ships fixed multipliers (``s = 1``). calibkit chooses ``s`` by an inner
    cross-validation within ``fit``, on the rows passed to it only: a seeded permutation
@@ -284,8 +290,8 @@ class StructuredMatrixScaling(_Structured):
     per entry against 0.02 for the diagonal, so the ``K^2 - K`` cross-class terms move away from 0
     only where the validation set holds strong evidence. Cost per L-BFGS iteration ``O(N K^2)``
     (the product ``x @ (I + D).T``; no ``(N, K, K)`` tensor). The weaker the chosen ``s``, the
-    more iterations the final fit needs (on CIFAR-100 outputs, 5,000 rows: about 200 at ``s = 1/4``,
-    900 at ``s = 1/64``).
+    more iterations the final fit needs (on CIFAR-100 outputs, 5,000 rows, ``s = 1/64``: 212 with the
+    preconditioning of the module docstring, 922 without).
 
     Args:
         lambda_intercept, lambda_diagonal, lambda_off_diagonal: multipliers of the ridge strengths
