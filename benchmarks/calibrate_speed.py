@@ -19,7 +19,7 @@ interleaved runs means much).
 Usage::
 
     python benchmarks/calibrate_speed.py [--input from|files] [--repeats 1] [--num-threads N] [--baseline DIR]
-        [--sizes 10,100]
+        [--sizes 10,100] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--num-threads", type=int, default=None, help="passed to calibkit (default: its own default)")
     ap.add_argument("--baseline", metavar="DIR", help="a folder holding another calibkit package to compare with")
     ap.add_argument("--sizes", default="10,100", help="the K to run, comma-separated (default 10,100)")
+    ap.add_argument("--keep", metavar="DIR", help="write the reports under DIR/k<K>/{o,b}<run> (default: a "
+                    "temporary folder, removed) to compare the two codes' results")
     args = ap.parse_args(argv)
     here = str(Path(__file__).resolve().parents[1])
     threads = [] if args.num_threads is None else ["--num-threads", str(args.num_threads)]
@@ -113,6 +115,8 @@ def main(argv=None) -> int:
     for k in (int(v) for v in args.sizes.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
+            outs = Path(args.keep) / f"k{k}" if args.keep else folder
+            outs.mkdir(parents=True, exist_ok=True)
             if args.input == "from":
                 source, given = "synthetic, --from F --split 0.5", ["--from", write_one(k, folder), "--split", "0.5"]
             else:
@@ -122,8 +126,8 @@ def main(argv=None) -> int:
                 cmd = _calibkit() + ["calibrate", *given, "--timings", *threads]
                 base = None
                 if args.baseline:
-                    base, _, _ = run(cmd + ["--out", str(folder / f"b{r}")], pythonpath=args.baseline)
-                wall, out, cpu = run(cmd + ["--out", str(folder / f"o{r}")], pythonpath=here)
+                    base, _, _ = run(cmd + ["--out", str(outs / f"b{r}")], pythonpath=args.baseline)
+                wall, out, cpu = run(cmd + ["--out", str(outs / f"o{r}")], pythonpath=here)
                 phases = next((line for line in out.splitlines() if line.startswith("time (s):")), "")
                 verdict = "within" if wall <= TARGET_S[k] else "ABOVE"
                 ok &= wall <= TARGET_S[k]

@@ -88,7 +88,10 @@ def fit_inputs(logits, labels, owner: str) -> tuple[torch.Tensor, torch.Tensor, 
     return upcast(x).double(), y, binary
 
 
-def _value_and_grad(loss_fn, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+def _value_and_grad(loss_fn, x: torch.Tensor, closed_form: bool) -> tuple[float, torch.Tensor]:
+    if closed_form:  # loss_fn gives (value, gradient) itself
+        f, g = loss_fn(x)
+        return float(f), g
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         f = loss_fn(x)
@@ -96,7 +99,30 @@ def _value_and_grad(loss_fn, x: torch.Tensor) -> tuple[float, torch.Tensor]:
     return float(f.detach()), g
 
 
-def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: int = 20) -> tuple[torch.Tensor, int]:
+def _direction(g: torch.Tensor, pairs: list, h: torch.Tensor | None) -> torch.Tensor:
+    """``-H g`` by the two-loop recursion; the initial inverse Hessian is ``gamma diag(1 / h)`` (``h``:
+    ``None`` for the identity), ``gamma = s.y / y.(y / h)`` of the newest pair; without pairs
+    ``-g / h`` scaled to an L1 norm of at most 1."""
+    d = -g
+    alphas = []
+    for s, yv, rho in reversed(pairs):
+        a = rho * float(s @ d)
+        alphas.append(a)
+        d = d - a * yv
+    if pairs:
+        s, yv, _ = pairs[-1]
+        hy = yv if h is None else yv / h
+        d = (d if h is None else d / h) * (float(s @ yv) / float(yv @ hy))
+    else:
+        d = d if h is None else d / h
+        d = d / max(1.0, float(d.abs().sum()))
+    for (s, yv, rho), a in zip(pairs, reversed(alphas)):
+        d = d + (a - rho * float(yv @ d)) * s
+    return d
+
+
+def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: int = 20,
+          closed_form: bool = False, precondition: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """Minimise ``loss_fn(x)`` (a differentiable scalar of a flat float64 tensor) from ``x0`` with
     L-BFGS; returns the minimiser and the number of iterations run. Deterministic.
 
@@ -107,35 +133,30 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
     largest gradient entry is at most ``tol``, or when an iteration lowers the loss by less than
     ``1e-12`` relative. (``torch.optim.LBFGS`` is avoided: building it imports ``torch._dynamo``,
     which costs seconds in every process.)
+
+    ``closed_form``: ``loss_fn(x)`` returns ``(value, gradient)`` itself (no autograd; the same
+    iterates up to rounding). ``precondition``: a positive ``(n,)`` tensor ``h`` (the diagonal of
+    an approximate Hessian): the initial inverse Hessian of each two-loop recursion becomes
+    ``gamma diag(1 / h)``, ``gamma = s.y / y.(y / h)`` (and the first step ``-g / h``, scaled to
+    an L1 norm of at most 1). It changes the path, not the stopping rule (on the gradient itself)
+    nor the minimiser of a strictly convex loss; ``None``: the plain iteration above.
     """
     x = x0.detach().clone()
-    f, g = _value_and_grad(loss_fn, x)
+    f, g = _value_and_grad(loss_fn, x, closed_form)
     pairs: list[tuple[torch.Tensor, torch.Tensor, float]] = []
     it = 0
     while it < max_iter and float(g.abs().max()) > tol:
         it += 1
-        d = -g
-        alphas = []
-        for s, yv, rho in reversed(pairs):
-            a = rho * float(s @ d)
-            alphas.append(a)
-            d = d - a * yv
-        if pairs:
-            s, yv, _ = pairs[-1]
-            d = d * (float(s @ yv) / float(yv @ yv))
-        else:
-            d = d / max(1.0, float(g.abs().sum()))
-        for (s, yv, rho), a in zip(pairs, reversed(alphas)):
-            d = d + (a - rho * float(yv @ d)) * s
+        d = _direction(g, pairs, precondition)
         gd = float(g @ d)
         if not gd < 0:  # not a descent direction: restart from the gradient
             pairs.clear()
-            d = -g / max(1.0, float(g.abs().sum()))
+            d = _direction(g, pairs, precondition)
             gd = float(g @ d)
         t = 1.0
         while True:
             x_new = x + t * d
-            f_new, g_new = _value_and_grad(loss_fn, x_new)
+            f_new, g_new = _value_and_grad(loss_fn, x_new, closed_form)
             if f_new <= f + 1e-4 * t * gd:
                 break
             t *= 0.5

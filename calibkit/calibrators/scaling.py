@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs
+from calibkit.calibrators._softmax import nll_grad
 from calibkit.calibrators._state import state_names
 from calibkit.calibrators.temperature import _fit_nll
 from calibkit.errors import UserError
@@ -82,7 +83,11 @@ class VectorScaling(_AffineScaling):
 
     def _fit_at(self, z, y, x0):
         k = z.shape[1]
-        x, self.n_iter_ = lbfgs(lambda p: _nll(z * p[:k] + p[k:], y), x0, self.max_iter)
+        def value_grad(p):  # the mean NLL of z * w + b and its gradient (closed form)
+            f, g = nll_grad(z * p[:k] + p[k:], y)
+            return f, torch.cat([(g * z).sum(0), g.sum(0)])
+
+        x, self.n_iter_ = lbfgs(value_grad, x0, self.max_iter, closed_form=True)
         self.weight_, self.bias_ = x[:k].clone(), x[k:].clone()
 
     def _predict(self, z):
@@ -170,10 +175,17 @@ def _fit_affine(x, y, lam, mu, max_iter, x0, pinned: torch.Tensor | None = None)
         w = p[:k * k].view(k, k)
         return w if held is None else torch.where(held[:, None], pinned, w)
 
-    def loss(p):
-        return odir_objective(x, y, weight(p), p[k * k:], lam, mu)
+    def value_grad(p):  # odir_objective and its gradient in (W, b), closed form (held rows: 0)
+        w, b = weight(p), p[k * k:]
+        f, g = nll_grad(x @ w.T + b, y)
+        off = w - torch.diag_embed(torch.diagonal(w))
+        f = f + lam / (k * (k - 1)) * (off * off).sum() + mu / k * (b * b).sum()
+        gw = g.T @ x + (2 * lam / (k * (k - 1))) * off
+        if held is not None:
+            gw[held] = 0.0
+        return f, torch.cat([gw.reshape(-1), g.sum(0) + (2 * mu / k) * b])
 
-    p, n_iter = lbfgs(loss, x0, max_iter)
+    p, n_iter = lbfgs(value_grad, x0, max_iter, closed_form=True)
     return weight(p).clone(), p[k * k:].clone(), n_iter
 
 

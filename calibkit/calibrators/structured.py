@@ -14,7 +14,13 @@ every ``lambda = 1``), with the regularisation strength chosen on the validation
    (SMS), with ``l_b = s lambda_intercept K / N``, ``l_d = s lambda_diagonal K / N`` and
    ``l_o = s lambda_off_diagonal K (K - 1) / N`` (``N``, ``K``: the rows and classes being
    fitted). The objective is strictly convex; calibkit minimises it with its L-BFGS
-   (:func:`calibkit.calibrators._base.lbfgs`), float64, on the logits' device.
+   (:func:`calibkit.calibrators._base.lbfgs`), float64, on the logits' device, the gradient in
+   closed form (:mod:`calibkit.calibrators._softmax`). Decision (the paper and the spec name no
+   solver): the fits that run to the solver's tolerance (the final fit and a warm start) are
+   preconditioned by the objective's exact Hessian diagonal at their start point (``lbfgs``'s
+   ``precondition``), which changes the path, not the minimiser nor the stopping rule: on
+   CIFAR-100 WRN-16-4 (5,000 rows, ``s = 1/64``, from the identity map) 212 iterations instead of
+   922, to an objective 8e-10 lower. The capped fits of the search keep the plain iteration.
 4. **The strength** ``s`` (``reg_scale_``): the paper describes a grid search over the strengths;
    ``probmetrics`` ships fixed multipliers (``s = 1``). calibkit chooses ``s`` by an inner
    cross-validation within ``fit``, on the rows passed to it only: a seeded permutation
@@ -50,6 +56,7 @@ from functools import partial
 import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs, param_names
+from calibkit.calibrators._softmax import nll_grad, softmax_curvature
 from calibkit.calibrators._state import state_names
 from calibkit.calibrators.scaling import _folds
 from calibkit.calibrators.temperature import _fit_nll
@@ -72,6 +79,11 @@ def _check_lambda(v, name: str) -> None:
 
 def _is_int(v, lo: int) -> bool:
     return not isinstance(v, bool) and isinstance(v, int) and v >= lo
+
+
+def _floor(h: torch.Tensor) -> torch.Tensor:
+    """A Hessian diagonal kept positive: entries below ``1e-10`` of the largest are raised to it."""
+    return h.clamp_min(1e-10 * float(h.max()) + 1e-300)
 
 
 #: The default candidates for ``s`` (``reg_scale_``, the multiplier of every ``lambda_*``): ``16`` to
@@ -137,9 +149,18 @@ class _Structured(Calibrator):
     def _objective(self, x, y, p, k, reg):
         return torch.nn.functional.cross_entropy(self._logits(x, p, k), y) + self._penalty(p, k, reg)
 
-    def _solve(self, x, y, reg, x0, max_iter):
+    @classmethod
+    def _value_grad(cls, x, y, p, k, reg):
+        """``(objective, gradient)`` of :meth:`_objective` at ``p``, the gradient in closed form."""
+        f, g = nll_grad(cls._logits(x, p, k), y)
+        return f + cls._penalty(p, k, reg), cls._map_grad(x, g, p, k, reg)
+
+    def _solve(self, x, y, reg, x0, max_iter, precondition=False):
+        """L-BFGS from ``x0``; ``precondition``: with the Hessian diagonal at ``x0`` (the fits run to the
+        solver's tolerance; the capped fits of the search keep the plain iteration)."""
         k = x.shape[1]
-        return lbfgs(partial(self._objective, x, y, k=k, reg=reg), x0, max_iter)
+        h = self._curvature(x, x0, k, reg) if precondition else None
+        return lbfgs(partial(self._value_grad, x, y, k=k, reg=reg), x0, max_iter, closed_form=True, precondition=h)
 
     def _choose_scale(self, z, y) -> tuple[float, dict[str, float], torch.Tensor]:
         """The ``reg_grid`` entry with the lowest held-out NLL over ``n_folds`` folds (ties: the earlier
@@ -182,7 +203,7 @@ class _Structured(Calibrator):
         n, k = z.shape
         self.temperature_, self.mix_, x = self._features(z, y)
         self.reg_ = self._strengths(n, k, self.reg_scale_)
-        p, self.n_iter_ = self._solve(x, y, self.reg_, start, self.max_iter)
+        p, self.n_iter_ = self._solve(x, y, self.reg_, start, self.max_iter, precondition=True)
         self._store(p, k)
 
     def _predict(self, z):
@@ -240,6 +261,15 @@ class StructuredVectorScaling(_Structured):
         v, b = p[:k], p[k:]
         return reg["intercept"] * (b * b).sum() + reg["diagonal"] * (v * v).sum()
 
+    @staticmethod
+    def _map_grad(x, g, p, k, reg):
+        return torch.cat([(g * x).sum(0) + 2 * reg["diagonal"] * p[:k], g.sum(0) + 2 * reg["intercept"] * p[k:]])
+
+    @classmethod
+    def _curvature(cls, x, p, k, reg):
+        c = softmax_curvature(cls._logits(x, p, k))
+        return _floor(torch.cat([(c * x * x).sum(0) + 2 * reg["diagonal"], c.sum(0) + 2 * reg["intercept"]]))
+
     def _store(self, p, k):
         self.weight_, self.bias_ = 1 + p[:k].clone(), p[k:].clone()
 
@@ -260,8 +290,8 @@ class StructuredMatrixScaling(_Structured):
     per entry against 0.02 for the diagonal, so the ``K^2 - K`` cross-class terms move away from 0
     only where the validation set holds strong evidence. Cost per L-BFGS iteration ``O(N K^2)``
     (the product ``x @ (I + D).T``; no ``(N, K, K)`` tensor). The weaker the chosen ``s``, the
-    more iterations the final fit needs (on CIFAR-100 outputs, 5,000 rows: about 200 at ``s = 1/4``,
-    900 at ``s = 1/64``).
+    more iterations the final fit needs (on CIFAR-100 outputs, 5,000 rows, ``s = 1/64``: 212 with the
+    preconditioning of the module docstring, 922 without).
 
     Args:
         lambda_intercept, lambda_diagonal, lambda_off_diagonal: multipliers of the ridge strengths
@@ -313,6 +343,20 @@ class StructuredMatrixScaling(_Structured):
         diag = torch.diagonal(d)
         off = (d * d).sum() - (diag * diag).sum()
         return reg["intercept"] * (b * b).sum() + reg["diagonal"] * (diag * diag).sum() + reg["off_diagonal"] * off
+
+    @staticmethod
+    def _map_grad(x, g, p, k, reg):
+        d = p[:k * k].view(k, k)
+        gd = g.T @ x + 2 * reg["off_diagonal"] * d
+        gd.diagonal().add_(2 * (reg["diagonal"] - reg["off_diagonal"]) * torch.diagonal(d))
+        return torch.cat([gd.reshape(-1), g.sum(0) + 2 * reg["intercept"] * p[k * k:]])
+
+    @classmethod
+    def _curvature(cls, x, p, k, reg):
+        c = softmax_curvature(cls._logits(x, p, k))
+        hd = c.T @ (x * x) + 2 * reg["off_diagonal"]
+        hd.diagonal().add_(2 * (reg["diagonal"] - reg["off_diagonal"]))
+        return _floor(torch.cat([hd.reshape(-1), c.sum(0) + 2 * reg["intercept"]]))
 
     def _store(self, p, k):
         self.weight_ = torch.eye(k, dtype=p.dtype, device=p.device) + p[:k * k].view(k, k)
