@@ -111,6 +111,7 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
     x = x0.detach().clone()
     f, g = _value_and_grad(loss_fn, x)
     pairs: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+    scale = 1.0  # s.y / y.y of the newest pair (computed once, when the pair is kept)
     it = 0
     while it < max_iter and float(g.abs().max()) > tol:
         it += 1
@@ -121,8 +122,7 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
             alphas.append(a)
             d = d - a * yv
         if pairs:
-            s, yv, _ = pairs[-1]
-            d = d * (float(s @ yv) / float(yv @ yv))
+            d = d * scale
         else:
             d = d / max(1.0, float(g.abs().sum()))
         for (s, yv, rho), a in zip(pairs, reversed(alphas)):
@@ -146,6 +146,7 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
         if sy > 1e-12 * float(s.norm() * yv.norm()):
             pairs.append((s, yv, 1.0 / sy))
             del pairs[:-history]
+            scale = sy / float(yv @ yv)
         drop = f - f_new
         x, f, g = x_new, f_new, g_new
         if drop <= 1e-12 * max(1.0, abs(f)):
