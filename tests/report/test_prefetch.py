@@ -59,9 +59,9 @@ def test_parallel_fits_equal_the_serial_build(tmp_path, one_thread):
 def test_auto_jobs_spares_small_reports(monkeypatch):
     monkeypatch.setattr(prefetch.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert prefetch.auto_jobs(1, 500, 1) == 1  # one task: nothing to share
-    assert prefetch.auto_jobs(4, 4 * 18, 1) == 1  # 72 fits: a process's start costs more than it saves
-    assert prefetch.auto_jobs(8, 8 * 18, 1) == 4  # one process per core
-    assert prefetch.auto_jobs(8, 8 * 18, 2) == 2  # each with two threads
+    assert prefetch.auto_jobs(8, 8 * 18, 1) == 1  # 144 fits: a process's start costs more than it saves
+    assert prefetch.auto_jobs(9, 9 * 18, 1) == 4  # one process per core
+    assert prefetch.auto_jobs(9, 9 * 18, 2) == 2  # each with two threads
     assert prefetch.auto_jobs(3, 180, 1) == 3  # no more processes than tasks
 
 
