@@ -41,6 +41,8 @@ def _save(fig, path: Path, laid_out: bool = False) -> Path:
     from calibkit.rundir import atomic_write
 
     crop = None if laid_out else "tight"
+    if laid_out:  # tight_layout leaves a placeholder layout engine, for which savefig draws the figure
+        fig.set_layout_engine(None)  # once more before drawing it; it moves nothing (rc: no autolayout)
     # atomic (a reader never sees half a figure); the format is named, the temporary file has none
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=DPI, bbox_inches=crop, format=Path(path).suffix[1:]))
     _pyplot().close(fig)

@@ -28,7 +28,10 @@ def test_the_report_fits_the_preset_s_calibrators_only(tmp_path, one_thread):
     # each calibrator's numbers do not depend on which others are fitted (one draw of resamples serves all)
     for m in ("ce", "ls"):
         for c in names:
-            assert short["grid"][m][c] == full["grid"][m][c]
+            # (mean, std, n) per metric; one seed: the std is NaN, which never equals itself
+            cells = [{k: v[::2] if isinstance(v, tuple) else v for k, v in rep["grid"][m][c].items()}
+                     for rep in (short, full)]
+            assert cells[0] == cells[1]
             a, b = short["selections"][m].scores[c], full["selections"][m].scores[c]
             assert (a.acc, a.ece, a.nll, a.brier, a.changed) == (b.acc, b.ece, b.nll, b.brier, b.changed)
             assert torch.equal(a.samples, b.samples)
