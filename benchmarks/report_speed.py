@@ -10,11 +10,21 @@ runs ``calibkit report COPY`` twice in fresh processes:
 
 Each build prints its phases on stderr (``report: TOTAL s (phase S s, ...)``, the line ``calibkit
 report`` ends with); the script reads that line and prints the phases side by side with the
-process's wall and CPU time (start-up and imports included; on a shared machine the CPU time is
-the comparable figure). ``--before DIR`` does the same with the
-calibkit package found under ``DIR`` (another checkout: ``PYTHONPATH=DIR``) on its own cold copy,
-so the two codes are measured in one run of the script on the same logits. Every build's terminal
-text (stdout: every table the report prints) must be identical, else the script exits 1.
+process's wall and CPU time (start-up and imports included, and the CPU of the processes a build
+starts, ``--jobs``; on a shared machine the CPU time is the comparable figure). ``--before DIR``
+does the same with the calibkit package found under ``DIR`` (another checkout: ``PYTHONPATH=DIR``)
+on its own cold copy, so the two codes are measured in one run of the script on the same logits.
+Every build's terminal text (stdout: every table the report prints) must be identical, else the
+script exits 1. ``--serial`` adds a cold build of this checkout with ``--jobs 1`` (no processes
+started), which separates the parallel fits from the rest.
+
+``--shipped`` removes the recorded preset (``DIR/presets/``) from every copy, so each code reads
+its *own* shipped preset of that name: the smoke report as each code ships it (this checkout's
+``smoke`` preset fits fewer calibrators, ``report_calibrators``). The texts of two codes then
+differ by design; each code's cold and warm texts must still be identical. Without ``--shipped``
+both codes build the report the recorded preset describes (a directory recorded by an older
+calibkit: every calibrator). Without ``--dir`` and with ``--before``, the smoke bench is trained by
+the ``--before`` code, whose recorded preset both codes can read.
 
 ``--newcomer`` also times the newcomer's path: ``calibkit bench --preset smoke`` (training and
 report, into a fresh folder), ``calibkit calibrate --from F.npz --split 0.5 --save`` on a synthetic
@@ -22,7 +32,8 @@ report, into a fresh folder), ``calibkit calibrate --from F.npz --split 0.5 --sa
 
 Usage::
 
-    python benchmarks/report_speed.py [--dir DIR] [--before /path/to/other/checkout] [--newcomer]
+    python benchmarks/report_speed.py [--dir DIR] [--before /path/to/other/checkout] [--serial] [--shipped]
+                                      [--newcomer]
     python -m cProfile -o report.prof -m calibkit report DIR   # then pstats, for the top costs
 """
 
@@ -63,17 +74,18 @@ def calibkit(args: list, pythonpath: Path, cwd: Path | None = None) -> tuple[flo
     return wall, out
 
 
-def cold_copy(src: Path, dst: Path) -> Path:
-    """``src`` without its report and the report's caches (the training caches stay)."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("report"))
+def cold_copy(src: Path, dst: Path, shipped: bool = False) -> Path:
+    """``src`` without its report and the report's caches (the training caches stay); ``shipped``:
+    without its recorded preset too."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("report", *(("presets",) if shipped else ())))
     for name in CACHES:
         shutil.rmtree(dst / "cache" / name, ignore_errors=True)
     return dst
 
 
-def report(bench: Path, pythonpath: Path) -> dict:
+def report(bench: Path, pythonpath: Path, extra: tuple = ()) -> dict:
     """``calibkit report BENCH`` in a fresh process: its wall time, phases and terminal text."""
-    wall, out = calibkit(["report", bench], pythonpath)
+    wall, out = calibkit(["report", bench, *extra], pythonpath)
     lines = [ln for ln in out.stderr.splitlines() if SUMMARY.match(ln)]
     if not lines:
         sys.exit(f"no phase summary on stderr of calibkit report {bench}:\n{out.stderr[-3000:]}")
@@ -128,6 +140,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, help="a finished bench directory (default: a fresh smoke bench)")
     ap.add_argument("--before", type=Path, metavar="DIR", help="also build with the calibkit package under DIR")
+    ap.add_argument("--serial", action="store_true", help="also a cold build of this checkout with --jobs 1")
+    ap.add_argument("--shipped", action="store_true", help="each code reads its own shipped preset (no DIR/presets)")
     ap.add_argument("--newcomer", action="store_true", help="also time bench, calibrate --save and apply")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="calibkit-report-speed-"))
@@ -135,30 +149,55 @@ def main() -> int:
         src = args.dir
         if src is None:
             src = tmp / "smoke"
-            wall, _ = calibkit(["bench", "--preset", "smoke", "--out", src, "--no-report", "--quiet"], ROOT)
+            wall, _ = calibkit(["bench", "--preset", "smoke", "--out", src, "--no-report", "--quiet"],
+                               args.before or ROOT)
             print(f"smoke bench, training only (--no-report): {wall:.1f} s wall\n", flush=True)
-        builds = {}
-        codes = {"before": args.before, "now": ROOT} if args.before else {"now": ROOT}
-        for code, path in codes.items():
-            copy = cold_copy(src, tmp / code)
-            for kind in ("cold", "warm"):
-                builds[f"{code} {kind}"] = report(copy, path)
-                print(f"{code} {kind}: {builds[f'{code} {kind}']['wall']:.1f} s", file=sys.stderr, flush=True)
+        builds = measure(src, tmp, args)
         table(builds)
         print(f"load average after measuring: {' '.join(f'{x:.1f}' for x in os.getloadavg())} "
               f"on {os.cpu_count()} cores")
-        first = next(iter(builds.values()))["text"]
-        same = all(b["text"] == first for b in builds.values())
-        print(f"printed report text identical between the builds: {'yes' if same else 'NO'}")
-        for key, b in builds.items():
-            if b["text"] != first:
-                diff = difflib.unified_diff(first.splitlines(), b["text"].splitlines(), next(iter(builds)), key, n=0)
-                print("\n".join(list(diff)[:40]))
+        same = compare(builds, by_code=args.shipped)
         if args.newcomer:
             newcomer(tmp)
         return 0 if same else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(src: Path, tmp: Path, args) -> dict:
+    """Every build: each code's cold then warm build on its own cold copy (and ``now serial``)."""
+    builds = {}
+    codes = {"before": args.before, "now": ROOT} if args.before else {"now": ROOT}
+    runs = [(code, path, kind, ()) for code, path in codes.items() for kind in ("cold", "warm")]
+    if args.serial:
+        runs.append(("now serial", ROOT, "cold", ("--jobs", "1")))
+    for code, path, kind, extra in runs:
+        if kind == "cold":
+            copy = cold_copy(src, tmp / code.replace(" ", "-"), args.shipped)
+        key = f"{code} {kind}"
+        builds[key] = report(copy, path, extra)
+        print(f"{key}: {builds[key]['wall']:.1f} s wall, {builds[key]['cpu']:.1f} s CPU", file=sys.stderr, flush=True)
+    return builds
+
+
+def compare(builds: dict, by_code: bool) -> bool:
+    """Whether the terminal texts are identical: between all builds, or (``by_code``) within each
+    code's builds (``before`` and ``now``, ``now serial`` among the latter); the first differences."""
+    groups: dict = {}
+    for key, b in builds.items():
+        groups.setdefault(key.split()[0] if by_code else "all", []).append((key, b["text"]))
+    same = True
+    for name, texts in groups.items():
+        first_key, first = texts[0]
+        ok = all(t == first for _, t in texts)
+        same &= ok
+        what = f"{name}'s builds" if by_code else "the builds"
+        print(f"printed report text identical between {what}: {'yes' if ok else 'NO'}")
+        for key, text in texts[1:]:
+            if text != first:
+                print("\n".join(list(difflib.unified_diff(first.splitlines(), text.splitlines(), first_key, key,
+                                                          n=0))[:40]))
+    return same
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -59,7 +60,7 @@ from calibkit.functional.binning import (
 from calibkit.functional.inputs import to_rows
 
 __all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval",
-           "count_draws", "FAST_METRICS", "INTERVALS"]
+           "count_draws", "shared_draws", "FAST_METRICS", "INTERVALS"]
 
 INTERVALS = ("basic", "percentile")
 # Range of each panel metric, for clipping the basic interval.
@@ -202,16 +203,52 @@ def count_draws(n: int, n_resamples: int, seed: int = 0):
     row ``i`` is in resample ``j``), ``r`` rows per chunk so that ``W`` holds at most about
     ``_ROW_BUDGET`` entries. One seeded ``torch.Generator``: every caller with the same ``n``,
     ``n_resamples`` and ``seed`` gets the same resamples, so any statistic computed from them is
-    paired with the panel metrics' intervals."""
-    gen = torch.Generator().manual_seed(seed)
+    paired with the panel metrics' intervals. Inside :func:`shared_draws` they are drawn once and
+    the same tensors handed to every later call (callers read ``W``, never change it in place)."""
     chunk = max(1, _ROW_BUDGET // n)
+    key = (n, n_resamples, seed, chunk)
+    if _SHARED is not None and key in _SHARED:
+        for idx, W in _SHARED[key]:
+            yield idx.long(), W
+        return
+    kept = sum(W.numel() for draws in (_SHARED or {}).values() for _, W in draws)
+    keep = [] if _SHARED is not None and kept + n * n_resamples <= _SHARED_BUDGET else None
+    gen = torch.Generator().manual_seed(seed)
     done = 0
     while done < n_resamples:
         r = min(chunk, n_resamples - done)
         idx = torch.randint(0, n, (r, n), generator=gen)
         flat = (idx + torch.arange(r).view(-1, 1) * n).reshape(-1)
-        yield idx, torch.bincount(flat, minlength=r * n).view(r, n).double()
+        W = torch.bincount(flat, minlength=r * n).view(r, n).double()
+        if keep is not None:
+            keep.append((idx.int(), W))
+        yield idx, W
         done += r
+    if keep is not None and _SHARED is not None:  # only a draw that ran to its end is kept
+        _SHARED[key] = keep
+
+
+#: ``{(n, n_resamples, seed, chunk): [(idx as int32, W), ...]}`` while :func:`shared_draws` is active.
+_SHARED: dict | None = None
+#: Entries of ``W`` kept in all by :func:`shared_draws` (96 MB, and half that for the indices); a
+#: draw that would pass it is drawn again at every call, as outside the block.
+_SHARED_BUDGET = 12_000_000
+
+
+@contextmanager
+def shared_draws():
+    """Within the block, :func:`count_draws` draws the resamples of each ``(n, n_resamples, seed)``
+    once and hands the same tensors to every later call: the same resamples as drawing them again
+    (one seeded generator), without the cost. A report uses it for its many intervals on the same
+    test rows. Nested blocks share the outer one's draws; they are released when it ends."""
+    global _SHARED
+    outer = _SHARED
+    if outer is None:
+        _SHARED = {}
+    try:
+        yield
+    finally:
+        _SHARED = outer
 
 
 def _resampled(models, metric, n, n_resamples, seed):

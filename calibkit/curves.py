@@ -65,9 +65,15 @@ def _reflected_kernel(t: np.ndarray, c: np.ndarray, sigma: float) -> np.ndarray:
     ``c + 2k`` and ``-c + 2k``, as many ``k`` as ``sigma`` needs)."""
     reach = math.ceil(2.5 * sigma) + 1
     out = np.zeros((len(t), len(c)))
+    term = np.empty_like(out)  # each term computed in place: the same operations, no temporaries
     for k in range(-reach, reach + 1):
         for image in (c + 2 * k, -c + 2 * k):
-            out += np.exp(-0.5 * ((t[:, None] - image[None, :]) / sigma) ** 2)
+            np.subtract(t[:, None], image[None, :], out=term)
+            np.divide(term, sigma, out=term)
+            np.square(term, out=term)
+            np.multiply(term, -0.5, out=term)
+            np.exp(term, out=term)
+            out += term
     return out / (sigma * math.sqrt(2 * math.pi))
 
 

@@ -81,3 +81,42 @@ def test_bad_arguments_refused():
         bootstrap_cis("ece", probs, y, n_resamples=0)
     with pytest.raises(ValueError, match="unknown metric"):
         bootstrap_cis("nope", probs, y)
+
+
+def _draws(n, r, seed):
+    return [(idx.clone(), W.clone()) for idx, W in bootstrap.count_draws(n, r, seed)]
+
+
+def test_shared_draws_hand_out_the_draws_made_without_them(monkeypatch):
+    """Inside shared_draws the resamples are those drawn outside (index for index), drawn once per size."""
+    monkeypatch.setattr(bootstrap, "_ROW_BUDGET", 50 * 4)  # chunks of 4 resamples of 50 rows
+    fresh = _draws(50, 10, 7)
+    calls = []
+    real = torch.randint
+    monkeypatch.setattr(torch, "randint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with bootstrap.shared_draws():
+        first = list(bootstrap.count_draws(50, 10, 7))
+        drawn = len(calls)
+        again = list(bootstrap.count_draws(50, 10, 7))
+        other = list(bootstrap.count_draws(50, 10, 8))  # another seed: drawn, not reused
+    assert drawn == 3 and len(calls) == 6  # chunks 4 + 4 + 2, then seed 8's three; none for the repeat
+    for got in (first, again):
+        assert len(got) == len(fresh)
+        for (i, w), (fi, fw) in zip(got, fresh):
+            assert i.dtype == torch.int64 and torch.equal(i, fi) and torch.equal(w, fw)
+    assert not torch.equal(other[0][1], fresh[0][1])
+    assert bootstrap._SHARED is None  # released at the end of the block
+
+
+def test_shared_draws_keep_nothing_past_their_budget_and_equal_intervals(monkeypatch):
+    probs, y = _models(2, n=300)
+    want = bootstrap_ci("ece", probs["t2.0"], y, n_resamples=40, seed=1)
+    monkeypatch.setattr(bootstrap, "_SHARED_BUDGET", 300 * 40 - 1)  # one draw more than the budget holds
+    with bootstrap.shared_draws():
+        _same(bootstrap_ci("ece", probs["t2.0"], y, n_resamples=40, seed=1), want)
+        assert bootstrap._SHARED == {}
+    monkeypatch.setattr(bootstrap, "_SHARED_BUDGET", 300 * 40)
+    with bootstrap.shared_draws():
+        for _ in range(2):
+            _same(bootstrap_ci("ece", probs["t2.0"], y, n_resamples=40, seed=1), want)
+        assert len(bootstrap._SHARED) == 1

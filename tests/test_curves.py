@@ -68,3 +68,19 @@ def test_the_drawings_name_each_curve_with_its_numbers():
     x, risk = ax.lines[0].get_data()
     assert x[-1] == pytest.approx(1.0)
     assert risk[-1] == pytest.approx(100 * float((p.argmax(1) != y).double().mean()))
+
+
+@pytest.mark.parametrize("sigma", [0.02, 0.3, 1.7])
+def test_the_reflected_kernel_equals_its_formula_bit_for_bit(sigma):
+    """The in-place kernel is the sum of reflected Gaussians written plainly, to the last bit."""
+    from calibkit.curves import _reflected_kernel
+
+    rng = np.random.default_rng(0)
+    t, c = np.linspace(0.0, 1.0, 57), rng.random(300)
+    reach = math.ceil(2.5 * sigma) + 1
+    want = np.zeros((len(t), len(c)))
+    for k in range(-reach, reach + 1):
+        for image in (c + 2 * k, -c + 2 * k):
+            want += np.exp(-0.5 * ((t[:, None] - image[None, :]) / sigma) ** 2)
+    want = want / (sigma * math.sqrt(2 * math.pi))
+    assert np.array_equal(_reflected_kernel(t, c, sigma), want)

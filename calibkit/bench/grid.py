@@ -226,6 +226,9 @@ class Preset:
             ``methods``.
         data_dir: the data set's folder (or file, ``tensors``); ``--data-dir`` overrides it.
         spaces: ``{method: {address: Axis}}`` replacing methods' own spaces (read: :meth:`space_for`).
+        report_calibrators: the post-hoc calibrators the report fits on every run (names of
+            ``calibkit.calibrators.CALIBRATORS``, ``temperature`` among them; None: every one but
+            the opt-in ones). A runtime setting of the report: the runs are the same either way.
     """
 
     name: str
@@ -249,6 +252,7 @@ class Preset:
     modality: str = "image"
     data_dir: str | None = None
     spaces: dict = field(default_factory=dict)
+    report_calibrators: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if self.ood is None:

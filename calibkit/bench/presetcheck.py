@@ -14,6 +14,9 @@ The rules (calibkit's decisions where the code that reads a value has none):
   ``tune_seed`` an integer >= 0, and a warning when it is one of the ``seeds`` (:func:`warn_tune_seed`).
 * ``n_boot`` >= 1; ``robust_n`` >= 0 (0: every test image); ``severities`` each one of
   :data:`SEVERITY_LEVELS`, none repeated; ``num_threads`` left out or >= 1; ``checkpoint_every`` >= 1.
+* ``report_calibrators``: left out, or a non-empty list of distinct names of
+  ``calibkit.calibrators.CALIBRATORS`` holding ``temperature`` (the report's reference calibrator:
+  the CE + TS baseline, the selection rule's default and the TS columns all read it).
 * Paths must exist: ``data_dir`` (``--data-dir``) where the data set reads files (a file for
   ``tensors``, a folder otherwise); an ``ood`` that is no built-in set or data set name (a folder
   of images or a tensors file), which must also differ from the data set; ``[csm] store`` (a folder).
@@ -57,6 +60,7 @@ from calibkit.bench.presetfile import CSM_ENCODERS, PER_RUN, check_name, nearest
 from calibkit.bench.presetpower import warn_small_validation
 from calibkit.bench.runner import train_config
 from calibkit.bench.space import apply_values, candidates
+from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.data import DATASETS, check_dataset
 from calibkit.data.ood import NO_OOD, OOD_SETS
 from calibkit.data.ood_user import is_user_set
@@ -190,6 +194,7 @@ def _check_numbers(preset, where: str) -> None:
     if preset.num_threads is not None and (not _is_int(preset.num_threads) or preset.num_threads < 1):
         raise UserError(f"{where}num_threads: must be an integer >= 1 (leave it out for torch's default), "
                          f"got {preset.num_threads!r}")
+    _check_report_calibrators(preset.report_calibrators, where)
     levels = list(preset.severities)
     bad = [s for s in levels if not _is_int(s) or s not in SEVERITY_LEVELS]
     if bad:
@@ -197,6 +202,20 @@ def _check_numbers(preset, where: str) -> None:
                          f"{', '.join(map(str, SEVERITY_LEVELS))}, got {bad[0]!r}")
     if len(set(levels)) != len(levels):
         raise UserError(f"{where}severities: repeated severity in {levels}")
+
+
+def _check_report_calibrators(names, where: str) -> None:
+    if names is None:
+        return
+    names = list(names)
+    unknown = [n for n in names if n not in CALIBRATORS]
+    if unknown:
+        close = nearest(unknown[0], CALIBRATORS)
+        raise UserError(f"{where}report_calibrators: unknown calibrator {unknown[0]!r}{close}; "
+                         f"valid: {', '.join(CALIBRATORS)}")
+    if len(set(names)) != len(names) or "temperature" not in names:
+        raise UserError(f"{where}report_calibrators: a list of distinct calibrator names holding 'temperature' "
+                         f"(the report's reference calibrator), or left out for every calibrator; got {names}")
 
 
 def _check_paths(preset, where: str, data_dir) -> None:

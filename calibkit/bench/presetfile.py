@@ -230,9 +230,10 @@ def _typed(key: str, kind: str, value, where: str):
         return UserError(f"{where}{key}: expected {expected}, got {value!r}")
 
     if kind.startswith("tuple"):
-        if not isinstance(value, list) or not all(isinstance(v, str if key == "methods" else int)
+        names = {"methods": "method names", "report_calibrators": "calibrator names"}
+        if not isinstance(value, list) or not all(isinstance(v, str if key in names else int)
                                                   and not isinstance(v, bool) for v in value):
-            raise bad("a list of " + ("method names" if key == "methods" else "integers"))
+            raise bad("a list of " + names.get(key, "integers"))
         return tuple(value)
     if kind.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):

@@ -22,6 +22,9 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", type=B.ALPHA, default=0.1,
                    help="miscoverage of the conformal prediction sets, in (0, 1) (default 0.1: 90%% coverage)")
     p.add_argument("--quiet", action="store_true", help="no progress (the phases of the build and their times)")
+    p.add_argument("--jobs", type=B.count(1024), metavar="N", help="processes fitting the runs' calibrators, each with "
+                   "--num-threads torch threads (default: one per core when there are enough fits; 1: this process "
+                   "only); the report is the same")
     from calibkit.commands import add_num_threads
 
     add_num_threads(p)
@@ -56,7 +59,7 @@ def run(args) -> int:
 
     phases = Phases("report", quiet=args.quiet)
     rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha,
-                       progress=phases, num_threads=args.num_threads or 1)
+                       progress=phases, num_threads=args.num_threads or 1, jobs=args.jobs)
     if not args.quiet and phases.summary():
         print(phases.summary(), file=sys.stderr, flush=True)
     print(rep["text"])

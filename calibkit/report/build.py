@@ -11,28 +11,26 @@ from __future__ import annotations
 
 import shutil
 import warnings
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.bench.progress import Phases
+from calibkit.bootstrap import shared_draws
 from calibkit.errors import UserError
-from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid, calibrator_names
+from calibkit.report import fits
+from calibkit.report.calibrated import CalibratedProbs, calibrator_names
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
 from calibkit.report.evidence import evidence_section, risk_coverage_figure
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
-from calibkit.report.paired import comparisons
-from calibkit.report.preset import preset_section, recorded_preset
+from calibkit.report.preset import preset_section, recorded_preset, report_calibrators
 from calibkit.report.protocol import protocol_section
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
 from calibkit.report.tuning import load_current_runs
 from calibkit.report.verdict import (
     DEFAULT_RULE,
-    method_selections,
     metric_name,
-    recommendation,
     recommendation_text,
     validation_table,
 )
@@ -62,6 +60,8 @@ class ReportContext:
         verdict: :func:`calibkit.report.verdict.recommendation` (the method + calibrator pair).
         alpha: miscoverage of the conformal sets (:mod:`calibkit.report.sets`).
         sets: :func:`calibkit.report.sets.method_sets`, set by its section builder.
+        drawn: the per-method figures already drawn in this build by other processes
+            (:mod:`calibkit.report.prefetch`), which the figures section does not draw again.
     """
 
     out_dir: Path
@@ -80,6 +80,7 @@ class ReportContext:
     verdict: dict | None = None
     alpha: float = 0.1
     sets: dict | None = None
+    drawn: set = field(default_factory=set)
 
     @property
     def n_seeds(self) -> int:
@@ -127,9 +128,11 @@ def calibrators_section(ctx: ReportContext) -> list[Section]:
     rule = DEFAULT_RULE.describe()
     first = next(iter((ctx.selections or {}).values()), None)
     metric = metric_name(first.rule.select_by if first else DEFAULT_RULE.select_by)
-    text = ("Every run's saved validation logits fit every post-hoc calibrator of "
-            "`calibkit.calibrators.CALIBRATORS` (default settings; nothing retrained, nothing fitted on the "
-            f"test set), applied to its saved test logits; `none` = the uncalibrated softmax. Mean over "
+    which = ("every post-hoc calibrator of `calibkit.calibrators.CALIBRATORS`" if ctx.probs is None
+             or ctx.probs.names == calibrator_names() else
+             f"the post-hoc calibrators the preset's `report_calibrators` names ({', '.join(ctx.probs.names[1:])})")
+    text = (f"Every run's saved validation logits fit {which} (default settings; nothing retrained, nothing "
+            f"fitted on the test set), applied to its saved test logits; `none` = the uncalibrated softmax. Mean over "
             f"{ctx.n_seeds} seed(s). The first table holds the numbers each method's calibrator is chosen on: "
             f"{rule} (mean over seeds; in parentheses: excluded by a guard). In italics: the calibrator chosen "
             "for each method. The other tables are test ECE and cwECE x100, test NLL and the share of test "
@@ -142,6 +145,8 @@ def calibrators_section(ctx: ReportContext) -> list[Section]:
              f"((...) = excluded by a guard); {ROW_BEST_MARK} = the calibrator chosen for that method. Then test "
              "ECE/cwECE x100, NLL (\u2020 = rows with a zero true-class probability) and changed predictions %, "
              "for reference only.")
+    if ctx.probs is not None and ctx.probs.names != calibrator_names():
+        short += f" Only the preset's report_calibrators: {', '.join(ctx.probs.names[1:])}."
     failed = ctx.probs.failures if ctx.probs is not None else {}
     if failed:
         note = " Failed (shown as -): " + "; ".join(f"{name} on {key}: {err}" for (key, name), err in failed.items())
@@ -232,7 +237,8 @@ def figures_section(ctx: ReportContext) -> list[Section]:
         figs.append(risk_coverage_figure(ctx.summary, ctx.probs, ctx.verdict["method"], ctx.verdict["calibrator"],
                                          ctx.figdir / "risk_coverage.png"))
     for method, entry in ctx.summary.items():
-        figs.append(method_figure(entry["runs"][0], ctx.figdir / f"reliability_{method}.png"))
+        path = ctx.figdir / f"reliability_{method}.png"
+        figs.append(method_figure(entry["runs"][0], path, draw=path not in ctx.drawn))
     text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
             "calibration, hatched bands = the gap to the bin's mean confidence (light red above a bar: "
             "over-confident; purple inside a bar: under-confident), numbers = images per bin. "
@@ -261,7 +267,7 @@ def sets_section(ctx: ReportContext) -> list[Section]:
         text, short = (t + f" No conformal sets: the threshold is fitted on half the validation rows; {too_few}."
                        for t in (text, short))
     tables = [sets.selective_table(cells)] + ([] if too_few else [sets.sets_table(cells, ctx.alpha),
-                                                                  sets.sets_grid_table(cells)])
+                                                                  sets.sets_grid_table(cells, rows.probs.names)])
     return [Section("Selective prediction and conformal sets", text, tables, anchor="sets", terminal_text=short)]
 
 
@@ -274,23 +280,10 @@ SECTIONS = (recommendation_section, evidence_section, summary_section, notes_sec
             robustness_section, protocol_section, preset_section, figures_section)
 
 
-@contextmanager
-def torch_threads(n: int | None):
-    """``torch.set_num_threads(n)`` inside the block, the previous count restored after (None: unchanged)."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
                  figures: bool = True, width: int | None = None, store: str | None = None,
-                 alpha: float = 0.1, progress: Phases | None = None, num_threads: int | None = 1) -> dict:
+                 alpha: float = 0.1, progress: Phases | None = None, num_threads: int | None = 1,
+                 jobs: int | None = None) -> dict:
     """Write ``out_dir/report/`` (report.md, index.html, figures/) from ``out_dir/runs.db``.
 
     Args:
@@ -310,6 +303,9 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
             of one run at a time), and on a busy machine torch's thread pool spent up to 40 times
             the CPU of one thread fitting Dirichlet calibration on 500 rows; one thread gives the
             same numbers.
+        jobs: processes that fit the runs' calibrators (:mod:`calibkit.report.prefetch`; each
+            started one with ``num_threads`` torch threads, one when that is None); None: one per
+            core when there are enough fits to share, 1: none started. The report is the same.
 
     Returns:
         ``{"text": terminal text, "summary", "deltas", "grid", "comparisons", "preset", "paths": {...}}``
@@ -319,12 +315,15 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise UserError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), got {alpha!r}")
-    with torch_threads(num_threads):
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise UserError(f"jobs must be an integer >= 1 (processes fitting the runs' calibrators) or None, got {jobs!r}")
+    with fits.torch_threads(num_threads), shared_draws():  # one draw of each size of resamples per build
         return _build(Path(out_dir), preset, n_boot, seed, figures, width, store, alpha,
-                      progress or Phases("report", quiet=True))
+                      progress or Phases("report", quiet=True), (jobs, num_threads or 1))
 
 
-def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, phases: Phases) -> dict:
+def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, phases: Phases,
+           parallel: tuple = (None, 1)) -> dict:
     preset, rows = load_current_runs(out_dir, preset, store)
     recorded_keys = {r["run_key"] for r in rows}
     # A finished row the report cannot read is named, left out with a warning, and the rest reported.
@@ -340,23 +339,14 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
         n_boot = recorded.n_boot if recorded is not None else 1000
     summary = summarize(done)
     rep = out_dir / "report"
-    probs = CalibratedProbs(out_dir / "cache" / "calibrated")
-    n_runs = sum(len(e["runs"]) for e in summary.values())
-    try:
-        with phases.phase(f"fitting {len(calibrator_names()) - 1} post-hoc calibrators on {n_runs} runs"):
-            grid = calibrator_grid(summary, probs)
-        with phases.phase("paired comparisons with CE and CE + temperature scaling"):
-            comps = comparisons(summary, probs, n_boot=n_boot, seed=seed)
-        with phases.phase("cross-fitting each method's choice of calibrator"):
-            selections = method_selections(summary, probs, cache_dir=out_dir / "cache" / "selection")
-        with phases.phase("the recommendation's test evidence"):
-            verdict = recommendation(summary, probs, selections, n_boot=n_boot, seed=seed)
-    except NoValidationLogits:  # logits files without validation logits: the tables without calibrators
-        grid = comps = selections = verdict = None
+    probs = CalibratedProbs(out_dir / "cache" / "calibrated", report_calibrators(recorded))
+    drawn = fits.prefetch_tasks(out_dir, summary, probs, alpha, phases, parallel, rep / "figures" if figures else None)
+    grid, comps, selections, verdict = fits.calibrated(summary, probs, n_boot, seed, phases,
+                                                       out_dir / "cache" / "selection")
     with phases.phase("ECE differences from CE"):
         deltas = ece_deltas(summary, n_boot=n_boot, seed=seed)
     ctx = ReportContext(out_dir, preset, rows, summary, deltas, n_boot,
-                        rep / "figures", figures, store, probs, grid, comps, selections, verdict, alpha)
+                        rep / "figures", figures, store, probs, grid, comps, selections, verdict, alpha, drawn=drawn)
     ctx.figdir.mkdir(parents=True, exist_ok=True)
     sections = []
     for build in SECTIONS:

@@ -66,12 +66,19 @@ class NoValidationLogits(UserError):
     """A run's logits file holds no validation logits, so no calibrator can be fitted for it."""
 
 
-def calibrator_names() -> list[str]:
+def calibrator_names(names=None) -> list[str]:
     """``["none", *CALIBRATORS]``: the columns of the methods x calibrators table, in order, without
-    the opt-in ones (:data:`calibkit.calibrators.boost.OPT_IN`)."""
-    from calibkit.calibrators.registry import default_names
+    the opt-in ones (:data:`calibkit.calibrators.boost.OPT_IN`); ``names`` (a preset's
+    ``report_calibrators``): ``["none", *names]`` instead, in registry order."""
+    from calibkit.calibrators.registry import CALIBRATORS, default_names
 
-    return [NONE] + default_names()
+    if names is None:
+        return [NONE] + default_names()
+    unknown = [n for n in names if n not in CALIBRATORS]
+    if unknown:
+        raise UserError(f"unknown calibrator {unknown[0]!r} in the report's calibrators; expected one of "
+                        f"{', '.join(CALIBRATORS)}")
+    return [NONE] + [n for n in CALIBRATORS if n in set(names)]
 
 
 def _check_name(name: str) -> None:
@@ -85,10 +92,13 @@ class CalibratedProbs:
 
     Args:
         cache_dir: where calibrated test probabilities are kept between reports (None: memory only).
+        names: the calibrators the report fits (a preset's ``report_calibrators``; None: every
+            calibrator of the registry but the opt-in ones); ``self.names`` holds them after ``"none"``.
     """
 
-    def __init__(self, cache_dir=None):
+    def __init__(self, cache_dir=None, names=None):
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.names = calibrator_names(names)
         self._mem: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         self._logits: dict[str, dict] = {}
         self._digests: dict[tuple, str] = {}
@@ -189,7 +199,8 @@ def _guards(p: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor) -> d
 
 
 def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> dict:
-    """``{method: {calibrator: {metric: (mean, std, n)} or None}}`` over seeds, for :data:`GRID_METRICS`,
+    """``{method: {calibrator: {metric: (mean, std, n)} or None}}`` over seeds (the calibrators of
+    ``probs.names``), for :data:`GRID_METRICS`,
     plus ``"zero_rows"``: the largest count over seeds of test rows given a true-class probability
     below :data:`ZERO_P` (their NLL terms dominate the NLL).
 
@@ -206,7 +217,7 @@ def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> 
     out = {}
     for method, entry in summary.items():
         cells = {}
-        for name in calibrator_names():
+        for name in probs.names:
             panels = []
             for row in entry["runs"]:
                 try:

@@ -69,7 +69,7 @@ def ece_interval_figure(summary: dict, probs, selections: dict, n_boot: int, see
     caption = (f"Test ECE (x100, mean over {n_seeds} seed(s)) of each method with no calibrator (grey) and after "
                f"the calibrator chosen for it on validation (green, named after the method), with 95% bootstrap "
                f"intervals ({n_boot} resamples; black lines).")
-    return Figure(_save(fig, path), caption)
+    return Figure(_save(fig, path, laid_out=True), caption)
 
 
 def _first_run(summary: dict, method: str) -> dict:
@@ -94,7 +94,7 @@ def pair_reliability_figure(summary: dict, probs, method: str, calibrator: str, 
     caption = (f"Reliability diagrams on the test set (seed {pick['seed']}): CE with no calibrator (left) and the "
                f"recommendation, {label(method)} + {calibrator} (right). Blue bars: accuracy per confidence bin; "
                "the gap to the dashed diagonal is shaded (red: over-confident, purple: under-confident).")
-    return Figure(_save(fig, path), caption)
+    return Figure(_save(fig, path, laid_out=True), caption)
 
 
 def _pairs(summary: dict, probs, method: str, calibrator: str) -> dict:
@@ -118,7 +118,7 @@ def smooth_figure(summary: dict, probs, method: str, calibrator: str, path: Path
                "bandwidth sigma at its fixed point; no bins) of CE, CE + temperature scaling and the "
                "recommendation, seed "
                f"{_first_run(summary, REFERENCE)['seed']}; drawn where rows are (density at least 1% of its peak).")
-    return Figure(_save(fig, path), caption)
+    return Figure(_save(fig, path, laid_out=True), caption)
 
 
 def risk_coverage_figure(summary: dict, probs, method: str, calibrator: str, path: Path) -> Figure:
@@ -132,7 +132,7 @@ def risk_coverage_figure(summary: dict, probs, method: str, calibrator: str, pat
     caption = ("Risk-coverage curves (accept the most confident test rows first; the error among the accepted "
                "rows against the share accepted; lower is better) of CE, CE + temperature scaling and the "
                "recommendation; AURC x100 in the legend.")
-    return Figure(_save(fig, path), caption)
+    return Figure(_save(fig, path, laid_out=True), caption)
 
 
 def evidence_figures(ctx) -> list[Figure]:

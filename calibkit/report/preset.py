@@ -19,6 +19,12 @@ def recorded_preset(out_dir, name: str):
     return found if found is not None else PRESETS.get(name)
 
 
+def report_calibrators(preset) -> tuple[str, ...] | None:
+    """The calibrators the report fits for ``preset``: its ``report_calibrators`` (None: every
+    calibrator of the registry but the opt-in ones; also when no preset is known)."""
+    return None if preset is None else preset.report_calibrators
+
+
 def preset_rows(preset) -> list[list[str]]:
     """``[setting, value]`` rows of every setting of ``preset`` (its TOML text, one line a row)."""
     from calibkit.bench.presetfile import dump_preset

@@ -203,7 +203,7 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
         for c in (NONE, TS):
             cell["aurc"][c] = _mean(aurc(*sets.probs(r, c)) for r in runs)
             cell["augrc"][c] = _mean(augrc(*sets.probs(r, c)) for r in runs)
-        for c in calibrator_names() if conformal else ():
+        for c in sets.probs.names if conformal else ():
             try:
                 rows = [sets.conformal(r, c) for r in runs]
             except (ValueError, RuntimeError) as exc:  # this calibrator cannot be fitted on half the rows
@@ -277,13 +277,14 @@ def sets_table(cells: dict, alpha: float):
                   "own calibrator", "cov %", "size"], rows)
 
 
-def sets_grid_table(cells: dict):
-    """Methods x calibrators: mean APS set size and, in parentheses, coverage %; each method's own
-    calibrator in italics (``row_best``), ``-`` where a calibrator could not be fitted."""
+def sets_grid_table(cells: dict, names=None):
+    """Methods x calibrators (``names``, ``"none"`` first; default :func:`calibrator_names`): mean APS
+    set size and, in parentheses, coverage %; each method's own calibrator in italics
+    (``row_best``), ``-`` where a calibrator could not be fitted."""
     from calibkit.report.data import label
     from calibkit.report.tables import Table
 
-    names = calibrator_names()
+    names = calibrator_names() if names is None else list(names)
     rows, marks = [], set()
     for i, (m, c) in enumerate(cells.items()):
         rows.append([label(m)] + [f"{c['size'][n]:.2f} ({c['coverage'][n] * 100:.1f})" if n in c["size"] else "-"

@@ -64,9 +64,9 @@ def rule_key(rule: SelectionRule) -> dict:
 def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule, probs: CalibratedProbs) -> Path | None:
     if cache_dir is None:
         return None
-    from calibkit.calibrators.registry import CALIBRATORS, default_names
+    from calibkit.calibrators.registry import CALIBRATORS
 
-    names = ",".join(f"{n}={CALIBRATORS[n]()!r}" for n in default_names())
+    names = ",".join(f"{n}={CALIBRATORS[n]()!r}" for n in probs.names[1:])
     ident = (f"{probs.digest(row, ('val_logits', 'val_labels'))}|{names}|{json.dumps(rule_key(rule), sort_keys=True)}|"
              f"{MAX_SELECTION_ROWS}")
     return cache_file(cache_dir, row, "crossfit", ident, "json")
@@ -86,7 +86,7 @@ def selection_rows(n: int, cap: int | None = None):
 
 def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_RULE,
                cache_dir: Path | None = None) -> dict[str, CrossFitScore]:
-    """Cross-fitted validation scores of one run (``"none"`` and every calibrator)."""
+    """Cross-fitted validation scores of one run (``"none"`` and every calibrator of ``probs.names``)."""
     path = _cache_file(cache_dir, row, rule, probs)
     if path is not None and path.is_file():
         try:
@@ -100,10 +100,11 @@ def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_
         raise NoValidationLogits(f"{row['logits_path']}: no validation logits to choose a calibrator on")
     x, y = t["val_logits"], t["val_labels"].long()
     rows = selection_rows(len(y))
+    names = probs.names[1:]
     if rows is None:  # the calibrators the report already fitted on these very rows are not refitted
-        scores, _ = cross_fit(x, y, rule=rule, fitted=probs.fitted(row))
+        scores, _ = cross_fit(x, y, names, rule=rule, fitted=probs.fitted(row))
     else:
-        scores, _ = cross_fit(x[rows], y[rows], rule=rule)
+        scores, _ = cross_fit(x[rows], y[rows], names, rule=rule)
     if path is not None:
         from calibkit.rundir import atomic_write
 

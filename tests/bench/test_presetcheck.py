@@ -13,6 +13,7 @@ import pytest
 from calibkit.bench.preflight import check_bench
 from calibkit.bench.presetcheck import check_preset
 from calibkit.bench.presetfile import load_preset
+from calibkit.calibrators.registry import CALIBRATORS
 
 BASE = 'name = "t"\ndataset = "digits"\nmodel = "mlp"\nseeds = [0]\nmethods = ["ls", "maccal", "csm"]\nood = "none"\n'
 
@@ -72,6 +73,13 @@ def test_the_base_preset_is_valid(tmp_path):
     (("", '[space.csm]\n"csm.sharpness" = [1.0, 2.0]\n"train.csm_weight" = [0.0, 1.0]\n'),
      "[space.csm] 'train.csm_weight': value 0.0: csm_weight: must be > 0, got 0.0"),
     (("", 'modality = "text"\n'), "modality: digits holds images, so the modality is 'image', got 'text'"),
+    (("", 'report_calibrators = ["temperature", "vectr"]\n'), "report_calibrators: unknown calibrator 'vectr' "
+     f"(nearest valid name: vector); valid: {', '.join(CALIBRATORS)}"),
+    (("", 'report_calibrators = ["vector"]\n'), "report_calibrators: a list of distinct calibrator names holding "
+     "'temperature' (the report's reference calibrator), or left out for every calibrator; got ['vector']"),
+    (("", 'report_calibrators = ["temperature", "temperature"]\n'), "report_calibrators: a list of distinct "
+     "calibrator names holding 'temperature' (the report's reference calibrator), or left out for every "
+     "calibrator; got ['temperature', 'temperature']"),
 ])
 def test_each_bad_value_is_one_line_naming_file_key_and_rule(tmp_path, change, message):
     old, new = change

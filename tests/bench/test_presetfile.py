@@ -81,6 +81,16 @@ eta = 3.0
     assert parse_preset(dump_preset(p)) == p
 
 
+def test_report_calibrators_read_written_and_typed():
+    p = parse_preset(BASE + 'report_calibrators = ["temperature", "histogram"]\n')
+    assert p.report_calibrators == ("temperature", "histogram")
+    assert 'report_calibrators = ["temperature", "histogram"]' in dump_preset(p)
+    assert parse_preset(dump_preset(p)) == p
+    assert parse_preset(BASE).report_calibrators is None and "report_calibrators" not in dump_preset(parse_preset(BASE))
+    with pytest.raises(ValueError, match=r"report_calibrators: expected a list of calibrator names, got \[1\]"):
+        parse_preset(BASE + "report_calibrators = [1]\n")
+
+
 def test_a_new_address_takes_the_middle_value_as_its_published_one():
     p = parse_preset(BASE + '[space.mbls]\n"loss.lam" = [0.4, 0.1, 0.2, 0.3]\n')
     assert p.space_for("mbls") == {"loss.lam": Axis((0.1, 0.2, 0.3, 0.4), 0.2)}  # (len-1)//2 = index 1

@@ -49,8 +49,14 @@ def bench(tmp_path_factory):
     res = subprocess.run([PYTHON, "-m", "calibkit", "bench", "--preset", "smoke", "--methods", "ce", "ls",
                           "--out", str(out), "--no-report"], capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stderr
+    from dataclasses import replace
+
+    from calibkit.bench.presetfile import read_effective, write_effective
     from calibkit.report import build_report
 
+    # every calibrator of the registry, which the tests below check one by one (the smoke preset's
+    # own report fits two: report_calibrators, left out of the recorded preset here)
+    write_effective(replace(read_effective(out, "smoke"), report_calibrators=None), out)
     rep = build_report(out, n_boot=200, figures=False, width=0)
     rows = {r["method"]: r for r in Store(out / "runs.db", readonly=True).runs("smoke")}
     return out, rep, rows, env

@@ -816,8 +816,8 @@ def test_build_report_in_process(tmp_path, monkeypatch):
     # are not wrapped)
     titles = {s.title for s in rep["sections"]}
     assert max(len(ln) for ln in lines[1:] if ln not in titles) <= 70
-    # n_boot: the preset's (smoke: 200)
-    assert "paired bootstrap (200 resamples)" in text.replace("\n", " ")
+    # n_boot: the preset's (smoke: 100)
+    assert "paired bootstrap (100 resamples)" in text.replace("\n", " ")
     assert "x100, mean over 2 seed(s)." in text.replace("\n", " ")
     rep_dir = tmp_path / "report"
     md = (rep_dir / "report.md").read_text()
@@ -825,7 +825,7 @@ def test_build_report_in_process(tmp_path, monkeypatch):
                          "methods; CE (`ce`) is the reference. Runs: 3 methods (ce, ls, focal), 2 seeds (0, 1), "
                          "epochs not recorded. Git commit `c0ce`; python 3.0, torch 9.0.\n\n"
                          "Unfinished runs: smoke/mbls/0 (running), smoke/acls/0 (running).\n")
-    assert "mean over 2 seed(s); 1 = lowest ECE" in md and "paired bootstrap (200 resamples)" in md
+    assert "mean over 2 seed(s); 1 = lowest ECE" in md and "paired bootstrap (100 resamples)" in md
     titles = [s.title for s in rep["sections"]]
     assert titles[:5] == ["Ranking by test ECE (before temperature scaling)", "Notes",
                           "Test set, before temperature scaling (grid order)",
