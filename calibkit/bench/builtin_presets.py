@@ -134,6 +134,7 @@ BUILTIN_PRESETS.update({
         dataset="scenes", model="unet", seeds=(0,),
         train={**_SEG_TRAIN, "epochs": 1, "train_subset": 48, "val_size": 16},
         losses=_SEG_LOSSES, methods=("ce", "mbls", "fedlas_mbls"), robust_n=0, n_boot=100, num_threads=1,
+        report_calibrators=SMOKE_CALIBRATORS,
         note="segmentation pipeline end to end on Fashion-MNIST scenes, tiny (a test runs it); numbers mean nothing",
     ),
     "seg": dict(
