@@ -285,7 +285,7 @@ def _trade_off(rec: dict, select_by: str) -> str | None:
     test in a metric the rule did not choose by (the choice stands: it was made on validation)."""
     from calibkit.report.data import direction
 
-    names = {"ece": ("ECE x100", 100, 2), "nll": ("NLL", 1, 4), "brier": ("Brier", 1, 4)}
+    names = METRIC_FORMAT
     worse = [(m, d) for m in ("ece", "nll", "brier") if m != select_by and (d := rec.get(f"d_{m}"))
              and direction(d["lo"], d["hi"], d["metric"]) == "worse"]
     if not worse:
@@ -364,7 +364,7 @@ def validation_table(selections: dict):
     first = next(iter(selections.values()), None)
     names = list(first.scores) if first else []
     metric = first.rule.select_by if first else "nll"
-    scale, digits = (100, 2) if metric == "ece" else (1, 4)
+    _, scale, digits = METRIC_FORMAT[metric]
     rows, chosen = [], set()
     for i, m in enumerate(methods):
         sel = selections[m]
@@ -382,6 +382,10 @@ def validation_table(selections: dict):
     return Table([f"Method (val {metric_name(metric)}, cross-fitted)"] + names, rows, set(), row_best=chosen)
 
 
+#: ``{metric: (name, scale, digits)}``: how the block and the tables print a selection metric.
+METRIC_FORMAT = {"ece": ("ECE x100", 100, 2), "nll": ("NLL", 1, 4), "brier": ("Brier", 1, 4)}
+
+
 def metric_name(metric: str) -> str:
     """``"NLL"``, ``"Brier"`` or ``"ECE x100"``: a selection metric as the tables print it."""
-    return {"ece": "ECE x100", "nll": "NLL", "brier": "Brier"}.get(metric, metric)
+    return METRIC_FORMAT[metric][0] if metric in METRIC_FORMAT else metric
