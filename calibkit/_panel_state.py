@@ -42,6 +42,7 @@ from calibkit.functional.binning import (
 )
 from calibkit.functional.estimators import block_estimators, tie_blocks
 from calibkit.functional.iou import confusion_matrix, iou_from_confusion
+from calibkit.functional.panel_device import scatter_sums
 from calibkit.functional.selective import block_areas
 
 __all__ = ["Layout", "batch_vector", "fold_check", "neutral_check", "panel_from_state"]
@@ -101,8 +102,6 @@ def batch_vector(layout: Layout, s) -> torch.Tensor:
 
 def _hist_aece_sums(hist: torch.Tensor, n_bins: int) -> BinSums:
     """Equal-mass bins over the fine histogram: each fine bin is a block of tied confidences."""
-    from calibkit.functional.panel_device import scatter_sums
-
     order = torch.arange(FINE_BINS, dtype=torch.float64, device=hist.device)
     bins = weighted_equal_mass_bins(order, hist[0][None], n_bins)[0]
     out = scatter_sums(bins, hist.T.contiguous(), n_bins, lanes=1)

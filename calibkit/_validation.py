@@ -7,6 +7,7 @@ Every public function validates its inputs here so that bad input fails early wi
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import numpy as np
@@ -167,8 +168,6 @@ def probs_within_tolerance(lo, hi, worst_row_dev, dtype: torch.dtype = torch.flo
 def probs_error(name: str, lo: float, hi: float, worst: float, dtype: torch.dtype, n_bad=None):
     """The ``ValueError`` of :func:`check_probs` for a matrix with minimum ``lo``, maximum ``hi``
     and largest ``|row sum - 1|`` ``worst`` (python floats), or ``None`` when they pass."""
-    import math
-
     if not (math.isfinite(lo) and math.isfinite(hi)):
         count = "" if n_bad is None else f"{n_bad} "
         return UserError(f"{name} contains {count}NaN or infinite value(s)")

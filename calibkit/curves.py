@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibkit._validation import check_probs
+from calibkit.functional import aurc, risk_coverage_curve, smooth_ece
 from calibkit.functional.binning import top_label
 from calibkit.functional.inputs import to_rows
 from calibkit.plots import _new_axes
@@ -85,8 +86,6 @@ def smooth_reliability_curve(probs, labels, sigma: float | None = None, n_points
         sigma: the kernel's bandwidth (default: smooth ECE's fixed point).
         n_points: grid points on [0, 1].
     """
-    from calibkit.functional import smooth_ece
-
     rows = to_rows(probs, labels)
     p, y = check_probs(rows.probs, rows.labels)
     if sigma is None:
@@ -150,8 +149,6 @@ def smooth_reliability_diagram(curves: dict, ax=None, title: str | None = None):
 
 def risk_coverage_plot(curves: dict, ax=None, title: str | None = None):
     """Risk-coverage curves (``{name: (probs, labels)}``) on one Axes, each with its AURC in the legend."""
-    from calibkit.functional import aurc, risk_coverage_curve
-
     ax = _new_axes(ax)
     for name, (p, y) in curves.items():
         cov, risk = (np.asarray(v, dtype=float) for v in risk_coverage_curve(p, y))

@@ -21,13 +21,12 @@ import numpy as np
 import torch
 
 from calibkit.errors import UserError
+from calibkit.functional.binning import equal_width_bins
 
 
 def _image_bin_sums(probs: torch.Tensor, labels: torch.Tensor, group_index: np.ndarray, n_groups: int,
                     n_bins: int) -> np.ndarray:
     """(G, B) sums of ``conf - correct`` per image and confidence bin."""
-    from calibkit.functional.binning import equal_width_bins
-
     conf, pred = probs.double().max(dim=1)
     gap = (conf - (pred == labels.to(pred.device)).double()).cpu().numpy()
     b = equal_width_bins(conf, n_bins).cpu().numpy()

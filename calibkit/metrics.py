@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from calibkit._panel_state import Layout, batch_vector, fold_check, neutral_check, panel_from_state
 from calibkit._validation import check_n_bins
@@ -228,8 +229,6 @@ class CalibrationAccumulator:
         ``update``. Every rank must have seen the same ``K`` and the same kind of input (dense or
         not). State tensors must suit the backend (CPU for gloo, CUDA for nccl).
         """
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             return self
         if self._sums is None:

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from calibkit._validation import as_tensor, check_n_bins, check_probs
 from calibkit.errors import UserError
@@ -61,6 +63,7 @@ from calibkit.functional.binning import (
     top_label,
 )
 from calibkit.functional.inputs import to_rows
+from calibkit.functional.metrics import _sums
 
 __all__ = ["ReliabilityCurve", "reliability_curve", "bootstrap_band", "consistency_band", "reliability_diagram",
            "confidence_histogram", "BAND_KINDS"]
@@ -114,8 +117,6 @@ def reliability_curve(probs, labels, n_bins: int = 15, ignore_index: int | None 
     instead (pointwise, or for all bins at once with ``simultaneous=True``; ``n_boot`` and ``seed``
     unused: its quantiles are exact).
     """
-    from calibkit.functional.metrics import _sums
-
     _check_band_args(level, n_boot, seed)
     _check_kind(band_kind, simultaneous)
     s = _sums(probs, labels, check_n_bins(n_bins), ignore_index=ignore_index)
@@ -210,8 +211,6 @@ def bootstrap_band(count, correct, level: float = 0.9, n_boot: int = 1000, seed:
 def _new_axes(ax, figsize=(4.5, 4.5)):
     if ax is not None:
         return ax
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)

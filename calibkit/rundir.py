@@ -21,15 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+import calibkit
+from calibkit.config import TrainConfig
+from calibkit.data.inputs import ImageInputs, inputs_for, inputs_from_info
+from calibkit.data.tokenizer import Vocabulary
+from calibkit.data.wordpiece import KIND, WordPieceTokenizer
 from calibkit.diskio import DiskFull as DiskFull  # re-exported: where callers have always found them
 from calibkit.diskio import atomic_write
 from calibkit.diskio import disk_full as disk_full
 from calibkit.distributed import eval_batch_size
 from calibkit.errors import UserError
+from calibkit.models import resolve
 
 CONFIG = "config.json"
 MODEL = "model.safetensors"
@@ -103,10 +110,6 @@ _RECOVER = ("the run cannot resume from it: put back a good copy of that file (e
 
 def environment() -> dict:
     """Git commit of the checkout (if any) and versions of the packages a result depends on."""
-    import safetensors
-
-    import calibkit
-
     root = Path(calibkit.__file__).resolve().parent.parent
     commit = dirty = None
     try:
@@ -153,9 +156,6 @@ def load_vocab(run_dir):
     """The :class:`~calibkit.data.tokenizer.Vocabulary` (or, for ``debian-minilm`` runs, the
     :class:`~calibkit.data.wordpiece.WordPieceTokenizer`) of a text run (``vocab.json``), to encode new
     texts exactly as its training texts were: ``predict_logits(model, vocab.encode(texts), info)``."""
-    from calibkit.data.tokenizer import Vocabulary
-    from calibkit.data.wordpiece import KIND, WordPieceTokenizer
-
     path = _check_run_dir(run_dir) / VOCAB
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (only text runs have a vocabulary)")
@@ -194,9 +194,6 @@ def load_run(run_dir):
         ``(model, cfg, info)``: the model in eval mode on CPU, its :class:`calibkit.config.TrainConfig`,
         and the full ``config.json`` dict (split, ``num_classes``, ``in_channels``, mean/std, ...).
     """
-    from calibkit.config import TrainConfig
-    from calibkit.models import resolve
-
     run_dir = _check_run_dir(run_dir)
     info = load_info(run_dir)
     cfg = TrainConfig.from_dict(info["config"])
@@ -230,8 +227,6 @@ def predict_logits(model, images: torch.Tensor, norm, batch_size: int | None = N
     Returns:
         float32 logits ``(N, K)`` (or ``(N, K, ...)`` for dense models) on CPU.
     """
-    from calibkit.data.inputs import ImageInputs, inputs_for, inputs_from_info
-
     if hasattr(norm, "eval_batch"):
         inputs = norm
     elif isinstance(norm, dict):

@@ -65,6 +65,7 @@ import math
 import numpy as np
 import torch
 
+from calibkit.bootstrap import bootstrap_interval, holding
 from calibkit.errors import UserError
 
 __all__ = ["MIN_SEEDS", "seed_draws", "resampled_means", "seed_paired_interval", "auto_levels"]
@@ -133,8 +134,6 @@ def seed_paired_interval(estimates, samples, level: float = 0.95, seed: int = 0,
         ``mean(samples) - estimate`` (the basic interval is centred on ``estimate - bias``),
         ``seeds`` = ``S``.
     """
-    from calibkit.bootstrap import bootstrap_interval, holding
-
     estimates = np.asarray(estimates, dtype=np.float64)
     samples = torch.as_tensor(samples, dtype=torch.float64)
     if samples.dim() != 2 or estimates.shape != (samples.shape[0],) or samples.shape[0] < 1 or samples.shape[1] < 1:

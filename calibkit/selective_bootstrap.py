@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from calibkit.bootstrap import count_draws
 from calibkit.errors import UserError
 
 __all__ = ["SelectiveRows", "resampled_selective"]
@@ -85,8 +86,6 @@ def resampled_selective(rows: list[SelectiveRows], n_resamples: int = 1000, seed
     """``{metric: (len(rows), R)}`` float64 tensors for ``metrics`` (``"aurc"``, ``"augrc"``): every
     model's values on the same resamples as the panel metrics' bootstrap with this ``seed``
     (:func:`calibkit.bootstrap.count_draws`); the models must share their test rows (one ``N``)."""
-    from calibkit.bootstrap import count_draws
-
     if not rows or len({r.n for r in rows}) != 1:
         raise UserError("resampled_selective needs at least one model, all with the same number of test rows")
     unknown = set(metrics) - {"aurc", "augrc"}

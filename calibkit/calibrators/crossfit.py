@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from calibkit import functional as F
+from calibkit.bootstrap import bootstrap_cis
 from calibkit.calibrators.evidence import NOT_FITTED, unestimable
 from calibkit.calibrators.registry import CALIBRATORS, default_names
+from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling
 from calibkit.errors import UserError
 
 NONE = "none"  # the uncalibrated model, always a candidate
@@ -32,8 +35,6 @@ def unfittable(name: str, n_rows: int, k: int) -> str | None:
     than K parameters per row, and its fit costs grow with K^2 (Dirichlet calibration at K = 1000
     takes over a minute whatever the rows).
     """
-    from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling
-
     if n_rows < k and issubclass(CALIBRATORS[name], (MatrixScaling, DirichletCalibration)):
         return (f"{NOT_FITTED}{n_rows} validation rows for K = {k} classes; its K x K map ({k * k + k} parameters) "
                 "cannot be fitted from fewer rows than classes")
@@ -160,8 +161,6 @@ def _uncalibrated(logits: torch.Tensor) -> torch.Tensor:
 
 def _score(probs: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor, n_bins: int,
            seconds: float) -> CrossFitScore:
-    from calibkit import functional as F
-
     p = _two_column(probs)
     return CrossFitScore(acc=float(F.accuracy(p, labels)), ece=float(F.ece(p, labels, n_bins=n_bins)),
                          nll=float(F.nll(p, labels)), brier=float(F.brier(p, labels)),
@@ -246,10 +245,6 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
 
 def with_samples(scores: dict, oof: dict, y: torch.Tensor, rule: SelectionRule) -> dict:
     """Attach each candidate's resampled cross-fitted metric (one draw shared by all, seeded by ``rule.seed``)."""
-    from dataclasses import replace
-
-    from calibkit.bootstrap import bootstrap_cis
-
     cis, _ = bootstrap_cis(rule.select_by, oof, y, n_resamples=rule.n_boot, seed=rule.seed, n_bins=rule.n_bins)
     return {n: replace(s, samples=cis[n].samples) if n in cis else s for n, s in scores.items()}
 

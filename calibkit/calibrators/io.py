@@ -24,7 +24,12 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
 
+from calibkit.calibrators._state import COMMON, StateError, check_state
+from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.errors import UserError
 
 __all__ = ["save", "load", "paths"]
@@ -42,8 +47,6 @@ def paths(path) -> tuple[Path, Path]:
 
 
 def _registry_name(cal) -> str:
-    from calibkit.calibrators.registry import CALIBRATORS
-
     for name, cls in CALIBRATORS.items():
         if type(cal) is cls:
             return name
@@ -59,8 +62,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def save(cal, path) -> tuple[Path, Path]:
     """Write the fitted calibrator ``cal`` to ``STEM.safetensors`` + ``STEM.json``; returns both paths."""
-    from safetensors.torch import save as st_save
-
     name = _registry_name(cal)
     d = cal.to_dict()
     tensors = {k: v for k, v in d["state"].items() if isinstance(v, torch.Tensor)}
@@ -83,12 +84,6 @@ def load(path):
             an unknown calibrator, lack state, or hold an invalid hyperparameter or state field
             (one line naming the file and the field; module docstring).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from calibkit.calibrators._state import COMMON, StateError, check_state
-    from calibkit.calibrators.registry import CALIBRATORS
-
     st_path, json_path = paths(path)
     for p in (json_path, st_path):
         if not p.is_file():

@@ -28,6 +28,8 @@ then reduce to Platt scaling ``sigmoid(a z + c)``, Dirichlet calibration to beta
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from calibkit.calibrators._base import Calibrator, lbfgs
@@ -129,8 +131,6 @@ class MatrixScaling(_AffineScaling):
 
 def _temperature(x: torch.Tensor, y: torch.Tensor) -> float:
     """The NLL temperature of ``x`` (quietly clipped to [0.01, 100]: only a starting point)."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _fit_nll(x, y, 1e-2, 1e2)[0]

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from calibkit.bootstrap import bootstrap_interval, holding
 from calibkit.calibrators.crossfit import (
     NONE,
     NOT_FITTED,
@@ -64,6 +65,7 @@ from calibkit.calibrators.crossfit import (
     mean_scores,
     unfittable,
 )
+from calibkit.calibrators.wording import accuracy_below, comparison_note, nll_above
 from calibkit.errors import UserError
 
 __all__ = ["NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", "Selection", "folds", "cross_fit",
@@ -114,9 +116,6 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
            default_name: str = "the default") -> tuple[bool, str]:
     """Whether ``challenger``'s metric is significantly below ``default``'s, and the status text
     (:func:`calibkit.calibrators.wording.comparison_note`)."""
-    from calibkit.bootstrap import bootstrap_interval, holding
-    from calibkit.calibrators.wording import comparison_note
-
     est = getattr(challenger, rule.select_by) - getattr(default, rule.select_by)
     scale, metric = {"ece": (100, "ECE x100"), "nll": (1, "NLL")}.get(rule.select_by, (1, rule.select_by.capitalize()))
     a, b = challenger.samples, default.samples
@@ -133,8 +132,6 @@ def _below(challenger: CrossFitScore, default: CrossFitScore, rule: SelectionRul
 def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule: SelectionRule,
            nll_name: str = "the default") -> str | None:
     """Why ``name`` is not eligible (None when it is); ``nll_name`` names whose NLL ``nll_ref`` is."""
-    from calibkit.calibrators.wording import accuracy_below, nll_above
-
     if s.error is not None:
         return s.error if s.error.startswith(NOT_FITTED) else f"fit failed: {s.error}"
     if name == NONE:

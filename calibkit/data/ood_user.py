@@ -9,6 +9,9 @@ import torch
 
 from calibkit.errors import UserError
 
+from .datasets import DATASETS
+from .folders import IMAGE_EXTENSIONS, _list_images, read_images
+from .tensors import input_kind, read_arrays, to_inputs
 from .transforms import resize
 
 OOD_SETS = ("digits", "noise")  # always available; any DATASETS name works too
@@ -19,8 +22,6 @@ OOD_KEYS = ("x", "x_ood", "x_test")  # the array of a user's OOD tensors file
 
 def is_user_set(name: str) -> bool:
     """Whether ``name`` is a path to the user's own OOD inputs rather than a registered set."""
-    from .datasets import DATASETS
-
     return name not in OOD_SETS and name not in DATASETS and name != NO_OOD and name != "debian-heldout"
 
 
@@ -37,8 +38,6 @@ def _noise(like, seed: int) -> torch.Tensor:
 
 
 def _folder_images(folder: str, like) -> torch.Tensor:
-    from .folders import IMAGE_EXTENSIONS, _list_images, read_images
-
     if like.modality != "image":
         raise UserError(f"OOD folder {folder}: the data are {like.modality}, not images; give a tensors file")
     paths = _list_images(folder)
@@ -51,8 +50,6 @@ def _folder_images(folder: str, like) -> torch.Tensor:
 
 
 def _file_inputs(path: str, like) -> torch.Tensor:
-    from .tensors import input_kind, read_arrays, to_inputs
-
     arrays = read_arrays(path)
     keys = [k for k in OOD_KEYS if k in arrays]
     if len(keys) != 1:

@@ -16,6 +16,7 @@ import torch
 from calibkit.errors import UserError
 
 from .bundle import DataBundle, Split, channel_stats, index_checksum
+from .scenes import SCENES_TRAIN, read_scenes
 from .transforms import augment
 
 VOID = 255
@@ -71,8 +72,6 @@ def load_segmentation(name: str, spec, folder: str | None, seed: int, val_size, 
     (stream 0). ``train_subset``: a seeded random subset of the training images (stream 1);
     class stratification does not apply to images holding several classes.
     """
-    from .scenes import SCENES_TRAIN, read_scenes
-
     draw = train_subset
     if spec.read is read_scenes:
         n_val = spec.val_size if val_size is None else val_size

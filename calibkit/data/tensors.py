@@ -27,6 +27,8 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
+import pickle
+import zipfile
 
 import numpy as np
 import torch
@@ -59,8 +61,6 @@ def _first_line(exc: BaseException) -> str:
 
 def _zip_archive(path) -> bool:
     """Whether ``path`` starts as a zip archive does and ends with its central directory (intact)."""
-    import zipfile
-
     with open(path, "rb") as f:
         head = f.read(4)
     return head in (b"PK\x03\x04", b"PK\x05\x06") and zipfile.is_zipfile(path)
@@ -96,8 +96,6 @@ def read_npz(path) -> dict[str, np.ndarray]:
 def read_pt(path) -> dict:
     """The dict of a ``torch.save`` file, loaded with ``weights_only=True`` (tensors and plain Python
     values only: any other pickled object is refused, never unpickled)."""
-    import pickle
-
     with open(path, "rb") as f:
         zipped = f.read(4) == b"PK\x03\x04"
     if zipped and not _zip_archive(path):

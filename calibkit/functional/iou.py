@@ -15,6 +15,7 @@ import torch
 from calibkit._arrays import array_io
 from calibkit._validation import as_tensor, check_labels
 from calibkit.errors import UserError
+from calibkit.functional.panel_device import scatter_sums
 
 __all__ = ["mean_iou", "confusion_matrix", "iou_from_confusion"]
 
@@ -24,8 +25,6 @@ def confusion_matrix(preds: torch.Tensor, labels: torch.Tensor, num_classes: int
 
     ``weight`` ``(P,)`` (0/1) leaves rows out without removing them; no host synchronisation.
     """
-    from calibkit.functional.panel_device import scatter_sums
-
     w = torch.ones(preds.shape[0], 1, dtype=torch.float64, device=preds.device) if weight is None \
         else weight.double().view(-1, 1)
     slot = labels.long() * num_classes + preds.long()

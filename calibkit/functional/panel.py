@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from calibkit._validation import check_probs_layout, probs_error
+from calibkit._validation import _check_layout, check_probs_layout, probs_error
 from calibkit.errors import UserError
 from calibkit.functional.binning import BinSums
 from calibkit.functional.inputs import to_rows
 from calibkit.functional.panel_cpu import panel_sums_cpu
+from calibkit.functional.panel_device import classwise_torch
 from calibkit.functional.panel_types import PanelSums
 
 __all__ = ["PanelSums", "panel_sums", "raise_for_check", "classwise_bin_sums"]
@@ -78,8 +79,6 @@ def panel_sums(probs, labels, n_bins: int, full: bool = True, ignore_index: int 
 
 def _layout(probs, labels):
     """Shape/dtype checks without reading values (no host synchronisation)."""
-    from calibkit._validation import _check_layout
-
     probs = _check_layout(probs, "probs")
     if labels.dim() != 1:
         raise UserError(f"labels must have shape (N,), got {tuple(labels.shape)}")
@@ -97,6 +96,4 @@ def classwise_bin_sums(probs: torch.Tensor, labels: torch.Tensor, n_bins: int) -
     (edges in ``probs.dtype``), ``correct[k, b]`` the number of those samples labelled ``k``.
     Whole-tensor torch implementation (:mod:`calibkit.functional.panel_device`).
     """
-    from calibkit.functional.panel_device import classwise_torch
-
     return classwise_torch(probs, labels.long(), n_bins)

@@ -60,6 +60,7 @@ import torch
 from calibkit._arrays import array_io
 from calibkit._validation import as_tensor
 from calibkit.errors import UserError
+from calibkit.functional.metrics import _sums
 
 __all__ = ["risk_coverage_curve", "aurc", "eaurc", "augrc", "selective_risk", "block_areas"]
 
@@ -68,8 +69,6 @@ _LEVELS = 1 << 22  # coverage levels expanded at a time: bounded memory for bill
 
 def _rows(probs, labels, confidence, ignore_index):
     """Validated per-row ``(confidence, error)`` as float64 numpy arrays ``(P,)`` (ignored rows removed)."""
-    from calibkit.functional.metrics import _sums
-
     s = _sums(probs, labels, 1, ignore_index=ignore_index)  # checks probs and labels, every layout
     keep_w = None if s.weight is None else s.weight.detach().cpu().numpy() > 0
     err = 1.0 - s.correct.detach().double().cpu().numpy()

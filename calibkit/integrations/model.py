@@ -30,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_model, save_model
 from torch import nn
 
 from calibkit.calibrators._state import StateError, check_state
@@ -113,8 +114,6 @@ class CalibratedModel(nn.Module):
     def save(self, directory) -> Path:
         """Write ``directory/model.safetensors`` and ``directory/calibrator.{safetensors,json}``;
         returns the directory. The calibrator must be fitted."""
-        from safetensors.torch import save_model
-
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         save_calibrator(self.calibrator, out / CALIBRATOR_STEM)  # refuses an unfitted calibrator first
@@ -125,8 +124,6 @@ class CalibratedModel(nn.Module):
     def load(cls, directory, model: nn.Module, device=None) -> CalibratedModel:
         """The :class:`CalibratedModel` saved by :meth:`save` in ``directory``, its weights loaded
         into ``model`` (the same architecture, built by the caller) on ``device`` (default: CPU)."""
-        from safetensors.torch import load_model
-
         src = Path(directory)
         if not (src / MODEL_FILE).is_file():
             raise UserError(f"{src / MODEL_FILE} not found: pass the directory written by CalibratedModel.save")

@@ -18,6 +18,8 @@ Segmentation models (``model.dense`` is True) keep the spatial axes: features (N
 
 from __future__ import annotations
 
+import difflib
+
 from calibkit.errors import UserError
 
 from .densenet import densenet121
@@ -76,7 +78,6 @@ def resolve(name: str):
         from .custom import import_factory
 
         return import_factory(name)
-    import difflib
 
     close = difflib.get_close_matches(str(name), list(MODELS), n=1, cutoff=0.5)
     hint = f" (nearest valid name: {close[0]})" if close else ""

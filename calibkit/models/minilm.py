@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from safetensors.torch import load_file
 
 from calibkit.errors import UserError
 
@@ -50,8 +51,6 @@ def model_dir() -> str:
 
 def encoder_state_dict() -> dict[str, torch.Tensor]:
     """The packaged weights without :data:`UNUSED_KEYS` (the position index checked first)."""
-    from safetensors.torch import load_file
-
     state = load_file(os.path.join(model_dir(), "model.safetensors"))
     positions = state.get("embeddings.position_ids")
     if positions is not None and not torch.equal(positions.reshape(-1), torch.arange(positions.numel())):

@@ -9,7 +9,9 @@ the terminal text, ``report.md`` and ``index.html`` all follow.
 
 from __future__ import annotations
 
+import inspect
 import shutil
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +20,19 @@ from calibkit.bench.grid import REFERENCE
 from calibkit.bench.progress import Phases
 from calibkit.bootstrap import shared_draws
 from calibkit.errors import UserError
-from calibkit.report import fits
+from calibkit.losses import LOSSES
+from calibkit.report import fits, sets
 from calibkit.report.calibrated import CalibratedProbs, calibrator_names
-from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, label, summarize, usable_rows
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, interval_note, label, summarize, usable_rows
 from calibkit.report.evidence import evidence_section, risk_coverage_figure
 from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
-from calibkit.report.preset import preset_section, recorded_preset, report_calibrators
+from calibkit.report.preset import (
+    effective_settings,
+    note_for_runs,
+    preset_section,
+    recorded_preset,
+    report_calibrators,
+)
 from calibkit.report.protocol import protocol_section
 from calibkit.report.render import Section, to_html, to_markdown, to_text
 from calibkit.report.tables import ROW_BEST_MARK, calibrator_tables, grid_tables, ranked_table, robustness_table
@@ -158,8 +167,6 @@ def calibrators_section(ctx: ReportContext) -> list[Section]:
 def notes_section(ctx: ReportContext) -> list[Section]:
     """Explains methods whose test predictions equal CE's exactly (their difference is exactly 0),
     and what the paired intervals cover (:func:`calibkit.report.data.interval_note`)."""
-    from calibkit.report.data import interval_note
-
     same = [m for m, d in ctx.deltas.items() if d.get("identical")]
     coverage = interval_note(ctx.deltas, getattr(ctx, "comps", None))
     if not same and not coverage:
@@ -180,10 +187,6 @@ def notes_section(ctx: ReportContext) -> list[Section]:
 
 def _margin(ctx: ReportContext, method: str) -> float | None:
     """The ``margin`` hyperparameter of the method's loss spec (given, else the loss's default), or None."""
-    import inspect
-
-    from calibkit.losses import LOSSES
-
     spec = ((ctx.summary[method]["runs"][0].get("config") or {}).get("loss")) or ""
     name, _, rest = spec.partition(":")
     factory = LOSSES.get(name.strip().lower())
@@ -252,7 +255,6 @@ def sets_section(ctx: ReportContext) -> list[Section]:
     (:mod:`calibkit.report.sets`)."""
     if ctx.probs is None or ctx.grid is None:
         return []
-    from calibkit.report import sets
 
     rows = sets.SetRows(ctx.probs, ctx.alpha, ctx.out_dir / "cache" / "sets")
     cells, too_few = sets.method_sets_or_selective(ctx.summary, rows, ctx.selections, ctx.n_boot)
@@ -364,11 +366,9 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
     text_title = title + (f", {len(pending)} unfinished ({unfinished})" if pending else "")
     if width is None:
         width = shutil.get_terminal_size((100, 24)).columns
-    from calibkit.report.preset import effective_settings, note_for_runs
 
     settings = f"Runs: {effective_settings(done)}."  # the header says what ran, not what the preset's note says
     note = note_for_runs(preset, recorded, done)
-    import textwrap
 
     for line in (settings, note) if note else (settings,):  # under the title, wrapped like the rest of the text
         text_title += "\n" + (textwrap.fill(line, width) if width else line)

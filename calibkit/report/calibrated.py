@@ -33,7 +33,12 @@ from pathlib import Path
 
 import torch
 
+from calibkit import __version__
+from calibkit.calibrators.registry import CALIBRATORS, default_names
 from calibkit.errors import UserError
+from calibkit.metrics import evaluate
+from calibkit.report.data import mean_std
+from calibkit.rundir import read_tensors
 
 NONE = "none"  # the uncalibrated column
 #: Version of the report's cache files (calibrated probabilities, cross-fitted scores, conformal rows):
@@ -56,8 +61,6 @@ def tensor_digest(tensors: dict, names) -> str:
 def cache_file(cache_dir: Path, row: dict, stem: str, ident: str, suffix: str) -> Path:
     """``cache_dir/RUN__STEM__HASH.SUFFIX``: ``HASH`` of ``ident`` (which must hold the content digest)
     with :data:`CACHE_FORMAT` and the calibkit version; ``RUN`` only makes the files readable."""
-    from calibkit import __version__
-
     digest = hashlib.sha256(f"{ident}|format {CACHE_FORMAT}|{__version__}".encode()).hexdigest()[:24]
     return cache_dir / f"{row['run_key'].replace('/', '_')}__{stem}__{digest}.{suffix}"
 
@@ -70,8 +73,6 @@ def calibrator_names(names=None) -> list[str]:
     """``["none", *CALIBRATORS]``: the columns of the methods x calibrators table, in order, without
     the opt-in ones (:data:`calibkit.calibrators.boost.OPT_IN`); ``names`` (a preset's
     ``report_calibrators``): ``["none", *names]`` instead, in registry order."""
-    from calibkit.calibrators.registry import CALIBRATORS, default_names
-
     if names is None:
         return [NONE] + default_names()
     unknown = [n for n in names if n not in CALIBRATORS]
@@ -107,8 +108,6 @@ class CalibratedProbs:
 
     def logits(self, row: dict) -> dict:
         """The run's saved tensors (``val_logits``, ``val_labels``, ``test_logits``, ``test_labels``, ...)."""
-        from calibkit.rundir import read_tensors
-
         path = row.get("logits_path")
         if not path:
             raise UserError(f"run {row['run_key']} has no logits_path in the database")
@@ -211,9 +210,6 @@ def calibrator_grid(summary: dict, probs: CalibratedProbs, n_bins: int = 15) -> 
     is kept in ``probs.failures[(run_key, calibrator)]`` for the report to name; the rest of the
     report is unaffected.
     """
-    from calibkit.metrics import evaluate
-    from calibkit.report.data import mean_std
-
     out = {}
     for method, entry in summary.items():
         cells = {}

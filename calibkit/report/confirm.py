@@ -41,6 +41,7 @@ import torch
 from calibkit.bench.grid import REFERENCE
 from calibkit.calibrators.selection import TIE
 from calibkit.report.data import label
+from calibkit.report.paired import paired_delta
 
 ALPHA = 0.05  # the family-wise error rate of the confirmatory comparisons
 POWER = 0.8  # the power of the detectable difference
@@ -92,8 +93,6 @@ def confirmatory(summary: dict, probs, selections: dict, metric: str = "nll", n_
         "confirmed", "detectable", "seeds", "levels"}}}`` (``confirmed``: ``"better"``,
         ``"worse"`` or None; a method without shared seeds has no entry).
     """
-    from calibkit.report.paired import paired_delta
-
     if REFERENCE not in summary or REFERENCE not in selections:
         return None
     ce_runs = summary[REFERENCE]["runs"]

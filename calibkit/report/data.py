@@ -14,6 +14,9 @@ import torch
 
 from calibkit.bench.grid import BENCH_METHODS, REFERENCE
 from calibkit.errors import UserError
+from calibkit.metrics import paired_bootstrap_diff
+from calibkit.rundir import read_tensors
+from calibkit.seed_bootstrap import MIN_SEEDS, auto_levels, seed_paired_interval
 
 
 def label(method: str) -> str:
@@ -196,8 +199,6 @@ def interval_note(deltas: dict, comps: dict | None = None) -> str | None:
     compared, not the methods. A one-level difference over 3 or more seeds compared a method with
     itself after a calibrator (the same runs on both sides).
     """
-    from calibkit.seed_bootstrap import MIN_SEEDS
-
     found = [(m, d) for m, d in deltas.items() if isinstance(d, dict) and "levels" in d]
     for method, row in (comps or {}).items():
         found += [(method, row[c]) for c in _PAIRED_COLUMNS if isinstance(row.get(c), dict) and "levels" in row[c]]
@@ -233,8 +234,6 @@ def interval_note(deltas: dict, comps: dict | None = None) -> str | None:
 
 def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
     """Test probabilities ``(N, K)``, labels ``(N,)`` and the fitted temperature of a finished run."""
-    from calibkit.rundir import read_tensors
-
     path = row.get("logits_path")
     if not path:
         raise UserError(f"run {row['run_key']} has no logits_path in the database")
@@ -246,8 +245,6 @@ def load_probs(row: dict) -> tuple[np.ndarray, np.ndarray, float]:
 
 def load_groups(row: dict) -> np.ndarray | None:
     """The test image of every stored test pixel of a segmentation run (None for classification)."""
-    from calibkit.rundir import read_tensors
-
     tensors = read_tensors(row["logits_path"])
     return tensors["test_image"].numpy() if "test_image" in tensors else None
 
@@ -293,9 +290,6 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
     Raises:
         ValueError: two runs of one seed were tested on different test sets.
     """
-    from calibkit.metrics import paired_bootstrap_diff
-    from calibkit.seed_bootstrap import auto_levels, seed_paired_interval
-
     probs = probs or load_probs
     by_seed = {r["seed"]: r for r in runs_b}
     pairs = [(r, by_seed[r["seed"]]) for r in runs_a if r["seed"] in by_seed]

@@ -25,9 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.curves import risk_coverage_plot, smooth_reliability_diagram
+from calibkit.plots import reliability_diagram
 from calibkit.report.calibrated import NONE
 from calibkit.report.data import label
 from calibkit.report.figures import Figure, _pyplot, _save
+from calibkit.report.paired import seed_interval
+from calibkit.report.render import Section
 
 __all__ = ["ece_interval_figure", "pair_reliability_figure", "smooth_figure", "risk_coverage_figure",
            "evidence_figures"]
@@ -37,8 +41,6 @@ SIZE = (4.6, 3.3)  # inches at DPI 100: ~460 x 330 px; three side by side fit th
 
 def ece_interval_figure(summary: dict, probs, selections: dict, n_boot: int, seed: int, path: Path) -> Figure:
     """Test ECE x100 per method, before (grey) and after its chosen calibrator (green), 95% intervals."""
-    from calibkit.report.paired import seed_interval
-
     plt = _pyplot()
     methods = list(summary)
     cal = {m: selections[m].chosen if m in selections else NONE for m in methods}
@@ -78,8 +80,6 @@ def _first_run(summary: dict, method: str) -> dict:
 
 def pair_reliability_figure(summary: dict, probs, method: str, calibrator: str, path: Path) -> Figure:
     """CE without a calibrator beside ``method`` after ``calibrator`` (binned reliability diagrams)."""
-    from calibkit.plots import reliability_diagram
-
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(SIZE[0] * 1.25, SIZE[1]), sharey=True)
     ce, pick = _first_run(summary, REFERENCE), _first_run(summary, method)
@@ -106,8 +106,6 @@ def _pairs(summary: dict, probs, method: str, calibrator: str) -> dict:
 
 def smooth_figure(summary: dict, probs, method: str, calibrator: str, path: Path) -> Figure:
     """Smooth reliability curves of CE, CE + temperature scaling and the chosen pair."""
-    from calibkit.curves import smooth_reliability_diagram
-
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=SIZE)
     smooth_reliability_diagram(_pairs(summary, probs, method, calibrator), ax=ax,
@@ -123,8 +121,6 @@ def smooth_figure(summary: dict, probs, method: str, calibrator: str, path: Path
 
 def risk_coverage_figure(summary: dict, probs, method: str, calibrator: str, path: Path) -> Figure:
     """Risk-coverage curves of CE, CE + temperature scaling and the chosen pair."""
-    from calibkit.curves import risk_coverage_plot
-
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(SIZE[0] * 1.3, SIZE[1]))
     risk_coverage_plot(_pairs(summary, probs, method, calibrator), ax=ax, title="Risk-coverage on the test set")
@@ -149,8 +145,6 @@ def evidence_figures(ctx) -> list[Figure]:
 
 def evidence_section(ctx) -> list:
     """The section of the first screen's figures, right under the recommendation (HTML and Markdown only)."""
-    from calibkit.report.render import Section
-
     figs = evidence_figures(ctx)
     if not figs:
         return []

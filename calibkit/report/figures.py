@@ -9,9 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 
+from calibkit.plots import confidence_histogram, reliability_diagram
 from calibkit.report.data import label, load_probs
+from calibkit.rundir import atomic_write
 
 DPI = 100
 
@@ -25,10 +29,7 @@ class Figure:
 
 
 def _pyplot():
-    import matplotlib
-
     matplotlib.use("Agg")  # files only; never needs a display
-    import matplotlib.pyplot as plt
 
     return plt
 
@@ -38,8 +39,6 @@ def _save(fig, path: Path, laid_out: bool = False) -> Path:
     (``tight_layout``), so it is saved as it is; otherwise its bounding box is cropped to what it
     draws (``bbox_inches="tight"``). Either way the figure is laid out once: both measure every
     text of the figure, and doing both cost about a third of a figure's time."""
-    from calibkit.rundir import atomic_write
-
     crop = None if laid_out else "tight"
     if laid_out:  # tight_layout leaves a placeholder layout engine, for which savefig draws the figure
         fig.set_layout_engine(None)  # once more before drawing it; it moves nothing (rc: no autolayout)
@@ -61,7 +60,6 @@ def method_figure(row: dict, path: Path, draw: bool = True) -> Figure:
     if not draw:
         return Figure(Path(path), caption)
     plt = _pyplot()
-    from calibkit.plots import confidence_histogram, reliability_diagram
 
     probs, labels, temperature = load_probs(row)
     logits = np.log(np.clip(probs, 1e-300, None))  # = test logits up to a per-row constant

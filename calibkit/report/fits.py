@@ -9,6 +9,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from calibkit.bench.progress import Phases
 from calibkit.report import prefetch
 from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, calibrator_grid
@@ -19,8 +21,6 @@ from calibkit.report.verdict import method_selections, recommendation
 @contextmanager
 def torch_threads(n: int | None):
     """``torch.set_num_threads(n)`` inside the block, the previous count restored after (None: unchanged)."""
-    import torch
-
     before = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(n)

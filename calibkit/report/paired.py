@@ -23,13 +23,19 @@ image-level bootstrap of :mod:`calibkit.grouped_bootstrap`; other metrics give `
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import torch
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.bootstrap import _RANGE, bootstrap_ci, bootstrap_interval, holding
+from calibkit.calibrators import CALIBRATORS
 from calibkit.errors import UserError
-from calibkit.report.calibrated import NONE, CalibratedProbs
-from calibkit.report.data import direction, same_runs
+from calibkit.metrics import evaluate, paired_bootstrap_diff
+from calibkit.report.calibrated import NONE, CalibratedProbs, calibrator_names
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, same_runs
+from calibkit.report.tables import Table, text_table
 from calibkit.seed_bootstrap import MIN_SEEDS, auto_levels, seed_paired_interval
 
 
@@ -57,8 +63,6 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
     Raises:
         ValueError: two runs of one seed were tested on different test sets.
     """
-    from calibkit.metrics import paired_bootstrap_diff
-
     pairs = _pairs(runs_a, runs_b)
     if not pairs:
         return None
@@ -97,8 +101,6 @@ def seed_interval(runs: list[dict], probs: CalibratedProbs, metric: str, after: 
     """Bootstrap interval of the seed-averaged ``metric`` of ``runs``: ``{"value", "lo", "hi"}``
     (basic interval, clipped to the metric's range and extended to hold ``value``), or None for
     segmentation runs."""
-    from calibkit.bootstrap import _RANGE, bootstrap_ci, bootstrap_interval, holding
-
     samples, estimates = [], []
     for run in runs:
         if probs.groups(run) is not None:
@@ -128,8 +130,6 @@ def comparisons(summary: dict, probs: CalibratedProbs, n_boot: int = 1000, seed:
     Entries that cannot be computed (no CE runs, no shared seed, no ``"temperature"``
     calibrator) are None.
     """
-    from calibkit.calibrators import CALIBRATORS
-
     ref = summary.get(REFERENCE, {}).get("runs")
     ts = "temperature" if "temperature" in CALIBRATORS else None
     out = {}
@@ -167,9 +167,6 @@ def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after
     Raises:
         ValueError: an unknown method or calibrator, or no seed shared by ``a`` and ``b``.
     """
-    from calibkit.metrics import evaluate
-    from calibkit.report.calibrated import calibrator_names
-
     for m in (a, b):
         if m not in summary:
             raise UserError(f"no finished runs of method {m!r}; found: {', '.join(summary)}")
@@ -193,11 +190,6 @@ def compare_methods(summary: dict, a: str, b: str, probs: CalibratedProbs, after
 
 def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 100) -> str:
     """The terminal table of :func:`compare_methods` (its explanation wrapped to ``width``)."""
-    import textwrap
-
-    from calibkit.report.data import BETTER_MARK, WORSE_MARK
-    from calibkit.report.tables import Table, text_table
-
     a, b = label(res["a"]), label(res["b"])
     after = "" if res["after"] == NONE else f", both after {res['after']}"
     seeds = ", ".join(map(str, res["seeds"]))
@@ -228,7 +220,5 @@ def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 1
 
 
 def _fmt_raw_delta(d: dict, metric: str) -> str:
-    from calibkit.report.data import BETTER_MARK, WORSE_MARK
-
     mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], metric), "")
     return f"{d['diff']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]{mark}"

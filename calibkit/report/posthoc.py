@@ -22,6 +22,8 @@ import math
 import torch
 
 from calibkit.calibrators.selection import NONE, Selection
+from calibkit.report.confirm import ALPHA, POWER, detectable
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
 
 REFERENCE = "temperature"
 ZERO_P = 1e-12
@@ -77,8 +79,6 @@ def _ci(r, scale=100.0, digits=2) -> str:
 
 
 def _diff(r, metric: str, scale=100.0, digits=2) -> str:
-    from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
-
     mark = {"better": f" {BETTER_MARK}", "worse": f" {WORSE_MARK}"}.get(direction(r.low, r.high, metric) or "", "")
     return f"{scale * r.estimate:+.{digits}f} [{scale * r.low:+.{digits}f}, {scale * r.high:+.{digits}f}]{mark}"
 
@@ -94,8 +94,6 @@ def nll_text(row: dict) -> str:
 def sentence(chosen: str, vs_ts, ref_present: bool, metric: str = "nll") -> str:
     """What the evidence supports, in one plain sentence (``vs_ts``: the chosen calibrator's paired
     test difference from temperature scaling in ``metric``, the rule's metric)."""
-    from calibkit.report.data import direction
-
     if chosen == NONE:
         return ("No calibrator improved on the uncalibrated model on validation under the rule: keep the model's own "
                 "probabilities.")
@@ -125,8 +123,6 @@ def choice_power(sel: Selection) -> dict | None:
     ``other`` is the chosen calibrator, or the runner-up when temperature scaling is chosen (the
     difference the choice turned on). ``{"other", "se", "detectable"}``, or None when temperature
     scaling was not fitted, there is no such ``other`` or a side has no resamples."""
-    from calibkit.report.confirm import detectable
-
     other = sel.runner_up if sel.chosen == REFERENCE else sel.chosen
     ts = sel.scores.get(REFERENCE)
     if other is None or ts is None or ts.error is not None:
@@ -141,8 +137,6 @@ def choice_power(sel: Selection) -> dict | None:
 def power_text(power: dict | None, metric: str, val_rows: int | None) -> str | None:
     """The block's power line (None without ``power``): the smallest difference from temperature
     scaling, in the rule's metric, that the validation rows detect."""
-    from calibkit.report.confirm import ALPHA, POWER
-
     if not power:
         return None
     scale, digits, unit = (100, 2, " x100") if metric == "ece" else (1, 4, "")

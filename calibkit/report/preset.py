@@ -9,12 +9,14 @@ runs with ``--preset OUT/presets/<name>.toml``.
 
 from __future__ import annotations
 
+from calibkit.bench.grid import PRESETS
+from calibkit.bench.presetfile import PRESET_DIR, dump_preset, read_effective
+from calibkit.report.render import Section
+from calibkit.report.tables import Table
+
 
 def recorded_preset(out_dir, name: str):
     """The effective preset of ``name`` in ``out_dir``, else the shipped one of that name, else None."""
-    from calibkit.bench.grid import PRESETS
-    from calibkit.bench.presetfile import read_effective
-
     found = read_effective(out_dir, name)
     return found if found is not None else PRESETS.get(name)
 
@@ -27,8 +29,6 @@ def report_calibrators(preset) -> tuple[str, ...] | None:
 
 def preset_rows(preset) -> list[list[str]]:
     """``[setting, value]`` rows of every setting of ``preset`` (its TOML text, one line a row)."""
-    from calibkit.bench.presetfile import dump_preset
-
     rows, table = [], ""
     for line in dump_preset(preset).splitlines():
         line = line.strip()
@@ -45,10 +45,6 @@ def preset_rows(preset) -> list[list[str]]:
 
 def preset_section(ctx) -> list:
     """Report builder: the preset's note and settings (nothing when no preset is known)."""
-    from calibkit.bench.presetfile import PRESET_DIR
-    from calibkit.report.render import Section
-    from calibkit.report.tables import Table
-
     preset = recorded_preset(ctx.out_dir, ctx.preset)
     if preset is None:
         return []

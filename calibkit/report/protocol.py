@@ -17,9 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from calibkit import rundir
 from calibkit.bench.grid import METHODS, PRESETS, REFERENCE, space_for
 from calibkit.bench.selection_rule import Criterion
+from calibkit.data import DATASETS
 from calibkit.report import tuning  # its functions looked up at call time: tests and benchmarks replace them
+from calibkit.report.figures import Figure
+from calibkit.report.render import Section
+from calibkit.report.tables import Table
 from calibkit.report.tuning import _label, _recorded_preset, _values
 from calibkit.store import open_store
 
@@ -37,8 +42,6 @@ BUDGET_KEYS = ("epochs", "model", "batch_size", "data", "train_subset")
 
 
 def _info(row: dict) -> dict:
-    from calibkit import rundir
-
     try:
         return rundir.load_info(row["run_dir"])
     except (OSError, ValueError, TypeError):
@@ -68,8 +71,6 @@ def _hidden(out_dir, preset: str, store: str | None = None) -> list[dict]:
 
 def _split_text(split: dict, dataset: str | None = None) -> tuple[str, str, str]:
     """(validation, training, test) lines of the protocol table from a run's split record."""
-    from calibkit.data import DATASETS
-
     modality = getattr(DATASETS.get(dataset), "modality", "image")
     unit = "documents" if modality == "text" else "images"
     val = f"{split.get('val')} {unit}, {split.get('rule', '?')}"
@@ -178,10 +179,6 @@ def _method_tables(ctx, done: list[dict], records: dict[str, dict], tuned: dict[
 
 def _tuning_sections(ctx, cands: list[dict]) -> list:
     """The selection table and, with figures, the validation curves of the directory's tuning run."""
-    from calibkit.report.figures import Figure
-    from calibkit.report.render import Section
-    from calibkit.report.tables import Table
-
     header, rows = tuning.tuning_rows(cands, tuning.load_records(ctx.out_dir, ctx.preset, ctx.store))
     sections = [Section("Selection on the validation split (x100, before TS)",
                         tables=[Table(header, rows)], terminal=False)]
@@ -198,9 +195,6 @@ def protocol_section(ctx) -> list:
     hyperparameters per method and, when the directory holds a tuning run, the selection with its
     validation curves.
     """
-    from calibkit.report.render import Section
-    from calibkit.report.tables import Table
-
     done = [r for r in ctx.rows if r["status"] == "done"]
     records = {r["run_key"]: (r.get("config") or {}) for r in done}
     cands = tuning.load_candidates(ctx.out_dir, ctx.preset, ctx.store)

@@ -35,8 +35,16 @@ import numpy as np
 import torch
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.bootstrap import count_draws
+from calibkit.calibrators import CALIBRATORS
+from calibkit.conformal import SplitConformal, TooFewCalibrationRows
 from calibkit.errors import UserError
+from calibkit.functional.selective import augrc, aurc
 from calibkit.report.calibrated import FIT_AND_TEST, NONE, CalibratedProbs, cache_file, calibrator_names
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, label, same_runs
+from calibkit.report.tables import Table, text_table
+from calibkit.seed_bootstrap import auto_levels, seed_paired_interval
+from calibkit.selective_bootstrap import SelectiveRows, resampled_selective
 
 ALPHA = 0.1  # the default miscoverage of the conformal sets
 SCORE = "aps"  # the conformal score of the report's sets
@@ -68,9 +76,6 @@ def conformal_rows(val_logits, val_labels, test_logits, test_labels, calibrator:
     calibrator (``none``: the softmax) fitted on the first half of the validation rows and the
     conformal quantile on the second (module docstring). Logits ``(N, K)``, or binary ``(N,)``
     positive-class logits (sets of the two classes)."""
-    from calibkit.calibrators import CALIBRATORS
-    from calibkit.conformal import SplitConformal
-
     val_logits, test_logits = torch.as_tensor(val_logits).double(), torch.as_tensor(test_logits).double()
     val_labels, test_labels = torch.as_tensor(val_labels).long(), torch.as_tensor(test_labels).long()
     fit_rows, cal_rows = (torch.as_tensor(i) for i in split_validation(len(val_labels), seed))
@@ -128,7 +133,6 @@ class SetRows:
         """Keyed by the content of the run's saved tensors, as :mod:`calibkit.report.calibrated`'s cache."""
         if self.cache_dir is None:
             return None
-        from calibkit.calibrators import CALIBRATORS
 
         what = repr(CALIBRATORS[calibrator]()) if calibrator != NONE else NONE
         ident = f"{self.probs.digest(row, FIT_AND_TEST + ('test_labels',))}|{what}|{SCORE}|{self.alpha!r}"
@@ -136,8 +140,6 @@ class SetRows:
 
     def selective(self, row: dict, calibrator: str):
         """:class:`calibkit.selective_bootstrap.SelectiveRows` of the run's test probabilities after ``calibrator``."""
-        from calibkit.selective_bootstrap import SelectiveRows
-
         key = ("sel", row["run_key"], calibrator)
         if key not in self._mem:
             p, labels = self.probs(row, calibrator)
@@ -146,8 +148,6 @@ class SetRows:
 
     def aurc_samples(self, row: dict, calibrator: str, n_boot: int, seed: int) -> torch.Tensor:
         """``(n_boot,)`` AURC of the run's test rows after ``calibrator`` on the report's resamples."""
-        from calibkit.selective_bootstrap import resampled_selective
-
         key = ("aurc*", row["run_key"], calibrator, n_boot, seed)
         if key not in self._mem:
             self._mem[key] = resampled_selective([self.selective(row, calibrator)], n_boot, seed, ("aurc",))["aurc"][0]
@@ -160,9 +160,6 @@ def _mean(values) -> float:
 
 def _paired(pairs, estimate, samples, n_boot, seed, level) -> dict:
     """Seed-averaged paired interval of ``estimate(a) - estimate(b)`` over the ``(a, b)`` run pairs."""
-    from calibkit.report.data import same_runs
-    from calibkit.seed_bootstrap import auto_levels, seed_paired_interval
-
     est = [estimate(a) - estimate(b) for a, b in pairs]
     res = seed_paired_interval(est, torch.stack([samples(a) - samples(b) for a, b in pairs]), level, seed,
                                auto_levels(len(pairs), same_runs(pairs)))
@@ -172,8 +169,6 @@ def _paired(pairs, estimate, samples, n_boot, seed, level) -> dict:
 def _size_samples(sets: SetRows, row: dict, calibrator: str, n_boot: int, seed: int) -> torch.Tensor:
     """``(n_boot,)`` mean set size of the run's test rows on the report's resamples (computed once
     per run: CE's runs are the reference of every method)."""
-    from calibkit.bootstrap import count_draws
-
     key = ("size*", row["run_key"], calibrator, n_boot, seed)
     if key not in sets._mem:
         size = sets.conformal(row, calibrator)["size"].double()
@@ -190,8 +185,6 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
     after TS minus CE + TS, ``{"diff", "lo", "hi", "levels", "seeds"}`` (None for CE itself, or
     without CE runs sharing a seed). ``conformal=False``: the selective numbers only (``coverage`` and
     ``size`` empty, ``d_size`` None), for validation splits too small for a conformal threshold."""
-    from calibkit.functional.selective import augrc, aurc
-
     ref = summary.get(REFERENCE, {}).get("runs") or []
     out = {}
     for method, entry in summary.items():
@@ -231,8 +224,6 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
 def method_sets_or_selective(summary: dict, sets: SetRows, selections: dict | None, n_boot: int):
     """``(cells, None)`` of :func:`method_sets`; ``(its selective cells, why)`` when the validation
     half is below the conformal minimum (:class:`calibkit.conformal.TooFewCalibrationRows`)."""
-    from calibkit.conformal import TooFewCalibrationRows
-
     try:
         return method_sets(summary, sets, selections, n_boot=n_boot), None
     except TooFewCalibrationRows as exc:
@@ -240,8 +231,6 @@ def method_sets_or_selective(summary: dict, sets: SetRows, selections: dict | No
 
 
 def _fmt_d(d: dict | None, scale: float, digits: int) -> str:
-    from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
-
     if not d:
         return "-"
     mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], "ece"), "")
@@ -250,9 +239,6 @@ def _fmt_d(d: dict | None, scale: float, digits: int) -> str:
 
 def selective_table(cells: dict):
     """Methods x (AURC, AURC after TS, its difference from CE + TS, AUGRC after TS), x100."""
-    from calibkit.report.data import label
-    from calibkit.report.tables import Table
-
     rows = [[label(m), f"{c['aurc'][NONE] * 100:.2f}", f"{c['aurc'][TS] * 100:.2f}", _fmt_d(c["d_aurc"], 100, 2),
              f"{c['augrc'][TS] * 100:.2f}"] for m, c in cells.items()]
     return Table(["Method", "AURC", "AURC (TS)", "dAURC (TS) vs CE+TS", "AUGRC (TS)"], rows)
@@ -260,9 +246,6 @@ def selective_table(cells: dict):
 
 def sets_table(cells: dict, alpha: float):
     """Methods x (coverage %, mean set size) before and after TS and the method's own calibrator."""
-    from calibkit.report.data import label
-    from calibkit.report.tables import Table
-
     rows = []
     for m, c in cells.items():
         own = c["chosen"]
@@ -281,9 +264,6 @@ def sets_grid_table(cells: dict, names=None):
     """Methods x calibrators (``names``, ``"none"`` first; default :func:`calibrator_names`): mean APS
     set size and, in parentheses, coverage %; each method's own calibrator in italics
     (``row_best``), ``-`` where a calibrator could not be fitted."""
-    from calibkit.report.data import label
-    from calibkit.report.tables import Table
-
     names = calibrator_names() if names is None else list(names)
     rows, marks = [], set()
     for i, (m, c) in enumerate(cells.items()):
@@ -296,8 +276,6 @@ def sets_grid_table(cells: dict, names=None):
 
 def section_text(n_seeds: int, n_boot: int, alpha: float) -> tuple[str, str]:
     """The section's explanation (report) and its short form (terminal)."""
-    from calibkit.report.data import BETTER_MARK, WORSE_MARK
-
     target = f"{(1 - alpha) * 100:g}%"
     text = (f"Test set, mean over {n_seeds} seed(s). **Selective prediction**: answer on the most confident "
             "rows, abstain on the rest (confidence = the top-label probability). AURC = the mean error rate among "
@@ -333,11 +311,6 @@ def calibrator_sets(val, test, test_probs: dict, alpha: float = ALPHA, n_boot: i
 
     Returns ``{name: {"aurc", "augrc", "coverage", "size", "d_aurc", "d_size"}}`` (the differences
     None for TS itself, or when TS is not among ``test_probs``)."""
-    from calibkit.bootstrap import count_draws
-    from calibkit.functional.selective import augrc, aurc
-    from calibkit.seed_bootstrap import seed_paired_interval
-    from calibkit.selective_bootstrap import SelectiveRows
-
     labels = torch.as_tensor(test[1]).long()
     stats = {}
     for name, p in test_probs.items():
@@ -373,8 +346,6 @@ def calibrator_sets(val, test, test_probs: dict, alpha: float = ALPHA, n_boot: i
 
 def calibrator_sets_table(res: dict, alpha: float) -> str:
     """The terminal table of :func:`calibrator_sets`."""
-    from calibkit.report.tables import Table, text_table
-
     target = f"{(1 - alpha) * 100:g}"
     rows = [[name, f"{r['aurc'] * 100:.2f}", _fmt_d(r["d_aurc"], 100, 2), f"{r['augrc'] * 100:.2f}",
              "-" if r["coverage"] is None else f"{r['coverage'] * 100:.1f}",

@@ -7,9 +7,11 @@ renderer (:mod:`calibkit.report.render`) reads the same object.
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 
 from calibkit.bench.grid import REFERENCE
+from calibkit.report.calibrated import GRID_METRICS
 from calibkit.report.data import fmt, fmt_delta, fmt_interval, label, mean_std, ranking
 
 # (key, header, scale, decimals) of the grid-order tables; scale 100 = reported x100.
@@ -140,8 +142,6 @@ def calibrator_tables(grid: dict, chosen: dict | None = None) -> list[Table]:
     the calibrator moved. ``chosen`` (``{method: calibrator}``, chosen on validation by
     :mod:`calibkit.report.verdict`) marks each method's chosen calibrator (``row_best``). A
     calibrator that failed on a method's runs shows ``-``."""
-    from calibkit.report.calibrated import GRID_METRICS
-
     methods = list(grid)
     names = list(next(iter(grid.values()))) if grid else []
     chosen = chosen or {}
@@ -270,8 +270,6 @@ def text_table(table: Table, width: int | None = None) -> str:
 def _wrapped_text_table(header: list[str], rows: list[list[str]], widths: list[int], width: int) -> str:
     """A table of text columns only (no numbers to keep aligned) whose last column is wrapped so
     that every line fits ``width``; continuation lines are indented under that column."""
-    import textwrap
-
     lead = sum(widths[:-1]) + 2 * (len(widths) - 1)
     room = max(width - lead, 20)
     widths = widths[:-1] + [min(widths[-1], room)]

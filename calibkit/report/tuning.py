@@ -14,12 +14,20 @@ Heavy imports (matplotlib) stay inside the functions that draw.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+
+from calibkit.bench.extend import meta_key
 from calibkit.bench.grid import METHODS, REFERENCE, Axis
+from calibkit.bench.paths import RETIRED
 from calibkit.bench.selection_rule import DEFAULT_CRITERION, Criterion, eligible
 from calibkit.bench.space import at_edge
 from calibkit.errors import UserError
+from calibkit.report.preset import recorded_preset
+from calibkit.rundir import atomic_write
 from calibkit.store import describe_store, open_store
 
 
@@ -51,10 +59,6 @@ def load_records(out_dir, preset: str, store: str | None = None) -> dict[str, di
     """``{method: tuning record}`` (extensions, no-effect axes, notes; :mod:`calibkit.bench.extend`)
     of ``preset``'s tuning in ``out_dir/runs.db`` (or the store at ``store``), for the seeds that
     have candidates."""
-    import json
-
-    from calibkit.bench.extend import meta_key
-
     if store is None and not (Path(out_dir) / "runs.db").is_file():
         return {}
     store = open_store(out_dir, store, readonly=True)
@@ -87,8 +91,6 @@ def current_runs(rows: list[dict], store, preset: str) -> tuple[list[dict], list
     re-tuning (``KEY~<values>``, :meth:`calibkit.bench.runner.Bench.supersede`) and runs of a
     method at other values than the directory's recorded selection. So a report never shows two
     values for one method."""
-    from calibkit.bench.paths import RETIRED
-
     selection = selection_of(store, preset)
     shown, hidden = [], []
     for r in rows:
@@ -106,8 +108,6 @@ def _extended(record: dict | None) -> str:
 
 def _recorded_preset(out_dir, preset: str):
     """The preset recorded in ``out_dir`` (``calibkit.report.preset.recorded_preset``), or None."""
-    from calibkit.report.preset import recorded_preset
-
     try:
         return recorded_preset(out_dir, preset)
     except (OSError, ValueError):
@@ -182,8 +182,6 @@ def write_tuning_json(out_dir, preset: str, path=None, store: str | None = None)
     the repository, so that anyone can re-derive a preset's values with
     :func:`calibkit.bench.tune.select`. Returns its path, or ``None`` without candidates.
     """
-    import json
-
     cands = load_candidates(out_dir, preset, store)
     if not cands:
         return None
@@ -236,10 +234,8 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     panels = _panels(cands, load_records(out_dir, preset, store))
     if not panels:
         return None
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     ce = next((c for c in cands if c["method"] == REFERENCE), None)
     out = {c["cand_key"] for g in _by_method(cands).values() for c in _excluded(g)}
@@ -276,7 +272,6 @@ def write_tuning_figure(out_dir, preset: str, path=None, dpi: int = 110, store: 
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / rows / 2.6))
     path = Path(path) if path else Path(out_dir) / "report" / "figures" / "tuning.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    from calibkit.rundir import atomic_write
 
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix[1:]))
     plt.close(fig)

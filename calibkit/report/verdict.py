@@ -46,9 +46,20 @@ from pathlib import Path
 import torch
 
 from calibkit.bench.grid import REFERENCE
-from calibkit.calibrators.selection import NONE, CrossFitScore, SelectionRule, choose, cross_fit, mean_scores
+from calibkit.calibrators.registry import CALIBRATORS
+from calibkit.calibrators.selection import NONE, CrossFitScore, SelectionRule, _below, choose, cross_fit, mean_scores
 from calibkit.report.calibrated import CalibratedProbs, cache_file
-from calibkit.report.data import label
+from calibkit.report.confirm import (
+    confirmatory,
+    confirmatory_lines,
+    confirmed_better,
+    p_text,
+    power_line,
+    validation_power,
+)
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, label
+from calibkit.report.paired import paired_delta, seed_interval
+from calibkit.report.tables import Table
 
 DEFAULT_RULE = SelectionRule()
 #: Validation rows a run is cross-fitted on at most (module docstring, "Rows").
@@ -64,7 +75,6 @@ def rule_key(rule: SelectionRule) -> dict:
 def _cache_file(cache_dir: Path | None, row: dict, rule: SelectionRule, probs: CalibratedProbs) -> Path | None:
     if cache_dir is None:
         return None
-    from calibkit.calibrators.registry import CALIBRATORS
 
     names = ",".join(f"{n}={CALIBRATORS[n]()!r}" for n in probs.names[1:])
     ident = (f"{probs.digest(row, ('val_logits', 'val_labels'))}|{names}|{json.dumps(rule_key(rule), sort_keys=True)}|"
@@ -130,8 +140,6 @@ def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> dict | 
         the cross-fitted metric; ``{pair: text}`` for eligible pairs that did not beat the default
         significantly.
     """
-    from calibkit.calibrators.selection import _below
-
     if REFERENCE not in selections:
         return None
     ce = selections[REFERENCE]
@@ -160,8 +168,6 @@ def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> dict | 
 
 
 def _interval(runs, probs, metric, after, n_boot, seed):
-    from calibkit.report.paired import seed_interval
-
     return seed_interval(runs, probs, metric, after=after, n_boot=n_boot, seed=seed)
 
 
@@ -175,9 +181,6 @@ def recommendation(summary: dict, probs: CalibratedProbs, selections: dict, rule
     recommendation is the confirmed pair with the lowest cross-fitted validation metric (the test
     split says *whether* a method beats CE + TS, validation still ranks), and ``basis`` says so.
     """
-    from calibkit.report.confirm import confirmatory, confirmed_better, validation_power
-    from calibkit.report.paired import paired_delta
-
     choice = choose_pair(selections, rule)
     if choice is None:
         return None
@@ -213,9 +216,6 @@ def recommendation(summary: dict, probs: CalibratedProbs, selections: dict, rule
 
 def sentence(rec: dict) -> str:
     """One plain sentence of what the evidence supports (it never contradicts the confirmatory results)."""
-    from calibkit.report.confirm import confirmed_better, p_text
-    from calibkit.report.data import direction
-
     method, cal = rec["method"], rec["calibrator"]
     metric = rec["rule"].select_by if "rule" in rec else "ece"
     d, name = rec.get(f"d_{metric}"), metric.upper()
@@ -256,8 +256,6 @@ def sentence(rec: dict) -> str:
 
 
 def _delta_words(d: dict | None, metric: str = "ece") -> str:
-    from calibkit.report.data import direction
-
     if not d:
         return "it equals"
     way = direction(d["lo"], d["hi"], metric)
@@ -272,8 +270,6 @@ def _ci(ci: dict | None, scale: float, digits: int) -> str:
 
 
 def _d(d: dict | None, scale: float, digits: int) -> str:
-    from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction
-
     if not d:
         return "-"
     mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], d["metric"]) or "", "")
@@ -283,8 +279,6 @@ def _d(d: dict | None, scale: float, digits: int) -> str:
 def _trade_off(rec: dict, select_by: str) -> str | None:
     """A line for a recommended pair that is significantly worse than CE + temperature scaling on
     test in a metric the rule did not choose by (the choice stands: it was made on validation)."""
-    from calibkit.report.data import direction
-
     names = METRIC_FORMAT
     worse = [(m, d) for m in ("ece", "nll", "brier") if m != select_by and (d := rec.get(f"d_{m}"))
              and direction(d["lo"], d["hi"], d["metric"]) == "worse"]
@@ -299,8 +293,6 @@ def _trade_off(rec: dict, select_by: str) -> str | None:
 
 def recommendation_text(rec: dict) -> str:
     """The block at the top of the bench report (Markdown; the terminal strips its marks)."""
-    from calibkit.report.confirm import confirmatory_lines, power_line
-
     rule, v = rec["rule"], rec["val"]
     pair = f"{label(rec['method'])} + {rec['calibrator']}"
     d_m, d_c = rec["default"]
@@ -358,8 +350,6 @@ def validation_table(selections: dict):
     """Methods x calibrators: the mean cross-fitted validation score each method's calibrator is
     chosen on (the rule's metric: NLL, Brier score, or ECE x100); the chosen calibrator of each
     method is marked (the row mark), excluded ones are in parentheses."""
-    from calibkit.report.tables import Table
-
     methods = list(selections)
     first = next(iter(selections.values()), None)
     names = list(first.scores) if first else []

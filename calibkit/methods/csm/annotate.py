@@ -30,9 +30,11 @@ from pathlib import Path
 
 import torch
 
+from calibkit.data import normalize
 from calibkit.errors import UserError
 from calibkit.methods.csm.inputs import as_image_tensors
 from calibkit.methods.csm.store import load_store, write_annotations
+from calibkit.models.efficientnet_lite import EfficientNetLite, imagenet_inputs, weights_file
 
 # OpenAI CLIP's image normalisation (used when the directory has no preprocessor_config.json).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -104,8 +106,6 @@ class ClassifierEncoder:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        from calibkit.data import normalize
-
         mean, std = self.info["mean"], self.info["std"]
         return torch.cat([
             self.model.forward_features(
@@ -185,7 +185,6 @@ class EfficientNetEncoder:
 
     def __init__(self, size: int = 64, batch_size: int = 256, device="cpu"):
         from calibkit.distributed import resolve_device
-        from calibkit.models.efficientnet_lite import EfficientNetLite, weights_file
 
         if int(size) < 32:
             raise UserError(f"EfficientNetEncoder: size must be >= 32 pixels (5 stride-2 stages), got {size}")
@@ -198,8 +197,6 @@ class EfficientNetEncoder:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        from calibkit.models.efficientnet_lite import imagenet_inputs
-
         if images.dim() != 4 or images.shape[1] not in (1, 3):
             raise UserError(f"expected uint8 images (N, 1 or 3, H, W), got {tuple(images.shape)}")
         out = []

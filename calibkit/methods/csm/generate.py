@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from safetensors.torch import save
 
 from calibkit.errors import UserError
 from calibkit.methods.csm.generator import class_vector, generator_hash, load_generator, state_hash, to_uint8
@@ -162,7 +164,6 @@ def _dist_env(distributed) -> tuple[int, int, bool]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if distributed != "env" or world == 1:
         return 0, 1, False
-    import torch.distributed as dist
 
     init = not dist.is_initialized()
     if init:
@@ -216,8 +217,6 @@ def _write_manifest(store_dir: Path, manifest: dict, rank: int) -> None:
 def _write_shard(store_dir: Path, k: int, out: dict, manifest: dict, batch_size: int, device_type: str) -> int:
     """Shard ``k``'s images, then its index (written last: it marks the shard done). Returns the
     number of images written."""
-    from safetensors.torch import save
-
     img_path, idx_path = shard_paths(store_dir, k)
     atomic_write(img_path, save({key: out[key].contiguous() for key in
                                  ("images", "group", "member", "c1", "c2", "lam")}))

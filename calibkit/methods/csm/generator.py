@@ -33,6 +33,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save
 from torch import nn
 
 from calibkit.errors import UserError
@@ -206,8 +207,6 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def save_generator(model: CondDenoiser, out_dir, extra: dict | None = None, half: bool = False) -> None:
     """Write ``generator.safetensors`` (+ ``generator.json``) atomically; ``half`` stores fp16 weights."""
-    from safetensors.torch import save
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: (v.half() if half and v.is_floating_point() else v).contiguous().cpu()
@@ -219,8 +218,6 @@ def save_generator(model: CondDenoiser, out_dir, extra: dict | None = None, half
 
 def load_generator(path) -> CondDenoiser:
     """Load a generator directory written by :func:`save_generator` (weights cast to float32)."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"{path} is not a generator directory (needs {CONFIG_NAME} and {WEIGHTS_NAME}); "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save
 
 from calibkit.errors import UserError
 
@@ -79,8 +80,6 @@ def load_store(store_dir) -> dict:
     Raises:
         ValueError: if a shard is missing (generation interrupted: rerun the same command).
     """
-    from safetensors.torch import load_file
-
     manifest = read_manifest(store_dir)
     missing = [k for k in range(num_shards(manifest)) if not shard_done(store_dir, k)]
     if missing:
@@ -98,16 +97,12 @@ def load_store(store_dir) -> dict:
 
 def write_annotations(store_dir, tensors: dict, meta: dict) -> None:
     """Write ``annotations.safetensors`` then ``annotations.json`` (both atomically)."""
-    from safetensors.torch import save
-
     atomic_write(Path(store_dir) / ANNOT_TENSORS, save({k: v.contiguous() for k, v in tensors.items()}))
     atomic_write(Path(store_dir) / ANNOT_META, json.dumps(meta, indent=2).encode())
 
 
 def load_annotations(store_dir) -> tuple[dict, dict]:
     """(tensors, meta) written by :func:`write_annotations`; ``FileNotFoundError`` if not annotated."""
-    from safetensors.torch import load_file
-
     t, m = Path(store_dir) / ANNOT_TENSORS, Path(store_dir) / ANNOT_META
     if not (t.is_file() and m.is_file()):
         raise FileNotFoundError(f"store {store_dir} has no annotations; run `calibkit csm annotate {store_dir} ...`")
@@ -124,8 +119,6 @@ def subset_store(src, dst, num_groups: int) -> dict:
     Returns:
         The new manifest (``num_groups``, ``groups_per_shard = num_groups`` and ``subset_of``).
     """
-    from safetensors.torch import save
-
     s = load_store(src)
     man = s["manifest"]
     if not 1 <= num_groups <= man["num_groups"]:

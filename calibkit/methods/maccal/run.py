@@ -15,7 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from calibkit import rundir
+from calibkit.data.inputs import inputs_from_info
 from calibkit.errors import UserError
+from calibkit.functional import ece
 from calibkit.methods.maccal.estimator import MaCCal, extract_features
 from calibkit.methods.maccal.masking import MC_SEED_OFFSET, check_int
 from calibkit.methods.maccal.stage2 import DEFAULTS
@@ -32,8 +35,6 @@ RULE = ("calibkit's own rule (the published MaC-Cal keep-rate rule is not public
 
 def stage1_run(stage1_dir) -> tuple[Path, dict]:
     """Check that ``stage1_dir`` is a finished calibkit run; return its path and config.json."""
-    from calibkit import rundir
-
     path = Path(stage1_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"stage-1 run directory {path} not found; give a folder that `calibkit train --out` "
@@ -70,9 +71,7 @@ def _device(device: str) -> torch.device:
 
 def _stage1_features(stage1: Path, info1: dict, data_dir, dev, batch_size: int | None):
     """The stage-1 model (frozen, on ``dev``), its data bundle and the train/val/test features."""
-    from calibkit import rundir
     from calibkit.data import load
-    from calibkit.data.inputs import inputs_from_info
 
     model, cfg, _ = rundir.load_run(stage1)
     model.to(dev).eval().requires_grad_(False)
@@ -138,9 +137,6 @@ def run_maccal(stage1_dir, out_dir, *, r_init: float = DEFAULTS["r_init"], eta: 
         Summary: ``status``, ``out_dir``, ``best_epoch``, ``best_keep_rate``, ``keep_rates``,
         ``val_ece``, ``test_acc``, ``test_ece``, ``wall_time_s`` (stage-2 loop), ``feature_time_s``.
     """
-    from calibkit import rundir
-    from calibkit.functional import ece
-
     log = log or (lambda line: None)
     stage1, info1 = stage1_run(stage1_dir)
     out = Path(out_dir)
@@ -212,8 +208,6 @@ def _record(est: MaCCal, hparams: dict, extra: dict) -> dict:
 
 def _write(out: Path, model: nn.Module, logits: dict, history: list, record: dict, info: dict) -> None:
     """Write the run directory; ``config.json`` last (its status "done" marks a finished run)."""
-    from calibkit import rundir
-
     out.mkdir(parents=True, exist_ok=True)
     rundir.write_tensors(out / rundir.MODEL, model.state_dict())
     rundir.write_tensors(out / rundir.LOGITS, logits)
@@ -231,8 +225,6 @@ def load_maccal(run_dir) -> tuple[nn.Module, MaCCal]:
         for ``features = extract_features(model, inputs, ...)`` (same keep rate, masks and seed).
         ``est.history_`` holds the run's ``maccal.json``.
     """
-    from calibkit import rundir
-
     model, _, info = rundir.load_run(run_dir)
     if info.get("method") != "maccal" or not (Path(run_dir) / MACCAL_JSON).is_file():
         raise UserError(f"{run_dir} is not a MaC-Cal run (method {info.get('method')!r})")

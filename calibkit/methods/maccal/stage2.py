@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from calibkit.errors import UserError, UserRuntimeError
+from calibkit.functional import ece
 from calibkit.methods.maccal.defaults import DEFAULTS
 from calibkit.methods.maccal.masking import (
     check_int,
@@ -65,8 +66,6 @@ def _check_hparams(r_init, eta, r_min, epochs, batch_size, mc_samples) -> float:
 @torch.no_grad()
 def _scores(probs: torch.Tensor, labels: torch.Tensor, n_bins: int, prefix: str = "val_") -> dict:
     """NLL, mean confidence ``c``, accuracy ``a`` and ECE of probabilities ``(N, K)``."""
-    from calibkit.functional import ece  # metrics layer, imported where needed
-
     conf, pred = probs.max(dim=1)
     nll = -torch.log(probs.double().gather(1, labels[:, None]).clamp_min(1e-300)).mean()
     return {f"{prefix}loss": float(nll), f"{prefix}conf": float(conf.double().mean()),
