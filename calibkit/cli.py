@@ -1,8 +1,11 @@
 """The ``calibkit`` command line: wiring only.
 
-Each subcommand lives in ``calibkit/commands/<name>.py`` and defines
-``register(subparsers)``, which adds its parser and sets ``func`` (called with the parsed
-arguments). Heavy imports happen inside ``func`` so that ``calibkit --help`` stays fast.
+Each subcommand has two modules: its parser, ``calibkit/commands/parsers/<name>.py``, whose
+``register(subparsers)`` adds the options and help and sets ``func`` to a
+:class:`calibkit.commands.Handler`, and the module that runs it, ``calibkit/commands/<name>.py``,
+which imports what it needs (torch included) at its top. The parsers import only light modules, so
+``calibkit --help`` and every ``calibkit CMD --help`` load no torch; the ``Handler`` imports the
+command's module when the command runs, the one place the command line defers an import.
 
 Every command that computes takes ``--num-threads N``; :func:`main` applies it
 (``torch.set_num_threads``) before the command runs, so a command only declares the option
@@ -34,25 +37,27 @@ import warnings
 
 from calibkit import __version__
 from calibkit.commands import apply_num_threads
+from calibkit.commands.typos import Typo, check_argv
 from calibkit.errors import UserError
 from calibkit.extras import MissingExtra
+from calibkit.store.secrets import redact, scrub
 
 BUG = "this is a bug in calibkit: please report it with the traceback above"
 
-# name -> module; one literal table, so the list of subcommands is visible at a glance.
+# name -> its parser's module; one literal table, so the list of subcommands is visible at a glance.
 COMMANDS = {
-    "train": "calibkit.commands.train",
-    "eval": "calibkit.commands.eval",
-    "plot": "calibkit.commands.plot",
-    "bench": "calibkit.commands.bench",
-    "tune": "calibkit.commands.tune",
-    "report": "calibkit.commands.report",
-    "compare": "calibkit.commands.compare",
-    "csm": "calibkit.commands.csm",
-    "maccal": "calibkit.commands.maccal",
-    "calibrate": "calibkit.commands.calibrate",
-    "apply": "calibkit.commands.apply",
-    "preset": "calibkit.commands.preset",
+    "train": "calibkit.commands.parsers.train",
+    "eval": "calibkit.commands.parsers.eval",
+    "plot": "calibkit.commands.parsers.plot",
+    "bench": "calibkit.commands.parsers.bench",
+    "tune": "calibkit.commands.parsers.tune",
+    "report": "calibkit.commands.parsers.report",
+    "compare": "calibkit.commands.parsers.compare",
+    "csm": "calibkit.commands.parsers.csm",
+    "maccal": "calibkit.commands.parsers.maccal",
+    "calibrate": "calibkit.commands.parsers.calibrate",
+    "apply": "calibkit.commands.parsers.apply",
+    "preset": "calibkit.commands.parsers.preset",
 }
 
 
@@ -109,8 +114,6 @@ def _os_error(exc: OSError) -> str:
 
 def _driver_line(exc: Exception, store: str | None) -> str:
     """The first line of a database driver's error, with the store's passwords masked."""
-    from calibkit.store.secrets import scrub
-
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return scrub(line, store) if store else line
 
@@ -132,8 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from calibkit.commands.typos import Typo, check_argv
-
     parser = build_parser()
     try:
         check_argv(parser, sys.argv[1:] if argv is None else list(argv))
@@ -145,8 +146,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     def error(msg) -> None:
-        from calibkit.store.secrets import redact  # no error line shows a password (docs/store.md)
-
         print(f"calibkit {args.command}: error: {redact(str(msg))}", file=sys.stderr, flush=True)
 
     handlers = _install_handlers(args.command)
@@ -200,8 +199,6 @@ def _out_of_memory(exc: Exception) -> bool:
 
 def _print_bug(exc: BaseException) -> None:
     """The full traceback of an unexpected exception on stderr, with any password masked."""
-    from calibkit.store.secrets import redact
-
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     print(redact(text).rstrip("\n"), file=sys.stderr, flush=True)
 

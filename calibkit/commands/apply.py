@@ -2,53 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
+import os
+from pathlib import Path
 
+import numpy as np
+import torch
+
+from calibkit.commands import check_paths_given
 from calibkit.errors import UserError
-
-EPILOG = """\
-FILE is a calibrator written by `calibkit calibrate --save [NAME]` or calibkit.calibrators.save
-(FILE may name STEM, STEM.json or STEM.safetensors, or the folder of `calibrate --out` when it
-holds one saved calibrator). F holds 'logits' (or 'probs', then
-logits = log(probs)) and optionally 'labels', as for `calibkit calibrate`. OUT.npz receives
-'probs', the calibrated probabilities (computed and written in float64), and 'labels' when F
-has them; then the ECE x100 (15 bins), NLL, Brier and accuracy of F's rows before and after
-calibration are printed.
-
-Refused with one line and exit status 1, nothing written: logits whose K or layout (binary
-(N,) scores vs (N, K) logits) differ from the fit's, a calibrator file that fails load's
-checks (format version, hyperparameters, every state field), an OUT.npz that is the
-input file itself (also through a symlink or another relative path) or a folder, and an F
-that `calibkit calibrate` would refuse (damaged, pickled, both 'logits' and 'probs', ...).
-
-example:
-  calibkit apply --calibrator calib/dirichlet --input new.npz --out new_calibrated.npz
-"""
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "apply", help="apply a saved calibrator to logits (writes calibrated probabilities)",
-        description="Apply a calibrator saved by `calibkit calibrate --save` to a file of logits or "
-        "probabilities and write the calibrated probabilities to an .npz file.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--calibrator", required=True, metavar="FILE",
-                   help="saved calibrator (STEM[.json|.safetensors], or a calibrate --out folder holding one)")
-    p.add_argument("--input", required=True, metavar="F", help=".npz / .safetensors / .pt with 'logits' or 'probs'")
-    p.add_argument("--out", required=True, metavar="OUT.npz", help="where to write the calibrated probabilities")
-    from calibkit.commands import add_num_threads
-
-    add_num_threads(p)
-    p.set_defaults(func=run)
+from calibkit.metrics import evaluate
 
 
 def run(args) -> int:
-    import os
-    from pathlib import Path
-
-    from calibkit.commands import check_paths_given
-
     check_paths_given(calibrator=args.calibrator, input=args.input, out=args.out)
     out = Path(args.out)
     if out.suffix != ".npz":
@@ -67,7 +32,6 @@ def run(args) -> int:
     check_fit_layout(cal, x, args.input, args.calibrator)
     probs = cal.predict_proba(x.double())  # float64 logits: float64 probabilities, computed in float64
 
-    import numpy as np
 
     arrays = {"probs": probs.double().cpu().numpy()}
     if y is not None:
@@ -89,10 +53,6 @@ def before_after(x, probs, labels, n_bins: int = 15) -> str:
     """A small table of the input's metrics before (``softmax`` of its logits, ``sigmoid`` for binary
     scores: the input's own probabilities when it held probabilities) and after calibration,
     computed with :func:`calibkit.metrics.evaluate` (ECE with ``n_bins`` equal-width bins)."""
-    import torch
-
-    from calibkit.metrics import evaluate
-
     before = torch.sigmoid(x) if x.dim() == 1 else torch.softmax(x, 1)
     panels = [("before", evaluate(before, labels, n_bins=n_bins)), ("after", evaluate(probs.double(), labels,
                                                                                        n_bins=n_bins))]
@@ -105,8 +65,6 @@ def saved_in(path):
     """``path``, or the one calibrator saved in the folder ``path`` (a ``calibkit calibrate`` output
     folder: ``NAME.json`` + ``NAME.safetensors`` at its top); a folder with none or several is refused,
     naming what it holds."""
-    from pathlib import Path
-
     folder = Path(path)
     if not folder.is_dir():
         return path

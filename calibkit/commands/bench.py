@@ -2,97 +2,34 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
-import textwrap
 
-from calibkit.commands import bounded as B
+from calibkit import distributed as D
+from calibkit.bench.grid import grid_methods
+from calibkit.bench.presetcheck import check_seeds
+from calibkit.bench.runner import Bench
+from calibkit.bench.slurm_plan import submit_bench
+from calibkit.bench.workers import run_with_workers
+from calibkit.commands.executing import check_executor, print_failures, worker_sharing
+from calibkit.commands.presetargs import preset_from_args
+from calibkit.commands.tune import check_shared, print_no_extension
 from calibkit.errors import UserError
-
-EPILOG = """\
-examples:
-  calibkit bench --preset smoke --out runs/smoke            # every method in ~30 s: checks the set-up
-  calibkit bench --preset default --out runs/default        # the main job, one process
-  calibkit bench --preset default --out runs/default --workers 2   # two processes share the runs (make bench)
-  calibkit bench --preset default --out runs/default --methods ls mbls --seeds 0
-  calibkit bench --preset default --out runs/tuned --tune   # select on validation first (calibkit tune)
-  calibkit bench --preset default --out runs/last --keep last
-  calibkit bench --preset mine.toml --out runs/mine --csm-build     # CSM on data without a shipped set
-  torchrun --nproc_per_node 4 -m calibkit bench --preset cifar10 --data-dir ~/data --out runs/c10
-  calibkit bench --preset cifar10 --data-dir /shared/data --out /shared/c10 --executor slurm \
-      --gpus-per-run 4 --time 24:00:00 --requeue --signal 600     # job arrays (docs/cluster.md)
-  calibkit bench --preset cifar10 --out /shared/c10 --status      # then --collect for the table
-
-Times are wall times on a 2-core CPU (smoke: 15 runs of ~1-2 s plus the report; default: 30 runs
-of 27-60 s). Everything a preset needs (data, extra packages, CSM set) is checked before anything
-is written. Running the same command again skips finished runs and resumes interrupted ones; a
-second process running the same command shares the work (each process trains different runs).
-The report is written to OUT/report/ (index.html, report.md, figures/); rebuild it with
-`calibkit report OUT`.
-"""
-
-
-def register(subparsers) -> None:
-    from calibkit.bench.grid import METHODS, PRESETS
-
-    p = subparsers.add_parser(
-        "bench", help="compare every calibration method side by side (results database + report)",
-        description="Train and evaluate a grid of methods x seeds; record every run in OUT/runs.db and\n"
-        "write a report to OUT/report/.\n\npresets:\n" + "\n".join(
-            textwrap.fill(v.note, 100, initial_indent=f"  {k:<13} ", subsequent_indent=" " * 16)
-            for k, v in PRESETS.items()),
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    from calibkit.commands.presetargs import add_preset_options
-
-    add_preset_options(p, PRESETS)
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, runs/, report/)")
-    p.add_argument("--seeds", type=B.SEED, nargs="+", metavar="S", help="seeds (default: the preset's)")
-    p.add_argument("--methods", nargs="+", metavar="M",
-                   help=f"methods to run (default: the preset's list, else all): {', '.join(METHODS)}; CE is "
-                        "always included; text presets skip mixup, regmixup and csm")
-    p.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
-    p.add_argument("--csm-store", metavar="DIR", help="CSM generated set, an existing folder even without csm "
-                   "in --methods (default: the one shipped for "
-                   "Fashion-MNIST; other data sets: make one with `calibkit csm generate`)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    p.add_argument("--tune", action="store_true",
-                   help="first select every method's hyperparameters on validation (calibkit tune, into the same "
-                   "DIR), then run the grid at the selected values")
-    from calibkit.commands import add_executor, add_num_threads
-    from calibkit.commands.tune import add_shared
-
-    add_shared(p)
-    add_num_threads(p)
-    add_executor(p)
-    p.add_argument("--workers", type=B.count(256), default=1, metavar="N",
-                   help="processes on this machine sharing the runs (default 1; one per core is usually fastest)")
-    p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress: neither a line per run nor the report's phases (the tables are still printed)")
-    # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)
-    p.add_argument("--await-start", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
+from calibkit.pipeline import BenchOptions, run_bench, write_report
+from calibkit.store import run_key
+from calibkit.store.files import ResultFiles, split_run_key
 
 
 def run(args) -> int:
-    from calibkit.commands import check_executor
-    from calibkit.commands.tune import check_shared
-
     check_executor(args)
     check_shared(args)
     if args.run_key or args.status or args.collect or args.executor != "local":
         return _elsewhere(args)
-    from calibkit.bench.workers import run_with_workers
 
     return run_with_workers(args, lambda waiting: _run(args, waiting))
 
 
 def options_from_args(args):
     """The :class:`calibkit.pipeline.BenchOptions` of a parsed ``calibkit bench`` command line."""
-    from calibkit.bench.presetcheck import check_seeds
-    from calibkit.pipeline import BenchOptions
-
     if args.seeds is not None:
         check_seeds(args.seeds, "--seeds")  # named as the flag, before the options name the field
     return BenchOptions(seeds=args.seeds, methods=args.methods, data_dir=args.data_dir, device=args.device,
@@ -103,8 +40,6 @@ def options_from_args(args):
 
 
 def _run(args, waiting: list) -> int:
-    from calibkit.commands.presetargs import preset_from_args
-
     preset = preset_from_args(args)
     options = options_from_args(args)
     if args.await_start:  # an extra worker: the caller has checked the bench before releasing it
@@ -113,8 +48,6 @@ def _run(args, waiting: list) -> int:
         warm_up(args.device)
         if await_start() is None:
             return 0
-    from calibkit.commands import worker_sharing
-    from calibkit.pipeline import run_bench, write_report
 
     result = run_bench(preset, args.out, options, sharing=worker_sharing(args, waiting, f"bench {preset.name}", "runs"))
     if not result.main:
@@ -128,7 +61,6 @@ def _run(args, waiting: list) -> int:
     else:
         print(f"bench {result.preset.name}: {counts.done} run(s) done, {counts.skipped} skipped (finished "
               f"earlier), {counts.failed} failed; database {result.store}")
-    from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the summary first, then the lines on stderr
     print_failures("bench", result.failures, result.store)
@@ -148,13 +80,11 @@ def _run(args, waiting: list) -> int:
 def _elsewhere(args) -> int:
     """The bench's other entry points: one scheduled task (``--run-key``), ``--status``,
     ``--collect``, and submitting to SLURM (``--executor slurm``)."""
-    from calibkit.commands.presetargs import preset_from_args
-
     preset = preset_from_args(args)
     if args.workers != 1:
         raise UserError("--workers is for --executor local; on SLURM every run is its own task")
     if args.run_key:
-        from calibkit.commands import run_scheduled
+        from calibkit.commands.executing import run_scheduled
 
         return run_scheduled(args, lambda: _run_key(args, preset))
     if args.status and args.collect:
@@ -170,7 +100,6 @@ def _elsewhere(args) -> int:
     if args.collect:
         return _collect(args, preset)
     from calibkit.bench.preflight import check_bench
-    from calibkit.bench.slurm_plan import submit_bench
 
     check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
                 csm_store=args.csm_store)
@@ -179,7 +108,6 @@ def _elsewhere(args) -> int:
         print(f"bench {preset.name}: nothing to submit (every run is done, queued or running; see --status)")
     elif not args.dry_run:
         print(f"bench {preset.name}: submitted; follow it with --status, then --collect for the table")
-    from calibkit.commands.tune import print_no_extension
 
     print_no_extension(preset.name, ids, "bench")
     return 0
@@ -187,10 +115,6 @@ def _elsewhere(args) -> int:
 
 def _run_key(args, preset) -> int:
     """Run the one run ``args.run_key`` and write its result file (a scheduler's task)."""
-    from calibkit import distributed as D
-    from calibkit.bench.runner import Bench
-    from calibkit.store.files import ResultFiles, split_run_key
-
     name, method, seed = split_run_key(args.run_key)
     if name != preset.name:
         raise UserError(f"--run-key {args.run_key} is not a run of preset {preset.name}")
@@ -221,8 +145,6 @@ def _collect(args, preset) -> int:
     on stderr), then the table and report; exit 1 when a run is missing (no result and no live task:
     submit the same command again), 0 when every run is finished or still queued or running."""
     from calibkit.bench.collect import LIVE, check_bench_folder, collect, collect_line, read_recorded, unfinished
-    from calibkit.bench.grid import grid_methods
-    from calibkit.store import run_key
 
     check_bench_folder(args.out)
     counts = collect(args.out)

@@ -16,9 +16,16 @@ with the same checks of K and layout as any other calibrator.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from calibkit.calibrators import TemperatureScaling, save
+from calibkit.calibrators.selection import NONE
+from calibkit.diskio import atomic_write
 from calibkit.errors import UserError
+from calibkit.report.figures import Figure
+from calibkit.report.render import Section, to_html
+from calibkit.report.tables import Table
 
 HTML = "index.html"
 
@@ -27,8 +34,6 @@ def markdown_sections(text: str):
     """:class:`~calibkit.report.render.Section` list of the printed ``text``: ``## `` headings, Markdown
     ``|`` tables (``**x**`` cells become the table's marked cells), fixed-width tables (a header, a
     rule of dashes, rows whose columns are 2+ spaces apart), every other line a paragraph."""
-    from calibkit.report.render import Section
-
     sections: list[Section] = []
     for block in ("\n" + text).split("\n## ")[1:]:
         title, _, body = block.partition("\n")
@@ -69,8 +74,6 @@ def markdown_sections(text: str):
 
 
 def _new_table(header):
-    from calibkit.report.tables import Table
-
     return Table(header, [])
 
 
@@ -89,19 +92,12 @@ def _rule(line: str) -> bool:
 
 
 def _columns(line: str) -> list[str]:
-    import re
-
     return re.split(r"\s{2,}", line.strip())
 
 
 def html_report(report: Path, text: str, chosen: str, val: tuple, test: tuple) -> Path:
     """Write ``report/index.html`` from the printed ``text`` and the reliability diagrams already in
     ``report`` (the uncalibrated model's and the ``chosen`` one's); returns its path."""
-    from calibkit.calibrators.selection import NONE
-    from calibkit.diskio import atomic_write
-    from calibkit.report.figures import Figure
-    from calibkit.report.render import to_html
-
     sections = markdown_sections(text)
     figures = [Figure(report / f"reliability_{name}.png", caption)
                for name, caption in ((NONE, "Before: the uncalibrated model on the test rows"),
@@ -119,9 +115,6 @@ def html_report(report: Path, text: str, chosen: str, val: tuple, test: tuple) -
 
 def save_chosen(sel, name: str, out: Path, logits) -> None:
     """Save ``sel``'s calibrator ``name`` (``"none"``: the identity, module docstring) to ``out``; print where."""
-    from calibkit.calibrators import save
-    from calibkit.calibrators.selection import NONE
-
     if name == NONE:
         cal = identity(logits)
     elif name in sel.fitted:
@@ -136,8 +129,6 @@ def save_chosen(sel, name: str, out: Path, logits) -> None:
 
 def identity(logits):
     """Temperature scaling fixed at ``T = 1`` for logits shaped like ``logits`` (the identity map)."""
-    from calibkit.calibrators import TemperatureScaling
-
     cal = TemperatureScaling()
     cal.temperature_, cal.n_iter_ = 1.0, 0
     cal.binary_ = logits.dim() == 1

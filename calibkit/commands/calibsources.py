@@ -31,27 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibkit.commands import bounded as B
+from calibkit.commands import check_paths_given
 from calibkit.commands.scorefile import Keys, found, read_entries, read_scores, scores_of
 from calibkit.errors import UserError
-
-RUN_LOGITS = "logits.safetensors"  # calibkit.rundir.LOGITS, named here so that --help imports nothing heavy
-
-
-def add_source_options(p) -> None:
-    """The input options of ``calibkit calibrate`` (one source of :func:`read_sources`, key names)."""
-    g = p.add_argument_group("input (one of --val/--test, --from, --run)")
-    g.add_argument("--val", metavar="FILE", help="validation logits/probs + labels (fitting)")
-    g.add_argument("--test", metavar="FILE", help="test logits/probs + labels (scoring)")
-    g.add_argument("--from", dest="from_file", metavar="FILE",
-                   help="one file: val_*/test_* entries, or plain entries split by --split")
-    g.add_argument("--split", type=B.fraction(), metavar="FRACTION",
-                   help="with --from: the share of rows for validation, in (0, 1), stratified by class, seeded "
-                        "by --seed")
-    g.add_argument("--run", metavar="DIR", help="a finished calibkit run: reads DIR/logits.safetensors")
-    g.add_argument("--logits-key", metavar="NAME", help="the entry holding logits (default: logits, or probs)")
-    g.add_argument("--probs-key", metavar="NAME", help="the entry holding probabilities instead of logits")
-    g.add_argument("--labels-key", metavar="NAME", default="labels", help="the labels' entry (default: labels)")
+from calibkit.rundir import LOGITS
 
 
 @dataclass
@@ -69,8 +52,6 @@ class Scores:
 
 def check_sources(args) -> None:
     """Refuse a call without exactly one source, or with options that do not belong to its source."""
-    from calibkit.commands import check_paths_given
-
     check_paths_given(val=args.val, test=args.test, out=args.out, run=args.run, **{"from": args.from_file})
     given = [flag for flag, on in (("--val/--test", args.val is not None or args.test is not None),
                                    ("--from", args.from_file is not None), ("--run", args.run is not None)) if on]
@@ -126,15 +107,15 @@ def run_logits(run) -> Path:
     """``RUN/logits.safetensors``, or an error saying what ``run`` is instead."""
     run = Path(run)
     if not run.is_dir():
-        raise UserError(f"--run {run}: not a directory; give a calibkit run directory (it holds {RUN_LOGITS})")
-    path = run / RUN_LOGITS
+        raise UserError(f"--run {run}: not a directory; give a calibkit run directory (it holds {LOGITS})")
+    path = run / LOGITS
     if path.is_file():
         return path
-    inside = sorted(p.parent for p in run.glob(f"*/*/*/{RUN_LOGITS}"))[:3]  # OUT/runs: PRESET/METHOD/seedS
-    inside = inside or sorted(p.parent for p in run.glob(f"**/{RUN_LOGITS}"))[:3]
+    inside = sorted(p.parent for p in run.glob(f"*/*/*/{LOGITS}"))[:3]  # OUT/runs: PRESET/METHOD/seedS
+    inside = inside or sorted(p.parent for p in run.glob(f"**/{LOGITS}"))[:3]
     hint = (f"; runs found below it: {', '.join(map(str, inside))}" if inside else
             "; a run writes it when its training finishes (calibkit train, calibkit bench)")
-    raise UserError(f"--run {run}: no {RUN_LOGITS} there, so not a finished calibkit run{hint}")
+    raise UserError(f"--run {run}: no {LOGITS} there, so not a finished calibkit run{hint}")
 
 
 def _prefixed(path: Path, keys: Keys, flag: str) -> Scores:

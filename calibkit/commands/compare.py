@@ -2,66 +2,28 @@
 
 from __future__ import annotations
 
-import argparse
+import warnings
+from pathlib import Path
 
-from calibkit.commands import bounded as B
+from calibkit.bootstrap import MIN_RESAMPLES
 from calibkit.errors import UserError
-
-EPILOG = """\
-Both methods' saved test predictions are compared seed by seed (the seeds they share), on the same
-bootstrap resamples of the test set; every panel metric gets A - B with its 95% basic interval.
---after fits a post-hoc calibrator on each run's validation logits first (both A and B).
-A finished run of A or B that cannot be used (its logits file missing, a damaged field) is named in
-a warning and left out, as `calibkit report` does; when none of a method's runs is left, the error
-names them.
-
-examples:
-  calibkit compare runs/default ls ce
-  calibkit compare runs/default mbls ce --after temperature
-"""
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "compare", help="paired bootstrap difference of two methods of a bench (optionally after a calibrator)",
-        description="Print the paired bootstrap difference A - B of every panel metric of two methods of the "
-        "bench in DIR, over the seeds they share, optionally after a post-hoc calibrator.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("dir", metavar="DIR", help="a bench output directory (holding runs.db)")
-    p.add_argument("a", metavar="A", help="a method of the bench (e.g. ls)")
-    p.add_argument("b", metavar="B", help="the method it is compared with (e.g. ce)")
-    p.add_argument("--after", metavar="CALIBRATOR",
-                   help="fit this calibrator of calibkit.calibrators.CALIBRATORS on each run's validation logits "
-                   "first (e.g. temperature)")
-    p.add_argument("--preset", help="which preset's runs (default: the most recent in the database)")
-    p.add_argument("--n-boot", type=B.N_BOOT, metavar="N", help="bootstrap resamples (default: the preset's)")
-    p.add_argument("--store", metavar="URL", help="the bench's postgresql:// results database, or env:NAME to "
-                   "read it from that environment variable (default: DIR/runs.db)")
-    from calibkit.commands import add_num_threads
-
-    add_num_threads(p)
-    p.set_defaults(func=run)
+from calibkit.report.calibrated import CalibratedProbs, calibrator_names
+from calibkit.report.data import label, row_problem, summarize, usable_rows
+from calibkit.report.paired import compare_methods, compare_text
+from calibkit.report.preset import recorded_preset
+from calibkit.report.tuning import load_current_runs
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     _check_names(args)
     out = Path(args.dir)
     if args.store is None and not (out / "runs.db").is_file():
         raise FileNotFoundError(f"{args.dir}/runs.db not found: is {args.dir} a bench output directory?")
-    from calibkit.bootstrap import MIN_RESAMPLES
 
     if args.n_boot is not None and args.n_boot < MIN_RESAMPLES:
         raise UserError(f"--n-boot must be >= {MIN_RESAMPLES} (fewer resamples give no interval), got {args.n_boot}")
-    from calibkit.report.calibrated import CalibratedProbs
-    from calibkit.report.data import label, summarize, usable_rows
-    from calibkit.report.paired import compare_methods, compare_text
-    from calibkit.report.tuning import load_current_runs
 
     preset, rows = load_current_runs(out, args.preset, args.store)
-    from calibkit.report.preset import recorded_preset
 
     recorded = recorded_preset(out, preset)  # the directory's own preset file, else a shipped one
     n_boot = args.n_boot or (recorded.n_boot if recorded is not None else 1000)
@@ -79,10 +41,6 @@ def _left_out(rows, methods) -> None:
     field: :func:`calibkit.report.data.row_problem`): refused when none of a method's runs is left,
     else one warning per run, as ``calibkit report`` does; without this a method whose logits
     files are gone read as a method that never ran."""
-    import warnings
-
-    from calibkit.report.data import row_problem
-
     lines: dict = {}
     usable: set = set()
     for row in rows:
@@ -106,7 +64,6 @@ def _check_names(args) -> None:
     if args.a == args.b:
         raise UserError(f"A and B are both {args.a!r}: a method compared with itself differs by 0 everywhere; "
                          "name two different methods (e.g. ls ce)")
-    from calibkit.report.calibrated import calibrator_names
 
     if args.after is not None and args.after not in calibrator_names():
         raise UserError(f"--after: unknown calibrator {args.after!r}; expected one of "

@@ -2,40 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
 
-from calibkit.commands import bounded as B
-
-EPILOG = """\
-The temperature is fitted on the run's validation logits (NLL) and applied to its test logits.
-Calibration errors are printed x100, accuracy in %, NLL and Brier as they are.
-Segmentation runs: T is fitted on the stored validation pixel sample and the metrics (with mIoU)
-cover every labelled test pixel; the trainer's own evaluation is reused for the default settings,
-other settings stream the test images through the model again (needs the data).
-
-example:
-  calibkit eval runs/ce
-"""
+from calibkit import distributed as D
+from calibkit import rundir
+from calibkit.calibrators import evaluate_before_after_ts
+from calibkit.data.inputs import inputs_from_info
+from calibkit.rundir import load_info, load_logits
 
 # How each metric is shown in the table: (label, scale).
 _SHOW = {"acc": ("accuracy (%)", 100), "nll": ("NLL", 1), "brier": ("Brier", 1), "miou": ("mIoU (%)", 100)}
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "eval", help="metrics of a run before/after temperature scaling (table + metrics.json)",
-        description="Evaluate a finished run on its test logits, before and after temperature scaling "
-        "fitted on its validation logits; print a table and write DIR/metrics.json.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("run_dir", metavar="DIR", help="run directory written by calibkit train")
-    p.add_argument("--n-bins", type=B.N_BINS, default=15, help="bins of the binned calibration errors (default 15)")
-    p.add_argument("--ts-objective", choices=("nll", "ece"), default="nll",
-                   help="fit T by validation NLL (default) or by the literature's grid search on validation ECE")
-    from calibkit.commands import add_num_threads
-
-    add_num_threads(p)
-    p.set_defaults(func=run)
 
 
 def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
@@ -45,9 +21,6 @@ def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
         ``{"temperature", "ts_objective", "n_bins", "n_val", "n_test", "before": {...}, "after": {...}}`` with the
         keys of :func:`calibkit.metrics.evaluate` in each of ``before`` / ``after``.
     """
-    from calibkit.calibrators import evaluate_before_after_ts
-    from calibkit.rundir import load_info, load_logits
-
     logits = load_logits(run_dir)
     if load_info(run_dir).get("modality") == "segmentation":
         return _evaluate_dense_run(run_dir, logits, n_bins, objective)
@@ -65,8 +38,6 @@ def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
 
 
 def _evaluate_dense_run(run_dir, logits: dict, n_bins: int, objective: str) -> dict:
-    from calibkit import distributed as D
-    from calibkit.data.inputs import inputs_from_info
     from calibkit.rundir import load_run
     from calibkit.train.dense import evaluate_dense, load_run_data
 
@@ -91,10 +62,6 @@ def format_table(result: dict) -> str:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from calibkit import rundir
-
     result = evaluate_run(args.run_dir, args.n_bins, args.ts_objective)
     info = rundir.load_info(args.run_dir)
     c = info["config"]

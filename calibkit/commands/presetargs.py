@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from calibkit.bench.grid import with_keep
 from calibkit.commands import bounded as B
 
 
@@ -34,7 +35,6 @@ def add_preset_options(p, names) -> None:
 
 def preset_from_args(args):
     """The preset ``args`` ask for: ``--preset`` (name or file), the flags on top, ``--keep``."""
-    from calibkit.bench.grid import with_keep
     from calibkit.bench.overrides import with_flags
     from calibkit.bench.presetfile import load_preset
 

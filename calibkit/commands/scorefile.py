@@ -9,7 +9,13 @@ Nothing is unpickled.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
+import torch
+
+from calibkit._validation import check_labels, check_probs
+from calibkit.data.tensors import check_is_file, read_npz, read_pt
 from calibkit.errors import UserError
 
 
@@ -46,10 +52,6 @@ PLAIN = Keys()
 
 def read_scores(path, require_labels: bool = True, keys: Keys = PLAIN):
     """``(logits, labels, source)`` of a ``.npz`` / ``.safetensors`` / ``.pt`` file (:func:`scores_of`)."""
-    from pathlib import Path
-
-    from calibkit.data.tensors import check_is_file
-
     path = Path(path)
     check_is_file(path)
     return scores_of(read_entries(path), path, require_labels, keys)
@@ -69,11 +71,6 @@ def scores_of(data: dict, where, require_labels: bool = True, keys: Keys = PLAIN
     naming the file (both ``logits`` and ``probs``, a missing entry with the entries found, fewer
     than 2 columns, non-finite values, bad labels, ...).
     """
-    import numpy as np
-    import torch
-
-    from calibkit._validation import check_labels, check_probs
-
     present = [(name, kind) for name, kind in keys.score_names() if name in data]
     if len(present) == 2:
         raise UserError(f"{where}: holds both '{present[0][0]}' and '{present[1][0]}'; keep one of them (calibkit "
@@ -125,8 +122,6 @@ def scores_of(data: dict, where, require_labels: bool = True, keys: Keys = PLAIN
 
 def read_entries(path) -> dict:
     """Every entry of a ``.npz`` / ``.pt`` / ``.safetensors`` file (nothing unpickled)."""
-    from calibkit.data.tensors import read_npz, read_pt
-
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return read_npz(path)

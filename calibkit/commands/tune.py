@@ -2,45 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
+import sys
 
-from calibkit.commands import bounded as B
+from calibkit.bench.preflight import check_out
+from calibkit.bench.presetcheck import check_seeds
+from calibkit.bench.tune import Tuner
+from calibkit.bench.workers import run_with_workers, tune_worker_argv
+from calibkit.commands.executing import check_executor, print_failures, run_scheduled, worker_sharing
+from calibkit.commands.presetargs import preset_from_args
 from calibkit.errors import UserError, UserRuntimeError
-
-EPILOG = """\
-examples:
-  calibkit tune --preset default --out runs/tune-default            # every method with a search space
-  calibkit tune --preset default --out runs/tune-default --methods mbls fedlas_mbls
-  calibkit tune --preset default --out runs/tune-default --workers 2   # two processes share the candidates
-  calibkit bench --preset default --out runs/tuned --tune           # select, then bench at the selection
-  torchrun --nproc_per_node 4 -m calibkit tune --preset cifar10 --data-dir ~/data --out runs/tune-c10
-  calibkit tune --preset cifar10 --data-dir /shared/data --out /shared/tune-c10 --executor slurm --gpus-per-run 4
-
-Every candidate is trained on the preset's selection seed and scored on the validation split only
-(ECE of the deployed predictor before temperature scaling; candidates more than 1 accuracy point
-below the method's best are excluded). A selection on the edge of its grid extends that axis (at
-most twice, never past its bound) and tuning goes on. Everything is checked before anything is
-written. Running the same command again never retrains a finished candidate; two processes on one
-DIR share the candidates. Search spaces and the extension rule: docs/bench.md.
-"""
-
-
-def add_shared(p) -> None:
-    """Options shared by ``tune`` and ``bench``."""
-    from calibkit.bench.grid import KEEP_POLICIES
-
-    p.add_argument("--csm-build", action="store_true",
-                   help="with csm in the methods and no generated set: build one in DIR first (train the generator "
-                   "on the training images outside every seed's validation split, then generate; resumable)")
-    p.add_argument("--max-extensions", type=B.integer(0, 100), default=2, metavar="K",
-                   help="times each grid axis may be extended when a selection lands on its edge (default 2; 0: "
-                   "never)")
-    p.add_argument("--keep", choices=KEEP_POLICIES,
-                   help="checkpoint policy of every run (default: the preset's); one policy per output directory")
-    p.add_argument("--store", metavar="URL",
-                   help="results database: a postgresql:// URL shared by benches on several hosts (needs "
-                   "calibkit[postgres]; one database per output directory; docs/store.md), or env:NAME to read "
-                   "it from that environment variable (no password on the command line); default DIR/runs.db")
+from calibkit.pipeline import TuneOptions, run_tune, tune_report
+from calibkit.store.files import ResultFiles
 
 
 def check_shared(args) -> None:
@@ -49,51 +21,12 @@ def check_shared(args) -> None:
         raise UserError(f"--max-extensions must be >= 0 (0: never extend a grid), got {args.max_extensions}")
 
 
-def register(subparsers) -> None:
-    from calibkit.bench.grid import METHODS, PRESETS
-    from calibkit.commands import add_num_threads
-
-    p = subparsers.add_parser(
-        "tune", help="select each method's hyperparameters on the validation split (never the test split)",
-        description="Train every candidate of each method's search space on the preset's selection seed, "
-        "score it on the validation split and record all of them, and the selection, in the tuning table "
-        "of DIR/runs.db.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    from calibkit.commands.presetargs import add_preset_options
-
-    add_preset_options(p, PRESETS)
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (runs.db, tune/, runs/)")
-    p.add_argument("--methods", nargs="+", metavar="M",
-                   help="methods to tune (default: all with a search space): "
-                   f"{', '.join(m for m, s in METHODS.items() if s.space)}")
-    p.add_argument("--seed", type=B.SEED, metavar="S", help="selection seed (default: the preset's tune_seed)")
-    p.add_argument("--data-dir", metavar="DIR", help="folder with the data set's files")
-    p.add_argument("--csm-store", metavar="DIR", help="CSM generated set (default: the one shipped)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    add_shared(p)
-    add_num_threads(p)
-    p.add_argument("--workers", type=B.count(256), default=1, metavar="N",
-                   help="processes on this machine sharing the candidates (default 1; one per core is usually fastest)")
-    # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)
-    p.add_argument("--await-start", action="store_true", help=argparse.SUPPRESS)
-    from calibkit.commands import add_executor
-
-    add_executor(p)
-    # the selection job of --executor slurm: select from the candidates' result files
-    p.add_argument("--select-only", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
-
-
 def run(args) -> int:
-    from calibkit.commands import check_executor
-
     check_executor(args)
     check_shared(args)
     if args.workers > 1 and args.executor != "local":
         raise UserError("--workers shares the candidates between local processes; with --executor slurm use "
                          "--workers 1")
-    from calibkit.bench.workers import run_with_workers, tune_worker_argv
 
     argv = tune_worker_argv(args) if args.workers > 1 else None
     return run_with_workers(args, lambda waiting: _run(args, waiting), argv)
@@ -101,9 +34,6 @@ def run(args) -> int:
 
 def options_from_args(args):
     """The :class:`calibkit.pipeline.TuneOptions` of a parsed ``calibkit tune`` command line."""
-    from calibkit.bench.presetcheck import check_seeds
-    from calibkit.pipeline import TuneOptions
-
     if args.seed is not None:
         check_seeds([args.seed], "--seed")  # named as the flag, before the options name the field
     return TuneOptions(methods=args.methods, seed=args.seed, data_dir=args.data_dir, device=args.device,
@@ -113,9 +43,6 @@ def options_from_args(args):
 
 
 def _run(args, waiting: list) -> int:
-    from calibkit.bench.preflight import check_out
-    from calibkit.commands.presetargs import preset_from_args
-
     preset = preset_from_args(args)
     check_out(args.out)  # before the database is created: not into a training run's directory
     if args.status and args.collect:
@@ -136,14 +63,11 @@ def _run(args, waiting: list) -> int:
         warm_up(args.device)
         if await_start() is None:
             return 0
-    from calibkit.commands import worker_sharing
-    from calibkit.pipeline import run_tune
 
     sharing = worker_sharing(args, waiting, f"tune {preset.name}", "candidates")
     result = run_tune(preset, args.out, options, sharing=sharing)
     if not result.main or args.await_start:
         return 1 if result.counts.failed else 0
-    import sys
 
     for line in result.worker_failures:
         print(line, file=sys.stderr)
@@ -151,7 +75,6 @@ def _run(args, waiting: list) -> int:
     print(f"tune {preset.name}: {counts.done} candidate(s) done here, {counts.skipped} skipped (finished "
           f"earlier or by another worker), {counts.failed} failed; database {result.store}")
     _print_report(result.report)
-    from calibkit.commands import print_failures
 
     sys.stdout.flush()  # the table first, then the lines on stderr
     print_failures("tune", result.failures, result.store)
@@ -165,8 +88,6 @@ def _print_report(report) -> None:
 
 
 def _print_tuning(args, preset) -> int:
-    from calibkit.pipeline import tune_report
-
     _print_report(tune_report(args.out, preset.name, args.store))
     return 0
 
@@ -197,9 +118,6 @@ def _elsewhere(args, preset) -> int:
             print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
         print_no_extension(preset.name, ids, "tune")
         return 0
-    from calibkit.bench.tune import Tuner
-    from calibkit.commands import run_scheduled
-    from calibkit.store.files import ResultFiles
 
     def one() -> int:
         tuner = Tuner(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,

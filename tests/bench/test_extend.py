@@ -205,7 +205,7 @@ def test_tune_worker_arguments_are_the_same_tuning(tmp_path):
     import argparse
 
     from calibkit.bench.workers import tune_worker_argv
-    from calibkit.commands import tune as tune_cmd
+    from calibkit.commands.parsers import tune as tune_cmd
 
     p = argparse.ArgumentParser()
     tune_cmd.register(p.add_subparsers())

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from calibkit.bench.workers import worker_argv
-from calibkit.commands import bench as bench_cmd
+from calibkit.commands.parsers import bench as bench_cmd
 from tests.conftest import PYTHON, ROOT
 
 
@@ -76,7 +76,7 @@ def test_run_with_workers_checks_the_count_and_cancels_the_unreleased(monkeypatc
 
 def test_every_option_reaches_a_worker_of_bench_and_of_tune():
     from calibkit.bench.workers import tune_worker_argv
-    from calibkit.commands import tune as tune_cmd
+    from calibkit.commands.parsers import tune as tune_cmd
 
     p = _parser()
     opts = ["--data-dir", "d", "--csm-store", "c", "--keep", "last", "--num-threads", "2", "--store", "sqlite:///x.db",
@@ -101,7 +101,7 @@ def test_every_option_reaches_a_worker_of_bench_and_of_tune():
 def test_a_store_password_reaches_the_workers_in_their_environment_not_their_command_line(monkeypatch):
     from calibkit.bench import workers
     from calibkit.bench.workers import tune_worker_argv
-    from calibkit.commands import tune as tune_cmd
+    from calibkit.commands.parsers import tune as tune_cmd
 
     url = "postgresql://calib:s3cretpw@db/c10?sslpassword=k3ypass"
     made = []
