@@ -28,6 +28,8 @@ the panel may run in several threads of the caller at once.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from calibkit._validation import prob_sum_tol, probs_error
@@ -90,8 +92,6 @@ def batch_vector(layout: Layout, s) -> torch.Tensor:
     parts = [head, torch.stack([s.top.count, s.top.conf, s.top.correct]).reshape(-1),
              torch.stack([s.classwise.count, s.classwise.conf, s.classwise.correct]).reshape(-1)]
     if layout.hist:
-        from calibkit.functional.panel_device import scatter_sums
-
         w = torch.ones_like(s.conf) if s.weight is None else s.weight
         src = torch.stack([w, s.conf * w, s.correct.double() * w], 1)
         parts.append(scatter_sums(fine_bin_index(s.conf), src, FINE_BINS).T.reshape(-1))
@@ -174,8 +174,6 @@ def _sorted_part(layout: Layout, host_sums, c, ok, w, with_aece: bool) -> dict:
         return done
 
     if torch.get_num_threads() > 1 and len(blocks[0]) > _SPLIT_BLOCKS:
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(1) as pool:
             half = pool.submit(second)
             done = block_estimators(*blocks)

@@ -40,6 +40,7 @@ from calibkit.commands import apply_num_threads
 from calibkit.commands.typos import Typo, check_argv
 from calibkit.errors import UserError
 from calibkit.extras import MissingExtra
+from calibkit.store import describe_store, resolve_store
 from calibkit.store.secrets import redact, scrub
 
 BUG = "this is a bug in calibkit: please report it with the traceback above"
@@ -95,8 +96,6 @@ def _kept(args, interrupted: bool = False) -> str:
     marker, kept = KEPT[args.command]
     store = getattr(args, "store", None)
     if store is not None and marker == "runs.db":  # the records are on a server: OUT need hold none
-        from calibkit.store import describe_store
-
         return kept.format(out=out, db=describe_store(out, store))
     if os.path.exists(os.path.join(out, marker)):
         return kept.format(out=out, db=os.path.join(out, marker))
@@ -151,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     handlers = _install_handlers(args.command)
     try:
         if getattr(args, "store", None):  # --store env:NAME: the URL from the environment (docs/store.md)
-            from calibkit.store import resolve_store
-
             args.store = resolve_store(args.store)
         apply_num_threads(args)
         rc = args.func(args)

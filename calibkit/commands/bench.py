@@ -7,10 +7,12 @@ import sys
 from calibkit import distributed as D
 from calibkit.bench.grid import grid_methods
 from calibkit.bench.presetcheck import check_seeds
+from calibkit.bench.progress import Phases
 from calibkit.bench.runner import Bench
-from calibkit.bench.slurm_plan import submit_bench
-from calibkit.bench.workers import run_with_workers
-from calibkit.commands.executing import check_executor, print_failures, worker_sharing
+from calibkit.bench.slurm_plan import status_lines, submit_bench
+from calibkit.bench.tune import Tuner
+from calibkit.bench.workers import await_start, run_with_workers, warm_up
+from calibkit.commands.executing import check_executor, print_failures, run_scheduled, worker_sharing
 from calibkit.commands.presetargs import preset_from_args
 from calibkit.commands.tune import check_shared, print_no_extension
 from calibkit.errors import UserError
@@ -43,8 +45,6 @@ def _run(args, waiting: list) -> int:
     preset = preset_from_args(args)
     options = options_from_args(args)
     if args.await_start:  # an extra worker: the caller has checked the bench before releasing it
-        from calibkit.bench.workers import await_start, warm_up
-
         warm_up(args.device)
         if await_start() is None:
             return 0
@@ -65,8 +65,6 @@ def _run(args, waiting: list) -> int:
     sys.stdout.flush()  # the summary first, then the lines on stderr
     print_failures("bench", result.failures, result.store)
     if not args.no_report:
-        from calibkit.bench.progress import Phases
-
         phases = Phases("report", quiet=args.quiet)
         rep = write_report(args.out, result.preset.name, options, progress=phases)
         if not args.quiet and phases.summary():
@@ -84,15 +82,11 @@ def _elsewhere(args) -> int:
     if args.workers != 1:
         raise UserError("--workers is for --executor local; on SLURM every run is its own task")
     if args.run_key:
-        from calibkit.commands.executing import run_scheduled
-
         return run_scheduled(args, lambda: _run_key(args, preset))
     if args.status and args.collect:
         raise UserError("--status and --collect: give one of them (--status shows each run's state and changes "
                          "nothing; --collect imports the result files into runs.db, then reports)")
     if args.status:
-        from calibkit.bench.slurm_plan import status_lines
-
         lines, counts = status_lines(args, preset)
         print("\n".join(lines))
         print(f"bench {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
@@ -121,8 +115,6 @@ def _run_key(args, preset) -> int:
     group = D.setup(args.device)  # one process group for the tuner's and the bench's views
     try:
         if args.tune:
-            from calibkit.bench.tune import Tuner
-
             tuner = Tuner(preset, args.out, methods=args.methods, data_dir=args.data_dir, device=args.device,
                           num_threads=args.num_threads, csm_store=args.csm_store, store=ResultFiles(args.out))
             try:

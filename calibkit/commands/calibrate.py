@@ -15,6 +15,7 @@ from calibkit import plots
 from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis
 from calibkit.calibrators import CALIBRATORS
 from calibkit.calibrators.evidence import thin_warning, unestimable
+from calibkit.calibrators.registry import default_names
 from calibkit.calibrators.selection import NONE, SelectionRule, unfittable
 from calibkit.commands import calibout
 from calibkit.commands.calibsources import check_sources, default_out, read_sources
@@ -29,8 +30,6 @@ from calibkit.report.tables import md_code
 
 def _choose(spec):
     if spec is None:  # the opt-in calibrators run only when named
-        from calibkit.calibrators.registry import default_names
-
         return default_names()
     names = [s.strip() for s in spec.split(",") if s.strip()]
     bad = [n for n in names if n not in CALIBRATORS]

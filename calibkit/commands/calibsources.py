@@ -31,8 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from calibkit.commands import check_paths_given
 from calibkit.commands.scorefile import Keys, found, read_entries, read_scores, scores_of
+from calibkit.data.tensors import check_is_file
 from calibkit.errors import UserError
 from calibkit.rundir import LOGITS
 
@@ -120,8 +123,6 @@ def run_logits(run) -> Path:
 
 def _prefixed(path: Path, keys: Keys, flag: str) -> Scores:
     """The ``val_*`` and ``test_*`` entries of one file."""
-    from calibkit.data.tensors import check_is_file
-
     check_is_file(path)
     data = read_entries(path)
     val_keys, test_keys = keys.with_prefix("val_"), keys.with_prefix("test_")
@@ -139,8 +140,6 @@ def split_rows(labels, fraction: float, seed: int):
 
     Raises :class:`UserError` when a side would be empty.
     """
-    import torch
-
     g = torch.Generator().manual_seed(seed)
     val, test = [], []
     for c in torch.unique(labels).tolist():

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import shlex
 
+import torch
+
 from calibkit.errors import UserError
 from calibkit.extras import require
 from calibkit.methods.csm.generator import GeneratorConfig
@@ -43,7 +45,6 @@ def _set_threads(n) -> None:
     if n is not None:
         if n < 1:
             raise UserError(f"--num-threads must be >= 1, got {n}")
-        import torch
 
         torch.set_num_threads(n)
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from calibkit.bench.slurm_plan import options
+from calibkit.bench.slurm_values import check_text
 from calibkit.bench.workers import reaper, release_workers, wait_workers
 from calibkit.errors import UserError
 from calibkit.pipeline import Sharing
@@ -23,9 +25,6 @@ def check_executor(args) -> None:
         ValueError: naming the first such option.
     """
     if args.executor == "slurm":
-        from calibkit.bench.slurm_plan import options
-        from calibkit.bench.slurm_values import check_text
-
         for name, value in sorted(vars(args).items()):
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(item, str):

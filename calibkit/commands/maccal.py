@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from calibkit import rundir
 from calibkit.errors import UserError
 from calibkit.methods.maccal import DEFAULTS
@@ -16,7 +18,6 @@ def set_threads(n: int | None) -> None:
     if n is not None:
         if n < 1:
             raise UserError(f"--num-threads must be >= 1, got {n}")
-        import torch
 
         torch.set_num_threads(n)
 

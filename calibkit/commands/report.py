@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from calibkit.bench.presetfile import read_preset_file
 from calibkit.bench.progress import Phases
 from calibkit.bootstrap import MIN_RESAMPLES
 from calibkit.errors import UserError
@@ -27,8 +28,6 @@ def run(args) -> int:
         raise UserError(f"--alpha must be a number in (0, 1) (the allowed miscoverage of the sets), got {args.alpha}")
     name = args.preset
     if name is not None and (name.endswith(".toml") or Path(name).is_file()):
-        from calibkit.bench.presetfile import read_preset_file
-
         name = read_preset_file(name).name
 
     phases = Phases("report", quiet=args.quiet)

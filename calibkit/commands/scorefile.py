@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from calibkit._validation import check_labels, check_probs
 from calibkit.data.tensors import check_is_file, read_npz, read_pt
@@ -128,8 +129,6 @@ def read_entries(path) -> dict:
     if suffix == ".pt":
         return read_pt(path)
     if suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         try:
             return load_file(str(path))
         except Exception as exc:  # the reader raises its own types for a damaged file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from calibkit.commands.maccal import train_command
 from calibkit.data import check_dataset
 from calibkit.errors import UserError
 
@@ -23,8 +24,6 @@ def run(args) -> int:
     check_dataset(cfg.data)  # a missing extra package is named before anything is written
     # Ctrl-C, SIGTERM and file-system failures: one line saying how to resume (calibkit.cli.KEPT).
     if two_stage:
-        from calibkit.commands.maccal import train_command
-
         return train_command(cfg, args)
     train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
     return 0

@@ -6,8 +6,9 @@ import sys
 
 from calibkit.bench.preflight import check_out
 from calibkit.bench.presetcheck import check_seeds
+from calibkit.bench.slurm_plan import status_lines, submit_tune
 from calibkit.bench.tune import Tuner
-from calibkit.bench.workers import run_with_workers, tune_worker_argv
+from calibkit.bench.workers import await_start, run_with_workers, tune_worker_argv, warm_up
 from calibkit.commands.executing import check_executor, print_failures, run_scheduled, worker_sharing
 from calibkit.commands.presetargs import preset_from_args
 from calibkit.errors import UserError, UserRuntimeError
@@ -58,8 +59,6 @@ def _run(args, waiting: list) -> int:
         return _print_tuning(args, preset)
     options = options_from_args(args)
     if args.await_start:  # an extra worker: the caller has checked everything before releasing it
-        from calibkit.bench.workers import await_start, warm_up
-
         warm_up(args.device)
         if await_start() is None:
             return 0
@@ -103,16 +102,12 @@ def _elsewhere(args, preset) -> int:
     """One scheduled candidate (``--run-key``), the selection job (``--select-only``), ``--status``
     and submitting (``--executor slurm``); see :mod:`calibkit.bench.slurm`."""
     if args.status:
-        from calibkit.bench.slurm_plan import status_lines
-
         args.tune, args.seeds = True, []
         lines, counts = status_lines(args, preset)
         print("\n".join(lines))
         print(f"tune {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         return 0
     if args.executor == "slurm" and not (args.run_key or args.select_only):
-        from calibkit.bench.slurm_plan import submit_tune
-
         ids = submit_tune(args, preset, dry_run=args.dry_run)
         if not ids:
             print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")

@@ -36,6 +36,7 @@ from .digits import digits_images
 
 # the names of the sets (defined beside the user's sets, which need them)
 from .ood_user import NO_OOD, NOISE_SIZE, OOD_KEYS, OOD_SETS, is_user_set, load_user_ood  # noqa: E402,F401
+from .textsets import load_text_ood
 from .transforms import resize
 
 
@@ -60,8 +61,6 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
     if is_user_set(name) or (modality in ("text", "features") and like.vocab is None):
         return load_user_ood(name, like, seed)
     if modality == "text":  # token ids, not images
-        from .textsets import load_text_ood
-
         return load_text_ood(name, like, data_dir, seed)
     c = like.in_channels
     h, w = like.image_size

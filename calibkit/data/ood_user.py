@@ -86,8 +86,6 @@ def load_user_ood(name: str, like, seed: int = 0) -> torch.Tensor:
     if os.path.isfile(name):
         return _file_inputs(name, like)
     if "/" not in name and os.sep not in name and not name.endswith((".npz", ".safetensors")):
-        from .datasets import DATASETS
-
         raise UserError(f"unknown OOD set {name!r}; choose one of {sorted({*OOD_SETS, NO_OOD, *DATASETS})}, or "
                          "give a folder or .npz/.safetensors file of OOD inputs")
     raise FileNotFoundError(f"OOD set {name!r}: no such folder or file (an OOD set is digits, noise, none, a data "

@@ -28,10 +28,12 @@ import difflib
 import itertools
 import os
 import pickle
+import re
 import zipfile
 
 import numpy as np
 import torch
+from safetensors.numpy import load_file
 
 from calibkit.errors import UserError
 
@@ -103,8 +105,6 @@ def read_pt(path) -> dict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        import re
-
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
         what = f" ({found.group(1)})" if found else ""
         damaged = "" if zipped else ", or the file is truncated or corrupt"
@@ -123,8 +123,6 @@ def read_arrays(path: str) -> dict[str, np.ndarray]:
     if path.endswith(".npz"):
         return read_npz(path)
     if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file
-
         try:
             return load_file(path)
         except Exception as exc:

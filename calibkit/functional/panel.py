@@ -16,7 +16,7 @@ from calibkit.errors import UserError
 from calibkit.functional.binning import BinSums
 from calibkit.functional.inputs import to_rows
 from calibkit.functional.panel_cpu import panel_sums_cpu
-from calibkit.functional.panel_device import classwise_torch
+from calibkit.functional.panel_device import classwise_torch, panel_sums_torch
 from calibkit.functional.panel_types import PanelSums
 
 __all__ = ["PanelSums", "panel_sums", "raise_for_check", "classwise_bin_sums"]
@@ -61,8 +61,6 @@ def panel_sums(probs, labels, n_bins: int, full: bool = True, ignore_index: int 
     torch_path = use_torch_path(probe)
     rows = to_rows(probs, labels, ignore_index, compact=not torch_path)
     if torch_path:
-        from calibkit.functional.panel_device import panel_sums_torch
-
         x, y = _layout(rows.probs, rows.labels)
         valid = None if rows.valid is None else rows.valid.to(x.device)  # labels may be on the host
         out = panel_sums_torch(x, y, n_bins, full, valid=valid, exact=exact)

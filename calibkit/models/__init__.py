@@ -22,6 +22,7 @@ import difflib
 
 from calibkit.errors import UserError
 
+from .custom import import_factory
 from .densenet import densenet121
 from .efficientnet_lite import efficientnet_lite0
 from .minilm import minilm
@@ -75,8 +76,6 @@ def resolve(name: str):
     if name in MODELS:
         return MODELS[name]
     if ":" in str(name):
-        from .custom import import_factory
-
         return import_factory(name)
 
     close = difflib.get_close_matches(str(name), list(MODELS), n=1, cutoff=0.5)

@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibkit.bench.collect import unrecorded
 from calibkit.bench.grid import REFERENCE
 from calibkit.bench.progress import Phases
 from calibkit.bootstrap import shared_draws
@@ -358,8 +359,6 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
 
     pending = [r for r in rows if r["status"] != "done"]
     if store is None:  # runs submitted to SLURM whose task left no result, hence no row: named too
-        from calibkit.bench.collect import unrecorded
-
         pending += unrecorded(out_dir, preset, recorded_keys)
     unfinished = ", ".join(f"{r['run_key']} ({r['status']})" for r in pending)
     title = f"calibkit bench: preset {preset}, {len(done)} finished runs"

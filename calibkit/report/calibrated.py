@@ -154,8 +154,6 @@ class CalibratedProbs:
                                      f"calibrator {name!r} on")
         path = self._cache_path(row, name)
         if path is not None and path.is_file():
-            from calibkit.rundir import read_tensors
-
             try:
                 probs = read_tensors(path)["probs"]
                 if probs.shape == t["test_logits"].shape:

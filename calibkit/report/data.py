@@ -14,6 +14,7 @@ import torch
 
 from calibkit.bench.grid import BENCH_METHODS, REFERENCE
 from calibkit.errors import UserError
+from calibkit.grouped_bootstrap import paired_grouped_ece_diff
 from calibkit.metrics import paired_bootstrap_diff
 from calibkit.rundir import read_tensors
 from calibkit.seed_bootstrap import MIN_SEEDS, auto_levels, seed_paired_interval
@@ -304,8 +305,6 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
         identical = identical and np.array_equal(pa, pb)
         groups = load_groups(run)
         if groups is not None:  # pixels: resample whole test images (calibkit.grouped_bootstrap)
-            from calibkit.grouped_bootstrap import paired_grouped_ece_diff
-
             g = paired_grouped_ece_diff(torch.from_numpy(pa), torch.from_numpy(pb), torch.from_numpy(la),
                                         groups, n_resamples=n_boot, seed=seed)
             diffs.append(g["samples"])

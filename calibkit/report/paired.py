@@ -32,9 +32,10 @@ from calibkit.bench.grid import REFERENCE
 from calibkit.bootstrap import _RANGE, bootstrap_ci, bootstrap_interval, holding
 from calibkit.calibrators import CALIBRATORS
 from calibkit.errors import UserError
+from calibkit.grouped_bootstrap import paired_grouped_ece_diff
 from calibkit.metrics import evaluate, paired_bootstrap_diff
 from calibkit.report.calibrated import NONE, CalibratedProbs, calibrator_names
-from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, same_runs
+from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, fmt_delta, same_runs
 from calibkit.report.tables import Table, text_table
 from calibkit.seed_bootstrap import MIN_SEEDS, auto_levels, seed_paired_interval
 
@@ -77,7 +78,6 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
         if groups is not None:
             if metric != "ece":
                 return None
-            from calibkit.grouped_bootstrap import paired_grouped_ece_diff
 
             g = paired_grouped_ece_diff(pa, pb, la, groups, n_resamples=n_boot, seed=seed)
             diffs.append(torch.as_tensor(g["samples"]))
@@ -211,8 +211,6 @@ def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 1
         if d is None:
             cell = "-"
         else:
-            from calibkit.report.data import fmt_delta
-
             cell = fmt_delta(d, r["metric"]) if r["scale"] == 100 else _fmt_raw_delta(d, r["metric"])
         rows.append([r["name"], f"{r['a'] * r['scale']:.{dec}f}", f"{r['b'] * r['scale']:.{dec}f}", cell])
     head = textwrap.fill(head, width) if width else head

@@ -48,7 +48,7 @@ import torch
 from calibkit.bench.grid import REFERENCE
 from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.calibrators.selection import NONE, CrossFitScore, SelectionRule, _below, choose, cross_fit, mean_scores
-from calibkit.report.calibrated import CalibratedProbs, cache_file
+from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, cache_file
 from calibkit.report.confirm import (
     confirmatory,
     confirmatory_lines,
@@ -60,6 +60,7 @@ from calibkit.report.confirm import (
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, label
 from calibkit.report.paired import paired_delta, seed_interval
 from calibkit.report.tables import Table
+from calibkit.rundir import atomic_write
 
 DEFAULT_RULE = SelectionRule()
 #: Validation rows a run is cross-fitted on at most (module docstring, "Rows").
@@ -105,8 +106,6 @@ def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_
             pass  # a damaged cache file is recomputed, never trusted
     t = probs.logits(row)
     if not {"val_logits", "val_labels"} <= set(t):
-        from calibkit.report.calibrated import NoValidationLogits
-
         raise NoValidationLogits(f"{row['logits_path']}: no validation logits to choose a calibrator on")
     x, y = t["val_logits"], t["val_labels"].long()
     rows = selection_rows(len(y))
@@ -116,8 +115,6 @@ def run_scores(row: dict, probs: CalibratedProbs, rule: SelectionRule = DEFAULT_
     else:
         scores, _ = cross_fit(x[rows], y[rows], names, rule=rule)
     if path is not None:
-        from calibkit.rundir import atomic_write
-
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({k: v.to_dict() for k, v in scores.items()})
         atomic_write(path, lambda tmp: Path(tmp).write_text(text))

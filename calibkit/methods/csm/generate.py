@@ -291,8 +291,6 @@ def generate_store(generator, store_dir, num_groups: int, seed: int = 0, steps: 
             print(f"[rank {rank}] shard {k}: {n_img} images in {dt:.0f} s ({n_img / dt:.2f} img/s, "
                   f"eta {eta:.1f} min)", flush=True)
     if world > 1 and distributed == "env":
-        import torch.distributed as dist
-
         dist.barrier()
         if init_here:
             dist.destroy_process_group()
