@@ -90,7 +90,7 @@ def _kept(args, interrupted: bool = False) -> str:
     if args.command not in KEPT or not out:
         return "run the same command again once the cause is fixed"
     if getattr(args, "run_key", None):  # a scheduler's task: what it keeps lies in its own run directory
-        from calibkit.bench.results import task_kept
+        from calibkit.bench.results import task_kept  # noqa: PLC0415 (start-up: loads torch; scheduled tasks only)
 
         return task_kept(out, args.run_key)
     marker, kept = KEPT[args.command]

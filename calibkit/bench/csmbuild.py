@@ -26,6 +26,7 @@ how to enable it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -45,6 +46,10 @@ from calibkit.methods.csm.generate import sample_groups
 from calibkit.methods.csm.generator import CondDenoiser, GeneratorConfig, edm_loss
 from calibkit.methods.csm.inputs import training_images_outside_validation
 from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
+
+# The module, whose generate_store is read at each call, so that a replaced one is the one used
+# (`import calibkit.methods.csm.generate as ...` would give the package's function of that name).
+generate = importlib.import_module("calibkit.methods.csm.generate")
 
 # The build's settings (keys of Preset.csm); the values of the shipped Fashion-MNIST set.
 BUILD_DEFAULTS = {"build_steps": 4000, "build_batch_size": 64, "build_lr": 1e-3, "build_channels": (32, 64, 64),
@@ -138,10 +143,6 @@ def build(preset, out, seeds=None, data_dir=None, device="auto", log=print) -> P
     Raises:
         ValueError: the data set is not images (CSM does not apply).
     """
-    # Imported at call time, so that a generate_store replaced on its module is the one used (the
-    # module cannot be imported by name instead: calibkit.methods.csm.generate is also a function).
-    from calibkit.methods.csm.generate import generate_store
-
     root, store = build_dir(out, preset, seeds), store_path(out, preset, seeds)
     if is_built(out, preset, seeds):
         return store
@@ -166,7 +167,7 @@ def build(preset, out, seeds=None, data_dir=None, device="auto", log=print) -> P
     groups = _groups(preset, load_bundle(preset, excl[0], data_dir), cfg)
     log(f"csm build: generating {groups} groups ({groups * 8} images) into {store}")
     t0 = time.time()
-    generate_store(root / "generator", store, num_groups=groups, seed=int(cfg["build_seed"]),
+    generate.generate_store(root / "generator", store, num_groups=groups, seed=int(cfg["build_seed"]),
                    steps=int(cfg["build_sampler_steps"]), guidance=float(cfg["build_guidance"]),
                    groups_per_shard=max(1, min(64, groups // 10 or 1)), distributed=None, device=dev,
                    batch_size=int(cfg["build_sample_batch"]), precision=cfg["build_precision"])

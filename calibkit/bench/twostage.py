@@ -21,6 +21,7 @@ is registered under its kind in :data:`calibkit.bench.producers.PRODUCERS`.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import tempfile
@@ -33,6 +34,10 @@ from calibkit.bench.paths import run_dir_for
 from calibkit.errors import UserRuntimeError
 from calibkit.methods.csm.annotate import ClassifierEncoder
 from calibkit.methods.csm.store import ANNOT_META, ANNOT_TENSORS
+
+# The module, whose encoder classes and annotate_store are read at each call, so that a replaced one
+# is the one used (`import calibkit.methods.csm.annotate as ...` would give the package's function).
+annotate = importlib.import_module("calibkit.methods.csm.annotate")
 
 SHIPPED_STORES = {"fmnist": Path(__file__).resolve().parent.parent / "assets" / "csm" / "fmnist-groups"}
 
@@ -93,19 +98,13 @@ def _csm_cache(runs, seed: int) -> Path:
 
 def _encoder(runs, ce: Path):
     """The encoder of the reannotation: the CE run of the seed, or the frozen pretrained backbone."""
-    # Imported at call time, so that an encoder class replaced on its module is the one used (the
-    # module cannot be imported by name instead: calibkit.methods.csm.annotate is also a function).
-    from calibkit.methods.csm.annotate import EfficientNetEncoder
-
     if _encoder_name(runs) == "efficientnet_lite0":
-        return EfficientNetEncoder(device=runs.device)
+        return annotate.EfficientNetEncoder(device=runs.device)
     return ClassifierEncoder(ce)
 
 
 def csm_store(runs, seed: int) -> Path:
     """The annotated copy of the generated set for ``seed`` (built once per bench directory)."""
-    from calibkit.methods.csm.annotate import annotate_store  # at call time: as in _encoder
-
     src = csm_source(runs.preset, runs.csm_store)
     if src is None or not Path(src).is_dir():
         raise FileNotFoundError(
@@ -133,7 +132,7 @@ def csm_store(runs, seed: int) -> Path:
         # the prototypes' images: the training split of the seed's CE run (the classifier encoder is that run)
         split = enc if isinstance(enc, ClassifierEncoder) else ClassifierEncoder(ce)
         images, labels = split.training_split()
-        annotate_store(tmp, enc, images, labels, sharpness=_sharpness(runs),
+        annotate.annotate_store(tmp, enc, images, labels, sharpness=_sharpness(runs),
                        extra_meta={"source_store": str(src), "bench_preset": runs.preset.name,
                                    "prototype_run": str(ce)})
         try:

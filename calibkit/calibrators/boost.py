@@ -49,7 +49,7 @@ def _lightgbm():
     if not available("lightgbm"):
         raise UserError("the lightgbm calibrator needs LightGBM: pip install 'calibkit[boost]' (or pip install "
                         "lightgbm), or leave it out (calibkit calibrate --calibrators ...)")
-    import lightgbm
+    import lightgbm  # noqa: PLC0415 (optional extra boost, checked above)
 
     return lightgbm
 

@@ -57,7 +57,7 @@ def apply_num_threads(args) -> None:
         return
     if threads < 1:
         raise UserError(f"--num-threads must be >= 1, got {threads}")
-    import torch  # start-up: only a command given --num-threads loads torch here
+    import torch  # noqa: PLC0415 (start-up: the parsers import this module; --num-threads only)
 
     torch.set_num_threads(threads)
 

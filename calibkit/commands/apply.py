@@ -8,7 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import calibkit.commands.calibrate
+from calibkit.calibrators import load
 from calibkit.commands import check_paths_given
+from calibkit.commands.calibrate import same_file
 from calibkit.errors import UserError
 from calibkit.metrics import evaluate
 
@@ -20,18 +23,15 @@ def run(args) -> int:
         raise UserError(f"--out must name an .npz file, got {out}")
     if out.is_dir():
         raise UserError(f"--out {out} is a directory, not a file")
-    from calibkit.commands.calibrate import read_scores, same_file
 
     if same_file(out, Path(args.input)):
         raise UserError(f"--out {out} is the input file {args.input}: writing there would overwrite its logits; "
                          "choose another path")
-    from calibkit.calibrators import load
 
     cal = load(saved_in(args.calibrator))
-    x, y, source = read_scores(args.input, require_labels=False)
+    x, y, source = calibkit.commands.calibrate.read_scores(args.input, require_labels=False)
     check_fit_layout(cal, x, args.input, args.calibrator)
     probs = cal.predict_proba(x.double())  # float64 logits: float64 probabilities, computed in float64
-
 
     arrays = {"probs": probs.double().cpu().numpy()}
     if y is not None:

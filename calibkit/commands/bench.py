@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
+import calibkit.bench.preflight
+import calibkit.report
 from calibkit import distributed as D
+from calibkit.bench.collect import LIVE, check_bench_folder, collect, collect_line, read_recorded, unfinished
 from calibkit.bench.grid import grid_methods
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.bench.progress import Phases
@@ -93,10 +96,9 @@ def _elsewhere(args) -> int:
         return 0
     if args.collect:
         return _collect(args, preset)
-    from calibkit.bench.preflight import check_bench
 
-    check_bench(preset, args.out, seeds=args.seeds, methods=args.methods, data_dir=args.data_dir,
-                csm_store=args.csm_store)
+    calibkit.bench.preflight.check_bench(preset, args.out, seeds=args.seeds, methods=args.methods,
+                                         data_dir=args.data_dir, csm_store=args.csm_store)
     ids = submit_bench(args, preset, dry_run=args.dry_run)
     if not ids:
         print(f"bench {preset.name}: nothing to submit (every run is done, queued or running; see --status)")
@@ -136,8 +138,6 @@ def _collect(args, preset) -> int:
     """Import the result files, name every run of the grid without a finished result (one line each
     on stderr), then the table and report; exit 1 when a run is missing (no result and no live task:
     submit the same command again), 0 when every run is finished or still queued or running."""
-    from calibkit.bench.collect import LIVE, check_bench_folder, collect, collect_line, read_recorded, unfinished
-
     check_bench_folder(args.out)
     counts = collect(args.out)
     print(collect_line(args.out, counts))
@@ -152,9 +152,7 @@ def _collect(args, preset) -> int:
         print(f"collect {args.out}: {len(missing)} run(s) missing ({', '.join(missing)}); run the same submission "
               "command again to submit them", file=sys.stderr)
     if not args.no_report and counts["files"]:
-        from calibkit.report import build_report
-
-        rep = build_report(args.out, preset=preset.name)
+        rep = calibkit.report.build_report(args.out, preset=preset.name)
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")

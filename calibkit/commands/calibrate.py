@@ -16,7 +16,7 @@ from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis
 from calibkit.calibrators import CALIBRATORS
 from calibkit.calibrators.evidence import thin_warning, unestimable
 from calibkit.calibrators.registry import default_names
-from calibkit.calibrators.selection import NONE, SelectionRule, unfittable
+from calibkit.calibrators.selection import NONE, SelectionRule, choose, cross_fit, unfittable
 from calibkit.commands import calibout
 from calibkit.commands.calibsources import check_sources, default_out, read_sources
 from calibkit.commands.parsers.calibrate import CHOSEN_NAMES
@@ -74,7 +74,6 @@ def run(args) -> int:
     _warn_one_class(args, val_y, 2 if val_x.dim() == 1 else val_x.shape[1])
     _warn_same_data(args, src)
 
-
     timer = _Timer()
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
     if args.save and args.save not in CHOSEN_NAMES and args.save not in sel.fitted:  # its fit failed on a fold
@@ -90,7 +89,6 @@ def run(args) -> int:
     print(f"fitted on {src.val_name} ({len(val_y)} rows, {src.val_src}); scored on {src.test_name} ({len(test_y)} "
           f"rows, {src.test_src})\n")
     print(text)
-
 
     out = Path(args.out) if args.out is not None else default_out(args)
     report = out / "report"
@@ -196,8 +194,6 @@ class _Timer:
 
 def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
     """The cross-fitted selection on the validation rows, then every fitted calibrator on the test rows."""
-    from calibkit.calibrators.selection import NONE, choose, cross_fit, unfittable
-
     fitted, seconds = {}, {}
     k = 2 if val_x.dim() == 1 else val_x.shape[1]
     for name in names:  # the full fits first, timed alone (the "fit s" column)

@@ -19,8 +19,12 @@ import shlex
 
 import torch
 
+import calibkit.data
+import calibkit.distributed
 from calibkit.errors import UserError
 from calibkit.extras import require
+from calibkit.methods.csm.annotate import ClassifierEncoder, ClipEncoder, EfficientNetEncoder, annotate_store
+from calibkit.methods.csm.generate import generate_store
 from calibkit.methods.csm.generator import GeneratorConfig
 from calibkit.methods.csm.inputs import training_images_outside_validation
 from calibkit.methods.csm.train_generator import GeneratorTrainConfig, train_generator
@@ -54,12 +58,9 @@ def _val_size(v):
 
 
 def _train_generator(args) -> int:
-    from calibkit.data import load
-    from calibkit.distributed import resolve_device
-
     require("diffusers", "training the CSM generator")  # before anything is written
     _set_threads(args.num_threads)
-    device = resolve_device(args.device)
+    device = calibkit.distributed.resolve_device(args.device)
     if args.exclude_val_seeds is not None:
         images, labels, bundle, record = training_images_outside_validation(
             args.data, args.exclude_val_seeds, _val_size(args.val_size), args.data_dir)
@@ -68,7 +69,7 @@ def _train_generator(args) -> int:
     else:
         if args.val_size is not None:
             raise UserError("--val-size goes with --exclude-val-seeds")
-        bundle = load(args.data, data_dir=args.data_dir, seed=args.seed)
+        bundle = calibkit.data.load(args.data, data_dir=args.data_dir, seed=args.seed)
         images, labels, record = bundle.train.images, bundle.train.labels, None
     if bundle.modality != "image":
         raise UserError(f"--data {args.data} is {bundle.modality}: CSM's generator is an image diffusion model; "
@@ -85,8 +86,6 @@ def _train_generator(args) -> int:
 
 
 def _generate(args) -> int:
-    from calibkit.methods.csm.generate import generate_store
-
     require("diffusers", "generating a CSM set")  # before anything is written
     _set_threads(args.num_threads)
     generate_store(args.generator, args.out, num_groups=args.groups, seed=args.seed, steps=args.steps,
@@ -96,8 +95,6 @@ def _generate(args) -> int:
 
 
 def _annotate(args) -> int:
-    from calibkit.methods.csm.annotate import ClassifierEncoder, ClipEncoder, EfficientNetEncoder, annotate_store
-
     enc: ClassifierEncoder | ClipEncoder | EfficientNetEncoder
     if args.encoder == "clip":
         require("transformers", "the CLIP encoder")  # before anything is written
@@ -115,13 +112,12 @@ def _annotate(args) -> int:
             raise UserError("--encoder clip needs --clip-dir DIR (a local CLIPModel directory)")
         if not args.data:
             raise UserError(f"--encoder {args.encoder} needs --data NAME for the prototypes' real training images")
-        from calibkit.data import load
 
         if args.encoder == "clip":
             enc = ClipEncoder(args.clip_dir, device=args.device)
         else:
             enc = EfficientNetEncoder(device=args.device)
-        bundle = load(args.data, data_dir=args.data_dir)
+        bundle = calibkit.data.load(args.data, data_dir=args.data_dir)
         images, labels = bundle.train.images, bundle.train.labels
     res = annotate_store(args.store, enc, images, labels, sharpness=args.sharpness)
     lam = res["lam_annot"]

@@ -9,6 +9,7 @@ from calibkit import rundir
 from calibkit.calibrators import evaluate_before_after_ts
 from calibkit.data.inputs import inputs_from_info
 from calibkit.rundir import load_info, load_logits
+from calibkit.train import dense
 
 # How each metric is shown in the table: (label, scale).
 _SHOW = {"acc": ("accuracy (%)", 100), "nll": ("NLL", 1), "brier": ("Brier", 1), "miou": ("mIoU (%)", 100)}
@@ -38,16 +39,13 @@ def evaluate_run(run_dir, n_bins: int = 15, objective: str = "nll") -> dict:
 
 
 def _evaluate_dense_run(run_dir, logits: dict, n_bins: int, objective: str) -> dict:
-    from calibkit.rundir import load_run
-    from calibkit.train.dense import evaluate_dense, load_run_data
-
-    model, cfg, info = load_run(run_dir)
+    model, cfg, info = rundir.load_run(run_dir)
     res = info.get("test_metrics") or {}
     if res.get("ts_objective") != objective or res.get("n_bins") != n_bins:
-        bundle = load_run_data(info, cfg)
-        res = evaluate_dense(model, bundle.test, inputs_from_info(info), logits["val_logits"], logits["val_labels"],
-                             n_bins=n_bins, objective=objective, device=D.resolve_device("auto"),
-                             batch_size=cfg.eval_batch_size)
+        bundle = dense.load_run_data(info, cfg)
+        res = dense.evaluate_dense(model, bundle.test, inputs_from_info(info), logits["val_logits"],
+                                   logits["val_labels"], n_bins=n_bins, objective=objective,
+                                   device=D.resolve_device("auto"), batch_size=cfg.eval_batch_size)
     return {"temperature": res["temperature"], "ts_objective": objective, "n_bins": n_bins,
             "n_val": len(logits["val_labels"]), "n_test": res["n_test_pixels"], "unit": "pixels",
             "before": res["before"], "after": res["after"]}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+import calibkit.methods.maccal
+import calibkit.train
 from calibkit import rundir
 from calibkit.errors import UserError
 from calibkit.methods.maccal import DEFAULTS
@@ -23,11 +25,9 @@ def set_threads(n: int | None) -> None:
 
 
 def run(args) -> int:
-    from calibkit.methods.maccal import run_maccal
-
     set_threads(args.num_threads)
     log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
-    summary = run_maccal(
+    summary = calibkit.methods.maccal.run_maccal(
         args.stage1, args.out, r_init=args.r_init, eta=args.eta, r_min=args.r_min, epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, weight_decay=args.weight_decay, loss=args.loss,
         seed=args.seed, mc_samples=args.mc_samples, data_dir=args.data_dir, device=args.device, log=log)
@@ -75,9 +75,6 @@ def train_two_stage(cfg, out_dir, stage2: dict, progress: bool = True, verbose: 
     into ``OUT``. Resumable: rerunning resumes an unfinished stage 1 and redoes an unfinished
     stage 2 (whose leftover files, written before its ``config.json``, are replaced); a finished
     run is reported, never overwritten. ``cfg.method`` is stage 1's training method."""
-    from calibkit.methods.maccal import run_maccal
-    from calibkit.train import train
-
     out = Path(out_dir)
     stage1 = out / STAGE1_SUBDIR
     say = (lambda line: print(line, flush=True)) if verbose else (lambda line: None)
@@ -92,7 +89,7 @@ def train_two_stage(cfg, out_dir, stage2: dict, progress: bool = True, verbose: 
             changed = sorted(k for k in asked if asked[k] != info["maccal"].get(k))
             raise UserError(f"out: {out} holds a MaC-Cal run with other stage-2 settings ({', '.join(changed)}); "
                              "choose another directory")
-        train(cfg, stage1, progress=False, verbose=False)  # refuses a different stage-1 config
+        calibkit.train.train(cfg, stage1, progress=False, verbose=False)  # refuses a different stage-1 config
         say(f"{out}: MaC-Cal run already finished; nothing to do")
         return {k: info.get(k) for k in ("status", "best_epoch", "test_acc", "test_ece")} | {"out_dir": str(out)}
     if out.exists():
@@ -100,13 +97,13 @@ def train_two_stage(cfg, out_dir, stage2: dict, progress: bool = True, verbose: 
         if not out.is_dir() or unknown:
             raise UserError(f"out: {out} is not empty and holds no MaC-Cal run ({', '.join(unknown[:3])}); "
                              "choose another directory")
-    summary1 = train(cfg, stage1, progress=progress, verbose=verbose)
+    summary1 = calibkit.train.train(cfg, stage1, progress=progress, verbose=verbose)
     if int(os.environ.get("RANK", "0")) != 0:
         return summary1  # under torchrun, stage 2 (seconds, one process) runs on rank 0 only
     for name in STAGE2_FILES:  # an interrupted stage 2 left these before its config.json
         (out / name).unlink(missing_ok=True)
     say(f"stage 2 (MaC-Cal) on {stage1}")
-    return run_maccal(stage1, out, device=cfg.device, log=say if verbose else None, **stage2)
+    return calibkit.methods.maccal.run_maccal(stage1, out, device=cfg.device, log=say if verbose else None, **stage2)
 
 
 def train_command(cfg, args) -> int:

@@ -31,7 +31,6 @@ def run(args) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir)
     _check_out(out, Path(args.run_dir))
 
-
     matplotlib.use("Agg")  # files only; never needs a display
 
     out.mkdir(parents=True, exist_ok=True)

@@ -35,8 +35,9 @@ def add_preset_options(p, names) -> None:
 
 def preset_from_args(args):
     """The preset ``args`` ask for: ``--preset`` (name or file), the flags on top, ``--keep``."""
-    from calibkit.bench.overrides import with_flags
-    from calibkit.bench.presetfile import load_preset
+    # start-up: the parsers of bench and tune import this module; these two load torch
+    from calibkit.bench.overrides import with_flags  # noqa: PLC0415
+    from calibkit.bench.presetfile import load_preset  # noqa: PLC0415
 
     preset = with_flags(load_preset(args.preset), name=args.name, dataset=args.data, model=args.model,
                         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, val_size=args.val_size,

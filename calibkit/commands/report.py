@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import calibkit.report
+from calibkit.bench.collect import collect
 from calibkit.bench.presetfile import read_preset_file
 from calibkit.bench.progress import Phases
 from calibkit.bootstrap import MIN_RESAMPLES
@@ -12,9 +14,6 @@ from calibkit.errors import UserError
 
 
 def run(args) -> int:
-    from calibkit.bench.collect import collect
-    from calibkit.report import build_report
-
     if args.store is None and Path(args.dir).is_dir():  # a scheduler's runs left result files: import them
         counts = collect(args.dir)
         if counts["imported"] or counts["selections"]:
@@ -31,7 +30,7 @@ def run(args) -> int:
         name = read_preset_file(name).name
 
     phases = Phases("report", quiet=args.quiet)
-    rep = build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha,
+    rep = calibkit.report.build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha,
                        progress=phases, num_threads=args.num_threads or 1, jobs=args.jobs)
     if not args.quiet and phases.summary():
         print(phases.summary(), file=sys.stderr, flush=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import calibkit.train
 from calibkit.commands.maccal import train_command
 from calibkit.data import check_dataset
 from calibkit.errors import UserError
+from calibkit.train import load_config
 
 # argparse destination -> TrainConfig field (identical names by construction)
 FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data", "csm_weight", "csm_per_real",
@@ -14,8 +16,6 @@ FIELDS = ("data", "data_dir", "model", "loss", "method", "mix_alpha", "csm_data"
 
 
 def run(args) -> int:
-    from calibkit.train import load_config, train
-
     two_stage = args.method == "maccal"
     if args.maccal is not None and not two_stage:
         raise UserError("--maccal is only used with --method maccal")
@@ -25,5 +25,5 @@ def run(args) -> int:
     # Ctrl-C, SIGTERM and file-system failures: one line saying how to resume (calibkit.cli.KEPT).
     if two_stage:
         return train_command(cfg, args)
-    train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
+    calibkit.train.train(cfg, args.out, progress=not (args.no_progress or args.quiet), verbose=not args.quiet)
     return 0

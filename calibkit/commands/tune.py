@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from calibkit.bench.collect import check_bench_folder, collect, collect_line
 from calibkit.bench.preflight import check_out
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.bench.slurm_plan import status_lines, submit_tune
@@ -52,8 +53,6 @@ def _run(args, waiting: list) -> int:
     if args.run_key or args.select_only or args.status or args.executor != "local":
         return _elsewhere(args, preset)
     if args.collect:
-        from calibkit.bench.collect import check_bench_folder, collect, collect_line
-
         check_bench_folder(args.out)
         print(collect_line(args.out, collect(args.out)))
         return _print_tuning(args, preset)

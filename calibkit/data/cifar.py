@@ -22,14 +22,15 @@ from calibkit.errors import UserError
 
 from .bundle import RawData, Split
 
+try:  # numpy >= 2 moved the implementation module; old pickles still name numpy.core
+    from numpy._core import multiarray
+except ImportError:  # pragma: no cover - numpy 1.x
+    from numpy.core import multiarray  # type: ignore[no-redef]
+
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
 def _numpy_globals() -> dict:
-    try:  # numpy >= 2 moved the implementation module; old pickles still name numpy.core
-        from numpy._core import multiarray
-    except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core import multiarray  # type: ignore[no-redef]
     allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): _codecs.encode}
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
         allowed[(module, "_reconstruct")] = multiarray._reconstruct

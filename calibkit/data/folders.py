@@ -12,6 +12,7 @@ import re
 import numpy as np
 import torch
 
+import calibkit.extras
 from calibkit.errors import UserError
 
 from .bundle import RawData, Split
@@ -23,10 +24,8 @@ IMAGEFOLDER_TEST_SEED = 0  # the test split of a flat folder is fixed, independe
 
 
 def _pil():
-    from calibkit.extras import require
-
-    require("PIL", "reading image files")
-    from PIL import Image
+    calibkit.extras.require("PIL", "reading image files")
+    from PIL import Image  # noqa: PLC0415 (optional extra data, required above)
 
     return Image
 

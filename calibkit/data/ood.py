@@ -32,6 +32,7 @@ import torch
 from calibkit.errors import UserError
 
 from .bundle import DataBundle
+from .datasets import DATASETS, load
 from .digits import digits_images
 
 # the names of the sets (defined beside the user's sets, which need them)
@@ -53,8 +54,6 @@ def load_ood(name: str, like: DataBundle, data_dir: str | None = None, seed: int
     Returns:
         uint8 tensor (M, C, H, W).
     """
-    from .datasets import DATASETS, load  # late import: datasets imports this package's modules
-
     if name == NO_OOD:
         raise UserError("OOD set 'none': there are no OOD inputs to load (the bench skips OOD detection)")
     modality = getattr(like, "modality", "image")  # a stand-in for a bundle without it holds images

@@ -11,6 +11,7 @@ import os
 import numpy as np
 import torch
 
+import calibkit.extras
 from calibkit.errors import UserError
 
 from .bundle import RawData, Split
@@ -22,10 +23,9 @@ def read_svhn_mat(path: str) -> Split:
         raise FileNotFoundError(
             f"SVHN file not found: {path}; data_dir must contain train_32x32.mat and test_32x32.mat"
         )
-    from calibkit.extras import require
 
-    require("scipy", "reading SVHN")
-    from scipy.io import loadmat
+    calibkit.extras.require("scipy", "reading SVHN")
+    from scipy.io import loadmat  # noqa: PLC0415 (optional extra data, required above)
 
     try:
         mat = loadmat(path)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,9 +34,7 @@ from calibkit.errors import UserError
 from . import debian, newsgroups
 from .bundle import RawData, Split, index_checksum
 from .tokenizer import Vocabulary
-
-if TYPE_CHECKING:
-    from .wordpiece import WordPieceTokenizer
+from .wordpiece import WordPieceTokenizer
 
 
 @dataclass(frozen=True)
@@ -69,8 +66,6 @@ def encode_splits(train, val, test, class_names, settings: TextSettings, record:
     pretrained tokenizer that ``settings.tokenizer`` names)."""
     vocab: Vocabulary | WordPieceTokenizer
     if settings.tokenizer == "minilm":
-        from .wordpiece import WordPieceTokenizer
-
         vocab = WordPieceTokenizer(settings.length)
     else:
         vocab = Vocabulary.build(train[0], settings.length, settings.min_count, settings.max_size)

@@ -75,7 +75,7 @@ def _ids(root: str, split: str) -> list[str]:
 
 
 def _read_mask(path: str, num_classes: int) -> np.ndarray:
-    from PIL import Image
+    from PIL import Image  # noqa: PLC0415 (optional extra data: check_dataset requires it before a read)
 
     try:
         with Image.open(path) as im:
@@ -101,7 +101,7 @@ def _read_mask(path: str, num_classes: int) -> np.ndarray:
 
 def _fit(image, mask: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Longer side -> ``size`` (image bilinear, mask nearest); pad bottom/right to size x size."""
-    from PIL import Image
+    from PIL import Image  # noqa: PLC0415 (optional extra data: check_dataset requires it before a read)
 
     w, h = image.size
     if mask.shape != (h, w):
@@ -118,7 +118,7 @@ def _fit(image, mask: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def read_voc_split(root: str, split: str, size: int = VOC_SIZE) -> Split:
     """One official list (``train`` or ``val``) as a :class:`Split` of (N, 3, size, size) images and masks."""
-    from PIL import Image
+    from PIL import Image  # noqa: PLC0415 (optional extra data: check_dataset requires it before a read)
 
     ids = _ids(root, split)
     images = np.zeros((len(ids), size, size, 3), dtype=np.uint8)

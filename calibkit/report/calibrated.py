@@ -38,7 +38,7 @@ from calibkit.calibrators.registry import CALIBRATORS, default_names
 from calibkit.errors import UserError
 from calibkit.metrics import evaluate
 from calibkit.report.data import mean_std
-from calibkit.rundir import read_tensors
+from calibkit.rundir import read_tensors, write_tensors
 
 NONE = "none"  # the uncalibrated column
 #: Version of the report's cache files (calibrated probabilities, cross-fitted scores, conformal rows):
@@ -160,15 +160,11 @@ class CalibratedProbs:
                     return probs.double(), labels
             except (ValueError, KeyError):
                 pass  # a cache killed mid-write (or from elsewhere) is recomputed
-        from calibkit.calibrators import CALIBRATORS
-
         cal = CALIBRATORS[name]().fit(t["val_logits"], t["val_labels"].long())
         self._fitted.setdefault(row["logits_path"], {})[name] = cal
         # float64 test logits, as the bench's own evaluation (evaluate_before_after_ts) applies TS
         probs = torch.as_tensor(cal.predict_proba(t["test_logits"].double())).double()
         if path is not None:
-            from calibkit.rundir import write_tensors
-
             path.parent.mkdir(parents=True, exist_ok=True)
             write_tensors(path, {"probs": probs})
         return probs, labels
@@ -176,8 +172,6 @@ class CalibratedProbs:
     def _cache_path(self, row: dict, name: str) -> Path | None:
         if self.cache_dir is None:
             return None
-        from calibkit.calibrators import CALIBRATORS
-
         return cache_file(self.cache_dir, row, name, f"{self.digest(row)}|{CALIBRATORS[name]()!r}", "safetensors")
 
 

@@ -43,6 +43,7 @@ from calibkit.functional.selective import augrc, aurc
 from calibkit.report.calibrated import FIT_AND_TEST, NONE, CalibratedProbs, cache_file, calibrator_names
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, label, same_runs
 from calibkit.report.tables import Table, text_table
+from calibkit.rundir import read_tensors, write_tensors
 from calibkit.seed_bootstrap import auto_levels, seed_paired_interval
 from calibkit.selective_bootstrap import SelectiveRows, resampled_selective
 
@@ -112,8 +113,6 @@ class SetRows:
         return self._mem[key]
 
     def _cached(self, row: dict, calibrator: str) -> dict:
-        from calibkit.rundir import read_tensors, write_tensors
-
         path = self._cache_path(row, calibrator)
         if path is not None and path.is_file():
             try:

@@ -100,7 +100,7 @@ def _refused(exc) -> bool:
 
 def _psycopg():
     try:
-        import psycopg  # the optional extra calibkit[postgres]: imported when a PostgreSQL store is opened
+        import psycopg  # noqa: PLC0415 (optional extra postgres: imported when a PostgreSQL store is opened)
     except ImportError:
         raise MissingExtra("a PostgreSQL store needs psycopg 3: pip install 'calibkit[postgres]'") from None
     return psycopg

@@ -29,6 +29,9 @@ from pathlib import Path
 
 import torch
 
+import calibkit.data
+import calibkit.distributed
+import calibkit.rundir
 from calibkit.data import normalize
 from calibkit.errors import UserError
 from calibkit.methods.csm.inputs import as_image_tensors
@@ -92,11 +95,8 @@ class ClassifierEncoder:
     """
 
     def __init__(self, run_dir, batch_size: int = 512, device="cpu"):
-        from calibkit.distributed import resolve_device
-        from calibkit.rundir import load_run
-
-        self.device = device if isinstance(device, torch.device) else resolve_device(device)
-        self.model, self.cfg, self.info = load_run(run_dir)
+        self.device = device if isinstance(device, torch.device) else calibkit.distributed.resolve_device(device)
+        self.model, self.cfg, self.info = calibkit.rundir.load_run(run_dir)
         self.model = self.model.to(self.device).eval()
         self.run_dir, self.batch_size = str(run_dir), batch_size
         weights = Path(run_dir) / "model.safetensors"
@@ -113,10 +113,9 @@ class ClassifierEncoder:
 
     def training_split(self):
         """The exact training split the reference classifier saw (images, labels)."""
-        from calibkit.data import load
-
         c = self.cfg
-        bundle = load(c.data, data_dir=c.data_dir, seed=c.seed, val_size=c.val_size, train_subset=c.train_subset)
+        bundle = calibkit.data.load(c.data, data_dir=c.data_dir, seed=c.seed, val_size=c.val_size,
+                                    train_subset=c.train_subset)
         return bundle.train.images, bundle.train.labels
 
 
@@ -130,14 +129,12 @@ class ClipEncoder:
     """
 
     def __init__(self, clip_dir, batch_size: int = 64, device="cpu"):
-        from transformers import CLIPModel
-
-        from calibkit.distributed import resolve_device
+        from transformers import CLIPModel  # noqa: PLC0415 (optional extra csm; the command requires it)
 
         clip_dir = Path(clip_dir)
         if not (clip_dir / "config.json").is_file():
             raise FileNotFoundError(f"{clip_dir} has no config.json: not a saved CLIPModel directory")
-        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.device = device if isinstance(device, torch.device) else calibkit.distributed.resolve_device(device)
         self.model = CLIPModel.from_pretrained(clip_dir).eval().to(self.device)
         self.size = int(self.model.config.vision_config.image_size)
         mean, std = CLIP_MEAN, CLIP_STD
@@ -183,11 +180,9 @@ class EfficientNetEncoder:
     """
 
     def __init__(self, size: int = 64, batch_size: int = 256, device="cpu"):
-        from calibkit.distributed import resolve_device
-
         if int(size) < 32:
             raise UserError(f"EfficientNetEncoder: size must be >= 32 pixels (5 stride-2 stages), got {size}")
-        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.device = device if isinstance(device, torch.device) else calibkit.distributed.resolve_device(device)
         self.model = EfficientNetLite(num_classes=1, in_channels=3, size=int(size), pretrained=True)
         self.model = self.model.eval().to(self.device)
         self.size, self.batch_size = int(size), batch_size

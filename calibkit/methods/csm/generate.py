@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save
 
+import calibkit.distributed
 from calibkit.errors import UserError
 from calibkit.methods.csm.generator import class_vector, generator_hash, load_generator, state_hash, to_uint8
 from calibkit.methods.csm.sampler import heun_sample
@@ -173,9 +174,7 @@ def _dist_env(distributed) -> tuple[int, int, bool]:
 
 def _resolve_generator(generator, device):
     """(model on ``device``, recorded name, weights hash) from a directory or a ``CondDenoiser``."""
-    from calibkit.distributed import resolve_device
-
-    dev = device if isinstance(device, torch.device) else resolve_device(device or "auto",
+    dev = device if isinstance(device, torch.device) else calibkit.distributed.resolve_device(device or "auto",
                                                                           int(os.environ.get("LOCAL_RANK", "0")))
     if isinstance(generator, (str, os.PathLike)):
         return load_generator(generator).to(dev), str(generator), generator_hash(generator)

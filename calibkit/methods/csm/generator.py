@@ -106,7 +106,7 @@ class CondDenoiser(nn.Module):
 
     def __init__(self, config: GeneratorConfig):
         super().__init__()
-        from diffusers import UNet2DModel  # heavy import kept local
+        from diffusers import UNet2DModel  # noqa: PLC0415 (optional extra csm; callers require it)
 
         self.config = config
         ch = config.block_out_channels

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import torch
 
+import calibkit.data
+import calibkit.data.bundle
+from calibkit.data.bundle import stratified_split
 from calibkit.errors import UserError, UserRuntimeError
 
 
@@ -74,25 +77,22 @@ def training_images_outside_validation(name: str, seeds, val_size=None, data_dir
         loaded data set (class names, channels), ``record`` describes the exclusion for
         ``generator.json`` (seeds, val_size, rule, each seed's validation checksum, image counts).
     """
-    from calibkit.data import load
-    from calibkit.data.bundle import index_checksum, stratified_split
-
     seeds = sorted({int(s) for s in seeds})
     if not seeds:
         raise UserError("give at least one seed whose validation split is to be excluded")
-    probe = load(name, data_dir=data_dir, seed=seeds[0], val_size=val_size)
+    probe = calibkit.data.load(name, data_dir=data_dir, seed=seeds[0], val_size=val_size)
     if probe.split["rule"] == "fixed by the protocol":  # validation is not part of the training split
         return probe.train.images, probe.train.labels, probe, {
             "excluded_val_seeds": seeds, "rule": probe.split["rule"], "official_train": len(probe.train),
             "excluded": 0, "train_images": len(probe.train)}
-    full = load(name, data_dir=data_dir, seed=0, val_size=0)  # the whole official training split
+    full = calibkit.data.load(name, data_dir=data_dir, seed=0, val_size=0)  # the whole official training split
     labels = full.train.labels.numpy()
     excluded, checks = set(), {}
     for s in seeds:
-        ref = probe if s == seeds[0] else load(name, data_dir=data_dir, seed=s, val_size=val_size)
+        ref = probe if s == seeds[0] else calibkit.data.load(name, data_dir=data_dir, seed=s, val_size=val_size)
         size = ref.split["val"]
         _, val_idx = stratified_split(labels, size, s, stream=0)
-        if index_checksum(val_idx) != ref.split["val_checksum"]:
+        if calibkit.data.bundle.index_checksum(val_idx) != ref.split["val_checksum"]:
             raise UserRuntimeError(f"{name}: could not reproduce the validation split of seed {s}; "
                                "the split rule of calibkit.data.load changed")
         excluded.update(val_idx.tolist())
@@ -100,5 +100,5 @@ def training_images_outside_validation(name: str, seeds, val_size=None, data_dir
     keep = torch.tensor(sorted(set(range(len(labels))) - excluded), dtype=torch.long)
     record = {"excluded_val_seeds": seeds, "val_size": size, "rule": ref.split["rule"],
               "val_checksums": checks, "official_train": len(labels), "excluded": len(excluded),
-              "train_images": len(keep), "train_checksum": index_checksum(keep.numpy())}
+              "train_images": len(keep), "train_checksum": calibkit.data.bundle.index_checksum(keep.numpy())}
     return full.train.images[keep], full.train.labels[keep], full, record

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+import calibkit.losses
 from calibkit._arrays import array_io
 from calibkit.distributed import eval_batch_size
 from calibkit.errors import UserError
@@ -99,9 +100,7 @@ class MaCCal:
         if self.loss is None or self.loss == "ce":
             return None
         if isinstance(self.loss, str):
-            from calibkit.losses import build
-
-            return build(self.loss, num_classes=num_classes).to(self.head.weight.device)
+            return calibkit.losses.build(self.loss, num_classes=num_classes).to(self.head.weight.device)
         if callable(self.loss):
             return copy.deepcopy(self.loss)
         raise UserError(f"loss must be None, a loss spec string or a callable, got {self.loss!r}")

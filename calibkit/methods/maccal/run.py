@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import calibkit.data
 from calibkit import rundir
 from calibkit.data.inputs import inputs_from_info
 from calibkit.errors import UserError
@@ -71,13 +72,11 @@ def _device(device: str) -> torch.device:
 
 def _stage1_features(stage1: Path, info1: dict, data_dir, dev, batch_size: int | None):
     """The stage-1 model (frozen, on ``dev``), its data bundle and the train/val/test features."""
-    from calibkit.data import load
-
     model, cfg, _ = rundir.load_run(stage1)
     model.to(dev).eval().requires_grad_(False)
     if not isinstance(getattr(model, "head", None), nn.Linear) or not hasattr(model, "forward_features"):
         raise UserError(f"stage-1 model {cfg.model!r} has no linear `head` / `forward_features`")
-    bundle = load(cfg.data, data_dir=data_dir if data_dir is not None else cfg.data_dir,
+    bundle = calibkit.data.load(cfg.data, data_dir=data_dir if data_dir is not None else cfg.data_dir,
                   seed=cfg.seed, val_size=cfg.val_size, train_subset=cfg.train_subset)
     want = info1.get("split", {}).get("val_checksum")
     if want and bundle.split.get("val_checksum") != want:
