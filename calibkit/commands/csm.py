@@ -57,7 +57,7 @@ def _val_size(v):
     return None if v is None else (int(v) if float(v).is_integer() else float(v))
 
 
-def _train_generator(args) -> int:
+def run_train_generator(args) -> int:
     require("diffusers", "training the CSM generator")  # before anything is written
     _set_threads(args.num_threads)
     device = calibkit.distributed.resolve_device(args.device)
@@ -85,7 +85,7 @@ def _train_generator(args) -> int:
     return 0
 
 
-def _generate(args) -> int:
+def run_generate(args) -> int:
     require("diffusers", "generating a CSM set")  # before anything is written
     _set_threads(args.num_threads)
     generate_store(args.generator, args.out, num_groups=args.groups, seed=args.seed, steps=args.steps,
@@ -94,7 +94,7 @@ def _generate(args) -> int:
     return 0
 
 
-def _annotate(args) -> int:
+def run_annotate(args) -> int:
     enc: ClassifierEncoder | ClipEncoder | EfficientNetEncoder
     if args.encoder == "clip":
         require("transformers", "the CLIP encoder")  # before anything is written

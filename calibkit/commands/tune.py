@@ -18,7 +18,8 @@ from calibkit.store.files import ResultFiles
 
 
 def check_shared(args) -> None:
-    """The options of :func:`add_shared` that argparse does not check (before anything is read)."""
+    """The options of :func:`calibkit.commands.parsers.tune.add_shared` that argparse does not check
+    (before anything is read)."""
     if args.max_extensions < 0:
         raise UserError(f"--max-extensions must be >= 0 (0: never extend a grid), got {args.max_extensions}")
 

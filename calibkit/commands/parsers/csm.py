@@ -34,7 +34,7 @@ def register(sub) -> None:
                    help="validation size of those splits (count, or fraction < 1; default: the data set's)")
     t.add_argument("--device", default="auto", help=DEVICE_HELP)
     t.add_argument("--out", required=True, help="output directory (resumed if it holds a checkpoint)")
-    t.set_defaults(func=Handler("calibkit.commands.csm", "_train_generator"))
+    t.set_defaults(func=Handler("calibkit.commands.csm", "run_train_generator"))
 
     g = csm.add_parser("generate", help="generate mixing groups into a store (torchrun-shardable, resumable)")
     g.add_argument("--generator", required=True, help="generator directory")
@@ -50,7 +50,7 @@ def register(sub) -> None:
     g.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: bfloat16 autocast of the network (faster on CPUs with AVX512-BF16 and on GPUs)")
     g.add_argument("--out", required=True, help="store directory")
-    g.set_defaults(func=Handler("calibkit.commands.csm", "_generate"))
+    g.set_defaults(func=Handler("calibkit.commands.csm", "run_generate"))
 
     a = csm.add_parser("annotate", help="calibrated reannotation of a store's soft labels")
     a.add_argument("store", help="store directory written by `calibkit csm generate`")
@@ -65,6 +65,6 @@ def register(sub) -> None:
     a.add_argument("--sharpness", type=B.number(0.0, 1000.0, low_open=True), default=4.0,
                    help="s in sigmoid(s (lam_hat - 0.5))")
     a.add_argument("--device", default="auto", help=DEVICE_HELP)
-    a.set_defaults(func=Handler("calibkit.commands.csm", "_annotate"))
+    a.set_defaults(func=Handler("calibkit.commands.csm", "run_annotate"))
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
