@@ -8,8 +8,6 @@ protocol section (:mod:`calibkit.report.protocol`) shows them when the directory
 * **Validation curves** (:func:`write_tuning_figure`): small multiples of validation ECE and
   accuracy against each searched value, the selected candidate marked, from the ``tuning`` table
   of ``DIR/runs.db`` when the directory holds a tuning run.
-
-Heavy imports (matplotlib) stay inside the functions that draw.
 """
 
 from __future__ import annotations
