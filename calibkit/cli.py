@@ -40,8 +40,6 @@ from calibkit.commands import apply_num_threads
 from calibkit.commands.typos import Typo, check_argv
 from calibkit.errors import UserError
 from calibkit.extras import MissingExtra
-from calibkit.store import describe_store, resolve_store
-from calibkit.store.secrets import redact, scrub
 
 BUG = "this is a bug in calibkit: please report it with the traceback above"
 
@@ -96,12 +94,20 @@ def _kept(args, interrupted: bool = False) -> str:
     marker, kept = KEPT[args.command]
     store = getattr(args, "store", None)
     if store is not None and marker == "runs.db":  # the records are on a server: OUT need hold none
-        return kept.format(out=out, db=describe_store(out, store))
+        return kept.format(out=out, db=_store().describe_store(out, store))
     if os.path.exists(os.path.join(out, marker)):
         return kept.format(out=out, db=os.path.join(out, marker))
     if interrupted:
         return f"nothing was written to {out} yet"
     return f"nothing was written to {out}; run the same command again once the cause is fixed"
+
+
+def _store():
+    """:mod:`calibkit.store`, imported on first use: it loads sqlite3, json, logging and socket, which
+    ``--help`` and ``--version`` do not need."""
+    import calibkit.store.secrets  # noqa: PLC0415 (start-up: tens of ms that --help would pay)
+
+    return calibkit.store
 
 
 def _os_error(exc: OSError) -> str:
@@ -114,7 +120,7 @@ def _os_error(exc: OSError) -> str:
 def _driver_line(exc: Exception, store: str | None) -> str:
     """The first line of a database driver's error, with the store's passwords masked."""
     line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return scrub(line, store) if store else line
+    return _store().secrets.scrub(line, store) if store else line
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None, command="calibkit"):
@@ -145,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     def error(msg) -> None:
-        print(f"calibkit {args.command}: error: {redact(str(msg))}", file=sys.stderr, flush=True)
+        print(f"calibkit {args.command}: error: {_store().secrets.redact(str(msg))}", file=sys.stderr, flush=True)
 
     handlers = _install_handlers(args.command)
     try:
         if getattr(args, "store", None):  # --store env:NAME: the URL from the environment (docs/store.md)
-            args.store = resolve_store(args.store)
+            args.store = _store().resolve_store(args.store)
         apply_num_threads(args)
         rc = args.func(args)
         sys.stdout.flush()  # a closed pipe shows up here at the latest, not at interpreter exit
@@ -197,7 +203,7 @@ def _out_of_memory(exc: Exception) -> bool:
 def _print_bug(exc: BaseException) -> None:
     """The full traceback of an unexpected exception on stderr, with any password masked."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    print(redact(text).rstrip("\n"), file=sys.stderr, flush=True)
+    print(_store().secrets.redact(text).rstrip("\n"), file=sys.stderr, flush=True)
 
 
 def _install_handlers(command: str):
