@@ -6,10 +6,11 @@ from calibkit.commands import bounded as B
 from calibkit.errors import UserError
 
 
-def add_num_threads(parser) -> None:
-    """Declare ``--num-threads N`` on a subcommand's parser (``calibkit.cli.main`` applies it)."""
+def add_num_threads(parser, default: str = "torch's") -> None:
+    """Declare ``--num-threads N`` on a subcommand's parser (``calibkit.cli.main`` applies it when
+    given; ``default`` says what the command uses without it)."""
     parser.add_argument("--num-threads", type=B.THREADS, metavar="N",
-                        help="torch CPU threads (default: torch's; one is often fastest on a shared machine)")
+                        help=f"torch CPU threads (default: {default}; one is often fastest on a shared machine)")
 
 
 def check_paths_given(**paths) -> None:

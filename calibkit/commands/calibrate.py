@@ -93,9 +93,12 @@ def register(subparsers) -> None:
                    help="conformal sets and reliability diagrams of every calibrator (default: of the chosen one, "
                         "temperature scaling and the uncalibrated model only)")
     p.add_argument("--timings", action="store_true", help="print where the time went")
+    p.add_argument("--jobs", type=B.integer(1, 1024), metavar="N",
+                   help="processes that fit the calibrators (default: one per core when the validation split has "
+                        "at least 20,000 cells, else 1; the numbers do not depend on it)")
     from calibkit.commands import add_num_threads
 
-    add_num_threads(p)
+    add_num_threads(p, default="1, whatever the machine, so that the numbers do not depend on its cores")
     p.set_defaults(func=run)
 
 
@@ -134,6 +137,13 @@ def _check_args(args, names):
 
 
 def run(args) -> int:
+    from calibkit.report.fits import torch_threads
+
+    with torch_threads(args.num_threads or 1):  # restored afterwards (a Python caller's setting is its own)
+        return _run(args)
+
+
+def _run(args) -> int:
     import json
     from pathlib import Path
 
@@ -162,7 +172,7 @@ def run(args) -> int:
     from calibkit.report.tables import md_code
 
     timer = _Timer()
-    sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
+    sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer, args.jobs)
     if args.save and args.save not in CHOSEN_NAMES and args.save not in sel.fitted:  # its fit failed on a fold
         raise UserError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer, len(val_y))
@@ -300,27 +310,20 @@ class _Timer:
         return span()
 
 
-def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
+def _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs=None):
     """The cross-fitted selection on the validation rows, then every fitted calibrator on the test rows."""
-    import time
-
     import torch
 
-    from calibkit.calibrators import CALIBRATORS
-    from calibkit.calibrators.evidence import unestimable
-    from calibkit.calibrators.selection import NONE, choose, cross_fit, unfittable
+    from calibkit.calibrators import pool
+    from calibkit.calibrators.selection import NONE, choose, cross_fit
 
-    fitted, seconds = {}, {}
     k = 2 if val_x.dim() == 1 else val_x.shape[1]
-    for name in names:  # the full fits first, timed alone (the "fit s" column)
-        if unfittable(name, val_x.shape[0], k) is not None or unestimable(name, val_y, k) is not None:
-            continue  # cross_fit gives it its reason
-        start = time.perf_counter()
-        with timer(f"fit {name}"):
-            fitted[name] = CALIBRATORS[name]().fit(val_x, val_y)
-        seconds[name] = time.perf_counter() - start
-    with timer("cross-fitting"):
-        scores, fitted = cross_fit(val_x, val_y, names, rule, fitted=fitted)
+    jobs = pool.auto_jobs(val_x.shape[0], k, len(names)) if jobs is None else min(jobs, max(1, len(names)))
+    with timer("fits and cross-fitting"):  # each full fit timed alone inside (the "fit s" column)
+        scores, fitted = cross_fit(val_x, val_y, names, rule, jobs=jobs)
+    seconds = {n: s.fit_seconds for n, s in scores.items() if n in fitted and s.fit_seconds is not None}
+    for name, s in seconds.items():
+        timer.spent[f"fit {name}"] = s
     sel = choose(scores, rule)
     sel.fitted = fitted
     probs = {NONE: torch.sigmoid(test_x) if test_x.dim() == 1 else torch.softmax(test_x, 1)}
