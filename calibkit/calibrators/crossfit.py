@@ -13,11 +13,13 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from calibkit import functional as F
 from calibkit.bootstrap import bootstrap_cis
+from calibkit.calibrators import pool
 from calibkit.calibrators.evidence import NOT_FITTED, unestimable
 from calibkit.calibrators.registry import CALIBRATORS, default_names
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling
@@ -129,6 +131,7 @@ class CrossFitScore:
     seconds: float = 0.0
     error: str | None = None
     samples: torch.Tensor | None = None  # (n_boot,) resampled values of the rule's metric (shared draws)
+    fit_seconds: float | None = None  # the fit on all the rows alone (None: that fit was given); not saved
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("acc", "ece", "nll", "brier", "changed", "seconds", "error")}
@@ -160,11 +163,12 @@ def _uncalibrated(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _score(probs: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor, n_bins: int,
-           seconds: float) -> CrossFitScore:
+           seconds: float, fit_seconds: float | None = None) -> CrossFitScore:
     p = _two_column(probs)
     return CrossFitScore(acc=float(F.accuracy(p, labels)), ece=float(F.ece(p, labels, n_bins=n_bins)),
                          nll=float(F.nll(p, labels)), brier=float(F.brier(p, labels)),
-                         changed=float((p.argmax(1) != base_pred).double().mean()), seconds=seconds)
+                         changed=float((p.argmax(1) != base_pred).double().mean()), seconds=seconds,
+                         fit_seconds=fit_seconds)
 
 
 def _out_of_fold(name: str, x: torch.Tensor, y: torch.Tensor, parts: list[torch.Tensor], full) -> torch.Tensor:
@@ -181,8 +185,49 @@ def _out_of_fold(name: str, x: torch.Tensor, y: torch.Tensor, parts: list[torch.
     return out
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One calibrator cross-fitted (:func:`candidate`): fitted on all the rows, its out-of-fold
+    probabilities (two columns for binary), or why it has none."""
+
+    fitted: Any = None
+    oof: torch.Tensor | None = None
+    error: str | None = None
+    fit_seconds: float | None = None  # the fit on all the rows (None: it was given)
+    seconds: float = 0.0  # that fit and the fold fits
+
+
+def candidate(name: str, x: torch.Tensor, y: torch.Tensor, parts: list[torch.Tensor], k: int,
+              given=None) -> Candidate:
+    """Cross-fit calibrator ``name`` on ``(x, y)`` over the folds ``parts`` (``given``: its fit on all
+    the rows, else fitted here first). A refusal (:func:`unfittable`, ``unestimable``) or a fit
+    raising ``ValueError``/``RuntimeError`` gives a :class:`Candidate` with ``error`` set."""
+    start = time.perf_counter()
+    refused = unfittable(name, x.shape[0], k) or unestimable(name, y, k)
+    if refused is not None:
+        return Candidate(error=refused)
+    try:
+        fit_seconds = None
+        if given is None:
+            given = CALIBRATORS[name]().fit(x, y)
+            fit_seconds = time.perf_counter() - start
+        oof = _two_column(_out_of_fold(name, x, y, parts, given))
+    except (ValueError, RuntimeError) as exc:  # as the report's calibrated tables: a failing entry is named
+        return Candidate(error=(str(exc).splitlines() or [type(exc).__name__])[0])
+    return Candidate(given, oof, None, fit_seconds, time.perf_counter() - start)
+
+
+def _candidates(names: list[str], x, y, parts, k: int, given: dict, jobs: int) -> dict[str, Candidate]:
+    """:func:`candidate` of each name, in this process (``jobs`` 1) or shared with ``jobs - 1``
+    started ones (:func:`calibkit.calibrators.pool.run`: the same numbers), keyed in the order of ``names``."""
+    ordered = pool.order(names) if jobs > 1 else list(names)
+    done = pool.run(candidate, [(n, x, y, parts, k, given.get(n)) for n in ordered], jobs)
+    by_name = dict(zip(ordered, done))
+    return {n: by_name[n] for n in names}
+
+
 def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
-              fitted: dict | None = None) -> tuple[dict[str, CrossFitScore], dict]:
+              fitted: dict | None = None, jobs: int = 1) -> tuple[dict[str, CrossFitScore], dict]:
     """Out-of-fold scores of every calibrator in ``names`` (default: the registry less its opt-in
     calibrators) and of ``"none"``.
 
@@ -191,18 +236,20 @@ def cross_fit(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
         names: calibrator names of :data:`calibkit.calibrators.CALIBRATORS`.
         rule: gives the folds, their seed and the ECE's bins.
         fitted: ``{name: calibrator already fitted on these rows}`` (skips the full fit).
+        jobs: worker processes that fit the candidates (1: this process; the same numbers,
+            :mod:`calibkit.calibrators.pool`).
 
     Returns:
         ``(scores, fitted)``: ``{name: CrossFitScore}`` with ``"none"`` first, and the calibrators
         fitted on all rows (a name whose fit raised ``ValueError`` or ``RuntimeError``, or that
         :func:`unfittable` refuses, gets a score with ``error`` set and no fitted entry).
     """
-    scores, fitted, oof, y = cross_fit_predictions(logits, labels, names, rule, fitted)
+    scores, fitted, oof, y = cross_fit_predictions(logits, labels, names, rule, fitted, jobs)
     return with_samples(scores, oof, y, rule), fitted
 
 
-def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = SelectionRule(),
-                          fitted: dict | None = None) -> tuple[dict[str, CrossFitScore], dict, dict, torch.Tensor]:
+def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = SelectionRule(), fitted: dict | None = None,
+                          jobs: int = 1) -> tuple[dict[str, CrossFitScore], dict, dict, torch.Tensor]:
     """:func:`cross_fit` without the resamples: ``(scores, fitted, oof, labels)``.
 
     ``oof`` is ``{name: (N, K) float64 out-of-fold probabilities}`` of every candidate scored
@@ -224,22 +271,13 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
     scores, oof = {NONE: _score(base, y, base_pred, rule.n_bins, 0.0)}, {NONE: base}
     fitted = dict(fitted or {})
     k = 2 if x.dim() == 1 else x.shape[1]
-    for name in names:
-        start = time.perf_counter()
-        refused = unfittable(name, x.shape[0], k) or unestimable(name, y, k)
-        if refused is not None:
+    for name, c in _candidates(names, x, y, parts, k, fitted, jobs).items():
+        if c.error is not None:
             fitted.pop(name, None)
-            scores[name] = CrossFitScore(error=refused)
+            scores[name] = CrossFitScore(error=c.error)
             continue
-        try:
-            if name not in fitted:
-                fitted[name] = CALIBRATORS[name]().fit(x, y)
-            oof[name] = _two_column(_out_of_fold(name, x, y, parts, fitted[name]))
-        except (ValueError, RuntimeError) as exc:  # as the report's calibrated tables: a failing entry is named
-            fitted.pop(name, None)
-            scores[name] = CrossFitScore(error=(str(exc).splitlines() or [type(exc).__name__])[0])
-            continue
-        scores[name] = _score(oof[name], y, base_pred, rule.n_bins, time.perf_counter() - start)
+        fitted[name], oof[name] = c.fitted, c.oof
+        scores[name] = _score(c.oof, y, base_pred, rule.n_bins, c.seconds, c.fit_seconds)
     return scores, fitted, oof, y
 
 

@@ -24,10 +24,11 @@ class Handler:
         return f"Handler({self.module!r}, {self.name!r})"
 
 
-def add_num_threads(parser) -> None:
-    """Declare ``--num-threads N`` on a subcommand's parser (``calibkit.cli.main`` applies it)."""
+def add_num_threads(parser, default: str = "torch's") -> None:
+    """Declare ``--num-threads N`` on a subcommand's parser (``calibkit.cli.main`` applies it when
+    given; ``default`` says what the command uses without it)."""
     parser.add_argument("--num-threads", type=B.THREADS, metavar="N",
-                        help="torch CPU threads (default: torch's; one is often fastest on a shared machine)")
+                        help=f"torch CPU threads (default: {default}; one is often fastest on a shared machine)")
 
 
 def check_paths_given(**paths) -> None:

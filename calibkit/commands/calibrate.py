@@ -13,7 +13,7 @@ import torch
 
 from calibkit import plots
 from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis
-from calibkit.calibrators import CALIBRATORS
+from calibkit.calibrators import CALIBRATORS, pool
 from calibkit.calibrators.evidence import thin_warning, unestimable
 from calibkit.calibrators.registry import default_names
 from calibkit.calibrators.selection import NONE, SelectionRule, choose, cross_fit, unfittable
@@ -24,6 +24,7 @@ from calibkit.commands.scorefile import read_scores  # noqa: F401  (looked up he
 from calibkit.errors import UserError
 from calibkit.metrics import evaluate
 from calibkit.report import posthoc, sets
+from calibkit.report.fits import torch_threads
 from calibkit.report.posthoc import REFERENCE
 from calibkit.report.tables import md_code
 
@@ -56,6 +57,11 @@ def _check_args(args, names):
 
 
 def run(args) -> int:
+    with torch_threads(args.num_threads or 1):  # restored afterwards (a Python caller's setting is its own)
+        return _run(args)
+
+
+def _run(args) -> int:
     names = _choose(args.calibrators)
     _check_args(args, names)
     rule = SelectionRule(select_by=args.select_by, acc_tolerance=args.acc_tolerance / 100, n_folds=args.folds,
@@ -75,7 +81,7 @@ def run(args) -> int:
     _warn_same_data(args, src)
 
     timer = _Timer()
-    sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer)
+    sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer, args.jobs)
     if args.save and args.save not in CHOSEN_NAMES and args.save not in sel.fitted:  # its fit failed on a fold
         raise UserError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer, len(val_y))
@@ -192,19 +198,15 @@ class _Timer:
         return span()
 
 
-def _select_and_predict(val_x, val_y, test_x, names, rule, timer):
+def _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs=None):
     """The cross-fitted selection on the validation rows, then every fitted calibrator on the test rows."""
-    fitted, seconds = {}, {}
     k = 2 if val_x.dim() == 1 else val_x.shape[1]
-    for name in names:  # the full fits first, timed alone (the "fit s" column)
-        if unfittable(name, val_x.shape[0], k) is not None or unestimable(name, val_y, k) is not None:
-            continue  # cross_fit gives it its reason
-        start = time.perf_counter()
-        with timer(f"fit {name}"):
-            fitted[name] = CALIBRATORS[name]().fit(val_x, val_y)
-        seconds[name] = time.perf_counter() - start
-    with timer("cross-fitting"):
-        scores, fitted = cross_fit(val_x, val_y, names, rule, fitted=fitted)
+    jobs = pool.auto_jobs(val_x.shape[0], k, len(names)) if jobs is None else min(jobs, max(1, len(names)))
+    with timer("fits and cross-fitting"):  # each full fit timed alone inside (the "fit s" column)
+        scores, fitted = cross_fit(val_x, val_y, names, rule, jobs=jobs)
+    seconds = {n: s.fit_seconds for n, s in scores.items() if n in fitted and s.fit_seconds is not None}
+    for name, s in seconds.items():
+        timer.spent[f"fit {name}"] = s
     sel = choose(scores, rule)
     sel.fitted = fitted
     probs = {NONE: torch.sigmoid(test_x) if test_x.dim() == 1 else torch.softmax(test_x, 1)}

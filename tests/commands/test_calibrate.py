@@ -414,3 +414,20 @@ def test_fewer_rows_than_classes_warns_and_leaves_the_square_maps_unfitted(tmp_p
     assert [r["calibrator"] for r in rows] == ["none", "temperature"]
     sel = json.loads((tmp_path / "o" / "report" / "selection.json").read_text())
     assert sel["excluded"]["matrix"] == reason and sel["scores"]["dirichlet"]["error"] == reason
+
+
+def test_jobs_share_the_fits_between_processes_with_the_same_numbers(files, capsys):
+    """``--jobs 2`` fits the candidates in two processes; every number and the choice are those of ``--jobs 1``."""
+    tmp = files[0]
+    runs = {}
+    for jobs in ("1", "2"):
+        out = tmp / f"jobs{jobs}"
+        sel = _run_calibrate(tmp, tmp / "val.npz", tmp / "test.npz", out, "--jobs", jobs,
+                             "--calibrators", "temperature,vector,dirichlet,histogram,isotonic")
+        for score in sel["scores"].values():
+            score.pop("seconds")
+        rows = json.loads((out / "report" / "results.json").read_text())
+        for row in rows:
+            row.pop("seconds")
+        runs[jobs] = sel, rows
+    assert runs["1"] == runs["2"]

@@ -109,7 +109,9 @@ def register(subparsers) -> None:
                    help="conformal sets and reliability diagrams of every calibrator (default: of the chosen one, "
                         "temperature scaling and the uncalibrated model only)")
     p.add_argument("--timings", action="store_true", help="print where the time went")
-
-    add_num_threads(p)
+    p.add_argument("--jobs", type=B.integer(1, 1024), metavar="N",
+                   help="processes that fit the calibrators (default: one per core when the validation split has "
+                        "at least 20,000 cells, else 1; the numbers do not depend on it)")
+    add_num_threads(p, default="1, whatever the machine, so that the numbers do not depend on its cores")
     p.set_defaults(func=Handler("calibkit.commands.calibrate"))
 

@@ -1,0 +1,123 @@
+"""Candidate calibrators fitted in several processes: the same fits, shared over the cores.
+
+Cross-fitting a calibrator is one full fit on the validation rows and one fit per fold, and no
+candidate depends on another, so :func:`calibkit.calibrators.crossfit.cross_fit` can share whole
+candidates between processes (``jobs``): this process and ``jobs - 1`` started ones take the next
+candidate from a shared counter until none is left (the slow ones first, :func:`order`), so this
+process fits candidates while the others are still starting. A started process is a fresh
+interpreter (``spawn``: a process whose torch may hold threads is never forked) with the caller's
+torch thread count; the data travel to it once, and each fitted calibrator and its out-of-fold
+probabilities travel back (calibrators pickle). A candidate a started process did not return (it
+died) is fitted here.
+
+The numbers do not depend on ``jobs``: every fit is seeded by its own arguments (no calibrator
+draws from a global generator) and runs with the same torch thread count (``calibkit calibrate``
+pins one; torch may sum in another order with another count). :func:`auto_jobs` starts no process
+where the fits are too small to repay a process's start-up (importing torch and calibkit, about
+2 s of CPU on this project's 2-core machine).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import queue
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+#: Fewer validation cells (rows x classes) than this: one process (a started process costs more
+#: than the fits it would take over; docs/performance.md).
+MIN_PARALLEL_CELLS = 20_000
+
+#: Candidates fitted first, so that the slowest are not left to the end: the K x K maps and the
+#: strength-searching structured maps, then the vector maps; the rest keep their order.
+SLOW_FIRST = ("dirichlet", "sms", "matrix", "svs", "vector", "bbq", "beta", "platt")
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def auto_jobs(n_rows: int, k: int, n_candidates: int) -> int:
+    """Processes for ``n_candidates`` fits on ``n_rows`` validation rows of ``k`` classes: one per
+    core when there are at least :data:`MIN_PARALLEL_CELLS` cells and two candidates, else 1."""
+    if n_candidates < 2 or n_rows * k < MIN_PARALLEL_CELLS:
+        return 1
+    return max(1, min(cores(), n_candidates))
+
+
+def order(names: Sequence[str]) -> list[str]:
+    """``names`` with the slow candidates first (:data:`SLOW_FIRST`), the others in their order."""
+    rank = {n: i for i, n in enumerate(SLOW_FIRST)}
+    return sorted(names, key=lambda n: rank.get(n, len(rank)))
+
+
+def _take(counter) -> int:
+    with counter.get_lock():
+        i = counter.value
+        counter.value += 1
+    return i
+
+
+def _work(fn: Callable, packed: bytes, counter, results, threads: int | None) -> None:
+    """Run ``fn(*tasks[i])`` for each ``i`` taken from ``counter``; put the pickled ``(i, result,
+    None)`` or ``(i, None, exception)`` on ``results`` (a started process). Plain pickles both ways:
+    the queue's own pickler would share tensors through this process, which ends before they are read."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    tasks = pickle.loads(packed)
+    while (i := _take(counter)) < len(tasks):
+        try:
+            results.put(pickle.dumps((i, fn(*tasks[i]), None)))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, which raises it
+            results.put(pickle.dumps((i, None, exc)))
+
+
+def run(fn: Callable, tasks: list[tuple], jobs: int) -> list[Any]:
+    """``[fn(*t) for t in tasks]``, computed by this process and ``jobs - 1`` started ones.
+
+    ``fn`` must be importable by name (a module-level function) and its arguments and results
+    picklable. An exception ``fn`` raises is raised here (the first task's in order). Raises the
+    same as the list comprehension with ``jobs`` 1."""
+    jobs = min(jobs, len(tasks))
+    if jobs <= 1:
+        return [fn(*t) for t in tasks]
+    ctx = multiprocessing.get_context("spawn")
+    counter, results = ctx.Value("i", 0), ctx.Queue()
+    packed = pickle.dumps(tasks)
+    procs = [ctx.Process(target=_work, args=(fn, packed, counter, results, torch.get_num_threads()), daemon=True)
+             for _ in range(jobs - 1)]
+    for p in procs:
+        p.start()
+    out: dict[int, tuple] = {}
+    try:
+        while (i := _take(counter)) < len(tasks):
+            out[i] = (fn(*tasks[i]), None)
+        while len(out) < len(tasks):
+            try:
+                i, value, exc = pickle.loads(results.get(timeout=1.0))
+                out[i] = (value, exc)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs) and results.empty():
+                    break  # a started process died holding a task: fitted here below
+        for i in range(len(tasks)):
+            if i not in out:
+                out[i] = (fn(*tasks[i]), None)
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        for p in procs:
+            p.join()
+    for i in range(len(tasks)):
+        if out[i][1] is not None:
+            raise out[i][1]
+    return [out[i][0] for i in range(len(tasks))]
