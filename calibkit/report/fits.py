@@ -31,7 +31,7 @@ def torch_threads(n: int | None):
 
 
 def prefetch_tasks(out_dir: Path, summary: dict, probs: CalibratedProbs, alpha: float, phases: Phases,
-                   parallel: tuple, figdir: Path | None) -> set:
+                   parallel: tuple[int | None, int | None], figdir: Path | None) -> set:
     """The runs' fits and the per-method figures (``figdir``: where; None: no figures) in
     ``parallel = (jobs, threads)`` processes (:mod:`calibkit.report.prefetch`); the figures drawn."""
     runs = [r for e in summary.values() for r in e["runs"]]

@@ -183,4 +183,4 @@ def prefetch(tasks: list[tuple], out_dir, jobs: int, names=None, alpha: float = 
     finally:
         for p in procs:
             p.join()
-    return {task[2] for task, ok in zip(tasks, done) if ok and task[0] == "figure"}
+    return {task[2] for task, ok in zip(tasks, done[:]) if ok and task[0] == "figure"}
