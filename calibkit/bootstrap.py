@@ -212,7 +212,8 @@ def count_draws(n: int, n_resamples: int, seed: int = 0):
             yield idx.long(), W
         return
     kept = sum(W.numel() for draws in (_SHARED or {}).values() for _, W in draws)
-    keep = [] if _SHARED is not None and kept + n * n_resamples <= _SHARED_BUDGET else None
+    keep: list[tuple[torch.Tensor, torch.Tensor]] | None = (
+        [] if _SHARED is not None and kept + n * n_resamples <= _SHARED_BUDGET else None)
     gen = torch.Generator().manual_seed(seed)
     done = 0
     while done < n_resamples:

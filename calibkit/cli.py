@@ -123,7 +123,7 @@ def _driver_line(exc: Exception, store: str | None) -> str:
     return _store().secrets.scrub(line, store) if store else line
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None, command="calibkit"):
+def _one_line_warning(message, category, filename, lineno, file=None, line=None, *, command="calibkit"):
     print(f"calibkit {command}: warning: {message}", file=file or sys.stderr)
 
 

@@ -277,6 +277,7 @@ class SplitConformal:
                         size = float((sc <= q).sum(1).double().mean())
                         if best is None or size < best[0]:
                             best = (size, cand)
+                    assert best is not None  # RAPS_LAMBDAS is not empty
                     lam = best[1]
                 p, y, u = p[rest], y[rest], None if u is None else u[rest.cpu()]
                 self.n_tune_ = n_t

@@ -52,7 +52,7 @@ _NO_SPACE = re.compile(r"no space left on device|os error 28\b|code: 28\b|storag
 _FULL_BYTES = 1 << 20
 
 
-def _chain(exc: BaseException):
+def _chain(exc: BaseException | None):
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -56,5 +56,6 @@ def shown_name(exc: BaseException) -> str:
     return _SHOWN.get(type(exc), type(exc).__name__)
 
 
-_SHOWN = {UserError: "ValueError", UserKeyError: "KeyError", UserRuntimeError: "RuntimeError",
-          UserFileNotFoundError: "FileNotFoundError"}
+_SHOWN: dict[type[BaseException], str] = {UserError: "ValueError", UserKeyError: "KeyError",
+                                           UserRuntimeError: "RuntimeError",
+                                           UserFileNotFoundError: "FileNotFoundError"}

@@ -283,6 +283,7 @@ def reliability_diagram(probs, labels, n_bins: int = 15, ax=None, title: str | N
 
 def _draw_band(ax, curve: ReliabilityCurve, n_boot: int) -> None:
     """The band as one step-shaped fill (a collection, no bar patch): flat over each bin."""
+    assert curve.band_lo is not None and curve.band_hi is not None and curve.band_level is not None  # band=True
     has = np.isfinite(curve.band_lo)
     if not has.any():
         return

@@ -58,6 +58,14 @@ class CalibrationMetric(torchmetrics.Metric):
     is_differentiable = False
     higher_is_better = None
     full_state_update = False
+    # The states add_state registers (nn.Module's attribute lookup types them only as Tensor | Module):
+    # the flat sums, the deferred checks and, unless dense, the per-sample lists (one tensor a batch;
+    # during compute a synchronised list may arrive already concatenated into one tensor).
+    sums: torch.Tensor
+    check: torch.Tensor
+    conf: list[torch.Tensor]
+    correct: list[torch.Tensor]
+    weight: list[torch.Tensor]
 
     def __init__(self, num_classes: int, n_bins: int = 15, ignore_index: int | None = None, dense: bool = False,
                  **kwargs):
@@ -95,12 +103,13 @@ class CalibrationMetric(torchmetrics.Metric):
 
     def compute(self) -> dict[str, torch.Tensor]:
         """The panel on everything accumulated (synchronised first under ``torch.distributed``)."""
+        samples: tuple[tuple[()] | list[torch.Tensor], ...]  # per-sample conf, correct, weight
         if self.dense:
             samples = ((), (), ())
         else:
             conf, correct, weight = (dim_zero_cat(x) if isinstance(x, list) and x else x
                                      for x in (self.conf, self.correct, self.weight))
-            if isinstance(conf, list):  # nothing seen
+            if isinstance(conf, list) or isinstance(correct, list) or isinstance(weight, list):  # nothing seen
                 samples = ((), (), ())
             else:
                 samples = ([conf], [correct.bool()], [weight])

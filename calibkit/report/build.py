@@ -329,7 +329,7 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
 
 
 def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, phases: Phases,
-           parallel: tuple = (None, 1)) -> dict:
+           parallel: tuple[int | None, int | None] = (None, 1)) -> dict:
     preset, rows = load_current_runs(out_dir, preset, store)
     recorded_keys = {r["run_key"] for r in rows}
     # A finished row the report cannot read is named, left out with a warning, and the rest reported.
@@ -356,7 +356,7 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
         ctx = ReportContext(out_dir, preset, rows, summary, deltas, n_boot, figdir, figures, store, probs,
                             grid, comps, selections, verdict, alpha, running=running)
         ctx.figdir.mkdir(parents=True, exist_ok=True)
-        sections = []
+        sections: list[Section] = []
         for build in SECTIONS:
             name = PHASE_NAMES.get(build.__name__)  # the others take well under a second: timed, not announced
             with phases.phase(name or build.__name__.replace("_", " "), say=name is not None):
@@ -395,9 +395,9 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
     for s in sections:  # the first screen: the recommendation, then its figures
         s.lead = s.lead or s.anchor == "recommendation"
     with phases.phase("writing report.md and index.html"):
-        for name, doc in (("report.md", to_markdown(title, intro, sections)),
-                          ("index.html", to_html(title, intro, sections))):
-            atomic_write(rep / name, lambda tmp, doc=doc: Path(tmp).write_text(doc))
+        md, html = to_markdown(title, intro, sections), to_html(title, intro, sections)
+        atomic_write(rep / "report.md", lambda tmp: Path(tmp).write_text(md))
+        atomic_write(rep / "index.html", lambda tmp: Path(tmp).write_text(html))
     figs = {f.path.stem: f.path for s in sections for f in s.figures}
     return {"text": text, "summary": summary, "deltas": ctx.deltas, "grid": ctx.grid, "comparisons": ctx.comps,
             "preset": preset, "selections": ctx.selections, "recommendation": ctx.verdict,

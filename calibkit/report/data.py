@@ -61,7 +61,7 @@ def row_problem(row: dict) -> str | None:
     for field_name, why in (row.get("corrupt") or {}).items():
         return f"{field_name}: {why}"
     for name in _DICT_FIELDS:
-        value = row
+        value: object = row
         for part in name.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if value is not None and not isinstance(value, dict):
@@ -174,7 +174,7 @@ def fmt_delta(delta: dict | None, metric: str | None = None) -> str:
     if not delta:
         return "-"
     way = direction(delta["lo"], delta["hi"], metric or delta.get("metric") or "ece")
-    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(way, "")
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(way or "", "")
     return f"{delta['diff'] * 100:+.2f} [{delta['lo'] * 100:+.2f}, {delta['hi'] * 100:+.2f}]{mark}"
 
 
@@ -314,10 +314,10 @@ def paired_ece_delta(runs_a: list[dict], runs_b: list[dict], n_boot: int = 1000,
                                     n_resamples=n_boot, seed=seed, level=level)
         diffs.append(res.samples)
         estimates.append(res.estimate)
-    res = seed_paired_interval(estimates, torch.stack(diffs), level, seed, auto_levels(len(pairs), same_runs(pairs)))
-    lo, hi = res["lo"], res["hi"]
-    return {"diff": res["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
-            "direction": direction(lo, hi, "ece"), "seeds": len(pairs), "levels": res["levels"],
+    ci = seed_paired_interval(estimates, torch.stack(diffs), level, seed, auto_levels(len(pairs), same_runs(pairs)))
+    lo, hi = ci["lo"], ci["hi"]
+    return {"diff": ci["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+            "direction": direction(lo, hi, "ece"), "seeds": len(pairs), "levels": ci["levels"],
             "identical": identical}
 
 

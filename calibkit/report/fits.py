@@ -31,7 +31,7 @@ def torch_threads(n: int | None):
 
 
 def prefetch_tasks(out_dir: Path, summary: dict, probs: CalibratedProbs, alpha: float, phases: Phases,
-                   parallel: tuple, figdir: Path | None):
+                   parallel: tuple[int | None, int | None], figdir: Path | None):
     """The runs' fits and the per-method figures (``figdir``: where; None: no figures) in
     ``parallel = (jobs, threads)`` processes (:mod:`calibkit.report.prefetch`): returns once the fits
     are in the caches, with the :class:`calibkit.report.prefetch.Running` processes still drawing

@@ -86,13 +86,13 @@ def paired_delta(runs_a: list[dict], runs_b: list[dict], probs: CalibratedProbs,
         res = paired_bootstrap_diff(pa, pb, la, metric, n_resamples=n_boot, seed=seed, level=level)
         diffs.append(res.samples)
         estimates.append(res.estimate)
-    res = seed_paired_interval(estimates, torch.stack(diffs), level, seed, auto_levels(len(pairs), same_runs(pairs)))
-    lo, hi = res["lo"], res["hi"]
-    out = {"diff": res["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
-           "direction": direction(lo, hi, metric), "seeds": len(pairs), "levels": res["levels"],
+    ci = seed_paired_interval(estimates, torch.stack(diffs), level, seed, auto_levels(len(pairs), same_runs(pairs)))
+    lo, hi = ci["lo"], ci["hi"]
+    out = {"diff": ci["estimate"], "lo": lo, "hi": hi, "significant": not (lo <= 0.0 <= hi),
+           "direction": direction(lo, hi, metric), "seeds": len(pairs), "levels": ci["levels"],
            "identical": identical, "metric": metric}
     if with_samples:
-        out["samples"] = res["samples"]
+        out["samples"] = ci["samples"]
     return out
 
 
@@ -135,7 +135,7 @@ def comparisons(summary: dict, probs: CalibratedProbs, n_boot: int = 1000, seed:
     out = {}
     for method, entry in summary.items():
         runs = entry["runs"]
-        kw = {"n_boot": n_boot, "seed": seed, "level": level}
+        kw: dict = {"n_boot": n_boot, "seed": seed, "level": level}  # n_boot, seed: int; level: float
         row = {"o_ece": seed_interval(runs, probs, "o_ece", **kw), "u_ece": seed_interval(runs, probs, "u_ece", **kw),
                "acc_vs_ce": None, "vs_ce_ts": None, "ts_vs_ce_ts": None}
         if ref and method != REFERENCE:
@@ -218,5 +218,5 @@ def compare_text(res: dict, label=str, n_boot: int = 1000, width: int | None = 1
 
 
 def _fmt_raw_delta(d: dict, metric: str) -> str:
-    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], metric), "")
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], metric) or "", "")
     return f"{d['diff']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]{mark}"

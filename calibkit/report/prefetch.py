@@ -176,7 +176,7 @@ class Running:
         """Wait for the started processes; the paths of the figures they drew."""
         for p in self.procs:
             p.join()
-        return {task[2] for task, ok in zip(self.tasks, self.done) if ok and task[0] == "figure"}
+        return {task[2] for task, ok in zip(self.tasks, self.done[:]) if ok and task[0] == "figure"}
 
     def close(self) -> None:
         """Stop the started processes (the build ended before :meth:`finish`)."""

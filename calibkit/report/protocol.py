@@ -61,17 +61,17 @@ def _provenance(preset: str, records) -> str:
 def _hidden(out_dir, preset: str, store: str | None = None) -> list[dict]:
     if store is None and not (Path(out_dir) / "runs.db").is_file():
         return []
-    store = open_store(out_dir, store, readonly=True)
+    db = open_store(out_dir, store, readonly=True)
     try:
         # a damaged cell is named elsewhere
-        return tuning.current_runs(store.runs(preset, tolerant=True), store, preset)[1]
+        return tuning.current_runs(db.runs(preset, tolerant=True), db, preset)[1]
     finally:
-        store.close()
+        db.close()
 
 
 def _split_text(split: dict, dataset: str | None = None) -> tuple[str, str, str]:
     """(validation, training, test) lines of the protocol table from a run's split record."""
-    modality = getattr(DATASETS.get(dataset), "modality", "image")
+    modality = getattr(DATASETS.get(dataset or ""), "modality", "image")
     unit = "documents" if modality == "text" else "images"
     val = f"{split.get('val')} {unit}, {split.get('rule', '?')}"
     if split.get("val_checksum"):

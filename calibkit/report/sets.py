@@ -191,7 +191,8 @@ def method_sets(summary: dict, sets: SetRows, selections: dict | None = None, n_
         if any(sets.probs.groups(r) is not None for r in runs):
             continue
         chosen = selections[method].chosen if selections and method in selections else None
-        cell = {"chosen": chosen, "aurc": {}, "augrc": {}, "coverage": {}, "size": {}, "d_aurc": None, "d_size": None}
+        cell: dict = {"chosen": chosen, "aurc": {}, "augrc": {}, "coverage": {}, "size": {}, "d_aurc": None,
+                      "d_size": None}
         for c in (NONE, TS):
             cell["aurc"][c] = _mean(aurc(*sets.probs(r, c)) for r in runs)
             cell["augrc"][c] = _mean(augrc(*sets.probs(r, c)) for r in runs)
@@ -232,7 +233,7 @@ def method_sets_or_selective(summary: dict, sets: SetRows, selections: dict | No
 def _fmt_d(d: dict | None, scale: float, digits: int) -> str:
     if not d:
         return "-"
-    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], "ece"), "")
+    mark = {"better": BETTER_MARK, "worse": WORSE_MARK}.get(direction(d["lo"], d["hi"], "ece") or "", "")
     return f"{d['diff'] * scale:+.{digits}f} [{d['lo'] * scale:+.{digits}f}, {d['hi'] * scale:+.{digits}f}]{mark}"
 
 
@@ -300,8 +301,8 @@ def section_text(n_seeds: int, n_boot: int, alpha: float) -> tuple[str, str]:
     return text, short
 
 
-def calibrator_sets(val, test, test_probs: dict, alpha: float = ALPHA, n_boot: int = 1000, seed: int = 0,
-                    level: float = 0.95) -> dict:
+def calibrator_sets(val: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], test_probs: dict,
+                    alpha: float = ALPHA, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """``calibkit calibrate``'s numbers: for each calibrator of ``test_probs`` (``{name: test
     probabilities after it}``, ``none`` included), AURC and AUGRC of those probabilities, and the
     coverage and mean size of APS sets (the calibrator refitted on half the validation rows, the
@@ -314,8 +315,8 @@ def calibrator_sets(val, test, test_probs: dict, alpha: float = ALPHA, n_boot: i
     stats = {}
     for name, p in test_probs.items():
         p = two_columns(torch.as_tensor(p).double())
-        st = {"aurc": float(aurc(p, labels)), "augrc": float(augrc(p, labels)), "coverage": None, "size": None,
-              "sets_error": None, "_sel": SelectiveRows(p.max(1).values, (p.argmax(1) != labels).double())}
+        st: dict = {"aurc": float(aurc(p, labels)), "augrc": float(augrc(p, labels)), "coverage": None, "size": None,
+                    "sets_error": None, "_sel": SelectiveRows(p.max(1).values, (p.argmax(1) != labels).double())}
         try:  # a calibrator that cannot be fitted on half the rows has no sets; the rest is reported
             sets = conformal_rows(*val, *test, name, alpha, seed)
             st |= {"coverage": float(sets["covered"].double().mean()), "size": float(sets["size"].double().mean()),

@@ -232,14 +232,17 @@ def _chunks(widths: list[int], keys: int, width: int) -> list[list[int]]:
         return base + sum(2 + widths[c] for c in cols[i:j])
 
     # best[j] = (parts, widest part) for the first j columns; cut[j] = start of the last part
-    best, cut = [(0, 0)] + [None] * n, [0] * (n + 1)
+    best: list[tuple[int, int] | None] = [(0, 0)] + [None] * n
+    cut = [0] * (n + 1)
     for j in range(1, n + 1):
         for i in range(j):
             w = span(i, j)
-            if best[i] is None or (w > width and j - i > 1):
+            prev = best[i]
+            if prev is None or (w > width and j - i > 1):
                 continue
-            cand = (best[i][0] + 1, max(best[i][1], w))
-            if best[j] is None or cand < best[j]:
+            cand = (prev[0] + 1, max(prev[1], w))
+            now = best[j]
+            if now is None or cand < now:
                 best[j], cut[j] = cand, i
     parts, j = [], n
     while j > 0:
@@ -256,7 +259,7 @@ def text_table(table: Table, width: int | None = None) -> str:
     if width and table.key_columns >= len(widths) and sum(widths) + 2 * (len(widths) - 1) > width:
         return _wrapped_text_table(table.header, rows, widths, width)
     parts = _chunks(widths, table.key_columns, width) if width else [list(range(len(widths)))]
-    out = []
+    out: list[str] = []
     for cols in parts:
         def line(cells, cols=cols):
             return "  ".join(cells[j].ljust(widths[j]) if j < table.key_columns else cells[j].rjust(widths[j])

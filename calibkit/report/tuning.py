@@ -46,11 +46,11 @@ def load_candidates(out_dir, preset: str, store: str | None = None) -> list[dict
     the PostgreSQL store at ``store``."""
     if store is None and not (Path(out_dir) / "runs.db").is_file():
         return []
-    store = open_store(out_dir, store, readonly=True)
+    db = open_store(out_dir, store, readonly=True)
     try:
-        return store.candidates(preset)
+        return db.candidates(preset)
     finally:
-        store.close()
+        db.close()
 
 
 def load_records(out_dir, preset: str, store: str | None = None) -> dict[str, dict]:
@@ -59,16 +59,16 @@ def load_records(out_dir, preset: str, store: str | None = None) -> dict[str, di
     have candidates."""
     if store is None and not (Path(out_dir) / "runs.db").is_file():
         return {}
-    store = open_store(out_dir, store, readonly=True)
+    db = open_store(out_dir, store, readonly=True)
     try:
         out = {}
-        for c in store.candidates(preset):
-            text = store.get_meta(meta_key(preset, c["seed"], c["method"]))
+        for c in db.candidates(preset):
+            text = db.get_meta(meta_key(preset, c["seed"], c["method"]))
             if text:
                 out[c["method"]] = json.loads(text)
         return out
     finally:
-        store.close()
+        db.close()
 
 
 def space_of(method: str, record: dict | None) -> dict:
@@ -90,7 +90,8 @@ def current_runs(rows: list[dict], store, preset: str) -> tuple[list[dict], list
     method at other values than the directory's recorded selection. So a report never shows two
     values for one method."""
     selection = selection_of(store, preset)
-    shown, hidden = [], []
+    shown: list[dict] = []
+    hidden: list[dict] = []
     for r in rows:
         values = (r.get("config") or {}).get("hparams")
         stale = r["method"] in selection and values is not None and values != selection[r["method"]]

@@ -142,7 +142,7 @@ def choose_pair(selections: dict, rule: SelectionRule = DEFAULT_RULE) -> dict | 
     ce = selections[REFERENCE]
     default = (REFERENCE, ce.chosen)
     base, d_score = ce.scores[NONE], ce.scores[ce.chosen]
-    eligible = []
+    eligible: list[tuple[float, int, str, str]] = []  # (score, order seen, method, calibrator)
     for m, sel in selections.items():
         for c in sel.ranking:
             s = sel.scores[c]
@@ -221,6 +221,7 @@ def sentence(rec: dict) -> str:
     conf = rec.get("confirmatory")
     better = confirmed_better(conf)
     if better:
+        assert conf is not None  # confirmed_better finds none without the confirmatory block
         t = conf["tests"][method]
         n = len(conf["tests"])
         why = (f"its confirmatory test {name} difference from CE + temperature scaling is {t['diff']:+.4g} "
@@ -255,7 +256,7 @@ def sentence(rec: dict) -> str:
 def _delta_words(d: dict | None, metric: str = "ece") -> str:
     if not d:
         return "it equals"
-    way = direction(d["lo"], d["hi"], metric)
+    way = direction(d["lo"], d["hi"], metric) or ""
     return {"better": "it is significantly below", "worse": "it is significantly above"}.get(way, "it is "
                                                                                                "indistinguishable from")
 
