@@ -272,7 +272,7 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
     fitted = dict(fitted or {})
     k = 2 if x.dim() == 1 else x.shape[1]
     for name, c in _candidates(names, x, y, parts, k, fitted, jobs).items():
-        if c.error is not None:
+        if c.error is not None or c.oof is None:  # a candidate without an error has its predictions
             fitted.pop(name, None)
             scores[name] = CrossFitScore(error=c.error)
             continue
