@@ -65,8 +65,9 @@ def start_workers(argv: list[str], n: int, store: str | None = None) -> list[sub
     its spec file once released), waiting to be released (:func:`release_workers`); ``store``,
     ``--store``'s URL, reaches them in :data:`STORE_ENV`."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", STORE_ENV)}
-    if store is not None:
-        env[STORE_ENV] = resolve_store(store)
+    url = resolve_store(store)  # env:NAME: the URL it names (the workers' own variable holds it)
+    if url is not None:
+        env[STORE_ENV] = url
     return [subprocess.Popen([sys.executable, "-m", "calibkit", *argv], stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, env=env) for _ in range(n)]
 

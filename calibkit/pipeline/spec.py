@@ -50,7 +50,7 @@ class BenchSpec:
 
     Attributes:
         command: ``bench`` or ``tune``.
-        preset: a shipped preset's name or a preset file's path.
+        preset: a shipped preset's name or a preset file's path (written as an absolute path).
         out: the output directory.
         options: a :class:`BenchOptions` (bench) or :class:`TuneOptions` (tune).
         changes: the preset's changes (``with_flags``' keywords, e.g. ``{"lr": 0.001}``).
@@ -71,8 +71,6 @@ class BenchSpec:
         unknown = sorted(set(self.changes) - set(CHANGES))
         if unknown:
             raise UserError(f"spec: unknown preset change(s) {', '.join(unknown)}; known: {', '.join(CHANGES)}")
-        if self.preset not in PRESETS:  # a file: by its absolute path (a task may start elsewhere)
-            object.__setattr__(self, "preset", os.path.abspath(self.preset))
         object.__setattr__(self, "out", os.fspath(self.out))
         object.__setattr__(self, "changes", {k: v for k, v in self.changes.items() if v is not None})
 
@@ -88,7 +86,9 @@ class BenchSpec:
                 opts[name] = list(opts[name])
         if opts["store"] is not None:
             opts["store"] = f"env:{STORE_ENV}"
-        return {"version": VERSION, "command": self.command, "preset": self.preset, "changes": self.changes,
+        # a preset file by its absolute path: a process reading the file may start in another folder
+        preset = self.preset if self.preset in PRESETS else os.path.abspath(self.preset)
+        return {"version": VERSION, "command": self.command, "preset": preset, "changes": self.changes,
                 "out": self.out, "options": opts}
 
     def path(self) -> Path:
