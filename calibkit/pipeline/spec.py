@@ -15,7 +15,8 @@ The file (docs/bench.md, "The spec file") is JSON::
 ``version`` is :data:`VERSION`; a file of another version is refused. ``options`` holds every
 field of the options except ``log`` (a function; a reading process prints). A ``--store`` URL,
 which may hold a password, is never written: the file says ``env:CALIBKIT_WORKER_STORE`` and the
-process that starts the workers puts the URL in their environment (:data:`STORE_ENV`).
+process that starts the workers puts the URL in their environment
+(:data:`calibkit.bench.workers.STORE_ENV`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from calibkit.diskio import atomic_write
 from calibkit.errors import UserError
 from calibkit.pipeline.options import BenchOptions, TuneOptions
 
-__all__ = ["COMMANDS", "STORE_ENV", "VERSION", "BenchSpec", "read_spec"]
+__all__ = ["COMMANDS", "VERSION", "BenchSpec", "read_spec"]
 
 VERSION = 1
 COMMANDS = {"bench": BenchOptions, "tune": TuneOptions}
@@ -79,7 +80,7 @@ class BenchSpec:
         return with_keep(with_flags(load_preset(self.preset), **self.changes), self.options.keep)
 
     def to_dict(self) -> dict:
-        """The file's content (a ``--store`` URL replaced by ``env:`` :data:`STORE_ENV`)."""
+        """The file's content (a ``--store`` URL replaced by ``env:CALIBKIT_WORKER_STORE``)."""
         opts = {f.name: getattr(self.options, f.name) for f in fields(self.options) if f.name != "log"}
         for name in _TUPLES:
             if opts.get(name) is not None:
