@@ -136,7 +136,7 @@ class Bench:
 
     # -- producing one run ---------------------------------------------------------------------
     def produce(self, method: str, seed: int) -> dict:
-        """Train (or reuse) the run; returns ``run_dir``, ``train_time_s`` and evaluation kwargs."""
+        """Train (or reuse) the run; returns ``run_dir``, ``train_time_s`` and the evaluation's arguments."""
         return self.factory.produce(method, seed, run_dir_for(self.out, self.preset.name, method, seed))
 
     def _task(self, seed: int, method: str) -> Task:

@@ -1,4 +1,5 @@
-"""Which arrays a ``--executor slurm`` submission holds, and the command line of their tasks.
+"""Which arrays a ``--executor slurm`` submission holds (each task runs the calibkit arguments it
+is given: ``bench``/``tune --out OUT --spec FILE``, reading the spec file the command wrote).
 
 A key is left out when its result file says ``done`` or a task of an earlier submission still
 has it queued or running (:func:`calibkit.bench.slurm.key_states`); a two-stage array whose CE
@@ -13,51 +14,13 @@ from collections.abc import Callable, Sequence
 
 from calibkit.bench.collect import check_bench_folder, read_recorded
 from calibkit.bench.grid import METHODS, REFERENCE, grid_methods
-from calibkit.bench.presetargv import preset_argv
 from calibkit.bench.producers import PRODUCERS
 from calibkit.bench.slurm import Array, SlurmOptions, cancel_stuck, key_states, submit
-from calibkit.bench.slurm_values import check_argv
 from calibkit.bench.tune import Tuner
 from calibkit.store import run_key
 from calibkit.store.files import ResultFiles
 
 _SKIP = ("done", "queued", "running")
-
-
-def task_argv(args, command: str) -> list[str]:
-    """The calibkit arguments of a task of ``command`` (``bench``, ``tune`` or ``select``), from
-    the submitting command's ``args`` (without ``--run-key``, which the script adds).
-
-    Raises:
-        ValueError: a value that cannot go into a job script (a control character, a password),
-            naming its option (:func:`calibkit.bench.slurm_values.check_argv`).
-    """
-    argv = ["tune" if command in ("tune", "select") else "bench", *preset_argv(args), "--out", str(args.out),
-            "--device", args.device]
-    if command == "bench":
-        argv += ["--no-report", "--workers", "1"] + (["--tune"] if getattr(args, "tune", False) else [])
-        if getattr(args, "seeds", None) is not None:
-            argv += ["--seeds", *map(str, args.seeds)]
-    if command == "select":
-        argv.append("--select-only")
-    if args.methods is not None:
-        argv += ["--methods", *args.methods]
-    seed = getattr(args, "seed", None)
-    if command != "bench" and seed is not None:
-        argv += ["--seed", str(seed)]
-    for flag, value in (("--data-dir", args.data_dir), ("--csm-store", args.csm_store), ("--keep", args.keep),
-                        ("--num-threads", args.num_threads)):
-        if value is not None:
-            argv += [flag, str(value)]
-    return check_argv(argv)
-
-
-def options(args) -> SlurmOptions:
-    """The validated SLURM options of a command line (ValueError naming the first bad one)."""
-    return SlurmOptions(partition=args.partition, account=args.account, qos=args.qos, time=args.time,
-                        gpus_per_run=args.gpus_per_run, cpus_per_run=args.cpus_per_run, mem=args.mem,
-                        array_parallelism=args.array_parallelism, sbatch_args=tuple(args.sbatch_arg or ()),
-                        requeue=args.requeue, signal_s=args.signal).validate()
 
 
 def _shape(kind: str, opts: SlurmOptions) -> dict:
@@ -135,61 +98,76 @@ def tune_arrays(out, tuner, opts: SlurmOptions):
     return arrays, states
 
 
-def submit_tune(args, preset, bench_after: bool = False, dry_run: bool = False) -> dict:
-    """``calibkit tune --executor slurm`` (with ``bench_after``: ``bench --tune``'s tuning part)."""
-    tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
-                  device="cpu", num_threads=args.num_threads, csm_store=args.csm_store, log=lambda *a, **k: None,
-                  store=ResultFiles(args.out))
+def _seeds(preset, options) -> list[int]:
+    """The bench's seeds: the options' (a bench's), else the preset's; none for a tuning's options."""
+    if not hasattr(options, "seeds"):
+        return []
+    return list(options.seeds if options.seeds is not None else preset.seeds)
+
+
+def _tuner(out, preset, options) -> Tuner:
+    """A tuner reading the candidates' result files (plans and states only: it trains nothing)."""
+    return Tuner(preset, out, methods=_list(options.methods), seed=getattr(options, "seed", None),
+                 data_dir=options.data_dir, device="cpu", num_threads=options.num_threads,
+                 csm_store=options.csm_store, log=lambda *a, **k: None, store=ResultFiles(out))
+
+
+def _list(values):
+    return None if values is None else list(values)
+
+
+def submit_tune(out, preset, options, slurm: SlurmOptions, argv: dict[str, list[str]], bench_after: bool = False,
+                dry_run: bool = False) -> dict:
+    """``calibkit tune --executor slurm`` (with ``bench_after``: ``bench --tune``'s tuning part).
+
+    ``options``: the spec's options (:class:`calibkit.pipeline.TuneOptions`, or the
+    :class:`~calibkit.pipeline.BenchOptions` of ``bench --tune``); ``argv``: each task's calibkit
+    arguments (``"bench"``, ``"tune"``, ``"select"``; :meth:`calibkit.pipeline.spec.BenchSpec.argv`).
+    """
+    tuner = _tuner(out, preset, options)
     try:
-        opts = options(args)
-        argv = {command: task_argv(args, command) for command in ("bench", "tune", "select")}
-        arrays, states = tune_arrays(args.out, tuner, opts)
+        arrays, states = tune_arrays(out, tuner, slurm)
         if bench_after:
-            seeds = list(args.seeds if args.seeds is not None else preset.seeds)
-            methods, _ = grid_methods(preset, args.methods)
+            methods, _ = grid_methods(preset, _list(options.methods))
             sel = [("afterok", "tune-select")] if any(a.stage == "tune-select" for a in arrays) else []
-            more, bench_states = bench_arrays(args.out, preset, seeds, methods, opts, after=sel)
+            more, bench_states = bench_arrays(out, preset, _seeds(preset, options), methods, slurm, after=sel)
             arrays += more
             states = {**states, **bench_states}
         cancel_stuck(states, dry_run=dry_run)
-        return submit(args.out, arrays, argv, opts, dry_run=dry_run) if arrays else {}
+        return submit(out, arrays, argv, slurm, dry_run=dry_run) if arrays else {}
     finally:
         tuner.close()
 
 
-def submit_bench(args, preset, dry_run: bool = False) -> dict:
-    """``calibkit bench --executor slurm``: submit the grid's missing runs; ``{stage: job id}``."""
-    if getattr(args, "tune", False):
-        return submit_tune(args, preset, bench_after=True, dry_run=dry_run)
-
-    seeds = list(args.seeds if args.seeds is not None else preset.seeds)
-    methods, _ = grid_methods(preset, args.methods)
-    opts = options(args)
-    argv = {"bench": task_argv(args, "bench")}
-    arrays, states = bench_arrays(args.out, preset, seeds, methods, opts)
+def submit_bench(out, preset, options, slurm: SlurmOptions, argv: dict[str, list[str]], dry_run: bool = False
+                 ) -> dict:
+    """``calibkit bench --executor slurm``: submit the grid's missing runs; ``{stage: job id}``
+    (``options``, ``argv``: as for :func:`submit_tune`)."""
+    if options.tune:
+        return submit_tune(out, preset, options, slurm, argv, bench_after=True, dry_run=dry_run)
+    methods, _ = grid_methods(preset, _list(options.methods))
+    arrays, states = bench_arrays(out, preset, _seeds(preset, options), methods, slurm)
     cancel_stuck(states, dry_run=dry_run)
-    return submit(args.out, arrays, argv, opts, dry_run=dry_run) if arrays else {}
+    return submit(out, arrays, argv, slurm, dry_run=dry_run) if arrays else {}
 
 
-def status_lines(args, preset) -> tuple[list[str], dict]:
-    """One line per run key of the bench (and its tuning candidates with ``--tune``), and counts:
-    from the result files, ``squeue`` and the bench's database (``OUT/runs.db`` or ``--store``).
+def status_lines(out, preset, options) -> tuple[list[str], dict]:
+    """One line per run key of the bench (and its tuning candidates with ``tune``; a tuning's
+    options: the candidates only), and counts: from the result files, ``squeue`` and the bench's
+    database (``OUT/runs.db`` or the options' store).
 
     Raises:
-        FileNotFoundError, NotADirectoryError, ValueError: ``--out`` is not a bench's folder.
+        FileNotFoundError, NotADirectoryError, ValueError: ``out`` is not a bench's folder.
     """
-    store = getattr(args, "store", None)
-    check_bench_folder(args.out, store)
-    seeds = list(args.seeds if args.seeds is not None else preset.seeds)
-    methods, _ = grid_methods(preset, args.methods)
-    keys = [run_key(preset.name, m, s) for s in seeds for m in methods]
-    states = key_states(args.out, keys, recorded=read_recorded(args.out, keys, store=store))
-    if getattr(args, "tune", False):
-        tuner = Tuner(preset, args.out, methods=args.methods, seed=getattr(args, "seed", None), data_dir=args.data_dir,
-                      device="cpu",
-                      log=lambda *a, **k: None, store=ResultFiles(args.out))
+    store = options.store
+    check_bench_folder(out, store)
+    methods, _ = grid_methods(preset, _list(options.methods))
+    keys = [run_key(preset.name, m, s) for s in _seeds(preset, options) for m in methods]
+    states = key_states(out, keys, recorded=read_recorded(out, keys, store=store))
+    if getattr(options, "tune", True):
+        tuner = _tuner(out, preset, options)
         cands = [tuner.key(m, v) for m, v in tuner.items()]
-        states = {**key_states(args.out, cands, "tuning", read_recorded(args.out, cands, "tuning", store)), **states}
+        states = {**key_states(out, cands, "tuning", read_recorded(out, cands, "tuning", store)), **states}
         tuner.close()
     width = max(map(len, states), default=0)
     lines = [f"{k:<{width}}  {s:<13}  {d}".rstrip() for k, (s, d) in states.items()]

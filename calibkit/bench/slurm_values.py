@@ -2,7 +2,7 @@
 
 A job script is a bash program: a value that holds a newline becomes a command line of its own,
 and runs on the cluster. The values are therefore checked twice, where they enter (the command
-line, :meth:`calibkit.bench.slurm.SlurmOptions.validate`, :func:`calibkit.bench.slurm_plan.task_argv`)
+line, :meth:`calibkit.bench.slurm.SlurmOptions.validate`, :func:`calibkit.commands.check_executor`)
 and again where the script is written (:func:`calibkit.bench.slurm.script_text`), so that the
 Python API is held to the same rules. Decided:
 

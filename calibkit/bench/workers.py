@@ -4,8 +4,9 @@ share a bench's runs (a tuning's candidates).
 A bench already lets several processes running the same command share its runs: each claims a
 pending run in ``DIR/runs.db`` before training it, and one that depends on a run still being
 produced elsewhere waits for it (:mod:`calibkit.bench.runner`). ``--workers N`` starts N - 1 such
-processes itself (``python -m calibkit bench`` with the same options, no report, one worker each;
-``--store``'s URL, which may hold a password, in their environment rather than on their command lines),
+processes itself (``python -m calibkit bench --spec FILE``: the bench's spec file, written once its
+checks have passed, :mod:`calibkit.pipeline.spec`; ``--store``'s URL, which may hold a password, in
+their environment rather than in the file or on their command lines),
 runs the bench in the calling process too, waits for the others and writes the report once. Each
 extra worker's output is appended to ``DIR/logs/worker-K.log``, after a header line naming the date
 and the command: the log of an interrupted bench (its worker's error) is still there after the
@@ -49,8 +50,8 @@ from pathlib import Path
 
 import torch
 
-from calibkit.bench.presetargv import preset_argv
 from calibkit.errors import UserError
+from calibkit.store import resolve_store
 from calibkit.store.secrets import redact
 
 # Carries ``--store``'s URL to the extra workers, whose command lines say ``--store env:NAME``: a
@@ -59,73 +60,32 @@ from calibkit.store.secrets import redact
 STORE_ENV = "CALIBKIT_WORKER_STORE"
 
 
-def worker_argv(args) -> list[str]:
-    """The ``calibkit bench`` arguments of an extra worker: the same bench, one worker, no report,
-    waiting to be released (``--await-start``)."""
-    argv = ["bench", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--no-report",
-            "--workers", "1", "--await-start"]
-    if args.seeds is not None:
-        argv += ["--seeds", *map(str, args.seeds)]
-    if args.methods is not None:
-        argv += ["--methods", *args.methods]
-    for flag, value in (("--data-dir", args.data_dir), ("--csm-store", args.csm_store), ("--keep", args.keep),
-                        ("--num-threads", args.num_threads), ("--store", _store_word(args)),
-                        ("--max-extensions", args.max_extensions)):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.csm_build:
-        argv.append("--csm-build")  # the caller builds before releasing it: the worker finds the set
-    if args.tune:
-        argv.append("--tune")  # resumes the finished selection: the worker trains at the selected values
-    return argv
-
-
-def tune_worker_argv(args) -> list[str]:
-    """The ``calibkit tune`` arguments of an extra worker of ``tune --workers N``: the same tuning,
-    one worker, waiting to be released (it prints no table: the calling process does)."""
-    argv = ["tune", *preset_argv(args), "--out", str(args.out), "--device", args.device, "--workers", "1",
-            "--await-start"]
-    if args.methods is not None:
-        argv += ["--methods", *args.methods]
-    for flag, value in (("--seed", args.seed), ("--data-dir", args.data_dir), ("--csm-store", args.csm_store),
-                        ("--keep", args.keep), ("--num-threads", args.num_threads),
-                        ("--store", _store_word(args)), ("--max-extensions", args.max_extensions)):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.csm_build:
-        argv.append("--csm-build")
-    return argv
-
-
-def _store_word(args) -> str | None:
-    """``--store``'s value on a worker's command line: the name of the variable holding the URL."""
-    return None if args.store is None else f"env:{STORE_ENV}"
-
-
-def start_workers(args, n: int, argv: list[str] | None = None) -> list[subprocess.Popen]:
-    """Start ``n`` extra processes (``argv``, default the bench's :func:`worker_argv`), waiting to
-    be released (:func:`release_workers`); ``--store``'s URL reaches them in :data:`STORE_ENV`."""
+def start_workers(argv: list[str], n: int, store: str | None = None) -> list[subprocess.Popen]:
+    """Start ``n`` extra processes ``python -m calibkit ARGV`` (a bench's or a tuning's, reading
+    its spec file once released), waiting to be released (:func:`release_workers`); ``store``,
+    ``--store``'s URL, reaches them in :data:`STORE_ENV`."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", STORE_ENV)}
-    if getattr(args, "store", None) is not None:
-        env[STORE_ENV] = args.store
-    argv = worker_argv(args) if argv is None else argv
+    url = resolve_store(store)  # env:NAME: the URL it names (the workers' own variable holds it)
+    if url is not None:
+        env[STORE_ENV] = url
     return [subprocess.Popen([sys.executable, "-m", "calibkit", *argv], stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, env=env) for _ in range(n)]
 
 
-def run_with_workers(args, body, argv: list[str] | None = None):
-    """Check ``args.workers``, start its extra workers waiting, return ``body(waiting)``.
+def run_with_workers(workers: int, body, argv: list[str], store: str | None = None):
+    """Check the count ``workers``, start its extra workers (``argv``, ``store``: as for
+    :func:`start_workers`) waiting, return ``body(waiting)``.
 
     ``body`` releases the workers (emptying ``waiting``) once its own checks pass; those still
     waiting when it returns or raises are told the run will not happen, and exit having written
     nothing. Shared by ``calibkit bench`` and ``calibkit tune``.
     """
-    if args.workers < 1:
-        raise UserError(f"--workers must be >= 1, got {args.workers}")
-    if args.workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
+    if workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("--workers starts processes itself; under torchrun use --workers 1")
     # first thing: they start up while this process imports and checks
-    waiting = start_workers(args, args.workers - 1, argv) if args.workers > 1 else []
+    waiting = start_workers(argv, workers - 1, store) if workers > 1 else []
     try:
         return body(waiting)
     finally:
@@ -209,11 +169,12 @@ def watch_parent(stream) -> threading.Thread:
     return thread
 
 
-def warm_up(device: str) -> None:
+def warm_up(device: str | None) -> None:
     """What a worker's first run would otherwise pay for while the others already train: the lazy
-    imports of the first ``torch.optim`` optimizer and, on a GPU, the CUDA context."""
+    imports of the first ``torch.optim`` optimizer and, on a GPU (``device``; None: not yet known),
+    the CUDA context."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-    if (device == "auto" or device.startswith("cuda")) and torch.cuda.is_available():
+    if device is not None and (device == "auto" or device.startswith("cuda")) and torch.cuda.is_available():
         torch.cuda.init()
 
 

@@ -14,12 +14,21 @@ from calibkit.bench.progress import Phases
 from calibkit.bench.runner import Bench
 from calibkit.bench.slurm_plan import status_lines, submit_bench
 from calibkit.bench.tune import Tuner
-from calibkit.bench.workers import await_start, run_with_workers, warm_up
-from calibkit.commands.executing import check_executor, print_failures, run_scheduled, worker_sharing
-from calibkit.commands.presetargs import preset_from_args
+from calibkit.bench.workers import run_with_workers
+from calibkit.commands.executing import (
+    await_spec,
+    check_executor,
+    print_failures,
+    run_scheduled,
+    slurm_options,
+    submission_argv,
+    worker_argv,
+    worker_sharing,
+)
+from calibkit.commands.presetargs import spec_from_args
 from calibkit.commands.tune import check_shared, print_no_extension
 from calibkit.errors import UserError
-from calibkit.pipeline import BenchOptions, run_bench, write_report
+from calibkit.pipeline import BenchOptions, Sharing, run_spec, write_report
 from calibkit.store import run_key
 from calibkit.store.files import ResultFiles, split_run_key
 
@@ -27,10 +36,15 @@ from calibkit.store.files import ResultFiles, split_run_key
 def run(args) -> int:
     check_executor(args)
     check_shared(args)
-    if args.run_key or args.status or args.collect or args.executor != "local":
-        return _elsewhere(args)
+    if args.await_start:  # an extra worker of --workers N
+        return _worker(args)
 
-    return run_with_workers(args, lambda waiting: _run(args, waiting))
+    spec = spec_from_args(args, "bench", lambda: options_from_args(args))
+    if args.run_key or args.status or args.collect or args.executor != "local":
+        return _elsewhere(args, spec)
+
+    return run_with_workers(args.workers, lambda waiting: _run(args, spec, waiting), worker_argv(spec),
+                            spec.options.store)
 
 
 def options_from_args(args):
@@ -44,15 +58,27 @@ def options_from_args(args):
                         **({"log": lambda *a, **k: None} if getattr(args, "quiet", False) else {}))
 
 
-def _run(args, waiting: list) -> int:
-    preset = preset_from_args(args)
-    options = options_from_args(args)
-    if args.await_start:  # an extra worker: the caller has checked the bench before releasing it
-        warm_up(args.device)
-        if await_start() is None:
-            return 0
+def _worker(args) -> int:
+    """An extra worker of ``--workers N``: released once its caller's checks pass, it runs the
+    bench of the spec file, records no preset and writes no report (its caller does)."""
+    spec = await_spec(args, "bench")
+    if spec is None:
+        return 0
+    result = run_spec(spec, sharing=Sharing(released=True))
+    if not result.main:
+        return 0
+    counts = result.counts
+    print(f"bench {result.preset.name}: {counts.done} run(s) done, {counts.skipped} skipped (finished "
+          f"earlier), {counts.failed} failed; database {result.store}")
 
-    result = run_bench(preset, args.out, options, sharing=worker_sharing(args, waiting, f"bench {preset.name}", "runs"))
+    sys.stdout.flush()
+    print_failures("bench", result.failures, result.store)
+    return 1 if counts.failed else 0
+
+
+def _run(args, spec, waiting: list) -> int:
+    preset = spec.load()
+    result = run_spec(spec, sharing=worker_sharing(args, spec, waiting, f"bench {preset.name}", "runs"))
     if not result.main:
         return 0
     counts = result.counts
@@ -69,7 +95,7 @@ def _run(args, waiting: list) -> int:
     print_failures("bench", result.failures, result.store)
     if not args.no_report:
         phases = Phases("report", quiet=args.quiet)
-        rep = write_report(args.out, result.preset.name, options, progress=phases)
+        rep = write_report(spec.out, result.preset.name, spec.options, progress=phases)
         if not args.quiet and phases.summary():
             print(phases.summary(), file=sys.stderr, flush=True)
         print()
@@ -78,28 +104,30 @@ def _run(args, waiting: list) -> int:
     return 1 if counts.failed else 0
 
 
-def _elsewhere(args) -> int:
+def _elsewhere(args, spec) -> int:
     """The bench's other entry points: one scheduled task (``--run-key``), ``--status``,
     ``--collect``, and submitting to SLURM (``--executor slurm``)."""
-    preset = preset_from_args(args)
+    preset = spec.load()
     if args.workers != 1:
         raise UserError("--workers is for --executor local; on SLURM every run is its own task")
     if args.run_key:
-        return run_scheduled(args, lambda: _run_key(args, preset))
+        return run_scheduled(args, lambda: _run_key(args.run_key, spec, preset))
     if args.status and args.collect:
         raise UserError("--status and --collect: give one of them (--status shows each run's state and changes "
                          "nothing; --collect imports the result files into runs.db, then reports)")
     if args.status:
-        lines, counts = status_lines(args, preset)
+        lines, counts = status_lines(spec.out, preset, spec.options)
         print("\n".join(lines))
         print(f"bench {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         return 0
     if args.collect:
-        return _collect(args, preset)
+        return _collect(args, spec, preset)
 
-    calibkit.bench.preflight.check_bench(preset, args.out, seeds=args.seeds, methods=args.methods,
-                                         data_dir=args.data_dir, csm_store=args.csm_store)
-    ids = submit_bench(args, preset, dry_run=args.dry_run)
+    opts = spec.options
+    calibkit.bench.preflight.check_bench(preset, spec.out, seeds=_seq(opts.seeds), methods=_seq(opts.methods),
+                                         data_dir=opts.data_dir, csm_store=opts.csm_store)
+    argv = submission_argv(spec, ("bench", "tune", "select") if opts.tune else ("bench",))
+    ids = submit_bench(spec.out, preset, opts, slurm_options(args), argv, dry_run=args.dry_run)
     if not ids:
         print(f"bench {preset.name}: nothing to submit (every run is done, queued or running; see --status)")
     elif not args.dry_run:
@@ -109,22 +137,27 @@ def _elsewhere(args) -> int:
     return 0
 
 
-def _run_key(args, preset) -> int:
-    """Run the one run ``args.run_key`` and write its result file (a scheduler's task)."""
-    name, method, seed = split_run_key(args.run_key)
+def _seq(values) -> list | None:
+    return None if values is None else list(values)
+
+
+def _run_key(key: str, spec, preset) -> int:
+    """Run the one run ``key`` of ``spec`` and write its result file (a scheduler's task)."""
+    name, method, seed = split_run_key(key)
     if name != preset.name:
-        raise UserError(f"--run-key {args.run_key} is not a run of preset {preset.name}")
-    group = D.setup(args.device)  # one process group for the tuner's and the bench's views
+        raise UserError(f"--run-key {key} is not a run of preset {preset.name}")
+    opts = spec.options
+    group = D.setup(opts.device)  # one process group for the tuner's and the bench's views
     try:
-        if args.tune:
-            tuner = Tuner(preset, args.out, methods=args.methods, data_dir=args.data_dir, device=args.device,
-                          num_threads=args.num_threads, csm_store=args.csm_store, store=ResultFiles(args.out))
+        if opts.tune:
+            tuner = Tuner(preset, spec.out, methods=_seq(opts.methods), data_dir=opts.data_dir, device=opts.device,
+                          num_threads=opts.num_threads, csm_store=opts.csm_store, store=ResultFiles(spec.out))
             try:
                 preset = tuner.tuned_preset()
             finally:
                 tuner.close()
-        bench = Bench(preset, args.out, seeds=[seed], methods=[method], data_dir=args.data_dir, device=args.device,
-                      num_threads=args.num_threads, csm_store=args.csm_store, store=ResultFiles(args.out))
+        bench = Bench(preset, spec.out, seeds=[seed], methods=[method], data_dir=opts.data_dir, device=opts.device,
+                      num_threads=opts.num_threads, csm_store=opts.csm_store, store=ResultFiles(spec.out))
         try:
             counts = bench.run_one(seed, method)
         finally:
@@ -134,25 +167,26 @@ def _run_key(args, preset) -> int:
     return 1 if counts.failed else 0
 
 
-def _collect(args, preset) -> int:
+def _collect(args, spec, preset) -> int:
     """Import the result files, name every run of the grid without a finished result (one line each
     on stderr), then the table and report; exit 1 when a run is missing (no result and no live task:
     submit the same command again), 0 when every run is finished or still queued or running."""
-    check_bench_folder(args.out)
-    counts = collect(args.out)
-    print(collect_line(args.out, counts))
-    seeds = list(args.seeds if args.seeds is not None else preset.seeds)
-    methods, _ = grid_methods(preset, args.methods)
+    out, opts = spec.out, spec.options
+    check_bench_folder(out)
+    counts = collect(out)
+    print(collect_line(out, counts))
+    seeds = list(opts.seeds if opts.seeds is not None else preset.seeds)
+    methods, _ = grid_methods(preset, _seq(opts.methods))
     keys = [run_key(preset.name, m, s) for s in seeds for m in methods]
-    left = unfinished(args.out, keys, read_recorded(args.out, keys))
+    left = unfinished(out, keys, read_recorded(out, keys))
     missing = [key for key, state, _ in left if state not in LIVE]
     for key, state, detail in left:
-        print(f"collect {args.out}: {key}: {state}" + (f" ({detail})" if detail else ""), file=sys.stderr)
+        print(f"collect {out}: {key}: {state}" + (f" ({detail})" if detail else ""), file=sys.stderr)
     if missing:
-        print(f"collect {args.out}: {len(missing)} run(s) missing ({', '.join(missing)}); run the same submission "
+        print(f"collect {out}: {len(missing)} run(s) missing ({', '.join(missing)}); run the same submission "
               "command again to submit them", file=sys.stderr)
     if not args.no_report and counts["files"]:
-        rep = calibkit.report.build_report(args.out, preset=preset.name)
+        rep = calibkit.report.build_report(out, preset=preset.name)
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")

@@ -1,5 +1,6 @@
-"""What ``bench`` and ``tune`` share when they run: the SLURM options' checks, one scheduled task's
-run, the failures' lines and the sharing of the runs with ``--workers`` processes."""
+"""What ``bench`` and ``tune`` share when they run: the SLURM options' checks and the arguments of
+the tasks, one scheduled task's run, the failures' lines and the sharing of the runs with
+``--workers`` processes, which read the bench's spec file."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import os
 import subprocess
 import sys
 
-from calibkit.bench.slurm_plan import options
+from calibkit.bench.slurm import SlurmOptions
 from calibkit.bench.slurm_values import check_text
-from calibkit.bench.workers import reaper, release_workers, wait_workers
+from calibkit.bench.workers import await_start, reaper, release_workers, wait_workers, warm_up
 from calibkit.errors import UserError
 from calibkit.pipeline import Sharing
+from calibkit.pipeline.spec import BenchSpec, read_spec
 from calibkit.train import preempt
 
 
@@ -29,7 +31,7 @@ def check_executor(args) -> None:
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(item, str):
                     check_text("--" + name.replace("_", "-"), item)
-        options(args)
+        slurm_options(args)
         return
     given = [flag for flag, value in (("--dry-run", args.dry_run), ("--partition", args.partition),
                                       ("--account", args.account), ("--qos", args.qos), ("--time", args.time),
@@ -39,6 +41,30 @@ def check_executor(args) -> None:
                                       ("--signal", args.signal)) if value]
     if given:
         raise UserError(f"{given[0]} is an option of --executor slurm")
+
+
+def slurm_options(args) -> SlurmOptions:
+    """The validated :class:`calibkit.bench.slurm.SlurmOptions` of a command line (ValueError
+    naming the first bad one)."""
+    return SlurmOptions(partition=args.partition, account=args.account, qos=args.qos, time=args.time,
+                        gpus_per_run=args.gpus_per_run, cpus_per_run=args.cpus_per_run, mem=args.mem,
+                        array_parallelism=args.array_parallelism, sbatch_args=tuple(args.sbatch_arg or ()),
+                        requeue=args.requeue, signal_s=args.signal).validate()
+
+
+def submission_argv(spec, commands) -> dict[str, list[str]]:
+    """Write the spec file of a ``--executor slurm`` submission (a ``bench --tune`` also its tuning's);
+    returns the calibkit arguments of each kind of task (``commands``: of ``bench``, ``tune``,
+    ``select``), each reading its spec file (the script adds ``--run-key``)."""
+    tune = spec
+    if spec.command == "bench":
+        tune = BenchSpec("tune", spec.preset, spec.out, spec.options.tune_options(), changes=spec.changes)
+    argv = {}
+    for command in commands:
+        own = spec if command == spec.command else tune
+        more = ("--select-only",) if command == "select" else ()
+        argv[command] = own.argv(own.write(), *more)
+    return argv
 
 
 def run_scheduled(args, run) -> int:
@@ -72,22 +98,39 @@ def print_failures(command: str, failures: list[str], where: str) -> None:
               file=sys.stderr)
 
 
-def worker_sharing(args, waiting: list, head: str, noun: str):
-    """The :class:`calibkit.pipeline.Sharing` of ``bench``/``tune`` with ``--workers``: an extra
-    worker's (released by its caller), or the caller's, releasing the ``waiting`` processes before
-    the first run and waiting for them after the last (``head``, ``noun``: its message's words)."""
-    if args.await_start:
-        return Sharing(released=True)
+def worker_argv(spec) -> list[str]:
+    """The calibkit arguments of an extra worker of ``--workers N``: wait to be released, then run
+    ``spec`` from its file (written on release, :func:`worker_sharing`)."""
+    return spec.argv(os.path.abspath(spec.path()), "--await-start")
+
+
+def worker_sharing(args, spec, waiting: list, head: str, noun: str):
+    """The :class:`calibkit.pipeline.Sharing` of ``bench``/``tune`` with ``--workers``: the caller's,
+    writing ``spec``'s file and releasing the ``waiting`` processes before the first run and waiting
+    for them after the last (``head``, ``noun``: its message's words)."""
     if not waiting:
         return Sharing()
 
     workers: list = []
 
     def start() -> None:
-        workers.extend(release_workers(waiting, args.out))
+        spec.write()  # every check has passed: the workers read it once released
+        workers.extend(release_workers(waiting, spec.out))
         waiting.clear()
-        print(f"{head}: {args.workers} processes share the {noun} (the others log to {args.out}/logs/worker-K.log)")
+        print(f"{head}: {args.workers} processes share the {noun} (the others log to {spec.out}/logs/worker-K.log)")
 
     return Sharing(start=start, finish=lambda interrupted: wait_workers(workers, interrupted=interrupted),
                    reap=reaper(workers))
 
+
+def await_spec(args, command: str):
+    """In an extra worker of ``--workers N``: wait to be released, then read the spec file; None
+    when the caller closed the input (the bench will not run: do nothing)."""
+    if args.spec is None:
+        raise UserError("--await-start: give the --spec FILE of the bench that starts this worker")
+    warm_up(None)  # while the caller checks (the device, and so the CUDA context, once released)
+    if await_start() is None:
+        return None
+    spec = read_spec(args.spec, command)
+    warm_up(spec.options.device)
+    return spec

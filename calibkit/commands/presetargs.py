@@ -1,6 +1,6 @@
 """The preset options of ``calibkit bench`` and ``tune``: ``--preset NAME|FILE`` and the flags of
-the common case on top of it (``calibkit.bench.overrides``). The processes a bench starts are given
-the same options back (:func:`calibkit.bench.presetargv.preset_argv`)."""
+the common case on top of it (``calibkit.bench.overrides``), and the hidden ``--spec FILE`` with which
+the processes a bench starts read the bench's spec file (:mod:`calibkit.pipeline.spec`)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,26 @@ def add_preset_options(p, names) -> None:
     g.add_argument("--ood", metavar="SET", help="OOD set: digits, noise, none, a data set name, or a folder or "
                    ".npz/.safetensors file of your OOD inputs (default: the preset's; none for your own data)")
     g.add_argument("--name", help="name of the changed preset (default: the preset's name + what changed)")
+    # a process a bench or tuning started: run the spec file its starter wrote (the other options are not read)
+    p.add_argument("--spec", metavar="FILE", help=argparse.SUPPRESS)
+
+
+def changes_from_args(args) -> dict:
+    """The preset's changes ``args`` ask for, as :func:`calibkit.bench.overrides.with_flags`'s keywords."""
+    return {"name": args.name, "dataset": args.data, "model": args.model, "epochs": args.epochs, "lr": args.lr,
+            "batch_size": args.batch_size, "val_size": args.val_size, "train_subset": args.train_subset,
+            "augment": args.augment, "ood": args.ood}
+
+
+def spec_from_args(args, command: str, options):
+    """The :class:`calibkit.pipeline.spec.BenchSpec` of a ``bench``/``tune`` command line: the file
+    of ``--spec`` when given (a process a bench started), else ``--preset``, its changes, ``--out``
+    and ``options`` (the command's options, built from ``args``, called only then)."""
+    from calibkit.pipeline.spec import BenchSpec, read_spec  # noqa: PLC0415 (start-up: the parsers import this module)
+
+    if args.spec is not None:
+        return read_spec(args.spec, command)
+    return BenchSpec(command, args.preset, args.out, options(), changes=changes_from_args(args))
 
 
 def preset_from_args(args):
@@ -39,8 +59,5 @@ def preset_from_args(args):
     from calibkit.bench.overrides import with_flags  # noqa: PLC0415
     from calibkit.bench.presetfile import load_preset  # noqa: PLC0415
 
-    preset = with_flags(load_preset(args.preset), name=args.name, dataset=args.data, model=args.model,
-                        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, val_size=args.val_size,
-                        train_subset=args.train_subset, augment=args.augment, ood=args.ood)
-    return with_keep(preset, args.keep)
+    return with_keep(with_flags(load_preset(args.preset), **changes_from_args(args)), args.keep)
 

@@ -9,11 +9,20 @@ from calibkit.bench.preflight import check_out
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.bench.slurm_plan import status_lines, submit_tune
 from calibkit.bench.tune import Tuner
-from calibkit.bench.workers import await_start, run_with_workers, tune_worker_argv, warm_up
-from calibkit.commands.executing import check_executor, print_failures, run_scheduled, worker_sharing
-from calibkit.commands.presetargs import preset_from_args
+from calibkit.bench.workers import run_with_workers
+from calibkit.commands.executing import (
+    await_spec,
+    check_executor,
+    print_failures,
+    run_scheduled,
+    slurm_options,
+    submission_argv,
+    worker_argv,
+    worker_sharing,
+)
+from calibkit.commands.presetargs import spec_from_args
 from calibkit.errors import UserError, UserRuntimeError
-from calibkit.pipeline import TuneOptions, run_tune, tune_report
+from calibkit.pipeline import Sharing, TuneOptions, run_spec, tune_report
 from calibkit.store.files import ResultFiles
 
 
@@ -30,9 +39,12 @@ def run(args) -> int:
     if args.workers > 1 and args.executor != "local":
         raise UserError("--workers shares the candidates between local processes; with --executor slurm use "
                          "--workers 1")
+    if args.await_start:  # an extra worker of --workers N
+        return _worker(args)
 
-    argv = tune_worker_argv(args) if args.workers > 1 else None
-    return run_with_workers(args, lambda waiting: _run(args, waiting), argv)
+    spec = spec_from_args(args, "tune", lambda: options_from_args(args))
+    return run_with_workers(args.workers, lambda waiting: _run(args, spec, waiting), worker_argv(spec),
+                            spec.options.store)
 
 
 def options_from_args(args):
@@ -41,31 +53,35 @@ def options_from_args(args):
         check_seeds([args.seed], "--seed")  # named as the flag, before the options name the field
     return TuneOptions(methods=args.methods, seed=args.seed, data_dir=args.data_dir, device=args.device,
                        num_threads=args.num_threads, csm_store=args.csm_store, csm_build=args.csm_build,
-                       store=args.store, keep=args.keep, max_extensions=args.max_extensions,
-                       report=not args.await_start)  # an extra worker prints no table: its caller does
+                       store=args.store, keep=args.keep, max_extensions=args.max_extensions)
 
 
-def _run(args, waiting: list) -> int:
-    preset = preset_from_args(args)
-    check_out(args.out)  # before the database is created: not into a training run's directory
+def _worker(args) -> int:
+    """An extra worker of ``tune --workers N``: released once its caller's checks pass, it tunes
+    from the spec file and prints no table (its caller does)."""
+    spec = await_spec(args, "tune")
+    if spec is None:
+        return 0
+    result = run_spec(spec.with_options(report=False), sharing=Sharing(released=True))
+    return 1 if result.counts.failed else 0
+
+
+def _run(args, spec, waiting: list) -> int:
+    preset = spec.load()
+    check_out(spec.out)  # before the database is created: not into a training run's directory
     if args.status and args.collect:
         raise UserError("--status and --collect: give one of them (--status shows each candidate's state and "
                          "changes nothing; --collect imports the result files into runs.db, then prints the tuning)")
     if args.run_key or args.select_only or args.status or args.executor != "local":
-        return _elsewhere(args, preset)
+        return _elsewhere(args, spec, preset)
     if args.collect:
-        check_bench_folder(args.out)
-        print(collect_line(args.out, collect(args.out)))
-        return _print_tuning(args, preset)
-    options = options_from_args(args)
-    if args.await_start:  # an extra worker: the caller has checked everything before releasing it
-        warm_up(args.device)
-        if await_start() is None:
-            return 0
+        check_bench_folder(spec.out)
+        print(collect_line(spec.out, collect(spec.out)))
+        return _print_tuning(spec, preset)
 
-    sharing = worker_sharing(args, waiting, f"tune {preset.name}", "candidates")
-    result = run_tune(preset, args.out, options, sharing=sharing)
-    if not result.main or args.await_start:
+    sharing = worker_sharing(args, spec, waiting, f"tune {preset.name}", "candidates")
+    result = run_spec(spec, sharing=sharing)
+    if not result.main:
         return 1 if result.counts.failed else 0
 
     for line in result.worker_failures:
@@ -86,8 +102,8 @@ def _print_report(report) -> None:
         print(f"validation curves: {report.figure}; every candidate: {report.json}")
 
 
-def _print_tuning(args, preset) -> int:
-    _print_report(tune_report(args.out, preset.name, args.store))
+def _print_tuning(spec, preset) -> int:
+    _print_report(tune_report(spec.out, preset.name, spec.options.store))
     return 0
 
 
@@ -98,26 +114,27 @@ def print_no_extension(name: str, ids: dict, command: str) -> None:
               "(docs/cluster.md, Tuning first)")
 
 
-def _elsewhere(args, preset) -> int:
+def _elsewhere(args, spec, preset) -> int:
     """One scheduled candidate (``--run-key``), the selection job (``--select-only``), ``--status``
     and submitting (``--executor slurm``); see :mod:`calibkit.bench.slurm`."""
+    opts = spec.options
     if args.status:
-        args.tune, args.seeds = True, []
-        lines, counts = status_lines(args, preset)
+        lines, counts = status_lines(spec.out, preset, opts)
         print("\n".join(lines))
         print(f"tune {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
         return 0
     if args.executor == "slurm" and not (args.run_key or args.select_only):
-        ids = submit_tune(args, preset, dry_run=args.dry_run)
+        ids = submit_tune(spec.out, preset, opts, slurm_options(args), submission_argv(spec, ("tune", "select")),
+                          dry_run=args.dry_run)
         if not ids:
             print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
         print_no_extension(preset.name, ids, "tune")
         return 0
 
     def one() -> int:
-        tuner = Tuner(preset, args.out, methods=args.methods, seed=args.seed, data_dir=args.data_dir,
-                      device=args.device, num_threads=args.num_threads, csm_store=args.csm_store,
-                      store=ResultFiles(args.out))
+        tuner = Tuner(preset, spec.out, methods=None if opts.methods is None else list(opts.methods), seed=opts.seed,
+                      data_dir=opts.data_dir, device=opts.device, num_threads=opts.num_threads,
+                      csm_store=opts.csm_store, store=ResultFiles(spec.out))
         try:
             if args.select_only:
                 chosen = tuner.select_all() if tuner.dd.is_main else {}

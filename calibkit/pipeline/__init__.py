@@ -22,15 +22,17 @@ Decisions: ``preset`` is a :class:`~calibkit.bench.grid.Preset`, a shipped prese
 path of a preset TOML file (a ``str`` that names a shipped preset is that preset; a
 ``pathlib.Path`` is always a file). The options are frozen dataclasses checked when they are
 made (a bad value is a :class:`~calibkit.errors.UserError` naming the field), so one options
-object can be reused for several benches. The local ``--workers N`` processes of the command line
-and its SLURM executor stay with the command line; they reach these functions through
-:class:`Sharing`, which a Python caller leaves out.
+object can be reused for several benches. A :class:`BenchSpec` is one bench or tuning as one value
+(preset, directory, options), written to a JSON file in the output directory that the command
+line's ``--workers N`` processes and SLURM tasks read (:func:`run_spec` runs one); the local workers
+reach these functions through :class:`Sharing`, which a Python caller leaves out.
 """
 
 from __future__ import annotations
 
 from calibkit.pipeline.options import BenchOptions, BenchResult, Sharing, TuneOptions, TuneReport, TuneResult
-from calibkit.pipeline.run import load, run_bench, run_tune, tune_report, write_report
+from calibkit.pipeline.run import load, run_bench, run_spec, run_tune, tune_report, write_report
+from calibkit.pipeline.spec import BenchSpec, read_spec
 
-__all__ = ["BenchOptions", "BenchResult", "Sharing", "TuneOptions", "TuneReport", "TuneResult", "load",
-           "run_bench", "run_tune", "tune_report", "write_report"]
+__all__ = ["BenchOptions", "BenchResult", "BenchSpec", "Sharing", "TuneOptions", "TuneReport", "TuneResult", "load",
+           "read_spec", "run_bench", "run_spec", "run_tune", "tune_report", "write_report"]

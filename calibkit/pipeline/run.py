@@ -24,10 +24,11 @@ from calibkit.pipeline.options import (
     check_out,
     checked,
 )
+from calibkit.pipeline.spec import BenchSpec
 from calibkit.report.tuning import tuning_text, write_tuning_figure, write_tuning_json
 from calibkit.store import describe_store
 
-__all__ = ["load", "run_bench", "run_tune", "tune_report", "write_report"]
+__all__ = ["load", "run_bench", "run_spec", "run_tune", "tune_report", "write_report"]
 
 PresetLike = Preset | str | PathLike
 
@@ -180,6 +181,18 @@ def run_bench(preset: PresetLike, out, options: BenchOptions | None = None, *, s
     if options.report and result.main:
         result.report = write_report(out, ran.name, options)
     return result
+
+
+def run_spec(spec: BenchSpec, *, sharing: Sharing | None = None) -> BenchResult | TuneResult:
+    """What ``spec`` says: :func:`run_bench` or :func:`run_tune` of its preset, directory and options
+    (what ``calibkit bench``/``tune``, their ``--workers`` processes and their SLURM tasks run)."""
+    if not isinstance(spec, BenchSpec):
+        raise UserError(f"spec: expected a calibkit.pipeline.BenchSpec, got a {type(spec).__name__}")
+    if spec.command == "tune":
+        assert isinstance(spec.options, TuneOptions)  # checked when the spec was made
+        return run_tune(spec.load(), spec.out, spec.options, sharing=sharing)
+    assert isinstance(spec.options, BenchOptions)
+    return run_bench(spec.load(), spec.out, spec.options, sharing=sharing)
 
 
 def _grid(preset: Preset, out, options: BenchOptions, sharing: Sharing) -> BenchResult:

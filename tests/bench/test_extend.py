@@ -204,19 +204,23 @@ def test_a_tune_that_cannot_read_its_data_exits_1_and_creates_nothing(tmp_path, 
 def test_tune_worker_arguments_are_the_same_tuning(tmp_path):
     import argparse
 
-    from calibkit.bench.workers import tune_worker_argv
-    from calibkit.commands.parsers import tune as tune_cmd
+    from calibkit.commands import tune as tune_cmd
+    from calibkit.commands.executing import worker_argv
+    from calibkit.commands.parsers import tune as tune_parser
+    from calibkit.commands.presetargs import spec_from_args
 
     p = argparse.ArgumentParser()
-    tune_cmd.register(p.add_subparsers())
-    args = p.parse_args(["tune", "--preset", "smoke", "--out", "o", "--methods", "ls", "mbls", "--seed", "3",
-                         "--data-dir", "d", "--keep", "last", "--num-threads", "1", "--max-extensions", "1",
+    tune_parser.register(p.add_subparsers())
+    args = p.parse_args(["tune", "--preset", "smoke", "--out", str(tmp_path), "--methods", "ls", "mbls", "--seed",
+                         "3", "--data-dir", "d", "--keep", "last", "--num-threads", "1", "--max-extensions", "1",
                          "--workers", "3"])
-    child = p.parse_args(tune_worker_argv(args))
-    for name in ("preset", "out", "methods", "seed", "data_dir", "csm_store", "device", "keep", "num_threads",
-                 "max_extensions"):
-        assert getattr(child, name) == getattr(args, name), name
+    spec = spec_from_args(args, "tune", lambda: tune_cmd.options_from_args(args))
+    spec.write()
+    child = p.parse_args(worker_argv(spec))
     assert child.workers == 1 and child.await_start and not args.await_start
+    opts = spec_from_args(child, "tune", None).options
+    assert opts == spec.options and (opts.methods, opts.seed, opts.data_dir, opts.keep, opts.num_threads,
+                                     opts.max_extensions) == (("ls", "mbls"), 3, "d", "last", 1, 1)
 
 
 @pytest.mark.slow

@@ -207,19 +207,22 @@ def test_hosts_recording_the_same_preset_at_once_do_not_collide(tmp_path):
     assert (tmp_path / "presets" / "smoke.toml").stat().st_mode & 0o777 == 0o644
 
 
-def test_the_extra_workers_build_the_same_preset():
-    from calibkit.bench.workers import worker_argv
+def test_the_extra_workers_build_the_same_preset(tmp_path):
     from calibkit.cli import build_parser
-    from calibkit.commands.presetargs import preset_from_args
+    from calibkit.commands import bench as bench_cmd
+    from calibkit.commands.executing import worker_argv
+    from calibkit.commands.presetargs import preset_from_args, spec_from_args
 
     parser = build_parser()
     args = parser.parse_args(["bench", "--preset", "cifar10", "--epochs", "35", "--no-augment", "--val-size", "0.2",
-                              "--lr", "0.0125", "--data", "imagefolder", "--ood", "my ood", "--out", "x",
+                              "--lr", "0.0125", "--data", "imagefolder", "--ood", "my ood", "--out", str(tmp_path),
                               "--workers", "2"])
     mine = preset_from_args(args)
     assert mine.name == "cifar10+data=imagefolder,epochs=35,lr=0.0125,val_size=0.2,augment=off,ood=my-ood"
-    again = parser.parse_args(worker_argv(args))
-    assert again.await_start and preset_from_args(again) == mine
+    spec = spec_from_args(args, "bench", lambda: bench_cmd.options_from_args(args))
+    spec.write()
+    again = parser.parse_args(worker_argv(spec))
+    assert again.await_start and spec_from_args(again, "bench", None).load() == mine
 
 
 def test_a_changed_preset_under_a_recorded_name_is_refused(tmp_path):

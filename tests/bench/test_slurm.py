@@ -121,6 +121,12 @@ def test_smoke_grid_through_slurm_equals_the_local_bench(cluster, env, tmp_path)
         for col in ("metrics", "ood", "robustness", "config"):
             assert ra[key][col] == rb[key][col], (key, col)
         assert rb[key]["owner"].startswith("slurm:")
+        preset, method, seed = key.split("/")  # the same logits, byte for byte
+        a_logits, b_logits = (tmp_path / d / "runs" / preset / method / f"seed{seed}" / "logits.safetensors"
+                              for d in ("local", "viaslurm"))
+        assert a_logits.read_bytes() == b_logits.read_bytes(), key
+    (spec,) = (tmp_path / "viaslurm" / "specs").iterdir()  # every task read the bench's one spec file
+    assert f"--spec {spec.resolve()}" in (tmp_path / "viaslurm" / "slurm" / "001-ce.sh").read_text()
     tables = [ranking(build_report(tmp_path / d, preset="smoke", figures=False)["text"]) for d in ("local", "viaslurm")]
     assert tables[0] == tables[1] and sum(bool(re.match(r"\d+ ", line)) for line in tables[0]) == 4  # 4 ranks
 

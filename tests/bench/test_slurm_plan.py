@@ -8,6 +8,7 @@ import pytest
 from calibkit.bench.grid import METHODS
 from calibkit.bench.slurm import _ranges
 from calibkit.cli import main
+from calibkit.pipeline.spec import read_spec
 from calibkit.store import files as R
 
 ONE_STAGE = [m for m in METHODS if m != "ce" and METHODS[m].kind == "train"]
@@ -44,7 +45,9 @@ def test_one_array_per_stage_and_shape_with_dependencies(tmp_path, capsys):
     assert "#SBATCH --gres=gpu:2" in csm and "--nproc_per_node=2" in csm
     # the forwarded signal goes to torchrun's workers, not to the launcher
     assert "kill -USR1 $(ps -o pid= --ppid \"$child\")" in ce and 'kill -USR1 "$child"' in maccal
-    assert '--run-key "$key"' in ce and "--seeds 0 1" in ce
+    assert '--run-key "$key"' in ce and "--spec" in ce and "--seeds" not in ce  # every value in the spec file
+    (spec,) = re.findall(r"--spec (\S+)", ce)
+    assert read_spec(spec, "bench").options.seeds == (0, 1)
     lines = [line.strip() for line in said.splitlines() if "sbatch" in line]
     assert lines[0].startswith("ce=$(sbatch --parsable ") and lines[0].endswith("001-ce.sh)")
     assert "--dependency=aftercorr:$ce " in lines[2] and lines[2].startswith("maccal=")
@@ -82,7 +85,10 @@ def test_bench_tune_chain_candidates_selection_then_bench(tmp_path, capsys):
     assert len(read(tmp_path, "001-tune-train.keys").splitlines()) == len(METHODS["ls"].space["loss.alpha"].values)
     select = read(tmp_path, "001-tune-select.sh")
     assert "--select-only" in select and "--array" not in select and "--run-key" not in select
-    assert "bench --preset smoke" in read(tmp_path, "001-ce.sh") and " --tune" in read(tmp_path, "001-ce.sh")
+    (spec,) = re.findall(r"-m calibkit bench --out \S+ --spec (\S+)", read(tmp_path, "001-ce.sh"))
+    assert read_spec(spec, "bench").options.tune and read_spec(spec, "bench").preset == "smoke"
+    (tuning,) = set(re.findall(r"-m calibkit tune --out \S+ --spec (\S+)", select + read(tmp_path, "001-tune-ce.sh")))
+    assert read_spec(tuning, "tune").options.methods == ("ls", "maccal")
     note = "bench smoke: on SLURM the grids are not extended: a selection on a grid edge is kept"
     assert note in said
 
@@ -133,39 +139,52 @@ def test_status_from_result_files_without_a_queue(tmp_path, capsys):
 
 # -- the planning functions alone (a stand-in for the result files and the queue) ------------------
 from argparse import Namespace  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
 from calibkit.bench import slurm_plan as SP  # noqa: E402
 from calibkit.bench.slurm import Array, SlurmOptions  # noqa: E402
+from calibkit.pipeline import BenchOptions, TuneOptions  # noqa: E402
 
-PRESET_FLAGS = dict(preset="smoke", data=None, model=None, epochs=None, lr=None, batch_size=None, val_size=None,
-                    train_subset=None, ood=None, name=None, augment=None)
-
-
-def test_task_argv_of_each_command_forwards_every_option():
-    args = Namespace(**PRESET_FLAGS, out="/o", device="cuda", tune=True, seeds=[0, 1], methods=["ls", "ce"], seed=7,
-                     data_dir="/d", csm_store="/c", keep="logits", num_threads=4)
-    head = ["--preset", "smoke", "--out", "/o", "--device", "cuda"]
-    tail = ["--data-dir", "/d", "--csm-store", "/c", "--keep", "logits", "--num-threads", "4"]
-    assert SP.task_argv(args, "bench") == ["bench", *head, "--no-report", "--workers", "1", "--tune",
-                                           "--seeds", "0", "1", "--methods", "ls", "ce", *tail]
-    assert SP.task_argv(args, "tune") == ["tune", *head, "--methods", "ls", "ce", "--seed", "7", *tail]
-    assert (SP.task_argv(args, "select")
-            == ["tune", *head, "--select-only", "--methods", "ls", "ce", "--seed", "7", *tail])
-    # a command without --tune, --seeds or --seed (tune's namespace has no --seeds, bench's no --seed)
-    bare = Namespace(**PRESET_FLAGS, out="/o", device="cpu", methods=None, data_dir=None, csm_store=None, keep=None,
-                     num_threads=None)
-    assert SP.task_argv(bare, "bench") == ["bench", "--preset", "smoke", "--out", "/o", "--device", "cpu",
-                                           "--no-report", "--workers", "1"]
-    assert SP.task_argv(bare, "tune") == ["tune", "--preset", "smoke", "--out", "/o", "--device", "cpu"]
-    bare.seed = 0  # seed 0 is a seed
-    assert SP.task_argv(bare, "tune")[-2:] == ["--seed", "0"] and "--seed" not in SP.task_argv(bare, "bench")
+SLURM = SlurmOptions()
+ARGV = {"bench": ["bench", "--out", "o", "--spec", "b.json"], "tune": ["tune", "--out", "o", "--spec", "t.json"],
+        "select": ["tune", "--out", "o", "--spec", "t.json", "--select-only"]}
 
 
-def test_options_take_every_flag():
+def _tuned_at_7():
+    """The smoke preset with selection seed 7."""
+    from calibkit.bench.grid import PRESETS
+
+    return replace(PRESETS["smoke"], tune_seed=7)
+
+
+def test_the_tasks_read_the_spec_files_of_the_submission(tmp_path):
+    from calibkit.commands.executing import submission_argv
+    from calibkit.pipeline.spec import BenchSpec, read_spec
+
+    out = str(tmp_path / "o")
+    opts = BenchOptions(seeds=(0, 1), methods=("ls", "ce"), data_dir="/d", device="cuda", csm_store="/c",
+                        keep="last", num_threads=4, tune=True)
+    spec = BenchSpec("bench", "smoke", out, opts, changes={"lr": 0.5})
+    argv = submission_argv(spec, ("bench", "tune", "select"))
+    bench, tune = (f"{out}/specs/{c}-" for c in ("bench", "tune"))
+    assert argv["bench"][:4] == ["bench", "--out", out, "--spec"] and argv["bench"][4].startswith(bench)
+    assert argv["tune"][:4] == ["tune", "--out", out, "--spec"] and argv["tune"][4].startswith(tune)
+    assert argv["select"] == [*argv["tune"], "--select-only"] and len(argv["bench"]) == len(argv["tune"]) == 5
+    assert read_spec(argv["bench"][4], "bench") == spec  # every option, the preset and its changes
+    tuning = read_spec(argv["tune"][4], "tune")  # bench --tune's tuning: the same values, tuned on the preset's seed
+    assert tuning.options == opts.tune_options() and (tuning.preset, tuning.changes) == ("smoke", {"lr": 0.5})
+    # a tuning's submission has no bench tasks; its spec is the tuning's own
+    alone = BenchSpec("tune", "smoke", out, TuneOptions(seed=0))
+    assert read_spec(submission_argv(alone, ("tune", "select"))["tune"][4], "tune") == alone
+
+
+def test_slurm_options_take_every_flag():
+    from calibkit.commands.executing import slurm_options
+
     args = Namespace(partition="gpu", account="acc", qos="high", time="1:00:00", gpus_per_run=2, cpus_per_run=8,
                      mem="32G", array_parallelism=3, sbatch_arg=["--constraint=a100"], requeue=True, signal=120)
-    assert SP.options(args) == SlurmOptions("gpu", "acc", "high", "1:00:00", 2, 8, "32G", 3, ("--constraint=a100",),
-                                            True, 120)
+    assert slurm_options(args) == SlurmOptions("gpu", "acc", "high", "1:00:00", 2, 8, "32G", 3, ("--constraint=a100",),
+                                               True, 120)
 
 
 def test_task_shape_and_the_task_holding_a_key():
@@ -256,13 +275,10 @@ def test_submit_bench_hands_the_planned_arrays_to_submit(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(SP, "submit",
                         lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {"x": 1})
-    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=None, data_dir=None,
-                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
-                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
-                     signal=None)
-    assert SP.submit_bench(args, PRESETS["smoke"]) == {"x": 1}
+    opts = BenchOptions(device="cpu", methods=("ls",))
+    assert SP.submit_bench(tmp_path, PRESETS["smoke"], opts, SLURM, ARGV) == {"x": 1}
     ((arrays, argv, dry_run),) = calls
-    assert dry_run is False and argv == {"bench": SP.task_argv(args, "bench")}
+    assert dry_run is False and argv == ARGV
     seeds = PRESETS["smoke"].seeds
     assert [(a.stage, sorted(a.tasks.values())) for a in arrays] == [
         ("ce", [f"smoke/ce/{s}" for s in seeds]), ("train", [f"smoke/ls/{s}" for s in seeds])]
@@ -271,7 +287,7 @@ def test_submit_bench_hands_the_planned_arrays_to_submit(monkeypatch, tmp_path):
             files = R.ResultFiles(tmp_path)
             files.claim(f"smoke/{m}/{s}", preset="smoke", method=m, seed=s)
             files.finish(f"smoke/{m}/{s}", metrics={})
-    assert SP.submit_bench(args, PRESETS["smoke"]) == {} and len(calls) == 1
+    assert SP.submit_bench(tmp_path, PRESETS["smoke"], opts, SLURM, ARGV) == {} and len(calls) == 1
 
 
 def test_submit_bench_cancels_the_tasks_stuck_on_a_failed_dependency_then_submits_their_runs(monkeypatch, tmp_path,
@@ -293,11 +309,8 @@ def test_submit_bench_cancels_the_tasks_stuck_on_a_failed_dependency_then_submit
         return Namespace(returncode=0, stdout="", stderr="")
 
     monkeypatch.setattr(S.subprocess, "run", run)
-    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls", "maccal"], seeds=[0], data_dir=None,
-                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
-                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
-                     signal=None)
-    assert SP.submit_bench(args, PRESETS["smoke"]) == {"x": 1}
+    args = (tmp_path, PRESETS["smoke"], BenchOptions(device="cpu", methods=("ls", "maccal"), seeds=(0,)), SLURM, ARGV)
+    assert SP.submit_bench(*args) == {"x": 1}
     # the stuck task is cancelled first, then CE and MaC-Cal are submitted again (MaC-Cal after the new CE)
     assert order == [("scancel", ["41_0"]),
                      ("submit", [("ce", {0: "smoke/ce/0"}, [], []),
@@ -305,7 +318,7 @@ def test_submit_bench_cancels_the_tasks_stuck_on_a_failed_dependency_then_submit
     assert capsys.readouterr().out == "cancelled 1 task(s) stuck on a dependency that failed: 41_0\n"
     # a dry run cancels nothing and says so
     order.clear()
-    SP.submit_bench(args, PRESETS["smoke"], dry_run=True)
+    SP.submit_bench(*args, dry_run=True)
     assert [o[0] for o in order] == ["submit"] and len(ran) == 1
     assert capsys.readouterr().out == "dry run: would cancel 1 task(s) stuck on a dependency that failed: 41_0\n"
     # scancel refused: nothing submitted, one line saying what to do
@@ -314,7 +327,7 @@ def test_submit_bench_cancels_the_tasks_stuck_on_a_failed_dependency_then_submit
     order.clear()
     with pytest.raises(RuntimeError, match=r"^scancel 41_0 failed: scancel: error: Kill job error .* denied; "
                                            r"cancel them yourself, then run the same submission command again$"):
-        SP.submit_bench(args, PRESETS["smoke"])
+        SP.submit_bench(*args)
     assert order == []
 
 
@@ -326,8 +339,7 @@ def test_status_lines_of_a_bench_with_its_tuning_candidates(tmp_path):
     files.finish_candidate("smoke/ls/7/alpha=0.05", metrics={})
     files.claim("smoke/ls/3", preset="smoke", method="ls", seed=3)
     files.fail("smoke/ls/3", "ValueError: bad")
-    args = Namespace(out=tmp_path, seeds=[3], methods=["ls"], tune=True, seed=7, data_dir=None)
-    lines, counts = SP.status_lines(args, PRESETS["smoke"])
+    lines, counts = SP.status_lines(tmp_path, _tuned_at_7(), BenchOptions(seeds=(3,), methods=("ls",), tune=True))
     width = len("smoke/ls/7/alpha=0.01")
     cands = ["smoke/ce/7/default", *(f"smoke/ls/7/alpha={a:g}" for a in METHODS["ls"].space["loss.alpha"].values)]
     assert [line.split()[0] for line in lines] == [*cands, "smoke/ce/3", "smoke/ls/3"]  # candidates first
@@ -338,11 +350,12 @@ def test_status_lines_of_a_bench_with_its_tuning_candidates(tmp_path):
             == f"{'smoke/ls/3':<{width}}  {'failed':<13}  {R.result_path(tmp_path, 'smoke/ls/3')}: ValueError: bad")
     assert counts == {"not submitted": len(cands), "done": 1, "failed": 1}
     # without --tune: the bench's runs only; no seeds, no lines
-    args = Namespace(out=tmp_path, seeds=[3], methods=["ls"], data_dir=None)
-    assert SP.status_lines(args, PRESETS["smoke"])[0] == [f"smoke/ce/3  {'not submitted'}",
-                                                          f"smoke/ls/3  {'failed':<13}  {lines[-1].split(None, 2)[2]}"]
-    assert (SP.status_lines(Namespace(out=tmp_path, seeds=[], methods=["ls"], data_dir=None), PRESETS["smoke"])
-            == ([], {}))
+    opts = BenchOptions(seeds=(3,), methods=("ls",))
+    assert SP.status_lines(tmp_path, PRESETS["smoke"], opts)[0] == [
+        f"smoke/ce/3  {'not submitted'}", f"smoke/ls/3  {'failed':<13}  {lines[-1].split(None, 2)[2]}"]
+    # a tuning's options: its candidates only
+    lines, counts = SP.status_lines(tmp_path, PRESETS["smoke"], TuneOptions(methods=("ls",), seed=7))
+    assert [line.split()[0] for line in lines] == cands and counts == {"not submitted": len(cands) - 1, "done": 1}
     assert not (tmp_path / "runs.db").exists()
 
 
@@ -352,16 +365,13 @@ def test_submit_tune_plans_the_candidates_of_the_given_seed_then_the_bench(monke
     calls = []
     monkeypatch.setattr(SP, "submit",
                         lambda out, arrays, argv, opts, dry_run: calls.append((arrays, argv, dry_run)) or {})
-    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=[3], seed=7, data_dir=None,
-                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
-                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
-                     signal=None)
-    SP.submit_tune(args, PRESETS["smoke"])
+    SP.submit_tune(tmp_path, PRESETS["smoke"], TuneOptions(device="cpu", methods=("ls",), seed=7), SLURM, ARGV)
     ((arrays, argv, dry_run),) = calls
-    assert dry_run is False and argv == {c: SP.task_argv(args, c) for c in ("bench", "tune", "select")}
+    assert dry_run is False and argv == ARGV
     assert [a.stage for a in arrays] == ["tune-ce", "tune-train", "tune-select"]
     assert arrays[0].tasks == {0: "smoke/ce/7/default"} and all("/ls/7/" in k for k in arrays[1].tasks.values())
-    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    opts = BenchOptions(device="cpu", methods=("ls",), seeds=(3,), tune=True)  # bench --tune: tuned on seed 7
+    SP.submit_bench(tmp_path, _tuned_at_7(), opts, SLURM, ARGV)
     arrays = calls[1][0]
     assert [(a.stage, a.after) for a in arrays[3:]] == [("ce", [("afterok", "tune-select")]),
                                                         ("train", [("afterok", "tune-select")])]
@@ -375,11 +385,11 @@ def test_status_of_tuning_reads_candidate_files_only_and_takes_the_presets_seed(
     seed = PRESETS["smoke"].tune_seed
     path = R.candidate_path(tmp_path, f"smoke/ls/{seed}/alpha=0.05")
     R.write_atomic(path, {"format": R.FORMAT, "version": R.VERSION, "table": "runs", "row": {"status": "done"}})
-    args = Namespace(out=tmp_path, seeds=[0], methods=["ls"], tune=True, data_dir=None)  # bench's: no --seed
+    opts = BenchOptions(seeds=(0,), methods=("ls",), tune=True)  # a bench's: no seed of its own
     with pytest.raises(ValueError, match="a 'runs' result where a 'tuning' one was expected"):
-        SP.status_lines(args, PRESETS["smoke"])
+        SP.status_lines(tmp_path, PRESETS["smoke"], opts)
     path.unlink()
-    lines, _ = SP.status_lines(args, PRESETS["smoke"])
+    lines, _ = SP.status_lines(tmp_path, PRESETS["smoke"], opts)
     assert lines[0].split()[0] == f"smoke/ce/{seed}/default"
 
 
@@ -389,10 +399,7 @@ def test_submit_tune_with_everything_tuned_submits_no_selection_and_the_bench_wa
 
     calls = []
     monkeypatch.setattr(SP, "submit", lambda out, arrays, argv, opts, dry_run: calls.append(arrays) or {"j": 1})
-    args = Namespace(**PRESET_FLAGS, out=tmp_path, device="cpu", methods=["ls"], seeds=[3], seed=7, data_dir=None,
-                     csm_store=None, keep=None, num_threads=None, partition=None, account=None, qos=None, time=None,
-                     gpus_per_run=0, cpus_per_run=1, mem=None, array_parallelism=None, sbatch_arg=None, requeue=False,
-                     signal=None)
+    bench = (tmp_path, _tuned_at_7(), BenchOptions(device="cpu", methods=("ls",), seeds=(3,), tune=True), SLURM, ARGV)
     files = R.ResultFiles(tmp_path)
     tuner = Tuner(PRESETS["smoke"], tmp_path, methods=["ls"], seed=7, device="cpu", log=lambda *a: None, store=files)
     items = [(tuner.key(m, v), m, v) for m, v in tuner.items()]
@@ -402,11 +409,12 @@ def test_submit_tune_with_everything_tuned_submits_no_selection_and_the_bench_wa
         files.claim_candidate(key, preset="smoke", method=method, seed=7, hparams=values)
         files.finish_candidate(key, metrics={})
     # every candidate done but none selected: only the selection job, and the bench after it
-    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    SP.submit_bench(*bench)
     assert [(a.stage, a.after) for a in calls[-1]] == [("tune-select", []), ("ce", [("afterok", "tune-select")]),
                                                        ("train", [("afterok", "tune-select")])]
     files.select_candidate("smoke", "ls", 7, keys[1], {})
-    SP.submit_tune(args, PRESETS["smoke"], bench_after=True)
+    SP.submit_bench(*bench)
     assert [(a.stage, a.after) for a in calls[-1]] == [("ce", []), ("train", [])]  # nothing to wait for
     n = len(calls)
-    assert SP.submit_tune(args, PRESETS["smoke"]) == {} and len(calls) == n  # nothing to submit at all
+    tune = TuneOptions(device="cpu", methods=("ls",), seed=7)
+    assert SP.submit_tune(tmp_path, PRESETS["smoke"], tune, SLURM, ARGV) == {} and len(calls) == n  # nothing at all

@@ -68,8 +68,20 @@ def write(out, *extra):
     return main(argv)
 
 
+SPEC = re.compile(r"specs/bench-[0-9a-f]{12}\.json")
+
+
 def script(out) -> list[str]:
-    return (Path(out) / "slurm" / "001-ce.sh").read_text().splitlines()
+    """The CE array's script, its spec file's name (a digest of the bench's values) as ``bench-SPEC``."""
+    return SPEC.sub("specs/bench-SPEC.json", (Path(out) / "slurm" / "001-ce.sh").read_text()).splitlines()
+
+
+def spec_of(out):
+    """The spec file the CE array's tasks read."""
+    from calibkit.pipeline.spec import read_spec
+
+    (name,) = SPEC.findall((Path(out) / "slurm" / "001-ce.sh").read_text())
+    return read_spec(Path(out) / name, "bench")
 
 
 def check_lines(base: list[str], lines: list[str], benign: str, hostile: str, cwd: Path):
@@ -100,7 +112,7 @@ def test_resource_options_refuse_every_hostile_value(tmp_path, capsys, option, h
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
-@pytest.mark.parametrize("option", ["--out", "--data-dir", "--csm-store", "--device", "--name"])
+@pytest.mark.parametrize("option", ["--out", "--data-dir", "--csm-store", "--name"])
 def test_words_of_the_command_line_stay_words(tmp_path, capsys, option, hostile):
     """A path, a device, a preset name: refused (a control character; a preset name that cannot
     be a run key), else one word of the command line, and the #SBATCH lines read as meant."""
@@ -136,6 +148,20 @@ def test_words_of_the_command_line_stay_words(tmp_path, capsys, option, hostile)
     base = [line.replace(str(tmp_path / "b"), str(tmp_path / "h")) for line in script(base_out)]
     check_lines(base, script(out), BENIGN, hostile, run_in)
     subprocess.run(["bash", "-n", str(out / "slurm" / "001-ce.sh")], check=True)
+    # the tasks read every other value from the spec file, exactly as given
+    spec = spec_of(out)
+    given = {"--out": (spec.out, str(out)), "--name": (spec.changes.get("name"), hostile)}.get(option)
+    if option in ("--data-dir", "--csm-store"):
+        given = (getattr(spec.options, option[2:].replace("-", "_")), extra[1])
+    assert given[0] == given[1]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_a_device_is_checked_before_any_script_is_written(tmp_path, capsys, hostile):
+    assert write(tmp_path / "out", "--device", hostile) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("calibkit bench: error: ") and "device" in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)

@@ -5,7 +5,6 @@ import subprocess
 
 import pytest
 
-from calibkit.bench.workers import worker_argv
 from calibkit.commands.parsers import bench as bench_cmd
 from tests.conftest import PYTHON, ROOT
 
@@ -17,20 +16,37 @@ def _parser():
     return p
 
 
-def test_worker_arguments_are_the_same_bench_with_one_worker_and_no_report():
+def _spec(argv, command="bench"):
+    from calibkit.commands import bench as bench_body
+    from calibkit.commands import tune as tune_body
+    from calibkit.commands.parsers import bench as bench_parser
+    from calibkit.commands.parsers import tune as tune_parser
+    from calibkit.commands.presetargs import spec_from_args
+
+    p = argparse.ArgumentParser()
+    (bench_parser if command == "bench" else tune_parser).register(p.add_subparsers())
+    args = p.parse_args([command, *argv])
+    mod = bench_body if command == "bench" else tune_body
+    return args, spec_from_args(args, command, lambda: mod.options_from_args(args))
+
+
+def test_a_worker_is_given_the_spec_file_of_its_bench_and_waits_for_the_callers_checks(tmp_path):
+    from calibkit.commands.executing import worker_argv
+
     p = _parser()
-    args = p.parse_args(["bench", "--preset", "smoke", "--out", "o", "--seeds", "0", "3", "--methods", "ls", "mbls",
-                         "--data-dir", "d", "--keep", "last", "--num-threads", "1", "--tune", "--workers", "4"])
-    child = p.parse_args(worker_argv(args))
-    for name in ("preset", "out", "seeds", "methods", "data_dir", "csm_store", "device", "keep", "num_threads",
-                 "tune"):
-        assert getattr(child, name) == getattr(args, name), name
-    assert child.workers == 1 and child.no_report and not args.no_report
+    out = tmp_path / "o"
+    args, spec = _spec(["--preset", "smoke", "--out", str(out), "--seeds", "0", "3", "--methods", "ls", "mbls",
+                        "--data-dir", "d", "--keep", "last", "--num-threads", "1", "--tune", "--workers", "4"])
+    argv = worker_argv(spec)
+    child = p.parse_args(argv)
+    assert argv[:2] == ["bench", "--out"] and child.out == str(out)
     assert child.await_start and not args.await_start  # it waits for the caller's checks
-    # defaults stay defaults (None is not turned into a value)
-    bare = p.parse_args(["bench", "--out", "o", "--workers", "2"])
-    child = p.parse_args(worker_argv(bare))
-    assert child.seeds is None and child.methods is None and child.keep is None and child.data_dir is None
+    assert child.spec == str(spec.path().resolve()) and child.spec.startswith(str(out / "specs" / "bench-"))
+    assert not out.exists()  # named before the checks, written only once they pass
+    spec.write()
+    _, again = _spec(["--out", str(out), "--spec", child.spec])
+    assert again == spec  # every option, the preset's name and its changes
+    assert (again.options.seeds, again.options.methods, again.options.keep) == ((0, 3), ("ls", "mbls"), "last")
 
 
 def test_a_bench_that_fails_its_checks_leaves_no_trace_and_no_worker(tmp_path, cli_env):
@@ -49,75 +65,66 @@ def test_run_with_workers_checks_the_count_and_cancels_the_unreleased(monkeypatc
     from calibkit.bench import workers
 
     started, cancelled = [], []
-    monkeypatch.setattr(workers, "start_workers", lambda args, n, argv=None: started.append((n, argv)) or ["w"] * n)
+    monkeypatch.setattr(workers, "start_workers",
+                        lambda argv, n, store=None: started.append((n, argv, store)) or ["w"] * n)
     monkeypatch.setattr(workers, "cancel_workers", lambda procs: cancelled.append(list(procs)))
-    args = argparse.Namespace(workers=3)
 
     def fails(waiting):
         raise ValueError("checks failed")
 
     with pytest.raises(ValueError, match="checks failed"):
-        workers.run_with_workers(args, fails, ["tune"])
-    assert started == [(2, ["tune"])] and cancelled == [["w", "w"]]
+        workers.run_with_workers(3, fails, ["tune"], "postgresql://db/x")
+    assert started == [(2, ["tune"], "postgresql://db/x")] and cancelled == [["w", "w"]]
 
     def releases(waiting):  # a body that released its workers: none left to cancel
         waiting.clear()
         return 7
 
-    assert workers.run_with_workers(args, releases) == 7 and len(cancelled) == 1
-    assert workers.run_with_workers(argparse.Namespace(workers=1), lambda w: w) == [] and len(started) == 2
+    assert workers.run_with_workers(3, releases, ["bench"]) == 7 and len(cancelled) == 1
+    assert workers.run_with_workers(1, lambda w: w, ["bench"]) == [] and len(started) == 2
     with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
-        workers.run_with_workers(argparse.Namespace(workers=0), releases)
+        workers.run_with_workers(0, releases, ["bench"])
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="under torchrun use --workers 1"):
-        workers.run_with_workers(args, releases)
+        workers.run_with_workers(3, releases, ["bench"])
     assert len(started) == 2  # refused before any worker started
 
 
-def test_every_option_reaches_a_worker_of_bench_and_of_tune():
-    from calibkit.bench.workers import tune_worker_argv
-    from calibkit.commands.parsers import tune as tune_cmd
+def test_every_option_reaches_a_worker_of_bench_and_of_tune(tmp_path):
+    from calibkit.commands.executing import worker_argv
+    from calibkit.pipeline.spec import read_spec
 
-    p = _parser()
-    opts = ["--data-dir", "d", "--csm-store", "c", "--keep", "last", "--num-threads", "2", "--store", "sqlite:///x.db",
-            "--max-extensions", "3", "--csm-build"]
-    args = p.parse_args(["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--workers", "3", *opts])
-    opts[opts.index("sqlite:///x.db")] = "env:CALIBKIT_WORKER_STORE"  # the URL itself goes in the environment
-    assert worker_argv(args) == ["bench", "--preset", "smoke", "--out", "o", "--device", "cpu", "--no-report",
-                                 "--workers", "1", "--await-start", *opts]
-    t = argparse.ArgumentParser()
-    tune_cmd.register(t.add_subparsers())
-    args = t.parse_args(["tune", "--preset", "smoke", "--out", "o", "--device", "cpu", "--methods", "ls", "--seed", "0",
-                         "--workers", "3", *opts])
-    assert tune_worker_argv(args) == ["tune", "--preset", "smoke", "--out", "o", "--device", "cpu", "--workers", "1",
-                                      "--await-start", "--methods", "ls", "--seed", "0", *opts]
-    bare = t.parse_args(["tune", "--preset", "smoke", "--out", "o", "--workers", "2"])
-    assert tune_worker_argv(bare) == ["tune", "--preset", "smoke", "--out", "o", "--device", bare.device, "--workers",
-                                      "1", "--await-start", "--max-extensions", str(bare.max_extensions)]
-    child = t.parse_args(tune_worker_argv(args))
-    assert (child.seed, child.methods, child.store, child.max_extensions) == (0, ["ls"], "env:CALIBKIT_WORKER_STORE", 3)
+    opts = ["--data-dir", "d", "--csm-store", "c", "--keep", "last", "--num-threads", "2", "--store",
+            "postgresql://db/x", "--max-extensions", "3", "--csm-build", "--lr", "0.003", "--no-augment"]
+    out = str(tmp_path / "o")
+    for command, more in (("bench", ["--seeds", "1", "--tune"]), ("tune", ["--methods", "ls", "--seed", "0"])):
+        args, spec = _spec(["--preset", "smoke", "--out", out, "--device", "cpu", "--workers", "3", *opts, *more],
+                           command)
+        path = spec.write()
+        assert worker_argv(spec) == [command, "--out", out, "--spec", str(path), "--await-start"]
+        again = read_spec(path, command)
+        # the URL itself goes in the workers' environment, never into the file
+        assert again.options.store == "env:CALIBKIT_WORKER_STORE" and "db/x" not in path.read_text()
+        assert again == spec.with_options(store="env:CALIBKIT_WORKER_STORE")
+        assert again.changes == {"lr": 0.003, "augment": False} and again.load() == spec.load()
+    assert (again.options.seed, again.options.methods, again.options.max_extensions) == (0, ("ls",), 3)
 
 
 def test_a_store_password_reaches_the_workers_in_their_environment_not_their_command_line(monkeypatch):
     from calibkit.bench import workers
-    from calibkit.bench.workers import tune_worker_argv
-    from calibkit.commands.parsers import tune as tune_cmd
 
     url = "postgresql://calib:s3cretpw@db/c10?sslpassword=k3ypass"
     made = []
     monkeypatch.setattr(workers.subprocess, "Popen", lambda cmd, **kw: made.append(_Proc(cmd, **kw)) or made[-1])
     monkeypatch.setenv(workers.STORE_ENV, "postgresql://left@over/x")  # the caller's own: replaced
-    t = argparse.ArgumentParser()
-    tune_cmd.register(t.add_subparsers())
-    for args, argv in ((_parser().parse_args(["bench", "--out", "o", "--workers", "2", "--store", url]), None),
-                       (t.parse_args(["tune", "--out", "o", "--workers", "2", "--store", url]), tune_worker_argv)):
-        (proc,) = workers.start_workers(args, 1, argv(args) if argv else None)
-        words = " ".join(proc.cmd)
-        assert "s3cretpw" not in words and "k3ypass" not in words and "--store env:CALIBKIT_WORKER_STORE" in words
-        assert proc.env[workers.STORE_ENV] == url
+    (proc,) = workers.start_workers(["bench", "--out", "o", "--spec", "s.json"], 1, url)
+    assert "s3cretpw" not in " ".join(proc.cmd) and proc.env[workers.STORE_ENV] == url
+    monkeypatch.setenv("MY_STORE", url)  # env:NAME: the URL it names
+    (proc,) = workers.start_workers(["bench"], 1, "env:MY_STORE")
+    assert proc.env[workers.STORE_ENV] == url
     # no --store: nothing put in the environment, none inherited either
     monkeypatch.setenv(workers.STORE_ENV, "postgresql://left@over/x")
-    (proc,) = workers.start_workers(_parser().parse_args(["bench", "--out", "o", "--workers", "2"]), 1)
+    (proc,) = workers.start_workers(["bench"], 1)
     assert workers.STORE_ENV not in proc.env and "--store" not in proc.cmd
 
 
@@ -186,16 +193,13 @@ def test_start_workers_runs_calibkit_without_the_torchrun_rank(monkeypatch):
     monkeypatch.setattr(workers.subprocess, "Popen", lambda cmd, **kw: made.append(_Proc(cmd, **kw)) or made[-1])
     for name, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("CALIBKIT_X", "kept")):
         monkeypatch.setenv(name, value)
-    procs = workers.start_workers(argparse.Namespace(), 3, ["tune", "--out", "o"])
+    procs = workers.start_workers(["tune", "--out", "o"], 3)
     assert procs == made and len(made) == 3
     for p in made:
         assert p.cmd == [sys.executable, "-m", "calibkit", "tune", "--out", "o"]
         assert p.stdin_arg == subprocess.PIPE and p.stdout_arg == subprocess.DEVNULL
         assert not {"WORLD_SIZE", "RANK", "LOCAL_RANK"} & set(p.env) and p.env["CALIBKIT_X"] == "kept"
-    # the default arguments are the bench's worker_argv
-    args = _parser().parse_args(["bench", "--out", "o", "--workers", "2"])
-    assert workers.start_workers(args, 1)[0].cmd[3:] == worker_argv(args)
-    assert workers.start_workers(args, 0) == []
+    assert workers.start_workers(["bench"], 0) == []
 
 
 def test_release_cancel_and_wait_speak_to_the_waiting_workers(tmp_path):
@@ -318,9 +322,10 @@ def test_warm_up_makes_the_first_optimizer_and_the_cuda_context_only_on_a_gpu(mo
             workers.warm_up(device)
             if len(inits) > before:
                 initialised.append((available, device))
+        workers.warm_up(None)  # the device not known yet: no CUDA context
     assert initialised == [(True, "auto"), (True, "cuda"), (True, "cuda:1")]
     (params, lr), *_ = made
-    assert len(made) == 10 and lr == 0.1 and len(params) == 1 and params[0].requires_grad
+    assert len(made) == 12 and lr == 0.1 and len(params) == 1 and params[0].requires_grad
     assert params[0].shape == (1,)
 
 
@@ -330,14 +335,13 @@ def test_run_with_workers_counts_the_extra_processes(monkeypatch):
     from calibkit.bench import workers
 
     started = []
-    monkeypatch.setattr(workers, "start_workers", lambda args, n, argv=None: started.append((args, n)) or [])
-    args = argparse.Namespace(workers=2)
-    workers.run_with_workers(args, lambda w: None)
-    assert started == [(args, 1)]  # two workers: this process and one more
+    monkeypatch.setattr(workers, "start_workers", lambda argv, n, store=None: started.append((argv, n)) or [])
+    workers.run_with_workers(2, lambda w: None, ["bench"])
+    assert started == [(["bench"], 1)]  # two workers: this process and one more
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert workers.run_with_workers(argparse.Namespace(workers=1), lambda w: "ran") == "ran"  # one: fine under torchrun
+    assert workers.run_with_workers(1, lambda w: "ran", ["bench"]) == "ran"  # one: fine under torchrun
     with pytest.raises(ValueError) as err:
-        workers.run_with_workers(args, lambda w: None)
+        workers.run_with_workers(2, lambda w: None, ["bench"])
     assert str(err.value) == "--workers starts processes itself; under torchrun use --workers 1"
 
 

@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,26 @@ def test_two_workers_share_the_smoke_runs(clean):
     log = (out / "logs" / "worker-1.log").read_text()
     assert "bench smoke:" in log and "report" not in log.lower().split("bench smoke:")[-1]
     assert "Ranking by test ECE" in res.stdout  # the report is written once, by the calling process
+
+
+def test_two_workers_record_what_one_process_records_bit_for_bit(clean, tmp_path):
+    """The fingerprint: the runs the two processes shared (each worker reading the bench's spec
+    file) hold the same results and the same logits, byte for byte, as one process's bench."""
+    out = tmp_path / "inline"
+    command = [w for w in _command(out) if w not in ("--workers", "2")] + ["--no-report"]
+    res = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert not (out / "specs").exists()  # one process: no file to hand on
+    (spec,) = (clean[0] / "specs").iterdir()  # the workers': the bench's options, once
+    assert spec.name.startswith("bench-") and '"methods": [' in spec.read_text()
+    shared, alone = _rows(clean[0]), _rows(out)
+    assert sorted(shared) == sorted(alone)
+    for key, row in alone.items():
+        for col in ("config", "metrics", "ood", "robustness"):
+            assert shared[key][col] == row[col], (key, col)
+        preset, method, seed = key.split("/")
+        logits = [Path(d, "runs", preset, method, f"seed{seed}", "logits.safetensors") for d in (clean[0], out)]
+        assert logits[0].read_bytes() == logits[1].read_bytes(), key
 
 
 def _held_by_worker(out, parent: int):
