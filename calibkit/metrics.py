@@ -1,6 +1,7 @@
 """The evaluation panel: ``evaluate``, a mergeable streaming accumulator, bootstrap intervals.
 
 ``evaluate(probs, labels)`` returns the sixteen numbers reported for every model::
+
     acc, ece, aece, cece, mce, rmsce, o_ece, u_ece, nll, brier, smece, ece_sweep, ks,
     aurc, eaurc, augrc
 
@@ -68,6 +69,7 @@ class CalibrationAccumulator:
     * equal-width top-label sums ``(3, B)``: ECE, MCE, RMSCE, O/U-ECE; classwise sums
       ``(3, K, B)``: classwise ECE; running sums of correct, ``-log p_y``, Brier, and N;
     * for AECE, depending on ``state``:
+
       - ``"exact"``: the per-sample top-label confidence and correctness (2 numbers per sample),
         because equal-mass edges depend on all confidences at once (so do smooth ECE's bandwidth,
         the sweep's number of bins, and the sort order of the KS error, AURC, E-AURC and AUGRC);

@@ -3,6 +3,7 @@
 **Setting.** Methods A and B are trained once per seed; runs ``A_s`` and ``B_s`` share seed ``s``
 (``s = 1..S``, the seeds both methods have) and every run is scored on the same test set of ``N``
 samples. The quantity of interest is the difference of the methods, not of these ``2 S`` models:
+
     theta = E_seed[m(A_seed)] - E_seed[m(B_seed)],
 
 each ``m`` the metric on the population the test set was drawn from, the expectation over the

@@ -13,6 +13,7 @@ including group ``g``. A threshold accepts a tied group together, so the risk-co
 has one point per distinct confidence: ``(C_g / N, E_g / C_g)``. A coverage level ``k / N``
 inside group ``g`` (``C_{g-1} < k <= C_g``, ``j = k - C_{g-1}``) is given the **expected**
 number of accepted errors when the tied rows are accepted in a uniformly random order::
+
     E(k) = E_{g-1} + j * err_g / n_g
 
 (linear between the curve's points, exact at them). So every value below is the average over

@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from calibkit.errors import UserError
 from calibkit.extras import MissingExtra
 
@@ -58,14 +60,15 @@ class CalibrationMetric(torchmetrics.Metric):
     is_differentiable = False
     higher_is_better = None
     full_state_update = False
-    # The states add_state registers (nn.Module's attribute lookup types them only as Tensor | Module):
-    # the flat sums, the deferred checks and, unless dense, the per-sample lists (one tensor a batch;
-    # during compute a synchronised list may arrive already concatenated into one tensor).
-    sums: torch.Tensor
-    check: torch.Tensor
-    conf: list[torch.Tensor]
-    correct: list[torch.Tensor]
-    weight: list[torch.Tensor]
+    if TYPE_CHECKING:  # for mypy only: not class attributes, so the API reference does not list them
+        # The states add_state registers (nn.Module's attribute lookup types them only as Tensor | Module):
+        # the flat sums, the deferred checks and, unless dense, the per-sample lists (one tensor a batch;
+        # during compute a synchronised list may arrive already concatenated into one tensor).
+        sums: torch.Tensor
+        check: torch.Tensor
+        conf: list[torch.Tensor]
+        correct: list[torch.Tensor]
+        weight: list[torch.Tensor]
 
     def __init__(self, num_classes: int, n_bins: int = 15, ignore_index: int | None = None, dense: bool = False,
                  **kwargs):

@@ -6,6 +6,7 @@ nothing is downloaded: the encoder is built by ``transformers.BertModel`` from t
 ``config.json`` and the weights are read from its ``model.safetensors`` (:func:`load_encoder`).
 
 The classifier::
+
     token ids (N, L), 0 = [PAD]  ->  BERT encoder  ->  token features (N, L, 384)
         ->  mean over the tokens whose id is not [PAD] (the attention mask)  = features (N, 384)
         ->  head linear(384 -> K)

@@ -2,6 +2,7 @@
 
 For a generated image mixing classes c1 and c2 with features ``f`` and class prototypes ``p_k``
 (mean feature of the real training images of class k)::
+
     lam_hat  = <f - p_c2, p_c1 - p_c2> / ||p_c1 - p_c2||^2     (projection on the prototype segment)
     lam'     = clamp(sigmoid(s (lam_hat - 0.5)), 0, 1)          (sharpening, s = 4 by default)
     y[c1] = lam',  y[c2] = 1 - lam',  0 elsewhere

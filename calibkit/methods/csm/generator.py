@@ -8,6 +8,7 @@ classifier-free guidance.
 
 Preconditioning and training objective follow EDM (Karras et al., "Elucidating the Design Space of
 Diffusion-Based Generative Models", NeurIPS 2022, Table 1)::
+
     D(x; sigma, y) = c_skip(sigma) x + c_out(sigma) F(c_in(sigma) x; c_noise(sigma), y)
     c_skip = sd^2 / (sigma^2 + sd^2)      c_out = sigma sd / sqrt(sigma^2 + sd^2)
     c_in   = 1 / sqrt(sigma^2 + sd^2)     c_noise = ln(sigma) / 4

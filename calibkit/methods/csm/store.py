@@ -1,6 +1,7 @@
 """On-disk format of a CSM store: generated mixing groups, their index and their annotations.
 
 A store is a directory::
+
     store.json                  generation settings (generator hash, seed, steps, guidance, counts)
     shard-00000.safetensors     images uint8 (n, C, H, W) + group, member, c1, c2 (int64), lam (float32)
     shard-00000.jsonl           index: one JSON record per image (group, member, seed, c1, c2, lam,
