@@ -13,9 +13,8 @@ import inspect
 import shutil
 import textwrap
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from calibkit.bench.collect import unrecorded
 from calibkit.bench.grid import REFERENCE
@@ -71,9 +70,8 @@ class ReportContext:
         verdict: :func:`calibkit.report.verdict.recommendation` (the method + calibrator pair).
         alpha: miscoverage of the conformal sets (:mod:`calibkit.report.sets`).
         sets: :func:`calibkit.report.sets.method_sets`, set by its section builder.
-        running: the processes drawing the per-method figures while the build goes on
-            (:class:`calibkit.report.prefetch.Running`, None: none); the figures section waits for
-            them and draws only what they did not.
+        drawn: the per-method figures already drawn in this build by other processes
+            (:mod:`calibkit.report.prefetch`), which the figures section does not draw again.
     """
 
     out_dir: Path
@@ -92,7 +90,7 @@ class ReportContext:
     verdict: dict | None = None
     alpha: float = 0.1
     sets: dict | None = None
-    running: Any = None
+    drawn: set = field(default_factory=set)
 
     @property
     def n_seeds(self) -> int:
@@ -242,10 +240,9 @@ def figures_section(ctx: ReportContext) -> list[Section]:
     if ctx.verdict is not None and REFERENCE in ctx.summary:
         figs.append(risk_coverage_figure(ctx.summary, ctx.probs, ctx.verdict["method"], ctx.verdict["calibrator"],
                                          ctx.figdir / "risk_coverage.png"))
-    drawn = ctx.running.finish() if ctx.running is not None else set()
     for method, entry in ctx.summary.items():
         path = ctx.figdir / f"reliability_{method}.png"
-        figs.append(method_figure(entry["runs"][0], path, draw=path not in drawn))
+        figs.append(method_figure(entry["runs"][0], path, draw=path not in ctx.drawn))
     text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
             "calibration, hatched bands = the gap to the bin's mean confidence (light red above a bar: "
             "over-confident; purple inside a bar: under-confident), numbers = images per bin. "
@@ -346,24 +343,19 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
     summary = summarize(done)
     rep = out_dir / "report"
     probs = CalibratedProbs(out_dir / "cache" / "calibrated", report_calibrators(recorded))
-    figdir = rep / "figures"
-    running = fits.prefetch_tasks(out_dir, summary, probs, alpha, phases, parallel, figdir if figures else None)
-    try:
-        grid, comps, selections, verdict = fits.calibrated(summary, probs, n_boot, seed, phases,
-                                                           out_dir / "cache" / "selection")
-        with phases.phase("ECE differences from CE"):
-            deltas = ece_deltas(summary, n_boot=n_boot, seed=seed)
-        ctx = ReportContext(out_dir, preset, rows, summary, deltas, n_boot, figdir, figures, store, probs,
-                            grid, comps, selections, verdict, alpha, running=running)
-        ctx.figdir.mkdir(parents=True, exist_ok=True)
-        sections: list[Section] = []
-        for build in SECTIONS:
-            name = PHASE_NAMES.get(build.__name__)  # the others take well under a second: timed, not announced
-            with phases.phase(name or build.__name__.replace("_", " "), say=name is not None):
-                sections += build(ctx)
-    finally:
-        if running is not None:
-            running.close()  # finished by the figures; stopped if the build ended before them
+    drawn = fits.prefetch_tasks(out_dir, summary, probs, alpha, phases, parallel, rep / "figures" if figures else None)
+    grid, comps, selections, verdict = fits.calibrated(summary, probs, n_boot, seed, phases,
+                                                       out_dir / "cache" / "selection")
+    with phases.phase("ECE differences from CE"):
+        deltas = ece_deltas(summary, n_boot=n_boot, seed=seed)
+    ctx = ReportContext(out_dir, preset, rows, summary, deltas, n_boot,
+                        rep / "figures", figures, store, probs, grid, comps, selections, verdict, alpha, drawn=drawn)
+    ctx.figdir.mkdir(parents=True, exist_ok=True)
+    sections: list[Section] = []
+    for build in SECTIONS:
+        name = PHASE_NAMES.get(build.__name__)  # the others take well under a second: timed, not announced
+        with phases.phase(name or build.__name__.replace("_", " "), say=name is not None):
+            sections += build(ctx)
 
     pending = [r for r in rows if r["status"] != "done"]
     if store is None:  # runs submitted to SLURM whose task left no result, hence no row: named too

@@ -31,19 +31,17 @@ def torch_threads(n: int | None):
 
 
 def prefetch_tasks(out_dir: Path, summary: dict, probs: CalibratedProbs, alpha: float, phases: Phases,
-                   parallel: tuple[int | None, int | None], figdir: Path | None):
+                   parallel: tuple[int | None, int | None], figdir: Path | None) -> set:
     """The runs' fits and the per-method figures (``figdir``: where; None: no figures) in
-    ``parallel = (jobs, threads)`` processes (:mod:`calibkit.report.prefetch`): returns once the fits
-    are in the caches, with the :class:`calibkit.report.prefetch.Running` processes still drawing
-    the figures (None: no process started)."""
+    ``parallel = (jobs, threads)`` processes (:mod:`calibkit.report.prefetch`); the figures drawn."""
     runs = [r for e in summary.values() for r in e["runs"]]
     figs = {} if figdir is None else {figdir / f"reliability_{m}.png": e["runs"][0] for m, e in summary.items()}
     tasks, jobs = prefetch.plan(runs, probs, out_dir, alpha, *parallel, figures=figs)
     if jobs < 2:
-        return None
+        return set()
     fits = sum(t[0] == "fit" for t in tasks)
-    drawing = f", {len(tasks) - fits} figures drawn meanwhile" if len(tasks) > fits else ""
-    with phases.phase(f"fitting the calibrators of {fits} runs in {jobs} processes{drawing}"):
+    with phases.phase(f"fitting the calibrators of {fits} runs and drawing {len(tasks) - fits} figures in {jobs} "
+                      "processes"):
         return prefetch.prefetch(tasks, out_dir, jobs, probs.names[1:], alpha, parallel[1])
 
 

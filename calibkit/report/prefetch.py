@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 import warnings
 from pathlib import Path
 
@@ -123,20 +122,17 @@ def _run(task: tuple, out_dir: Path, names, alpha: float) -> None:
         method_figure(task[1], task[2])
 
 
-def _work(tasks: list, counter, done, finished, out_dir: Path, names, alpha: float, threads: int | None,
-          quiet: bool, stop: int | None = None) -> None:
-    """Take tasks from the shared ``counter`` until none is left (``stop``: none below that index,
-    this process's bound: the fits) ; ``done[i]`` = 1 once task ``i`` succeeded, ``finished[i]`` = 1
-    once it ended either way."""
+def _work(tasks: list, counter, done, out_dir: Path, names, alpha: float, threads: int | None, quiet: bool) -> None:
+    """Take tasks from the shared ``counter`` until none is left (in a started process and in this
+    one); ``done[i]`` = 1 once task ``i`` succeeded."""
     if threads is not None:
         torch.set_num_threads(threads)
-    last = len(tasks) if stop is None else stop
     while True:
         with counter.get_lock():
             i = counter.value
-            if i >= last:
-                return
             counter.value += 1
+        if i >= len(tasks):
+            return
         try:
             with warnings.catch_warnings():
                 if quiet:  # a started process: its warnings would interleave with this one's output
@@ -145,8 +141,6 @@ def _work(tasks: list, counter, done, finished, out_dir: Path, names, alpha: flo
             done[i] = 1
         except Exception:  # noqa: BLE001 - the build computes (and names) whatever this left undone
             pass
-        finally:
-            finished[i] = 1
 
 
 def plan(runs: list[dict], probs: CalibratedProbs, out_dir, alpha: float = 0.1, jobs: int | None = None,
@@ -166,49 +160,27 @@ def plan(runs: list[dict], probs: CalibratedProbs, out_dir, alpha: float = 0.1, 
     return tasks, max(1, min(jobs, len(tasks)))
 
 
-class Running:
-    """The started processes of :func:`prefetch`, drawing the figures while the build goes on."""
-
-    def __init__(self, tasks: list, procs: list, done):
-        self.tasks, self.procs, self.done = tasks, procs, done
-
-    def finish(self) -> set:
-        """Wait for the started processes; the paths of the figures they drew."""
-        for p in self.procs:
-            p.join()
-        return {task[2] for task, ok in zip(self.tasks, self.done[:]) if ok and task[0] == "figure"}
-
-    def close(self) -> None:
-        """Stop the started processes (the build ended before :meth:`finish`)."""
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-            p.join()
-
-
 def prefetch(tasks: list[tuple], out_dir, jobs: int, names=None, alpha: float = 0.1,
-             threads: int | None = 1) -> Running:
+             threads: int | None = 1) -> set:
     """Run the :func:`plan`'s ``tasks`` in ``jobs`` processes: this one (its torch threads unchanged)
-    and ``jobs - 1`` started ones with ``threads`` torch threads each. This process takes fits only
-    and returns once every fit has ended (they go to the caches, which the build reads next); the
-    started ones go on with the figures while the build continues, and :meth:`Running.finish` waits
-    for them. A started process that dies leaves its tasks to the build."""
+    and ``jobs - 1`` started ones with ``threads`` torch threads each. Fits go to the caches; returns
+    the paths of the figures drawn."""
     ctx = multiprocessing.get_context("spawn")  # never fork a process whose torch holds threads
-    counter, done, finished = ctx.Value("i", 0), ctx.Array("b", len(tasks)), ctx.Array("b", len(tasks))
-    args = (tasks, counter, done, finished, Path(out_dir), names, alpha)
+    counter, done = ctx.Value("i", 0), ctx.Array("b", len(tasks))
+    args = (tasks, counter, done, Path(out_dir), names, alpha)
     for task in tasks:
         if task[0] == "figure":
             Path(task[2]).parent.mkdir(parents=True, exist_ok=True)
     procs = [ctx.Process(target=_work, args=(*args, threads, True), daemon=True) for _ in range(jobs - 1)]
     for p in procs:
         p.start()
-    running = Running(tasks, procs, done)
-    n_fits = sum(task[0] == "fit" for task in tasks)  # plan() puts the fits first
     try:
-        _work(*args, None, False, stop=n_fits)
-        while not all(finished[:n_fits]) and any(p.is_alive() for p in procs):
-            time.sleep(0.02)  # a fit another process holds
+        _work(*args, None, False)
     except BaseException:
-        running.close()
+        for p in procs:
+            p.terminate()
         raise
-    return running
+    finally:
+        for p in procs:
+            p.join()
+    return {task[2] for task, ok in zip(tasks, done[:]) if ok and task[0] == "figure"}
