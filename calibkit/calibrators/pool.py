@@ -12,15 +12,14 @@ died) is fitted here.
 
 The numbers do not depend on ``jobs``: every fit is seeded by its own arguments (no calibrator
 draws from a global generator) and runs with the same torch thread count (``calibkit calibrate``
-pins one; torch may sum in another order with another count). :func:`auto_jobs` starts no process
-where the fits are too small to repay a process's start-up (importing torch and calibkit, about
-2 s of CPU on this project's 2-core machine).
+pins one; torch may sum in another order with another count). ``calibkit calibrate`` uses one
+process unless ``--jobs`` says otherwise: on this project's 2-core virtual machine two processes
+saved no wall time and cost more CPU (docs/performance.md); a machine with free cores may gain.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 import queue
 from collections.abc import Callable, Sequence
@@ -28,29 +27,9 @@ from typing import Any
 
 import torch
 
-#: Fewer validation cells (rows x classes) than this: one process (a started process costs more
-#: than the fits it would take over; docs/performance.md).
-MIN_PARALLEL_CELLS = 20_000
-
 #: Candidates fitted first, so that the slowest are not left to the end: the K x K maps and the
 #: strength-searching structured maps, then the vector maps; the rest keep their order.
 SLOW_FIRST = ("dirichlet", "sms", "matrix", "svs", "vector", "bbq", "beta", "platt")
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def auto_jobs(n_rows: int, k: int, n_candidates: int) -> int:
-    """Processes for ``n_candidates`` fits on ``n_rows`` validation rows of ``k`` classes: one per
-    core when there are at least :data:`MIN_PARALLEL_CELLS` cells and two candidates, else 1."""
-    if n_candidates < 2 or n_rows * k < MIN_PARALLEL_CELLS:
-        return 1
-    return max(1, min(cores(), n_candidates))
 
 
 def order(names: Sequence[str]) -> list[str]:

@@ -13,7 +13,7 @@ import torch
 
 from calibkit import plots
 from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis
-from calibkit.calibrators import CALIBRATORS, pool
+from calibkit.calibrators import CALIBRATORS
 from calibkit.calibrators.evidence import thin_warning, unestimable
 from calibkit.calibrators.registry import default_names
 from calibkit.calibrators.selection import NONE, SelectionRule, choose, cross_fit, unfittable
@@ -200,8 +200,7 @@ class _Timer:
 
 def _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs=None):
     """The cross-fitted selection on the validation rows, then every fitted calibrator on the test rows."""
-    k = 2 if val_x.dim() == 1 else val_x.shape[1]
-    jobs = pool.auto_jobs(val_x.shape[0], k, len(names)) if jobs is None else min(jobs, max(1, len(names)))
+    jobs = 1 if jobs is None else min(jobs, max(1, len(names)))  # one by default: measured, docs/performance.md
     with timer("fits and cross-fitting"):  # each full fit timed alone inside (the "fit s" column)
         scores, fitted = cross_fit(val_x, val_y, names, rule, jobs=jobs)
     seconds = {n: s.fit_seconds for n, s in scores.items() if n in fitted and s.fit_seconds is not None}

@@ -57,12 +57,6 @@ def test_order_puts_the_slow_maps_first_and_keeps_the_rest():
         "dirichlet", "sms", "temperature", "histogram", "isotonic"]
 
 
-def test_auto_jobs_starts_nothing_for_small_fits():
-    assert pool.auto_jobs(500, 10, 18) == 1  # 5,000 cells
-    assert pool.auto_jobs(5000, 10, 1) == 1  # one candidate
-    assert pool.auto_jobs(5000, 10, 18) == min(pool.cores(), 18)
-
-
 def test_cross_fitting_in_two_processes_gives_the_same_numbers():
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 5, (600,), generator=g)
