@@ -22,7 +22,8 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import queue
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -59,6 +60,22 @@ def _work(fn: Callable, packed: bytes, counter, results, threads: int | None) ->
             results.put(pickle.dumps((i, None, exc)))
 
 
+@contextmanager
+def started(procs: list) -> Iterator[None]:
+    """Start ``procs`` for the block; an exception in it terminates them; they are joined after."""
+    for p in procs:
+        p.start()
+    try:
+        yield
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        for p in procs:
+            p.join()
+
+
 def run(fn: Callable, tasks: list[tuple], jobs: int) -> list[Any]:
     """``[fn(*t) for t in tasks]``, computed by this process and ``jobs - 1`` started ones.
 
@@ -73,10 +90,8 @@ def run(fn: Callable, tasks: list[tuple], jobs: int) -> list[Any]:
     packed = pickle.dumps(tasks)
     procs = [ctx.Process(target=_work, args=(fn, packed, counter, results, torch.get_num_threads()), daemon=True)
              for _ in range(jobs - 1)]
-    for p in procs:
-        p.start()
     out: dict[int, tuple] = {}
-    try:
+    with started(procs):
         while (i := _take(counter)) < len(tasks):
             out[i] = (fn(*tasks[i]), None)
         while len(out) < len(tasks):
@@ -89,13 +104,6 @@ def run(fn: Callable, tasks: list[tuple], jobs: int) -> list[Any]:
         for i in range(len(tasks)):
             if i not in out:
                 out[i] = (fn(*tasks[i]), None)
-    except BaseException:
-        for p in procs:
-            p.terminate()
-        raise
-    finally:
-        for p in procs:
-            p.join()
     for i in range(len(tasks)):
         if out[i][1] is not None:
             raise out[i][1]

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from calibkit.calibrators.pool import started
 from calibkit.report.calibrated import CalibratedProbs
 from calibkit.report.figures import method_figure
 from calibkit.report.sets import SetRows
@@ -172,15 +173,6 @@ def prefetch(tasks: list[tuple], out_dir, jobs: int, names=None, alpha: float = 
         if task[0] == "figure":
             Path(task[2]).parent.mkdir(parents=True, exist_ok=True)
     procs = [ctx.Process(target=_work, args=(*args, threads, True), daemon=True) for _ in range(jobs - 1)]
-    for p in procs:
-        p.start()
-    try:
+    with started(procs):
         _work(*args, None, False)
-    except BaseException:
-        for p in procs:
-            p.terminate()
-        raise
-    finally:
-        for p in procs:
-            p.join()
     return {task[2] for task, ok in zip(tasks, done[:]) if ok and task[0] == "figure"}
