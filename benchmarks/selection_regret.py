@@ -44,18 +44,21 @@ import numpy as np
 import torch
 
 import calibkit.functional as F
-from calibkit.calibrators.crossfit import cross_fit_predictions, with_samples
+from calibkit.calibrators.crossfit import CrossFitScore, cross_fit_predictions, with_samples
 from calibkit.calibrators.selection import NONE, SelectionRule, choose
 
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "real_outputs"
 
-#: The rules compared: label -> rule (the first is calibkit's default).
+#: The rules compared, by label ("(the default)" marks the rule ``SelectionRule()`` applies, :func:`label`).
 RULES = {
-    "nll, significance step": SelectionRule(significance=True),
-    "nll, no significance step (the default)": SelectionRule(),
-    "brier, significance step": SelectionRule(select_by="brier", significance=True),
-    "brier, no significance step": SelectionRule(select_by="brier"),
-    "ece, significance step (--select-by ece)": SelectionRule(select_by="ece"),
+    "nll, lowest": SelectionRule(default="temperature", significance=False),
+    "nll, temperature unless significantly beaten": SelectionRule(default="temperature", significance=True),
+    "nll, sms unless significantly beaten": SelectionRule(default="sms", significance=True),
+    "brier, lowest": SelectionRule(select_by="brier", default="temperature", significance=False),
+    "brier, temperature unless significantly beaten": SelectionRule(select_by="brier", default="temperature",
+                                                                     significance=True),
+    "brier, sms unless significantly beaten": SelectionRule(select_by="brier", default="sms", significance=True),
+    "ece, temperature unless significantly beaten": SelectionRule(select_by="ece", default="temperature"),
 }
 FIXED = ("temperature", "sms")
 
@@ -74,8 +77,17 @@ def split(n: int, repeat: int) -> tuple[torch.Tensor, torch.Tensor]:
     return idx[: n // 2], idx[n // 2:]
 
 
+#: The metrics whose resamples are kept per split (every rule chooses by one of them).
+METRICS = ("nll", "brier", "ece")
+
+
 def one_split(z: torch.Tensor, y: torch.Tensor, repeat: int, n_boot: int) -> dict:
-    """``{label: {"nll", "brier", "acc_loss", "chosen"}}`` regrets of every rule and fixed choice on one split."""
+    """The raw facts of one split, from which every rule's choice is replayed (:func:`regrets`).
+
+    ``{"test": {name: {"nll", "brier", "acc"}}, "scores": {metric: {name: CrossFitScore dict}}}``:
+    every candidate's test numbers (``"none"``: the uncalibrated model) and its cross-fitted scores
+    with the resampled values of each metric of :data:`METRICS` (seed and bins of the default rule).
+    """
     val, test = split(len(y), repeat)
     base_rule = SelectionRule(n_boot=n_boot)
     scores, fitted, oof, yv = cross_fit_predictions(z[val], y[val], rule=base_rule)
@@ -84,56 +96,75 @@ def one_split(z: torch.Tensor, y: torch.Tensor, repeat: int, n_boot: int) -> dic
     test_probs.update({n: c.predict_proba(zt).double() for n, c in fitted.items()})
     num = {n: {"nll": float(F.nll(p, yt)), "brier": float(F.brier(p, yt)), "acc": float(F.accuracy(p, yt))}
            for n, p in test_probs.items()}
+    resampled = {m: with_samples(scores, oof, yv, replace(base_rule, select_by=m)) for m in METRICS}
+    return {"test": num, "scores": {m: {n: s.to_dict() for n, s in v.items()} for m, v in resampled.items()}}
+
+
+def regrets(facts: dict) -> dict:
+    """``{label: {"nll", "brier", "acc_loss", "chosen"}}`` of every rule of :data:`RULES` and fixed choice."""
+    num = facts["test"]
     best = {m: min(v[m] for v in num.values()) for m in ("nll", "brier")}
 
     def regret(name: str) -> dict:
         return {"nll": num[name]["nll"] - best["nll"], "brier": num[name]["brier"] - best["brier"],
                 "acc_loss": 100 * (num[NONE]["acc"] - num[name]["acc"]), "chosen": name}
 
-    out, resampled = {}, {}
-    for label, rule in RULES.items():
-        rule = replace(rule, n_boot=n_boot)
-        # the resamples depend on the metric, resamples, seed and bins alone: rules sharing them share one draw
-        key = (rule.select_by, rule.n_boot, rule.seed, rule.n_bins)
-        if key not in resampled:
-            resampled[key] = with_samples(scores, oof, yv, rule)
-        out[label] = regret(choose(resampled[key], rule).chosen)
+    scores = {m: {n: CrossFitScore.from_dict(d) for n, d in v.items()} for m, v in facts["scores"].items()}
+    out = {label: regret(choose(scores[rule.select_by], rule).chosen) for label, rule in RULES.items()}
     for name in FIXED:
         out[f"always {name}"] = regret(name)
+    hindsight = min((n for n in num if n != NONE), key=lambda n: num[n]["nll"])
+    out["best in hindsight (test NLL)"] = regret(hindsight)
     return out
 
 
 def _load_all(path: Path, repeats: int, n_boot: int, cache: Path | None, only_cached: bool) -> list[dict] | None:
     runs = []
     for r in range(repeats):
-        file = None if cache is None else cache / f"{path.stem}__{r}__{n_boot}.json"
+        file = None if cache is None else cache / f"{path.stem}__{r}__{n_boot}__facts.json"
         if file is not None and file.is_file():
-            runs.append(json.loads(file.read_text()))
+            runs.append(regrets(json.loads(file.read_text())))
             continue
         if only_cached:
             return None
         z, y = load(path)
-        runs.append(one_split(z, y, r, n_boot))
+        facts = one_split(z, y, r, n_boot)
         if file is not None:
             file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_text(json.dumps(runs[-1]))
+            tmp = file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(facts))
+            tmp.replace(file)
+        runs.append(regrets(facts))
     return runs
+
+
+def label(name: str) -> str:
+    """``name``, marked when its rule is the one a default :class:`SelectionRule` of its metric applies."""
+    rule = RULES.get(name)
+    if rule is None:
+        return name
+    default = SelectionRule(select_by=rule.select_by)
+    same = (rule.default, rule.uses_significance) == (default.default, default.uses_significance)
+    if not same:
+        return name
+    which = "" if rule.select_by == "nll" else f" of --select-by {rule.select_by}"
+    return f"{name} (the default{which})"
 
 
 def table(per_model: dict, repeats: int) -> str:
     labels = list(next(iter(per_model.values()))[0])
     head = ["choice"] + [m for m in per_model] + ["**mean NLL regret**", "**mean Brier regret**", "max acc loss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label in labels:
+    for name in labels:
         cells, nlls, briers, losses = [], [], [], []
         for runs in per_model.values():
-            n = sum(r[label]["nll"] for r in runs) / len(runs)
-            b = sum(r[label]["brier"] for r in runs) / len(runs)
+            n = sum(r[name]["nll"] for r in runs) / len(runs)
+            b = sum(r[name]["brier"] for r in runs) / len(runs)
             nlls.append(n)
             briers.append(b)
-            losses += [r[label]["acc_loss"] for r in runs]
+            losses += [r[name]["acc_loss"] for r in runs]
             cells.append(f"{n:.4f} / {b:.4f}")
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | **{sum(nlls) / len(nlls):.4f}** | "
+        lines.append(f"| {label(name)} | " + " | ".join(cells) + f" | **{sum(nlls) / len(nlls):.4f}** | "
                      f"**{sum(briers) / len(briers):.4f}** | {max(losses):+.2f} |")
     return "\n".join(lines)
 
@@ -173,7 +204,7 @@ def main(argv=None) -> int:
             missing.append(path.stem)
             continue
         per_model[path.stem] = runs
-        chosen = {k: "/".join(r[k]["chosen"] for r in runs) for k in RULES}
+        chosen = {k: "/".join(r[k]["chosen"] for r in runs) for k in list(RULES) + ["best in hindsight (test NLL)"]}
         regrets = {k: round(sum(r[k]["nll"] for r in runs) / len(runs), 4) for k in runs[0]}
         print(f"{path.stem}: chosen {chosen}; mean NLL regret {regrets} ({time.perf_counter() - start:.0f} s so far)",
               file=sys.stderr)
