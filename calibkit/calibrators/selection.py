@@ -18,22 +18,25 @@ nested cross-validation, so the held-out part has a small say in that one choice
 ``docs/calibrators.md``). The test split is never read here. The cross-fitting lives in
 :mod:`calibkit.calibrators.crossfit` (its names are re-exported here); this module applies the rule.
 
-**The rule** (:class:`SelectionRule`, ``docs/calibrators.md``). By default the calibrator with the
-lowest cross-fitted **NLL** among the eligible ones is chosen (a proper score: it rewards calibration
-and sharpness together and, unlike the ECE, has no binning bias); temperature scaling, the default
-candidate, keeps ties. ``select_by="brier"`` ranks by the Brier score; ``select_by="ece"`` by the
-ECE, and that rule keeps the significance step below (``SelectionRule.uses_significance``):
+**The rule** (:class:`SelectionRule`, ``docs/calibrators.md``). By default the rule is anchored at
+**SMS** (structured matrix scaling, which chooses its own regularisation on the validation rows) and
+decides by the cross-fitted **NLL** (a proper score: it rewards calibration and sharpness together
+and, unlike the ECE, has no binning bias): SMS is kept unless an eligible challenger's cross-fitted
+NLL is significantly lower. Where SMS is not among the candidates (a report that fits fewer
+calibrators) or fails a guard, temperature scaling stands in for it, and the uncalibrated model when
+that fails too. ``select_by="brier"`` ranks by the Brier score with the same anchor;
+``select_by="ece"`` by the ECE, anchored at temperature scaling and guarded by NLL:
 
-* **guards.** Temperature scaling is eligible when its cross-fitted accuracy is within
-  ``acc_tolerance`` of the uncalibrated model's (always: it never changes a prediction) and, under
-  the ECE rule, its cross-fitted NLL is not above the uncalibrated NLL; otherwise the default is the
-  uncalibrated model (``"none"``). Any other calibrator is eligible when its cross-fitted accuracy is
-  at most ``acc_tolerance`` (default 0.5 points) below the uncalibrated accuracy (a calibrator is
+* **guards.** The default is eligible when its cross-fitted accuracy is within ``acc_tolerance``
+  of the uncalibrated model's (temperature scaling always is: it never changes a prediction) and,
+  under the ECE rule, its cross-fitted NLL is not above the uncalibrated NLL. Any other calibrator
+  is eligible when its cross-fitted accuracy is at most ``acc_tolerance`` (default 0.5 points)
+  below the uncalibrated accuracy (a calibrator is
   meant to fix confidences, not predictions: binning maps that lose several points are stopped, the
   affine maps' small two-way changes pass) and, under the ECE rule, its cross-fitted NLL is not above
   the default's (ECE alone can be driven down by a map that is sharp in the wrong places; a map with
   a worse proper score than the one-parameter map is not trusted on its ECE);
-* **significance** (the ECE rule, or ``significance=True``). An eligible challenger wins only when
+* **significance** (every rule unless ``significance=False``). An eligible challenger wins only when
   the paired bootstrap interval (``level``, ``n_boot`` resamples of the validation rows, the same
   draws for every calibrator, basic interval) of its cross-fitted ``select_by`` metric minus the
   default's lies wholly below 0. Among such challengers the lowest cross-fitted metric wins; with
@@ -44,9 +47,9 @@ On the real-outputs test bed a plain "lowest cross-fitted ECE" chose, on two mod
 calibrator whose test ECE was significantly above temperature scaling's: differences of ECE of a few
 tenths of a point between calibrators are mostly noise at 5,000 validation rows, and the
 significance step is what keeps such a difference from deciding (``benchmarks/real_outputs.py``).
-Under NLL the step costs more than it saves: on the same test bed the lowest cross-fitted NLL had a
-lower test-NLL regret than the same rule with the step (``benchmarks/selection_regret.py``), so
-the proper-score rules leave it out unless asked.
+Under NLL, keeping SMS unless significantly beaten had the lowest test-NLL regret of the rules
+measured on the same test bed, below "always SMS" and "the lowest cross-fitted NLL"
+(``benchmarks/selection_regret.py``, the table in ``docs/calibrators.md``).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from dataclasses import dataclass, field
 
 from calibkit.bootstrap import bootstrap_interval, holding
 from calibkit.calibrators.crossfit import (
+    FALLBACK,
     NONE,
     NOT_FITTED,
     SELECT_BY,
@@ -143,6 +147,23 @@ def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule
     return None
 
 
+def _default(scores: dict[str, CrossFitScore], rule: SelectionRule) -> tuple[str, dict[str, str]]:
+    """The rule's default after its guards: ``rule.default``, else temperature scaling (:data:`FALLBACK`)
+    when the default is not among ``scores`` or fails a guard, else ``"none"``; and why those failed."""
+    excluded: dict[str, str] = {}
+    ref = scores[NONE]
+    for name in dict.fromkeys((rule.default, FALLBACK)):
+        if name == NONE:
+            return NONE, excluded
+        if name not in scores:
+            continue
+        why = _guard(name, scores[name], ref, ref.nll, rule, "the uncalibrated model")
+        if why is None:
+            return name, excluded
+        excluded[name] = why
+    return NONE, excluded
+
+
 def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE) -> Selection:
     """Apply ``rule`` to cross-fitted ``scores`` (``"none"`` must be among them; module docstring).
 
@@ -153,12 +174,7 @@ def choose(scores: dict[str, CrossFitScore], rule: SelectionRule = DEFAULT_RULE)
     if NONE not in scores:
         raise UserError("the scores must include the uncalibrated model ('none')")
     ref = scores[NONE]
-    default = rule.default if rule.default in scores else NONE
-    excluded = {}
-    if default != NONE:
-        why = _guard(default, scores[default], ref, ref.nll, rule, "the uncalibrated model")
-        if why is not None:
-            excluded[default], default = why, NONE
+    default, excluded = _default(scores, rule)
     nll_ref = scores[default].nll
     eligible = [default]
     for name, s in scores.items():

@@ -152,7 +152,24 @@ def test_the_default_falls_back_to_the_uncalibrated_model_when_temperature_fails
     sel = choose(scores, ECE)
     assert sel.default == NONE and "NLL 0.0410 is above the uncalibrated model's 0.0400" in sel.excluded["temperature"]
     assert sel.chosen == "vector"  # point estimates (no resamples): below the default's ECE
-    assert choose(scores, SelectionRule(default="matrix")).default == NONE  # not among the candidates
+    # a default not among the candidates: temperature scaling stands in, and fails the same guard here
+    assert choose(scores, SelectionRule(select_by="ece", default="matrix")).default == NONE
+
+
+def test_the_anchor_is_sms_under_the_proper_scores_with_temperature_standing_in():
+    assert SelectionRule().default == "sms" and SelectionRule(select_by="brier").default == "sms"
+    assert SelectionRule(select_by="ece").default == "temperature"
+    assert SelectionRule().uses_significance and not SelectionRule(significance=False).uses_significance
+    scores = _scores(none=BASE, temperature=dict(BASE, nll=0.30), sms=dict(BASE, nll=0.29))
+    assert choose(scores).default == "sms" and choose(scores).chosen == "sms"
+    # SMS losing 0.6 accuracy points in cross-fitting fails the guard: temperature scaling stands in
+    lossy = _scores(none=BASE, temperature=dict(BASE, nll=0.30), sms=dict(BASE, nll=0.29, acc=BASE["acc"] - 0.006))
+    sel = choose(lossy)
+    assert sel.default == "temperature" and sel.chosen == "temperature" and "accuracy" in sel.excluded["sms"]
+    # SMS not fitted (a report fitting temperature scaling alone): temperature scaling, nothing excluded
+    only_ts = _scores(none=BASE, temperature=dict(BASE, nll=0.30))
+    assert choose(only_ts).default == "temperature" and choose(only_ts).excluded == {}
+    assert choose(scores, SelectionRule(default=NONE)).default == NONE  # asked for: no stand-in
 
 
 def test_mean_scores_average_name_by_name():
@@ -178,8 +195,10 @@ def test_rule_checks_its_values():
     assert "5-fold cross-fitted NLL" in SelectionRule().describe()
     assert "5-fold cross-fitted ECE" in ECE.describe()
     assert ECE.describe().startswith("temperature unless another calibrator")
-    assert SelectionRule().describe().startswith("the lowest 5-fold cross-fitted NLL on the validation split among "
-                                                  "temperature and the calibrators with")
+    assert SelectionRule(default="temperature", significance=False).describe().startswith(
+        "the lowest 5-fold cross-fitted NLL on the validation split among temperature and the calibrators with")
+    assert SelectionRule().describe().startswith("sms (temperature scaling where sms is not fitted or fails a guard) "
+                                                 "unless another calibrator")
     for kw, match in (({"n_boot": 5}, "n_boot"), ({"level": 1.0}, "level")):
         with pytest.raises(ValueError, match=match):
             SelectionRule(**kw)

@@ -13,6 +13,11 @@ from calibkit.report.posthoc import validation_table
 
 BASE = dict(acc=0.90, ece=0.06, nll=0.50, brier=0.20, changed=0.0)
 
+#: The mechanisms pinned here, with temperature scaling as the default (the library's anchors are
+#: tested in test_selection.py): the lowest metric, and the significance step.
+LOWEST = SelectionRule(default="temperature", significance=False)
+TS_STEP = SelectionRule(default="temperature", significance=True)
+
 
 def _noise(seed=0, n=400):
     return torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
@@ -31,7 +36,7 @@ def _scored(values: dict, metric="nll", sd=0.001):
 
 def test_of_several_significant_winners_the_lowest_metric_wins_not_the_last():
     scores = _scored({NONE: 0.50, "temperature": 0.40, "vector": 0.35, "sms": 0.30, "spline": 0.33})
-    sel = choose(scores)
+    sel = choose(scores, LOWEST)
     assert sel.chosen == "sms"
     assert sel.ranking == ["sms", "spline", "vector", "temperature", NONE]
     assert list(sel.notes) == [NONE]  # every challenger but the uncalibrated model beat the default
@@ -43,13 +48,13 @@ def test_of_several_significant_winners_the_lowest_metric_wins_not_the_last():
 
 def test_a_tie_between_winners_goes_to_the_first_in_registry_order_and_a_tie_with_the_default_to_the_default():
     tied = _scored({NONE: 0.50, "temperature": 0.40, "vector": 0.30, "matrix": 0.30})
-    sel = choose(tied)
+    sel = choose(tied, LOWEST)
     assert sel.chosen == "vector" and sel.ranking[:2] == ["vector", "matrix"]
     swapped = {k: tied[k] for k in (NONE, "temperature", "matrix", "vector")}
-    assert choose(swapped).chosen == "matrix"  # the order of the candidates decides a tie, nothing else
+    assert choose(swapped, LOWEST).chosen == "matrix"  # the order of the candidates decides a tie, nothing else
     # a challenger equal to the default (to float rounding) never displaces it, with or without significance
     equal = _scored({NONE: 0.50, "temperature": 0.40, "vector": 0.40 - 1e-16})
-    for rule in (SelectionRule(significance=True), SelectionRule()):
+    for rule in (TS_STEP, LOWEST):
         got = choose(equal, rule)
         assert got.chosen == "temperature" and got.ranking[0] == "temperature", rule
 
@@ -61,15 +66,15 @@ def test_a_non_default_rule_ranks_by_its_own_metric():
     scores = {n: CrossFitScore(**dict(BASE, nll=a, brier=b)) for n, (a, b) in vals.items()}
     nll = {n: replace(s, samples=s.nll + 0.001 * e) for n, s in scores.items()}
     brier = {n: replace(s, samples=s.brier + 0.001 * e) for n, s in scores.items()}
-    assert choose(nll, SelectionRule(select_by="nll")).chosen == "spline"
-    sel = choose(brier, SelectionRule(select_by="brier"))
+    assert choose(nll, LOWEST).chosen == "spline"
+    sel = choose(brier, replace(LOWEST, select_by="brier"))
     assert sel.chosen == "sms" and sel.ranking == ["sms", "spline", "temperature", NONE]
     assert sel.rule.describe().startswith("the lowest 5-fold cross-fitted BRIER")
     assert SelectionRule(select_by="ece").describe().startswith("temperature unless another calibrator")
     # without the significance step the lowest point estimate wins even inside the noise
     noisy = {n: replace(s, samples=s.nll + 0.2 * _noise(i)) for i, (n, s) in enumerate(scores.items())}
-    assert choose(noisy, SelectionRule(significance=True)).chosen == "temperature"
-    lowest = choose(noisy, SelectionRule())
+    assert choose(noisy, TS_STEP).chosen == "temperature"
+    lowest = choose(noisy, LOWEST)
     assert lowest.chosen == "spline"
     assert lowest.rule.describe().startswith("the lowest 5-fold cross-fitted NLL")
 
@@ -80,7 +85,7 @@ def test_an_insignificant_challenger_is_named_with_its_interval_in_the_printed_t
               "sms": CrossFitScore(**dict(BASE, nll=0.39))}
     scores = {n: replace(s, samples=s.nll + 0.05 * _noise(i)) for i, (n, s) in enumerate(scores.items())}
     del e
-    sel = choose(scores, SelectionRule(significance=True))
+    sel = choose(scores, TS_STEP)
     assert sel.chosen == "temperature"
     assert sel.notes["sms"].startswith("not significantly below temperature: NLL difference -0.0100 [")
     assert f"| sms | 6.00 | 0.3900 | 0.2000 | 90.00 | 0.00 | {sel.notes['sms']} |" in validation_table(sel)
