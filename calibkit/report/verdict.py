@@ -6,8 +6,8 @@ scores are the mean over its seeds (:func:`~calibkit.calibrators.selection.mean_
 calibrator is chosen from them by :func:`~calibkit.calibrators.selection.choose`. The test split
 takes no part in any choice.
 
-**The pair.** The default is CE with its own chosen calibrator (by the rule, usually temperature
-scaling): what a user has without a training-time method. Another (method, calibrator) pair, with
+**The pair.** The default is CE with its own chosen calibrator (by the rule, usually SMS, or
+temperature scaling where the report does not fit SMS): what a user has without a training-time method. Another (method, calibrator) pair, with
 the calibrator eligible for its method, must pass the rule's guards against CE (mean cross-fitted
 validation accuracy at most ``acc_tolerance`` below CE's uncalibrated accuracy; under the ECE rule,
 cross-fitted NLL not above the default pair's), and replaces the default only when its
