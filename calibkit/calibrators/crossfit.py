@@ -108,10 +108,11 @@ class SelectionRule:
 
         Under the proper scores the default is SMS, and on the real-outputs test bed keeping it
         unless a challenger's cross-fitted score is significantly lower had the lowest test-NLL
-        regret of the rules measured (``benchmarks/selection_regret.py``, ``docs/calibrators.md``):
-        the lowest cross-fitted NLL alone moved to maps whose small validation edge did not hold on
-        test. The ECE rule keeps the step, which stopped it from choosing calibrators whose test
-        ECE was significantly above temperature scaling's."""
+        regret of the rules measured (0.0007 against 0.0019 without the step;
+        ``benchmarks/selection_regret.py``, ``docs/calibrators.md``): the lowest cross-fitted NLL
+        alone moved to maps whose small validation edge did not hold on test. The ECE rule keeps the
+        step, which stopped it from choosing calibrators whose test ECE was significantly above
+        temperature scaling's."""
         return True if self.significance is None else self.significance
 
     def describe(self) -> str:

@@ -7,10 +7,11 @@ calibrator is chosen from them by :func:`~calibkit.calibrators.selection.choose`
 takes no part in any choice.
 
 **The pair.** The default is CE with its own chosen calibrator (by the rule, usually SMS, or
-temperature scaling where the report does not fit SMS): what a user has without a training-time method. Another (method, calibrator) pair, with
-the calibrator eligible for its method, must pass the rule's guards against CE (mean cross-fitted
-validation accuracy at most ``acc_tolerance`` below CE's uncalibrated accuracy; under the ECE rule,
-cross-fitted NLL not above the default pair's), and replaces the default only when its
+temperature scaling where the report does not fit SMS): what a user has without a training-time
+method. Another (method, calibrator) pair, with the calibrator eligible for its method, must pass
+the rule's guards against CE (mean cross-fitted validation accuracy at most ``acc_tolerance``
+below CE's uncalibrated accuracy; under the ECE rule, cross-fitted NLL not above the default
+pair's), and replaces the default only when its
 cross-fitted ``select_by`` metric is significantly below the default pair's: the paired bootstrap
 interval of the seed-averaged difference lies wholly below 0 (each run's validation resamples use
 the rule's seed, so runs of one seed on the same validation rows share their draws, and the seed
@@ -321,9 +322,7 @@ def recommendation_text(rec: dict) -> str:
         trade = _trade_off(rec, rule.select_by)
         if trade:
             lines += ["", trade]
-    ru = rec["runner_up"]
-    note = f" ({rec['runner_up_note']})" if rec.get("runner_up_note") else ""
-    lines += ["", f"- Runner-up on validation: {label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}{note}."]
+    lines += ["", _validation_line(rec)]
     power = power_line(rec)
     if power:
         lines += ["", power]
@@ -332,6 +331,19 @@ def recommendation_text(rec: dict) -> str:
         lines += [""] + conf
     lines += ["", rec["sentence"]]
     return "\n".join(lines)
+
+
+def _validation_line(rec: dict) -> str:
+    """The validation ranking's line: its runner-up, or, when the test comparisons decided the
+    recommendation, validation's own choice first (so the line never names the recommended pair as
+    validation's runner-up without saying what validation chose)."""
+    ru = rec["runner_up"]
+    note = f" ({rec['runner_up_note']})" if rec.get("runner_up_note") else ""
+    runner_up = f"{label(ru[0]) + ' + ' + ru[1] if ru else '(none eligible)'}{note}"
+    if rec.get("basis") == "confirmatory" and rec.get("val_pair"):
+        vm, vc = rec["val_pair"]
+        return f"- Validation's own choice: {label(vm)} + {vc}; runner-up there: {runner_up}."
+    return f"- Runner-up on validation: {runner_up}."
 
 
 def _how(rule: SelectionRule, metric: str, nll: str, default_pair: str) -> str:
