@@ -131,8 +131,10 @@ def test_a_method_confirmed_better_on_test_makes_the_recommendation_say_so(tmp_p
     assert "**Use: LS + temperature**, confirmed better than CE + temperature scaling on the test split" in text
     assert "No training-time method beats" not in text and "confirmed better" in "\n".join(confirmatory_lines(conf))
     # the validation line says what validation chose, so the recommended pair is never its bare "runner-up"
-    runner_up = rec["runner_up"][0].upper() if rec["runner_up"][0] == "ls" else rec["runner_up"][0].capitalize()
-    assert f"- Validation's own choice: CE + temperature; runner-up there: {runner_up} + temperature" in text
+    from calibkit.report.data import label
+
+    ru_method, ru_cal = rec["runner_up"]
+    assert f"- Validation's own choice: CE + temperature; runner-up there: {label(ru_method)} + {ru_cal}" in text
     assert "Runner-up on validation" not in text
 
 

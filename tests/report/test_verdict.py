@@ -59,7 +59,8 @@ def test_the_recommendation_never_reads_the_test_split(tmp_path):
     a.mkdir(), b.mkdir()
     clean, poisoned = _summary(a), _summary(b, poison_test=True)
     pa, pb = CalibratedProbs(), CalibratedProbs()
-    sig = SelectionRule(significance=True)  # the pair must beat CE + TS significantly on validation
+    # anchored at temperature scaling: the pair must beat CE + TS significantly on validation
+    sig = SelectionRule(default="temperature", significance=True)
     ra = recommendation(clean, pa, method_selections(clean, pa, sig), sig, n_boot=50)
     rb = recommendation(poisoned, pb, method_selections(poisoned, pb, sig), sig, n_boot=50)
     assert (ra["method"], ra["calibrator"], ra["runner_up"]) == (rb["method"], rb["calibrator"], rb["runner_up"])
