@@ -60,8 +60,8 @@ class SelectionRule:
         n_folds: cross-fitting folds (>= 2).
         n_bins: equal-width bins of the ECE.
         seed: seed of the fold permutation and of the validation bootstrap.
-        default: the calibrator kept unless significantly beaten; ``None`` (the default): the
-            rule's anchor (:data:`ANCHOR`: SMS under NLL and Brier, temperature scaling under ECE).
+        default: the calibrator kept unless significantly beaten; empty (the default) or ``None``:
+            the rule's anchor (:data:`ANCHOR`: SMS under NLL and Brier, temperature scaling under ECE).
             When it is not among the candidates or fails a guard, temperature scaling
             (:data:`FALLBACK`) stands in, and ``"none"`` when that fails too.
         level: level of the paired validation interval of the significance step.
@@ -77,7 +77,7 @@ class SelectionRule:
     n_folds: int = 5
     n_bins: int = 15
     seed: int = 0
-    default: str = None  # type: ignore[assignment]  # None -> ANCHOR[select_by] in __post_init__
+    default: str = ""  # "" (or None): ANCHOR[select_by], set in __post_init__
     level: float = 0.95
     n_boot: int = 1000
     significance: bool | None = None
@@ -97,7 +97,7 @@ class SelectionRule:
             raise UserError(f"level must be a float in [0.5, 1), got {self.level!r}")
         if self.significance is not None and not isinstance(self.significance, bool):
             raise UserError(f"significance must be True, False or None (the rule's own), got {self.significance!r}")
-        if self.default is None:
+        if self.default in ("", None):
             object.__setattr__(self, "default", ANCHOR[self.select_by])
         elif not isinstance(self.default, str):
             raise UserError(f"default must be a calibrator name, got {self.default!r}")

@@ -72,8 +72,8 @@ from calibkit.calibrators.crossfit import (
 from calibkit.calibrators.wording import accuracy_below, comparison_note, nll_above
 from calibkit.errors import UserError
 
-__all__ = ["NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", "Selection", "folds", "cross_fit",
-           "choose", "select_calibrator", "mean_scores", "unfittable"]
+__all__ = ["FALLBACK", "NONE", "NOT_FITTED", "SELECT_BY", "SelectionRule", "CrossFitScore", "Selection", "folds",
+           "cross_fit", "choose", "select_calibrator", "mean_scores", "unfittable"]
 
 DEFAULT_RULE = SelectionRule()  # frozen: one instance serves as every default
 #: Metric differences of at most this size are ties (float rounding: two temperature-scaled copies

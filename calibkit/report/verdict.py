@@ -48,7 +48,16 @@ import torch
 
 from calibkit.bench.grid import REFERENCE
 from calibkit.calibrators.registry import CALIBRATORS
-from calibkit.calibrators.selection import NONE, CrossFitScore, SelectionRule, _below, choose, cross_fit, mean_scores
+from calibkit.calibrators.selection import (
+    FALLBACK,
+    NONE,
+    CrossFitScore,
+    SelectionRule,
+    _below,
+    choose,
+    cross_fit,
+    mean_scores,
+)
 from calibkit.report.calibrated import CalibratedProbs, NoValidationLogits, cache_file
 from calibkit.report.confirm import (
     confirmatory,
@@ -349,7 +358,10 @@ def _validation_line(rec: dict) -> str:
 def _how(rule: SelectionRule, metric: str, nll: str, default_pair: str) -> str:
     keep = f"without losing accuracy ({100 * rule.acc_tolerance:g} points){nll}"
     if rule.uses_significance:
-        return (f"How: each method's calibrator is {rule.default} unless another one has a significantly lower "
+        anchor = rule.default
+        if anchor != FALLBACK:
+            anchor += f" ({FALLBACK} scaling where {rule.default} is not fitted or fails a guard)"
+        return (f"How: each method's calibrator is {anchor} unless another one has a significantly lower "
                 f"{rule.n_folds}-fold cross-fitted validation {metric} {keep}; the pair is {default_pair} unless "
                 "another pair is significantly better in the same way.")
     return (f"How: each method's calibrator is the one with the lowest {rule.n_folds}-fold cross-fitted validation "

@@ -203,7 +203,7 @@ def test_the_choice_never_reads_the_test_rows(files, capsys):
             score.pop("seconds")
     assert a == b
     assert a["rule"] == {"select_by": "nll", "acc_tolerance": 0.005, "n_folds": 5, "n_bins": 15, "seed": 0,
-                         "default": "temperature", "level": 0.95, "n_boot": 1000, "significance": False}
+                         "default": "sms", "level": 0.95, "n_boot": 1000, "significance": True}
 
 
 def test_a_calibrator_that_loses_accuracy_is_not_chosen_even_with_the_lowest_test_ece(tmp_path, capsys):
@@ -253,8 +253,12 @@ def test_select_by_and_tolerance_options(files, capsys):
     sel = _run_calibrate(tmp, tmp / "val.npz", tmp / "test.npz", tmp / "o", "--select-by", "nll", "--folds", "3",
                          "--acc-tolerance", "2")
     assert sel["rule"]["select_by"] == "nll" and sel["rule"]["n_folds"] == 3 and sel["rule"]["acc_tolerance"] == 0.02
-    eligible = [n for n in sel["ranking"]]
-    assert sel["chosen"] == min(eligible, key=lambda n: sel["scores"][n]["nll"])
+    # the default rule: SMS unless an eligible challenger's cross-fitted NLL is significantly lower
+    nll = {n: sel["scores"][n]["nll"] for n in sel["ranking"]}
+    assert sel["default"] == "sms" and sel["rule"]["significance"] is True
+    lower = [n for n in sel["ranking"] if nll[n] < nll["sms"] - 1e-12]
+    winners = [n for n in lower if n not in sel["notes"]]  # a note: not significantly below SMS
+    assert sel["chosen"] == (min(winners, key=nll.__getitem__) if winners else "sms")
     capsys.readouterr()
     for extra, match in ((["--folds", "1"], "--folds: must be an integer in [2, "),
                          (["--acc-tolerance", "nan"], "--acc-tolerance: must be a number in [0, 100]"),

@@ -85,7 +85,8 @@ def test_ce_with_another_calibrator_is_still_compared_with_ce_and_temperature_sc
 
 
 def test_the_block_prints_the_rule_the_pair_was_chosen_by():
-    rec = {"method": "ce", "calibrator": "temperature", "rule": SelectionRule(select_by="brier", n_folds=4),
+    lowest = SelectionRule(select_by="brier", n_folds=4, default="temperature", significance=False)
+    rec = {"method": "ce", "calibrator": "temperature", "rule": lowest,
            "val": CrossFitScore(acc=0.9, ece=0.02, nll=0.3, brier=0.1234, changed=0.0),
            "default": ("ce", "temperature"),
            "seeds": 2, "ece": None, "nll": None, "acc": None, "d_ece": None, "runner_up": None, "sentence": "S."}
@@ -98,6 +99,9 @@ def test_the_block_prints_the_rule_the_pair_was_chosen_by():
     ece = recommendation_text(dict(rec, rule=SelectionRule(select_by="ece")))
     assert "(cross-fitted ECE 2.00 x100)" in ece and " or raising NLL" in ece
     assert "unless another one has a significantly lower 5-fold cross-fitted validation ECE" in ece
+    default = recommendation_text(dict(rec, rule=SelectionRule(), default=("ce", "sms")))
+    assert ("How: each method's calibrator is sms (temperature scaling where sms is not fitted or fails a guard) "
+            "unless another one has a significantly lower 5-fold cross-fitted validation NLL") in default
 
 
 def test_a_pair_must_beat_the_default_pair_significantly_under_a_non_default_rule():
