@@ -15,6 +15,7 @@ import torch
 
 import calibkit.conformal as conformal
 import calibkit.functional as F
+import calibkit.functional.losses as FL
 from calibkit._arrays import array_io, to_numpy_side
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny fits: OpenMP threads cost more than they give
@@ -23,8 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny fits: OpenMP threads 
 _OTHER_INPUTS = {"ood_auroc", "fpr_at_95_tpr", "entropy_score", "max_confidence_score", "mean_iou",
                  "feature_l1_norms", "fedlas_nci", "fedlas_alpha", "adafocal", "weighted_label_smoothing",
                  "weighted_mbls", "soft_cross_entropy", "soft_l2", "margin_penalty"}
-_LOGIT_FNS = {"cross_entropy", "label_smoothing", "focal", "flsd", "ecp", "mbls", "acls", "dual_focal"}
-METRICS = [n for n in F.__all__ if n not in _OTHER_INPUTS and n not in _LOGIT_FNS]
+# the training losses called as f(logits, targets): those of calibkit.functional.losses not listed above
+_LOGIT_FNS = {n for n in FL.__all__ if n not in _OTHER_INPUTS}
+METRICS = [n for n in F.__all__ if n not in _OTHER_INPUTS and n not in FL.__all__]
 
 
 def _data(n=300, k=4, seed=0):
