@@ -13,8 +13,8 @@ sets, figures).
 
 ``--baseline DIR``: also runs the calibkit package found in ``DIR`` (e.g. an older commit exported
 with ``git archive COMMIT calibkit | tar -x -C DIR``) on the same files, alternating the two runs,
-and prints both wall times and their ratio side by side (on a shared machine only the ratio of
-interleaved runs means much).
+and prints both wall and CPU times and the ratio of the wall times side by side (on a shared
+machine only the ratio of interleaved runs means much).
 
 Usage::
 
@@ -124,14 +124,15 @@ def main(argv=None) -> int:
                 given = ["--val", str(folder / "val.npz"), "--test", str(folder / "test.npz")]
             for r in range(args.repeats):
                 cmd = _calibkit() + ["calibrate", *given, "--timings", *threads]
-                base = None
+                base = base_cpu = None
                 if args.baseline:
-                    base, _, _ = run(cmd + ["--out", str(outs / f"b{r}")], pythonpath=args.baseline)
+                    base, _, base_cpu = run(cmd + ["--out", str(outs / f"b{r}")], pythonpath=args.baseline)
                 wall, out, cpu = run(cmd + ["--out", str(outs / f"o{r}")], pythonpath=here)
                 phases = next((line for line in out.splitlines() if line.startswith("time (s):")), "")
                 verdict = "within" if wall <= TARGET_S[k] else "ABOVE"
                 ok &= wall <= TARGET_S[k]
-                side = "" if base is None else f" (baseline {base:.1f} s; ratio {wall / base:.2f})"
+                side = "" if base is None else (f" (baseline {base:.1f} s wall, {base_cpu:.1f} s CPU; ratio "
+                                                f"{wall / base:.2f})")
                 print(f"\n5,000 x {k} ({source}), run {r + 1}: {wall:.1f} s wall, {cpu:.1f} s CPU{side}, {verdict} "
                       f"the {TARGET_S[k]:g} s target; load average {os.getloadavg()[0]:.1f}\n  {phases}", flush=True)
     return 0 if ok else 1

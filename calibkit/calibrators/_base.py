@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import torch
@@ -36,7 +38,7 @@ from calibkit.calibrators.evidence import warn_absent
 from calibkit.errors import UserError
 
 __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "Calibrator", "Params", "check_not_probabilities",
-           "check_init", "fit_inputs", "lbfgs", "param_names"]
+           "check_init", "fit_inputs", "lbfgs", "lbfgs_ftol", "param_names"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -121,8 +123,25 @@ def _direction(g: torch.Tensor, pairs: list, h: torch.Tensor | None) -> torch.Te
     return d
 
 
+#: :func:`lbfgs`'s default relative-decrease tolerance (``1e-12``), changed within :func:`lbfgs_ftol`.
+_FTOL: ContextVar[float] = ContextVar("lbfgs_ftol", default=1e-12)
+
+
+@contextmanager
+def lbfgs_ftol(ftol: float):
+    """Within the block, :func:`lbfgs` (without an ``ftol`` of its own) stops when an iteration lowers
+    the loss by at most ``ftol`` relative instead of ``1e-12``: cross-fitting's fold fits
+    (:data:`calibkit.calibrators.crossfit.FOLD_FTOL`)."""
+    token = _FTOL.set(ftol)
+    try:
+        yield
+    finally:
+        _FTOL.reset(token)
+
+
 def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: int = 20,
-          closed_form: bool = False, precondition: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+          closed_form: bool = False, precondition: torch.Tensor | None = None,
+          ftol: float | None = None) -> tuple[torch.Tensor, int]:
     """Minimise ``loss_fn(x)`` (a differentiable scalar of a flat float64 tensor) from ``x0`` with
     L-BFGS; returns the minimiser and the number of iterations run. Deterministic.
 
@@ -130,9 +149,10 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
     ``s.y / y.y``; the first step is scaled to a unit L1 norm), steps by backtracking from 1
     until the Armijo condition ``f(x + t d) <= f(x) + 1e-4 t g.d`` holds (pairs with ``s.y <= 0``
     are skipped, so the curvature stays positive). Stops after ``max_iter`` iterations, when the
-    largest gradient entry is at most ``tol``, or when an iteration lowers the loss by less than
-    ``1e-12`` relative. (``torch.optim.LBFGS`` is avoided: building it imports ``torch._dynamo``,
-    which costs seconds in every process.)
+    largest gradient entry is at most ``tol``, or when an iteration lowers the loss by at most
+    ``ftol`` relative (``None``: ``1e-12``, or the value set by :func:`lbfgs_ftol`).
+    (``torch.optim.LBFGS`` is avoided: building it imports ``torch._dynamo``, which costs seconds
+    in every process.)
 
     ``closed_form``: ``loss_fn(x)`` returns ``(value, gradient)`` itself (no autograd; the same
     iterates up to rounding). ``precondition``: a positive ``(n,)`` tensor ``h`` (the diagonal of
@@ -141,6 +161,7 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
     an L1 norm of at most 1). It changes the path, not the stopping rule (on the gradient itself)
     nor the minimiser of a strictly convex loss; ``None``: the plain iteration above.
     """
+    ftol = _FTOL.get() if ftol is None else ftol
     x = x0.detach().clone()
     f, g = _value_and_grad(loss_fn, x, closed_form)
     pairs: list[tuple[torch.Tensor, torch.Tensor, float]] = []
@@ -169,7 +190,7 @@ def lbfgs(loss_fn, x0: torch.Tensor, max_iter: int, tol: float = 1e-7, history: 
             del pairs[:-history]
         drop = f - f_new
         x, f, g = x_new, f_new, g_new
-        if drop <= 1e-12 * max(1.0, abs(f)):
+        if drop <= ftol * max(1.0, abs(f)):
             break
     return x, it
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from calibkit import plots
-from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis
+from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis, shared_draws
 from calibkit.calibrators import CALIBRATORS
 from calibkit.calibrators.evidence import thin_warning, unestimable
 from calibkit.calibrators.registry import default_names
@@ -57,7 +57,10 @@ def _check_args(args, names):
 
 
 def run(args) -> int:
-    with torch_threads(args.num_threads or 1):  # restored afterwards (a Python caller's setting is its own)
+    # torch_threads: restored afterwards (a Python caller's setting is its own); shared_draws: the
+    # resamples of each (rows, resamples, seed) drawn once for the cross-fitted scores, the test
+    # intervals and the sets (the same draws as drawing them at each call)
+    with torch_threads(args.num_threads or 1), shared_draws():
         return _run(args)
 
 

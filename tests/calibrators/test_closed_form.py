@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from calibkit.calibrators import scaling
-from calibkit.calibrators._base import lbfgs
+from calibkit.calibrators._base import lbfgs, lbfgs_ftol
 from calibkit.calibrators._softmax import nll_grad, softmax_curvature
 from calibkit.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 
@@ -129,3 +129,33 @@ def test_closed_form_and_autograd_give_the_same_iterates():
         *nll_grad(x * p[:k] + p[k:], y)), x0, 8, closed_form=True)
     assert n_auto == n_closed == 8  # neither stopped early
     torch.testing.assert_close(closed, auto, rtol=0, atol=1e-10)
+
+
+def test_lbfgs_relative_drop_stop_is_set_by_its_argument_or_the_block():
+    """``ftol``: L-BFGS stops at the first iteration whose relative drop of the loss is at most
+    ``ftol``; :func:`lbfgs_ftol` sets the default within its block only (``1e-12`` outside)."""
+    a = 10 ** torch.linspace(-3, 0, 50, dtype=torch.float64)  # ill-conditioned: slow, shrinking drops
+
+    def value_grad(x):
+        return 0.5 * float((a * (x - 1) ** 2).sum()) + 1.0, a * (x - 1)
+
+    x0 = torch.zeros(50, dtype=torch.float64)
+    full, n_full = lbfgs(value_grad, x0, 5000, closed_form=True)
+    loose, n_loose = lbfgs(value_grad, x0, 5000, closed_form=True, ftol=1e-4)
+    assert 1 < n_loose < n_full
+    # the same path cut short: the full-stop run capped at n_loose iterations, and the losses of the
+    # capped runs show the rule (every drop before the last above 1e-4 relative, the last not)
+    capped, _ = lbfgs(value_grad, x0, n_loose, closed_form=True)
+    assert torch.equal(capped, loose)
+    f = [value_grad(lbfgs(value_grad, x0, j, closed_form=True)[0])[0] if j else value_grad(x0)[0]
+         for j in range(n_loose + 1)]
+    assert all(f[j - 1] - f[j] > 1e-4 * max(1.0, f[j]) for j in range(1, n_loose))
+    assert f[n_loose - 1] - f[n_loose] <= 1e-4 * max(1.0, f[n_loose])
+    with lbfgs_ftol(1e-4):
+        same, n_same = lbfgs(value_grad, x0, 5000, closed_form=True)
+    assert n_same == n_loose and torch.equal(same, loose)
+    again, n_again = lbfgs(value_grad, x0, 5000, closed_form=True)  # outside the block: 1e-12 again
+    assert n_again == n_full and torch.equal(again, full)
+    with lbfgs_ftol(1e-4):  # an explicit argument wins over the block
+        explicit, n_explicit = lbfgs(value_grad, x0, 5000, closed_form=True, ftol=1e-12)
+    assert n_explicit == n_full and torch.equal(explicit, full)
