@@ -158,7 +158,7 @@ def _tuned_at_7():
 
 
 def test_the_tasks_read_the_spec_files_of_the_submission(tmp_path):
-    from calibkit.commands.executing import submission_argv
+    from calibkit.pipeline.executor import submission_argv
     from calibkit.pipeline.spec import BenchSpec, read_spec
 
     out = str(tmp_path / "o")
