@@ -10,6 +10,7 @@ from calibkit.bench.collect import LIVE, check_bench_folder, collect, collect_li
 from calibkit.bench.grid import grid_methods
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.bench.progress import Phases
+from calibkit.bench.resultfiles import ResultFiles, split_run_key
 from calibkit.bench.runner import Bench
 from calibkit.bench.slurm_plan import status_lines
 from calibkit.bench.tune import Tuner
@@ -19,7 +20,6 @@ from calibkit.commands.tune import check_shared, print_no_extension
 from calibkit.errors import UserError
 from calibkit.pipeline import BenchOptions, BenchResult, Inline, Submission, write_report
 from calibkit.store import run_key
-from calibkit.store.files import ResultFiles, split_run_key
 
 
 def run(args) -> int:

@@ -7,13 +7,13 @@ import sys
 from calibkit.bench.collect import check_bench_folder, collect, collect_line
 from calibkit.bench.preflight import check_out
 from calibkit.bench.presetcheck import check_seeds
+from calibkit.bench.resultfiles import ResultFiles
 from calibkit.bench.slurm_plan import status_lines
 from calibkit.bench.tune import Tuner
 from calibkit.commands.executing import await_spec, check_executor, executor_from_args, print_failures, run_scheduled
 from calibkit.commands.presetargs import spec_from_args
 from calibkit.errors import UserError, UserRuntimeError
 from calibkit.pipeline import Inline, Submission, TuneOptions, TuneResult, tune_report
-from calibkit.store.files import ResultFiles
 
 
 def check_shared(args) -> None:

@@ -5,11 +5,11 @@ import re
 
 import pytest
 
+from calibkit.bench import resultfiles as R
 from calibkit.bench.grid import METHODS
 from calibkit.bench.slurm import _ranges
 from calibkit.cli import main
 from calibkit.pipeline.spec import read_spec
-from calibkit.store import files as R
 
 ONE_STAGE = [m for m in METHODS if m != "ce" and METHODS[m].kind == "train"]
 
