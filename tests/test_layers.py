@@ -147,7 +147,7 @@ def test_an_upward_import_in_the_bench_is_caught(source, found):
 
 @pytest.mark.parametrize("where", ["train/_layer_probe.py", "rundir.py"])
 @pytest.mark.parametrize("source, found", [
-    ("from calibkit.store.files import RESULT\n", "calibkit.store.files"),
+    ("from calibkit.store.common import StoreError\n", "calibkit.store.common"),
     ("def f():\n    from calibkit.store import open_store\n", "calibkit.store"),
     ("from calibkit.bench import paths\n", "calibkit.bench"),
 ])

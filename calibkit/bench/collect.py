@@ -1,6 +1,6 @@
 """``calibkit bench --collect`` (and ``calibkit report``): result files into the local ``runs.db``.
 
-Every run and candidate result file under the bench directory (:mod:`calibkit.store.files`) is
+Every run and candidate result file under the bench directory (:mod:`calibkit.bench.resultfiles`) is
 imported with ``Store.import_row(table, row)``: a row absent from the database is inserted, a
 ``running`` or ``failed`` one is replaced by the file's, a ``done`` one is never rewritten. The
 import is therefore idempotent: collecting twice, or while tasks still run, imports each finished
@@ -22,10 +22,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from calibkit.bench import resultfiles as R
 from calibkit.bench.slurm import key_states, submissions
 from calibkit.errors import UserError
 from calibkit.store import Store, open_store
-from calibkit.store import files as R
 from calibkit.store.common import COLUMNS
 
 

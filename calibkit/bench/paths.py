@@ -1,11 +1,12 @@
 """Where a bench keeps its runs: one directory per (preset, method, seed), one per tuning candidate.
 
-The layout is written in :mod:`calibkit.store.files` (the result-file store reads it too). The
-bench's files around its runs are named here as well: its database (:data:`BENCH_DB`), which command
-owns a directory (:data:`OWNERS`), the config paths a run records relative to the bench directory
-(:func:`rooted`), and a run directory that holds only the records of a scheduler's attempts
-(:func:`only_records`); :func:`placement` hands the last two to the training loop
-(:class:`calibkit.train.state.Placement`), which knows nothing of benches.
+The layout is written here: :func:`run_dir_for` and :func:`candidate_dir_for` (the result files
+of a scheduler's task, :mod:`calibkit.bench.resultfiles`, read it too). The bench's files around
+its runs are named here as well: its database (:data:`BENCH_DB`), which command owns a directory
+(:data:`OWNERS`), the config paths a run records relative to the bench directory (:func:`rooted`),
+and a run directory that holds only the records of a scheduler's attempts (:func:`only_records`);
+:func:`placement` hands the last two to the training loop (:class:`calibkit.train.state.Placement`),
+which knows nothing of benches.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import json
 import os
 from pathlib import Path
 
+from calibkit.bench.grid import REFERENCE
 from calibkit.rundir import CONFIG
 from calibkit.store.common import legacy_path, stored_path
-from calibkit.store.files import CANDIDATE, RECORD_FORMAT, RESULT, candidate_dir_for, run_dir_for
 from calibkit.train.state import Placement
 
 __all__ = ["RETIRED", "BENCH_DB", "OWNERS", "ROOTED_FIELDS", "candidate_dir_for", "run_dir_for", "directory_owner",
@@ -27,8 +28,24 @@ __all__ = ["RETIRED", "BENCH_DB", "OWNERS", "ROOTED_FIELDS", "candidate_dir_for"
 RETIRED = "~"
 
 BENCH_DB = "runs.db"  # a bench's (and tune's) results database, at the top of its output directory
-# The per-run result records a scheduler's task writes: RECORD_FORMAT, RESULT, CANDIDATE
-# (calibkit.store.files, which reads and writes them).
+# The per-run result records a scheduler's task writes in the run directory (calibkit.bench.resultfiles,
+# which reads and writes them; only_records reads them too).
+RECORD_FORMAT = "calibkit-result"
+RESULT = "result.json"
+CANDIDATE = "candidate.json"
+
+
+def run_dir_for(out, preset: str, method: str, seed: int) -> Path:
+    """``OUT/runs/<preset>/<method>/seed<k>``: the run directory of one grid run."""
+    return Path(out) / "runs" / preset / method / f"seed{seed}"
+
+
+def candidate_dir_for(out, preset: str, method: str, seed: int, slug: str) -> Path:
+    """The run directory of one tuning candidate: ``OUT/tune/<preset>/<method>/<values>``
+    (the reference method's, which has nothing to tune, is its run of the selection seed)."""
+    if method == REFERENCE:
+        return run_dir_for(out, preset, method, seed)
+    return Path(out) / "tune" / preset / method / slug
 
 # TrainConfig fields holding a directory that may lie inside the bench directory a run belongs to
 # (the annotated CSM set under DIR/cache/): config.json records them relative to that directory.
@@ -84,7 +101,7 @@ def only_records(run_dir) -> bool:
     """True when ``run_dir`` holds nothing but the records of attempts that did not finish.
 
     A scheduler's task interrupted (cancelled, requeued) or failed before training wrote anything
-    leaves only its record there (:mod:`calibkit.store.files`), saying ``failed`` (e.g.
+    leaves only its record there (:mod:`calibkit.bench.resultfiles`), saying ``failed`` (e.g.
     "interrupted"). That directory is calibkit's and holds no run: the next attempt starts the run
     in it (the record stays until the attempt writes its own). A record saying ``done``, an
     unreadable one or any other file means otherwise. Temporary files of a record's write are ignored.

@@ -1,7 +1,7 @@
 """What a scheduler's task left in its run directory, read back for the message of a task that stopped.
 
-The result files themselves (their format, :class:`~calibkit.store.files.ResultFiles`) are a
-store backend: :mod:`calibkit.store.files`.
+The result files themselves (their format, :class:`~calibkit.bench.resultfiles.ResultFiles`, a
+store backend) are :mod:`calibkit.bench.resultfiles`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibkit import rundir
-from calibkit.store.files import candidate_path, result_path
+from calibkit.bench.resultfiles import candidate_path, result_path
 
 
 def task_kept(out: Path, key: str) -> str:

@@ -88,7 +88,7 @@ class Bench:
         log: where progress lines go.
         store: where the records go: None for ``out/runs.db``, a ``postgresql://`` URL
             (:func:`calibkit.store.open_store`), or a :class:`~calibkit.store.protocol.ResultStore`
-            (a scheduler's task passes :class:`calibkit.store.files.ResultFiles`). Opened by rank 0
+            (a scheduler's task passes :class:`calibkit.bench.resultfiles.ResultFiles`). Opened by rank 0
             only (:func:`open_bench_store`).
 
     Attributes:

@@ -3,7 +3,7 @@
 The executor decides *where* a run key executes; *what* runs is unchanged: array task ``i`` runs
 one ordinary command, ``python -m calibkit bench ... --run-key KEY`` (``tune ... --run-key`` for a
 candidate), which executes exactly that run and writes ``RUN_DIR/result.json``
-(:mod:`calibkit.store.files`) instead of opening ``runs.db``. ``--collect`` imports the files.
+(:mod:`calibkit.bench.resultfiles`) instead of opening ``runs.db``. ``--collect`` imports the files.
 
 One array per stage and resource shape, written to ``OUT/slurm/NNN-<stage>.sh`` with the index ->
 key map beside it (``NNN-<stage>.keys``: ``INDEX KEY`` per line; ``NNN`` numbers submissions):
@@ -48,9 +48,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibkit.bench import resultfiles as R
 from calibkit.bench import slurm_values as V
 from calibkit.errors import UserError, UserRuntimeError
-from calibkit.store import files as R
 
 # squeue states of a task that runs; every other state squeue lists counts as queued, except ...
 RUNNING = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"}

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from calibkit.bench.collect import check_bench_folder, read_recorded
 from calibkit.bench.grid import METHODS, REFERENCE, grid_methods
 from calibkit.bench.producers import PRODUCERS
+from calibkit.bench.resultfiles import ResultFiles
 from calibkit.bench.slurm import Array, SlurmOptions, cancel_stuck, key_states, submit
 from calibkit.bench.tune import Tuner
 from calibkit.store import run_key
-from calibkit.store.files import ResultFiles
 
 _SKIP = ("done", "queued", "running")
 

@@ -7,16 +7,17 @@ produced elsewhere waits for it (:mod:`calibkit.bench.runner`). ``--workers N`` 
 processes itself (``python -m calibkit bench --spec FILE``: the bench's spec file, written once its
 checks have passed, :mod:`calibkit.pipeline.spec`; ``--store``'s URL, which may hold a password, in
 their environment rather than in the file or on their command lines),
-runs the bench in the calling process too, waits for the others and writes the report once. Each
+runs the bench in the calling process too, waits for the others and writes the report once
+(:class:`calibkit.pipeline.executor.LocalProcesses`; the process mechanics are here). Each
 extra worker's output is appended to ``DIR/logs/worker-K.log``, after a header line naming the date
 and the command: the log of an interrupted bench (its worker's error) is still there after the
 same command is run again to continue it.
 
-The extra workers are started first thing, before the calling process imports torch, and spend the
-seconds of their own start-up (imports, the first optimizer's lazy imports, the CUDA context)
-while the calling process checks the bench. They then wait on their standard input: the caller
-releases them (``go LOGFILE``) once every check has passed, or closes it, and they exit without
-having written anything (a bench that cannot run leaves no trace).
+The extra workers are started before the calling process checks the bench, and spend the seconds
+of their own start-up (imports, the first optimizer's lazy imports, the CUDA context) while it
+does. They then wait on their standard input: the caller releases them (``go LOGFILE``) once every
+check has passed, or closes it, and they exit without having written anything (a bench that cannot
+run leaves no trace). A released worker runs the bench as any process does, the same checks first.
 
 A released worker keeps watching its standard input (:func:`watch_parent`): the caller holds the
 pipe open until the worker has exited, so its end means that the caller is gone (killed, even by
@@ -50,7 +51,6 @@ from pathlib import Path
 
 import torch
 
-from calibkit.errors import UserError
 from calibkit.store import resolve_store
 from calibkit.store.secrets import redact
 
@@ -70,27 +70,6 @@ def start_workers(argv: list[str], n: int, store: str | None = None) -> list[sub
         env[STORE_ENV] = url
     return [subprocess.Popen([sys.executable, "-m", "calibkit", *argv], stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, env=env) for _ in range(n)]
-
-
-def run_with_workers(workers: int, body, argv: list[str], store: str | None = None):
-    """Check the count ``workers``, start its extra workers (``argv``, ``store``: as for
-    :func:`start_workers`) waiting, return ``body(waiting)``.
-
-    ``body`` releases the workers (emptying ``waiting``) once its own checks pass; those still
-    waiting when it returns or raises are told the run will not happen, and exit having written
-    nothing. Shared by ``calibkit bench`` and ``calibkit tune``.
-    """
-    if workers < 1:
-        raise UserError(f"--workers must be >= 1, got {workers}")
-    if workers > 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("--workers starts processes itself; under torchrun use --workers 1")
-    # first thing: they start up while this process imports and checks
-    waiting = start_workers(argv, workers - 1, store) if workers > 1 else []
-    try:
-        return body(waiting)
-    finally:
-        if waiting:  # still waiting: the body failed before releasing them
-            cancel_workers(waiting)
 
 
 def _tell(proc: subprocess.Popen, line: str | None) -> None:

@@ -4,33 +4,22 @@ from __future__ import annotations
 
 import sys
 
-import calibkit.bench.preflight
 import calibkit.report
 from calibkit import distributed as D
 from calibkit.bench.collect import LIVE, check_bench_folder, collect, collect_line, read_recorded, unfinished
 from calibkit.bench.grid import grid_methods
 from calibkit.bench.presetcheck import check_seeds
 from calibkit.bench.progress import Phases
+from calibkit.bench.resultfiles import ResultFiles, split_run_key
 from calibkit.bench.runner import Bench
-from calibkit.bench.slurm_plan import status_lines, submit_bench
+from calibkit.bench.slurm_plan import status_lines
 from calibkit.bench.tune import Tuner
-from calibkit.bench.workers import run_with_workers
-from calibkit.commands.executing import (
-    await_spec,
-    check_executor,
-    print_failures,
-    run_scheduled,
-    slurm_options,
-    submission_argv,
-    worker_argv,
-    worker_sharing,
-)
+from calibkit.commands.executing import await_spec, check_executor, executor_from_args, print_failures, run_scheduled
 from calibkit.commands.presetargs import spec_from_args
 from calibkit.commands.tune import check_shared, print_no_extension
 from calibkit.errors import UserError
-from calibkit.pipeline import BenchOptions, Sharing, run_spec, write_report
+from calibkit.pipeline import BenchOptions, BenchResult, Inline, Submission, write_report
 from calibkit.store import run_key
-from calibkit.store.files import ResultFiles, split_run_key
 
 
 def run(args) -> int:
@@ -43,8 +32,7 @@ def run(args) -> int:
     if args.run_key or args.status or args.collect or args.executor != "local":
         return _elsewhere(args, spec)
 
-    return run_with_workers(args.workers, lambda waiting: _run(args, spec, waiting), worker_argv(spec),
-                            spec.options.store)
+    return _summary(args, spec, executor_from_args(args).execute(spec))
 
 
 def options_from_args(args):
@@ -64,7 +52,8 @@ def _worker(args) -> int:
     spec = await_spec(args, "bench")
     if spec is None:
         return 0
-    result = run_spec(spec, sharing=Sharing(released=True))
+    result = Inline().execute(spec)  # the checks, the preset's record and the runs, as in its caller
+    assert isinstance(result, BenchResult)
     if not result.main:
         return 0
     counts = result.counts
@@ -76,9 +65,9 @@ def _worker(args) -> int:
     return 1 if counts.failed else 0
 
 
-def _run(args, spec, waiting: list) -> int:
-    preset = spec.load()
-    result = run_spec(spec, sharing=worker_sharing(args, spec, waiting, f"bench {preset.name}", "runs"))
+def _summary(args, spec, result) -> int:
+    """Print what the local executor did: the counts, the failures, then the report (written here)."""
+    assert isinstance(result, BenchResult)
     if not result.main:
         return 0
     counts = result.counts
@@ -123,17 +112,14 @@ def _elsewhere(args, spec) -> int:
     if args.collect:
         return _collect(args, spec, preset)
 
-    opts = spec.options
-    calibkit.bench.preflight.check_bench(preset, spec.out, seeds=_seq(opts.seeds), methods=_seq(opts.methods),
-                                         data_dir=opts.data_dir, csm_store=opts.csm_store)
-    argv = submission_argv(spec, ("bench", "tune", "select") if opts.tune else ("bench",))
-    ids = submit_bench(spec.out, preset, opts, slurm_options(args), argv, dry_run=args.dry_run)
-    if not ids:
+    done = executor_from_args(args).execute(spec)  # SLURM arrays
+    assert isinstance(done, Submission)
+    if not done.jobs:
         print(f"bench {preset.name}: nothing to submit (every run is done, queued or running; see --status)")
-    elif not args.dry_run:
+    elif not done.dry_run:
         print(f"bench {preset.name}: submitted; follow it with --status, then --collect for the table")
 
-    print_no_extension(preset.name, ids, "bench")
+    print_no_extension(preset.name, done.jobs, "bench")
     return 0
 
 

@@ -1,6 +1,6 @@
-"""What ``bench`` and ``tune`` share when they run: the SLURM options' checks and the arguments of
-the tasks, one scheduled task's run, the failures' lines and the sharing of the runs with
-``--workers`` processes, which read the bench's spec file."""
+"""What ``bench`` and ``tune`` share when they run: the SLURM options' checks, the executor the
+command line chooses (:mod:`calibkit.pipeline.executor`), one scheduled task's run, the failures'
+lines, and an extra ``--workers`` process's wait for its release and its spec file."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import sys
 
 from calibkit.bench.slurm import SlurmOptions
 from calibkit.bench.slurm_values import check_text
-from calibkit.bench.workers import await_start, reaper, release_workers, wait_workers, warm_up
+from calibkit.bench.workers import await_start, warm_up
 from calibkit.errors import UserError
-from calibkit.pipeline import Sharing
-from calibkit.pipeline.spec import BenchSpec, read_spec
+from calibkit.pipeline.executor import Executor, Inline, LocalProcesses, SlurmArrays
+from calibkit.pipeline.spec import read_spec
 from calibkit.train import preempt
 
 
@@ -52,19 +52,12 @@ def slurm_options(args) -> SlurmOptions:
                         requeue=args.requeue, signal_s=args.signal).validate()
 
 
-def submission_argv(spec, commands) -> dict[str, list[str]]:
-    """Write the spec file of a ``--executor slurm`` submission (a ``bench --tune`` also its tuning's);
-    returns the calibkit arguments of each kind of task (``commands``: of ``bench``, ``tune``,
-    ``select``), each reading its spec file (the script adds ``--run-key``)."""
-    tune = spec
-    if spec.command == "bench":
-        tune = BenchSpec("tune", spec.preset, spec.out, spec.options.tune_options(), changes=spec.changes)
-    argv = {}
-    for command in commands:
-        own = spec if command == spec.command else tune
-        more = ("--select-only",) if command == "select" else ()
-        argv[command] = own.argv(own.write(), *more)
-    return argv
+def executor_from_args(args) -> Executor:
+    """The executor ``--executor`` and ``--workers`` choose: SLURM arrays, N local processes, or
+    this process alone (the counts and the SLURM options checked)."""
+    if args.executor == "slurm":
+        return SlurmArrays(slurm_options(args), dry_run=args.dry_run)
+    return Inline() if args.workers == 1 else LocalProcesses(args.workers)
 
 
 def run_scheduled(args, run) -> int:
@@ -96,31 +89,6 @@ def print_failures(command: str, failures: list[str], where: str) -> None:
     for line in failures:
         print(f"calibkit {command}: error: {line}; recorded in {where}; run the same command again to retry it",
               file=sys.stderr)
-
-
-def worker_argv(spec) -> list[str]:
-    """The calibkit arguments of an extra worker of ``--workers N``: wait to be released, then run
-    ``spec`` from its file (written on release, :func:`worker_sharing`)."""
-    return spec.argv(os.path.abspath(spec.path()), "--await-start")
-
-
-def worker_sharing(args, spec, waiting: list, head: str, noun: str):
-    """The :class:`calibkit.pipeline.Sharing` of ``bench``/``tune`` with ``--workers``: the caller's,
-    writing ``spec``'s file and releasing the ``waiting`` processes before the first run and waiting
-    for them after the last (``head``, ``noun``: its message's words)."""
-    if not waiting:
-        return Sharing()
-
-    workers: list = []
-
-    def start() -> None:
-        spec.write()  # every check has passed: the workers read it once released
-        workers.extend(release_workers(waiting, spec.out))
-        waiting.clear()
-        print(f"{head}: {args.workers} processes share the {noun} (the others log to {spec.out}/logs/worker-K.log)")
-
-    return Sharing(start=start, finish=lambda interrupted: wait_workers(workers, interrupted=interrupted),
-                   reap=reaper(workers))
 
 
 def await_spec(args, command: str):

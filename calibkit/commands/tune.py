@@ -7,23 +7,13 @@ import sys
 from calibkit.bench.collect import check_bench_folder, collect, collect_line
 from calibkit.bench.preflight import check_out
 from calibkit.bench.presetcheck import check_seeds
-from calibkit.bench.slurm_plan import status_lines, submit_tune
+from calibkit.bench.resultfiles import ResultFiles
+from calibkit.bench.slurm_plan import status_lines
 from calibkit.bench.tune import Tuner
-from calibkit.bench.workers import run_with_workers
-from calibkit.commands.executing import (
-    await_spec,
-    check_executor,
-    print_failures,
-    run_scheduled,
-    slurm_options,
-    submission_argv,
-    worker_argv,
-    worker_sharing,
-)
+from calibkit.commands.executing import await_spec, check_executor, executor_from_args, print_failures, run_scheduled
 from calibkit.commands.presetargs import spec_from_args
 from calibkit.errors import UserError, UserRuntimeError
-from calibkit.pipeline import Sharing, TuneOptions, run_spec, tune_report
-from calibkit.store.files import ResultFiles
+from calibkit.pipeline import Inline, Submission, TuneOptions, TuneResult, tune_report
 
 
 def check_shared(args) -> None:
@@ -43,8 +33,7 @@ def run(args) -> int:
         return _worker(args)
 
     spec = spec_from_args(args, "tune", lambda: options_from_args(args))
-    return run_with_workers(args.workers, lambda waiting: _run(args, spec, waiting), worker_argv(spec),
-                            spec.options.store)
+    return _run(args, spec)
 
 
 def options_from_args(args):
@@ -62,25 +51,30 @@ def _worker(args) -> int:
     spec = await_spec(args, "tune")
     if spec is None:
         return 0
-    result = run_spec(spec.with_options(report=False), sharing=Sharing(released=True))
+    result = Inline().execute(spec.with_options(report=False))  # the checks and the candidates, as in its caller
     return 1 if result.counts.failed else 0
 
 
-def _run(args, spec, waiting: list) -> int:
+def _run(args, spec) -> int:
     preset = spec.load()
     check_out(spec.out)  # before the database is created: not into a training run's directory
     if args.status and args.collect:
         raise UserError("--status and --collect: give one of them (--status shows each candidate's state and "
                          "changes nothing; --collect imports the result files into runs.db, then prints the tuning)")
-    if args.run_key or args.select_only or args.status or args.executor != "local":
+    if args.run_key or args.select_only or args.status:
         return _elsewhere(args, spec, preset)
     if args.collect:
         check_bench_folder(spec.out)
         print(collect_line(spec.out, collect(spec.out)))
         return _print_tuning(spec, preset)
 
-    sharing = worker_sharing(args, spec, waiting, f"tune {preset.name}", "candidates")
-    result = run_spec(spec, sharing=sharing)
+    result = executor_from_args(args).execute(spec)
+    if isinstance(result, Submission):  # SLURM arrays
+        if not result.jobs:
+            print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
+        print_no_extension(preset.name, result.jobs, "tune")
+        return 0
+    assert isinstance(result, TuneResult)
     if not result.main:
         return 1 if result.counts.failed else 0
 
@@ -115,20 +109,13 @@ def print_no_extension(name: str, ids: dict, command: str) -> None:
 
 
 def _elsewhere(args, spec, preset) -> int:
-    """One scheduled candidate (``--run-key``), the selection job (``--select-only``), ``--status``
-    and submitting (``--executor slurm``); see :mod:`calibkit.bench.slurm`."""
+    """One scheduled candidate (``--run-key``), the selection job (``--select-only``) and ``--status``;
+    see :mod:`calibkit.bench.slurm`."""
     opts = spec.options
     if args.status:
         lines, counts = status_lines(spec.out, preset, opts)
         print("\n".join(lines))
         print(f"tune {preset.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
-        return 0
-    if args.executor == "slurm" and not (args.run_key or args.select_only):
-        ids = submit_tune(spec.out, preset, opts, slurm_options(args), submission_argv(spec, ("tune", "select")),
-                          dry_run=args.dry_run)
-        if not ids:
-            print(f"tune {preset.name}: nothing to submit (every candidate is done, queued or running)")
-        print_no_extension(preset.name, ids, "tune")
         return 0
 
     def one() -> int:

@@ -24,15 +24,25 @@ path of a preset TOML file (a ``str`` that names a shipped preset is that preset
 made (a bad value is a :class:`~calibkit.errors.UserError` naming the field), so one options
 object can be reused for several benches. A :class:`BenchSpec` is one bench or tuning as one value
 (preset, directory, options), written to a JSON file in the output directory that the command
-line's ``--workers N`` processes and SLURM tasks read (:func:`run_spec` runs one); the local workers
-reach these functions through :class:`Sharing`, which a Python caller leaves out.
+line's ``--workers N`` processes and SLURM tasks read (:func:`run_spec` runs one). Where a spec's
+runs execute is an :class:`~calibkit.pipeline.executor.Executor`'s choice: this process
+(:class:`~calibkit.pipeline.executor.Inline`), N processes on this machine sharing the runs through
+the store's claims (:class:`~calibkit.pipeline.executor.LocalProcesses`) or SLURM job arrays
+(:class:`~calibkit.pipeline.executor.SlurmArrays`); each runs the same checks first
+(:func:`preflight`)::
+
+    from calibkit.pipeline import BenchOptions, BenchSpec, LocalProcesses
+
+    result = LocalProcesses(2).execute(BenchSpec("bench", "smoke", "runs/smoke", BenchOptions()))
 """
 
 from __future__ import annotations
 
-from calibkit.pipeline.options import BenchOptions, BenchResult, Sharing, TuneOptions, TuneReport, TuneResult
-from calibkit.pipeline.run import load, run_bench, run_spec, run_tune, tune_report, write_report
+from calibkit.pipeline.executor import Executor, Inline, LocalProcesses, SlurmArrays, Submission
+from calibkit.pipeline.options import BenchOptions, BenchResult, TuneOptions, TuneReport, TuneResult
+from calibkit.pipeline.run import load, preflight, run_bench, run_spec, run_tune, tune_report, write_report
 from calibkit.pipeline.spec import BenchSpec, read_spec
 
-__all__ = ["BenchOptions", "BenchResult", "BenchSpec", "Sharing", "TuneOptions", "TuneReport", "TuneResult", "load",
-           "read_spec", "run_bench", "run_spec", "run_tune", "tune_report", "write_report"]
+__all__ = ["BenchOptions", "BenchResult", "BenchSpec", "Executor", "Inline", "LocalProcesses", "SlurmArrays",
+           "Submission", "TuneOptions", "TuneReport", "TuneResult", "load", "preflight", "read_spec", "run_bench",
+           "run_spec", "run_tune", "tune_report", "write_report"]

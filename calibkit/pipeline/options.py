@@ -14,7 +14,7 @@ from calibkit.bench.presetcheck import check_seeds
 from calibkit.errors import UserError
 from calibkit.store import is_url, redact
 
-__all__ = ["BenchOptions", "BenchResult", "Sharing", "TuneOptions", "TuneReport", "TuneResult", "checked", "check_out"]
+__all__ = ["BenchOptions", "BenchResult", "TuneOptions", "TuneReport", "TuneResult", "checked", "check_out"]
 
 
 def _seeds(values) -> tuple[int, ...] | None:
@@ -182,29 +182,6 @@ def check_out(out) -> None:
     """The output directory's type (its place on disk is checked with the preset)."""
     if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
         raise UserError(f"out: expected the output directory's path (a non-empty str or os.PathLike), got {out!r}")
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """How the command line's ``--workers N`` shares a bench or tuning with the processes it
-    started (:mod:`calibkit.bench.workers`); a Python caller leaves it out.
-
-    Attributes:
-        released: this process is an extra worker its caller released: the caller has checked
-            everything and records the preset, so neither is done again here.
-        start: called once every check has passed, CSM's set is built, the selection made and the
-            preset recorded, just before the first run (the caller releases its workers).
-        finish: called after the runs, with whether they were interrupted; returns one line per
-            worker that failed (reported; a bench counts its runs by their final state).
-        reap: called while waiting for a run another process holds; reaps the workers that have
-            ended and returns one line per worker that ended badly since the last call (their
-            runs are then taken over at once; :func:`calibkit.bench.workers.reaper`).
-    """
-
-    released: bool = False
-    start: Callable[[], None] | None = None
-    finish: Callable[[bool], list[str]] | None = None
-    reap: Callable[[], list[str]] | None = None
 
 
 @dataclass(frozen=True)

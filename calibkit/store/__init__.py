@@ -5,7 +5,8 @@ By default one SQLite file, ``runs.db``, in the bench directory (:class:`Store`)
 ``--store postgresql://...`` a PostgreSQL database (:class:`PostgresStore`, psycopg 3) that benches
 on several hosts share. Both have the same tables and API; :func:`open_store` picks one. The
 operations the bench and the tuner use are declared by :class:`ResultStore`, which the result
-files of a scheduler's task (:class:`ResultFiles`) and the non-main ranks' :class:`NullStore` answer too.
+files of a scheduler's task (:class:`calibkit.bench.resultfiles.ResultFiles`) and the non-main
+ranks' :class:`NullStore` answer too.
 
 A run is identified by its key ``preset/method/seed``. Its row records the status
 (``running``, ``done``, ``failed``), the owner and its heartbeat, the full config, the seed, the
@@ -43,14 +44,13 @@ from calibkit.store.common import (
     owner_alive,
     run_key,
 )
-from calibkit.store.files import ResultFiles
 from calibkit.store.null import NullStore
 from calibkit.store.postgres import PostgresStore, is_url
 from calibkit.store.protocol import ResultStore
 from calibkit.store.secrets import redact
 from calibkit.store.sqlite import BUSY_TIMEOUT_S, SQLITE_HEADER, Store, check_database_file
 
-__all__ = ["Store", "PostgresStore", "ResultFiles", "NullStore", "ResultStore",
+__all__ = ["Store", "PostgresStore", "NullStore", "ResultStore",
            "StoreError", "run_key", "open_store", "describe_store", "check_store",
            "check_database_file", "SCHEMA_VERSION", "HEARTBEAT_S", "GRACE_S", "HEARTBEAT_ENV", "GRACE_ENV",
            "BUSY_TIMEOUT_S", "SQLITE_HEADER", "owner_alive", "is_url", "redact", "resolve_store"]

@@ -2,8 +2,8 @@
 
 Four backends answer it: the SQLite file ``runs.db`` (:class:`~calibkit.store.sqlite.Store`), a
 PostgreSQL server (:class:`~calibkit.store.postgres.PostgresStore`), the result files of a
-scheduler's task (:class:`~calibkit.store.files.ResultFiles`) and, on the processes of a
-``torchrun`` job other than rank 0, a store that records nothing
+scheduler's task (:class:`~calibkit.bench.resultfiles.ResultFiles`, in the bench: they live in its
+run directories) and, on the processes of a ``torchrun`` job other than rank 0, a store that records nothing
 (:class:`~calibkit.store.null.NullStore`; rank 0's answers reach them by broadcast). Every
 operation is required; what a backend cannot keep is said by ``keeps_records`` (tuning records)
 or raised as :class:`~calibkit.store.common.StoreError` (``retire``), never probed for.
@@ -98,10 +98,9 @@ class ResultStore(Protocol):
 
 
 if TYPE_CHECKING:  # the type checker verifies that every backend conforms
-    from calibkit.store.files import ResultFiles
     from calibkit.store.null import NullStore
     from calibkit.store.postgres import PostgresStore
     from calibkit.store.sqlite import Store
 
-    def _backends(a: Store, b: PostgresStore, c: ResultFiles, d: NullStore) -> list[ResultStore]:
-        return [a, b, c, d]
+    def _backends(a: Store, b: PostgresStore, d: NullStore) -> list[ResultStore]:
+        return [a, b, d]  # the result files of a scheduler's task: checked in calibkit.bench.resultfiles

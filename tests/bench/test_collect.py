@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from calibkit.bench import resultfiles as R
 from calibkit.bench.collect import collect
 from calibkit.store import Store
-from calibkit.store import files as R
 
 
 def _done(out, key, **fields):

@@ -205,9 +205,9 @@ def test_tune_worker_arguments_are_the_same_tuning(tmp_path):
     import argparse
 
     from calibkit.commands import tune as tune_cmd
-    from calibkit.commands.executing import worker_argv
     from calibkit.commands.parsers import tune as tune_parser
     from calibkit.commands.presetargs import spec_from_args
+    from calibkit.pipeline.executor import worker_argv
 
     p = argparse.ArgumentParser()
     tune_parser.register(p.add_subparsers())

@@ -210,8 +210,8 @@ def test_hosts_recording_the_same_preset_at_once_do_not_collide(tmp_path):
 def test_the_extra_workers_build_the_same_preset(tmp_path):
     from calibkit.cli import build_parser
     from calibkit.commands import bench as bench_cmd
-    from calibkit.commands.executing import worker_argv
     from calibkit.commands.presetargs import preset_from_args, spec_from_args
+    from calibkit.pipeline.executor import worker_argv
 
     parser = build_parser()
     args = parser.parse_args(["bench", "--preset", "cifar10", "--epochs", "35", "--no-augment", "--val-size", "0.2",

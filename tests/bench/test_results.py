@@ -5,9 +5,9 @@ import os
 
 import pytest
 
+from calibkit.bench import resultfiles as R
 from calibkit.bench.collect import collect
 from calibkit.store import Store
-from calibkit.store import files as R
 
 SLURM_ENV = {"SLURM_JOB_ID": "41", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "1", "SLURM_RESTART_COUNT": "2",
              "SLURMD_NODENAME": "node7"}

@@ -18,13 +18,13 @@ from safetensors import SafetensorError
 
 from calibkit import rundir
 from calibkit.bench import evaluation
+from calibkit.bench import resultfiles as R
 from calibkit.bench.attempts import Counts
 from calibkit.bench.grid import PRESETS, Preset
 from calibkit.bench.producers import RunFactory
 from calibkit.bench.results import task_kept
 from calibkit.bench.runner import Bench
 from calibkit.store import Store
-from calibkit.store import files as R
 
 TINY = Preset(name="tiny", dataset="digits", model="mlp", seeds=(0, 1), tune_seed=7, num_threads=1,
               train=dict(epochs=1, batch_size=64, lr=0.05, val_size=200, train_subset=128, augment=False))

@@ -5,11 +5,11 @@ import re
 
 import pytest
 
+from calibkit.bench import resultfiles as R
 from calibkit.bench.grid import METHODS
 from calibkit.bench.slurm import _ranges
 from calibkit.cli import main
 from calibkit.pipeline.spec import read_spec
-from calibkit.store import files as R
 
 ONE_STAGE = [m for m in METHODS if m != "ce" and METHODS[m].kind == "train"]
 
@@ -158,7 +158,7 @@ def _tuned_at_7():
 
 
 def test_the_tasks_read_the_spec_files_of_the_submission(tmp_path):
-    from calibkit.commands.executing import submission_argv
+    from calibkit.pipeline.executor import submission_argv
     from calibkit.pipeline.spec import BenchSpec, read_spec
 
     out = str(tmp_path / "o")

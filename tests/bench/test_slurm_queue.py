@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from calibkit.bench import resultfiles as R
 from calibkit.bench import slurm as S
-from calibkit.store import files as R
 
 
 def _fake_run(monkeypatch, answers):

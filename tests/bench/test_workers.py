@@ -31,7 +31,7 @@ def _spec(argv, command="bench"):
 
 
 def test_a_worker_is_given_the_spec_file_of_its_bench_and_waits_for_the_callers_checks(tmp_path):
-    from calibkit.commands.executing import worker_argv
+    from calibkit.pipeline.executor import worker_argv
 
     p = _parser()
     out = tmp_path / "o"
@@ -59,39 +59,61 @@ def test_a_bench_that_fails_its_checks_leaves_no_trace_and_no_worker(tmp_path, c
     assert "Traceback" not in res.stderr  # they exit quietly
 
 
-def test_run_with_workers_checks_the_count_and_cancels_the_unreleased(monkeypatch):
+def test_local_processes_check_the_count_and_cancel_the_unreleased(monkeypatch, tmp_path):
     import pytest
 
-    from calibkit.bench import workers
+    from calibkit.pipeline import BenchOptions, BenchSpec, LocalProcesses
+    from calibkit.pipeline import executor as ex
 
-    started, cancelled = [], []
-    monkeypatch.setattr(workers, "start_workers",
-                        lambda argv, n, store=None: started.append((n, argv, store)) or ["w"] * n)
-    monkeypatch.setattr(workers, "cancel_workers", lambda procs: cancelled.append(list(procs)))
+    started, cancelled, ran = [], [], []
+    monkeypatch.setattr(ex, "start_workers", lambda argv, n, store=None: started.append((n, argv, store)) or ["w"] * n)
+    monkeypatch.setattr(ex, "cancel_workers", lambda procs: cancelled.append(list(procs)))
+    spec = BenchSpec("bench", "smoke", tmp_path / "o", BenchOptions(store="postgresql://db/x"))
 
-    def fails(waiting):
+    def fails(spec, peers=None):
+        ran.append(peers)
         raise ValueError("checks failed")
 
+    monkeypatch.setattr(ex, "run_spec", fails)
     with pytest.raises(ValueError, match="checks failed"):
-        workers.run_with_workers(3, fails, ["tune"], "postgresql://db/x")
-    assert started == [(2, ["tune"], "postgresql://db/x")] and cancelled == [["w", "w"]]
+        LocalProcesses(3).execute(spec)
+    assert started == [(2, ex.worker_argv(spec), "postgresql://db/x")] and cancelled == [["w", "w"]]
 
-    def releases(waiting):  # a body that released its workers: none left to cancel
-        waiting.clear()
+    def releases(spec, peers=None):  # the checks passed, the workers released: none left to cancel
+        peers.waiting = []
         return 7
 
-    assert workers.run_with_workers(3, releases, ["bench"]) == 7 and len(cancelled) == 1
-    assert workers.run_with_workers(1, lambda w: w, ["bench"]) == [] and len(started) == 2
+    monkeypatch.setattr(ex, "run_spec", releases)
+    assert LocalProcesses(3).execute(spec) == 7 and len(cancelled) == 1
+    monkeypatch.setattr(ex, "run_spec", lambda spec, peers=None: ran.append(peers) or "alone")
+    assert LocalProcesses(1).execute(spec) == "alone" and ran[-1] is None and len(started) == 2
     with pytest.raises(ValueError, match="--workers must be >= 1, got 0"):
-        workers.run_with_workers(0, releases, ["bench"])
+        LocalProcesses(0)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="under torchrun use --workers 1"):
-        workers.run_with_workers(3, releases, ["bench"])
+    assert LocalProcesses(1).workers == 1  # one: fine under torchrun
+    with pytest.raises(ValueError) as err:
+        LocalProcesses(3)
+    assert str(err.value) == "--workers starts processes itself; under torchrun use --workers 1"
     assert len(started) == 2  # refused before any worker started
 
 
+def test_the_command_line_chooses_the_executor(tmp_path):
+    from calibkit.commands.executing import executor_from_args
+    from calibkit.pipeline import Inline, LocalProcesses, SlurmArrays
+
+    out = str(tmp_path / "o")
+    for command in ("bench", "tune"):
+        assert isinstance(executor_from_args(_spec(["--preset", "smoke", "--out", out], command)[0]), Inline)
+        chosen = executor_from_args(_spec(["--preset", "smoke", "--out", out, "--workers", "3"], command)[0])
+        assert isinstance(chosen, LocalProcesses) and chosen.workers == 3
+        args = _spec(["--preset", "smoke", "--out", out, "--executor", "slurm", "--dry-run", "--partition", "gpu"],
+                     command)[0]
+        chosen = executor_from_args(args)
+        assert isinstance(chosen, SlurmArrays) and chosen.dry_run and chosen.options.partition == "gpu"
+
+
 def test_every_option_reaches_a_worker_of_bench_and_of_tune(tmp_path):
-    from calibkit.commands.executing import worker_argv
+    from calibkit.pipeline.executor import worker_argv
     from calibkit.pipeline.spec import read_spec
 
     opts = ["--data-dir", "d", "--csm-store", "c", "--keep", "last", "--num-threads", "2", "--store",
@@ -327,22 +349,6 @@ def test_warm_up_makes_the_first_optimizer_and_the_cuda_context_only_on_a_gpu(mo
     (params, lr), *_ = made
     assert len(made) == 12 and lr == 0.1 and len(params) == 1 and params[0].requires_grad
     assert params[0].shape == (1,)
-
-
-def test_run_with_workers_counts_the_extra_processes(monkeypatch):
-    import pytest
-
-    from calibkit.bench import workers
-
-    started = []
-    monkeypatch.setattr(workers, "start_workers", lambda argv, n, store=None: started.append((argv, n)) or [])
-    workers.run_with_workers(2, lambda w: None, ["bench"])
-    assert started == [(["bench"], 1)]  # two workers: this process and one more
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert workers.run_with_workers(1, lambda w: "ran", ["bench"]) == "ran"  # one: fine under torchrun
-    with pytest.raises(ValueError) as err:
-        workers.run_with_workers(2, lambda w: None, ["bench"])
-    assert str(err.value) == "--workers starts processes itself; under torchrun use --workers 1"
 
 
 def test_release_twice_into_the_same_log_folder_keeps_the_first_benchs_lines(tmp_path, monkeypatch):

@@ -109,20 +109,22 @@ def test_tune_then_bench_at_the_selection(tiny, tmp_path):
 
 
 def test_the_workers_seam_releases_before_the_first_run_and_counts_runs_by_their_final_state(tiny, tmp_path):
-    from calibkit.pipeline import Sharing
-
     out, seen = tmp_path / "out", []
 
-    def start():  # the checks passed and the preset is recorded; no run has started
-        seen.append(("start", read_effective(out, "tiny") is not None, _rows(out)))
+    class Peers:  # what LocalProcesses gives the pipeline (calibkit.pipeline.run.Peers)
+        def release(self):  # the checks passed and the preset is recorded; no run has started
+            seen.append(("release", read_effective(out, "tiny") is not None, _rows(out)))
 
-    def finish(interrupted):
-        seen.append(("finish", interrupted, sorted(_rows(out))))
-        return ["worker worker-1 exited with status 1; see its log"]
+        def reaper(self):
+            seen.append(("reaper",))
+            return None
 
-    result = run_bench(tiny, out, BenchOptions(seeds=(0,), methods=("ce",), report=False, **QUIET),
-                       sharing=Sharing(start=start, finish=finish))
-    assert seen == [("start", True, {}), ("finish", False, ["tiny/ce/0"])]
+        def join(self, interrupted):
+            seen.append(("join", interrupted, sorted(_rows(out))))
+            return ["worker worker-1 exited with status 1; see its log"]
+
+    result = run_bench(tiny, out, BenchOptions(seeds=(0,), methods=("ce",), report=False, **QUIET), peers=Peers())
+    assert seen == [("release", True, {}), ("reaper",), ("join", False, ["tiny/ce/0"])]
     # the worker failed, but every run of the bench is done: no failed run (the worker is reported)
     assert result.counts == Counts(done=1, skipped=0, failed=0)
     assert result.worker_failures == ["worker worker-1 exited with status 1; see its log"] and result.failures == []

@@ -4,7 +4,8 @@ import inspect
 
 import pytest
 
-from calibkit.store import NullStore, PostgresStore, ResultFiles, ResultStore, Store
+from calibkit.bench.resultfiles import ResultFiles
+from calibkit.store import NullStore, PostgresStore, ResultStore, Store
 
 BACKENDS = [Store, PostgresStore, ResultFiles, NullStore]
 

@@ -16,9 +16,9 @@ import torch
 
 from calibkit import rundir
 from calibkit.bench import paths
+from calibkit.bench import resultfiles as R
 from calibkit.bench.paths import placement
 from calibkit.config import TrainConfig
-from calibkit.store import files as R
 from calibkit.train import loop
 from calibkit.train.state import Placement
 

@@ -23,8 +23,9 @@ between runs are the scheduler's business there, so ``busy_elsewhere`` is always
 keep no tuning records (``keeps_records`` is False: ``get_meta`` answers None and ``put_meta``
 keeps nothing, so a scheduled tuning never extends a grid), and runs are not moved aside
 (``retire`` raises :class:`~calibkit.store.common.StoreError`: collect the files into ``runs.db``
-first). The directory layout of runs is written here, the lowest place both the store and the
-bench read it from (:mod:`calibkit.bench.paths`).
+first). The directory layout of runs is the bench's (:mod:`calibkit.bench.paths`); these files are
+a :class:`~calibkit.store.protocol.ResultStore` backend kept in the bench because they live in its
+run directories.
 """
 
 from __future__ import annotations
@@ -32,34 +33,18 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from calibkit.bench.paths import CANDIDATE, RECORD_FORMAT, RESULT, candidate_dir_for, run_dir_for
+from calibkit.diskio import atomic_write
 from calibkit.errors import UserError, UserKeyError
 from calibkit.store.common import StoreError
 
-# The per-run records a scheduler's task writes (:func:`calibkit.bench.paths.only_records` reads them too).
-RECORD_FORMAT = FORMAT = "calibkit-result"
-RESULT = "result.json"
-CANDIDATE = "candidate.json"
+FORMAT = RECORD_FORMAT
 VERSION = 1
-# The reference method: its tuning candidate is the ordinary CE run of the selection seed.
-_CE = "ce"
 PATH_COLUMNS = ("run_dir", "logits_path")
-
-
-def run_dir_for(out, preset: str, method: str, seed: int) -> Path:
-    """``OUT/runs/<preset>/<method>/seed<k>``: the run directory of one grid run."""
-    return Path(out) / "runs" / preset / method / f"seed{seed}"
-
-
-def candidate_dir_for(out, preset: str, method: str, seed: int, slug: str) -> Path:
-    """The run directory of one tuning candidate: ``OUT/tune/<preset>/<method>/<values>``
-    (CE's, which has nothing to tune, is the CE run of the selection seed)."""
-    if method == _CE:
-        return run_dir_for(out, preset, method, seed)
-    return Path(out) / "tune" / preset / method / slug
 
 
 def _now() -> str:
@@ -78,22 +63,19 @@ def slurm_facts(env=None) -> dict:
 
 
 def write_atomic(path: Path, doc: dict) -> None:
-    """``doc`` as JSON at ``path``: temporary file, fsync, rename, fsync of the folder."""
+    """``doc`` as JSON at ``path`` (:func:`calibkit.diskio.atomic_write`), the file and its folder
+    synced to disk before and after the rename: a reader on another host sees the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True, allow_nan=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+
+    atomic_write(path, write)
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -325,3 +307,10 @@ class ResultFiles:
                 row[col] = absolute(self.out, row.get(col))
             rows.append(row)
         return rows
+
+
+if TYPE_CHECKING:  # the type checker verifies that the result files answer every call of the store protocol
+    from calibkit.store.protocol import ResultStore
+
+    def _conforms(files: ResultFiles) -> ResultStore:
+        return files

@@ -4,8 +4,8 @@ a run aside is refused with a reason."""
 
 import pytest
 
+from calibkit.bench.resultfiles import ResultFiles, result_path
 from calibkit.store import StoreError
-from calibkit.store.files import ResultFiles, result_path
 
 
 def test_get_reads_the_run_file_back_with_absolute_paths(tmp_path):
