@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from calibkit.bench.paths import CANDIDATE, RECORD_FORMAT, RESULT, candidate_dir_for, run_dir_for
 from calibkit.diskio import atomic_write
 from calibkit.errors import UserError, UserKeyError
-from calibkit.store.common import StoreError
+from calibkit.store.common import KEY_COLUMN, RUNS, TUNING, StoreError, claim_fields
 
 FORMAT = RECORD_FORMAT
 VERSION = 1
@@ -181,18 +181,20 @@ class ResultFiles:
     def close(self) -> None:
         pass
 
-    # -- the calls of Bench ------------------------------------------------------------------------
-    def claim(self, key: str, *, preset: str, method: str, seed: int, config=None, git_commit=None,
-              versions=None) -> bool:
-        """False when the run's result file says ``done``; otherwise the claim is remembered."""
-        return self._claim("runs", key, {"run_key": key, "preset": preset, "method": method, "seed": int(seed),
-                                         "config": config, "git_commit": git_commit, "versions": versions})
+    # -- the calls of Bench and Tuner -------------------------------------------------------------
+    def claim(self, key: str, *, preset: str, method: str, seed: int, table: str = RUNS, hparams=None, config=None,
+              git_commit=None, versions=None) -> bool:
+        """False when the row's result file says ``done``; otherwise the claim is remembered."""
+        fixed, update = claim_fields(table, {"preset": preset, "method": method, "seed": int(seed), "hparams": hparams,
+                                             "config": config, "git_commit": git_commit, "versions": versions})
+        extra = {"selected": 0} if table == TUNING else {}
+        return self._claim(table, key, {KEY_COLUMN[table]: key, **fixed, **update, **extra})
 
-    def finish(self, key: str, **fields) -> None:
-        self._write("runs", key, "done", fields)
+    def finish(self, key: str, table: str = RUNS, **fields) -> None:
+        self._write(table, key, "done", fields)
 
-    def fail(self, key: str, error: str) -> None:
-        self._write("runs", key, "failed", {"error": str(error)[:4000]})
+    def fail(self, key: str, error: str, table: str = RUNS) -> None:
+        self._write(table, key, "failed", {"error": str(error)[:4000]})
 
     def status(self, key: str, table: str = "runs") -> str | None:
         """The status in the result file of ``key`` (None: no file yet)."""
@@ -227,19 +229,6 @@ class ResultFiles:
 
     def put_meta(self, key: str, value: str) -> None:
         """Nothing kept: result files keep no tuning records (``keeps_records``)."""
-
-    # -- the calls of Tuner -------------------------------------------------------------------------
-    def claim_candidate(self, key: str, *, preset: str, method: str, seed: int, hparams: dict, config=None,
-                        git_commit=None) -> bool:
-        return self._claim("tuning", key, {"cand_key": key, "preset": preset, "method": method, "seed": int(seed),
-                                           "hparams": hparams, "config": config, "git_commit": git_commit,
-                                           "selected": 0})
-
-    def finish_candidate(self, key: str, **fields) -> None:
-        self._write("tuning", key, "done", fields)
-
-    def fail_candidate(self, key: str, error: str) -> None:
-        self._write("tuning", key, "failed", {"error": str(error)[:4000]})
 
     def candidates(self, preset=None, method=None, seed=None, status: str | None = "done") -> list[dict]:
         """The rows of the candidate files, filtered like :meth:`calibkit.store.Store.candidates`;

@@ -52,6 +52,7 @@ from calibkit.bench.space import apply_values, candidates, slug  # noqa: F401  (
 from calibkit.errors import UserError, UserRuntimeError
 from calibkit.metrics import evaluate
 from calibkit.store import run_key
+from calibkit.store.common import TUNING
 
 
 def cand_key(preset: str, method: str, seed: int, values: dict) -> str:
@@ -252,20 +253,20 @@ class Tuner:
         key = self.key(method, values)
 
         def claim() -> bool:
-            return self.store.claim_candidate(key, preset=self.preset.name, method=method, seed=self.seed,
-                                              hparams=values, config=self.record(method, values),
-                                              git_commit=self.factory.env["git_commit"])
+            return self.store.claim(key, preset=self.preset.name, method=method, seed=self.seed, table=TUNING,
+                                    hparams=values, config=self.record(method, values),
+                                    git_commit=self.factory.env["git_commit"])
 
         def record(made: dict) -> str | None:
             if not self.dd.is_main:
                 return None
             m = val_metrics(made["run_dir"], self.criterion.n_bins)
-            self.store.finish_candidate(key, metrics=m, run_dir=str(made["run_dir"]),
-                                        train_time_s=made.get("train_time_s"))
+            self.store.finish(key, TUNING, metrics=m, run_dir=str(made["run_dir"]),
+                              train_time_s=made.get("train_time_s"))
             return f" (val acc {m['acc']:.2%}, val ECE {m['ece'] * 100:.2f})"
 
-        return Task(key, "tuning", f"candidate {key} (method {method}, seed {self.seed})", claim,
-                    lambda: self.produce(method, values), record, lambda text: self.store.fail_candidate(key, text))
+        return Task(key, TUNING, f"candidate {key} (method {method}, seed {self.seed})", claim,
+                    lambda: self.produce(method, values), record, lambda text: self.store.fail(key, text, TUNING))
 
     # -- the selection --------------------------------------------------------------------------
     def finished(self, method: str) -> list[dict]:

@@ -21,8 +21,10 @@ from calibkit.store.common import (
     JSON_COLUMNS,
     KEY_COLUMN,
     PATH_COLUMNS,
+    RUNS,
     STATUSES,
     StoreError,
+    claim_fields,
     dumps,
     lease_settings,
     loaded_path,
@@ -202,22 +204,19 @@ class BaseStore:
         return self._select(sql + " ORDER BY id", args)
 
     # -- claims -----------------------------------------------------------------------------
-    def claim(self, key: str, *, preset: str, method: str, seed: int, config: dict | None = None,
-              git_commit: str | None = None, versions: dict | None = None) -> bool:
-        """Mark run ``key`` as being run by this process; ``False`` if it must be skipped.
+    def claim(self, key: str, *, preset: str, method: str, seed: int, table: str = RUNS, hparams: dict | None = None,
+              config: dict | None = None, git_commit: str | None = None, versions: dict | None = None) -> bool:
+        """Mark row ``key`` of ``table`` (a run, or a tuning candidate with its ``hparams``) as being
+        computed by this process; ``False`` if it must be skipped.
 
-        Skipped: the run is ``done``, or another live process holds it. A claim is taken over
+        Skipped: the row is ``done``, or another live process holds it. A claim is taken over
         when it failed, when its owner on this host has died, or when its owner on another host
-        has not refreshed its heartbeat for ``grace_s`` seconds.
+        has not refreshed its heartbeat for ``grace_s`` seconds. The columns each table takes are
+        :data:`~calibkit.store.common.CLAIM_COLUMNS` (``versions`` for runs, ``hparams`` for candidates).
         """
-        return self._claim("runs", key, {"preset": preset, "method": method, "seed": int(seed)},
-                           {"config": config, "git_commit": git_commit, "versions": versions})
-
-    def claim_candidate(self, key: str, *, preset: str, method: str, seed: int, hparams: dict,
-                        config: dict | None = None, git_commit: str | None = None) -> bool:
-        """:meth:`claim` for a tuning candidate (``tuning`` table)."""
-        return self._claim("tuning", key, {"preset": preset, "method": method, "seed": int(seed), "hparams": hparams},
-                           {"config": config, "git_commit": git_commit})
+        fixed, update = claim_fields(table, {"preset": preset, "method": method, "seed": int(seed), "hparams": hparams,
+                                             "config": config, "git_commit": git_commit, "versions": versions})
+        return self._claim(table, key, fixed, update)
 
     @retried
     def _claim(self, table: str, key: str, fixed: dict, update: dict) -> bool:
@@ -250,34 +249,26 @@ class BaseStore:
         return True
 
     # -- results ----------------------------------------------------------------------------
-    def finish(self, key: str, **fields) -> None:
-        """Store the results of run ``key`` and mark it ``done`` in one transaction.
+    def finish(self, key: str, table: str = RUNS, **fields) -> None:
+        """Store the results of row ``key`` of ``table`` and mark it ``done`` in one transaction.
 
-        Keyword fields are column names (``metrics``, ``ood``, ``robustness``, ``extra``,
-        ``run_dir``, ``logits_path``, ``train_time_s``, ``eval_time_s``). Paths are stored
-        relative to the bench directory.
+        Keyword fields are column names (runs: ``metrics``, ``ood``, ``robustness``, ``extra``,
+        ``run_dir``, ``logits_path``, ``train_time_s``, ``eval_time_s``; candidates: ``metrics``,
+        ``run_dir``, ``train_time_s``). Paths are stored relative to the bench directory.
 
         Raises:
-            KeyError: the run was never claimed.
+            KeyError: the row was never claimed.
             StoreError: it is already done (results are never replaced).
         """
-        self._update("runs", key, "done", fields)
+        self._update(table, key, "done", fields)
 
-    def fail(self, key: str, error: str) -> None:
-        """Mark run ``key`` as ``failed`` with its error message (a later bench retries it).
+    def fail(self, key: str, error: str, table: str = RUNS) -> None:
+        """Mark row ``key`` of ``table`` as ``failed`` with its error message (a later bench retries it).
 
-        Nothing is written when the run is already done, or when another process has taken the
+        Nothing is written when the row is already done, or when another process has taken the
         claim over (this one's lease had expired): its claim is not this process's to fail.
         """
-        self._update("runs", key, "failed", {"error": str(error)[:4000]})
-
-    def finish_candidate(self, key: str, **fields) -> None:
-        """:meth:`finish` for a tuning candidate (``metrics``, ``run_dir``, ``train_time_s``)."""
-        self._update("tuning", key, "done", fields)
-
-    def fail_candidate(self, key: str, error: str) -> None:
-        """:meth:`fail` for a tuning candidate."""
-        self._update("tuning", key, "failed", {"error": str(error)[:4000]})
+        self._update(table, key, "failed", {"error": str(error)[:4000]})
 
     @retried
     def select_candidate(self, preset: str, method: str, seed: int, key: str, criterion: dict) -> None:
@@ -331,7 +322,9 @@ class BaseStore:
 
     @retried
     def _update(self, table: str, key: str, status: str, fields: dict) -> None:
-        what = "run" if table == "runs" else "candidate"
+        if table not in KEY_COLUMN:
+            raise ValueError(f"unknown store table {table!r}; expected one of {', '.join(KEY_COLUMN)}")
+        what = "run" if table == RUNS else "candidate"
         unknown = set(fields) - FIELDS[table]
         if unknown:
             raise ValueError(f"unknown {what} fields {sorted(unknown)}; expected some of {sorted(FIELDS[table])}")

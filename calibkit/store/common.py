@@ -29,7 +29,31 @@ STATUSES = ("running", "done", "failed")
 JSON_COLUMNS = ("config", "versions", "metrics", "ood", "robustness", "extra", "hparams", "criterion")
 # Columns holding a path (stored relative to the bench directory).
 PATH_COLUMNS = ("run_dir", "logits_path")
-KEY_COLUMN = {"runs": "run_key", "tuning": "cand_key"}
+#: The store's two tables of claimed rows: the bench's runs and the tuning's candidates.
+RUNS, TUNING = "runs", "tuning"
+KEY_COLUMN = {RUNS: "run_key", TUNING: "cand_key"}
+#: What a claim records in each table: the columns set by the first claim, and those every claim
+#: (a retry, a take-over) writes again.
+CLAIM_COLUMNS = {RUNS: (("preset", "method", "seed"), ("config", "git_commit", "versions")),
+                 TUNING: (("preset", "method", "seed", "hparams"), ("config", "git_commit"))}
+
+
+def claim_fields(table: str, fields: dict) -> tuple[dict, dict]:
+    """``(fixed, update)``: a claim's columns of ``table`` split as :data:`CLAIM_COLUMNS` says.
+
+    Raises:
+        ValueError: an unknown table, a column the table has not, or a missing first-claim column.
+    """
+    if table not in CLAIM_COLUMNS:
+        raise ValueError(f"unknown store table {table!r}; expected one of {', '.join(CLAIM_COLUMNS)}")
+    fixed_cols, update_cols = CLAIM_COLUMNS[table]
+    extra = sorted(k for k, v in fields.items() if k not in fixed_cols + update_cols and v is not None)
+    if extra:
+        raise ValueError(f"a claim in {table!r} has no column {', '.join(extra)}")
+    missing = [c for c in fixed_cols if fields.get(c) is None]
+    if missing:
+        raise ValueError(f"a claim in {table!r} needs {', '.join(missing)}")
+    return {c: fields[c] for c in fixed_cols}, {c: fields.get(c) for c in update_cols}
 # Columns a finish/fail may write, per table.
 FIELDS = {"runs": {"config", "versions", "metrics", "ood", "robustness", "extra", "run_dir", "logits_path",
                    "train_time_s", "eval_time_s", "error"},

@@ -15,14 +15,15 @@ class NullStore:
     keeps_records = False
     where = "no store (not the main process)"
 
-    def claim(self, key: str, *, preset: str, method: str, seed: int, config: dict | None = None,
-              git_commit: str | None = None, versions: dict | None = None) -> bool:
+    def claim(self, key: str, *, preset: str, method: str, seed: int, table: str = "runs",
+              hparams: dict | None = None, config: dict | None = None, git_commit: str | None = None,
+              versions: dict | None = None) -> bool:
         return False
 
-    def finish(self, key: str, **fields) -> None:
+    def finish(self, key: str, table: str = "runs", **fields) -> None:
         pass
 
-    def fail(self, key: str, error: str) -> None:
+    def fail(self, key: str, error: str, table: str = "runs") -> None:
         pass
 
     def get(self, key: str) -> dict | None:
@@ -39,16 +40,6 @@ class NullStore:
 
     def busy_elsewhere(self, key: str, table: str = "runs") -> bool:
         return False
-
-    def claim_candidate(self, key: str, *, preset: str, method: str, seed: int, hparams: dict,
-                        config: dict | None = None, git_commit: str | None = None) -> bool:
-        return False
-
-    def finish_candidate(self, key: str, **fields) -> None:
-        pass
-
-    def fail_candidate(self, key: str, error: str) -> None:
-        pass
 
     def candidates(self, preset: str | None = None, method: str | None = None, seed: int | None = None,
                    status: str | None = "done") -> list[dict]:

@@ -26,17 +26,19 @@ class ResultStore(Protocol):
     keeps_records: bool
 
     # -- runs ---------------------------------------------------------------------------------
-    def claim(self, key: str, *, preset: str, method: str, seed: int, config: dict | None = None,
-              git_commit: str | None = None, versions: dict | None = None) -> bool:
-        """Hold run ``key`` for this process; False when it is done or held by another live one."""
+    def claim(self, key: str, *, preset: str, method: str, seed: int, table: str = "runs",
+              hparams: dict | None = None, config: dict | None = None, git_commit: str | None = None,
+              versions: dict | None = None) -> bool:
+        """Hold row ``key`` of ``table`` (``"runs"``, or ``"tuning"`` with the candidate's ``hparams``)
+        for this process; False when it is done or held by another live one."""
         ...
 
-    def finish(self, key: str, **fields) -> None:
-        """Record the results of a claimed run and mark it ``done``."""
+    def finish(self, key: str, table: str = "runs", **fields) -> None:
+        """Record the results of a claimed row and mark it ``done``."""
         ...
 
-    def fail(self, key: str, error: str) -> None:
-        """Mark a claimed run ``failed`` with its error."""
+    def fail(self, key: str, error: str, table: str = "runs") -> None:
+        """Mark a claimed row ``failed`` with its error."""
         ...
 
     def get(self, key: str) -> dict | None:
@@ -61,19 +63,6 @@ class ResultStore(Protocol):
         ...
 
     # -- tuning candidates --------------------------------------------------------------------
-    def claim_candidate(self, key: str, *, preset: str, method: str, seed: int, hparams: dict,
-                        config: dict | None = None, git_commit: str | None = None) -> bool:
-        """:meth:`claim` for a tuning candidate."""
-        ...
-
-    def finish_candidate(self, key: str, **fields) -> None:
-        """:meth:`finish` for a tuning candidate."""
-        ...
-
-    def fail_candidate(self, key: str, error: str) -> None:
-        """:meth:`fail` for a tuning candidate."""
-        ...
-
     def candidates(self, preset: str | None = None, method: str | None = None, seed: int | None = None,
                    status: str | None = "done") -> list[dict]:
         """The candidate rows, filtered, in insertion order (``selected`` flags the selection)."""

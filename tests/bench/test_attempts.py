@@ -82,9 +82,9 @@ def test_claim_outcome_reads_the_status_in_the_table_it_names(tmp_path):
     db = open_store(tmp_path / "bench", None)
     try:
         assert claim_outcome(db, "runs", "p/ls/0", True) == Outcome.CLAIMED
-        assert db.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1})
+        assert db.claim("p/ls/0/a=1", table="tuning", preset="p", method="ls", seed=0, hparams={"a": 1})
         assert claim_outcome(db, "tuning", "p/ls/0/a=1", False) == Outcome.ELSEWHERE  # running
-        db.finish_candidate("p/ls/0/a=1", metrics={})
+        db.finish("p/ls/0/a=1", table="tuning", metrics={})
         # done in the tuning table; the runs table has no such key
         assert claim_outcome(db, "tuning", "p/ls/0/a=1", False) == Outcome.DONE
         assert claim_outcome(db, "runs", "p/ls/0/a=1", False) == Outcome.ELSEWHERE

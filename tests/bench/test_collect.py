@@ -21,8 +21,8 @@ def _done(out, key, **fields):
 def _candidate(out, key, alpha):
     files = R.ResultFiles(out)
     preset, method, seed, _ = R.split_cand_key(key)
-    assert files.claim_candidate(key, preset=preset, method=method, seed=seed, hparams={"loss.alpha": alpha})
-    files.finish_candidate(key, metrics={"ece": alpha})
+    assert files.claim(key, table="tuning", preset=preset, method=method, seed=seed, hparams={"loss.alpha": alpha})
+    files.finish(key, table="tuning", metrics={"ece": alpha})
     return files
 
 

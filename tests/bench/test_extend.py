@@ -267,8 +267,8 @@ def test_a_re_tuned_method_runs_again_and_the_report_shows_only_the_selection(tm
     with Store(tmp_path / "runs.db") as s:
         before = s.get("tiny/ls/0")
         # a tuning in this directory selects alpha 0.2 (on the selection seed 7)
-        s.claim_candidate("tiny/ls/7/alpha=0.2", preset="tiny", method="ls", seed=7, hparams={"loss.alpha": 0.2})
-        s.finish_candidate("tiny/ls/7/alpha=0.2", metrics={"acc": 0.9, "ece": 0.01})
+        s.claim("tiny/ls/7/alpha=0.2", table="tuning", preset="tiny", method="ls", seed=7, hparams={"loss.alpha": 0.2})
+        s.finish("tiny/ls/7/alpha=0.2", table="tuning", metrics={"acc": 0.9, "ece": 0.01})
         s.select_candidate("tiny", "ls", 7, "tiny/ls/7/alpha=0.2", Criterion().to_dict())
     # a bench at another value than the selection is still refused, and says what was selected
     with pytest.raises(ValueError, match=r"one set of values per bench.*selected \{'loss.alpha': 0.2\}"):

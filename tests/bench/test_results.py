@@ -114,8 +114,8 @@ def test_collect_flags_the_selected_candidate(tmp_path):
     files = R.ResultFiles(tmp_path)
     for alpha, ece in ((0.01, 0.3), (0.05, 0.2)):
         key = f"smoke/ls/100/alpha={alpha:g}"
-        files.claim_candidate(key, preset="smoke", method="ls", seed=100, hparams={"loss.alpha": alpha})
-        files.finish_candidate(key, metrics={"acc": 0.6, "ece": ece},
+        files.claim(key, table="tuning", preset="smoke", method="ls", seed=100, hparams={"loss.alpha": alpha})
+        files.finish(key, table="tuning", metrics={"acc": 0.6, "ece": ece},
                                run_dir=str(tmp_path / "tune" / "smoke" / "ls" / f"alpha={alpha:g}"))
     files.select_candidate("smoke", "ls", 100, "smoke/ls/100/alpha=0.05", {"metric": "ece"})
     rows = R.ResultFiles(tmp_path).candidates("smoke", "ls", 100)
@@ -178,9 +178,9 @@ def test_every_field_of_a_run_candidate_and_selection_file(tmp_path, monkeypatch
             == ({"e": 1}, "abc", {"t": "2"}, files.owner))
     stamps = [datetime.fromisoformat(row[c]) for c in ("created_at", "started_at", "finished_at")]
     assert all(s.utcoffset().total_seconds() == 0 for s in stamps) and stamps[0] <= stamps[2]  # UTC
-    assert files.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1}, config={"e": 2},
+    assert files.claim("p/ls/0/a=1", table="tuning", preset="p", method="ls", seed=0, hparams={"a": 1}, config={"e": 2},
                                  git_commit="def")
-    files.finish_candidate("p/ls/0/a=1", metrics={})
+    files.finish("p/ls/0/a=1", table="tuning", metrics={})
     doc = json.loads(R.candidate_path(tmp_path, "p/ls/0/a=1").read_text())
     assert (doc["row"]["config"], doc["row"]["git_commit"], doc["row"]["selected"]) == ({"e": 2}, "def", 0)
     files.select_candidate("p", "ls", 0, "p/ls/0/a=1", {"metric": "ece"})
@@ -199,14 +199,14 @@ def test_a_retry_keeps_its_creation_time_and_errors_are_cut_at_4000(tmp_path):
     again.finish("p/ce/0", metrics={})
     row = json.loads(R.result_path(tmp_path, "p/ce/0").read_text())["row"]
     assert row["created_at"] == first["created_at"] and row["started_at"] >= first["started_at"]
-    files.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1})
-    files.fail_candidate("p/ls/0/a=1", "y" * 5000)
+    files.claim("p/ls/0/a=1", table="tuning", preset="p", method="ls", seed=0, hparams={"a": 1})
+    files.fail("p/ls/0/a=1", "y" * 5000, table="tuning")
     doc = json.loads(R.candidate_path(tmp_path, "p/ls/0/a=1").read_text())
     assert doc["table"] == "tuning" and doc["row"]["status"] == "failed" and doc["row"]["error"] == "y" * 4000
     assert doc["row"]["cand_key"] == "p/ls/0/a=1"
-    files.finish_candidate("p/ls/0/a=1", metrics={})  # a failed candidate may still finish
+    files.finish("p/ls/0/a=1", table="tuning", metrics={})  # a failed candidate may still finish
     with pytest.raises(ValueError, match=r"candidate\.json already holds a finished result; not overwriting it$"):
-        files.finish_candidate("p/ls/0/a=1", metrics={})
+        files.finish("p/ls/0/a=1", table="tuning", metrics={})
 
 
 def test_documents_of_another_format_version_or_table_are_refused(tmp_path):
@@ -237,8 +237,8 @@ def test_documents_of_another_format_version_or_table_are_refused(tmp_path):
 
 def test_selection_file_of_another_table_and_written_over_a_done_claim(tmp_path):
     files = R.ResultFiles(tmp_path)
-    files.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1})
-    files.finish_candidate("p/ls/0/a=1", metrics={})
+    files.claim("p/ls/0/a=1", table="tuning", preset="p", method="ls", seed=0, hparams={"a": 1})
+    files.finish("p/ls/0/a=1", table="tuning", metrics={})
     R.write_atomic(R.selection_path(tmp_path, "p", "ls", 0), {"format": R.FORMAT, "table": "runs", "row": {}})
     with pytest.raises(ValueError, match="a 'runs' result where a 'selection' one was expected"):
         files.candidates()
@@ -284,10 +284,10 @@ def test_rows_filtered_by_preset_status_method_and_seed(tmp_path):
     assert row["run_dir"] == str(run_dir.resolve()) and row["logits_path"] is None
     for key in ("a/ls/0/v=1", "a/ls/1/v=2", "a/focal/0/v=1", "b/ls/0/v=1"):
         p, m, s, _ = R.split_cand_key(key)
-        files.claim_candidate(key, preset=p, method=m, seed=s, hparams={})
-        files.finish_candidate(key, metrics={})
-    files.claim_candidate("a/ls/0/v=3", preset="a", method="ls", seed=0, hparams={})
-    files.fail_candidate("a/ls/0/v=3", "boom")
+        files.claim(key, table="tuning", preset=p, method=m, seed=s, hparams={})
+        files.finish(key, table="tuning", metrics={})
+    files.claim("a/ls/0/v=3", table="tuning", preset="a", method="ls", seed=0, hparams={})
+    files.fail("a/ls/0/v=3", "boom", table="tuning")
     keys = lambda rows: sorted(r["cand_key"] for r in rows)  # noqa: E731
     assert keys(files.candidates("a", "ls", 0)) == ["a/ls/0/v=1"]
     assert keys(files.candidates("a", "ls")) == ["a/ls/0/v=1", "a/ls/1/v=2"]

@@ -314,8 +314,8 @@ def _finished(out, method="ls", seed=0, preset=TINY, run_dir=True):
 def _select(out, method, values):
     with Store(out / "runs.db") as s:
         key = f"tiny/{method}/7/x"
-        s.claim_candidate(key, preset="tiny", method=method, seed=7, hparams=values, config={})
-        s.finish_candidate(key, metrics={})
+        s.claim(key, table="tuning", preset="tiny", method=method, seed=7, hparams=values, config={})
+        s.finish(key, table="tuning", metrics={})
         s.select_candidate("tiny", method, 7, key, {"rule": "test"})
 
 
@@ -378,9 +378,9 @@ def test_recorded_selection_reads_the_selected_candidates_of_the_tune_seed(tmp_p
         assert b.recorded_selection() == {}
         with Store(tmp_path / "runs.db") as s:
             for key, seed, alpha in (("a", 7, 0.1), ("b", 7, 0.2), ("c", 3, 0.3)):
-                s.claim_candidate(key, preset="tiny", method="ls", seed=seed, hparams={"loss.alpha": alpha},
+                s.claim(key, table="tuning", preset="tiny", method="ls", seed=seed, hparams={"loss.alpha": alpha},
                                   config={})
-                s.finish_candidate(key, metrics={})
+                s.finish(key, table="tuning", metrics={})
             s.select_candidate("tiny", "ls", 7, "b", {})
             s.select_candidate("tiny", "ls", 3, "c", {})
         assert b.recorded_selection() == {"ls": {"loss.alpha": 0.2}}
@@ -625,8 +625,9 @@ def test_every_stale_run_is_returned(tmp_path):
 
 def test_recorded_selection_ignores_another_presets_tuning(tmp_path):
     with Store(tmp_path / "runs.db") as s:
-        s.claim_candidate("other/ls/7/x", preset="other", method="ls", seed=7, hparams={"loss.alpha": 0.3}, config={})
-        s.finish_candidate("other/ls/7/x", metrics={})
+        s.claim("other/ls/7/x", table="tuning",
+                preset="other", method="ls", seed=7, hparams={"loss.alpha": 0.3}, config={})
+        s.finish("other/ls/7/x", table="tuning", metrics={})
         s.select_candidate("other", "ls", 7, "other/ls/7/x", {})
     with closing(_bench(tmp_path)) as b:
         assert b.recorded_selection() == {}

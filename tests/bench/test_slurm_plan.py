@@ -335,8 +335,9 @@ def test_status_lines_of_a_bench_with_its_tuning_candidates(tmp_path):
     from calibkit.bench.grid import PRESETS
 
     files = R.ResultFiles(tmp_path)
-    files.claim_candidate("smoke/ls/7/alpha=0.05", preset="smoke", method="ls", seed=7, hparams={"loss.alpha": 0.05})
-    files.finish_candidate("smoke/ls/7/alpha=0.05", metrics={})
+    files.claim("smoke/ls/7/alpha=0.05", table="tuning",
+                preset="smoke", method="ls", seed=7, hparams={"loss.alpha": 0.05})
+    files.finish("smoke/ls/7/alpha=0.05", table="tuning", metrics={})
     files.claim("smoke/ls/3", preset="smoke", method="ls", seed=3)
     files.fail("smoke/ls/3", "ValueError: bad")
     lines, counts = SP.status_lines(tmp_path, _tuned_at_7(), BenchOptions(seeds=(3,), methods=("ls",), tune=True))
@@ -406,8 +407,8 @@ def test_submit_tune_with_everything_tuned_submits_no_selection_and_the_bench_wa
     tuner.close()
     keys = [key for key, _, _ in items]
     for key, method, values in items:
-        files.claim_candidate(key, preset="smoke", method=method, seed=7, hparams=values)
-        files.finish_candidate(key, metrics={})
+        files.claim(key, table="tuning", preset="smoke", method=method, seed=7, hparams=values)
+        files.finish(key, table="tuning", metrics={})
     # every candidate done but none selected: only the selection job, and the bench after it
     SP.submit_bench(*bench)
     assert [(a.stage, a.after) for a in calls[-1]] == [("tune-select", []), ("ce", [("afterok", "tune-select")]),

@@ -670,7 +670,8 @@ def test_check_consistent_names_the_differing_settings(tmp_path, no_training):
     finally:
         tuner.close()
     with Store(tmp_path / "runs.db") as s:  # a method no longer in the grid is ignored
-        s.claim_candidate("tiny/zz/7/x=1", preset="tiny", method="zz", seed=7, hparams={"x.y": 1.0}, config={"a": 1})
+        s.claim("tiny/zz/7/x=1", table="tuning",
+                preset="tiny", method="zz", seed=7, hparams={"x.y": 1.0}, config={"a": 1})
     tuner = _tuner(tmp_path)
     try:
         tuner.check_consistent()
@@ -728,20 +729,20 @@ def test_wait_for_others_waits_while_another_process_trains_a_candidate_of_this_
     sleeps = []
     try:
         # running elsewhere, but of another selection seed or preset, or finished: no wait
-        assert other.claim_candidate("tiny/ls/8/alpha=0.1", preset="tiny", method="ls", seed=8, hparams={})
-        assert other.claim_candidate("tinz/ls/7/alpha=0.1", preset="tinz", method="ls", seed=7, hparams={})
-        assert other.claim_candidate("tiny/ls/7/alpha=0.3", preset="tiny", method="ls", seed=7, hparams={})
-        other.finish_candidate("tiny/ls/7/alpha=0.3", metrics={})
+        assert other.claim("tiny/ls/8/alpha=0.1", table="tuning", preset="tiny", method="ls", seed=8, hparams={})
+        assert other.claim("tinz/ls/7/alpha=0.1", table="tuning", preset="tinz", method="ls", seed=7, hparams={})
+        assert other.claim("tiny/ls/7/alpha=0.3", table="tuning", preset="tiny", method="ls", seed=7, hparams={})
+        other.finish("tiny/ls/7/alpha=0.3", table="tuning", metrics={})
         def no_wait(s):
             raise AssertionError("waited for a candidate of another tuning or a finished one")
 
         monkeypatch.setattr(tune.time, "sleep", no_wait)
         tuner.wait_for_others()
-        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={})
+        assert other.claim("tiny/ls/7/alpha=0.1", table="tuning", preset="tiny", method="ls", seed=7, hparams={})
 
         def sleep(s):  # the other process finishes while this one waits
             sleeps.append(s)
-            other.finish_candidate("tiny/ls/7/alpha=0.1", metrics={})
+            other.finish("tiny/ls/7/alpha=0.1", table="tuning", metrics={})
 
         monkeypatch.setattr(tune.time, "sleep", sleep)
         tuner.wait_for_others(poll_s=0.25)
@@ -761,21 +762,21 @@ def test_check_consistent_reads_this_tunings_rows_only(tmp_path, no_training):
     with Store(tmp_path / "runs.db") as s:
         # another preset's and another seed's candidates, trained otherwise: not this tuning's business
         for key, preset, seed in (("tinz/ls/7/alpha=0.1", "tinz", 7), ("tiny/ls/8/alpha=0.1", "tiny", 8)):
-            s.claim_candidate(key, preset=preset, method="ls", seed=seed, hparams=a, config={**mine_a, "lr": 9})
-            s.finish_candidate(key, metrics={})
+            s.claim(key, table="tuning", preset=preset, method="ls", seed=seed, hparams=a, config={**mine_a, "lr": 9})
+            s.finish(key, table="tuning", metrics={})
         # a method no longer in the grid (listed first), and this tuning's candidate with its data elsewhere
-        s.claim_candidate("tiny/zz/7/x=1", preset="tiny", method="zz", seed=7, hparams={"x.y": 1.0}, config={})
-        s.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams=a,
+        s.claim("tiny/zz/7/x=1", table="tuning", preset="tiny", method="zz", seed=7, hparams={"x.y": 1.0}, config={})
+        s.claim("tiny/ls/7/alpha=0.1", table="tuning", preset="tiny", method="ls", seed=7, hparams=a,
                           config={**mine_a, "data_dir": "/elsewhere"})
         for key in ("tiny/zz/7/x=1", "tiny/ls/7/alpha=0.1"):  # only finished candidates are compared
-            s.finish_candidate(key, metrics={})
+            s.finish(key, table="tuning", metrics={})
     tuner = _tuner(tmp_path)
     try:
         tuner.check_consistent()  # the same data under another path is the same candidate
         with Store(tmp_path / "runs.db") as s:
-            s.claim_candidate("tiny/ls/7/alpha=0.3", preset="tiny", method="ls", seed=7, hparams=b,
+            s.claim("tiny/ls/7/alpha=0.3", table="tuning", preset="tiny", method="ls", seed=7, hparams=b,
                               config={**mine_b, "extra": 1})
-            s.finish_candidate("tiny/ls/7/alpha=0.3", metrics={})
+            s.finish("tiny/ls/7/alpha=0.3", table="tuning", metrics={})
         with pytest.raises(ValueError, match=r"alpha=0\.3 was trained with other settings \(extra\)"):
             tuner.check_consistent()  # a setting only the recorded candidate has is a difference too
     finally:
@@ -797,11 +798,11 @@ def test_a_candidate_that_builds_on_ce_waits_while_another_process_trains_ce(tmp
         assert maccal in items and ready(maccal) is True and ready(ls) is True
         # CE of another seed or preset held elsewhere: no reason to wait
         for key, preset, seed in (("tiny/ce/8/default", "tiny", 8), ("tinz/ce/7/default", "tinz", 7)):
-            assert other.claim_candidate(key, preset=preset, method="ce", seed=seed, hparams={})
+            assert other.claim(key, table="tuning", preset=preset, method="ce", seed=seed, hparams={})
         assert ready(maccal) is True
-        assert other.claim_candidate("tiny/ce/7/default", preset="tiny", method="ce", seed=7, hparams={})
+        assert other.claim("tiny/ce/7/default", table="tuning", preset="tiny", method="ce", seed=7, hparams={})
         assert ready(maccal) is False and ready(ls) is True  # only what builds on CE waits
-        other.finish_candidate("tiny/ce/7/default", metrics={})
+        other.finish("tiny/ce/7/default", table="tuning", metrics={})
         assert ready(maccal) is True
     finally:
         other.close()
@@ -813,7 +814,7 @@ def test_a_candidate_held_by_another_process_is_waited_for_or_skipped(tmp_path, 
     tuner = _tuner(tmp_path, lines)
     other = Store(tmp_path / "runs.db")
     try:
-        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7, hparams={})
+        assert other.claim("tiny/ls/7/alpha=0.1", table="tuning", preset="tiny", method="ls", seed=7, hparams={})
         item, counts, waiting = ("ls", {"loss.alpha": 0.1}), Counts(done=0, skipped=0, failed=0), set()
         report = tune._Report(tuner.log, "[3/4]", waiting)
         assert tuner._attempt(item, counts, report) is False  # the queue retries it later
@@ -882,16 +883,16 @@ def test_select_all_selects_each_complete_method_on_this_tunings_rows(tmp_path, 
         for m, v in [("focal", {"loss.gamma": g}) for g in (1.0, 2.0, 3.0)] + [("ls", {"loss.alpha": 0.01})]:
             tuner.run_one(tuner.key(m, v))
         # ls: 0.1 running elsewhere, 0.3 missing; the failures of other tunings and methods are not its own
-        assert other.claim_candidate("tiny/ls/7/alpha=0.1", preset="tiny", method="ls", seed=7,
+        assert other.claim("tiny/ls/7/alpha=0.1", table="tuning", preset="tiny", method="ls", seed=7,
                                      hparams={"loss.alpha": 0.1})
         for key, preset, method, seed in (("tinz/ls/7/alpha=0.3", "tinz", "ls", 7),
                                           ("tiny/ls/8/alpha=0.3", "tiny", "ls", 8),
                                           ("tiny/mbls/7/alpha=0.3", "tiny", "mbls", 7)):
-            other.claim_candidate(key, preset=preset, method=method, seed=seed, hparams={"loss.alpha": 0.3})
-            other.fail_candidate(key, "boom")
-            other.claim_candidate(key.replace("0.3", "0.1"), preset=preset, method=method, seed=seed,
+            other.claim(key, table="tuning", preset=preset, method=method, seed=seed, hparams={"loss.alpha": 0.3})
+            other.fail(key, "boom", table="tuning")
+            other.claim(key.replace("0.3", "0.1"), table="tuning", preset=preset, method=method, seed=seed,
                                   hparams={"loss.alpha": 0.1})
-            other.finish_candidate(key.replace("0.3", "0.1"), metrics={"acc": 1.0, "ece": 0.0})
+            other.finish(key.replace("0.3", "0.1"), table="tuning", metrics={"acc": 1.0, "ece": 0.0})
         lines.clear()
         tuner.refresh()
         assert [r["cand_key"] for r in tuner.finished("ls")] == ["tiny/ls/7/alpha=0.01"]

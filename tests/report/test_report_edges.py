@@ -399,19 +399,19 @@ def make_tuning(out, seed=0):
     with Store(out / "runs.db") as store:
         for method, hp, acc, ece in CANDS:
             key = _key(method, hp)
-            assert store.claim_candidate(key, preset="p", method=method, seed=seed, hparams=hp,
+            assert store.claim(key, table="tuning", preset="p", method=method, seed=seed, hparams=hp,
                                          config={"keep": "best-acc"} if method == "ls" else None)
             # Dual focal (no selection: the default criterion) on 20,000 images: 1.96 standard errors
             # of its accuracy differences (0.61 points) fall below the 1-point floor
             n = {"n": 20_000} if method == "dfl" else {}
-            store.finish_candidate(key, metrics={"acc": acc, "ece": ece, "test_acc": 0.1, **OTHER, **n},
+            store.finish(key, table="tuning", metrics={"acc": acc, "ece": ece, "test_acc": 0.1, **OTHER, **n},
                                    train_time_s=3.0)
         for method, (hp, drop) in SELECTED.items():
             store.select_candidate("p", method, seed, _key(method, hp), {"max_acc_drop": drop, "metric": "ece"})
         for s, alpha in ((7, 0.01), (5, 0.2)):  # another preset: two seeds, no CE, no selection
             key = f"q/ls/{s}/{alpha}"
-            assert store.claim_candidate(key, preset="q", method="ls", seed=s, hparams={"loss.alpha": alpha})
-            store.finish_candidate(key, metrics={"acc": 0.5, "ece": 0.1})
+            assert store.claim(key, table="tuning", preset="q", method="ls", seed=s, hparams={"loss.alpha": alpha})
+            store.finish(key, table="tuning", metrics={"acc": 0.5, "ece": 0.1})
 
 
 def test_tuning_rows_selection_exclusions_and_edges(tmp_path):
@@ -854,8 +854,9 @@ def test_build_report_errors_and_preset_choice(tmp_path):
     with Store(tmp_path / "runs.db") as store:
         assert store.claim("second/ce/0", preset="second", method="ce", seed=0)
         # a tuning run of the other preset: not part of this preset's report
-        assert store.claim_candidate("second/ls/0/a", preset="second", method="ls", seed=0, hparams={"loss.alpha": 0.1})
-        store.finish_candidate("second/ls/0/a", metrics={"acc": 0.5, "ece": 0.1})
+        assert store.claim("second/ls/0/a", table="tuning",
+                           preset="second", method="ls", seed=0, hparams={"loss.alpha": 0.1})
+        store.finish("second/ls/0/a", table="tuning", metrics={"acc": 0.5, "ece": 0.1})
     with pytest.raises(ValueError, match=r"^no runs of preset 'zz' in .*runs\.db; found: first, second$"):
         build.build_report(tmp_path, "zz", figures=False)
     # the latest preset is the default; it has no finished run

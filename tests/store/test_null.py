@@ -7,9 +7,9 @@ from calibkit.store import NullStore
 def test_the_null_store_holds_nothing_and_keeps_nothing():
     s = NullStore()
     assert s.claim("p/ce/0", preset="p", method="ce", seed=0, config={"a": 1}) is False
-    assert s.claim_candidate("p/ls/0/a=1", preset="p", method="ls", seed=0, hparams={"a": 1}) is False
+    assert s.claim("p/ls/0/a=1", table="tuning", preset="p", method="ls", seed=0, hparams={"a": 1}) is False
     for write in (lambda: s.finish("p/ce/0", metrics={}), lambda: s.fail("p/ce/0", "boom"),
-                  lambda: s.finish_candidate("k", metrics={}), lambda: s.fail_candidate("k", "boom"),
+                  lambda: s.finish("k", table="tuning", metrics={}), lambda: s.fail("k", "boom", table="tuning"),
                   lambda: s.select_candidate("p", "ls", 0, "k", {}), lambda: s.put_meta("m", "v"),
                   lambda: s.retire("p/ce/0", "p/ce/0~x", None, None), s.close):
         assert write() is None

@@ -17,8 +17,8 @@ def _members():
 
 def test_the_protocol_lists_what_the_bench_and_the_tuner_call():
     assert _members() == sorted([
-        "busy_elsewhere", "candidates", "claim", "claim_candidate", "close", "fail", "fail_candidate", "finish",
-        "finish_candidate", "get", "get_meta", "put_meta", "retire", "runs", "select_candidate", "status"])
+        "busy_elsewhere", "candidates", "claim", "close", "fail", "finish", "get", "get_meta", "put_meta", "retire",
+        "runs", "select_candidate", "status"])
     assert ResultStore.__annotations__ == {"keeps_records": "bool"}
 
 

@@ -172,9 +172,10 @@ def test_import_row_is_idempotent_and_stores_paths_relative(make):
 def test_candidates_claim_finish_select(make):
     db = make()
     for i, key in enumerate(("p/ls/0/a1", "p/ls/0/a2")):
-        assert db.claim_candidate(key, preset="p", method="ls", seed=0, hparams={"a": i}, config={"c": i})
-        db.finish_candidate(key, metrics={"ece": 0.1 * (i + 1)}, run_dir=make.root / "tune" / key.replace("/", "_"))
-    assert not db.claim_candidate("p/ls/0/a1", preset="p", method="ls", seed=0, hparams={"a": 0})
+        assert db.claim(key, table="tuning", preset="p", method="ls", seed=0, hparams={"a": i}, config={"c": i})
+        db.finish(key, table="tuning",
+                  metrics={"ece": 0.1 * (i + 1)}, run_dir=make.root / "tune" / key.replace("/", "_"))
+    assert not db.claim("p/ls/0/a1", table="tuning", preset="p", method="ls", seed=0, hparams={"a": 0})
     db.select_candidate("p", "ls", 0, "p/ls/0/a2", {"metric": "ece"})
     rows = db.candidates("p", "ls", 0)
     assert [r["selected"] for r in rows] == [0, 1] and rows[1]["criterion"] == {"metric": "ece"}
@@ -251,7 +252,7 @@ def test_bench_waits_for_runs_held_elsewhere_and_never_counts_them_finished(make
     assert claim_outcome(db, "runs", "p/ce/0", _claim(db, "p/ce/0")) == Outcome.ELSEWHERE
     assert claim_outcome(db, "runs", "p/ls/0", _claim(db, "p/ls/0")) == Outcome.DONE
     assert claim_outcome(db, "runs", "p/x/0", _claim(db, "p/x/0")) == Outcome.CLAIMED
-    assert db.claim_candidate("p/ls/0/a", preset="p", method="ls", seed=0, hparams={})
+    assert db.claim("p/ls/0/a", table="tuning", preset="p", method="ls", seed=0, hparams={})
     assert claim_outcome(other, "tuning", "p/ls/0/a", False) == Outcome.ELSEWHERE
     # work_queue retries an item whose attempt returns False, pausing when a pass makes no progress.
     calls, sleeps = [], []

@@ -209,8 +209,28 @@ def test_readonly_store_refuses_writes(tmp_path):
 
 
 def _cand(db, key, seed=0, method="ls", hparams=None):
-    return db.claim_candidate(key, preset="p", method=method, seed=seed, hparams=hparams or {"a": key},
-                              config={"c": 1}, git_commit="g")
+    return db.claim(key, table="tuning", preset="p", method=method, seed=seed, hparams=hparams or {"a": key},
+                    config={"c": 1}, git_commit="g")
+
+
+def test_one_claim_finish_fail_set_keyed_by_the_named_table(tmp_path):
+    db = Store(tmp_path / "runs.db")
+    assert db.claim("p/ls/0", preset="p", method="ls", seed=0, versions={"torch": "x"})  # "runs" by default
+    assert db.claim("p/ls/0", table="tuning", preset="p", method="ls", seed=0, hparams={"a": 1})  # same key, own table
+    db.finish("p/ls/0", table="tuning", metrics={"ece": 0.1})
+    assert db.status("p/ls/0", "tuning") == "done" and db.status("p/ls/0") == "running"
+    assert db.get("p/ls/0")["versions"] == {"torch": "x"} and db.candidates()[0]["hparams"] == {"a": 1}
+    with pytest.raises(ValueError, match="unknown store table 'cands'; expected one of runs, tuning"):
+        db.claim("k", table="cands", preset="p", method="ls", seed=0)
+    with pytest.raises(ValueError, match="a claim in 'tuning' needs hparams"):
+        db.claim("k", table="tuning", preset="p", method="ls", seed=0)
+    with pytest.raises(ValueError, match="a claim in 'tuning' has no column versions"):
+        db.claim("k", table="tuning", preset="p", method="ls", seed=0, hparams={}, versions={})
+    with pytest.raises(ValueError, match="a claim in 'runs' has no column hparams"):
+        db.claim("k", preset="p", method="ls", seed=0, hparams={"a": 1})
+    with pytest.raises(ValueError, match="unknown store table 'cands'"):
+        db.finish("p/ls/0", table="cands", metrics={})
+    assert db.status("k") is None and db.status("k", "tuning") is None  # nothing written by a refused claim
 
 
 def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
@@ -218,9 +238,9 @@ def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
     assert db.candidates() == [] and db.candidates(status=None) == []
     assert _cand(db, "k1") and _cand(db, "k2") and _cand(db, "k3", seed=1) and _cand(db, "k4", method="mbls")
     assert _cand(db, "k1")  # a retry by the same bench re-takes its own claim
-    db.finish_candidate("k1", metrics={"val": {"ece": 0.05}}, run_dir=tmp_path / "d1", train_time_s=2.0)
-    db.finish_candidate("k2", metrics={"val": {"ece": 0.03}}, run_dir=tmp_path / "d2", train_time_s=3.0)
-    db.fail_candidate("k3", "x" * 5000)
+    db.finish("k1", table="tuning", metrics={"val": {"ece": 0.05}}, run_dir=tmp_path / "d1", train_time_s=2.0)
+    db.finish("k2", table="tuning", metrics={"val": {"ece": 0.03}}, run_dir=tmp_path / "d2", train_time_s=3.0)
+    db.fail("k3", "x" * 5000, table="tuning")
     done = db.candidates("p", "ls", 0)
     assert [c["cand_key"] for c in done] == ["k1", "k2"]  # insertion order, done only
     c1 = done[0]
@@ -236,11 +256,11 @@ def test_tuning_candidates_claim_finish_fail_and_filter(tmp_path):
     # Done candidates are skipped and never overwritten; failed ones are retried.
     assert not _cand(db, "k1")
     with pytest.raises(StoreError, match="candidate 'k1' is already done"):
-        db.finish_candidate("k1", metrics={})
+        db.finish("k1", table="tuning", metrics={})
     with pytest.raises(ValueError, match=r"unknown candidate fields \['ood'\]"):
-        db.finish_candidate("k2", ood={})
+        db.finish("k2", table="tuning", ood={})
     with pytest.raises(KeyError, match="candidate 'zz' was never claimed"):
-        db.fail_candidate("zz", "e")
+        db.fail("zz", "e", table="tuning")
     assert _cand(db, "k3") and db.candidates(status="running", seed=1)[0]["error"] is None
 
 
@@ -248,9 +268,9 @@ def test_select_candidate_flags_one_and_keeps_results(tmp_path):
     db = Store(tmp_path / "runs.db")
     for key in ("k1", "k2"):
         _cand(db, key)
-        db.finish_candidate(key, metrics={"val": {"ece": 0.1}})
+        db.finish(key, table="tuning", metrics={"val": {"ece": 0.1}})
     _cand(db, "other", seed=1)
-    db.finish_candidate("other", metrics={})
+    db.finish("other", table="tuning", metrics={})
     db.select_candidate("p", "ls", 0, "k1", {"rule": "min val ece"})
     db.select_candidate("p", "ls", 1, "other", {"rule": "r"})
     db.select_candidate("p", "ls", 0, "k2", {"rule": "second"})
