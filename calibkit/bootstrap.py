@@ -146,7 +146,7 @@ class _Prepared:
         bins = bin_indices(self.conf_native, equal_width_edges(self.B, self.conf_native.dtype))
         onehot = torch.nn.functional.one_hot(bins, self.B).double()  # (N, B)
         # counts and hits are sums of integers (counts x 0/1), exact in any order: the same bits as
-        # W @ onehot, at a seventh of its cost; the confidences' sums keep the product's order
+        # W @ onehot, at about a third of its cost; the confidences' sums keep the product's order
         sums = BinSums(torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W),
                        W @ (onehot * self.conf[:, None]),
                        torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W * self.correct))
