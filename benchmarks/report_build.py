@@ -8,7 +8,9 @@ does the first time:
 * **now**: this checkout's :func:`calibkit.report.build_report`, in a fresh process, with its
   phases (:class:`calibkit.bench.progress.Phases`): wall and CPU seconds per phase;
 * **before** (``--before REV``): the same build by the calibkit of commit ``REV`` (``git archive``
-  into a temporary folder), in a fresh process: wall and CPU in all;
+  into a temporary folder), in a fresh process: wall and CPU in all. A recorded preset's top-level
+  keys that ``REV``'s ``Preset`` does not have (settings added since, e.g. ``report_figures``) are
+  left out of its copy, and named: ``REV`` would refuse the file, and builds as it did without them;
 * **threads** (``--threads``): this checkout again with torch's default thread count
   (``num_threads=None``), the report's behaviour before it pinned one thread.
 
@@ -24,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import resource
@@ -76,6 +79,29 @@ def build(bench: Path, pythonpath: Path, kwargs: dict) -> dict:
     return res
 
 
+def preset_keys(pkg: Path) -> set[str]:
+    """The fields of the ``Preset`` dataclass of the calibkit under ``pkg`` (read from its source)."""
+    tree = ast.parse((pkg / "calibkit" / "bench" / "grid.py").read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Preset")
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def drop_unknown_keys(bench: Path, known: set[str]) -> list[str]:
+    """Remove from ``bench/presets/*.toml`` the top-level keys not in ``known``; ``["file: key", ...]``."""
+    dropped = []
+    for path in sorted((bench / "presets").glob("*.toml")):
+        kept, top = [], True
+        for line in path.read_text().splitlines(keepends=True):
+            top = top and not line.lstrip().startswith("[")
+            key = line.split("=", 1)[0].strip()
+            if top and "=" in line and key not in known:
+                dropped.append(f"{path.name}: {key}")
+                continue
+            kept.append(line)
+        path.write_text("".join(kept))
+    return dropped
+
+
 def checkout(rev: str, dst: Path) -> Path:
     """The ``calibkit`` package of commit ``rev`` under ``dst``."""
     dst.mkdir(parents=True)
@@ -102,7 +128,11 @@ def main() -> int:
         if args.threads:
             builds["threads"] = build(cold_copy(src, tmp / "threads"), ROOT, {"num_threads": None})
         if args.before:
-            builds["before"] = build(cold_copy(src, tmp / "before"), checkout(args.before, tmp / "old"), {})
+            old = checkout(args.before, tmp / "old")
+            dropped = drop_unknown_keys(cold_copy(src, tmp / "before"), preset_keys(old))
+            if dropped:
+                print(f"left out of the recorded preset for {args.before} (unknown to it): {', '.join(dropped)}")
+            builds["before"] = build(tmp / "before", old, {})
         report(builds)
         same = all(b["text"] == builds["now"]["text"] for b in builds.values())
         print(f"\nprinted numbers identical between the builds: {'yes' if same else 'NO'}")

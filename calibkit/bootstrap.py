@@ -106,6 +106,8 @@ class _Prepared:
     """Per-sample quantities of one model, so every resample costs only weighted sums."""
 
     def __init__(self, probs, labels, n_bins, ignore_index=None):
+        self.inputs = (probs, labels)
+        self.key = _model_key(probs, labels, n_bins, ignore_index)  # the inputs' identity, for _SUMS
         rows = to_rows(probs, labels, ignore_index, compact=True)
         probs, labels = check_probs(rows.probs.cpu(), rows.labels.cpu())
         self.probs, self.labels, self.B = probs, labels, n_bins
@@ -133,10 +135,24 @@ class _Prepared:
             return self._aece(W)
         if name == "cece":
             return self._cece(W)
+        return binned_errors(self._binned_sums(W))[name]
+
+    def _binned_sums(self, W: torch.Tensor) -> BinSums:
+        """The per-bin sums of every row of ``W``; inside :func:`shared_draws` computed once per model
+        and draw (the report asks for ECE, O-ECE and U-ECE of one model, and pairs one model with many)."""
+        kept = self.key is not None and _SHARED is not None and any(W is w for d in _SHARED.values() for _, w in d)
+        if kept and (self.key, id(W)) in _SUMS:
+            return _SUMS[(self.key, id(W))][0]
         bins = bin_indices(self.conf_native, equal_width_edges(self.B, self.conf_native.dtype))
         onehot = torch.nn.functional.one_hot(bins, self.B).double()  # (N, B)
-        sums = BinSums(W @ onehot, W @ (onehot * self.conf[:, None]), W @ (onehot * self.correct[:, None]))
-        return binned_errors(sums)[name]
+        # counts and hits are sums of integers (counts x 0/1), exact in any order: the same bits as
+        # W @ onehot, at about a third of its cost; the confidences' sums keep the product's order
+        sums = BinSums(torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W),
+                       W @ (onehot * self.conf[:, None]),
+                       torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W * self.correct))
+        if kept:
+            _SUMS[(self.key, id(W))] = (sums, self.inputs)
+        return sums
 
     def _aece(self, W):
         R = W.shape[0]
@@ -234,6 +250,19 @@ _SHARED: dict | None = None
 #: Entries of ``W`` kept in all by :func:`shared_draws` (96 MB, and half that for the indices); a
 #: draw that would pass it is drawn again at every call, as outside the block.
 _SHARED_BUDGET = 12_000_000
+#: ``{(model key, id(W)): (BinSums, inputs)}`` while :func:`shared_draws` is active: the binned sums
+#: of a model (:func:`_model_key`) on a draw ``W`` kept in ``_SHARED`` (which holds it, as this holds
+#: the model's inputs: no identity is reused while the entry lives).
+_SUMS: dict = {}
+
+
+def _model_key(probs, labels, n_bins: int, ignore_index) -> tuple | None:
+    """A model's key in ``_SUMS`` (None outside :func:`shared_draws`, or for inputs that are not
+    tensors): the identity and in-place version (``Tensor._version``, raised by every in-place
+    change) of the probabilities and labels given, the bins and ``ignore_index``."""
+    if _SHARED is None or not isinstance(probs, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return None
+    return id(probs), probs._version, id(labels), labels._version, n_bins, ignore_index
 
 
 @contextmanager
@@ -250,6 +279,8 @@ def shared_draws():
         yield
     finally:
         _SHARED = outer
+        if outer is None:
+            _SUMS.clear()
 
 
 def _resampled(models, metric, n, n_resamples, seed):

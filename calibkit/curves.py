@@ -61,14 +61,24 @@ class SmoothCurve:
     n: int
 
 
+#: An image of the kernel lying farther than this many ``sigma`` from every point of the grid adds
+#: exactly 0.0 everywhere: ``exp(-0.5 * 40**2) = exp(-800)`` is below the smallest float64 (about
+#: ``exp(-745)``), so the term is skipped and the sum is the same to the last bit.
+_VANISHES_AT = 40.0
+
+
 def _reflected_kernel(t: np.ndarray, c: np.ndarray, sigma: float) -> np.ndarray:
     """``(len(t), len(c))``: the Gaussian of width ``sigma`` reflected at 0 and 1 (images at
-    ``c + 2k`` and ``-c + 2k``, as many ``k`` as ``sigma`` needs)."""
+    ``c + 2k`` and ``-c + 2k``, as many ``k`` as ``sigma`` needs; those that add exactly 0 to
+    every entry skipped, :data:`_VANISHES_AT`)."""
     reach = math.ceil(2.5 * sigma) + 1
     out = np.zeros((len(t), len(c)))
     term = np.empty_like(out)  # each term computed in place: the same operations, no temporaries
+    t_lo, t_hi = (float(t.min()), float(t.max())) if len(t) else (0.0, 0.0)
     for k in range(-reach, reach + 1):
         for image in (c + 2 * k, -c + 2 * k):
+            if len(image) and max(float(image.min()) - t_hi, t_lo - float(image.max())) > _VANISHES_AT * sigma:
+                continue
             np.subtract(t[:, None], image[None, :], out=term)
             np.divide(term, sigma, out=term)
             np.square(term, out=term)

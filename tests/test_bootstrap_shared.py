@@ -120,3 +120,42 @@ def test_shared_draws_keep_nothing_past_their_budget_and_equal_intervals(monkeyp
         for _ in range(2):
             _same(bootstrap_ci("ece", probs["t2.0"], y, n_resamples=40, seed=1), want)
         assert len(bootstrap._SHARED) == 1
+
+
+def test_binned_sums_equal_the_one_hot_products_bit_for_bit():
+    """The counts and hits per bin (sums of integers) equal ``W @ onehot`` and ``W @ (onehot * correct)``."""
+    from calibkit.functional.binning import bin_indices, equal_width_edges
+
+    probs, y = _models(4, n=500)
+    for n_bins in (1, 7, 15):
+        model = bootstrap._Prepared(probs["t3.0"], y, n_bins)
+        for _, W in bootstrap.count_draws(500, 25, 2):
+            got = model._binned_sums(W)
+            edges = equal_width_edges(n_bins, model.conf_native.dtype)
+            onehot = torch.nn.functional.one_hot(bin_indices(model.conf_native, edges), n_bins).double()
+            assert torch.equal(got.count, W @ onehot)
+            assert torch.equal(got.conf, W @ (onehot * model.conf[:, None]))
+            assert torch.equal(got.correct, W @ (onehot * model.correct[:, None]))
+
+
+def test_shared_draws_reuse_a_models_binned_sums_and_never_a_changed_ones():
+    """Inside shared_draws, ECE, O-ECE, U-ECE and MCE of one model and its pairings are those made
+    outside bit for bit, from one computation of its binned sums per draw; a tensor changed in place
+    is a new model; the sums are released at the end of the block."""
+    probs, y = _models(3, n=300)
+    a, b = probs["t0.5"].clone(), probs["t2.0"]
+    metrics = ("ece", "o_ece", "u_ece", "mce")
+    want = {m: bootstrap_ci(m, a, y, n_resamples=40, seed=1) for m in metrics}
+    pair = paired_bootstrap_diff(a, b, y, "ece", n_resamples=40, seed=1)
+    changed = a.flip(1)
+    want_changed = bootstrap_ci("ece", changed, y, n_resamples=40, seed=1)
+    with bootstrap.shared_draws():
+        for _ in range(2):
+            for m in metrics:
+                _same(bootstrap_ci(m, a, y, n_resamples=40, seed=1), want[m])
+            _same(paired_bootstrap_diff(a, b, y, "ece", n_resamples=40, seed=1), pair)
+        assert len(bootstrap._SUMS) == 2  # a and b, on the one draw kept
+        a.copy_(changed)  # in place: the same tensor object, another model
+        _same(bootstrap_ci("ece", a, y, n_resamples=40, seed=1), want_changed)
+        assert len(bootstrap._SUMS) == 3
+    assert bootstrap._SUMS == {}

@@ -48,6 +48,10 @@ SMOKE_LOSSES = {"mbls": "mbls:margin=1", "acls": "acls:margin=1"}
 # report"); the 18 fits x 7 (whole split, 5 folds, half split) per run took most of its time. For
 # the same reason its intervals take 100 bootstrap resamples (n_boot), not 200.
 SMOKE_CALIBRATORS = ("temperature", "histogram")
+# Its report draws the reliability figures (before and after TS, confidence histogram) of CE and of
+# the recommended method only, not one per method: 15 such figures took more than half of its time
+# (docs/bench.md, "The smoke report"); the first screen's figures compare every method.
+SMOKE_FIGURES = "ce-and-chosen"
 
 BUILTIN_PRESETS: dict[str, dict] = {
     "smoke": dict(
@@ -55,6 +59,7 @@ BUILTIN_PRESETS: dict[str, dict] = {
         train={**_FMNIST_TRAIN, "epochs": 2, "train_subset": 1000, "val_size": 500},
         losses=SMOKE_LOSSES, maccal={"epochs": 2},
         robust_n=200, severities=(1, 5), n_boot=100, num_threads=1, report_calibrators=SMOKE_CALIBRATORS,
+        report_figures=SMOKE_FIGURES,
         note="every method on 1,000 Fashion-MNIST images for 2 epochs, MbLS and ACLS at margin 1: checks the "
         "pipeline end to end (a test runs it); its numbers mean nothing",
     ),

@@ -229,6 +229,10 @@ class Preset:
         report_calibrators: the post-hoc calibrators the report fits on every run (names of
             ``calibkit.calibrators.CALIBRATORS``, ``temperature`` among them; None: every one but
             the opt-in ones). A runtime setting of the report: the runs are the same either way.
+        report_figures: which methods the report draws a reliability figure of (before and after
+            TS, confidence histogram; one of :data:`REPORT_FIGURES`): ``"all"``, every method's;
+            ``"ce-and-chosen"``, CE's and the recommended method's only (``calibkit report
+            --all-figures`` draws every one). A runtime setting of the report, like ``report_calibrators``.
     """
 
     name: str
@@ -253,6 +257,7 @@ class Preset:
     data_dir: str | None = None
     spaces: dict = field(default_factory=dict)
     report_calibrators: tuple[str, ...] | None = None
+    report_figures: str = "all"
 
     def __post_init__(self):
         if self.ood is None:
@@ -275,6 +280,9 @@ class Preset:
 # The built-in presets (calibkit.bench.builtin_presets), then those of the pretrained backbones
 # (calibkit.bench.pretrained_presets), in that order.
 PRESETS: dict[str, Preset] = {name: Preset(name=name, **values) for name, values in BUILTIN_PRESETS.items()}
+
+# Preset.report_figures: every method's reliability figure, or CE's and the recommended method's only.
+REPORT_FIGURES = ("all", "ce-and-chosen")
 
 # Text presets skip these methods: they mix input images or generate them.
 IMAGE_ONLY = ("mixup", "regmixup", "csm")

@@ -16,7 +16,8 @@ The rules (calibkit's decisions where the code that reads a value has none):
   :data:`SEVERITY_LEVELS`, none repeated; ``num_threads`` left out or >= 1; ``checkpoint_every`` >= 1.
 * ``report_calibrators``: left out, or a non-empty list of distinct names of
   ``calibkit.calibrators.CALIBRATORS`` holding ``temperature`` (the report's reference calibrator:
-  the CE + TS baseline, the selection rule's default and the TS columns all read it).
+  the CE + TS baseline, the selection rule's default and the TS columns all read it);
+  ``report_figures`` one of :data:`calibkit.bench.grid.REPORT_FIGURES`.
 * Paths must exist: ``data_dir`` (``--data-dir``) where the data set reads files (a file for
   ``tensors``, a folder otherwise); an ``ood`` that is no built-in set or data set name (a folder
   of images or a tensors file), which must also differ from the data set; ``[csm] store`` (a folder).
@@ -55,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from calibkit import losses
-from calibkit.bench.grid import BENCH_METHODS, IMAGE_ONLY, Bound, bound_for, grid_methods
+from calibkit.bench.grid import BENCH_METHODS, IMAGE_ONLY, REPORT_FIGURES, Bound, bound_for, grid_methods
 from calibkit.bench.presetfile import CSM_ENCODERS, PER_RUN, check_name, nearest
 from calibkit.bench.presetpower import warn_small_validation
 from calibkit.bench.runner import train_config
@@ -195,6 +196,8 @@ def _check_numbers(preset, where: str) -> None:
         raise UserError(f"{where}num_threads: must be an integer >= 1 (leave it out for torch's default), "
                          f"got {preset.num_threads!r}")
     _check_report_calibrators(preset.report_calibrators, where)
+    if preset.report_figures not in REPORT_FIGURES:
+        raise UserError(f"{where}report_figures: one of {', '.join(REPORT_FIGURES)}, got {preset.report_figures!r}")
     levels = list(preset.severities)
     bad = [s for s in levels if not _is_int(s) or s not in SEVERITY_LEVELS]
     if bad:

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import tomllib
 
-from calibkit.bench.grid import BENCH_METHODS, NAME_CHARS, PRESETS, TARGETS, Axis, Preset
+from calibkit.bench.grid import BENCH_METHODS, NAME_CHARS, PRESETS, REPORT_FIGURES, TARGETS, Axis, Preset
 from calibkit.bench.space import loss_params
 from calibkit.config import TrainConfig
 from calibkit.errors import UserError, UserFileNotFoundError
@@ -75,6 +75,8 @@ CSM_ENCODERS = ("classifier", "efficientnet_lite0")
 # Preset.modality: anything but "image" skips the methods that mix or generate images
 MODALITIES = ("image", "text", "features")
 NONE = "none"  # a None TrainConfig value in TOML
+# Top-level keys that dump_preset leaves out at their default (the shipped presets' files stay short).
+AT_DEFAULT_LEFT_OUT = ("num_threads", "checkpoint_every", "modality", "tune_seed", "report_figures")
 
 
 def _unknown(what: str, name, valid, where: str = "") -> ValueError:
@@ -196,6 +198,8 @@ def from_dict(doc: dict, source: str = "preset") -> Preset:
     check_name(top["name"], where)
     if top.get("modality", "image") not in MODALITIES:
         raise _unknown("modality", top["modality"], MODALITIES, where)
+    if top.get("report_figures", REPORT_FIGURES[0]) not in REPORT_FIGURES:
+        raise _unknown("report_figures value", top["report_figures"], REPORT_FIGURES, where)
     for m in top.get("methods") or ():
         _method(m, where + "methods: ")
     losses = doc.get("losses", {})
@@ -311,7 +315,7 @@ def dump_preset(preset: Preset) -> str:
         value = getattr(preset, key)
         if value is None:
             continue  # TOML has no null: left out, it takes its default
-        if key in ("num_threads", "checkpoint_every", "modality", "tune_seed") and value == defaults.get(key):
+        if key in AT_DEFAULT_LEFT_OUT and value == defaults.get(key):
             continue
         lines.append(f"{key} = {_value(value)}")
     lines.append("")

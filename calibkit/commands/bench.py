@@ -42,7 +42,7 @@ def options_from_args(args):
     return BenchOptions(seeds=args.seeds, methods=args.methods, data_dir=args.data_dir, device=args.device,
                         num_threads=args.num_threads, csm_store=args.csm_store, csm_build=args.csm_build,
                         store=args.store, keep=args.keep, tune=args.tune, max_extensions=args.max_extensions,
-                        report=False,  # written below, once the summary is out
+                        report=False, all_figures=args.all_figures,  # written below, once the summary is out
                         **({"log": lambda *a, **k: None} if getattr(args, "quiet", False) else {}))
 
 
@@ -172,7 +172,7 @@ def _collect(args, spec, preset) -> int:
         print(f"collect {out}: {len(missing)} run(s) missing ({', '.join(missing)}); run the same submission "
               "command again to submit them", file=sys.stderr)
     if not args.no_report and counts["files"]:
-        rep = calibkit.report.build_report(out, preset=preset.name)
+        rep = calibkit.report.build_report(out, preset=preset.name, all_figures=opts.all_figures)
         print()
         print(rep["text"])
         print(f"\nreport: {rep['paths']['html']} and {rep['paths']['md']}")

@@ -31,7 +31,8 @@ def run(args) -> int:
 
     phases = Phases("report", quiet=args.quiet)
     rep = calibkit.report.build_report(args.dir, preset=name, n_boot=args.n_boot, store=args.store, alpha=args.alpha,
-                       progress=phases, num_threads=args.num_threads or 1, jobs=args.jobs)
+                       progress=phases, num_threads=args.num_threads or 1, jobs=args.jobs,
+                       all_figures=args.all_figures)
     if not args.quiet and phases.summary():
         print(phases.summary(), file=sys.stderr, flush=True)
     print(rep["text"])

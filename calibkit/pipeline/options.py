@@ -131,6 +131,7 @@ class BenchOptions:
         max_extensions: as for :class:`TuneOptions` (with ``tune``).
         report: write ``OUT/report/`` and return it in :attr:`BenchResult.report`.
         figures: draw the report's figures.
+        all_figures: draw every method's reliability figure, whatever the preset's ``report_figures``.
         alpha: miscoverage of the report's conformal sets, in (0, 1).
         data_dir, device, num_threads, csm_store, csm_build, store, keep, log: as for
             :class:`TuneOptions`.
@@ -150,12 +151,13 @@ class BenchOptions:
     log: Callable[..., None] = print
     report: bool = True
     figures: bool = True
+    all_figures: bool = False
     alpha: float = 0.1
 
     def __post_init__(self) -> None:
         _check_common(self)
         object.__setattr__(self, "seeds", _seeds(self.seeds))
-        for name in ("tune", "figures"):
+        for name in ("tune", "figures", "all_figures"):
             _flag(name, getattr(self, name))
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise UserError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), "

@@ -265,10 +265,10 @@ def _grid(preset: Preset, out, options: BenchOptions, peers: Peers) -> BenchResu
 
 def write_report(out, preset: str, options: BenchOptions | None = None, progress=None) -> dict:
     """Write ``OUT/report/`` for the preset named ``preset`` (:func:`calibkit.report.build_report`
-    with the options' store, figures and alpha, and ``progress``, a
+    with the options' store, figures, all_figures and alpha, and ``progress``, a
     :class:`calibkit.bench.progress.Phases` or None); returns its dict."""
     options = options or BenchOptions()
     # looked up at the call: a caller (or a test) that replaces calibkit.report.build_report gets its own
     extra = {} if progress is None else {"progress": progress}
     return calibkit.report.build_report(out, preset=preset, store=options.store, figures=options.figures,
-                                        alpha=options.alpha, **extra)
+                                        all_figures=options.all_figures, alpha=options.alpha, **extra)

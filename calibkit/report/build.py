@@ -25,8 +25,7 @@ from calibkit.losses import LOSSES
 from calibkit.report import fits, sets
 from calibkit.report.calibrated import CalibratedProbs, calibrator_names
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, ece_deltas, interval_note, label, summarize, usable_rows
-from calibkit.report.evidence import evidence_section, risk_coverage_figure
-from calibkit.report.figures import calibrator_heatmap, method_figure, summary_figures
+from calibkit.report.evidence import evidence_section, figure_methods, figures_section
 from calibkit.report.preset import (
     effective_settings,
     note_for_runs,
@@ -72,6 +71,8 @@ class ReportContext:
         sets: :func:`calibkit.report.sets.method_sets`, set by its section builder.
         drawn: the per-method figures already drawn in this build by other processes
             (:mod:`calibkit.report.prefetch`), which the figures section does not draw again.
+        figure_methods: the methods whose reliability figure the figures section draws, in grid
+            order (:func:`calibkit.report.evidence.figure_methods`; None: every method's).
     """
 
     out_dir: Path
@@ -91,6 +92,7 @@ class ReportContext:
     alpha: float = 0.1
     sets: dict | None = None
     drawn: set = field(default_factory=set)
+    figure_methods: list | None = None
 
     @property
     def n_seeds(self) -> int:
@@ -231,25 +233,6 @@ def robustness_section(ctx: ReportContext) -> list[Section]:
     return [Section("Corrupted test sets per severity", "Mean over corruptions (x100).", [table], terminal=False)]
 
 
-def figures_section(ctx: ReportContext) -> list[Section]:
-    if not ctx.figures:
-        return []
-    figs = summary_figures(ctx.summary, ctx.figdir)
-    if ctx.grid:
-        figs.append(calibrator_heatmap(ctx.grid, ctx.figdir))
-    if ctx.verdict is not None and REFERENCE in ctx.summary:
-        figs.append(risk_coverage_figure(ctx.summary, ctx.probs, ctx.verdict["method"], ctx.verdict["calibrator"],
-                                         ctx.figdir / "risk_coverage.png"))
-    for method, entry in ctx.summary.items():
-        path = ctx.figdir / f"reliability_{method}.png"
-        figs.append(method_figure(entry["runs"][0], path, draw=path not in ctx.drawn))
-    text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
-            "calibration, hatched bands = the gap to the bin's mean confidence (light red above a bar: "
-            "over-confident; purple inside a bar: under-confident), numbers = images per bin. "
-            "One seed per method (the lowest).")
-    return [Section("Figures", text, figures=figs, terminal=False)]
-
-
 # The report, in order. Each builder: ReportContext -> list[Section].
 def sets_section(ctx: ReportContext) -> list[Section]:
     """Selective prediction (AURC, AUGRC) and conformal sets (coverage, set size) per method
@@ -286,7 +269,7 @@ SECTIONS = (recommendation_section, evidence_section, summary_section, notes_sec
 def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, seed: int = 0,
                  figures: bool = True, width: int | None = None, store: str | None = None,
                  alpha: float = 0.1, progress: Phases | None = None, num_threads: int | None = 1,
-                 jobs: int | None = None) -> dict:
+                 jobs: int | None = None, all_figures: bool = False) -> dict:
     """Write ``out_dir/report/`` (report.md, index.html, figures/) from ``out_dir/runs.db``.
 
     Args:
@@ -309,6 +292,8 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         jobs: processes that fit the runs' calibrators (:mod:`calibkit.report.prefetch`; each
             started one with ``num_threads`` torch threads, one when that is None); None: one per
             core when there are enough fits to share, 1: none started. The report is the same.
+        all_figures: draw every method's reliability figure, also where the preset's
+            ``report_figures`` is ``"ce-and-chosen"`` (CE's and the recommended method's only).
 
     Returns:
         ``{"text": terminal text, "summary", "deltas", "grid", "comparisons", "preset", "paths": {...}}``
@@ -320,13 +305,15 @@ def build_report(out_dir, preset: str | None = None, n_boot: int | None = None, 
         raise UserError(f"alpha must be a number in (0, 1) (the miscoverage of the conformal sets), got {alpha!r}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise UserError(f"jobs must be an integer >= 1 (processes fitting the runs' calibrators) or None, got {jobs!r}")
+    if not isinstance(all_figures, bool):
+        raise UserError(f"all_figures must be True or False, got {all_figures!r}")
     with fits.torch_threads(num_threads), shared_draws():  # one draw of each size of resamples per build
         return _build(Path(out_dir), preset, n_boot, seed, figures, width, store, alpha,
-                      progress or Phases("report", quiet=True), (jobs, num_threads or 1))
+                      progress or Phases("report", quiet=True), (jobs, num_threads or 1), all_figures)
 
 
 def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, phases: Phases,
-           parallel: tuple[int | None, int | None] = (None, 1)) -> dict:
+           parallel: tuple[int | None, int | None] = (None, 1), all_figures: bool = False) -> dict:
     preset, rows = load_current_runs(out_dir, preset, store)
     recorded_keys = {r["run_key"] for r in rows}
     # A finished row the report cannot read is named, left out with a warning, and the rest reported.
@@ -343,13 +330,16 @@ def _build(out_dir: Path, preset, n_boot, seed, figures, width, store, alpha, ph
     summary = summarize(done)
     rep = out_dir / "report"
     probs = CalibratedProbs(out_dir / "cache" / "calibrated", report_calibrators(recorded))
-    drawn = fits.prefetch_tasks(out_dir, summary, probs, alpha, phases, parallel, rep / "figures" if figures else None)
+    which = "all" if all_figures or recorded is None else recorded.report_figures  # whose reliability figures
+    drawn = fits.prefetch_tasks(out_dir, summary, probs, alpha, phases, parallel, rep / "figures" if figures else None,
+                                figure_methods(summary, which))  # the recommended one is not known yet
     grid, comps, selections, verdict = fits.calibrated(summary, probs, n_boot, seed, phases,
                                                        out_dir / "cache" / "selection")
     with phases.phase("ECE differences from CE"):
         deltas = ece_deltas(summary, n_boot=n_boot, seed=seed)
-    ctx = ReportContext(out_dir, preset, rows, summary, deltas, n_boot,
-                        rep / "figures", figures, store, probs, grid, comps, selections, verdict, alpha, drawn=drawn)
+    ctx = ReportContext(out_dir, preset, rows, summary, deltas, n_boot, rep / "figures", figures, store, probs, grid,
+                        comps, selections, verdict, alpha, drawn=drawn,
+                        figure_methods=figure_methods(summary, which, verdict))
     ctx.figdir.mkdir(parents=True, exist_ok=True)
     sections: list[Section] = []
     for build in SECTIONS:

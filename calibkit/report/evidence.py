@@ -1,4 +1,5 @@
-"""The figures under the recommendation: the first screen of ``index.html``.
+"""The report's figures: those under the recommendation (the first screen of ``index.html``) and
+the Figures section (:func:`figures_section`).
 
 Three compact figures (each about 400 px wide, side by side in the HTML), drawn from what the
 report has already computed, so that the recommendation is read with its evidence:
@@ -12,7 +13,10 @@ report has already computed, so that the recommendation is read with its evidenc
   temperature scaling and the chosen pair, with their smooth ECE.
 
 :func:`risk_coverage_figure` (the Figures section) draws the risk-coverage curves of CE, CE +
-temperature scaling and the chosen pair.
+temperature scaling and the chosen pair. The Figures section also holds the bar charts and the
+calibrators' heatmap of every method (:mod:`calibkit.report.figures`) and the reliability figures
+of the methods :func:`figure_methods` names (the preset's ``report_figures``: every method's, or
+CE's and the recommended method's only).
 
 Intervals are drawn as lines from the interval's low to its high end and the estimate as a bar
 (not as symmetric error bars): a basic bootstrap interval need not be centred on the estimate.
@@ -29,12 +33,12 @@ from calibkit.curves import risk_coverage_plot, smooth_reliability_diagram
 from calibkit.plots import reliability_diagram
 from calibkit.report.calibrated import NONE
 from calibkit.report.data import label
-from calibkit.report.figures import Figure, _pyplot, _save
+from calibkit.report.figures import Figure, _pyplot, _save, calibrator_heatmap, method_figure, summary_figures
 from calibkit.report.paired import seed_interval
 from calibkit.report.render import Section
 
 __all__ = ["ece_interval_figure", "pair_reliability_figure", "smooth_figure", "risk_coverage_figure",
-           "evidence_figures"]
+           "evidence_figures", "figure_methods", "figures_section"]
 
 SIZE = (4.6, 3.3)  # inches at DPI 100: ~460 x 330 px; three side by side fit the first screen of a 1,400 px page
 
@@ -149,3 +153,44 @@ def evidence_section(ctx) -> list:
     if not figs:
         return []
     return [Section("The evidence, at a glance (test set)", figures=figs, terminal=False, anchor="evidence", lead=True)]
+
+
+def figure_methods(summary: dict, which: str, verdict: dict | None = None) -> list[str]:
+    """The methods of ``summary`` (grid order) whose reliability figure the report draws: every one
+    for ``which = "all"``; for ``"ce-and-chosen"``, CE and the method of ``verdict`` (the
+    recommendation; None: not known, CE alone)."""
+    if which == "all":
+        return list(summary)
+    chosen = {REFERENCE} | ({verdict["method"]} if verdict is not None else set())
+    return [m for m in summary if m in chosen]
+
+
+def figures_section(ctx) -> list:
+    """The Figures section: the bar charts, the calibrators' heatmap, the risk-coverage curves and
+    the reliability figures of ``ctx.figure_methods`` (HTML and Markdown only). A method's figure
+    left over from an earlier build that drew it is removed, so ``figures/`` holds what the report shows."""
+    if not ctx.figures:
+        return []
+    figs = summary_figures(ctx.summary, ctx.figdir)
+    if ctx.grid:
+        figs.append(calibrator_heatmap(ctx.grid, ctx.figdir))
+    if ctx.verdict is not None and REFERENCE in ctx.summary:
+        figs.append(risk_coverage_figure(ctx.summary, ctx.probs, ctx.verdict["method"], ctx.verdict["calibrator"],
+                                         ctx.figdir / "risk_coverage.png"))
+    shown = list(ctx.summary) if ctx.figure_methods is None else ctx.figure_methods
+    for method, entry in ctx.summary.items():
+        path = ctx.figdir / f"reliability_{method}.png"
+        if method in shown:
+            figs.append(method_figure(entry["runs"][0], path, draw=path not in ctx.drawn))
+        else:
+            path.unlink(missing_ok=True)
+    text = ("Reliability diagrams: blue bars = accuracy per confidence bin, the dashed diagonal = perfect "
+            "calibration, hatched bands = the gap to the bin's mean confidence (light red above a bar: "
+            "over-confident; purple inside a bar: under-confident), numbers = images per bin. "
+            "One seed per method (the lowest).")
+    if len(shown) < len(ctx.summary):
+        whose = (f"CE and the recommended method only ({', '.join(label(m) for m in shown)})" if ctx.verdict
+                 else "CE only (no recommendation)")
+        text += (f" Drawn for {whose}: the preset's `report_figures = \"ce-and-chosen\"`; "
+                 "`calibkit report DIR --all-figures` draws every method's.")
+    return [Section("Figures", text, figures=figs, terminal=False)]

@@ -31,11 +31,13 @@ def torch_threads(n: int | None):
 
 
 def prefetch_tasks(out_dir: Path, summary: dict, probs: CalibratedProbs, alpha: float, phases: Phases,
-                   parallel: tuple[int | None, int | None], figdir: Path | None) -> set:
-    """The runs' fits and the per-method figures (``figdir``: where; None: no figures) in
-    ``parallel = (jobs, threads)`` processes (:mod:`calibkit.report.prefetch`); the figures drawn."""
+                   parallel: tuple[int | None, int | None], figdir: Path | None, methods=None) -> set:
+    """The runs' fits and the per-method figures of ``methods`` (None: every method's; ``figdir``:
+    where; None: no figures) in ``parallel = (jobs, threads)`` processes
+    (:mod:`calibkit.report.prefetch`); the figures drawn."""
     runs = [r for e in summary.values() for r in e["runs"]]
-    figs = {} if figdir is None else {figdir / f"reliability_{m}.png": e["runs"][0] for m, e in summary.items()}
+    methods = list(summary) if methods is None else methods
+    figs = {} if figdir is None else {figdir / f"reliability_{m}.png": summary[m]["runs"][0] for m in methods}
     tasks, jobs = prefetch.plan(runs, probs, out_dir, alpha, *parallel, figures=figs)
     if jobs < 2:
         return set()

@@ -47,9 +47,11 @@ from calibkit.report.verdict import DEFAULT_RULE, _cache_file, run_scores
 #: several processes: 9 runs of the default list of 18 calibrators.
 MIN_PARALLEL_FITS = 160
 #: What one per-method figure counts as, in calibrator fits of one run, for :func:`auto_jobs`: with
-#: it the smoke bench's report (15 runs of 2 calibrators, 15 figures: 195; a rebuild, its figures
+#: it a report of 15 runs of 2 calibrators and every method's figure (195; a rebuild, its figures
 #: alone: 165) uses both cores of a 2-core machine, and the tests' reports of 6 runs of 3 methods
-#: with figures (141, or 153 with two calibrators added to the registry) stay in one process.
+#: with figures (141, or 153 with two calibrators added to the registry) stay in one process, as
+#: does the smoke report, which draws CE's figure and the recommended method's (30 + 11: 41; the
+#: recommended one is drawn by the build, once it is known).
 FIGURE_FITS = 11
 
 

@@ -265,3 +265,17 @@ def test_a_validation_split_too_small_to_separate_typical_differences_is_warned(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_preset(preset, source=path)  # 0.0075 < 0.01: no warning
+
+
+def test_a_preset_made_in_python_with_another_report_figures_is_refused():
+    """A preset file's report_figures is checked when it is read; one made in Python, here."""
+    from dataclasses import replace
+
+    from calibkit.bench.grid import PRESETS
+    from calibkit.bench.presetcheck import check_values
+    from calibkit.errors import UserError
+
+    for figures in ("all", "ce-and-chosen"):
+        check_values(replace(PRESETS["smoke"], report_figures=figures), "preset smoke: ", methods=["ce"])
+    with pytest.raises(UserError, match=r"^preset smoke: report_figures: one of all, ce-and-chosen, got 'some'$"):
+        check_values(replace(PRESETS["smoke"], report_figures="some"), "preset smoke: ", methods=["ce"])

@@ -238,3 +238,15 @@ def test_a_changed_preset_under_a_recorded_name_is_refused(tmp_path):
         check_recorded(changed, tmp_path)
     with pytest.raises(ValueError, match=r"ood 'digits' -> 'noise'"):
         check_recorded(dataclasses.replace(p, ood="noise"), tmp_path)
+
+
+def test_report_figures_read_written_and_refused():
+    p = parse_preset(BASE + 'report_figures = "ce-and-chosen"\n')
+    assert p.report_figures == "ce-and-chosen"
+    assert 'report_figures = "ce-and-chosen"' in dump_preset(p) and parse_preset(dump_preset(p)) == p
+    # the default, "all", is left out of the file (every preset's file but smoke's is unchanged)
+    assert parse_preset(BASE).report_figures == "all" and "report_figures" not in dump_preset(parse_preset(BASE))
+    assert 'report_figures = "ce-and-chosen"' in dump_preset(PRESETS["smoke"])
+    with pytest.raises(ValueError, match=r"unknown report_figures value 'ce-and-chosn' \(nearest valid name: "
+                                         r"ce-and-chosen\); valid: all, ce-and-chosen"):
+        parse_preset(BASE + 'report_figures = "ce-and-chosn"\n')

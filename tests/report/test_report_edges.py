@@ -923,7 +923,8 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
     labels = make_runs(tmp_path, methods=("ce", "ls"), seeds=(0, 3))
     figs = []
     monkeypatch.setattr(plt, "close", figs.append)
-    rep = build.build_report(tmp_path, n_boot=20, width=0)
+    # every method's figure asked for: the runs' preset, smoke, draws CE's and the recommended one's
+    rep = build.build_report(tmp_path, n_boot=20, width=0, all_figures=True)
     try:
         paths = rep["paths"]["figures"]
         assert sorted(paths) == ["ece_before_after_ts", "ou_ece", "reliability_ce", "reliability_ls"]
@@ -997,6 +998,14 @@ def test_report_figures_draw_the_summary_numbers(tmp_path, monkeypatch):
             "would lie, per bin; a bar outside is evidence of miscalibration), and the histogram of its confidences.")
     finally:
         plt.close("all")
+    # the smoke preset's choice without a recommendation (no validation logits): CE's figure only
+    rep = build.build_report(tmp_path, n_boot=20, width=0)
+    assert sorted(rep["paths"]["figures"]) == ["ece_before_after_ts", "ou_ece", "reliability_ce"]
+    assert not (tmp_path / "report" / "figures" / "reliability_ls.png").exists()
+    section = next(s for s in rep["sections"] if s.title == "Figures")
+    assert section.text.endswith(" Drawn for CE only (no recommendation): the preset's `report_figures = "
+                                 "\"ce-and-chosen\"`; `calibkit report DIR --all-figures` draws every method's.")
+    plt.close("all")
     # no figures: no section, nothing drawn
     figs.clear()
     rep = build.build_report(tmp_path, n_boot=20, width=0, figures=False)

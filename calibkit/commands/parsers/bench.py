@@ -66,6 +66,8 @@ def register(subparsers) -> None:
     p.add_argument("--workers", type=B.count(256), default=1, metavar="N",
                    help="processes on this machine sharing the runs (default 1; one per core is usually fastest)")
     p.add_argument("--no-report", action="store_true", help="record the runs only; no table or report")
+    p.add_argument("--all-figures", action="store_true", help="the report draws every method's reliability figure "
+                   "(the smoke preset draws CE's and the recommended method's only: its report_figures)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress: neither a line per run nor the report's phases (the tables are still printed)")
     # an extra worker of --workers: start up, then wait for the caller's go (calibkit.bench.workers)

@@ -27,6 +27,8 @@ def register(subparsers) -> None:
                    "--num-threads torch threads (default: one per core when there are enough fits; 1: this process "
                    "only); the report is the same")
 
+    p.add_argument("--all-figures", action="store_true", help="draw every method's reliability figure (the smoke "
+                   "preset draws CE's and the recommended method's only: its report_figures)")
     add_num_threads(p)
     p.set_defaults(func=Handler("calibkit.commands.report"))
 
