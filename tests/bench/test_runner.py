@@ -183,8 +183,14 @@ def test_smoke_preset_end_to_end_with_interruption(tmp_path, cli_env):
         cell = f"{r['metrics']['before']['ece'] * 100:.2f}"
         assert f"| {METHODS[r['method']].label} | 1 | {r['metrics']['before']['acc'] * 100:.2f} | {cell} |" in md
         assert f"<td>{cell}</td>" in page
+    # the smoke preset draws the per-method figures of CE and the recommended method only
+    # (report_figures = "ce-and-chosen", docs/bench.md "The smoke report")
+    use = re.search(r"\*\*Use: (.+?) \+ [a-z_]+\*\*", md).group(1)
+    recommended = next(m for m in SMOKE_METHODS if METHODS[m].label == use)
+    drawn = {f.stem.removeprefix("reliability_") for f in (out / "report" / "figures").glob("reliability_*.png")}
+    assert drawn - {"ce_vs_chosen"} == {REFERENCE, recommended}
     # + the methods x calibrators heatmap + the three evidence figures + the risk-coverage curves
-    assert page.count("data:image/png;base64,") == len(SMOKE_METHODS) + 2 + 1 + 3 + 1
+    assert page.count("data:image/png;base64,") == len({REFERENCE, recommended}) + 2 + 1 + 3 + 1
 
     # 5. `calibkit report` rebuilds the same tables from the database alone.
     rep = subprocess.run([PYTHON, "-m", "calibkit", "report", str(out)], env=cli_env, capture_output=True,
