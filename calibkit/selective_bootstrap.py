@@ -68,10 +68,13 @@ class SelectiveRows:
         total = m.sum(1)
         steps = 1.0 / torch.arange(1, int(total.max()) + 1, dtype=torch.float64)
         harmonic = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(steps, 0)])
-        p = m.cumsum(1)
+        p = m.cumsum(1)  # whole numbers, exact in float64
+        h = harmonic[p.long()]
+        # P_{g-1} is the previous column of P (0 before the first group), so H(P_{g-1}) is h shifted:
+        # one gather of the harmonic numbers instead of two, the same values
+        dh = torch.diff(h, dim=1, prepend=torch.zeros(h.shape[0], 1, dtype=torch.float64))
         p_prev, e_prev = p - m, e.cumsum(1) - e
-        dh = harmonic[p.long()] - harmonic[p_prev.long()]
-        rate = torch.where(m > 0, e / m.clamp(min=1), 0.0)
+        rate = e / m.clamp(min=1)  # an absent group (m_g = 0) has e_g = 0, so its rate is 0
         return (e_prev * dh + rate * (m - p_prev * dh)).sum(1) / total
 
     def augrc(self, W) -> torch.Tensor:
