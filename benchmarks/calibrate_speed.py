@@ -11,6 +11,10 @@ children's, as ``/usr/bin/time`` reports them), the start-up time (``calibkit --
 phases ``--timings`` reports (full fits per calibrator, cross-fitting, test metrics, bootstrap,
 sets, figures).
 
+``--jobs N`` passes ``--jobs N`` to every run of this checkout; ``--baseline-jobs N`` adds a
+baseline run with ``--jobs N`` (this checkout's own, unless ``--baseline`` names another),
+interleaved like ``--baseline``'s: e.g. ``--baseline-jobs 1`` against calibkit's default choice.
+
 ``--baseline DIR``: also runs the calibkit package found in ``DIR`` (e.g. an older commit exported
 with ``git archive COMMIT calibkit | tar -x -C DIR``) on the same files, alternating the two runs,
 and prints both wall and CPU times and the ratio of the wall times side by side (on a shared
@@ -19,7 +23,7 @@ machine only the ratio of interleaved runs means much).
 Usage::
 
     python benchmarks/calibrate_speed.py [--input from|files] [--repeats 1] [--num-threads N] [--baseline DIR]
-        [--sizes 10,100] [--keep DIR]
+        [--jobs N] [--baseline-jobs N] [--sizes 10,100] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -104,6 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--num-threads", type=int, default=None, help="passed to calibkit (default: its own default)")
     ap.add_argument("--baseline", metavar="DIR", help="a folder holding another calibkit package to compare with")
     ap.add_argument("--sizes", default="10,100", help="the K to run, comma-separated (default 10,100)")
+    ap.add_argument("--jobs", type=int, default=None, help="passed as calibrate --jobs (default: calibkit's choice)")
+    ap.add_argument("--baseline-jobs", type=int, default=None, metavar="N",
+                    help="the baseline runs with calibrate --jobs N (without --baseline: this checkout's own)")
     ap.add_argument("--keep", metavar="DIR", help="write the reports under DIR/k<K>/{o,b}<run> (default: a "
                     "temporary folder, removed) to compare the two codes' results")
     args = ap.parse_args(argv)
@@ -125,9 +132,12 @@ def main(argv=None) -> int:
             for r in range(args.repeats):
                 cmd = _calibkit() + ["calibrate", *given, "--timings", *threads]
                 base = base_cpu = None
-                if args.baseline:
-                    base, _, base_cpu = run(cmd + ["--out", str(outs / f"b{r}")], pythonpath=args.baseline)
-                wall, out, cpu = run(cmd + ["--out", str(outs / f"o{r}")], pythonpath=here)
+                if args.baseline or args.baseline_jobs:
+                    base_jobs = [] if args.baseline_jobs is None else ["--jobs", str(args.baseline_jobs)]
+                    base, _, base_cpu = run(cmd + base_jobs + ["--out", str(outs / f"b{r}")],
+                                            pythonpath=args.baseline or here)
+                jobs = [] if args.jobs is None else ["--jobs", str(args.jobs)]
+                wall, out, cpu = run(cmd + jobs + ["--out", str(outs / f"o{r}")], pythonpath=here)
                 phases = next((line for line in out.splitlines() if line.startswith("time (s):")), "")
                 verdict = "within" if wall <= TARGET_S[k] else "ABOVE"
                 ok &= wall <= TARGET_S[k]

@@ -12,14 +12,16 @@ died) is fitted here.
 
 The numbers do not depend on ``jobs``: every fit is seeded by its own arguments (no calibrator
 draws from a global generator) and runs with the same torch thread count (``calibkit calibrate``
-pins one; torch may sum in another order with another count). ``calibkit calibrate`` uses one
-process unless ``--jobs`` says otherwise: on this project's 2-core virtual machine two processes
-saved no wall time and cost more CPU (docs/performance.md); a machine with free cores may gain.
+pins one; torch may sum in another order with another count). Without ``--jobs``, ``calibkit
+calibrate`` asks :func:`auto_jobs`: one process for small fits (a started process costs its
+interpreter and torch's import, about 2 s of CPU), one per core (at most :data:`MAX_JOBS`) once the
+K x K maps' fits are long (docs/performance.md has the measurements).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import queue
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +33,33 @@ import torch
 #: Candidates fitted first, so that the slowest are not left to the end: the K x K maps and the
 #: strength-searching structured maps, then the vector maps; the rest keep their order.
 SLOW_FIRST = ("dirichlet", "sms", "matrix", "svs", "vector", "bbq", "beta", "platt")
+
+
+#: ``rows x K^2`` of the validation logits (the cost of one iteration of the K x K maps, which dominate
+#: the fits) from which :func:`auto_jobs` starts processes. At 5,000 x 100 (5e7) two processes took
+#: 0.62 of one process's wall time on the quiet 2-core machine; the value between is set from the
+#: 5,000 x 10 measurement (docs/performance.md, "calibrate: one process per core for long fits").
+MIN_PARALLEL_WORK = 2_000_000
+#: The most processes :func:`auto_jobs` starts for one cross-fitting (19 candidates, the slowest
+#: four take half the time: more processes would wait on them).
+MAX_JOBS = 4
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity on Linux, else ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def auto_jobs(n_rows: int, k: int, threads: int | None = None) -> int:
+    """The processes cross-fitting uses by default for ``n_rows`` validation rows of ``k`` classes:
+    1 below :data:`MIN_PARALLEL_WORK` (``n_rows * k**2``), else one per ``threads`` cores, at most
+    :data:`MAX_JOBS`."""
+    if n_rows * k * k < MIN_PARALLEL_WORK:
+        return 1
+    return max(1, min(MAX_JOBS, cores() // max(1, threads or 1)))
 
 
 def order(names: Sequence[str]) -> list[str]:

@@ -13,7 +13,7 @@ import torch
 
 from calibkit import plots
 from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis, shared_draws
-from calibkit.calibrators import CALIBRATORS
+from calibkit.calibrators import CALIBRATORS, pool
 from calibkit.calibrators.evidence import thin_warning, unestimable
 from calibkit.calibrators.registry import default_names
 from calibkit.calibrators.selection import NONE, SelectionRule, choose, cross_fit, unfittable
@@ -137,7 +137,7 @@ def _check_rows(args, val_x, val_y, names) -> None:
     if args.save in refused:  # (CHOSEN_NAMES are never refused: the chosen one was fitted)
         raise UserError(f"--save {args.save!r}: {refused[args.save]}")
     if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only
-        skipped = f"; not fitted: {', '.join(refused)} (fewer rows than classes)" if refused else ""
+        skipped = f"; not fitted: {', '.join(refused)} (the validation table says why)" if refused else ""
         warnings.warn(f"{args.val_name}: {n} validation rows for K = {k} classes (fewer than {ROWS_PER_CLASS} per "
                       "class): "
                       "the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
@@ -203,7 +203,9 @@ class _Timer:
 
 def _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs=None):
     """The cross-fitted selection on the validation rows, then every fitted calibrator on the test rows."""
-    jobs = 1 if jobs is None else min(jobs, max(1, len(names)))  # one by default: measured, docs/performance.md
+    if jobs is None:  # one process for small fits, one per core for long ones: measured, docs/performance.md
+        jobs = pool.auto_jobs(val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1], torch.get_num_threads())
+    jobs = min(jobs, max(1, len(names)))
     with timer("fits and cross-fitting"):  # each full fit timed alone inside (the "fit s" column)
         scores, fitted = cross_fit(val_x, val_y, names, rule, jobs=jobs)
     seconds = {n: s.fit_seconds for n, s in scores.items() if n in fitted and s.fit_seconds is not None}

@@ -31,13 +31,12 @@ many small reports of the tests stay in one process.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import warnings
 from pathlib import Path
 
 import torch
 
-from calibkit.calibrators.pool import started
+from calibkit.calibrators.pool import cores, started
 from calibkit.report.calibrated import CalibratedProbs
 from calibkit.report.figures import method_figure
 from calibkit.report.sets import SetRows
@@ -111,11 +110,7 @@ def auto_jobs(n_tasks: int, work: int, threads: int | None) -> int:
     fits in all (a figure counts :data:`FIGURE_FITS`; module docstring)."""
     if n_tasks < 2 or work < MIN_PARALLEL_FITS:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(n_tasks, cores // max(1, threads or 1)))
+    return max(1, min(n_tasks, cores() // max(1, threads or 1)))
 
 
 def _run(task: tuple, out_dir: Path, names, alpha: float) -> None:

@@ -71,3 +71,16 @@ def test_cross_fitting_in_two_processes_gives_the_same_numbers():
         assert torch.equal(one[2][name], two[2][name])
     for name in names:
         assert torch.equal(one[1][name].predict_proba(z), two[1][name].predict_proba(z))
+
+
+def test_auto_jobs_is_one_for_small_fits_and_one_per_core_up_to_the_cap_for_long_ones(monkeypatch):
+    monkeypatch.setattr(pool, "cores", lambda: 2)
+    limit = pool.MIN_PARALLEL_WORK
+    assert pool.auto_jobs(limit // 100 - 1, 10) == 1  # rows x K^2 just below the threshold
+    assert pool.auto_jobs(limit // 100, 10) == 2
+    assert pool.auto_jobs(5000, 100, threads=2) == 1  # two threads each fill both cores
+    assert pool.auto_jobs(5000, 2) == 1  # binary: 20,000
+    monkeypatch.setattr(pool, "cores", lambda: 64)
+    assert pool.auto_jobs(5000, 100) == pool.MAX_JOBS
+    monkeypatch.setattr(pool, "cores", lambda: 1)
+    assert pool.auto_jobs(5000, 100) == 1

@@ -409,7 +409,7 @@ def test_fewer_rows_than_classes_warns_and_leaves_the_square_maps_unfitted(tmp_p
     assert captured.err.splitlines()[0] == (
         f"calibkit calibrate: warning: {tmp_path / 'val.npz'}: 20 validation rows for K = 30 classes (fewer than 2 "
         "per class): the calibrators with K or K x K parameters (vector: 2K; matrix, dirichlet: K^2 + K) cannot be "
-        "fitted reliably, and their fits may be slow; not fitted: matrix, dirichlet (fewer rows than classes)")
+        "fitted reliably, and their fits may be slow; not fitted: matrix, dirichlet (the validation table says why)")
     reason = "not fitted: 20 validation rows for K = 30 classes; its K x K map (930 parameters) cannot be fitted " \
              "from fewer rows than classes"
     assert f"| matrix | - | - | - | - | - | excluded: {reason} |" in captured.out

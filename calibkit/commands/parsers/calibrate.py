@@ -112,8 +112,8 @@ def register(subparsers) -> None:
                         "temperature scaling and the uncalibrated model only)")
     p.add_argument("--timings", action="store_true", help="print where the time went")
     p.add_argument("--jobs", type=B.integer(1, 1024), metavar="N",
-                   help="processes that fit the calibrators (default 1; the numbers do not depend on it; on a "
-                        "2-core virtual machine 2 saved no time: docs/performance.md)")
+                   help="processes that fit the calibrators (default: 1 for small inputs, one per core up to 4 once "
+                        "rows x K^2 >= 2e6; the numbers do not depend on it: docs/performance.md)")
     add_num_threads(p, default="1, whatever the machine, so that the numbers do not depend on its cores")
     p.set_defaults(func=Handler("calibkit.commands.calibrate"))
 
