@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
+from calibkit import resampling
 from calibkit._validation import check_n_bins, check_probs, upcast
 from calibkit.errors import UserError
 from calibkit.functional import metrics as F
@@ -58,6 +58,7 @@ from calibkit.functional.binning import (
     weighted_equal_mass_bins,
 )
 from calibkit.functional.inputs import to_rows
+from calibkit.resampling import count_draws, shared_draws  # re-exported: the public names stay here
 
 __all__ = ["BootstrapResult", "bootstrap_ci", "bootstrap_cis", "paired_bootstrap_diff", "bootstrap_interval",
            "count_draws", "shared_draws", "FAST_METRICS", "INTERVALS"]
@@ -71,7 +72,6 @@ _RANGE = {"acc": (0.0, 1.0), "ece": (0.0, 1.0), "aece": (0.0, 1.0), "cece": (0.0
 FAST_METRICS = ("acc", "ece", "aece", "cece", "mce", "rmsce", "o_ece", "u_ece", "nll", "brier")
 _BY_FUNCTION = {F.accuracy: "acc", F.ece: "ece", F.adaptive_ece: "aece", F.classwise_ece: "cece",
                 F.mce: "mce", F.rmsce: "rmsce", F.nll: "nll", F.brier: "brier"}
-_ROW_BUDGET = 4_000_000  # entries of W (R_chunk x N) held at once (32 MB in float64)
 
 
 @dataclass
@@ -107,7 +107,7 @@ class _Prepared:
 
     def __init__(self, probs, labels, n_bins, ignore_index=None):
         self.inputs = (probs, labels)
-        self.key = _model_key(probs, labels, n_bins, ignore_index)  # the inputs' identity, for _SUMS
+        self.key = resampling.model_key(probs, labels, n_bins, ignore_index)  # the inputs' identity, for _SUMS
         rows = to_rows(probs, labels, ignore_index, compact=True)
         probs, labels = check_probs(rows.probs.cpu(), rows.labels.cpu())
         self.probs, self.labels, self.B = probs, labels, n_bins
@@ -140,9 +140,10 @@ class _Prepared:
     def _binned_sums(self, W: torch.Tensor) -> BinSums:
         """The per-bin sums of every row of ``W``; inside :func:`shared_draws` computed once per model
         and draw (the report asks for ECE, O-ECE and U-ECE of one model, and pairs one model with many)."""
-        kept = self.key is not None and _SHARED is not None and any(W is w for d in _SHARED.values() for _, w in d)
-        if kept and (self.key, id(W)) in _SUMS:
-            return _SUMS[(self.key, id(W))][0]
+        shared = resampling._SHARED
+        kept = self.key is not None and shared is not None and any(W is w for d in shared.values() for _, w in d)
+        if kept and (self.key, id(W)) in resampling._SUMS:
+            return resampling._SUMS[(self.key, id(W))][0]
         bins = bin_indices(self.conf_native, equal_width_edges(self.B, self.conf_native.dtype))
         onehot = torch.nn.functional.one_hot(bins, self.B).double()  # (N, B)
         # counts and hits are sums of integers (counts x 0/1), exact in any order: the same bits as
@@ -151,7 +152,7 @@ class _Prepared:
                        W @ (onehot * self.conf[:, None]),
                        torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W * self.correct))
         if kept:
-            _SUMS[(self.key, id(W))] = (sums, self.inputs)
+            resampling._SUMS[(self.key, id(W))] = (sums, self.inputs)
         return sums
 
     def _aece(self, W):
@@ -211,76 +212,6 @@ def _check_args(n_resamples, level, method):
                         f"gives [x, x]), got {n_resamples!r}")
     if not 0 < level < 1:
         raise UserError(f"level must be in (0, 1), got {level!r}")
-
-
-def count_draws(n: int, n_resamples: int, seed: int = 0):
-    """The resamples of ``n`` rows as count matrices, chunk by chunk: yields ``(idx, W)`` with ``idx``
-    the ``(r, n)`` drawn indices and ``W`` their float64 ``(r, n)`` counts (``W[j, i]`` = how often
-    row ``i`` is in resample ``j``), ``r`` rows per chunk so that ``W`` holds at most about
-    ``_ROW_BUDGET`` entries. One seeded ``torch.Generator``: every caller with the same ``n``,
-    ``n_resamples`` and ``seed`` gets the same resamples, so any statistic computed from them is
-    paired with the panel metrics' intervals. Inside :func:`shared_draws` they are drawn once and
-    the same tensors handed to every later call (callers read ``W``, never change it in place)."""
-    chunk = max(1, _ROW_BUDGET // n)
-    key = (n, n_resamples, seed, chunk)
-    if _SHARED is not None and key in _SHARED:
-        for idx, W in _SHARED[key]:
-            yield idx.long(), W
-        return
-    kept = sum(W.numel() for draws in (_SHARED or {}).values() for _, W in draws)
-    keep: list[tuple[torch.Tensor, torch.Tensor]] | None = (
-        [] if _SHARED is not None and kept + n * n_resamples <= _SHARED_BUDGET else None)
-    gen = torch.Generator().manual_seed(seed)
-    done = 0
-    while done < n_resamples:
-        r = min(chunk, n_resamples - done)
-        idx = torch.randint(0, n, (r, n), generator=gen)
-        flat = (idx + torch.arange(r).view(-1, 1) * n).reshape(-1)
-        W = torch.bincount(flat, minlength=r * n).view(r, n).double()
-        if keep is not None:
-            keep.append((idx.int(), W))
-        yield idx, W
-        done += r
-    if keep is not None and _SHARED is not None:  # only a draw that ran to its end is kept
-        _SHARED[key] = keep
-
-
-#: ``{(n, n_resamples, seed, chunk): [(idx as int32, W), ...]}`` while :func:`shared_draws` is active.
-_SHARED: dict | None = None
-#: Entries of ``W`` kept in all by :func:`shared_draws` (96 MB, and half that for the indices); a
-#: draw that would pass it is drawn again at every call, as outside the block.
-_SHARED_BUDGET = 12_000_000
-#: ``{(model key, id(W)): (BinSums, inputs)}`` while :func:`shared_draws` is active: the binned sums
-#: of a model (:func:`_model_key`) on a draw ``W`` kept in ``_SHARED`` (which holds it, as this holds
-#: the model's inputs: no identity is reused while the entry lives).
-_SUMS: dict = {}
-
-
-def _model_key(probs, labels, n_bins: int, ignore_index) -> tuple | None:
-    """A model's key in ``_SUMS`` (None outside :func:`shared_draws`, or for inputs that are not
-    tensors): the identity and in-place version (``Tensor._version``, raised by every in-place
-    change) of the probabilities and labels given, the bins and ``ignore_index``."""
-    if _SHARED is None or not isinstance(probs, torch.Tensor) or not isinstance(labels, torch.Tensor):
-        return None
-    return id(probs), probs._version, id(labels), labels._version, n_bins, ignore_index
-
-
-@contextmanager
-def shared_draws():
-    """Within the block, :func:`count_draws` draws the resamples of each ``(n, n_resamples, seed)``
-    once and hands the same tensors to every later call: the same resamples as drawing them again
-    (one seeded generator), without the cost. A report uses it for its many intervals on the same
-    test rows. Nested blocks share the outer one's draws; they are released when it ends."""
-    global _SHARED
-    outer = _SHARED
-    if outer is None:
-        _SHARED = {}
-    try:
-        yield
-    finally:
-        _SHARED = outer
-        if outer is None:
-            _SUMS.clear()
 
 
 def _resampled(models, metric, n, n_resamples, seed):

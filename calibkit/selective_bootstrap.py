@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from calibkit.bootstrap import count_draws
+from calibkit.resampling import count_draws
 from calibkit.errors import UserError
 
 __all__ = ["SelectiveRows", "resampled_selective"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from calibkit import bootstrap
+from calibkit import bootstrap, resampling
 from calibkit.bootstrap import bootstrap_ci, bootstrap_cis, paired_bootstrap_diff
 from calibkit.functional import metrics as F
 
@@ -24,7 +24,7 @@ def _same(a, b):
 @pytest.mark.parametrize("metric", ["ece", "aece", "cece", "mce", "nll", "brier", "acc", F.ece])
 @pytest.mark.parametrize("method", ["basic", "percentile"])
 def test_equal_to_the_per_model_calls(metric, method, monkeypatch):
-    monkeypatch.setattr(bootstrap, "_ROW_BUDGET", 400 * 7)  # chunks of 7 resamples: the draw spans chunks
+    monkeypatch.setattr(resampling, "_ROW_BUDGET", 400 * 7)  # chunks of 7 resamples: the draw spans chunks
     probs, y = _models()
     kw = dict(n_resamples=30, seed=3, level=0.9, n_bins=10, method=method)
     cis, diffs = bootstrap_cis(metric, probs, y, reference="t1.0", **kw)
@@ -89,7 +89,7 @@ def _draws(n, r, seed):
 
 def test_shared_draws_hand_out_the_draws_made_without_them(monkeypatch):
     """Inside shared_draws the resamples are those drawn outside (index for index), drawn once per size."""
-    monkeypatch.setattr(bootstrap, "_ROW_BUDGET", 50 * 4)  # chunks of 4 resamples of 50 rows
+    monkeypatch.setattr(resampling, "_ROW_BUDGET", 50 * 4)  # chunks of 4 resamples of 50 rows
     fresh = _draws(50, 10, 7)
     calls = []
     real = torch.randint
@@ -105,21 +105,21 @@ def test_shared_draws_hand_out_the_draws_made_without_them(monkeypatch):
         for (i, w), (fi, fw) in zip(got, fresh):
             assert i.dtype == torch.int64 and torch.equal(i, fi) and torch.equal(w, fw)
     assert not torch.equal(other[0][1], fresh[0][1])
-    assert bootstrap._SHARED is None  # released at the end of the block
+    assert resampling._SHARED is None  # released at the end of the block
 
 
 def test_shared_draws_keep_nothing_past_their_budget_and_equal_intervals(monkeypatch):
     probs, y = _models(2, n=300)
     want = bootstrap_ci("ece", probs["t2.0"], y, n_resamples=40, seed=1)
-    monkeypatch.setattr(bootstrap, "_SHARED_BUDGET", 300 * 40 - 1)  # one draw more than the budget holds
+    monkeypatch.setattr(resampling, "_SHARED_BUDGET", 300 * 40 - 1)  # one draw more than the budget holds
     with bootstrap.shared_draws():
         _same(bootstrap_ci("ece", probs["t2.0"], y, n_resamples=40, seed=1), want)
-        assert bootstrap._SHARED == {}
-    monkeypatch.setattr(bootstrap, "_SHARED_BUDGET", 300 * 40)
+        assert resampling._SHARED == {}
+    monkeypatch.setattr(resampling, "_SHARED_BUDGET", 300 * 40)
     with bootstrap.shared_draws():
         for _ in range(2):
             _same(bootstrap_ci("ece", probs["t2.0"], y, n_resamples=40, seed=1), want)
-        assert len(bootstrap._SHARED) == 1
+        assert len(resampling._SHARED) == 1
 
 
 def test_binned_sums_equal_the_one_hot_products_bit_for_bit():
@@ -154,8 +154,8 @@ def test_shared_draws_reuse_a_models_binned_sums_and_never_a_changed_ones():
             for m in metrics:
                 _same(bootstrap_ci(m, a, y, n_resamples=40, seed=1), want[m])
             _same(paired_bootstrap_diff(a, b, y, "ece", n_resamples=40, seed=1), pair)
-        assert len(bootstrap._SUMS) == 2  # a and b, on the one draw kept
+        assert len(resampling._SUMS) == 2  # a and b, on the one draw kept
         a.copy_(changed)  # in place: the same tensor object, another model
         _same(bootstrap_ci("ece", a, y, n_resamples=40, seed=1), want_changed)
-        assert len(bootstrap._SUMS) == 3
-    assert bootstrap._SUMS == {}
+        assert len(resampling._SUMS) == 3
+    assert resampling._SUMS == {}

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from calibkit.bench.grid import REFERENCE
-from calibkit.bootstrap import count_draws
+from calibkit.resampling import count_draws
 from calibkit.calibrators import CALIBRATORS
 from calibkit.conformal import SplitConformal, TooFewCalibrationRows
 from calibkit.errors import UserError
