@@ -47,12 +47,14 @@ def options_from_args(args):
 
 
 def _worker(args) -> int:
-    """An extra worker of ``--workers N``: released once its caller's checks pass, it runs the
-    bench of the spec file, records no preset and writes no report (its caller does)."""
+    """An extra worker of ``--workers N`` (or of :class:`calibkit.pipeline.LocalProcesses`): released
+    once its caller's checks pass, it runs the bench of the spec file (writing the same effective
+    preset as its caller) and writes no report, whatever the spec's options say: its caller does."""
     spec = await_spec(args, "bench")
     if spec is None:
         return 0
-    result = Inline().execute(spec)  # the checks, the preset's record and the runs, as in its caller
+    # the checks, the preset's record and the runs, as in its caller; never the report
+    result = Inline().execute(spec.with_options(report=False))
     assert isinstance(result, BenchResult)
     if not result.main:
         return 0

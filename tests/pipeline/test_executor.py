@@ -66,6 +66,27 @@ def test_a_released_worker_runs_the_preflight_too(monkeypatch, tmp_path, checks)
     assert len(checks) == 2
 
 
+def test_a_released_worker_never_writes_the_report_whatever_its_spec_says(monkeypatch, tmp_path):
+    """LocalProcesses' workers get the caller's spec, whose options may ask for the report (the Python
+    API's default): only the caller writes it, once every run is done."""
+    from calibkit.commands import bench as bench_cmd
+    from calibkit.commands import tune as tune_cmd
+
+    ran = []
+
+    def execute(self, spec):
+        ran.append(spec)
+        raise Refused("stop here")
+
+    monkeypatch.setattr(Inline, "execute", execute)
+    for command, module, options in (("bench", bench_cmd, BenchOptions()), ("tune", tune_cmd, TuneOptions())):
+        assert options.report  # the Python API's default
+        spec = BenchSpec(command, "smoke", tmp_path / "o", options)
+        monkeypatch.setattr(module, "await_spec", lambda args, name, spec=spec: spec)
+        assert main([command, "--out", str(tmp_path / "o"), "--spec", "s.json", "--await-start"]) == 1
+    assert [(s.command, s.options.report) for s in ran] == [("bench", False), ("tune", False)]
+
+
 def test_slurm_refuses_what_its_tasks_would_not_do_and_checks_a_tuning_too(tmp_path, capsys):
     out = tmp_path / "o"
     assert main(["bench", "--preset", "smoke", "--out", str(out), "--executor", "slurm", "--dry-run",
