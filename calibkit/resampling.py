@@ -63,8 +63,11 @@ _SUMS: dict = {}
 def model_key(probs, labels, n_bins: int, ignore_index) -> tuple | None:
     """A model's key in ``_SUMS`` (None outside :func:`shared_draws`, or for inputs that are not
     tensors): the identity and in-place version (``Tensor._version``, raised by every in-place
-    change) of the probabilities and labels given, the bins and ``ignore_index``."""
+    change) of the probabilities and labels given, the bins and ``ignore_index``. Tensors made under
+    ``torch.inference_mode()`` have no version counter, so they get no key."""
     if _SHARED is None or not isinstance(probs, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return None
+    if probs.is_inference() or labels.is_inference():  # no version counter: not cached (their sums are recomputed)
         return None
     return id(probs), probs._version, id(labels), labels._version, n_bins, ignore_index
 

@@ -159,3 +159,17 @@ def test_shared_draws_reuse_a_models_binned_sums_and_never_a_changed_ones():
         _same(bootstrap_ci("ece", a, y, n_resamples=40, seed=1), want_changed)
         assert len(resampling._SUMS) == 3
     assert resampling._SUMS == {}
+
+
+def test_inference_mode_tensors_get_the_same_intervals_inside_shared_draws():
+    """Tensors made under torch.inference_mode() have no version counter: their binned sums are not
+    cached, and the intervals equal those drawn outside the block."""
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        p = torch.softmax(3 * torch.randn(200, 4, generator=g), 1)
+        y = torch.randint(0, 4, (200,), generator=g)
+    outside = bootstrap_cis("ece", {"a": p}, y, n_resamples=30)[0]["a"]
+    with bootstrap.shared_draws():
+        inside = bootstrap_cis("ece", {"a": p}, y, n_resamples=30)[0]["a"]
+        assert resampling._SUMS == {}
+    assert (inside.estimate, inside.low, inside.high) == (outside.estimate, outside.low, outside.high)
