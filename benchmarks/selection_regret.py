@@ -144,7 +144,7 @@ def label(name: str) -> str:
     if rule is None:
         return name
     default = SelectionRule(select_by=rule.select_by)
-    same = (rule.default, rule.uses_significance) == (default.default, default.uses_significance)
+    same = (rule.anchor, rule.uses_significance) == (default.anchor, default.uses_significance)
     if not same:
         return name
     which = "" if rule.select_by == "nll" else f" of --select-by {rule.select_by}"

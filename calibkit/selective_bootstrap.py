@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from calibkit.resampling import count_draws
 from calibkit.errors import UserError
+from calibkit.resampling import count_draws
 
 __all__ = ["SelectiveRows", "resampled_selective"]
 

@@ -86,7 +86,8 @@ class SelectionRule:
         n_bins: equal-width bins of the ECE.
         seed: seed of the fold permutation and of the validation bootstrap.
         default: the calibrator kept unless significantly beaten; empty (the default) or ``None``:
-            the rule's anchor (:data:`ANCHOR`: SMS under NLL and Brier, temperature scaling under ECE).
+            the rule's own (:data:`ANCHOR`: SMS under NLL and Brier, temperature scaling under
+            ECE); :attr:`anchor` is the one in force.
             When it is not among the candidates or fails a guard, temperature scaling
             (:data:`FALLBACK`) stands in, and ``"none"`` when that fails too.
         level: level of the paired validation interval of the significance step.
@@ -102,7 +103,7 @@ class SelectionRule:
     n_folds: int = 5
     n_bins: int = 15
     seed: int = 0
-    default: str = ""  # "" (or None): ANCHOR[select_by], set in __post_init__
+    default: str = ""  # "" (or None): ANCHOR[select_by], read through the property anchor
     level: float = 0.95
     n_boot: int = 1000
     significance: bool | None = None
@@ -122,10 +123,18 @@ class SelectionRule:
             raise UserError(f"level must be a float in [0.5, 1), got {self.level!r}")
         if self.significance is not None and not isinstance(self.significance, bool):
             raise UserError(f"significance must be True, False or None (the rule's own), got {self.significance!r}")
-        if self.default in ("", None):
-            object.__setattr__(self, "default", ANCHOR[self.select_by])
+        if self.default is None:
+            object.__setattr__(self, "default", "")
         elif not isinstance(self.default, str):
             raise UserError(f"default must be a calibrator name, got {self.default!r}")
+
+    @property
+    def anchor(self) -> str:
+        """The calibrator kept unless significantly beaten: ``default``, or when that is empty the
+        rule's own (:data:`ANCHOR`). Resolved at each read, not stored, so that
+        ``dataclasses.replace(rule, select_by="ece")`` of a rule with the empty default gets the ECE
+        rule's anchor (temperature scaling), as ``SelectionRule(select_by="ece")`` does."""
+        return self.default or ANCHOR[self.select_by]
 
     @property
     def uses_significance(self) -> bool:
@@ -146,18 +155,18 @@ class SelectionRule:
         if self.select_by == "ece":
             guard += " and cross-fitted NLL not above the default's"
         metric = f"{self.n_folds}-fold cross-fitted {self.select_by.upper()} on the validation split"
-        default = self.default
-        if default != FALLBACK:
-            default += f" ({FALLBACK} scaling where {self.default} is not fitted or fails a guard)"
+        default = self.anchor
+        if default not in (FALLBACK, NONE):  # "none" has no stand-in (selection._default)
+            default += f" ({FALLBACK} scaling where {self.anchor} is not fitted or fails a guard)"
         if not self.uses_significance:
             return (f"the lowest {metric} among {default} and the calibrators with {guard} "
-                    f"({self.default} on ties)")
+                    f"({self.anchor} on ties)")
         return (f"{default} unless another calibrator, with {guard}, has a significantly lower "
                 f"{metric} (paired bootstrap, {100 * self.level:g}% interval below 0); then the lowest such")
 
     def to_dict(self) -> dict:
         return {"select_by": self.select_by, "acc_tolerance": self.acc_tolerance, "n_folds": self.n_folds,
-                "n_bins": self.n_bins, "seed": self.seed, "default": self.default, "level": self.level,
+                "n_bins": self.n_bins, "seed": self.seed, "default": self.anchor, "level": self.level,
                 "n_boot": self.n_boot, "significance": self.uses_significance}
 
 

@@ -91,7 +91,7 @@ class Selection:
         chosen: the selected name (``"none"``: keep the uncalibrated probabilities).
         ranking: the eligible names, best first (``ranking[0] == chosen``).
         excluded: ``{name: reason}`` of the candidates the guards (or a failed fit) ruled out.
-        default: the default after its guards (``rule.default`` or ``"none"``).
+        default: the default after its guards (``rule.anchor``, its stand-in or ``"none"``).
         notes: ``{name: text}`` of eligible challengers that did not beat the default significantly.
         fitted: ``{name: calibrator fitted on the whole validation split}`` (from :func:`select_calibrator`).
     """
@@ -148,11 +148,11 @@ def _guard(name: str, s: CrossFitScore, ref: CrossFitScore, nll_ref: float, rule
 
 
 def _default(scores: dict[str, CrossFitScore], rule: SelectionRule) -> tuple[str, dict[str, str]]:
-    """The rule's default after its guards: ``rule.default``, else temperature scaling (:data:`FALLBACK`)
+    """The rule's default after its guards: ``rule.anchor``, else temperature scaling (:data:`FALLBACK`)
     when the default is not among ``scores`` or fails a guard, else ``"none"``; and why those failed."""
     excluded: dict[str, str] = {}
     ref = scores[NONE]
-    for name in dict.fromkeys((rule.default, FALLBACK)):
+    for name in dict.fromkeys((rule.anchor, FALLBACK)):
         if name == NONE:
             return NONE, excluded
         if name not in scores:

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from calibkit.bench.grid import REFERENCE
-from calibkit.resampling import count_draws
 from calibkit.calibrators import CALIBRATORS
 from calibkit.conformal import SplitConformal, TooFewCalibrationRows
 from calibkit.errors import UserError
@@ -43,6 +42,7 @@ from calibkit.functional.selective import augrc, aurc
 from calibkit.report.calibrated import FIT_AND_TEST, NONE, CalibratedProbs, cache_file, calibrator_names
 from calibkit.report.data import BETTER_MARK, WORSE_MARK, direction, label, same_runs
 from calibkit.report.tables import Table, text_table
+from calibkit.resampling import count_draws
 from calibkit.rundir import read_tensors, write_tensors
 from calibkit.seed_bootstrap import auto_levels, seed_paired_interval
 from calibkit.selective_bootstrap import SelectiveRows, resampled_selective

@@ -358,14 +358,14 @@ def _validation_line(rec: dict) -> str:
 def _how(rule: SelectionRule, metric: str, nll: str, default_pair: str) -> str:
     keep = f"without losing accuracy ({100 * rule.acc_tolerance:g} points){nll}"
     if rule.uses_significance:
-        anchor = rule.default
-        if anchor != FALLBACK:
-            anchor += f" ({FALLBACK} scaling where {rule.default} is not fitted or fails a guard)"
+        anchor = rule.anchor
+        if anchor not in (FALLBACK, NONE):  # "none" has no stand-in
+            anchor += f" ({FALLBACK} scaling where {rule.anchor} is not fitted or fails a guard)"
         return (f"How: each method's calibrator is {anchor} unless another one has a significantly lower "
                 f"{rule.n_folds}-fold cross-fitted validation {metric} {keep}; the pair is {default_pair} unless "
                 "another pair is significantly better in the same way.")
     return (f"How: each method's calibrator is the one with the lowest {rule.n_folds}-fold cross-fitted validation "
-            f"{metric} {keep} ({rule.default} on ties); the pair is the lowest such pair ({default_pair} on ties).")
+            f"{metric} {keep} ({rule.anchor} on ties); the pair is the lowest such pair ({default_pair} on ties).")
 
 
 def validation_table(selections: dict):

@@ -1,5 +1,6 @@
 """The cross-fitted choice of a calibrator on the validation split (calibkit.calibrators.selection)."""
 
+import dataclasses
 import re
 
 import pytest
@@ -157,8 +158,12 @@ def test_the_default_falls_back_to_the_uncalibrated_model_when_temperature_fails
 
 
 def test_the_anchor_is_sms_under_the_proper_scores_with_temperature_standing_in():
-    assert SelectionRule().default == "sms" and SelectionRule(select_by="brier").default == "sms"
-    assert SelectionRule(select_by="ece").default == "temperature"
+    assert SelectionRule().anchor == "sms" and SelectionRule(select_by="brier").anchor == "sms"
+    assert SelectionRule(select_by="ece").anchor == "temperature"
+    # resolved at each read: a replaced rule gets its own rule's anchor, a named default stays
+    assert dataclasses.replace(SelectionRule(), select_by="ece").anchor == "temperature"
+    assert dataclasses.replace(SelectionRule(default="beta"), select_by="ece").anchor == "beta"
+    assert SelectionRule(default=None) == SelectionRule() and SelectionRule().to_dict()["default"] == "sms"
     assert SelectionRule().uses_significance and not SelectionRule(significance=False).uses_significance
     scores = _scores(none=BASE, temperature=dict(BASE, nll=0.30), sms=dict(BASE, nll=0.29))
     assert choose(scores).default == "sms" and choose(scores).chosen == "sms"
