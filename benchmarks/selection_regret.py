@@ -19,16 +19,17 @@ Usage::
     python benchmarks/selection_regret.py [FOLDER] [--repeats 3] [--n-boot 1000] [--cache DIR] [--model STEM ...]
 
 Prints the per-model mean regrets and the mean over models (markdown). With ``--cache DIR`` each
-split's result is kept in ``DIR/<model>__<repeat>.json`` and read back by a later run (a run cut
+split's raw facts are kept in ``DIR/<model>__<repeat>__<n_boot>__facts.json`` (every candidate's
+test numbers and its cross-fitted scores with the NLL, Brier and ECE resamples) and read back by a later run (a run cut
 short resumes); ``--only-cached`` prints the table of the splits already there, naming the models
 left out. Files are processed smallest K first; ``--model`` restricts a run to some of them, so
 that the slow K = 100 models can run in their own processes on the same cache.
 
 Cost: at K = 100 one split is dominated by the maps with ``K^2 + K`` parameters (SMS, Dirichlet
 calibration, matrix scaling), fitted on the whole validation half and on each of its five
-cross-fitting folds; every rule chooses from the same out-of-fold predictions, and rules that share
-a metric share one draw of its resamples (the draw depends on the metric, resamples, seed and bins
-alone, so this changes no number).
+cross-fitting folds; every rule chooses from the same out-of-fold predictions, whose NLL, Brier and
+ECE resamples are drawn once per split (the draw depends on the resamples, seed and bins alone, so
+this changes no number).
 """
 
 from __future__ import annotations
@@ -205,8 +206,8 @@ def main(argv=None) -> int:
             continue
         per_model[path.stem] = runs
         chosen = {k: "/".join(r[k]["chosen"] for r in runs) for k in list(RULES) + ["best in hindsight (test NLL)"]}
-        regrets = {k: round(sum(r[k]["nll"] for r in runs) / len(runs), 4) for k in runs[0]}
-        print(f"{path.stem}: chosen {chosen}; mean NLL regret {regrets} ({time.perf_counter() - start:.0f} s so far)",
+        mean = {k: round(sum(r[k]["nll"] for r in runs) / len(runs), 4) for k in runs[0]}
+        print(f"{path.stem}: chosen {chosen}; mean NLL regret {mean} ({time.perf_counter() - start:.0f} s so far)",
               file=sys.stderr)
     if not per_model:
         print("no model finished", file=sys.stderr)

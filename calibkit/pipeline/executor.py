@@ -64,7 +64,9 @@ class Executor(Protocol):
         """Check ``spec`` (:func:`calibkit.pipeline.run.preflight`), then run it or submit it.
 
         Raises:
-            UserError: a precondition that does not hold (nothing written, nothing started).
+            UserError: a precondition that does not hold: nothing written and no run started
+                (:class:`LocalProcesses` has started its waiting workers by then, and tells them
+                the bench will not run).
         """
         ...
 
