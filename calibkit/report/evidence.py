@@ -189,8 +189,11 @@ def figures_section(ctx) -> list:
             "over-confident; purple inside a bar: under-confident), numbers = images per bin. "
             "One seed per method (the lowest).")
     if len(shown) < len(ctx.summary):
-        whose = (f"CE and the recommended method only ({', '.join(label(m) for m in shown)})" if ctx.verdict
-                 else "CE only (no recommendation)")
+        names = ", ".join(label(m) for m in shown)
+        if REFERENCE not in ctx.summary:  # a bench without CE: only the recommended method can be drawn
+            whose = f"the recommended method only ({names})" if shown else "no method (no CE run, no recommendation)"
+        else:
+            whose = f"CE and the recommended method only ({names})" if ctx.verdict else "CE only (no recommendation)"
         text += (f" Drawn for {whose}: the preset's `report_figures = \"ce-and-chosen\"`; "
                  "`calibkit report DIR --all-figures` draws every method's.")
     return [Section("Figures", text, figures=figs, terminal=False)]

@@ -55,6 +55,20 @@ def test_the_smoke_preset_draws_ce_and_the_recommended_method_only(tmp_path):
     assert rep["text"] == every["text"]  # the printed numbers do not depend on the figures
 
 
+def test_without_ce_the_caption_names_what_was_drawn(tmp_path):
+    """A bench without CE under "ce-and-chosen" has no recommendation: no per-method figure is drawn,
+    and the caption says so instead of naming CE's."""
+    make_bench(tmp_path, methods=("ls", "focal"), seeds=(0,))
+    write_effective(Preset(name="t", dataset="fmnist", model="mlp", seeds=(0,), train={}, n_boot=20,
+                           report_calibrators=("temperature", "histogram"), report_figures="ce-and-chosen"), tmp_path)
+    rep = build_report(tmp_path, width=0)
+    (section,) = [s for s in rep["sections"] if s.title == "Figures"]
+    drawn = _drawn(tmp_path)
+    assert rep["recommendation"] is None  # the recommendation is measured against CE + TS
+    assert drawn == set() and "CE and" not in section.text and "CE only" not in section.text
+    assert " Drawn for no method (no CE run, no recommendation): the preset's " in section.text
+
+
 def test_the_default_draws_every_method_and_says_nothing_more(tmp_path):
     _bench(tmp_path, "all")
     rep = build_report(tmp_path, width=0)
