@@ -190,8 +190,8 @@ def figures_section(ctx) -> list:
             "One seed per method (the lowest).")
     if len(shown) < len(ctx.summary):
         names = ", ".join(label(m) for m in shown)
-        if REFERENCE not in ctx.summary:  # a bench without CE: only the recommended method can be drawn
-            whose = f"the recommended method only ({names})" if shown else "no method (no CE run, no recommendation)"
+        if REFERENCE not in ctx.summary:  # no CE: no recommendation either (it is measured against CE + TS)
+            whose = "no method (no CE run, no recommendation)"
         else:
             whose = f"CE and the recommended method only ({names})" if ctx.verdict else "CE only (no recommendation)"
         text += (f" Drawn for {whose}: the preset's `report_figures = \"ce-and-chosen\"`; "
