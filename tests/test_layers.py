@@ -30,8 +30,9 @@ LAYERS = [
     ("functional", {"functional"}),
     # What is computed from probabilities and logits: metrics (and their bootstraps and panel
     # state), losses, calibrators, conformal prediction, plots, the torchmetrics wrapper.
-    ("measures", {"_panel_state", "bootstrap", "grouped_bootstrap", "seed_bootstrap", "selective_bootstrap",
-                  "metrics", "losses", "calibrators", "conformal", "plots", "curves", "integrations"}),
+    ("measures", {"_panel_state", "bootstrap", "resampling", "grouped_bootstrap", "seed_bootstrap",
+                  "selective_bootstrap", "metrics", "losses", "calibrators", "conformal", "plots", "curves",
+                  "integrations"}),
     # What produces a trained model: data sets, models, the training loop, the two-stage methods,
     # and the run directory they all write and read.
     ("training", {"data", "models", "train", "methods", "rundir"}),
