@@ -140,20 +140,16 @@ class _Prepared:
     def _binned_sums(self, W: torch.Tensor) -> BinSums:
         """The per-bin sums of every row of ``W``; inside :func:`shared_draws` computed once per model
         and draw (the report asks for ECE, O-ECE and U-ECE of one model, and pairs one model with many)."""
-        shared = resampling._SHARED
-        kept = self.key is not None and shared is not None and any(W is w for d in shared.values() for _, w in d)
-        if kept and (self.key, id(W)) in resampling._SUMS:
-            return resampling._SUMS[(self.key, id(W))][0]
+        return resampling.kept_sums(self.key, W, self.inputs, lambda: self._sums(W))
+
+    def _sums(self, W: torch.Tensor) -> BinSums:
         bins = bin_indices(self.conf_native, equal_width_edges(self.B, self.conf_native.dtype))
         onehot = torch.nn.functional.one_hot(bins, self.B).double()  # (N, B)
         # counts and hits are sums of integers (counts x 0/1), exact in any order: the same bits as
         # W @ onehot, at about a third of its cost; the confidences' sums keep the product's order
-        sums = BinSums(torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W),
+        return BinSums(torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W),
                        W @ (onehot * self.conf[:, None]),
                        torch.zeros(W.shape[0], self.B, dtype=W.dtype).index_add_(1, bins, W * self.correct))
-        if kept:
-            resampling._SUMS[(self.key, id(W))] = (sums, self.inputs)
-        return sums
 
     def _aece(self, W):
         R = W.shape[0]

@@ -72,6 +72,19 @@ def model_key(probs, labels, n_bins: int, ignore_index) -> tuple | None:
     return id(probs), probs._version, id(labels), labels._version, n_bins, ignore_index
 
 
+def kept_sums(key: tuple | None, W: torch.Tensor, inputs, compute):
+    """``compute()`` (a model's sums on the draw ``W``), computed once per model key and draw inside
+    :func:`shared_draws` when ``W`` is a draw the block keeps; otherwise computed at each call.
+    ``inputs`` (the model's tensors) are held with the result, so no identity in ``key`` is reused
+    while the entry lives."""
+    kept = key is not None and _SHARED is not None and any(W is w for d in _SHARED.values() for _, w in d)
+    if not kept:
+        return compute()
+    if (key, id(W)) not in _SUMS:
+        _SUMS[(key, id(W))] = (compute(), inputs)
+    return _SUMS[(key, id(W))][0]
+
+
 @contextmanager
 def shared_draws():
     """Within the block, :func:`count_draws` draws the resamples of each ``(n, n_resamples, seed)``
