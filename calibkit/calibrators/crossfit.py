@@ -136,6 +136,13 @@ class SelectionRule:
         rule's anchor (temperature scaling), as ``SelectionRule(select_by="ece")`` does."""
         return self.default or ANCHOR[self.select_by]
 
+    def anchor_text(self) -> str:
+        """:attr:`anchor` with its stand-in, as the rule's sentences print it ("none" has none:
+        :func:`calibkit.calibrators.selection._default`)."""
+        if self.anchor in (FALLBACK, NONE):
+            return self.anchor
+        return f"{self.anchor} ({FALLBACK} scaling where {self.anchor} is not fitted or fails a guard)"
+
     @property
     def uses_significance(self) -> bool:
         """Whether the significance step applies: ``significance``, or for ``None`` every rule.
@@ -155,9 +162,7 @@ class SelectionRule:
         if self.select_by == "ece":
             guard += " and cross-fitted NLL not above the default's"
         metric = f"{self.n_folds}-fold cross-fitted {self.select_by.upper()} on the validation split"
-        default = self.anchor
-        if default not in (FALLBACK, NONE):  # "none" has no stand-in (selection._default)
-            default += f" ({FALLBACK} scaling where {self.anchor} is not fitted or fails a guard)"
+        default = self.anchor_text()
         if not self.uses_significance:
             return (f"the lowest {metric} among {default} and the calibrators with {guard} "
                     f"({self.anchor} on ties)")

@@ -49,7 +49,6 @@ import torch
 from calibkit.bench.grid import REFERENCE
 from calibkit.calibrators.registry import CALIBRATORS
 from calibkit.calibrators.selection import (
-    FALLBACK,
     NONE,
     CrossFitScore,
     SelectionRule,
@@ -358,10 +357,7 @@ def _validation_line(rec: dict) -> str:
 def _how(rule: SelectionRule, metric: str, nll: str, default_pair: str) -> str:
     keep = f"without losing accuracy ({100 * rule.acc_tolerance:g} points){nll}"
     if rule.uses_significance:
-        anchor = rule.anchor
-        if anchor not in (FALLBACK, NONE):  # "none" has no stand-in
-            anchor += f" ({FALLBACK} scaling where {rule.anchor} is not fitted or fails a guard)"
-        return (f"How: each method's calibrator is {anchor} unless another one has a significantly lower "
+        return (f"How: each method's calibrator is {rule.anchor_text()} unless another one has a significantly lower "
                 f"{rule.n_folds}-fold cross-fitted validation {metric} {keep}; the pair is {default_pair} unless "
                 "another pair is significantly better in the same way.")
     return (f"How: each method's calibrator is the one with the lowest {rule.n_folds}-fold cross-fitted validation "
