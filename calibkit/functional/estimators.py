@@ -143,23 +143,53 @@ def _coarser(fine: np.ndarray, g: int) -> np.ndarray:
     return np.bincount(j, fine * (1 - frac), g + 1) + np.bincount(j + 1, fine * frac, g + 1)
 
 
-def _smece_at(grid: np.ndarray, n: float, sigma: float) -> float:
-    """``smECE_sigma`` of residual masses ``grid`` on the points ``j / g`` (:func:`_on_grid`).
+# exp(-0.5 * 40**2) underflows to exactly 0.0 in float64: kernel values past 40 bandwidths are zeros
+_KERNEL_REACH = 40.0
 
-    The reflected kernel is a circular convolution of the even extension of the grid to [0, 2)
-    with the Gaussian wrapped to period 2 (reflection at 0 and 1 generates exactly these images),
-    done by FFT; the integral over [0, 1] is the trapezoid rule.
+
+def _kernel(period: int, h: float, sigma: float) -> np.ndarray:
+    """The Gaussian of bandwidth ``sigma`` wrapped to period 2, at the ``period`` grid points of [0, 2).
+
+    Where 40 bandwidths fall short of the circle's half-length 1, only the unwrapped Gaussian has
+    values that do not underflow, and only within 40 bandwidths of 0: just those are computed (the
+    same floats as the full sum over the wrapped images, whose other terms are exact zeros), which
+    makes the narrow bandwidths of the finest grids cheap.
     """
+    d = np.minimum(np.arange(period), period - np.arange(period)) * h  # distance on the circle, <= 1
+    norm = sigma * math.sqrt(2 * math.pi)
+    if _KERNEL_REACH * sigma < 1.0:
+        ker = np.zeros(period)
+        near = d <= _KERNEL_REACH * sigma
+        ker[near] = np.exp(-0.5 * (d[near] / sigma) ** 2) / norm
+        return ker
+    shifts = 2.0 * np.arange(-math.ceil(2.5 * sigma) - 1, math.ceil(2.5 * sigma) + 2)
+    return np.exp(-0.5 * ((d[:, None] + shifts[None, :]) / sigma) ** 2).sum(1) / norm
+
+
+def _grid_spectrum(grid: np.ndarray) -> np.ndarray:
+    """The FFT of the even extension of ``grid`` to [0, 2) (:func:`_smece_at`)."""
     g = len(grid) - 1
-    h = 1.0 / g
     period = 2 * g  # grid points of [0, 2)
     ext = np.zeros(period)
     ext[: g + 1] += grid
     ext[(period - np.arange(g + 1)) % period] += grid  # mirror images; 0 and 1 are their own
-    d = np.minimum(np.arange(period), period - np.arange(period)) * h  # distance on the circle, <= 1
-    shifts = 2.0 * np.arange(-math.ceil(2.5 * sigma) - 1, math.ceil(2.5 * sigma) + 2)
-    ker = np.exp(-0.5 * ((d[:, None] + shifts[None, :]) / sigma) ** 2).sum(1) / (sigma * math.sqrt(2 * math.pi))
-    smooth = np.fft.irfft(np.fft.rfft(ext) * np.fft.rfft(ker), period)[: g + 1]
+    return np.fft.rfft(ext)
+
+
+def _smece_at(grid: np.ndarray, n: float, sigma: float, spectrum: np.ndarray | None = None) -> float:
+    """``smECE_sigma`` of residual masses ``grid`` on the points ``j / g`` (:func:`_on_grid`).
+
+    The reflected kernel is a circular convolution of the even extension of the grid to [0, 2)
+    with the Gaussian wrapped to period 2 (reflection at 0 and 1 generates exactly these images),
+    done by FFT; the integral over [0, 1] is the trapezoid rule. ``spectrum``: the grid's
+    :func:`_grid_spectrum`, when the caller keeps it across bandwidths.
+    """
+    g = len(grid) - 1
+    h = 1.0 / g
+    period = 2 * g
+    if spectrum is None:
+        spectrum = _grid_spectrum(grid)
+    smooth = np.fft.irfft(spectrum * np.fft.rfft(_kernel(period, h, sigma)), period)[: g + 1]
     a = np.abs(smooth)
     return float(h * (a.sum() - 0.5 * (a[0] + a[-1])) / n)
 
@@ -172,11 +202,15 @@ def _smece(values, count, correct, tol: float = 1e-7) -> tuple[float, float]:
     if len(values) > _GRID_MAX:  # many blocks: split them once onto the finest grid, coarser grids from it
         grids[_GRID_MAX] = _on_grid(values, resid, _GRID_MAX)
 
+    spectra: dict[int, np.ndarray] = {}  # and transform each once
+
     def at(s):
         g = _grid_size(s)
         if g not in grids:
             grids[g] = _coarser(grids[_GRID_MAX], g) if _GRID_MAX in grids else _on_grid(values, resid, g)
-        return _smece_at(grids[g], n, s)
+        if g not in spectra:
+            spectra[g] = _grid_spectrum(grids[g])
+        return _smece_at(grids[g], n, s, spectra[g])
 
     def gap(s):
         return at(s) - s

@@ -240,6 +240,29 @@ def test_smece_of_many_blocks_goes_through_the_finest_grid_with_the_same_value(m
     assert two_step[0] == pytest.approx(direct[0], abs=1e-12) and two_step[1] == pytest.approx(direct[1], abs=1e-12)
 
 
+@pytest.mark.parametrize("sigma", [1e-4, 7e-4, 3e-3, 0.02, 0.1, 0.6])
+def test_the_narrow_kernel_is_the_wrapped_gaussian_float_for_float(sigma):
+    """Narrow bandwidths compute the kernel only within 40 bandwidths of 0: the same floats as the
+    sum over every wrapped image of the Gaussian at every grid point (the definition)."""
+    import calibkit.functional.estimators as E
+
+    g = E._grid_size(sigma)
+    period, h = 2 * g, 1.0 / g
+    d = np.minimum(np.arange(period), period - np.arange(period)) * h
+    shifts = 2.0 * np.arange(-math.ceil(2.5 * sigma) - 1, math.ceil(2.5 * sigma) + 2)
+    full = np.exp(-0.5 * ((d[:, None] + shifts[None, :]) / sigma) ** 2).sum(1) / (sigma * math.sqrt(2 * math.pi))
+    assert np.array_equal(E._kernel(period, h, sigma), full)
+
+
+def test_smece_of_a_nearly_perfect_set_takes_the_narrowest_bandwidth():
+    """Every prediction right at confidence 1 - 1e-6: smECE is about 1e-6, its fixed point the
+    smallest bandwidth, reached through the finest grids (the case the narrow kernel speeds up)."""
+    probs = torch.tensor([[1 - 1e-6, 1e-6]], dtype=torch.float64).repeat(40, 1)
+    value, sigma = smooth_ece(probs, torch.zeros(40, dtype=torch.long), return_sigma=True)
+    # all the residual mass (-1e-6 per row) sits at one point; reflected smoothing keeps its total
+    assert float(value) == pytest.approx(1e-6, rel=1e-3) and sigma == pytest.approx(1e-4, rel=1e-3)
+
+
 def _top(p, y):
     conf, pred = p.max(1)
     return conf, pred == y
