@@ -36,10 +36,15 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy calibkit
 
 # One test process per core (pytest-xdist); each file stays in one process, so a module's
-# fixtures are built once. TEST_WORKERS=0 runs everything in this process.
+# fixtures are built once. TEST_WORKERS=0 runs everything in this process. One torch thread per
+# process unless OMP_NUM_THREADS says otherwise: as many processes as cores, each with as many
+# threads as cores, took 1.4 times as long here (docs/performance.md, "CI and the test suite").
+# calibkit's bytecode is compiled first: where PYTHONDONTWRITEBYTECODE is set, each command-line
+# call a test makes would compile the package again (about 1 s of CPU each).
 TEST_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m compileall -q calibkit tests
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # One single-threaded process per core share the runs (WORKERS=1: one process).
 WORKERS ?= $(shell nproc 2>/dev/null || echo 1)

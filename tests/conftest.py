@@ -63,8 +63,9 @@ def pg_url():
 # profile of the whole suite; docs/performance.md, "CI and the test suite"): collected first, so that
 # pytest-xdist's --dist loadfile, which hands files out in collection order, starts them at once
 # instead of leaving one worker alone with them at the end. Only the order changes.
-LONGEST_FIRST = ("tests/bench/test_slurm.py", "tests/commands/test_segmentation_e2e.py", "tests/test_readme.py",
-                 "tests/report/test_report.py", "tests/commands/test_bench_own_data.py", "tests/bench/test_runner.py",
+LONGEST_FIRST = ("tests/bench/test_slurm_faults.py", "tests/bench/test_slurm.py",
+                 "tests/commands/test_segmentation_e2e.py", "tests/test_readme.py", "tests/report/test_report.py",
+                 "tests/commands/test_bench_own_data.py", "tests/bench/test_runner.py",
                  "tests/bench/test_pretrained_presets.py", "tests/bench/test_workers_faults.py",
                  "tests/store/test_store_paths.py", "tests/store/test_store_hosts.py", "tests/report/test_data_rows.py",
                  "tests/train/test_text.py", "tests/bench/test_tune.py")
