@@ -14,19 +14,9 @@ import time
 import pytest
 
 from calibkit.store import Store
-from tests.helpers.slurm import cli, cli_env, logs, require_cluster, wait_idle, wait_until
+from tests.helpers.slurm import cli, logs, wait_idle, wait_until
 
 pytestmark = pytest.mark.slurm
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    require_cluster()
-
-
-@pytest.fixture
-def env():
-    return cli_env()
 
 
 def ranking(text: str) -> list[str]:
@@ -41,24 +31,26 @@ def ranking(text: str) -> list[str]:
 EVERY_STAGE = ["--methods", "ce", "ls", "maccal", "csm"]
 
 
-def test_smoke_grid_through_slurm_equals_the_local_bench(cluster, env, tmp_path):
+def test_smoke_grid_through_slurm_equals_the_local_bench(cluster, cli_env, tmp_path):
     from calibkit.report import build_report
 
     t0 = time.time()
-    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--executor", "slurm", *EVERY_STAGE], env, tmp_path)
+    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--executor", "slurm", *EVERY_STAGE], cli_env,
+               tmp_path)
     assert "submitted ce" in said and "submitted maccal" in said and "after aftercorr:" in said
     # meanwhile, here (an absolute --out: runs.db keeps the paths as given, and the report below
     # reads them from this process's folder)
-    cli(["bench", "--preset", "smoke", "--out", str(tmp_path / "local"), "--no-report", *EVERY_STAGE], env, tmp_path)
+    cli(["bench", "--preset", "smoke", "--out", str(tmp_path / "local"), "--no-report", *EVERY_STAGE], cli_env,
+        tmp_path)
     wait_idle(tmp_path / "viaslurm")
     print(f"smoke grid through SLURM: {time.time() - t0:.0f} s")
-    status = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--status", *EVERY_STAGE], env, tmp_path)
+    status = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--status", *EVERY_STAGE], cli_env, tmp_path)
     assert status.strip().splitlines()[-1] == "bench smoke: 4 done", status
     assert not (tmp_path / "viaslurm" / "runs.db").exists()  # no task opened it
-    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--collect", *EVERY_STAGE], env, tmp_path)
+    said = cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--collect", *EVERY_STAGE], cli_env, tmp_path)
     assert "4 new result(s) imported" in said
     assert "0 new result(s) imported" in cli(["bench", "--preset", "smoke", "--out", "viaslurm", "--collect",
-                                              "--no-report", *EVERY_STAGE], env, tmp_path)
+                                              "--no-report", *EVERY_STAGE], cli_env, tmp_path)
     with Store(tmp_path / "local" / "runs.db", readonly=True) as a, \
             Store(tmp_path / "viaslurm" / "runs.db", readonly=True) as b:
         ra, rb = ({r["run_key"]: r for r in s.runs("smoke")} for s in (a, b))
@@ -77,10 +69,10 @@ def test_smoke_grid_through_slurm_equals_the_local_bench(cluster, env, tmp_path)
     assert tables[0] == tables[1] and sum(bool(re.match(r"\d+ ", line)) for line in tables[0]) == 4  # 4 ranks
 
 
-def test_two_gpu_task_runs_torchrun_with_two_processes(cluster, env, tmp_path):
+def test_two_gpu_task_runs_torchrun_with_two_processes(cluster, cli_env, tmp_path):
     args = ["bench", "--preset", "smoke", "--out", "g", "--methods", "ce", "--executor", "slurm", "--gpus-per-run", "2",
             "--device", "cpu"]
-    cli(args, env, tmp_path)
+    cli(args, cli_env, tmp_path)
     out = tmp_path / "g"
     script = (out / "slurm" / "001-ce.sh").read_text()
     assert "#SBATCH --gres=gpu:2" in script and "torch.distributed.run --standalone --nproc_per_node=2" in script
@@ -91,14 +83,14 @@ def test_two_gpu_task_runs_torchrun_with_two_processes(cluster, env, tmp_path):
     assert json.loads((out / "runs" / "smoke" / "ce" / "seed0" / "result.json").read_text())["row"]["status"] == "done"
 
 
-def test_tune_through_slurm_selects_what_a_local_tune_selects(cluster, env, tmp_path):
+def test_tune_through_slurm_selects_what_a_local_tune_selects(cluster, cli_env, tmp_path):
     # the result-file store keeps no grid extensions, so the local tune extends none either
     args = ["tune", "--preset", "smoke", "--methods", "ls", "--max-extensions", "0", "--out"]
-    said = cli(args + ["viaslurm", "--executor", "slurm"], env, tmp_path)
+    said = cli(args + ["viaslurm", "--executor", "slurm"], cli_env, tmp_path)
     assert "submitted tune-select" in said and "afterok:" in said
-    cli(args + [str(tmp_path / "local")], env, tmp_path)
+    cli(args + [str(tmp_path / "local")], cli_env, tmp_path)
     wait_idle(tmp_path / "viaslurm")
-    cli(args + ["viaslurm", "--collect"], env, tmp_path)
+    cli(args + ["viaslurm", "--collect"], cli_env, tmp_path)
     with Store(tmp_path / "local" / "runs.db", readonly=True) as a, \
             Store(tmp_path / "viaslurm" / "runs.db", readonly=True) as b:
         ca, cb = ({r["cand_key"]: r for r in s.candidates("smoke")} for s in (a, b))

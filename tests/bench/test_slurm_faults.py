@@ -1,9 +1,7 @@
 """``--executor slurm`` faults on a real one-node SLURM cluster (``.ci/services.sh start-slurm``):
 a cancelled task, a task requeued twice (by ``scontrol requeue`` and by the time limit's signal)
 that resumes from its checkpoint each time, and a cancelled CE task that others depend on.
-
-Skipped where no cluster answers (``CALIBKIT_TEST_SLURM`` unset); where it is set (CI), a cluster
-that does not answer is a failure, not a skip.
+Skipped, or failed, as ``test_slurm.py`` is (``tests/helpers/slurm.py``, ``require_cluster``).
 """
 
 import json
@@ -14,27 +12,17 @@ import time
 
 import pytest
 
-from tests.helpers.slurm import cli, cli_env, logs, queue, require_cluster, stage_job, wait_idle, wait_until
+from tests.helpers.slurm import cli, logs, queue, stage_job, wait_idle, wait_until
 
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    require_cluster()
-
-
-@pytest.fixture
-def env():
-    return cli_env()
-
-
-def test_a_cancelled_task_is_the_only_run_resubmitted(cluster, env, tmp_path):
+def test_a_cancelled_task_is_the_only_run_resubmitted(cluster, cli_env, tmp_path):
     # 40 epochs instead of smoke's 2 (a run of ~20 s, under the smoke preset's name): the 2-epoch run
     # can finish before scancel reaches it on an idle machine
     args = ["bench", "--preset", "smoke", "--out", "b", "--methods", "ls", "--executor", "slurm", "--epochs", "40",
             "--name", "smoke"]
-    cli(args, env, tmp_path)
+    cli(args, cli_env, tmp_path)
     out = tmp_path / "b"
     ls_run = out / "runs" / "smoke" / "ls" / "seed0"
     wait_until(lambda: (ls_run / "config.json").exists(), 300, "the LS run to start training")
@@ -43,17 +31,17 @@ def test_a_cancelled_task_is_the_only_run_resubmitted(cluster, env, tmp_path):
     # SIGTERM from scancel is an interruption: the task records the run as failed ("interrupted")
     row = json.loads((ls_run / "result.json").read_text())["row"]
     assert (row["status"], row["error"]) == ("failed", "interrupted")
-    lines = dict(line.split()[:2] for line in cli(args + ["--status"], env, tmp_path).splitlines()[:-1])
+    lines = dict(line.split()[:2] for line in cli(args + ["--status"], cli_env, tmp_path).splitlines()[:-1])
     assert lines == {"smoke/ce/0": "done", "smoke/ls/0": "failed"}
     ce_result = (out / "runs" / "smoke" / "ce" / "seed0" / "result.json").read_bytes()
-    said = cli(args, env, tmp_path)
+    said = cli(args, cli_env, tmp_path)
     assert "submitted train" in said and "submitted ce" not in said
     assert (out / "slurm" / "002-train.keys").read_text() == "0 smoke/ls/0\n"
     assert sorted(p.name for p in (out / "slurm").glob("002-*.keys")) == ["002-train.keys"]
     wait_idle(out)
     assert (out / "runs" / "smoke" / "ce" / "seed0" / "result.json").read_bytes() == ce_result
-    assert cli(args + ["--status"], env, tmp_path).strip().splitlines()[-1] == "bench smoke: 2 done"
-    assert "nothing to submit" in cli(args, env, tmp_path)
+    assert cli(args + ["--status"], cli_env, tmp_path).strip().splitlines()[-1] == "bench smoke: 2 done"
+    assert "nothing to submit" in cli(args, cli_env, tmp_path)
 
 
 def _task(out) -> str:
@@ -78,12 +66,12 @@ def _restarted(out, task, n: int):
     wait_until(started, 300, f"restart {n} of {task}")
 
 
-def test_requeued_task_resumes_from_its_checkpoint(cluster, env, tmp_path):
+def test_requeued_task_resumes_from_its_checkpoint(cluster, cli_env, tmp_path):
     # default preset, CE only, a checkpoint every 5 epochs; 20 epochs instead of 40 (the second stop
     # comes after epoch 8 or so: 20 leave it a dozen epochs to spare)
     args = ["bench", "--preset", "default", "--out", "r", "--methods", "ce", "--seeds", "0", "--executor", "slurm",
             "--requeue", "--signal", "120", "--epochs", "20", "--name", "default"]
-    cli(args, env, tmp_path)
+    cli(args, cli_env, tmp_path)
     out = tmp_path / "r"
     run = out / "runs" / "default" / "ce" / "seed0"
     task = _task(out)
@@ -109,11 +97,11 @@ def test_requeued_task_resumes_from_its_checkpoint(cluster, env, tmp_path):
     assert [h["epoch"] for h in json.loads((run / "history.json").read_text())] == list(range(1, 21))
 
 
-def test_a_cancelled_ce_task_leaves_nothing_stuck_and_the_same_command_finishes_the_bench(cluster, env, tmp_path):
+def test_a_cancelled_ce_task_leaves_nothing_stuck_and_the_same_command_finishes_the_bench(cluster, cli_env, tmp_path):
     # MaC-Cal waits on the CE task (aftercorr); 40 epochs for a CE run that scancel can reach mid-run
     args = ["bench", "--preset", "smoke", "--out", "c", "--methods", "maccal", "--executor", "slurm", "--epochs", "40",
             "--name", "smoke"]
-    said = cli(args, env, tmp_path)
+    said = cli(args, cli_env, tmp_path)
     assert "submitted ce" in said and "submitted maccal" in said
     out = tmp_path / "c"
     ce_run = out / "runs" / "smoke" / "ce" / "seed0"
@@ -121,14 +109,14 @@ def test_a_cancelled_ce_task_leaves_nothing_stuck_and_the_same_command_finishes_
     subprocess.run(["scancel", f"{stage_job(out, 'ce')}_0"], check=True)
     # SLURM cancels the MaC-Cal task that can no longer start: the queue empties by itself
     wait_idle(out, timeout=120)
-    status = cli(args + ["--status"], env, tmp_path)
+    status = cli(args + ["--status"], cli_env, tmp_path)
     assert status.strip().splitlines()[-1] == "bench smoke: 2 failed", status
-    proc = subprocess.run([sys.executable, "-m", "calibkit", *args, "--collect", "--no-report"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "calibkit", *args, "--collect", "--no-report"], cwd=tmp_path,
+                          env=cli_env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "2 run(s) missing" in proc.stderr, proc.stderr
-    said = cli(args, env, tmp_path)  # the same submission command, nothing running
+    said = cli(args, cli_env, tmp_path)  # the same submission command, nothing running
     assert "submitted ce" in said and "submitted maccal" in said and "stuck on a dependency" not in said
     wait_idle(out)
-    assert cli(args + ["--status"], env, tmp_path).strip().splitlines()[-1] == "bench smoke: 2 done"
+    assert cli(args + ["--status"], cli_env, tmp_path).strip().splitlines()[-1] == "bench smoke: 2 done"
     assert not queue(out)
-    assert "2 new result(s) imported" in cli(args + ["--collect", "--no-report"], env, tmp_path)
+    assert "2 new result(s) imported" in cli(args + ["--collect", "--no-report"], cli_env, tmp_path)

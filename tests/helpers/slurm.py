@@ -1,6 +1,7 @@
 """Helpers of the tests that run ``--executor slurm`` on a real one-node SLURM cluster
 (``.ci/services.sh start-slurm``): ``tests/bench/test_slurm.py`` and ``test_slurm_faults.py``, two
-files so that the two test processes run them side by side."""
+files so that the two test processes run them side by side. Their ``cluster`` fixture is in
+``tests/bench/conftest.py``; the command line's environment is the ``cli_env`` fixture."""
 
 import json
 import os
@@ -11,8 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def require_cluster() -> None:
@@ -25,14 +24,6 @@ def require_cluster() -> None:
     proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
     if proc.returncode != 0 or not proc.stdout.strip():
         pytest.fail(f"CALIBKIT_TEST_SLURM is set but the cluster does not answer: {proc.stderr.strip()}")
-
-
-def cli_env() -> dict:
-    """The environment of the command-line calls: the checkout importable, one thread."""
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e.setdefault("OMP_NUM_THREADS", "1")
-    return e
 
 
 def cli(args, env, cwd, check=True) -> str:
