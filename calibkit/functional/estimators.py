@@ -176,19 +176,17 @@ def _grid_spectrum(grid: np.ndarray) -> np.ndarray:
     return np.fft.rfft(ext)
 
 
-def _smece_at(grid: np.ndarray, n: float, sigma: float, spectrum: np.ndarray | None = None) -> float:
-    """``smECE_sigma`` of residual masses ``grid`` on the points ``j / g`` (:func:`_on_grid`).
+def _smece_at(spectrum: np.ndarray, n: float, sigma: float) -> float:
+    """``smECE_sigma`` of the residual masses on the points ``j / g`` (:func:`_on_grid`), given
+    by their :func:`_grid_spectrum` (``g + 1`` coefficients), which the caller keeps across bandwidths.
 
     The reflected kernel is a circular convolution of the even extension of the grid to [0, 2)
     with the Gaussian wrapped to period 2 (reflection at 0 and 1 generates exactly these images),
-    done by FFT; the integral over [0, 1] is the trapezoid rule. ``spectrum``: the grid's
-    :func:`_grid_spectrum`, when the caller keeps it across bandwidths.
+    done by FFT; the integral over [0, 1] is the trapezoid rule.
     """
-    g = len(grid) - 1
+    g = len(spectrum) - 1
     h = 1.0 / g
     period = 2 * g
-    if spectrum is None:
-        spectrum = _grid_spectrum(grid)
     smooth = np.fft.irfft(spectrum * np.fft.rfft(_kernel(period, h, sigma)), period)[: g + 1]
     a = np.abs(smooth)
     return float(h * (a.sum() - 0.5 * (a[0] + a[-1])) / n)
@@ -198,19 +196,19 @@ def _smece(values, count, correct, tol: float = 1e-7) -> tuple[float, float]:
     """``(smECE, sigma*)`` of tie blocks (see the module docstring)."""
     n = float(count.sum())
     resid = values * count - correct
-    grids: dict[int, np.ndarray] = {}  # the bisection visits few grid sizes: split the masses once per size
-    if len(values) > _GRID_MAX:  # many blocks: split them once onto the finest grid, coarser grids from it
-        grids[_GRID_MAX] = _on_grid(values, resid, _GRID_MAX)
-
-    spectra: dict[int, np.ndarray] = {}  # and transform each once
+    # many blocks: split them once onto the finest grid, and the coarser grids from it
+    fine = _on_grid(values, resid, _GRID_MAX) if len(values) > _GRID_MAX else None
+    spectra: dict[int, np.ndarray] = {}  # the bisection visits few grid sizes: split and transform once per size
 
     def at(s):
         g = _grid_size(s)
-        if g not in grids:
-            grids[g] = _coarser(grids[_GRID_MAX], g) if _GRID_MAX in grids else _on_grid(values, resid, g)
         if g not in spectra:
-            spectra[g] = _grid_spectrum(grids[g])
-        return _smece_at(grids[g], n, s, spectra[g])
+            if fine is None:
+                grid = _on_grid(values, resid, g)
+            else:
+                grid = fine if g == _GRID_MAX else _coarser(fine, g)
+            spectra[g] = _grid_spectrum(grid)
+        return _smece_at(spectra[g], n, s)
 
     def gap(s):
         return at(s) - s
