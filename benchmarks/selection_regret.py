@@ -5,7 +5,8 @@ and every repeat, the 10,000 rows are split into a validation half and a test ha
 README's split (rows 0-4999 validation), repeat ``r > 0`` a random half drawn with seed ``r``.
 Logits = log(probs), probabilities raised to the smallest positive float32 first.
 
-On each split every calibrator is cross-fitted once on the validation half
+On each split every calibrator is cross-fitted once on the validation half, and the stack of the
+smooth ones (:mod:`calibkit.calibrators.stack`) is built from their out-of-fold predictions
 (:func:`calibkit.calibrators.crossfit.cross_fit_predictions`) and fitted on the whole half; each rule
 then chooses from the same out-of-fold predictions (its own resamples, :func:`with_samples`), so the
 rules differ in the rule alone. Every fitted calibrator (and the uncalibrated model) is scored on
@@ -19,7 +20,7 @@ Usage::
     python benchmarks/selection_regret.py [FOLDER] [--repeats 3] [--n-boot 1000] [--cache DIR] [--model STEM ...]
 
 Prints the per-model mean regrets and the mean over models (markdown). With ``--cache DIR`` each
-split's raw facts are kept in ``DIR/<model>__<repeat>__<n_boot>__facts.json`` (every candidate's
+split's raw facts are kept in ``DIR/<model>__<repeat>__<n_boot>__facts-v2.json`` (every candidate's
 test numbers and its cross-fitted scores with the NLL, Brier and ECE resamples) and read back by a later run (a run cut
 short resumes); ``--only-cached`` prints the table of the splits already there, naming the models
 left out. Files are processed smallest K first; ``--model`` restricts a run to some of them, so
@@ -55,13 +56,16 @@ RULES = {
     "nll, lowest": SelectionRule(default="temperature", significance=False),
     "nll, temperature unless significantly beaten": SelectionRule(default="temperature", significance=True),
     "nll, sms unless significantly beaten": SelectionRule(default="sms", significance=True),
+    "nll, stack unless significantly beaten": SelectionRule(default="stack", significance=True),
     "brier, lowest": SelectionRule(select_by="brier", default="temperature", significance=False),
     "brier, temperature unless significantly beaten": SelectionRule(select_by="brier", default="temperature",
                                                                      significance=True),
     "brier, sms unless significantly beaten": SelectionRule(select_by="brier", default="sms", significance=True),
     "ece, temperature unless significantly beaten": SelectionRule(select_by="ece", default="temperature"),
 }
-FIXED = ("temperature", "sms")
+FIXED = ("temperature", "sms", "stack")
+#: In the cache files' names: facts of an earlier layout (before the stack was a candidate) are not read.
+FACTS = "facts-v2"
 
 
 def load(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,10 +105,11 @@ def one_split(z: torch.Tensor, y: torch.Tensor, repeat: int, n_boot: int) -> dic
     return {"test": num, "scores": {m: {n: s.to_dict() for n, s in v.items()} for m, v in resampled.items()}}
 
 
-def regrets(facts: dict) -> dict:
+def regrets(facts: dict, exclude: frozenset = frozenset()) -> dict:
     """``{label: {"nll", "brier", "acc_loss", "chosen"}}`` of every rule of :data:`RULES` and fixed choice."""
     num = facts["test"]
-    best = {m: min(v[m] for v in num.values()) for m in ("nll", "brier")}
+    pool = {n: v for n, v in num.items() if n not in exclude}  # the candidates of the hindsight
+    best = {m: min(v[m] for v in pool.values()) for m in ("nll", "brier")}
 
     def regret(name: str) -> dict:
         return {"nll": num[name]["nll"] - best["nll"], "brier": num[name]["brier"] - best["brier"],
@@ -114,17 +119,18 @@ def regrets(facts: dict) -> dict:
     out = {label: regret(choose(scores[rule.select_by], rule).chosen) for label, rule in RULES.items()}
     for name in FIXED:
         out[f"always {name}"] = regret(name)
-    hindsight = min(num, key=lambda n: num[n]["nll"])  # the uncalibrated model included
+    hindsight = min(pool, key=lambda n: num[n]["nll"])  # the uncalibrated model included
     out["best in hindsight (test NLL)"] = regret(hindsight)
     return out
 
 
-def _load_all(path: Path, repeats: int, n_boot: int, cache: Path | None, only_cached: bool) -> list[dict] | None:
+def _load_all(path: Path, repeats: int, n_boot: int, cache: Path | None, only_cached: bool,
+              exclude: frozenset = frozenset()) -> list[dict] | None:
     runs = []
     for r in range(repeats):
-        file = None if cache is None else cache / f"{path.stem}__{r}__{n_boot}__facts.json"
+        file = None if cache is None else cache / f"{path.stem}__{r}__{n_boot}__{FACTS}.json"
         if file is not None and file.is_file():
-            runs.append(regrets(json.loads(file.read_text())))
+            runs.append(regrets(json.loads(file.read_text()), exclude))
             continue
         if only_cached:
             return None
@@ -135,7 +141,7 @@ def _load_all(path: Path, repeats: int, n_boot: int, cache: Path | None, only_ca
             tmp = file.with_suffix(".tmp")
             tmp.write_text(json.dumps(facts))
             tmp.replace(file)
-        runs.append(regrets(facts))
+        runs.append(regrets(facts, exclude))
     return runs
 
 
@@ -180,6 +186,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", action="append", metavar="STEM",
                     help="only this file of the folder (repeatable): several processes sharing --cache can each "
                          "run some models, and a last run with --only-cached prints the whole table")
+    ap.add_argument("--hindsight-without", action="append", metavar="NAME",
+                    help="leave this candidate out of the best in hindsight (repeatable; e.g. stack: regret "
+                         "against the best single calibrator, which a mixture can go below)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         print("--repeats must be >= 1", file=sys.stderr)
@@ -200,7 +209,8 @@ def main(argv=None) -> int:
     per_model, missing = {}, []
     cache = Path(args.cache) if args.cache else None
     for path in files:
-        runs = _load_all(path, args.repeats, args.n_boot, cache, args.only_cached)
+        runs = _load_all(path, args.repeats, args.n_boot, cache, args.only_cached,
+                         frozenset(args.hindsight_without or ()))
         if runs is None:
             missing.append(path.stem)
             continue
@@ -213,7 +223,8 @@ def main(argv=None) -> int:
         print("no model finished", file=sys.stderr)
         return 1
     print(f"Test-NLL / test-Brier regret (mean over {args.repeats} validation/test split(s) per model), "
-          "and the largest test accuracy loss of the choice (points):\n")
+          "and the largest test accuracy loss of the choice (points)"
+          + (f"; hindsight without {', '.join(args.hindsight_without)}" if args.hindsight_without else "") + ":\n")
     print(table(per_model, args.repeats))
     if missing:
         print(f"\nNot finished (left out of the means): {', '.join(missing)}")

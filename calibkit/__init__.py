@@ -30,7 +30,7 @@ _LAZY = {
          "HistogramBinning", "IsotonicCalibration", "SplineCalibration", "ScalingBinning", "PlattScaling",
          "BetaCalibration", "BBQ", "StructuredVectorScaling", "StructuredMatrixScaling", "UniformHistogramBinning",
          "CenteredIsotonicCalibration", "VennAbersCalibration", "OneVsRestSplineCalibration", "LightGBMCalibration",
-         "CALIBRATORS",
+         "StackedCalibration", "CALIBRATORS",
          "NotFittedError", "ProbabilitiesAsLogitsWarning", "save", "load"],
         "calibkit.calibrators"),
     # metrics: the panel, streaming, intervals

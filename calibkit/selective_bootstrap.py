@@ -72,10 +72,16 @@ class SelectiveRows:
         h = harmonic[p.long()]
         # P_{g-1} is the previous column of P (0 before the first group), so H(P_{g-1}) is h shifted:
         # one gather of the harmonic numbers instead of two, the same values
-        dh = torch.diff(h, dim=1, prepend=torch.zeros(h.shape[0], 1, dtype=torch.float64))
-        p_prev, e_prev = p - m, e.cumsum(1) - e
+        dh = torch.empty_like(h)
+        dh[:, 0] = h[:, 0]
+        torch.sub(h[:, 1:], h[:, :-1], out=dh[:, 1:])
         rate = e / m.clamp(min=1)  # an absent group (m_g = 0) has e_g = 0, so its rate is 0
-        return (e_prev * dh + rate * (m - p_prev * dh)).sum(1) / total
+        # (E_{g-1} dH + rate (m - P_{g-1} dH)) summed over the groups, each product and sum in place
+        # (the (R, G) temporaries were most of the time); the same operations, so the same bits
+        after = p.sub_(m).mul_(dh)  # P_{g-1} dH
+        after = torch.sub(m, after, out=after).mul_(rate)
+        e_prev = e.cumsum(1).sub_(e)
+        return e_prev.mul_(dh).add_(after).sum(1) / total
 
     def augrc(self, W) -> torch.Tensor:
         m, e = self._groups(W)

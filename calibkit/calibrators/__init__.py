@@ -12,7 +12,8 @@ One module per family: :mod:`.temperature`, :mod:`.scaling` (vector, matrix, Dir
 :mod:`.ets`, :mod:`.binning` (histogram, isotonic, scaling-binning), :mod:`.spline`, :mod:`.sigmoid`
 (Platt, beta), :mod:`.bbq`, :mod:`.structured` (SVS, SMS), :mod:`.cir`, :mod:`.venn_abers`,
 :mod:`.spline_ovr`, :mod:`.boost` (LightGBM), :mod:`.io`;
-the registry :data:`CALIBRATORS` lives in :mod:`.registry`.
+the registry :data:`CALIBRATORS` lives in :mod:`.registry`. :mod:`.stack` mixes several of them
+(:class:`StackedCalibration`, not in the registry: its components are registry entries).
 
 Example:
     >>> import torch
@@ -38,6 +39,7 @@ from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling, Ve
 from calibkit.calibrators.sigmoid import BetaCalibration, PlattScaling
 from calibkit.calibrators.spline import SplineCalibration
 from calibkit.calibrators.spline_ovr import OneVsRestSplineCalibration
+from calibkit.calibrators.stack import StackedCalibration
 from calibkit.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
 from calibkit.calibrators.temperature import TemperatureScaling, evaluate_before_after_ts
 from calibkit.calibrators.venn_abers import VennAbersCalibration
@@ -47,4 +49,4 @@ __all__ = ["NotFittedError", "ProbabilitiesAsLogitsWarning", "TemperatureScaling
            "SplineCalibration", "ScalingBinning", "PlattScaling", "BetaCalibration", "BBQ",
            "StructuredVectorScaling", "StructuredMatrixScaling", "UniformHistogramBinning",
            "CenteredIsotonicCalibration", "VennAbersCalibration", "OneVsRestSplineCalibration", "LightGBMCalibration",
-           "CALIBRATORS", "evaluate_before_after_ts", "save", "load"]
+           "StackedCalibration", "CALIBRATORS", "evaluate_before_after_ts", "save", "load"]

@@ -131,7 +131,7 @@ _FTOL: ContextVar[float] = ContextVar("lbfgs_ftol", default=1e-12)
 def lbfgs_ftol(ftol: float):
     """Within the block, :func:`lbfgs` (without an ``ftol`` of its own) stops when an iteration lowers
     the loss by at most ``ftol`` relative instead of ``1e-12``: cross-fitting's fold fits
-    (:data:`calibkit.calibrators.crossfit.FOLD_FTOL`)."""
+    (:data:`calibkit.calibrators.folds.FOLD_FTOL`)."""
     token = _FTOL.set(ftol)
     try:
         yield

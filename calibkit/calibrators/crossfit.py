@@ -10,9 +10,7 @@ is predicted by the calibrator fitted on the others, and the pooled held-out pre
 
 from __future__ import annotations
 
-import inspect
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,31 +19,30 @@ import torch
 from calibkit import functional as F
 from calibkit.bootstrap import bootstrap_cis
 from calibkit.calibrators import pool
-from calibkit.calibrators._base import lbfgs_ftol
 from calibkit.calibrators.evidence import NOT_FITTED, unestimable
+from calibkit.calibrators.folds import folds
+from calibkit.calibrators.folds import out_of_fold as _out_of_fold
+from calibkit.calibrators.folds import two_column as _two_column
+from calibkit.calibrators.folds import uncalibrated as _uncalibrated
 from calibkit.calibrators.registry import CALIBRATORS, default_names
 from calibkit.calibrators.scaling import DirichletCalibration, MatrixScaling
-from calibkit.calibrators.structured import StructuredMatrixScaling, StructuredVectorScaling
+from calibkit.calibrators.stack import NAME as STACK
+from calibkit.calibrators.stack import PARTS as STACK_PARTS
+from calibkit.calibrators.stack import StackedCalibration, cross_fitted_mixture
 from calibkit.errors import UserError
 
 NONE = "none"  # the uncalibrated model, always a candidate
 SELECT_BY = ("ece", "nll", "brier")
-#: The calibrator each rule keeps unless significantly beaten (``SelectionRule.default`` left empty): SMS
-#: under the proper scores (the lowest test-NLL regret on the real-outputs test bed,
-#: ``docs/calibrators.md``), temperature scaling under the ECE rule (whose NLL guard is the default's NLL).
-ANCHOR = {"nll": "sms", "brier": "sms", "ece": "temperature"}
+#: The calibrator each rule keeps unless significantly beaten (``SelectionRule.default`` left empty): the
+#: stack of the smooth maps under NLL (:mod:`calibkit.calibrators.stack`; the lowest test-NLL regret on the
+#: real-outputs test bed, ``docs/calibrators.md``), SMS under the Brier score, temperature scaling under the
+#: ECE rule (whose NLL guard is the default's NLL).
+ANCHOR = {"nll": STACK, "brier": "sms", "ece": "temperature"}
 #: The default's stand-in when it is not among the candidates or fails a guard; then ``"none"``.
 FALLBACK = "temperature"
-#: The fold fits' stop on the relative decrease of the objective (:func:`calibkit.calibrators._base.lbfgs_ftol`)
-#: for the calibrators of :data:`TO_TOLERANCE`; every other fit keeps ``1e-12``. On the 8 real-outputs models
-#: their cross-fitted NLL moved by at most 2.0e-5 and no choice changed (docs/calibrators.md, "Speed").
-FOLD_FTOL = 1e-8
-#: The calibrators whose fits run to the solver's tolerance (a strictly convex objective; ``max_iter`` a
-#: safeguard), so that a looser stop of their warm-started fold fits only leaves them a little farther
-#: from one optimum. The maps whose iteration cap is part of their definition (vector, matrix and Dirichlet
-#: scaling stop at ``max_iter`` on real outputs) keep the full stop: on MNIST a looser one moved Dirichlet
-#: calibration's cross-fitted NLL by 0.003 and changed the choice (docs/calibrators.md, "Speed").
-TO_TOLERANCE = (StructuredVectorScaling, StructuredMatrixScaling)
+#: Stand-ins tried before :data:`FALLBACK`, by default: where the stack is not among the candidates
+#: (a report that fits some calibrators only) or fails a guard, SMS, then temperature scaling.
+STAND_INS = {STACK: ("sms",)}
 
 
 def unfittable(name: str, n_rows: int, k: int) -> str | None:
@@ -141,7 +138,8 @@ class SelectionRule:
         :func:`calibkit.calibrators.selection._default`)."""
         if self.anchor in (FALLBACK, NONE):
             return self.anchor
-        return f"{self.anchor} ({FALLBACK} scaling where {self.anchor} is not fitted or fails a guard)"
+        chain = " then ".join((*STAND_INS.get(self.anchor, ()), f"{FALLBACK} scaling"))
+        return f"{self.anchor} ({chain} where {self.anchor} is not fitted or fails a guard)"
 
     @property
     def uses_significance(self) -> bool:
@@ -201,23 +199,6 @@ class CrossFitScore:
         return cls(**d, samples=None if samples is None else torch.tensor(samples, dtype=torch.float64))
 
 
-def folds(n: int, n_folds: int, seed: int) -> list[torch.Tensor]:
-    """``n_folds`` disjoint sorted index sets covering ``range(n)`` (a seeded permutation cut into near-equal parts)."""
-    if n < n_folds:
-        raise UserError(f"cross-fitting needs at least n_folds = {n_folds} validation rows, got {n}")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return [part.sort().values for part in perm.tensor_split(n_folds)]
-
-
-def _two_column(p: torch.Tensor) -> torch.Tensor:
-    p = p.double()
-    return torch.stack([1 - p, p], 1) if p.dim() == 1 else p
-
-
-def _uncalibrated(logits: torch.Tensor) -> torch.Tensor:
-    return torch.sigmoid(logits) if logits.dim() == 1 else torch.softmax(logits, 1)
-
-
 def _score(probs: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor, n_bins: int,
            seconds: float, fit_seconds: float | None = None) -> CrossFitScore:
     p = _two_column(probs)
@@ -225,21 +206,6 @@ def _score(probs: torch.Tensor, labels: torch.Tensor, base_pred: torch.Tensor, n
                          nll=float(F.nll(p, labels)), brier=float(F.brier(p, labels)),
                          changed=float((p.argmax(1) != base_pred).double().mean()), seconds=seconds,
                          fit_seconds=fit_seconds)
-
-
-def _out_of_fold(name: str, x: torch.Tensor, y: torch.Tensor, parts: list[torch.Tensor], full) -> torch.Tensor:
-    out = torch.empty((x.shape[0],) + tuple(x.shape[1:]), dtype=torch.float64)
-    everything = torch.arange(x.shape[0])
-    cls = CALIBRATORS[name]
-    # the protocol requires fit(logits, labels) only: a registered calibrator without a warm start is fitted cold
-    warm = {"init": full} if "init" in inspect.signature(cls.fit).parameters else {}
-    for held in parts:
-        keep = torch.ones(x.shape[0], dtype=torch.bool)
-        keep[held] = False
-        with lbfgs_ftol(FOLD_FTOL) if issubclass(cls, TO_TOLERANCE) else nullcontext():
-            cal = cls().fit(x[everything[keep]], y[keep], **warm)
-        out[held] = cal.predict_proba(x[held]).double()
-    return out
 
 
 @dataclass(frozen=True)
@@ -316,9 +282,11 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
     """
     x = torch.as_tensor(logits).double().cpu()
     y = torch.as_tensor(labels).long().cpu()
-    if names is None:  # the registry without the opt-in calibrators, which run only when named
-        names = default_names()
+    if names is None:  # the registry without the opt-in calibrators, which run only when named; the stack
+        names = default_names() + [STACK]
     names = list(names)
+    stack = STACK in names  # built from the other candidates' predictions once they are cross-fitted
+    names = [n for n in names if n != STACK]
     unknown = [n for n in names if n not in CALIBRATORS]
     if unknown:
         raise UserError(f"unknown calibrator {', '.join(map(repr, unknown))}; expected one of {', '.join(CALIBRATORS)}")
@@ -335,7 +303,26 @@ def cross_fit_predictions(logits, labels, names=None, rule: SelectionRule = Sele
             continue
         fitted[name], oof[name] = c.fitted, c.oof
         scores[name] = _score(c.oof, y, base_pred, rule.n_bins, c.seconds, c.fit_seconds)
+    if stack:
+        scores[STACK] = _stack(x, y, parts, oof, fitted, base_pred, rule)
     return scores, fitted, oof, y
+
+
+def _stack(x, y, parts, oof: dict, fitted: dict, base_pred, rule: SelectionRule) -> CrossFitScore:
+    """The stack's score from the components' out-of-fold predictions (no fit of its own:
+    :func:`calibkit.calibrators.stack.cross_fitted_mixture`); adds it to ``oof`` and ``fitted``."""
+    names = [n for n in STACK_PARTS if n in oof]
+    if len(names) < 2:
+        return CrossFitScore(error=f"{NOT_FITTED}a stack needs two of {', '.join(STACK_PARTS)} (got "
+                                   f"{', '.join(names)})")
+    start = time.perf_counter()
+    weights, mixed = cross_fitted_mixture([oof[n] for n in names], y, parts)
+    k = 2 if x.dim() == 1 else x.shape[1]
+    fitted[STACK] = StackedCalibration.from_parts({n: fitted.get(n) for n in names}, weights, k, x.dim() == 1,
+                                                  n_folds=rule.n_folds, seed=rule.seed)
+    oof[STACK] = mixed
+    seconds = time.perf_counter() - start
+    return _score(mixed, y, base_pred, rule.n_bins, seconds, seconds)
 
 
 def with_samples(scores: dict, oof: dict, y: torch.Tensor, rule: SelectionRule) -> dict:

@@ -30,9 +30,11 @@ from safetensors.torch import save as st_save
 
 from calibkit.calibrators._state import COMMON, StateError, check_state
 from calibkit.calibrators.registry import CALIBRATORS
+from calibkit.calibrators.stack import NAME as STACK
+from calibkit.calibrators.stack import StackedCalibration, check_stack
 from calibkit.errors import UserError
 
-__all__ = ["save", "load", "paths"]
+__all__ = ["save", "load", "paths", "calibrator_class", "check_fitted_state"]
 
 FORMAT = "calibkit-calibrator"
 VERSION = 1
@@ -47,11 +49,23 @@ def paths(path) -> tuple[Path, Path]:
 
 
 def _registry_name(cal) -> str:
+    if type(cal) is StackedCalibration:
+        return STACK
     for name, cls in CALIBRATORS.items():
         if type(cal) is cls:
             return name
     raise UserError(f"cannot save a {type(cal).__name__}: not a registered calibrator "
-                     f"({', '.join(CALIBRATORS)})")
+                     f"({', '.join(CALIBRATORS)}) nor a stack of them")
+
+
+def calibrator_class(name: str):
+    """The class saved under ``name``: a registry entry or the stack (None for an unknown name)."""
+    return StackedCalibration if name == STACK else CALIBRATORS.get(name)
+
+
+def check_fitted_state(name: str, cal) -> None:
+    """Validate the fitted state of ``cal`` saved as ``name`` (raises :class:`StateError`)."""
+    check_stack(cal) if name == STACK else check_state(name, cal)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -96,8 +110,8 @@ def load(path):
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UserError(f"{json_path}: not a calibkit calibrator file (no \"format\": \"{FORMAT}\")")
     name = meta.get("calibrator")
-    if name not in CALIBRATORS:
-        raise UserError(f"{json_path}: unknown calibrator {name!r}; expected one of {', '.join(CALIBRATORS)}")
+    if name not in CALIBRATORS and name != STACK:
+        raise UserError(f"{json_path}: unknown calibrator {name!r}; expected one of {', '.join(CALIBRATORS)}, {STACK}")
     version = meta.get("version")
     if isinstance(version, bool) or version != VERSION:
         raise UserError(f"{json_path}: unknown format version {version!r}; this calibkit reads version {VERSION}")
@@ -114,7 +128,7 @@ def load(path):
     missing = [k for k in names if k not in tensors]
     if missing:
         raise UserError(f"{st_path}: lacks the tensor(s) {', '.join(missing)}")
-    cls = CALIBRATORS[name]
+    cls = calibrator_class(name)
     required = cls._STATE + COMMON
     stray = sorted(set(tensors) - set(names))  # in the file, but not listed by the JSON
     if stray:
@@ -137,7 +151,7 @@ def load(path):
     except (TypeError, ValueError) as exc:
         raise UserError(f"{json_path}: invalid hyperparameters ({exc})") from None
     try:
-        check_state(name, cal)
+        check_fitted_state(name, cal)
     except StateError as exc:
         raise UserError(f"{st_path if exc.field in names else json_path}: {exc}") from None
     return cal

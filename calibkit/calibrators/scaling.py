@@ -22,7 +22,7 @@ of real outputs, the 5-fold cross-fitted NLL moves by at most 1e-5 for vector sc
 for matrix scaling at K = 100.
 
 Cross-fitting's fold fits of these three keep the stop above: the looser relative-decrease stop
-of the structured maps' fold fits (``calibkit.calibrators.crossfit.FOLD_FTOL``) is not applied to
+of the structured maps' fold fits (``calibkit.calibrators.folds.FOLD_FTOL``) is not applied to
 fits whose iteration cap is part of their result (on MNIST it moved Dirichlet calibration's
 cross-fitted NLL by 0.003 and changed the chosen calibrator; ``docs/calibrators.md``, "Speed").
 

@@ -19,13 +19,15 @@ nested cross-validation, so the held-out part has a small say in that one choice
 :mod:`calibkit.calibrators.crossfit` (its names are re-exported here); this module applies the rule.
 
 **The rule** (:class:`SelectionRule`, ``docs/calibrators.md``). By default the rule is anchored at
-**SMS** (structured matrix scaling, which chooses its own regularisation on the validation rows) and
-decides by the cross-fitted **NLL** (a proper score: it rewards calibration and sharpness together
-and, unlike the ECE, has no binning bias): SMS is kept unless an eligible challenger's cross-fitted
-NLL is significantly lower. Where SMS is not among the candidates (a report that fits fewer
-calibrators) or fails a guard, temperature scaling stands in for it, and the uncalibrated model when
-that fails too. ``select_by="brier"`` ranks by the Brier score with the same anchor;
-``select_by="ece"`` by the ECE, anchored at temperature scaling and guarded by NLL:
+the **stack** (:mod:`calibkit.calibrators.stack`: the smooth maps and the uncalibrated model mixed
+with weights fitted on their out-of-fold log score) and decides by the cross-fitted **NLL** (a
+proper score: it rewards calibration and sharpness together and, unlike the ECE, has no binning
+bias): the stack is kept unless an eligible challenger's cross-fitted NLL is significantly lower.
+Where the stack is not among the candidates (the bench report, which fits single maps) or fails a
+guard, SMS (structured matrix scaling, which chooses its own regularisation on the validation rows)
+stands in for it, then temperature scaling, then the uncalibrated model. ``select_by="brier"``
+ranks by the Brier score anchored at SMS; ``select_by="ece"`` by the ECE, anchored at temperature
+scaling and guarded by NLL:
 
 * **guards.** The default is eligible when its cross-fitted accuracy is within ``acc_tolerance``
   of the uncalibrated model's (temperature scaling always is: it never changes a prediction) and,
@@ -47,9 +49,9 @@ On the real-outputs test bed a plain "lowest cross-fitted ECE" chose, on two mod
 calibrator whose test ECE was significantly above temperature scaling's: differences of ECE of a few
 tenths of a point between calibrators are mostly noise at 5,000 validation rows, and the
 significance step is what keeps such a difference from deciding (``benchmarks/real_outputs.py``).
-Under NLL, keeping SMS unless significantly beaten had the lowest test-NLL regret of the rules
-measured on the same test bed (0.0007, equal to always SMS; the lowest cross-fitted NLL: 0.0019;
-``benchmarks/selection_regret.py``, the table in ``docs/calibrators.md``).
+Under NLL, keeping the stack unless significantly beaten had the lowest test-NLL regret of the rules
+measured on the same test bed, below always SMS (``benchmarks/selection_regret.py``, the table in
+``docs/calibrators.md``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from calibkit.calibrators.crossfit import (
     NONE,
     NOT_FITTED,
     SELECT_BY,
+    STAND_INS,
     CrossFitScore,
     SelectionRule,
     cross_fit,
@@ -152,7 +155,7 @@ def _default(scores: dict[str, CrossFitScore], rule: SelectionRule) -> tuple[str
     when the default is not among ``scores`` or fails a guard, else ``"none"``; and why those failed."""
     excluded: dict[str, str] = {}
     ref = scores[NONE]
-    for name in dict.fromkeys((rule.anchor, FALLBACK)):
+    for name in dict.fromkeys((rule.anchor, *STAND_INS.get(rule.anchor, ()), FALLBACK)):
         if name == NONE:
             return NONE, excluded
         if name not in scores:

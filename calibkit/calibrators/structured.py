@@ -44,7 +44,7 @@ tolerance, so the start changes the iterations only. In cross-fitting, where ``f
 validation row, each held-out fold thereby took part in choosing ``s`` (validation rows only, never
 the test split), as with Dirichlet calibration's ``(lam, mu)``. Cross-fitting's fold fits stop
 earlier, once an iteration lowers the objective by at most ``1e-8`` relative
-(``calibkit.calibrators.crossfit.FOLD_FTOL``; ``1e-12`` elsewhere): measured on the 8 real-outputs
+(``calibkit.calibrators.folds.FOLD_FTOL``; ``1e-12`` elsewhere): measured on the 8 real-outputs
 models, their cross-fitted NLL moved by at most 2.0e-5 and no choice changed (``docs/calibrators.md``,
 "Speed"); the fit on all the rows still runs to the solver's tolerance. Binary ``(N,)`` scores are fitted
 as the two-class logits ``(0, z)`` with the same definition (``probmetrics`` uses other maps for

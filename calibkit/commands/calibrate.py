@@ -17,6 +17,7 @@ from calibkit.calibrators import CALIBRATORS, pool
 from calibkit.calibrators.evidence import thin_warning, unestimable
 from calibkit.calibrators.registry import default_names
 from calibkit.calibrators.selection import NONE, SelectionRule, choose, cross_fit, unfittable
+from calibkit.calibrators.stack import NAME as STACK
 from calibkit.commands import calibout
 from calibkit.commands.calibsources import check_sources, default_out, read_sources
 from calibkit.commands.parsers.calibrate import CHOSEN_NAMES
@@ -30,13 +31,13 @@ from calibkit.report.tables import md_code
 
 
 def _choose(spec):
-    if spec is None:  # the opt-in calibrators run only when named
-        return default_names()
+    if spec is None:  # the opt-in calibrators run only when named; the stack of the others always
+        return default_names() + [STACK]
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [n for n in names if n not in CALIBRATORS]
+    bad = [n for n in names if n not in CALIBRATORS and n != STACK]
     if bad or not names:
         raise UserError(f"unknown calibrator {', '.join(map(repr, bad)) or '(none given)'}; expected one of "
-                         f"{', '.join(CALIBRATORS)}")
+                         f"{', '.join(CALIBRATORS)}, {STACK}")
     return list(dict.fromkeys(names))
 
 
@@ -84,7 +85,9 @@ def _run(args) -> int:
     _warn_same_data(args, src)
 
     timer = _Timer()
-    sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer, args.jobs)
+    k = 2 if val_x.dim() == 1 else val_x.shape[1]
+    jobs = args.jobs or pool.auto_jobs(val_x.shape[0], k, torch.get_num_threads())  # fits and the stack's sets
+    sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs)
     if args.save and args.save not in CHOSEN_NAMES and args.save not in sel.fitted:  # its fit failed on a fold
         raise UserError(f"--save {args.save!r}: {sel.scores[args.save].error}")
     rows, rec = _test_numbers(sel, probs, test_y, seconds, args, timer, len(val_y))
@@ -92,7 +95,7 @@ def _run(args) -> int:
     shown = _shown(probs, sel.chosen, args.full_report)
     with timer("sets"):
         set_res = sets.calibrator_sets((val_x, val_y), (test_x, test_y), shown, alpha=args.alpha,
-                                       n_boot=args.n_boot, seed=args.seed)
+                                       n_boot=args.n_boot, seed=args.seed, jobs=jobs)
     text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
                         posthoc.test_table(rows, sel.chosen), sets.calibrator_sets_table(set_res, args.alpha)])
     print(f"fitted on {src.val_name} ({len(val_y)} rows, {src.val_src}); scored on {src.test_name} ({len(test_y)} "
@@ -133,7 +136,8 @@ def _check_rows(args, val_x, val_y, names) -> None:
     ``--save`` of a calibrator that cross-fitting leaves unfitted (:func:`calibkit.calibrators.selection.unfittable`,
     :func:`calibkit.calibrators.evidence.unestimable`)."""
     n, k = val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1]
-    refused = {name: why for name in names if (why := unfittable(name, n, k) or unestimable(name, val_y, k))}
+    refused = {name: why for name in names
+               if name != STACK and (why := unfittable(name, n, k) or unestimable(name, val_y, k))}
     if args.save in refused:  # (CHOSEN_NAMES are never refused: the chosen one was fitted)
         raise UserError(f"--save {args.save!r}: {refused[args.save]}")
     if val_x.dim() == 2 and n < ROWS_PER_CLASS * k:  # binary scores: temperature-like maps only

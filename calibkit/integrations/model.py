@@ -33,8 +33,8 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from calibkit.calibrators._state import StateError, check_state
-from calibkit.calibrators.io import _registry_name
+from calibkit.calibrators._state import StateError
+from calibkit.calibrators.io import _registry_name, calibrator_class, check_fitted_state
 from calibkit.calibrators.io import load as load_calibrator
 from calibkit.calibrators.io import save as save_calibrator
 from calibkit.calibrators.registry import CALIBRATORS
@@ -98,15 +98,15 @@ class CalibratedModel(nn.Module):
     def set_extra_state(self, state: dict) -> None:
         """Rebuild the calibrator from :meth:`get_extra_state`'s dict, validated as
         :func:`calibkit.calibrators.load` validates a file."""
-        if not isinstance(state, dict) or state.get("calibrator") not in CALIBRATORS:
+        if not isinstance(state, dict) or calibrator_class(state.get("calibrator")) is None:
             got = state.get("calibrator") if isinstance(state, dict) else type(state).__name__
-            raise UserError(f"the saved calibrator {got!r} is not one of {', '.join(CALIBRATORS)}")
+            raise UserError(f"the saved calibrator {got!r} is not one of {', '.join(CALIBRATORS)}, stack")
         name = state["calibrator"]
         try:
-            cal = CALIBRATORS[name].from_dict({"params": state.get("params", {}), "state": state.get("state")})
+            cal = calibrator_class(name).from_dict({"params": state.get("params", {}), "state": state.get("state")})
             cal._check_params()
             if state.get("state"):
-                check_state(name, cal)
+                check_fitted_state(name, cal)
         except StateError as exc:
             raise UserError(f"the saved {name} calibrator: {exc}") from None
         self.calibrator = cal

@@ -71,7 +71,11 @@ from calibkit.report.paired import paired_delta, seed_interval
 from calibkit.report.tables import Table
 from calibkit.rundir import atomic_write
 
-DEFAULT_RULE = SelectionRule()
+#: The bench report's rule: SMS unless significantly beaten. ``calibkit calibrate``'s own default anchors at
+#: the stack (:mod:`calibkit.calibrators.stack`); the report's calibrated tables and caches hold one
+#: calibrator per name, fitted on the run's validation split, and have no stack yet, so each method's
+#: calibrator is chosen among the single maps as before (docs/calibrators.md, "The stack").
+DEFAULT_RULE = SelectionRule(default="sms")
 #: Validation rows a run is cross-fitted on at most (module docstring, "Rows").
 MAX_SELECTION_ROWS = 10_000
 

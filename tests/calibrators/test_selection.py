@@ -75,8 +75,9 @@ def test_overconfident_logits_choose_a_temperature_and_never_the_uncalibrated_mo
     assert sel.chosen != NONE and sel.scores[sel.chosen].ece < 0.5 * sel.scores[NONE].ece
     assert sel.ranking[0] == sel.chosen and sel.runner_up == sel.ranking[1]
     # every default calibrator is fitted and ranked or excluded; the opt-in ones only when named
-    assert set(sel.fitted) == set(default_names()) == set(CALIBRATORS) - set(OPT_IN)
-    assert set(sel.ranking) | set(sel.excluded) == {NONE, *default_names()}
+    # and the stack of the smooth ones, built from their out-of-fold predictions
+    assert set(sel.fitted) == {*default_names(), "stack"} == set(CALIBRATORS) - set(OPT_IN) | {"stack"}
+    assert set(sel.ranking) | set(sel.excluded) == {NONE, *default_names(), "stack"}
 
 
 def _scores(**kw):
@@ -157,23 +158,40 @@ def test_the_default_falls_back_to_the_uncalibrated_model_when_temperature_fails
     assert choose(scores, SelectionRule(select_by="ece", default="matrix")).default == NONE
 
 
-def test_the_anchor_is_sms_under_the_proper_scores_with_temperature_standing_in():
-    assert SelectionRule().anchor == "sms" and SelectionRule(select_by="brier").anchor == "sms"
+def test_the_anchor_is_the_stack_under_nll_then_sms_then_temperature():
+    assert SelectionRule().anchor == "stack" and SelectionRule().to_dict()["default"] == "stack"
+    scores = _scores(none=BASE, temperature=dict(BASE, nll=0.30), sms=dict(BASE, nll=0.29), stack=dict(BASE, nll=0.28))
+    assert choose(scores).default == "stack" and choose(scores).chosen == "stack"
+    # the stack failing the accuracy guard: SMS stands in, then temperature scaling
+    lossy = dict(scores, stack=_scores(none=BASE, stack=dict(BASE, nll=0.28, acc=BASE["acc"] - 0.006))["stack"])
+    sel = choose(lossy)
+    assert sel.default == "sms" and sel.chosen == "sms" and "accuracy" in sel.excluded["stack"]
+    no_stack = {n: v for n, v in scores.items() if n != "stack"}  # a report that fits single maps only
+    assert choose(no_stack).default == "sms" and choose(no_stack).excluded == {}
+    only_ts = _scores(none=BASE, temperature=dict(BASE, nll=0.30))
+    assert choose(only_ts).default == "temperature"
+    assert SelectionRule().describe().startswith(
+        "stack (sms then temperature scaling where stack is not fitted or fails a guard) unless another calibrator")
+
+
+def test_the_anchor_is_sms_under_the_brier_score_with_temperature_standing_in():
+    assert SelectionRule(default="sms").anchor == "sms" and SelectionRule(select_by="brier").anchor == "sms"
     assert SelectionRule(select_by="ece").anchor == "temperature"
     # resolved at each read: a replaced rule gets its own rule's anchor, a named default stays
     assert dataclasses.replace(SelectionRule(), select_by="ece").anchor == "temperature"
     assert dataclasses.replace(SelectionRule(default="beta"), select_by="ece").anchor == "beta"
-    assert SelectionRule(default=None) == SelectionRule() and SelectionRule().to_dict()["default"] == "sms"
+    assert SelectionRule(default=None) == SelectionRule() and SelectionRule(default="sms").to_dict()["default"] == "sms"
     assert SelectionRule().uses_significance and not SelectionRule(significance=False).uses_significance
+    sms = SelectionRule(default="sms")
     scores = _scores(none=BASE, temperature=dict(BASE, nll=0.30), sms=dict(BASE, nll=0.29))
-    assert choose(scores).default == "sms" and choose(scores).chosen == "sms"
+    assert choose(scores, sms).default == "sms" and choose(scores, sms).chosen == "sms"
     # SMS losing 0.6 accuracy points in cross-fitting fails the guard: temperature scaling stands in
     lossy = _scores(none=BASE, temperature=dict(BASE, nll=0.30), sms=dict(BASE, nll=0.29, acc=BASE["acc"] - 0.006))
-    sel = choose(lossy)
+    sel = choose(lossy, sms)
     assert sel.default == "temperature" and sel.chosen == "temperature" and "accuracy" in sel.excluded["sms"]
     # SMS not fitted (a report fitting temperature scaling alone): temperature scaling, nothing excluded
     only_ts = _scores(none=BASE, temperature=dict(BASE, nll=0.30))
-    assert choose(only_ts).default == "temperature" and choose(only_ts).excluded == {}
+    assert choose(only_ts, sms).default == "temperature" and choose(only_ts, sms).excluded == {}
     assert choose(scores, SelectionRule(default=NONE)).default == NONE  # asked for: no stand-in
 
 
@@ -202,8 +220,8 @@ def test_rule_checks_its_values():
     assert ECE.describe().startswith("temperature unless another calibrator")
     assert SelectionRule(default="temperature", significance=False).describe().startswith(
         "the lowest 5-fold cross-fitted NLL on the validation split among temperature and the calibrators with")
-    assert SelectionRule().describe().startswith("sms (temperature scaling where sms is not fitted or fails a guard) "
-                                                 "unless another calibrator")
+    assert SelectionRule(default="sms").describe().startswith(
+        "sms (temperature scaling where sms is not fitted or fails a guard) unless another calibrator")
     for kw, match in (({"n_boot": 5}, "n_boot"), ({"level": 1.0}, "level")):
         with pytest.raises(ValueError, match=match):
             SelectionRule(**kw)

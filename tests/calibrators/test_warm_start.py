@@ -17,7 +17,8 @@ from calibkit.calibrators import (
     scaling,
 )
 from calibkit.calibrators._base import lbfgs, lbfgs_ftol
-from calibkit.calibrators.crossfit import FOLD_FTOL, TO_TOLERANCE, SelectionRule, cross_fit_predictions, folds
+from calibkit.calibrators.crossfit import SelectionRule, cross_fit_predictions, folds
+from calibkit.calibrators.folds import FOLD_FTOL, TO_TOLERANCE
 from calibkit.calibrators.scaling import odir_objective
 
 

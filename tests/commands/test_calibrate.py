@@ -10,6 +10,7 @@ import torch
 
 import calibkit.functional as F
 from calibkit.calibrators import CALIBRATORS, TemperatureScaling, load
+from calibkit.calibrators.stack import StackedCalibration
 from calibkit.cli import main
 
 
@@ -40,7 +41,8 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     names = [r["calibrator"] for r in rows]
     from calibkit.calibrators.boost import OPT_IN
 
-    assert names == ["none"] + [n for n in CALIBRATORS if n not in OPT_IN]  # registry order, never ranked
+    # registry order (never ranked), then the stack of the smooth ones
+    assert names == ["none"] + [n for n in CALIBRATORS if n not in OPT_IN] + ["stack"]
     assert "lightgbm" in OPT_IN and "lightgbm" not in names  # opt-in: fitted only when named
     sel = json.loads((out / "report" / "selection.json").read_text())
     assert [r["calibrator"] for r in rows if r["selected"]] == [sel["chosen"]]
@@ -50,8 +52,8 @@ def test_calibrate_reports_every_calibrator_and_saves_one(files, capsys):
     assert by["none"]["ece"] == pytest.approx(float(F.ece(torch.softmax(zt, 1), yt)), abs=1e-12)
     assert by["temperature"]["vs_ts"] is None
     for name in names[1:]:
-        if name != "temperature":
-            p = CALIBRATORS[name]().fit(zv, yv).predict_proba(zt)
+        if name != "temperature":  # the stack, built from the candidates, equals one fitted alone
+            p = (StackedCalibration() if name == "stack" else CALIBRATORS[name]()).fit(zv, yv).predict_proba(zt)
             assert by[name]["ece"] == pytest.approx(float(F.ece(p, yt)), abs=1e-12)
             assert by[name]["vs_ts"]["estimate"] == pytest.approx(by[name]["ece"] - by["temperature"]["ece"], abs=1e-12)
     assert "(reference)" in text and "| 1 |" not in text and "| rank |" not in text
@@ -203,7 +205,7 @@ def test_the_choice_never_reads_the_test_rows(files, capsys):
             score.pop("seconds")
     assert a == b
     assert a["rule"] == {"select_by": "nll", "acc_tolerance": 0.005, "n_folds": 5, "n_bins": 15, "seed": 0,
-                         "default": "sms", "level": 0.95, "n_boot": 1000, "significance": True}
+                         "default": "stack", "level": 0.95, "n_boot": 1000, "significance": True}
 
 
 def test_a_calibrator_that_loses_accuracy_is_not_chosen_even_with_the_lowest_test_ece(tmp_path, capsys):
@@ -253,12 +255,12 @@ def test_select_by_and_tolerance_options(files, capsys):
     sel = _run_calibrate(tmp, tmp / "val.npz", tmp / "test.npz", tmp / "o", "--select-by", "nll", "--folds", "3",
                          "--acc-tolerance", "2")
     assert sel["rule"]["select_by"] == "nll" and sel["rule"]["n_folds"] == 3 and sel["rule"]["acc_tolerance"] == 0.02
-    # the default rule: SMS unless an eligible challenger's cross-fitted NLL is significantly lower
+    # the default rule: the stack unless an eligible challenger's cross-fitted NLL is significantly lower
     nll = {n: sel["scores"][n]["nll"] for n in sel["ranking"]}
-    assert sel["default"] == "sms" and sel["rule"]["significance"] is True
-    lower = [n for n in sel["ranking"] if nll[n] < nll["sms"] - 1e-12]
-    winners = [n for n in lower if n not in sel["notes"]]  # a note: not significantly below SMS
-    assert sel["chosen"] == (min(winners, key=nll.__getitem__) if winners else "sms")
+    assert sel["default"] == "stack" and sel["rule"]["significance"] is True
+    lower = [n for n in sel["ranking"] if nll[n] < nll["stack"] - 1e-12]
+    winners = [n for n in lower if n not in sel["notes"]]  # a note: not significantly below the stack
+    assert sel["chosen"] == (min(winners, key=nll.__getitem__) if winners else "stack")
     capsys.readouterr()
     for extra, match in ((["--folds", "1"], "--folds: must be an integer in [2, "),
                          (["--acc-tolerance", "nan"], "--acc-tolerance: must be a number in [0, 100]"),

@@ -99,7 +99,7 @@ def test_the_block_prints_the_rule_the_pair_was_chosen_by():
     ece = recommendation_text(dict(rec, rule=SelectionRule(select_by="ece")))
     assert "(cross-fitted ECE 2.00 x100)" in ece and " or raising NLL" in ece
     assert "unless another one has a significantly lower 5-fold cross-fitted validation ECE" in ece
-    default = recommendation_text(dict(rec, rule=SelectionRule(), default=("ce", "sms")))
+    default = recommendation_text(dict(rec, rule=SelectionRule(default="sms"), default=("ce", "sms")))  # the report's
     assert ("How: each method's calibrator is sms (temperature scaling where sms is not fitted or fails a guard) "
             "unless another one has a significantly lower 5-fold cross-fitted validation NLL") in default
 

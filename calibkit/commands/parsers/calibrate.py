@@ -27,12 +27,13 @@ class (the K and K x K parameter calibrators cannot be fitted reliably). With fe
 classes, matrix and dirichlet are not fitted; the validation table says why.
 
 The calibrator is CHOSEN ON VAL ONLY, by K-fold cross-fitting (--folds, default 5): each calibrator
-is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by nll): SMS unless
-another calibrator has a significantly lower cross-fitted NLL (a proper score: calibration and
-sharpness together; paired bootstrap, 95% interval below 0), among the calibrators whose
-cross-fitted accuracy is at most --acc-tolerance points (default 0.5) below the uncalibrated model's;
-temperature scaling stands in where SMS is not fitted or fails that guard, and the uncalibrated
-model is always a candidate. --select-by brier uses the Brier score the same way; --select-by ece
+is fitted on K-1 folds and scored on the held-out fold. Default rule (--select-by nll): the stack
+(a mixture of the smooth calibrators and the uncalibrated model, weighted by their out-of-fold log
+score) unless another calibrator has a significantly lower cross-fitted NLL (a proper score:
+calibration and sharpness together; paired bootstrap, 95% interval below 0), among the calibrators
+whose cross-fitted accuracy is at most --acc-tolerance points (default 0.5) below the uncalibrated
+model's; SMS, then temperature scaling, stands in where the stack is not fitted or fails that guard,
+and the uncalibrated model is always a candidate. --select-by brier uses the Brier score the same way; --select-by ece
 ranks by the ECE, guarded by NLL, and a challenger must then beat
 temperature scaling significantly. ECE is always shown.
 The output starts with the recommendation (test ECE, NLL, accuracy with bootstrap intervals, the
