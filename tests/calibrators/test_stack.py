@@ -96,6 +96,8 @@ def test_the_selection_builds_the_stack_from_the_candidates_without_fitting_agai
     weights, mixed = cross_fitted_mixture([oof[n] for n in SMALL], yy, parts)
     assert torch.equal(st.weights_, weights) and torch.equal(oof["stack"], mixed)
     assert scores["stack"].nll == pytest.approx(float(F.nll(mixed, yy)), abs=1e-12)
+    alone = StackedCalibration(calibrators=SMALL).fit(z, y)  # its own cross-fitting: the same folds and fits
+    assert torch.equal(alone.weights_, st.weights_) and torch.equal(alone.predict_proba(z), st.predict_proba(z))
     # a stack of too few components is not fitted, with the reason
     few, fitted_few, _, _ = cross_fit_predictions(z, y, ["stack"])
     assert few["stack"].error.startswith("not fitted") and "stack" not in fitted_few
