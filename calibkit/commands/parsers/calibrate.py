@@ -91,7 +91,9 @@ def register(subparsers) -> None:
     add_source_options(p)
     p.add_argument("--out", metavar="DIR", help="output directory (default: RUN/calibration for --run, else "
                                                  "STEM-calibration beside the input file)")
-    p.add_argument("--calibrators", metavar="A,B", help="comma-separated subset of the registry (default: all)")
+    p.add_argument("--calibrators", metavar="A,B",
+                   help="comma-separated subset of the registry and 'stack' (the mixture of the smooth ones among "
+                        "them; default: all, and the stack)")
     p.add_argument("--save", metavar="NAME", nargs="?", const=CHOSEN,
                    help="store a fitted calibrator as DIR/NAME.safetensors + .json; without NAME (or with 'chosen' "
                         "or 'best'): the chosen one")
