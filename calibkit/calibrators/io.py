@@ -58,8 +58,10 @@ def _registry_name(cal) -> str:
                      f"({', '.join(CALIBRATORS)}) nor a stack of them")
 
 
-def calibrator_class(name: str):
-    """The class saved under ``name``: a registry entry or the stack (None for an unknown name)."""
+def calibrator_class(name: object):
+    """The class saved under ``name``: a registry entry or the stack (None for anything else)."""
+    if not isinstance(name, str):
+        return None
     return StackedCalibration if name == STACK else CALIBRATORS.get(name)
 
 
