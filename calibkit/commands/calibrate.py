@@ -95,7 +95,8 @@ def _run(args) -> int:
     shown = _shown(probs, sel.chosen, args.full_report)
     with timer("sets"):
         set_res = sets.calibrator_sets((val_x, val_y), (test_x, test_y), shown, alpha=args.alpha,
-                                       n_boot=args.n_boot, seed=args.seed, jobs=jobs)
+                                       n_boot=args.n_boot, seed=args.seed, jobs=jobs,
+                                       stack_parts=getattr(sel.fitted.get(STACK), "components_", None))
     text = "\n\n".join([posthoc.recommendation_text(rec), posthoc.validation_table(sel),
                         posthoc.test_table(rows, sel.chosen), sets.calibrator_sets_table(set_res, args.alpha)])
     print(f"fitted on {src.val_name} ({len(val_y)} rows, {src.val_src}); scored on {src.test_name} ({len(test_y)} "

@@ -78,15 +78,16 @@ def _rows_of(logits: torch.Tensor) -> torch.Tensor:
 STACK_SET_FOLDS = 2
 
 
-def _fit_half(calibrator: str, x: torch.Tensor, y: torch.Tensor, jobs: int):
+def _fit_half(calibrator: str, x: torch.Tensor, y: torch.Tensor, jobs: int, stack_parts=None):
     """``calibrator`` fitted on the rows ``x, y`` (one half of the validation rows). The stack is
     built as a selection builds it, on these rows alone: its components cross-fitted in ``jobs``
     processes (:func:`calibkit.calibrators.crossfit.cross_fit_predictions`), then mixed; over
     :data:`STACK_SET_FOLDS` folds, not the selection's five (calibkit's choice: the half refit is
-    the sets' stand-in for the chosen calibrator, and two folds halve its cost)."""
+    the sets' stand-in for the chosen calibrator, and two folds halve its cost). ``stack_parts``:
+    the components of the stack to refit (those of the chosen one; None: the default ones)."""
     if calibrator != STACK:
         return calibrator_class(calibrator)().fit(x, y)
-    names = [n for n in STACK_PARTS if n != NONE] + [STACK]
+    names = [n for n in (stack_parts or STACK_PARTS) if n != NONE] + [STACK]
     _, fitted, _, _ = cross_fit_predictions(x, y, names, SelectionRule(n_folds=STACK_SET_FOLDS), jobs=jobs)
     if STACK not in fitted:
         raise UserError("the stack could not be built on half the validation rows (fewer than two components fitted)")
@@ -94,18 +95,19 @@ def _fit_half(calibrator: str, x: torch.Tensor, y: torch.Tensor, jobs: int):
 
 
 def conformal_rows(val_logits, val_labels, test_logits, test_labels, calibrator: str = NONE,
-                   alpha: float = ALPHA, seed: int = 0, jobs: int = 1) -> dict:
+                   alpha: float = ALPHA, seed: int = 0, jobs: int = 1, stack_parts=None) -> dict:
     """``{"covered": (N,) bool, "size": (N,) int64}`` on the test rows: APS sets at ``alpha``, the
     calibrator (``none``: the softmax) fitted on the first half of the validation rows and the
     conformal quantile on the second (module docstring). Logits ``(N, K)``, or binary ``(N,)``
-    positive-class logits (sets of the two classes). ``jobs``: processes that fit the stack's components."""
+    positive-class logits (sets of the two classes). ``jobs``, ``stack_parts``: the processes that fit
+    the stack's components, and which components (:func:`_fit_half`)."""
     val_logits, test_logits = torch.as_tensor(val_logits).double(), torch.as_tensor(test_logits).double()
     val_labels, test_labels = torch.as_tensor(val_labels).long(), torch.as_tensor(test_labels).long()
     fit_rows, cal_rows = (torch.as_tensor(i) for i in split_validation(len(val_labels), seed))
     if calibrator == NONE:
         val_p, test_p = (_rows_of(x) for x in (val_logits[cal_rows], test_logits))
     else:
-        cal = _fit_half(calibrator, val_logits[fit_rows], val_labels[fit_rows], jobs)
+        cal = _fit_half(calibrator, val_logits[fit_rows], val_labels[fit_rows], jobs, stack_parts)
         val_p, test_p = (two_columns(torch.as_tensor(cal.predict_proba(x)).double())
                          for x in (val_logits[cal_rows], test_logits))
     sets = SplitConformal(SCORE, alpha=alpha, seed=seed).fit(val_p, val_labels[cal_rows]).predict_set(test_p)
@@ -325,12 +327,14 @@ def section_text(n_seeds: int, n_boot: int, alpha: float) -> tuple[str, str]:
 
 def calibrator_sets(val: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], test_probs: dict,
                     alpha: float = ALPHA, n_boot: int = 1000, seed: int = 0, level: float = 0.95,
-                    jobs: int = 1) -> dict:
+                    jobs: int = 1, stack_parts=None) -> dict:
     """``calibkit calibrate``'s numbers: for each calibrator of ``test_probs`` (``{name: test
     probabilities after it}``, ``none`` included), AURC and AUGRC of those probabilities, and the
     coverage and mean size of APS sets (the calibrator refitted on half the validation rows, the
     threshold on the other half, :func:`conformal_rows`), with paired intervals of AURC and set size
     against temperature scaling (one level: one model). ``val``, ``test``: ``(logits, labels)``.
+
+    ``jobs``, ``stack_parts``: as :func:`conformal_rows` (the stack's refit).
 
     Returns ``{name: {"aurc", "augrc", "coverage", "size", "d_aurc", "d_size"}}`` (the differences
     None for TS itself, or when TS is not among ``test_probs``)."""
@@ -341,7 +345,7 @@ def calibrator_sets(val: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Te
         st: dict = {"aurc": float(aurc(p, labels)), "augrc": float(augrc(p, labels)), "coverage": None, "size": None,
                     "sets_error": None, "_sel": SelectiveRows(p.max(1).values, (p.argmax(1) != labels).double())}
         try:  # a calibrator that cannot be fitted on half the rows has no sets; the rest is reported
-            sets = conformal_rows(*val, *test, name, alpha, seed, jobs)
+            sets = conformal_rows(*val, *test, name, alpha, seed, jobs, stack_parts)
             st |= {"coverage": float(sets["covered"].double().mean()), "size": float(sets["size"].double().mean()),
                    "_size": sets["size"].double()}
         except (ValueError, RuntimeError) as exc:

@@ -437,3 +437,27 @@ def test_jobs_share_the_fits_between_processes_with_the_same_numbers(files, caps
             row.pop("seconds")
         runs[jobs] = sel, rows
     assert runs["1"] == runs["2"]
+
+
+def test_the_stacks_sets_refit_the_components_it_was_built_from(files, monkeypatch):
+    """--calibrators temperature,vector,stack: the sets' half refit of the stack mixes those two maps
+    and the uncalibrated model, as the chosen stack does, not the nine default components."""
+    import calibkit.report.sets as sets_module
+
+    real, refits = sets_module._fit_half, []
+
+    def spy(calibrator, x, y, jobs, stack_parts=None):
+        cal = real(calibrator, x, y, jobs, stack_parts)
+        refits.append((calibrator, getattr(cal, "components_", None)))
+        return cal
+
+    monkeypatch.setattr(sets_module, "_fit_half", spy)
+    tmp, (zv, yv), (zt, yt) = files
+    _run_calibrate(tmp, tmp / "val.npz", tmp / "test.npz", tmp / "o", "--calibrators", "temperature,vector,stack",
+                   "--full-report")
+    parts = ["none", "temperature", "vector"]
+    assert ("stack", parts) in refits and all(c != "stack" or p == parts for c, p in refits)
+    sets = json.loads((tmp / "o" / "report" / "sets.json").read_text())["calibrators"]
+    direct = sets_module.conformal_rows(zv, yv, zt, yt, "stack", alpha=0.1, seed=0, stack_parts=tuple(parts))
+    assert sets["stack"]["size"] == pytest.approx(float(direct["size"].double().mean()), abs=1e-12)
+    assert sets["stack"]["coverage"] == pytest.approx(float(direct["covered"].double().mean()), abs=1e-12)
