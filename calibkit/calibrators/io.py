@@ -112,7 +112,7 @@ def load(path):
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UserError(f"{json_path}: not a calibkit calibrator file (no \"format\": \"{FORMAT}\")")
     name = meta.get("calibrator")
-    if name not in CALIBRATORS and name != STACK:
+    if calibrator_class(name) is None:
         raise UserError(f"{json_path}: unknown calibrator {name!r}; expected one of {', '.join(CALIBRATORS)}, {STACK}")
     version = meta.get("version")
     if isinstance(version, bool) or version != VERSION:

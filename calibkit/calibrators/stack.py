@@ -296,12 +296,13 @@ def check_stack(cal) -> None:
     parts = state["parts_"]
     if not (isinstance(parts, dict) and set(parts) == set(names) - {NONE}):
         raise StateError("parts_", "must hold one entry per component but 'none'")
+    built = {}
     for name, d in parts.items():
-        comp = _from_json(name, d)
+        comp = built[name] = _from_json(name, d)
         try:
             check_state(name, comp)
         except StateError as exc:
             raise StateError("parts_", f"{name}: {exc}") from None
         if comp.n_classes_ != k or (comp.binary_ and not binary):
             raise StateError("parts_", f"{name} was fitted on K = {comp.n_classes_}, the stack on K = {k}")
-    cal._parts = None
+    cal._parts = built  # checked: predict uses them instead of rebuilding them from parts_

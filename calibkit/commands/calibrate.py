@@ -15,6 +15,7 @@ from calibkit import plots
 from calibkit.bootstrap import MIN_RESAMPLES, bootstrap_cis, shared_draws
 from calibkit.calibrators import CALIBRATORS, pool
 from calibkit.calibrators.evidence import thin_warning, unestimable
+from calibkit.calibrators.io import calibrator_class
 from calibkit.calibrators.registry import default_names
 from calibkit.calibrators.selection import NONE, SelectionRule, choose, cross_fit, unfittable
 from calibkit.calibrators.stack import NAME as STACK
@@ -34,7 +35,7 @@ def _choose(spec):
     if spec is None:  # the opt-in calibrators run only when named; the stack of the others always
         return default_names() + [STACK]
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [n for n in names if n not in CALIBRATORS and n != STACK]
+    bad = [n for n in names if calibrator_class(n) is None]
     if bad or not names:
         raise UserError(f"unknown calibrator {', '.join(map(repr, bad)) or '(none given)'}; expected one of "
                          f"{', '.join(CALIBRATORS)}, {STACK}")
@@ -85,8 +86,10 @@ def _run(args) -> int:
     _warn_same_data(args, src)
 
     timer = _Timer()
+    # processes for the fits and the stack's sets: one for small fits, one per core for long ones (measured,
+    # docs/performance.md)
     k = 2 if val_x.dim() == 1 else val_x.shape[1]
-    jobs = args.jobs or pool.auto_jobs(val_x.shape[0], k, torch.get_num_threads())  # fits and the stack's sets
+    jobs = args.jobs if args.jobs is not None else pool.auto_jobs(val_x.shape[0], k, torch.get_num_threads())
     sel, probs, seconds = _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs)
     if args.save and args.save not in CHOSEN_NAMES and args.save not in sel.fitted:  # its fit failed on a fold
         raise UserError(f"--save {args.save!r}: {sel.scores[args.save].error}")
@@ -206,10 +209,8 @@ class _Timer:
         return span()
 
 
-def _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs=None):
+def _select_and_predict(val_x, val_y, test_x, names, rule, timer, jobs: int):
     """The cross-fitted selection on the validation rows, then every fitted calibrator on the test rows."""
-    if jobs is None:  # one process for small fits, one per core for long ones: measured, docs/performance.md
-        jobs = pool.auto_jobs(val_x.shape[0], 2 if val_x.dim() == 1 else val_x.shape[1], torch.get_num_threads())
     jobs = min(jobs, max(1, len(names)))
     with timer("fits and cross-fitting"):  # each full fit timed alone inside (the "fit s" column)
         scores, fitted = cross_fit(val_x, val_y, names, rule, jobs=jobs)
